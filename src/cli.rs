@@ -1,0 +1,312 @@
+//! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
+//! client, and `license` provisioning. Errors come out as one line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::{Call, Client, ReplyMsg};
+use crate::config::Settings;
+use crate::error::Error;
+use crate::keys::Keys;
+use crate::license::{self, LicenseInfo, LicenseSpec};
+use crate::protocol::Op;
+use crate::{service, telemetry};
+
+/// Exit code when the request was answered but not granted (e.g. NO_SEATS_AVAILABLE).
+pub const EXIT_REFUSED: u8 = 1;
+/// Exit code for errors: Redis unreachable, no reply in time, bad configuration.
+pub const EXIT_ERROR: u8 = 3;
+
+/// Floating-license seats on Redis.
+#[derive(Debug, Parser)]
+#[command(name = "seatgate", version, about)]
+pub struct Cli {
+    /// Settings file (TOML) layered over the built-in defaults.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Redis URL; overrides `redis.url`.
+    #[arg(long, global = true, value_name = "URL")]
+    redis: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a worker: consume seat requests until SIGINT/SIGTERM.
+    Run,
+    /// Ask for a seat; exits 0 when the session holds one.
+    Acquire(ClientArgs),
+    /// Give a seat back.
+    Release(ClientArgs),
+    /// Keep a seat alive.
+    Heartbeat(ClientArgs),
+    /// Provision licenses.
+    #[command(subcommand)]
+    License(LicenseCommand),
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// License id.
+    #[arg(long)]
+    license: String,
+    /// Session id (one per running copy of the product).
+    #[arg(long)]
+    session: String,
+    /// Session metadata, a JSON object (acquire only).
+    #[arg(long, value_name = "JSON")]
+    meta: Option<String>,
+    /// Wait this long in the license's queue when no seat is free (acquire only), e.g. 30s.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    /// How long to wait for the reply, e.g. 5s.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Print the reply as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum LicenseCommand {
+    /// Create or replace a license.
+    Put {
+        /// License id.
+        license: String,
+        /// Seats that may be held at once.
+        #[arg(long)]
+        seats: u64,
+        /// When the license expires: RFC 3339 time, unix ms, or "never".
+        #[arg(long, default_value = "never")]
+        expires: String,
+        /// Provision it deactivated (acquires refused).
+        #[arg(long)]
+        inactive: bool,
+        /// Heartbeat timeout for this license, e.g. 90s (default: the service's).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        heartbeat_timeout: Option<Duration>,
+    },
+    /// Show one license.
+    Show {
+        /// License id.
+        license: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every license.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a license with its sessions.
+    Delete {
+        /// License id.
+        license: String,
+    },
+}
+
+/// Parses the command line and runs it; the process's exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&Error::Io(e)),
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &Error) -> ExitCode {
+    eprintln!("seatgate: error: {e}");
+    ExitCode::from(match e {
+        Error::Usage(_) => 2,
+        _ => EXIT_ERROR,
+    })
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    if let Some(url) = cli.redis {
+        settings.redis.url = url;
+    }
+    match cli.command {
+        Command::Run => {
+            service::run(settings, service::shutdown_signal(), |_| {}).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Acquire(args) => client_call(&settings, Op::Acquire, args).await,
+        Command::Release(args) => client_call(&settings, Op::Release, args).await,
+        Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
+        Command::License(cmd) => license_cmd(&settings, cmd).await,
+    }
+}
+
+async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<ExitCode, Error> {
+    if let Some(meta) = &args.meta {
+        let parsed: serde_json::Value =
+            serde_json::from_str(meta).map_err(|e| Error::Usage(format!("--meta is not valid JSON: {e}")))?;
+        if !parsed.is_object() {
+            return Err(Error::Usage(
+                "--meta must be a JSON object, like '{\"user_email\":\"a@b.c\"}'".into(),
+            ));
+        }
+    }
+    let wait_ms = args.wait.map(|d| d.as_millis() as u64).unwrap_or(0);
+    let call = Call {
+        op,
+        license: args.license,
+        session: args.session,
+        meta: args.meta,
+        wait_ms,
+    };
+    let mut client = Client::connect(&settings.redis.url, &settings.stream.requests).await?;
+    // A queued acquire may legitimately wait for its grant as long as it asked to.
+    let timeout = args.timeout + Duration::from_millis(wait_ms);
+    let result = client.call(&call, timeout).await;
+    let _ = client.close().await;
+    let reply = result?;
+    print_reply(&reply, args.json);
+    Ok(if reply.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_REFUSED)
+    })
+}
+
+fn print_reply(reply: &ReplyMsg, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(reply).unwrap_or_default());
+        return;
+    }
+    let mut line = format!(
+        "{}  license={} session={} seats={}/{}",
+        reply.get("status"),
+        reply.get("license"),
+        reply.get("session"),
+        reply.get("seats_used"),
+        reply.get("seats_total")
+    );
+    if let Some(n) = reply.fields.get("heartbeats") {
+        line.push_str(&format!(" heartbeats={n}"));
+    }
+    if let Some(e) = reply.fields.get("error") {
+        line.push_str(&format!("  ({e})"));
+    }
+    println!("{line}");
+}
+
+async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCode, Error> {
+    let client = redis::Client::open(settings.redis.url.as_str())?;
+    let mut con = crate::connect_managed(&client, settings).await?;
+    let keys = Keys::new(settings.keys.prefix.clone());
+    match cmd {
+        LicenseCommand::Put {
+            license,
+            seats,
+            expires,
+            inactive,
+            heartbeat_timeout,
+        } => {
+            let spec = LicenseSpec {
+                seats_total: seats,
+                expires_at_ms: parse_expiry(&expires)?,
+                active: !inactive,
+                heartbeat_timeout_ms: heartbeat_timeout.map(|d| d.as_millis() as u64),
+            };
+            license::put(&mut con, &keys, &license, &spec).await?;
+            println!(
+                "license {license}: {seats} seats{}",
+                if inactive { " (inactive)" } else { "" }
+            );
+        }
+        LicenseCommand::Show { license, json } => match license::show(&mut con, &keys, &license).await? {
+            Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
+            Some(info) => println!("{}", describe(&info)),
+            None => {
+                eprintln!("seatgate: license {license} does not exist");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
+        },
+        LicenseCommand::List { json } => {
+            let all = license::list(&mut con, &keys).await?;
+            if json {
+                println!("{}", serde_json::to_string(&all).unwrap_or_default());
+            } else if all.is_empty() {
+                println!("no licenses");
+            } else {
+                for info in &all {
+                    println!("{}", describe(info));
+                }
+            }
+        }
+        LicenseCommand::Delete { license } => {
+            if license::delete(&mut con, &keys, &license).await? {
+                println!("license {license} deleted");
+            } else {
+                eprintln!("seatgate: license {license} does not exist");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(info: &LicenseInfo) -> String {
+    let s = &info.spec;
+    let mut line = format!("{}  seats {}/{}", info.license, info.seats_used, s.seats_total);
+    if !s.active {
+        line.push_str("  INACTIVE");
+    }
+    if s.expires_at_ms > 0 {
+        let at = UNIX_EPOCH + Duration::from_millis(s.expires_at_ms);
+        line.push_str(&format!("  expires {}", humantime::format_rfc3339_seconds(at)));
+    }
+    if let Some(ms) = s.heartbeat_timeout_ms {
+        line.push_str(&format!(
+            "  heartbeat timeout {}",
+            humantime::format_duration(Duration::from_millis(ms))
+        ));
+    }
+    line
+}
+
+/// "never", unix ms, or an RFC 3339 time → unix ms (0 = never).
+fn parse_expiry(s: &str) -> Result<u64, Error> {
+    if s == "never" {
+        return Ok(0);
+    }
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(s)
+        .ok()
+        .and_then(|t: SystemTime| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--expires {s:?}: use \"never\", unix milliseconds or a time like 2027-01-31T00:00:00Z"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_accepts_never_ms_and_rfc3339() {
+        assert_eq!(parse_expiry("never").unwrap(), 0);
+        assert_eq!(parse_expiry("1700000000000").unwrap(), 1_700_000_000_000);
+        assert_eq!(parse_expiry("2027-01-01T00:00:00Z").unwrap(), 1_798_761_600_000);
+        assert!(parse_expiry("soon").is_err());
+    }
+}

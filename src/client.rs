@@ -1,0 +1,192 @@
+//! A request/reply client: what any service does in its own language, in Rust.
+//!
+//! It XADDs a request to the requests stream and XREADs its own reply stream
+//! until the reply carrying its request id arrives. The CLI's `acquire`,
+//! `release` and `heartbeat` use it, and so do the tests and the benchmark.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::protocol::Op;
+use crate::status::Status;
+
+/// A request to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// acquire, release or heartbeat.
+    pub op: Op,
+    /// License id.
+    pub license: String,
+    /// Session id.
+    pub session: String,
+    /// Metadata JSON object (acquire).
+    pub meta: Option<String>,
+    /// How long to wait in the queue (acquire), ms.
+    pub wait_ms: u64,
+}
+
+/// A reply as received: every field, plus typed accessors for the common ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ReplyMsg {
+    /// The reply entry's fields.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl ReplyMsg {
+    /// A field's value, or "" when absent.
+    pub fn get(&self, field: &str) -> &str {
+        self.fields.get(field).map(String::as_str).unwrap_or("")
+    }
+
+    /// The parsed status (unknown statuses are reported as `Error`).
+    pub fn status(&self) -> Status {
+        self.get("status").parse().unwrap_or(Status::Error)
+    }
+
+    /// Whether the request got what it asked for.
+    pub fn ok(&self) -> bool {
+        self.get("ok") == "1"
+    }
+
+    /// An integer field, 0 when absent or malformed.
+    pub fn int(&self, field: &str) -> i64 {
+        self.get(field).parse().unwrap_or(0)
+    }
+}
+
+/// A client with its own reply stream.
+pub struct Client {
+    /// One connection for XADD and the blocking XREAD. It has no response
+    /// timeout because XREAD BLOCK legitimately takes long; every call is
+    /// bounded by its own deadline instead.
+    con: MultiplexedConnection,
+    /// The requests stream.
+    requests: String,
+    /// This client's reply stream.
+    reply_to: String,
+    /// Last reply entry id read.
+    last_seen: String,
+    /// Prefix of this client's request ids, unique per client instance.
+    id_prefix: String,
+}
+
+static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
+
+impl Client {
+    /// Connects to `url`, sending requests to `requests`.
+    pub async fn connect(url: &str, requests: &str) -> Result<Client, Error> {
+        let client = redis::Client::open(url)?;
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(None);
+        let con = client.get_multiplexed_async_connection_with_config(&cfg).await?;
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let id_prefix = format!(
+            "{nanos:x}-{}-{}",
+            std::process::id(),
+            NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
+        );
+        let reply_to = format!("reply:seatgate-client:{host}:{id_prefix}");
+        Ok(Client {
+            con,
+            requests: requests.to_owned(),
+            reply_to,
+            last_seen: "0".to_owned(),
+            id_prefix,
+        })
+    }
+
+    /// This client's reply stream key.
+    pub fn reply_to(&self) -> &str {
+        &self.reply_to
+    }
+
+    /// Sends `call` and waits up to `timeout` for its reply.
+    pub async fn call(&mut self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let id = self.send(call).await?;
+        self.wait_for(&id, timeout).await
+    }
+
+    /// Sends `call` without waiting; returns its request id.
+    pub async fn send(&mut self, call: &Call) -> Result<String, Error> {
+        let id = format!("{}-{}", self.id_prefix, NEXT_REQUEST.fetch_add(1, Ordering::Relaxed));
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&self.requests)
+            .arg("*")
+            .arg("op")
+            .arg(call.op.as_str())
+            .arg("id")
+            .arg(&id)
+            .arg("license")
+            .arg(&call.license)
+            .arg("session")
+            .arg(&call.session)
+            .arg("reply_to")
+            .arg(&self.reply_to);
+        if let Some(meta) = &call.meta {
+            xadd.arg("meta").arg(meta);
+        }
+        if call.wait_ms > 0 {
+            xadd.arg("wait_ms").arg(call.wait_ms);
+        }
+        let _: String = xadd.query_async(&mut self.con).await?;
+        Ok(id)
+    }
+
+    /// Waits up to `timeout` for the reply to request `id`; replies to other
+    /// ids on this stream are skipped.
+    pub async fn wait_for(&mut self, id: &str, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::ReplyTimeout(timeout));
+            }
+            let block_ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+            let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(100)
+                .arg("BLOCK")
+                .arg(block_ms)
+                .arg("STREAMS")
+                .arg(&self.reply_to)
+                .arg(&self.last_seen)
+                .query_async(&mut self.con)
+                .await?;
+            for key in read.keys {
+                for entry in key.ids {
+                    self.last_seen = entry.id.clone();
+                    let fields: BTreeMap<String, String> = entry
+                        .map
+                        .into_iter()
+                        .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                        .collect();
+                    if fields.get("id").map(String::as_str) == Some(id) {
+                        return Ok(ReplyMsg { fields });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes this client's reply stream.
+    pub async fn close(mut self) -> Result<(), Error> {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&self.reply_to)
+            .query_async(&mut self.con)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Typed settings, loaded in layers and validated at startup.
+//!
+//! config/default.toml is compiled in and documents every key; a `--config`
+//! file and `SEATGATE__SECTION__KEY` environment variables override it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// The defaults, also the documentation of every key.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// All settings of one seatgate process.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// How to reach Redis.
+    pub redis: RedisSettings,
+    /// Key namespace.
+    pub keys: KeySettings,
+    /// The requests stream and this process's place in its consumer group.
+    pub stream: StreamSettings,
+    /// How replies are written.
+    pub replies: ReplySettings,
+    /// The HTTP endpoint for Prometheus and health checks.
+    pub metrics: MetricsSettings,
+    /// Graceful shutdown.
+    pub shutdown: ShutdownSettings,
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct RedisSettings {
+    /// redis:// URL.
+    pub url: String,
+    /// Timeout of one non-blocking command, ms.
+    pub response_timeout_ms: u64,
+    /// TCP connect timeout, ms.
+    pub connect_timeout_ms: u64,
+}
+
+/// `[keys]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct KeySettings {
+    /// Namespace prefix of every key.
+    pub prefix: String,
+}
+
+/// `[stream]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct StreamSettings {
+    /// Requests stream key.
+    pub requests: String,
+    /// Consumer group name.
+    pub group: String,
+    /// Consumer name; empty means hostname-pid.
+    pub consumer: String,
+    /// XREADGROUP COUNT.
+    pub batch_size: usize,
+    /// XREADGROUP BLOCK, ms.
+    pub block_ms: u64,
+}
+
+/// `[replies]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReplySettings {
+    /// Approximate cap of each reply stream.
+    pub maxlen: usize,
+    /// Idle expiry of each reply stream, ms.
+    pub ttl_ms: u64,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct MetricsSettings {
+    /// Listen address; empty disables the endpoint.
+    pub listen: String,
+}
+
+/// `[shutdown]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct ShutdownSettings {
+    /// Bound on draining in-flight work, ms.
+    pub grace_ms: u64,
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (if any), then `SEATGATE__*` variables, and validates.
+    pub fn load(file: Option<&Path>) -> Result<Settings, Error> {
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(Error::Config(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("SEATGATE")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+        let settings: Settings = builder
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        if self.stream.batch_size == 0 || self.stream.batch_size > 10_000 {
+            return bad("stream.batch_size must be between 1 and 10000");
+        }
+        if self.stream.requests.is_empty() || self.stream.group.is_empty() {
+            return bad("stream.requests and stream.group must not be empty");
+        }
+        if self.keys.prefix.is_empty() || self.keys.prefix.contains(['{', '}']) {
+            return bad("keys.prefix must be non-empty and contain no braces");
+        }
+        if self.replies.maxlen == 0 || self.replies.ttl_ms == 0 {
+            return bad("replies.maxlen and replies.ttl_ms must be positive");
+        }
+        self.metrics_addr()?;
+        Ok(())
+    }
+
+    /// The consumer name: configured, or `<hostname>-<pid>`.
+    pub fn consumer_name(&self) -> String {
+        if self.stream.consumer.is_empty() {
+            let host = gethostname::gethostname().to_string_lossy().into_owned();
+            format!("{host}-{}", std::process::id())
+        } else {
+            self.stream.consumer.clone()
+        }
+    }
+
+    /// The metrics listen address, `None` when disabled.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, Error> {
+        if self.metrics.listen.is_empty() {
+            return Ok(None);
+        }
+        self.metrics.listen.parse().map(Some).map_err(|_| {
+            Error::Config(format!(
+                "metrics.listen {:?} is not an address like 127.0.0.1:9464",
+                self.metrics.listen
+            ))
+        })
+    }
+
+    /// XREADGROUP BLOCK as a duration.
+    pub fn block(&self) -> Duration {
+        Duration::from_millis(self.stream.block_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let s = Settings::load(None).unwrap();
+        assert_eq!(s.stream.requests, "seat:requests");
+        assert_eq!(s.keys.prefix, "seat");
+        assert!(s.metrics_addr().unwrap().is_some());
+    }
+
+    #[test]
+    fn a_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[stream]\nbatch_size = 7\n[metrics]\nlisten = \"\"\n").unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!(s.stream.batch_size, 7);
+        assert_eq!(s.metrics_addr().unwrap(), None);
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_a_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[stream]\nbatch_size = 0\n").unwrap();
+        let err = Settings::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("batch_size"), "{err}");
+        assert!(Settings::load(Some(Path::new("/nonexistent.toml"))).is_err());
+    }
+}

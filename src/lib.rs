@@ -1,0 +1,49 @@
+//! seatgate: a floating-license seat service on Redis.
+//!
+//! Services XADD `acquire` / `release` / `heartbeat` requests to a Redis
+//! Stream; `seatgate run` workers (one consumer group, any number of
+//! processes) decide each with an atomic Lua script and XADD the reply to the
+//! caller's `reply_to` stream. The map:
+//!
+//! - [`config`]     typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
+//! - [`error`]      the library's error type
+//! - [`keys`]       every Redis key name, with the per-license hash tag `{<license>}`
+//! - [`scripts`]    the embedded Lua registry (lua/*.lua) and typed calls into it
+//! - [`status`]     the wire statuses, one enum
+//! - [`protocol`]   request parsing and validation, reply formatting (docs/protocol.md)
+//! - [`worker`]     the XREADGROUP consumer: decide → reply → XACK
+//! - [`license`]    license records: put / show / list / delete
+//! - [`client`]     a request/reply client (the CLI's `acquire`, tests, benchmarks)
+//! - [`telemetry`]  tracing setup and every metric name
+//! - [`http`]       `/metrics`, `/live`, `/ready`
+//! - [`cli`]        the `seatgate` command line; `main.rs` only calls it
+//! - [`service`]    `seatgate run`: worker + HTTP endpoint + graceful shutdown
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod keys;
+pub mod license;
+pub mod protocol;
+pub mod scripts;
+pub mod service;
+pub mod status;
+pub mod telemetry;
+pub mod worker;
+
+pub use error::{Error, Result};
+
+use std::time::Duration;
+
+/// Opens the managed, multiplexed connection used for scripts and replies.
+pub async fn connect_managed(
+    client: &redis::Client,
+    settings: &config::Settings,
+) -> Result<redis::aio::ConnectionManager> {
+    let cfg = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(settings.redis.connect_timeout_ms)))
+        .set_response_timeout(Some(Duration::from_millis(settings.redis.response_timeout_ms)));
+    Ok(client.get_connection_manager_with_config(cfg).await?)
+}

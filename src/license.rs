@@ -1,0 +1,154 @@
+//! License records, the provisioning contract: HASH `seat:{<license>}:license`
+//! with `seats_total`, `expires_at_ms` (0 = never), `active` (1/0) and optional
+//! `heartbeat_timeout_ms`, plus the license index SET. Billing systems may
+//! write the same hash directly; this module is what `seatgate license` does.
+
+use redis::aio::ConnectionLike;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::keys::Keys;
+use crate::protocol::valid_id;
+
+/// A license's settings, as provisioned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LicenseSpec {
+    /// Seats that may be held at once.
+    pub seats_total: u64,
+    /// Unix ms after which acquires are refused; 0 = never.
+    pub expires_at_ms: u64,
+    /// Whether acquires are allowed at all.
+    pub active: bool,
+    /// Per-license heartbeat timeout, ms; `None` = the configured default.
+    pub heartbeat_timeout_ms: Option<u64>,
+}
+
+/// A license and its current use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LicenseInfo {
+    /// License id.
+    pub license: String,
+    /// Provisioned settings.
+    #[serde(flatten)]
+    pub spec: LicenseSpec,
+    /// Seats held now.
+    pub seats_used: u64,
+}
+
+fn check_id(license: &str) -> Result<(), Error> {
+    if valid_id(license) {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "license id {license:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
+        )))
+    }
+}
+
+/// Creates or replaces a license record and indexes it.
+pub async fn put<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    spec: &LicenseSpec,
+) -> Result<(), Error> {
+    check_id(license)?;
+    let k = keys.license(license);
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(&k.license)
+        .arg("seats_total")
+        .arg(spec.seats_total)
+        .arg("expires_at_ms")
+        .arg(spec.expires_at_ms)
+        .arg("active")
+        .arg(if spec.active { 1 } else { 0 })
+        .ignore();
+    match spec.heartbeat_timeout_ms {
+        Some(ms) => pipe
+            .cmd("HSET")
+            .arg(&k.license)
+            .arg("heartbeat_timeout_ms")
+            .arg(ms)
+            .ignore(),
+        None => pipe
+            .cmd("HDEL")
+            .arg(&k.license)
+            .arg("heartbeat_timeout_ms")
+            .ignore(),
+    };
+    // The index lives in its own slot: a separate command, never inside a script.
+    pipe.cmd("SADD").arg(keys.license_index()).arg(license).ignore();
+    pipe.query_async::<()>(con).await?;
+    Ok(())
+}
+
+/// Reads one license; `None` when it does not exist.
+pub async fn show<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+) -> Result<Option<LicenseInfo>, Error> {
+    check_id(license)?;
+    let k = keys.license(license);
+    let (fields, used): (Vec<Option<String>>, u64) = redis::pipe()
+        .cmd("HMGET")
+        .arg(&k.license)
+        .arg(&["seats_total", "expires_at_ms", "active", "heartbeat_timeout_ms"])
+        .cmd("ZCARD")
+        .arg(&k.holders)
+        .query_async(con)
+        .await?;
+    let num = |i: usize| {
+        fields
+            .get(i)
+            .cloned()
+            .flatten()
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    let Some(seats_total) = num(0) else {
+        return Ok(None);
+    };
+    Ok(Some(LicenseInfo {
+        license: license.to_owned(),
+        spec: LicenseSpec {
+            seats_total,
+            expires_at_ms: num(1).unwrap_or(0),
+            active: fields.get(2).cloned().flatten().as_deref() != Some("0"),
+            heartbeat_timeout_ms: num(3),
+        },
+        seats_used: used,
+    }))
+}
+
+/// Every indexed license, sorted by id.
+pub async fn list<C: ConnectionLike>(con: &mut C, keys: &Keys) -> Result<Vec<LicenseInfo>, Error> {
+    let mut ids: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.license_index())
+        .query_async(con)
+        .await?;
+    ids.sort();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids.iter().filter(|id| valid_id(id)) {
+        if let Some(info) = show(con, keys, id).await? {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes a license with its holders and sessions. Returns whether it existed.
+pub async fn delete<C: ConnectionLike>(con: &mut C, keys: &Keys, license: &str) -> Result<bool, Error> {
+    check_id(license)?;
+    let k = keys.license(license);
+    // One DEL: every key of the license shares its hash tag, so this is one slot.
+    let (deleted, _): (i64, i64) = redis::pipe()
+        .cmd("DEL")
+        .arg(&k.all()[..])
+        .cmd("SREM")
+        .arg(keys.license_index())
+        .arg(license)
+        .query_async(con)
+        .await?;
+    Ok(deleted > 0)
+}

@@ -1,0 +1,587 @@
+//! The wire contract: parsing request entries and formatting replies.
+//!
+//! A request is one entry of the requests stream, a flat map of fields. This
+//! module turns it into a [`Request`] or an [`Invalid`] that says which field
+//! is wrong and whether the caller can be answered. Nothing here talks to
+//! Redis; docs/protocol.md is the prose form of this file.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::status::Status;
+
+/// Longest license or session id, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+/// Longest caller request id (`id`), in bytes.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// Longest reply stream key (`reply_to`), in bytes.
+pub const MAX_REPLY_TO_LEN: usize = 256;
+/// Largest `meta` JSON document, in bytes.
+pub const MAX_META_LEN: usize = 4096;
+/// Deepest nesting of objects and arrays inside `meta`.
+pub const MAX_META_DEPTH: usize = 8;
+/// Longest time an acquire may wait in the queue (`wait_ms`): one day.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+/// Most fields one request entry may have.
+pub const MAX_FIELDS: usize = 32;
+/// Largest value of any field we do not otherwise limit, in bytes.
+pub const MAX_FIELD_LEN: usize = 8192;
+
+/// What a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Take a seat (idempotent per session).
+    Acquire,
+    /// Give the session's seat back.
+    Release,
+    /// Keep the session's seat alive.
+    Heartbeat,
+}
+
+impl Op {
+    /// Every op, for metric registration and tests.
+    pub const ALL: [Op; 3] = [Op::Acquire, Op::Release, Op::Heartbeat];
+
+    /// The op as written on the wire (and used as the script name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Release => "release",
+            Op::Heartbeat => "heartbeat",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.as_str() == s)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A well-formed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The caller's request id, echoed in the reply; the stream entry id when
+    /// the caller sent none.
+    pub id: String,
+    /// What to do.
+    pub op: Op,
+    /// The license id (safe charset, no braces: it becomes a hash tag).
+    pub license: String,
+    /// The session id (safe charset).
+    pub session: String,
+    /// Stream key to XADD the reply to; `None` for fire-and-forget requests.
+    pub reply_to: Option<String>,
+    /// Session metadata, a compact JSON object (acquire only; `{}` otherwise).
+    pub meta: String,
+    /// How long an acquire may wait for a seat, in ms (0 = do not wait).
+    pub wait_ms: u64,
+}
+
+/// Why a request was refused, and what is known of the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// One line naming the field and the problem; sent back in `error`.
+    pub reason: String,
+    /// A short, bounded label for metrics (the offending field).
+    pub field: &'static str,
+    /// Whatever could be salvaged to address the reply (boxed: refusals are rare).
+    pub echo: Box<Echo>,
+}
+
+/// Fields echoed in a reply, kept when they were themselves valid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Echo {
+    /// The request id (or the entry id).
+    pub id: String,
+    /// The op, as sent, when it was valid UTF-8 and short.
+    pub op: String,
+    /// The license, when valid.
+    pub license: String,
+    /// The session, when valid.
+    pub session: String,
+    /// The reply stream, when valid.
+    pub reply_to: Option<String>,
+}
+
+/// Checks that an id (license or session) is 1..=128 bytes of `[A-Za-z0-9._:@-]`.
+/// Braces are excluded on purpose: a license id becomes a Redis Cluster hash tag.
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'@'))
+}
+
+/// Checks a `reply_to` key: 1..=256 bytes of printable ASCII without spaces.
+/// (Braces are allowed so that callers can hash-tag their reply streams.)
+fn valid_reply_to(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_REPLY_TO_LEN && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>, echo: &Echo) -> Invalid {
+    Invalid {
+        reason: reason.into(),
+        field,
+        echo: Box::new(echo.clone()),
+    }
+}
+
+/// Depth of the deepest object/array nesting in a JSON value.
+fn json_depth(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Array(items) => 1 + items.iter().map(json_depth).max().unwrap_or(0),
+        serde_json::Value::Object(map) => 1 + map.values().map(json_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Parses one stream entry. `entry_id` is the stream entry id, used as the
+/// request id when the caller sent none. `is_reserved` says whether a key lies
+/// in seatgate's own namespace (a reply stream may not).
+pub fn parse_request(
+    entry_id: &str,
+    fields: &HashMap<String, Vec<u8>>,
+    is_reserved: impl Fn(&str) -> bool,
+) -> Result<Request, Invalid> {
+    let mut echo = Echo {
+        id: entry_id.to_owned(),
+        ..Echo::default()
+    };
+    let text = |name: &str| -> Option<Result<&str, ()>> {
+        fields
+            .get(name)
+            .map(|raw| std::str::from_utf8(raw).map_err(|_| ()))
+    };
+
+    // Reply address first, so that every later refusal can be answered.
+    match text("id") {
+        Some(Ok(id))
+            if !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && !id.contains(char::is_control) =>
+        {
+            echo.id = id.to_owned();
+        }
+        Some(_) => return Err(invalid(
+            "id",
+            format!(
+                "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
+            ),
+            &echo,
+        )),
+        None => {}
+    }
+    let reply_to = match text("reply_to") {
+        None => None,
+        Some(Ok(r)) if valid_reply_to(r) && !is_reserved(r) => Some(r.to_owned()),
+        Some(Ok(r)) if valid_reply_to(r) => {
+            return Err(invalid(
+                "reply_to",
+                "field `reply_to` names a key inside seatgate's own namespace",
+                &echo,
+            ))
+        }
+        Some(_) => return Err(invalid(
+            "reply_to",
+            format!(
+                "field `reply_to` must be 1 to {MAX_REPLY_TO_LEN} bytes of printable ASCII without spaces"
+            ),
+            &echo,
+        )),
+    };
+    echo.reply_to = reply_to.clone();
+
+    if fields.len() > MAX_FIELDS {
+        return Err(invalid(
+            "fields",
+            format!(
+                "request has {} fields; at most {MAX_FIELDS} are allowed",
+                fields.len()
+            ),
+            &echo,
+        ));
+    }
+    if let Some((name, _)) = fields.iter().find(|(_, v)| v.len() > MAX_FIELD_LEN) {
+        let name = if name.len() <= 32 {
+            name.as_str()
+        } else {
+            "(long name)"
+        };
+        return Err(invalid(
+            "fields",
+            format!("field `{name}` is longer than {MAX_FIELD_LEN} bytes"),
+            &echo,
+        ));
+    }
+
+    let op = match text("op") {
+        None => {
+            return Err(invalid(
+                "op",
+                "missing field `op` (acquire, release or heartbeat)",
+                &echo,
+            ))
+        }
+        Some(Err(())) => return Err(invalid("op", "field `op` is not UTF-8", &echo)),
+        Some(Ok(s)) => match Op::parse(s) {
+            Some(op) => op,
+            None => {
+                if s.len() <= 32 && valid_id(s) {
+                    echo.op = s.to_owned();
+                }
+                return Err(invalid(
+                    "op",
+                    format!(
+                        "unknown op {:?}; expected acquire, release or heartbeat",
+                        truncate(s)
+                    ),
+                    &echo,
+                ));
+            }
+        },
+    };
+    echo.op = op.as_str().to_owned();
+
+    let license = id_field(&text, "license", &mut echo)?;
+    echo.license = license.clone();
+    let session = id_field(&text, "session", &mut echo)?;
+    echo.session = session.clone();
+
+    let meta = match (op, text("meta")) {
+        (_, None) => "{}".to_owned(),
+        (Op::Acquire, Some(Ok(raw))) => {
+            if raw.len() > MAX_META_LEN {
+                return Err(invalid(
+                    "meta",
+                    format!(
+                        "field `meta` is {} bytes; at most {MAX_META_LEN} are allowed",
+                        raw.len()
+                    ),
+                    &echo,
+                ));
+            }
+            let value: serde_json::Value = serde_json::from_str(raw)
+                .map_err(|e| invalid("meta", format!("field `meta` is not valid JSON: {e}"), &echo))?;
+            if !value.is_object() {
+                return Err(invalid("meta", "field `meta` must be a JSON object", &echo));
+            }
+            if json_depth(&value) > MAX_META_DEPTH {
+                return Err(invalid(
+                    "meta",
+                    format!("field `meta` nests deeper than {MAX_META_DEPTH} levels"),
+                    &echo,
+                ));
+            }
+            // Re-serialised compactly: what is stored is exactly what was validated.
+            value.to_string()
+        }
+        (Op::Acquire, Some(Err(()))) => return Err(invalid("meta", "field `meta` is not UTF-8", &echo)),
+        (_, Some(_)) => "{}".to_owned(), // meta only matters to acquire; ignored elsewhere
+    };
+
+    let wait_ms = match text("wait_ms") {
+        None => 0,
+        Some(Ok(s)) => match s.parse::<u64>() {
+            Ok(ms) if ms <= MAX_WAIT_MS => ms,
+            _ => {
+                return Err(invalid(
+                    "wait_ms",
+                    format!("field `wait_ms` must be a whole number of milliseconds from 0 to {MAX_WAIT_MS}"),
+                    &echo,
+                ))
+            }
+        },
+        Some(Err(())) => return Err(invalid("wait_ms", "field `wait_ms` is not UTF-8", &echo)),
+    };
+
+    Ok(Request {
+        id: echo.id,
+        op,
+        license,
+        session,
+        reply_to,
+        meta,
+        wait_ms,
+    })
+}
+
+fn id_field<'a>(
+    text: &impl Fn(&str) -> Option<Result<&'a str, ()>>,
+    name: &'static str,
+    echo: &mut Echo,
+) -> Result<String, Invalid> {
+    match text(name) {
+        Some(Ok(s)) if valid_id(s) => Ok(s.to_owned()),
+        None => Err(invalid(name, format!("missing field `{name}`"), echo)),
+        Some(_) => Err(invalid(
+            name,
+            format!("field `{name}` must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - : @"),
+            echo,
+        )),
+    }
+}
+
+/// At most 32 characters of untrusted text, for error messages.
+fn truncate(s: &str) -> String {
+    match s.char_indices().nth(32) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+/// One reply, as XADDed to the caller's `reply_to` stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The request id being answered.
+    pub id: String,
+    /// The op being answered (as sent, or empty when it was unusable).
+    pub op: String,
+    /// The outcome.
+    pub status: Status,
+    /// The license (empty when the request had no valid one).
+    pub license: String,
+    /// The session (empty when the request had no valid one).
+    pub session: String,
+    /// Seats held after the request.
+    pub seats_used: i64,
+    /// The license's seat count.
+    pub seats_total: i64,
+    /// Heartbeats the session has sent (heartbeat replies only).
+    pub heartbeats: Option<i64>,
+    /// A human-readable reason, for refusals and errors.
+    pub error: Option<String>,
+}
+
+impl Reply {
+    /// The reply to an invalid request.
+    pub fn invalid(bad: &Invalid) -> Reply {
+        Reply {
+            id: bad.echo.id.clone(),
+            op: bad.echo.op.clone(),
+            status: Status::InvalidRequest,
+            license: bad.echo.license.clone(),
+            session: bad.echo.session.clone(),
+            seats_used: 0,
+            seats_total: 0,
+            heartbeats: None,
+            error: Some(bad.reason.clone()),
+        }
+    }
+
+    /// The field/value pairs of the reply stream entry.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            ("id", self.id.clone()),
+            ("op", self.op.clone()),
+            ("status", self.status.as_str().to_owned()),
+            ("ok", if self.status.is_ok() { "1" } else { "0" }.to_owned()),
+            ("license", self.license.clone()),
+            ("session", self.session.clone()),
+            ("seats_used", self.seats_used.to_string()),
+            ("seats_total", self.seats_total.to_string()),
+        ];
+        if let Some(n) = self.heartbeats {
+            out.push(("heartbeats", n.to_string()));
+        }
+        if let Some(e) = &self.error {
+            out.push(("error", e.clone()));
+        }
+        out
+    }
+}
+
+/// A human-readable reason for refusals that carry no `error` of their own.
+pub fn refusal_reason(status: Status) -> Option<&'static str> {
+    Some(match status {
+        Status::NoSeatsAvailable => "every seat of the license is in use",
+        Status::SessionNotFound => "the session holds no seat",
+        Status::SessionNotActive => "the session holds no seat; acquire again",
+        Status::LicenseNotFound => "no such license",
+        Status::LicenseInactive => "the license is deactivated",
+        Status::LicenseExpired => "the license has expired",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(pairs: &[(&str, &[u8])]) -> HashMap<String, Vec<u8>> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect()
+    }
+
+    fn parse(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
+        parse_request("1-0", &entry(pairs), |k| k.starts_with("seat:"))
+    }
+
+    #[test]
+    fn a_full_acquire_parses() {
+        let req = parse(&[
+            ("op", b"acquire"),
+            ("id", b"r1"),
+            ("license", b"acme"),
+            ("session", b"s-1"),
+            ("reply_to", b"reply:c1"),
+            ("meta", br#"{ "user_email": "a@b.c" }"#),
+            ("wait_ms", b"1500"),
+        ])
+        .unwrap();
+        assert_eq!(req.op, Op::Acquire);
+        assert_eq!(req.id, "r1");
+        assert_eq!(req.meta, r#"{"user_email":"a@b.c"}"#);
+        assert_eq!(req.wait_ms, 1500);
+        assert_eq!(req.reply_to.as_deref(), Some("reply:c1"));
+    }
+
+    #[test]
+    fn the_entry_id_stands_in_for_a_missing_request_id() {
+        let req = parse(&[("op", b"release"), ("license", b"a"), ("session", b"s")]).unwrap();
+        assert_eq!(req.id, "1-0");
+        assert_eq!(req.reply_to, None);
+    }
+
+    #[test]
+    fn malformed_requests_name_the_field_and_keep_the_reply_address() {
+        let long = vec![b'a'; 200];
+        let deep = format!("{}{}", "{\"a\":".repeat(9) + "1", "}".repeat(9));
+        let big_meta = format!("{{\"x\":\"{}\"}}", "y".repeat(MAX_META_LEN));
+        type Case<'a> = (Vec<(&'a str, &'a [u8])>, &'a str);
+        let cases: Vec<Case> = vec![
+            (vec![("license", b"a"), ("session", b"s")], "op"),
+            (vec![("op", b"steal"), ("license", b"a"), ("session", b"s")], "op"),
+            (
+                vec![("op", b"\xff\xfe"), ("license", b"a"), ("session", b"s")],
+                "op",
+            ),
+            (vec![("op", b"acquire"), ("session", b"s")], "license"),
+            (vec![("op", b"acquire"), ("license", b"a")], "session"),
+            (
+                vec![("op", b"acquire"), ("license", b"{a}"), ("session", b"s")],
+                "license",
+            ),
+            (
+                vec![("op", b"acquire"), ("license", b""), ("session", b"s")],
+                "license",
+            ),
+            (
+                vec![("op", b"acquire"), ("license", &long), ("session", b"s")],
+                "license",
+            ),
+            (
+                vec![("op", b"acquire"), ("license", b"a"), ("session", b"s p")],
+                "session",
+            ),
+            (
+                vec![("op", b"acquire"), ("license", b"a"), ("session", b"\xc3\x28")],
+                "session",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("meta", b"{nope"),
+                ],
+                "meta",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("meta", b"[1,2]"),
+                ],
+                "meta",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("meta", deep.as_bytes()),
+                ],
+                "meta",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("meta", big_meta.as_bytes()),
+                ],
+                "meta",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("wait_ms", b"-1"),
+                ],
+                "wait_ms",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("wait_ms", b"99999999999"),
+                ],
+                "wait_ms",
+            ),
+        ];
+        for (mut pairs, field) in cases {
+            pairs.push(("reply_to", b"reply:c1"));
+            pairs.push(("id", b"r9"));
+            let bad = parse(&pairs).expect_err(field);
+            assert_eq!(bad.field, field, "{pairs:?}: {}", bad.reason);
+            assert_eq!(bad.echo.reply_to.as_deref(), Some("reply:c1"));
+            assert_eq!(bad.echo.id, "r9");
+            assert!(!bad.reason.is_empty() && !bad.reason.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn reply_to_inside_the_namespace_is_refused_without_an_address() {
+        let bad = parse(&[
+            ("op", b"acquire"),
+            ("license", b"a"),
+            ("session", b"s"),
+            ("reply_to", b"seat:{a}:holders"),
+        ])
+        .unwrap_err();
+        assert_eq!(bad.field, "reply_to");
+        assert_eq!(bad.echo.reply_to, None);
+    }
+
+    #[test]
+    fn too_many_fields_are_refused() {
+        let names: Vec<String> = (0..40).map(|i| format!("f{i}")).collect();
+        let mut pairs: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"x"[..])).collect();
+        pairs.push(("op", b"acquire"));
+        assert_eq!(parse(&pairs).unwrap_err().field, "fields");
+    }
+
+    #[test]
+    fn reply_fields_carry_ok_and_optional_parts() {
+        let reply = Reply {
+            id: "r1".into(),
+            op: "heartbeat".into(),
+            status: Status::HeartbeatUpdated,
+            license: "a".into(),
+            session: "s".into(),
+            seats_used: 1,
+            seats_total: 5,
+            heartbeats: Some(3),
+            error: None,
+        };
+        let f = reply.fields();
+        assert!(f.contains(&("ok", "1".into())));
+        assert!(f.contains(&("heartbeats", "3".into())));
+        assert!(!f.iter().any(|(k, _)| *k == "error"));
+    }
+}

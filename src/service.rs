@@ -1,0 +1,91 @@
+//! `seatgate run`: the worker, the HTTP endpoint and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Settings;
+use crate::error::Error;
+use crate::http::{self, Readiness};
+use crate::telemetry;
+use crate::worker::Worker;
+
+/// Runs a worker (and the metrics endpoint, when configured) until `shutdown`
+/// completes, then stops reading, finishes the batch in hand and returns.
+/// `on_listen` is told the metrics address once bound (port 0 picks one).
+pub async fn run(
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_listen: impl FnOnce(Option<SocketAddr>),
+) -> Result<(), Error> {
+    let token = CancellationToken::new();
+    let ready = Readiness::default();
+    let grace = Duration::from_millis(settings.shutdown.grace_ms);
+
+    let http_task = match settings.metrics_addr()? {
+        Some(addr) => {
+            let handle = telemetry::install_metrics().map_err(Error::Config)?;
+            let (bound, task) = http::serve(addr, handle, ready.clone(), token.clone()).await?;
+            info!(%bound, "serving /metrics, /live and /ready");
+            on_listen(Some(bound));
+            Some(task)
+        }
+        None => {
+            on_listen(None);
+            None
+        }
+    };
+
+    let worker = Worker::connect(settings, ready).await?;
+    let mut worker_task = tokio::spawn(worker.run(token.clone()));
+
+    let result = tokio::select! {
+        r = &mut worker_task => r,
+        _ = shutdown => {
+            info!("shutdown requested; finishing in-flight requests");
+            token.cancel();
+            match tokio::time::timeout(grace, &mut worker_task).await {
+                Ok(r) => r,
+                Err(_) => {
+                    warn!(?grace, "in-flight requests did not finish in time; leaving them pending for other workers");
+                    worker_task.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    token.cancel();
+    if let Some(task) = http_task {
+        let _ = task.await;
+    }
+    match result {
+        Ok(r) => r,
+        Err(join) => Err(Error::Config(format!("worker task failed: {join}"))),
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

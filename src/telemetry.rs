@@ -1,0 +1,95 @@
+//! Logs (tracing) and metrics (the `metrics` facade, exported for Prometheus).
+//!
+//! Metric names live here and nowhere else. Labels are low-cardinality by
+//! construction: script names, ops, statuses and field names are closed sets;
+//! license and session ids never become labels.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Seed metric: seat script executions by `script_name` and `result`
+/// (`success`, `failure` = a refusal such as NO_SEATS_AVAILABLE, `error`).
+pub const SCRIPT_EXECUTIONS: &str = "license_lua_script_executions_total";
+/// Seed metric: seat script round-trip latency by `script_name`.
+pub const SCRIPT_LATENCY: &str = "license_lua_script_latency_seconds";
+/// Requests answered, by `op` and `status`.
+pub const REQUESTS: &str = "seatgate_requests_total";
+/// Requests refused as INVALID_REQUEST, by the offending `field`.
+pub const INVALID_REQUESTS: &str = "seatgate_invalid_requests_total";
+/// End-to-end latency, from the stream entry's id time to the reply, by `op`.
+pub const REQUEST_DURATION: &str = "seatgate_request_duration_seconds";
+/// Replies that could not be written (for example `reply_to` holds a non-stream key).
+pub const REPLY_ERRORS: &str = "seatgate_reply_errors_total";
+/// Redis errors met while reading or deciding requests, by `stage`.
+pub const REDIS_ERRORS: &str = "seatgate_redis_errors_total";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Sets up the log subscriber: `RUST_LOG` filters, default `info`.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second init (tests, embedding) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn install_metrics() -> Result<PrometheusHandle, String> {
+    static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .map_err(|e| e.to_string())?
+                .install_recorder()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// Records one script round trip.
+pub fn script_latency(script: &'static str, elapsed: Duration) {
+    histogram!(SCRIPT_LATENCY, "script_name" => script).record(elapsed.as_secs_f64());
+}
+
+/// Counts one script execution.
+pub fn script_executed(script: &'static str, result: &'static str) {
+    counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).increment(1);
+}
+
+/// Counts one answered request and its end-to-end latency.
+pub fn request_answered(op: &str, status: &'static str, since_enqueue: Option<Duration>) {
+    // `op` is either a known op or "invalid": bounded.
+    let op = match op {
+        "acquire" | "release" | "heartbeat" => op.to_owned(),
+        _ => "invalid".to_owned(),
+    };
+    if let Some(d) = since_enqueue {
+        histogram!(REQUEST_DURATION, "op" => op.clone()).record(d.as_secs_f64());
+    }
+    counter!(REQUESTS, "op" => op, "status" => status).increment(1);
+}
+
+/// Counts one invalid request by offending field (a closed set of names).
+pub fn invalid_request(field: &'static str) {
+    counter!(INVALID_REQUESTS, "field" => field).increment(1);
+}
+
+/// Counts one reply that could not be written.
+pub fn reply_error() {
+    counter!(REPLY_ERRORS).increment(1);
+}
+
+/// Counts one Redis error at `stage` (`read`, `script`, `reply`, `ack`).
+pub fn redis_error(stage: &'static str) {
+    counter!(REDIS_ERRORS, "stage" => stage).increment(1);
+}
