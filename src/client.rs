@@ -121,7 +121,11 @@ impl Client {
 
     /// Sends `call` without waiting; returns its request id.
     pub async fn send(&mut self, call: &Call) -> Result<String, Error> {
-        let id = format!("{}-{}", self.id_prefix, NEXT_REQUEST.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "{}-{}",
+            self.id_prefix,
+            NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
+        );
         let mut xadd = redis::cmd("XADD");
         xadd.arg(&self.requests)
             .arg("*")

@@ -165,13 +165,15 @@ pub fn parse_request(
         {
             echo.id = id.to_owned();
         }
-        Some(_) => return Err(invalid(
-            "id",
-            format!(
+        Some(_) => {
+            return Err(invalid(
+                "id",
+                format!(
                 "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
             ),
-            &echo,
-        )),
+                &echo,
+            ))
+        }
         None => {}
     }
     let reply_to = match text("reply_to") {
@@ -184,13 +186,15 @@ pub fn parse_request(
                 &echo,
             ))
         }
-        Some(_) => return Err(invalid(
-            "reply_to",
-            format!(
+        Some(_) => {
+            return Err(invalid(
+                "reply_to",
+                format!(
                 "field `reply_to` must be 1 to {MAX_REPLY_TO_LEN} bytes of printable ASCII without spaces"
             ),
-            &echo,
-        )),
+                &echo,
+            ))
+        }
     };
     echo.reply_to = reply_to.clone();
 

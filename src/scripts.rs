@@ -59,6 +59,13 @@ impl Scripts {
         &SCRIPTS
     }
 
+    /// The SHA1 of every script, as EVALSHA uses them.
+    pub fn hashes(&self) -> Vec<&str> {
+        [&self.acquire, &self.release, &self.heartbeat]
+            .map(|s| s.get_hash())
+            .to_vec()
+    }
+
     /// Loads every script, so that pipelines (which do not retry NOSCRIPT) can use them.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
         for script in [&self.acquire, &self.release, &self.heartbeat] {

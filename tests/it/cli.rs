@@ -1,0 +1,266 @@
+//! The real `seatgate` binary: the worker as a process, the CLI client and
+//! provisioning commands, exit codes, and `/metrics` counting what it served.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
+
+fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run seatgate")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A `seatgate run` child process, killed on drop.
+struct RunningWorker {
+    child: Child,
+    metrics: String,
+}
+
+impl RunningWorker {
+    fn start(redis: &RedisServer) -> RunningWorker {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(BIN)
+            .arg("--redis")
+            .arg(redis.url())
+            .arg("run")
+            .env("SEATGATE__METRICS__LISTEN", format!("127.0.0.1:{port}"))
+            .env("SEATGATE__STREAM__BLOCK_MS", "100")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start seatgate run");
+        let worker = RunningWorker {
+            child,
+            metrics: format!("127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(&worker.metrics, "/ready").map(|(code, _)| code) != Some(200) {
+            assert!(Instant::now() < deadline, "worker did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        worker
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "worker did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.0 GET, enough for /metrics and /ready on loopback.
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let code = body.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body))
+}
+
+/// The value of one exact series line in a Prometheus exposition.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
+    let redis = RedisServer::start();
+    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "3"]);
+    assert!(put.status.success(), "{put:?}");
+    let worker = RunningWorker::start(&redis);
+
+    for i in 0..5 {
+        let session = format!("s{i}");
+        let o = seatgate(
+            &redis,
+            &[
+                "acquire",
+                "--license",
+                "cad",
+                "--session",
+                &session,
+                "--meta",
+                r#"{"user_email":"u@x.io"}"#,
+            ],
+        );
+        if i < 3 {
+            assert_eq!(o.status.code(), Some(0), "{o:?}");
+            assert!(stdout(&o).starts_with("ACQUIRED"), "{}", stdout(&o));
+        } else {
+            assert_eq!(o.status.code(), Some(1), "refused acquire exits 1: {o:?}");
+            assert!(stdout(&o).starts_with("NO_SEATS_AVAILABLE"), "{}", stdout(&o));
+        }
+    }
+    for _ in 0..2 {
+        let o = seatgate(
+            &redis,
+            &["heartbeat", "--license", "cad", "--session", "s0", "--json"],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+        assert_eq!(v["status"], "HEARTBEAT_UPDATED");
+    }
+    let o = seatgate(&redis, &["release", "--license", "cad", "--session", "s1"]);
+    assert_eq!(o.status.code(), Some(0));
+
+    let (code, text) = http_get(&worker.metrics, "/metrics").expect("metrics endpoint");
+    assert_eq!(code, 200);
+    let exec = |script: &str, result: &str| {
+        metric(
+            &text,
+            &format!("license_lua_script_executions_total{{script_name=\"{script}\",result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(exec("acquire", "success"), 3.0, "{text}");
+    assert_eq!(exec("acquire", "failure"), 2.0);
+    assert_eq!(exec("heartbeat", "success"), 2.0);
+    assert_eq!(exec("release", "success"), 1.0);
+    let latency_count = |script: &str| {
+        metric(
+            &text,
+            &format!("license_lua_script_latency_seconds_count{{script_name=\"{script}\"}}"),
+        )
+    };
+    assert_eq!(
+        (
+            latency_count("acquire"),
+            latency_count("heartbeat"),
+            latency_count("release")
+        ),
+        (5.0, 2.0, 1.0)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "seatgate_requests_total{op=\"acquire\",status=\"NO_SEATS_AVAILABLE\"}"
+        ),
+        2.0
+    );
+    assert_eq!(http_get(&worker.metrics, "/live").map(|(c, _)| c), Some(200));
+
+    let status = worker.terminate();
+    assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
+}
+
+#[test]
+fn license_commands_provision_show_list_and_delete() {
+    let redis = RedisServer::start();
+    let o = seatgate(
+        &redis,
+        &[
+            "license",
+            "put",
+            "a-1",
+            "--seats",
+            "4",
+            "--expires",
+            "2099-01-01T00:00:00Z",
+            "--heartbeat-timeout",
+            "90s",
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    seatgate(&redis, &["license", "put", "b-2", "--seats", "1", "--inactive"]);
+    let o = seatgate(&redis, &["license", "show", "a-1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["seats_total"].as_u64(), v["active"].as_bool()),
+        (Some(4), Some(true))
+    );
+    assert_eq!(v["heartbeat_timeout_ms"].as_u64(), Some(90_000));
+    assert_eq!(v["expires_at_ms"].as_u64(), Some(4_070_908_800_000));
+    let list = stdout(&seatgate(&redis, &["license", "list"]));
+    assert!(
+        list.contains("a-1  seats 0/4") && list.contains("b-2  seats 0/1  INACTIVE"),
+        "{list}"
+    );
+    assert!(seatgate(&redis, &["license", "delete", "a-1"]).status.success());
+    assert_eq!(
+        seatgate(&redis, &["license", "show", "a-1"]).status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        seatgate(&redis, &["license", "put", "{bad}", "--seats", "1"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = Command::new(BIN)
+        .args([
+            "--redis",
+            &format!("redis://127.0.0.1:{port}"),
+            "acquire",
+            "--license",
+            "x",
+            "--session",
+            "y",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.starts_with("seatgate: error:"), "{err}");
+
+    let o = Command::new(BIN)
+        .args([
+            "--redis",
+            "redis://127.0.0.1:1",
+            "acquire",
+            "--license",
+            "x",
+            "--session",
+            "y",
+            "--meta",
+            "[1]",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "bad flags are a usage error");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--meta"));
+}

@@ -1,0 +1,251 @@
+//! Malformed requests: each answered INVALID_REQUEST naming the problem,
+//! acknowledged, state unchanged, and the requests around them served.
+
+use std::time::Duration;
+
+use seatgate::client::{Call, Client};
+use seatgate::protocol::Op;
+use seatgate::status::Status;
+
+use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer};
+
+/// (description, fields of the entry besides `id` and `reply_to`, word the error must mention)
+type Case = (&'static str, Vec<(&'static str, Vec<u8>)>, &'static str);
+
+fn cases() -> Vec<Case> {
+    let f = |pairs: &[(&'static str, &[u8])]| pairs.iter().map(|(k, v)| (*k, v.to_vec())).collect::<Vec<_>>();
+    let deep = format!("{}1{}", "{\"a\":".repeat(12), "}".repeat(12));
+    vec![
+        ("missing op", f(&[("license", b"lic"), ("session", b"x")]), "op"),
+        (
+            "unknown op",
+            f(&[("op", b"steal"), ("license", b"lic"), ("session", b"x")]),
+            "op",
+        ),
+        (
+            "non-UTF-8 op",
+            f(&[("op", b"\xff\xfe"), ("license", b"lic"), ("session", b"x")]),
+            "op",
+        ),
+        (
+            "missing license",
+            f(&[("op", b"acquire"), ("session", b"x")]),
+            "license",
+        ),
+        (
+            "missing session",
+            f(&[("op", b"acquire"), ("license", b"lic")]),
+            "session",
+        ),
+        (
+            "braces in license",
+            f(&[("op", b"acquire"), ("license", b"{lic}"), ("session", b"x")]),
+            "license",
+        ),
+        (
+            "space in session",
+            f(&[("op", b"acquire"), ("license", b"lic"), ("session", b"a b")]),
+            "session",
+        ),
+        (
+            "non-UTF-8 session",
+            f(&[("op", b"acquire"), ("license", b"lic"), ("session", b"\xc3\x28")]),
+            "session",
+        ),
+        (
+            "oversized license",
+            vec![
+                ("op", b"acquire".to_vec()),
+                ("license", vec![b'a'; 500]),
+                ("session", b"x".to_vec()),
+            ],
+            "license",
+        ),
+        (
+            "meta not JSON",
+            f(&[
+                ("op", b"acquire"),
+                ("license", b"lic"),
+                ("session", b"x"),
+                ("meta", b"{oops"),
+            ]),
+            "meta",
+        ),
+        (
+            "meta not an object",
+            f(&[
+                ("op", b"acquire"),
+                ("license", b"lic"),
+                ("session", b"x"),
+                ("meta", b"\"str\""),
+            ]),
+            "meta",
+        ),
+        (
+            "meta too deep",
+            vec![
+                ("op", b"acquire".to_vec()),
+                ("license", b"lic".to_vec()),
+                ("session", b"x".to_vec()),
+                ("meta", deep.into_bytes()),
+            ],
+            "meta",
+        ),
+        (
+            "meta too large",
+            vec![
+                ("op", b"acquire".to_vec()),
+                ("license", b"lic".to_vec()),
+                ("session", b"x".to_vec()),
+                ("meta", format!("{{\"k\":\"{}\"}}", "v".repeat(5000)).into_bytes()),
+            ],
+            "meta",
+        ),
+        (
+            "oversized field",
+            vec![
+                ("op", b"acquire".to_vec()),
+                ("license", b"lic".to_vec()),
+                ("session", b"x".to_vec()),
+                ("junk", vec![b'j'; 10_000]),
+            ],
+            "junk",
+        ),
+        (
+            "negative wait",
+            f(&[
+                ("op", b"acquire"),
+                ("license", b"lic"),
+                ("session", b"x"),
+                ("wait_ms", b"-5"),
+            ]),
+            "wait_ms",
+        ),
+        (
+            "wait not a number",
+            f(&[
+                ("op", b"acquire"),
+                ("license", b"lic"),
+                ("session", b"x"),
+                ("wait_ms", b"soon"),
+            ]),
+            "wait_ms",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_malformed_request_is_answered_and_changes_nothing() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let good = |session: &str| Call {
+        op: Op::Acquire,
+        license: "lic".into(),
+        session: session.into(),
+        meta: None,
+        wait_ms: 0,
+    };
+    let r = client
+        .call(&good("holder"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    let before = snapshot(&redis).await;
+
+    let mut con = redis.con().await;
+    for (i, (what, fields, mention)) in cases().into_iter().enumerate() {
+        let id = format!("bad-{i}");
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg("seat:requests")
+            .arg("*")
+            .arg("id")
+            .arg(&id)
+            .arg("reply_to")
+            .arg(client.reply_to());
+        for (k, v) in &fields {
+            xadd.arg(*k).arg(v.as_slice());
+        }
+        let _: String = xadd.query_async(&mut con).await.unwrap();
+        let r = client
+            .wait_for(&id, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.status(), Status::InvalidRequest, "{what}");
+        assert_eq!(r.get("ok"), "0", "{what}");
+        assert!(
+            r.get("error").contains(mention),
+            "{what}: error {:?} should name {mention}",
+            r.get("error")
+        );
+    }
+    assert_eq!(
+        snapshot(&redis).await,
+        before,
+        "invalid requests changed seat state"
+    );
+
+    // A request without a usable reply address is still acknowledged; the worker lives on.
+    let _: String = redis::cmd("XADD")
+        .arg("seat:requests")
+        .arg("*")
+        .arg("op")
+        .arg("acquire")
+        .arg("reply_to")
+        .arg("seat:{lic}:holders")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let r = client
+        .call(&good("second"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        Status::Acquired,
+        "requests after the bad ones are served"
+    );
+    worker.stop().await;
+    assert_eq!(pending(&redis).await, 0, "every entry acknowledged");
+}
+
+#[tokio::test]
+async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut con = redis.con().await;
+    let _: () = redis::cmd("SET")
+        .arg("reply:not-a-stream")
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("seat:requests")
+        .arg("*")
+        .arg("op")
+        .arg("acquire")
+        .arg("license")
+        .arg("lic")
+        .arg("session")
+        .arg("s1")
+        .arg("reply_to")
+        .arg("reply:not-a-stream")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let call = Call {
+        op: Op::Acquire,
+        license: "lic".into(),
+        session: "s2".into(),
+        meta: None,
+        wait_ms: 0,
+    };
+    let r = client.call(&call, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    worker.stop().await;
+    assert_eq!(pending(&redis).await, 0);
+}

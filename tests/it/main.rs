@@ -1,0 +1,8 @@
+//! Integration tests against real redis-server processes started by the
+//! harness (see `support`). One binary, one module per area.
+
+mod cli;
+mod invalid;
+mod scripts;
+mod stream;
+mod support;

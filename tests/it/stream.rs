@@ -1,0 +1,150 @@
+//! The request/reply path end to end: clients XADD, in-process workers decide.
+
+use std::time::Duration;
+
+use seatgate::client::{Call, Client};
+use seatgate::protocol::Op;
+use seatgate::status::Status;
+
+use crate::support::{holders, pending, put_license, spawn_worker, RedisServer};
+
+const T: Duration = Duration::from_secs(5);
+
+fn call(op: Op, license: &str, session: &str) -> Call {
+    Call {
+        op,
+        license: license.into(),
+        session: session.into(),
+        meta: Some(r#"{"user_email":"dev@example.com","hardware_id":"hw-1"}"#.into()),
+        wait_ms: 0,
+    }
+}
+
+#[tokio::test]
+async fn acquire_heartbeat_release_round_trip() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 1).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+
+    let r = client.call(&call(Op::Acquire, "lic", "s1"), T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.ok(), r.int("seats_used"), r.int("seats_total")),
+        (Status::Acquired, true, 1, 1)
+    );
+    assert_eq!(
+        (r.get("op"), r.get("license"), r.get("session")),
+        ("acquire", "lic", "s1")
+    );
+
+    let r = client.call(&call(Op::Acquire, "lic", "s1"), T).await.unwrap();
+    assert_eq!(r.status(), Status::AlreadyActive);
+    let r = client.call(&call(Op::Acquire, "lic", "s2"), T).await.unwrap();
+    assert_eq!((r.status(), r.ok()), (Status::NoSeatsAvailable, false));
+    assert!(!r.get("error").is_empty());
+
+    let r = client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
+    let r = client.call(&call(Op::Release, "lic", "s1"), T).await.unwrap();
+    assert_eq!((r.status(), r.int("seats_used")), (Status::Released, 0));
+    let r = client.call(&call(Op::Release, "lic", "s1"), T).await.unwrap();
+    assert_eq!(r.status(), Status::SessionNotFound);
+    let r = client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    assert_eq!(r.status(), Status::SessionNotActive);
+    let r = client.call(&call(Op::Acquire, "nope", "s1"), T).await.unwrap();
+    assert_eq!(r.status(), Status::LicenseNotFound);
+
+    worker.stop().await;
+    assert_eq!(pending(&redis).await, 0, "every request acknowledged");
+}
+
+#[tokio::test]
+async fn reply_streams_are_capped_and_expire() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 1).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    let mut con = redis.con().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(client.reply_to())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 300_000, "reply stream expires (pttl {ttl})");
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn requests_written_before_any_worker_are_served() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let early = client.send(&call(Op::Acquire, "lic", "early")).await.unwrap();
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let r = client.wait_for(&early, T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    worker.stop().await;
+}
+
+/// The seed's load test, through the stream: 100 concurrent acquirers, 10 seats, two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_acquires_over_the_stream_with_two_workers() {
+    let redis = RedisServer::start();
+    put_license(&redis, "load", 10).await;
+    let mut settings = redis.settings();
+    settings.stream.batch_size = 8; // several batches per worker, so both take part
+    let w1 = spawn_worker(settings.clone(), "w1").await;
+    let w2 = spawn_worker(settings, "w2").await;
+
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let url = redis.url();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&url, "seat:requests").await.unwrap();
+            let id = client
+                .send(&call(Op::Acquire, "load", &format!("session-{i}")))
+                .await
+                .unwrap();
+            let reply = client.wait_for(&id, Duration::from_secs(20)).await.unwrap();
+            // Exactly one reply per request on this client's stream.
+            let mut con = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let replies: i64 = redis::cmd("XLEN")
+                .arg(client.reply_to())
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            (reply.status(), replies)
+        }));
+    }
+    let (mut acquired, mut refused) = (0, 0);
+    for t in tasks {
+        let (status, replies) = t.await.unwrap();
+        assert_eq!(replies, 1, "one reply per request");
+        match status {
+            Status::Acquired => acquired += 1,
+            Status::NoSeatsAvailable => refused += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!((acquired, refused), (10, 90));
+    assert_eq!(holders(&redis, "load").await.len(), 10, "10 holders in Redis");
+
+    // Both consumers served part of the load.
+    let mut con = redis.con().await;
+    let consumers: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(consumers.len(), 2);
+    w1.stop().await;
+    w2.stop().await;
+    assert_eq!(pending(&redis).await, 0);
+}
