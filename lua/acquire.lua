@@ -22,12 +22,15 @@ local session, meta = ARGV[1], ARGV[2]
 local now = now_ms()
 local refusal, total = check_license(license_key, now)
 local used = rcall('ZCARD', holders_key)
-if refusal then
-  return {refusal, used, total}
-end
 
+-- A retried acquire gets the answer the first one got, whatever happened to
+-- the license since: the session holds its seat until it releases or is reaped.
 if rcall('ZSCORE', holders_key, session) then
   return {'ALREADY_ACTIVE', used, total}
+end
+
+if refusal then
+  return {refusal, used, total}
 end
 
 if used >= total then

@@ -129,6 +129,13 @@ impl Settings {
         if self.replies.maxlen == 0 || self.replies.ttl_ms == 0 {
             return bad("replies.maxlen and replies.ttl_ms must be positive");
         }
+        if !self
+            .stream
+            .requests
+            .starts_with(&format!("{}:", self.keys.prefix))
+        {
+            return bad("stream.requests must start with keys.prefix and a colon (e.g. \"seat:requests\"), so no reply_to can name it");
+        }
         self.metrics_addr()?;
         Ok(())
     }

@@ -145,13 +145,20 @@ fn json_depth(v: &serde_json::Value) -> usize {
 /// in seatgate's own namespace (a reply stream may not).
 pub fn parse_request(
     entry_id: &str,
-    fields: &HashMap<String, Vec<u8>>,
+    pairs: &[(String, Vec<u8>)],
     is_reserved: impl Fn(&str) -> bool,
 ) -> Result<Request, Invalid> {
     let mut echo = Echo {
         id: entry_id.to_owned(),
         ..Echo::default()
     };
+    let mut fields: HashMap<&str, &[u8]> = HashMap::with_capacity(pairs.len());
+    let mut duplicate = None;
+    for (name, value) in pairs {
+        if fields.insert(name.as_str(), value.as_slice()).is_some() {
+            duplicate.get_or_insert(name.as_str());
+        }
+    }
     let text = |name: &str| -> Option<Result<&str, ()>> {
         fields
             .get(name)
@@ -159,23 +166,6 @@ pub fn parse_request(
     };
 
     // Reply address first, so that every later refusal can be answered.
-    match text("id") {
-        Some(Ok(id))
-            if !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && !id.contains(char::is_control) =>
-        {
-            echo.id = id.to_owned();
-        }
-        Some(_) => {
-            return Err(invalid(
-                "id",
-                format!(
-                "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
-            ),
-                &echo,
-            ))
-        }
-        None => {}
-    }
     let reply_to = match text("reply_to") {
         None => None,
         Some(Ok(r)) if valid_reply_to(r) && !is_reserved(r) => Some(r.to_owned()),
@@ -197,6 +187,30 @@ pub fn parse_request(
         }
     };
     echo.reply_to = reply_to.clone();
+    match text("id") {
+        Some(Ok(id))
+            if !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && !id.contains(char::is_control) =>
+        {
+            echo.id = id.to_owned();
+        }
+        Some(_) => {
+            return Err(invalid(
+                "id",
+                format!(
+                "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
+            ),
+                &echo,
+            ))
+        }
+        None => {}
+    }
+    if let Some(name) = duplicate {
+        return Err(invalid(
+            "fields",
+            format!("field `{}` appears more than once", truncate(name)),
+            &echo,
+        ));
+    }
 
     if fields.len() > MAX_FIELDS {
         return Err(invalid(
@@ -208,12 +222,12 @@ pub fn parse_request(
             &echo,
         ));
     }
-    if let Some((name, _)) = fields.iter().find(|(_, v)| v.len() > MAX_FIELD_LEN) {
-        let name = if name.len() <= 32 {
-            name.as_str()
-        } else {
-            "(long name)"
-        };
+    // `meta` has its own, smaller limit, checked below with a clearer message.
+    if let Some((name, _)) = fields
+        .iter()
+        .find(|(n, v)| **n != "meta" && v.len() > MAX_FIELD_LEN)
+    {
+        let name = if name.len() <= 32 { *name } else { "(long name)" };
         return Err(invalid(
             "fields",
             format!("field `{name}` is longer than {MAX_FIELD_LEN} bytes"),
@@ -221,6 +235,14 @@ pub fn parse_request(
         ));
     }
 
+    // Echo what is valid even when the op is not, so the caller can match the reply.
+    for (name, slot) in [("license", &mut echo.license), ("session", &mut echo.session)] {
+        if let Some(Ok(v)) = text(name) {
+            if valid_id(v) {
+                *slot = v.to_owned();
+            }
+        }
+    }
     let op = match text("op") {
         None => {
             return Err(invalid(
@@ -414,7 +436,7 @@ pub fn refusal_reason(status: Status) -> Option<&'static str> {
 mod tests {
     use super::*;
 
-    fn entry(pairs: &[(&str, &[u8])]) -> HashMap<String, Vec<u8>> {
+    fn entry(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect()
     }
 
@@ -560,6 +582,32 @@ mod tests {
         .unwrap_err();
         assert_eq!(bad.field, "reply_to");
         assert_eq!(bad.echo.reply_to, None);
+    }
+
+    #[test]
+    fn an_invalid_id_is_still_answered_under_the_entry_id() {
+        let bad = parse(&[("op", b"acquire"), ("id", b""), ("reply_to", b"reply:c1")]).unwrap_err();
+        assert_eq!((bad.field, bad.echo.id.as_str()), ("id", "1-0"));
+        assert_eq!(bad.echo.reply_to.as_deref(), Some("reply:c1"));
+    }
+
+    #[test]
+    fn duplicate_fields_are_refused() {
+        let bad = parse(&[
+            ("op", b"acquire"),
+            ("license", b"a"),
+            ("session", b"s"),
+            ("op", b"release"),
+        ])
+        .unwrap_err();
+        assert_eq!(bad.field, "fields");
+        assert!(bad.reason.contains("`op`"), "{}", bad.reason);
+    }
+
+    #[test]
+    fn a_bad_op_still_echoes_license_and_session() {
+        let bad = parse(&[("op", b"steal"), ("license", b"a"), ("session", b"s")]).unwrap_err();
+        assert_eq!((bad.echo.license.as_str(), bad.echo.session.as_str()), ("a", "s"));
     }
 
     #[test]

@@ -32,12 +32,15 @@ pub struct Scripts {
     acquire: Script,
     release: Script,
     heartbeat: Script,
+    reply: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(lua!("acquire")),
     release: Script::new(lua!("release")),
     heartbeat: Script::new(lua!("heartbeat")),
+    // Not a seat script: no common helpers, no seat metrics.
+    reply: Script::new(include_str!("../lua/reply.lua")),
 });
 
 /// What a seat script decided.
@@ -59,6 +62,10 @@ impl Scripts {
         &SCRIPTS
     }
 
+    fn all(&self) -> [&Script; 4] {
+        [&self.acquire, &self.release, &self.heartbeat, &self.reply]
+    }
+
     /// The SHA1 of every script, as EVALSHA uses them.
     pub fn hashes(&self) -> Vec<&str> {
         [&self.acquire, &self.release, &self.heartbeat]
@@ -68,7 +75,7 @@ impl Scripts {
 
     /// Loads every script, so that pipelines (which do not retry NOSCRIPT) can use them.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
-        for script in [&self.acquire, &self.release, &self.heartbeat] {
+        for script in self.all() {
             script.prepare_invoke().load_async(con).await?;
         }
         Ok(())
@@ -119,6 +126,26 @@ impl Scripts {
             .key(&keys.sessions) // KEYS[3]
             .arg(session); // ARGV[1]
         timed("heartbeat", call.invoke_async(con)).await
+    }
+}
+
+impl Scripts {
+    /// lua/reply.lua: XADD `fields` to the caller's `stream` (capped at about
+    /// `maxlen`) and set its expiry, refusing keys that are not streams.
+    pub async fn reply<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        stream: &str,
+        maxlen: usize,
+        ttl_ms: u64,
+        fields: &[(&str, String)],
+    ) -> redis::RedisResult<()> {
+        let mut call = self.reply.prepare_invoke();
+        call.key(stream).arg(maxlen).arg(ttl_ms); // KEYS[1]; ARGV[1], ARGV[2]
+        for (field, value) in fields {
+            call.arg(*field).arg(value); // ARGV[3..]
+        }
+        call.invoke_async::<Value>(con).await.map(|_| ())
     }
 }
 
@@ -195,7 +222,7 @@ mod tests {
     #[test]
     fn every_script_carries_the_common_helpers() {
         let s = Scripts::get();
-        for script in [&s.acquire, &s.release, &s.heartbeat] {
+        for script in s.all() {
             assert_eq!(script.get_hash().len(), 40);
         }
         assert!(lua!("acquire").contains("local function now_ms"));

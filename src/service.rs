@@ -49,7 +49,7 @@ pub async fn run(
             match tokio::time::timeout(grace, &mut worker_task).await {
                 Ok(r) => r,
                 Err(_) => {
-                    warn!(?grace, "in-flight requests did not finish in time; leaving them pending for other workers");
+                    warn!(?grace, "in-flight requests did not finish in time; leaving them pending to be decided again");
                     worker_task.abort();
                     Ok(Ok(()))
                 }

@@ -6,7 +6,6 @@
 //! written, so a crash in between leaves it pending to be decided again,
 //! which the scripts' per-session idempotency makes harmless.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -293,23 +292,9 @@ impl Worker {
         stream: &str,
         reply: &Reply,
     ) -> redis::RedisResult<()> {
-        let mut xadd = redis::cmd("XADD");
-        xadd.arg(stream)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(self.settings.replies.maxlen)
-            .arg("*");
-        for (field, value) in reply.fields() {
-            xadd.arg(field).arg(value);
-        }
-        redis::pipe()
-            .add_command(xadd)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(stream)
-            .arg(self.settings.replies.ttl_ms)
-            .ignore()
-            .query_async(con)
+        let r = &self.settings.replies;
+        Scripts::get()
+            .reply(con, stream, r.maxlen, r.ttl_ms, &reply.fields())
             .await
     }
 }
@@ -344,7 +329,7 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
 #[derive(Debug)]
 struct Entry {
     id: String,
-    fields: Option<HashMap<String, Vec<u8>>>,
+    fields: Option<Vec<(String, Vec<u8>)>>,
 }
 
 impl Entry {
@@ -381,13 +366,13 @@ fn parse_read_reply(reply: Value) -> Vec<Entry> {
             };
             let fields = match fields {
                 Some(Value::Array(flat)) => {
-                    let mut map = HashMap::with_capacity(flat.len() / 2);
+                    let mut pairs = Vec::with_capacity(flat.len() / 2);
                     let mut it = flat.into_iter();
                     while let (Some(k), Some(v)) = (it.next(), it.next()) {
                         let key = bytes(k);
-                        map.insert(String::from_utf8_lossy(&key).into_owned(), bytes(v));
+                        pairs.push((String::from_utf8_lossy(&key).into_owned(), bytes(v)));
                     }
-                    Some(map)
+                    Some(pairs)
                 }
                 _ => None,
             };

@@ -249,3 +249,65 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
     worker.stop().await;
     assert_eq!(pending(&redis).await, 0);
 }
+
+#[tokio::test]
+async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut con = redis.con().await;
+    let _: () = redis::cmd("SET")
+        .arg("victim:key")
+        .arg("important")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("seat:requests")
+        .arg("*")
+        .arg("op")
+        .arg("heartbeat")
+        .arg("license")
+        .arg("lic")
+        .arg("session")
+        .arg("s1")
+        .arg("reply_to")
+        .arg("victim:key")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // A request sent after it is answered: the bad one has been read too.
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let call = Call {
+        op: Op::Acquire,
+        license: "lic".into(),
+        session: "s2".into(),
+        meta: None,
+        wait_ms: 0,
+    };
+    assert_eq!(
+        client.call(&call, Duration::from_secs(5)).await.unwrap().status(),
+        Status::Acquired
+    );
+    worker.stop().await;
+    assert_eq!(
+        pending(&redis).await,
+        0,
+        "acknowledged although its reply could not be written"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("victim:key")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let value: String = redis::cmd("GET")
+        .arg("victim:key")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        (ttl, value.as_str()),
+        (-1, "important"),
+        "no expiry set on somebody else's key"
+    );
+}

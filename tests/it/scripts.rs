@@ -240,3 +240,25 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
     assert_eq!((acquired, refused), (10, 90));
     assert_eq!(crate::support::holders(&redis, "load").await.len(), 10);
 }
+
+#[tokio::test]
+async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let mut con = redis.con().await;
+    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
+    let spec = LicenseSpec {
+        seats_total: 2,
+        expires_at_ms: 0,
+        active: false,
+        heartbeat_timeout_ms: None,
+    };
+    license::put(&mut con, &Keys::new("seat"), "lic", &spec)
+        .await
+        .unwrap();
+    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::AlreadyActive);
+    assert_eq!(
+        acquire(&mut con, "lic", "s2").await.status,
+        Status::LicenseInactive
+    );
+}
