@@ -1,42 +1,68 @@
 --[[
-  acquire: give `session` one seat of the license, atomically.
+  acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1]  seat:{L}:license   HASH  seats_total, expires_at_ms, active, ...
-  KEYS[2]  seat:{L}:holders   ZSET  session -> last heartbeat (ms, server clock)
-  KEYS[3]  seat:{L}:sessions  HASH  session -> "<acquired_at>:<heartbeats>:<meta>"
-
+  KEYS     the seven license keys (lua/includes/common.lua)
   ARGV[1]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[2]  metadata, a JSON object (validated by the worker)
+  ARGV[3]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[4]  request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[5]  reply_to of the request ('' = none)
+  ARGV[6]  queue length limit when the license sets no queue_max
 
-  Returns {status, seats_used, seats_total}; status is one of
+  Returns {status, seats_used, seats_total, detail, now_ms, notes[, changed]}:
     ACQUIRED            seat taken, heartbeat clock started
     ALREADY_ACTIVE      the session already holds a seat; nothing changed
-    NO_SEATS_AVAILABLE  every seat is held (or seats_total was lowered)
+    QUEUED              detail = 1-based queue position (also when re-sent)
+    NO_SEATS_AVAILABLE  every seat is held, or others wait first (no queue
+                        jumping); detail = 'queue_full' when the queue is full
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
+  changed: 0 only for a re-sent QUEUED (so no second `queued` event).
+  notes: waiters granted or timed out on the way (free seats always go to the
+  queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
   expiry or `active` can never race with an acquire.
 ]]
-local license_key, holders_key, sessions_key = KEYS[1], KEYS[2], KEYS[3]
 local session, meta = ARGV[1], ARGV[2]
+local wait_ms, request_id, reply_to = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local default_queue_max = tonumber(ARGV[6])
 
 local now = now_ms()
-local refusal, total = check_license(license_key, now)
-local used = rcall('ZCARD', holders_key)
+local notes = {}
+expire_waiters(now, notes, 100)
+local refusal, total = check_license(now)
 
 -- A retried acquire gets the answer the first one got, whatever happened to
 -- the license since: the session holds its seat until it releases or is reaped.
-if rcall('ZSCORE', holders_key, session) then
-  return {'ALREADY_ACTIVE', used, total}
+if rcall('ZSCORE', K.holders, session) then
+  return {'ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes}
 end
-
+local rank = rcall('ZRANK', K.queue, session)
+if rank then
+  -- Re-sent while waiting: same place, current position, nothing changed.
+  return {'QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0}
+end
 if refusal then
-  return {refusal, used, total}
+  return {refusal, rcall('ZCARD', K.holders), total, 0, now, notes}
 end
 
-if used >= total then
-  return {'NO_SEATS_AVAILABLE', used, total}
+local used = promote(now, total, notes)
+if used < total then
+  -- promote() stopped with a free seat, so nobody is waiting: take it.
+  rcall('ZADD', K.holders, now, session)
+  rcall('HSET', K.sessions, session, new_session_record(now, meta))
+  return {'ACQUIRED', used + 1, total, 0, now, notes}
 end
 
-rcall('ZADD', holders_key, now, session)
-rcall('HSET', sessions_key, session, now .. ':0:' .. meta)
-return {'ACQUIRED', used + 1, total}
+if wait_ms <= 0 then
+  return {'NO_SEATS_AVAILABLE', used, total, 0, now, notes}
+end
+local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
+local depth = rcall('ZCARD', K.queue)
+if depth >= queue_max then
+  return {'NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes}
+end
+rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
+rcall('ZADD', K.deadlines, now + wait_ms, session)
+rcall('HSET', K.waiters, session,
+  cjson.encode({id = request_id, reply_to = reply_to, meta = meta, queued_at = now}))
+return {'QUEUED', used, total, depth + 1, now, notes}

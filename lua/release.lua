@@ -1,24 +1,34 @@
 --[[
-  release: free the seat that `session` holds. Only the holder's own session
-  id releases it; nothing else is touched.
+  release: free the seat that `session` holds, or take it out of the queue.
+  Only the session's own id releases it; nothing else is touched.
 
-  KEYS[1]  seat:{L}:license   HASH
-  KEYS[2]  seat:{L}:holders   ZSET  session -> last heartbeat (ms)
-  KEYS[3]  seat:{L}:sessions  HASH  session -> session record
-
+  KEYS     the seven license keys (lua/includes/common.lua)
   ARGV[1]  session id
 
-  Returns {status, seats_used, seats_total}; status is one of
-    RELEASED           the seat is free again
-    SESSION_NOT_FOUND  the session holds no seat; nothing changed
+  Returns {status, seats_used, seats_total, 0, now_ms, notes}:
+    RELEASED           the seat is free; it went straight to the head of the
+                       queue if anyone waits (notes carry the GRANTED)
+    LEFT_QUEUE         the session was waiting; it no longer does
+    SESSION_NOT_FOUND  the session neither holds a seat nor waits
   Release works whatever the license's state: a user can always give a seat back.
 ]]
-local license_key, holders_key, sessions_key = KEYS[1], KEYS[2], KEYS[3]
 local session = ARGV[1]
 
-local total = seats_total(license_key)
-if rcall('ZREM', holders_key, session) == 0 then
-  return {'SESSION_NOT_FOUND', rcall('ZCARD', holders_key), total}
+local now = now_ms()
+local notes = {}
+local refusal, total = check_license(now)
+
+if rcall('ZREM', K.holders, session) == 1 then
+  rcall('HDEL', K.sessions, session)
+  expire_waiters(now, notes, 100)
+  local used = rcall('ZCARD', K.holders)
+  if not refusal then
+    used = promote(now, total, notes)
+  end
+  return {'RELEASED', used, total, 0, now, notes}
 end
-rcall('HDEL', sessions_key, session)
-return {'RELEASED', rcall('ZCARD', holders_key), total}
+if rcall('ZSCORE', K.queue, session) then
+  remove_waiter(session)
+  return {'LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes}
+end
+return {'SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes}

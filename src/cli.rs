@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::keys::Keys;
 use crate::license::{self, LicenseInfo, LicenseSpec};
 use crate::protocol::Op;
+use crate::status::Status;
 use crate::{service, telemetry};
 
 /// Exit code when the request was answered but not granted (e.g. NO_SEATS_AVAILABLE).
@@ -171,7 +172,17 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
     let mut client = Client::connect(&settings.redis.url, &settings.stream.requests).await?;
     // A queued acquire may legitimately wait for its grant as long as it asked to.
     let timeout = args.timeout + Duration::from_millis(wait_ms);
-    let result = client.call(&call, timeout).await;
+    let result = async {
+        let id = client.send(&call).await?;
+        let mut reply = client.wait_for(&id, args.timeout).await?;
+        if reply.status() == Status::Queued {
+            // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id.
+            print_reply(&reply, args.json);
+            reply = client.wait_for(&id, timeout).await?;
+        }
+        Ok::<_, Error>(reply)
+    }
+    .await;
     let _ = client.close().await;
     let reply = result?;
     print_reply(&reply, args.json);
@@ -195,8 +206,10 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         reply.get("seats_used"),
         reply.get("seats_total")
     );
-    if let Some(n) = reply.fields.get("heartbeats") {
-        line.push_str(&format!(" heartbeats={n}"));
+    for field in ["heartbeats", "position", "waited_ms"] {
+        if let Some(n) = reply.fields.get(field) {
+            line.push_str(&format!(" {field}={n}"));
+        }
     }
     if let Some(e) = reply.fields.get("error") {
         line.push_str(&format!("  ({e})"));

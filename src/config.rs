@@ -25,6 +25,14 @@ pub struct Settings {
     pub stream: StreamSettings,
     /// How replies are written.
     pub replies: ReplySettings,
+    /// The events stream.
+    pub events: EventSettings,
+    /// Session liveness.
+    pub sessions: SessionSettings,
+    /// Wait queues.
+    pub queue: QueueSettings,
+    /// The scheduled reaper.
+    pub reaper: ReaperSettings,
     /// The HTTP endpoint for Prometheus and health checks.
     pub metrics: MetricsSettings,
     /// Graceful shutdown.
@@ -73,11 +81,51 @@ pub struct ReplySettings {
     pub ttl_ms: u64,
 }
 
+/// `[events]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventSettings {
+    /// Events stream key.
+    pub stream: String,
+    /// Approximate cap of the events stream.
+    pub maxlen: usize,
+}
+
+/// `[sessions]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct SessionSettings {
+    /// Default heartbeat timeout, ms.
+    pub heartbeat_timeout_ms: u64,
+}
+
+/// `[queue]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct QueueSettings {
+    /// Default most waiters per license.
+    pub max_length: u64,
+}
+
+/// `[reaper]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReaperSettings {
+    /// Whether this process reaps.
+    pub enabled: bool,
+    /// 6-field cron expression.
+    pub schedule: String,
+    /// Most removals per script call.
+    pub batch: usize,
+    /// Licenses reaped concurrently.
+    pub concurrency: usize,
+    /// Pass lock lifetime, ms.
+    pub lock_ms: u64,
+}
+
 /// `[metrics]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct MetricsSettings {
     /// Listen address; empty disables the endpoint.
     pub listen: String,
+    /// Most per-license series.
+    pub license_series_limit: usize,
 }
 
 /// `[shutdown]`
@@ -135,6 +183,15 @@ impl Settings {
             .starts_with(&format!("{}:", self.keys.prefix))
         {
             return bad("stream.requests must start with keys.prefix and a colon (e.g. \"seat:requests\"), so no reply_to can name it");
+        }
+        if self.sessions.heartbeat_timeout_ms == 0 {
+            return bad("sessions.heartbeat_timeout_ms must be positive");
+        }
+        if self.reaper.batch == 0 || self.reaper.concurrency == 0 || self.reaper.lock_ms == 0 {
+            return bad("reaper.batch, reaper.concurrency and reaper.lock_ms must be positive");
+        }
+        if self.reaper.schedule.split_whitespace().count() < 6 {
+            return bad("reaper.schedule needs a seconds field: 6 fields, e.g. \"*/5 * * * * *\"");
         }
         self.metrics_addr()?;
         Ok(())

@@ -21,12 +21,29 @@ pub struct LicenseKeys {
     pub holders: String,
     /// HASH: session -> session record (acquired_at, heartbeat count, metadata).
     pub sessions: String,
+    /// ZSET: waiting session -> arrival number (FIFO order).
+    pub queue: String,
+    /// HASH: waiting session -> JSON waiter record (request id, reply_to, meta).
+    pub waiters: String,
+    /// ZSET: waiting session -> time its wait runs out (ms).
+    pub deadlines: String,
+    /// STRING: arrival counter for the queue.
+    pub queue_seq: String,
 }
 
 impl LicenseKeys {
-    /// Every key of the license, for deleting it.
-    pub fn all(&self) -> [&str; 3] {
-        [&self.license, &self.holders, &self.sessions]
+    /// Every key of the license, in the KEYS order every seat script takes
+    /// (lua/includes/common.lua).
+    pub fn all(&self) -> [&str; 7] {
+        [
+            &self.license,
+            &self.holders,
+            &self.sessions,
+            &self.queue,
+            &self.waiters,
+            &self.deadlines,
+            &self.queue_seq,
+        ]
     }
 }
 
@@ -50,6 +67,10 @@ impl Keys {
             license: format!("{p}:{{{license}}}:license"),
             holders: format!("{p}:{{{license}}}:holders"),
             sessions: format!("{p}:{{{license}}}:sessions"),
+            queue: format!("{p}:{{{license}}}:queue"),
+            waiters: format!("{p}:{{{license}}}:waiters"),
+            deadlines: format!("{p}:{{{license}}}:deadlines"),
+            queue_seq: format!("{p}:{{{license}}}:queue_seq"),
         }
     }
 
@@ -58,6 +79,16 @@ impl Keys {
     /// never inside a seat script, so it may live in any cluster slot.
     pub fn license_index(&self) -> String {
         format!("{}:licenses", self.prefix)
+    }
+
+    /// Stream of seat events (acquired, released, evicted, queued, granted, ...).
+    pub fn events(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+
+    /// Lock key that lets one process run each reaper pass while others skip it.
+    pub fn reaper_lock(&self) -> String {
+        format!("{}:reaper:lock", self.prefix)
     }
 
     /// Whether `key` lies inside seatgate's own namespace. Reply streams must

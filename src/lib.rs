@@ -12,6 +12,8 @@
 //! - [`status`]     the wire statuses, one enum
 //! - [`protocol`]   request parsing and validation, reply formatting (docs/protocol.md)
 //! - [`worker`]     the XREADGROUP consumer: decide → reply → XACK
+//! - [`events`]     the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
+//! - [`reaper`]     scheduled eviction of stale sessions, queue timeouts, self-healing grants
 //! - [`license`]    license records: put / show / list / delete
 //! - [`client`]     a request/reply client (the CLI's `acquire`, tests, benchmarks)
 //! - [`telemetry`]  tracing setup and every metric name
@@ -23,10 +25,12 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod keys;
 pub mod license;
 pub mod protocol;
+pub mod reaper;
 pub mod scripts;
 pub mod service;
 pub mod status;

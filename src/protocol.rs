@@ -377,6 +377,10 @@ pub struct Reply {
     pub seats_total: i64,
     /// Heartbeats the session has sent (heartbeat replies only).
     pub heartbeats: Option<i64>,
+    /// 1-based place in the queue (QUEUED only).
+    pub position: Option<i64>,
+    /// How long the session waited in the queue, ms (GRANTED, QUEUE_TIMEOUT).
+    pub waited_ms: Option<i64>,
     /// A human-readable reason, for refusals and errors.
     pub error: Option<String>,
 }
@@ -393,6 +397,8 @@ impl Reply {
             seats_used: 0,
             seats_total: 0,
             heartbeats: None,
+            position: None,
+            waited_ms: None,
             error: Some(bad.reason.clone()),
         }
     }
@@ -412,6 +418,12 @@ impl Reply {
         if let Some(n) = self.heartbeats {
             out.push(("heartbeats", n.to_string()));
         }
+        if let Some(n) = self.position {
+            out.push(("position", n.to_string()));
+        }
+        if let Some(n) = self.waited_ms {
+            out.push(("waited_ms", n.to_string()));
+        }
         if let Some(e) = &self.error {
             out.push(("error", e.clone()));
         }
@@ -423,7 +435,7 @@ impl Reply {
 pub fn refusal_reason(status: Status) -> Option<&'static str> {
     Some(match status {
         Status::NoSeatsAvailable => "every seat of the license is in use",
-        Status::SessionNotFound => "the session holds no seat",
+        Status::SessionNotFound => "the session neither holds a seat nor waits for one",
         Status::SessionNotActive => "the session holds no seat; acquire again",
         Status::LicenseNotFound => "no such license",
         Status::LicenseInactive => "the license is deactivated",
@@ -629,6 +641,8 @@ mod tests {
             seats_used: 1,
             seats_total: 5,
             heartbeats: Some(3),
+            position: None,
+            waited_ms: None,
             error: None,
         };
         let f = reply.fields();

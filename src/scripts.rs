@@ -1,16 +1,16 @@
 //! The embedded Lua registry and the typed calls into it.
 //!
-//! Each script under `lua/` is compiled into the binary with `lua/includes/common.lua`
-//! prepended, wrapped in a [`redis::Script`] once, and run with EVALSHA;
-//! `invoke_async` re-loads it transparently when Redis answers NOSCRIPT (after
-//! a restart or SCRIPT FLUSH). Methods are named after their scripts, and every
-//! call records the seed's two metrics.
+//! Each seat script under `lua/` is compiled into the binary with
+//! `lua/includes/common.lua` prepended, wrapped in a [`redis::Script`] once,
+//! and run with EVALSHA; `invoke_async` re-loads it transparently when Redis
+//! answers NOSCRIPT (after a restart or SCRIPT FLUSH). Methods are named after
+//! their scripts, and every seat-script call records the seed's two metrics.
 
 use std::sync::LazyLock;
 use std::time::Instant;
 
 use redis::aio::ConnectionLike;
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
 
 use crate::error::Error;
 use crate::keys::LicenseKeys;
@@ -32,19 +32,38 @@ pub struct Scripts {
     acquire: Script,
     release: Script,
     heartbeat: Script,
+    reap: Script,
     reply: Script,
+    unlock: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(lua!("acquire")),
     release: Script::new(lua!("release")),
     heartbeat: Script::new(lua!("heartbeat")),
+    reap: Script::new(lua!("reap")),
     // Not a seat script: no common helpers, no seat metrics.
     reply: Script::new(include_str!("../lua/reply.lua")),
+    unlock: Script::new(include_str!("../lua/unlock.lua")),
 });
 
+/// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// GRANTED or QUEUE_TIMEOUT.
+    pub status: Status,
+    /// The waiting session.
+    pub session: String,
+    /// The request id it queued with.
+    pub request_id: String,
+    /// The reply stream it queued with ("" = none).
+    pub reply_to: String,
+    /// How long it waited, ms.
+    pub waited_ms: i64,
+}
+
 /// What a seat script decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The decision.
     pub status: Status,
@@ -52,8 +71,46 @@ pub struct Outcome {
     pub seats_used: i64,
     /// The license's seat count (0 when there is no license).
     pub seats_total: i64,
-    /// Heartbeat count (heartbeat script only).
+    /// Heartbeat count (HEARTBEAT_UPDATED only).
     pub heartbeats: Option<i64>,
+    /// 1-based queue position (QUEUED only).
+    pub position: Option<i64>,
+    /// NO_SEATS_AVAILABLE because the queue is full.
+    pub queue_full: bool,
+    /// Whether the script changed state (false for a re-sent QUEUED acquire),
+    /// so that an event is published once per change.
+    pub changed: bool,
+    /// The Redis server's time when the script ran, ms.
+    pub now_ms: i64,
+    /// Waiters granted or timed out by this script.
+    pub notes: Vec<Note>,
+}
+
+/// What one reap step did for one license.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// Seats held afterwards.
+    pub seats_used: i64,
+    /// The license's seat count.
+    pub seats_total: i64,
+    /// The Redis server's time, ms.
+    pub now_ms: i64,
+    /// Sessions evicted for a stale heartbeat.
+    pub evicted: Vec<String>,
+    /// Waiters granted or timed out.
+    pub notes: Vec<Note>,
+    /// More work is left for this license (the step hit its limit).
+    pub more: bool,
+    /// Sessions still waiting.
+    pub queue_depth: i64,
+}
+
+fn with_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    for key in keys.all() {
+        call.key(key); // KEYS[1..7] in the order of lua/includes/common.lua
+    }
+    call
 }
 
 impl Scripts {
@@ -62,15 +119,20 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 4] {
-        [&self.acquire, &self.release, &self.heartbeat, &self.reply]
+    fn all(&self) -> [&Script; 6] {
+        [
+            &self.acquire,
+            &self.release,
+            &self.heartbeat,
+            &self.reap,
+            &self.reply,
+            &self.unlock,
+        ]
     }
 
     /// The SHA1 of every script, as EVALSHA uses them.
     pub fn hashes(&self) -> Vec<&str> {
-        [&self.acquire, &self.release, &self.heartbeat]
-            .map(|s| s.get_hash())
-            .to_vec()
+        self.all().map(|s| s.get_hash()).to_vec()
     }
 
     /// Loads every script, so that pipelines (which do not retry NOSCRIPT) can use them.
@@ -81,35 +143,40 @@ impl Scripts {
         Ok(())
     }
 
-    /// lua/acquire.lua: take a seat for `session`, storing `meta` (a JSON object).
+    /// lua/acquire.lua: take a seat for `session` (storing `meta`, a JSON
+    /// object), or queue it for up to `wait_ms` when none is free.
+    #[allow(clippy::too_many_arguments)]
     pub async fn acquire<C: ConnectionLike>(
         &self,
         con: &mut C,
         keys: &LicenseKeys,
         session: &str,
         meta: &str,
+        wait_ms: u64,
+        request_id: &str,
+        reply_to: &str,
+        default_queue_max: u64,
     ) -> Result<Outcome, Error> {
-        let mut call = self.acquire.prepare_invoke();
-        call.key(&keys.license) // KEYS[1] license record
-            .key(&keys.holders) // KEYS[2] holders ZSET
-            .key(&keys.sessions) // KEYS[3] session records
-            .arg(session) // ARGV[1]
-            .arg(meta); // ARGV[2]
+        let mut call = with_keys(&self.acquire, keys);
+        call.arg(session) // ARGV[1]
+            .arg(meta) // ARGV[2]
+            .arg(wait_ms) // ARGV[3]
+            .arg(request_id) // ARGV[4]
+            .arg(reply_to) // ARGV[5]
+            .arg(default_queue_max); // ARGV[6]
         timed("acquire", call.invoke_async(con)).await
     }
 
-    /// lua/release.lua: free `session`'s seat.
+    /// lua/release.lua: free `session`'s seat (granting it to the next
+    /// waiter), or take `session` out of the queue.
     pub async fn release<C: ConnectionLike>(
         &self,
         con: &mut C,
         keys: &LicenseKeys,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = self.release.prepare_invoke();
-        call.key(&keys.license) // KEYS[1]
-            .key(&keys.holders) // KEYS[2]
-            .key(&keys.sessions) // KEYS[3]
-            .arg(session); // ARGV[1]
+        let mut call = with_keys(&self.release, keys);
+        call.arg(session); // ARGV[1]
         timed("release", call.invoke_async(con)).await
     }
 
@@ -120,16 +187,29 @@ impl Scripts {
         keys: &LicenseKeys,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = self.heartbeat.prepare_invoke();
-        call.key(&keys.license) // KEYS[1]
-            .key(&keys.holders) // KEYS[2]
-            .key(&keys.sessions) // KEYS[3]
-            .arg(session); // ARGV[1]
+        let mut call = with_keys(&self.heartbeat, keys);
+        call.arg(session); // ARGV[1]
         timed("heartbeat", call.invoke_async(con)).await
     }
-}
 
-impl Scripts {
+    /// lua/reap.lua: one bounded reaper step for one license.
+    pub async fn reap<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        keys: &LicenseKeys,
+        default_timeout_ms: u64,
+        limit: usize,
+    ) -> Result<Reaped, Error> {
+        let mut call = with_keys(&self.reap, keys);
+        call.arg(default_timeout_ms).arg(limit); // ARGV[1], ARGV[2]
+        let started = Instant::now();
+        let result = call.invoke_async(con).await;
+        telemetry::script_latency("reap", started.elapsed());
+        let reaped = result.map_err(Error::from).and_then(decode_reaped);
+        telemetry::script_executed("reap", if reaped.is_ok() { "success" } else { "error" });
+        reaped
+    }
+
     /// lua/reply.lua: XADD `fields` to the caller's `stream` (capped at about
     /// `maxlen`) and set its expiry, refusing keys that are not streams.
     pub async fn reply<C: ConnectionLike>(
@@ -149,7 +229,19 @@ impl Scripts {
     }
 }
 
-/// Runs one script call, records `license_lua_script_*`, and decodes its reply.
+impl Scripts {
+    /// lua/unlock.lua: delete `lock` only while it still holds `token`.
+    pub async fn unlock<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        lock: &str,
+        token: &str,
+    ) -> redis::RedisResult<i64> {
+        self.unlock.key(lock).arg(token).invoke_async(con).await
+    }
+}
+
+/// Runs one seat script call, records `license_lua_script_*`, and decodes its reply.
 async fn timed(
     script: &'static str,
     call: impl std::future::Future<Output = redis::RedisResult<Value>>,
@@ -169,29 +261,100 @@ async fn timed(
     outcome
 }
 
-/// Decodes `{status, seats_used, seats_total[, heartbeats]}`.
+fn bad(script: &'static str, detail: String) -> Error {
+    Error::ScriptReply { script, detail }
+}
+
+fn int(script: &'static str, v: Option<&Value>, what: &str) -> Result<i64, Error> {
+    match v {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(bad(script, format!("{what} is not an integer: {other:?}"))),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn decode_notes(script: &'static str, v: Option<&Value>) -> Result<Vec<Note>, Error> {
+    let items = match v {
+        Some(Value::Array(items)) => items,
+        None => return Ok(Vec::new()),
+        other => return Err(bad(script, format!("notes are not a list: {other:?}"))),
+    };
+    items
+        .iter()
+        .map(|item| {
+            let Value::Array(f) = item else {
+                return Err(bad(script, format!("note is not a list: {item:?}")));
+            };
+            let s = |i: usize| f.get(i).and_then(text).unwrap_or_default();
+            let status = s(0)
+                .parse::<Status>()
+                .map_err(|e| bad(script, format!("note: {e}")))?;
+            Ok(Note {
+                status,
+                session: s(1),
+                request_id: s(2),
+                reply_to: s(3),
+                waited_ms: int(script, f.get(4), "waited_ms")?,
+            })
+        })
+        .collect()
+}
+
+/// Decodes `{status, seats_used, seats_total, detail, now_ms, notes}`.
 fn decode(script: &'static str, value: Value) -> Result<Outcome, Error> {
-    let bad = |detail: String| Error::ScriptReply { script, detail };
     let Value::Array(items) = value else {
-        return Err(bad(format!("expected an array, got {value:?}")));
+        return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    let int = |i: usize| match items.get(i) {
-        Some(Value::Int(n)) => Ok(Some(*n)),
-        None => Ok(None),
-        Some(other) => Err(bad(format!("element {i} is not an integer: {other:?}"))),
-    };
-    let status = match items.first() {
-        Some(Value::BulkString(b)) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<Status>().ok())
-            .ok_or_else(|| bad(format!("unknown status {:?}", String::from_utf8_lossy(b))))?,
-        other => return Err(bad(format!("missing status: {other:?}"))),
+    let status = items
+        .first()
+        .and_then(text)
+        .ok_or_else(|| bad(script, "missing status".into()))?
+        .parse::<Status>()
+        .map_err(|e| bad(script, e.to_string()))?;
+    let detail = items.get(3);
+    let detail_int = match detail {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
     };
     Ok(Outcome {
         status,
-        seats_used: int(1)?.unwrap_or(0),
-        seats_total: int(2)?.unwrap_or(0),
-        heartbeats: int(3)?,
+        seats_used: int(script, items.get(1), "seats_used")?,
+        seats_total: int(script, items.get(2), "seats_total")?,
+        heartbeats: detail_int.filter(|_| status == Status::HeartbeatUpdated),
+        position: detail_int.filter(|_| status == Status::Queued),
+        queue_full: detail.and_then(text).as_deref() == Some("queue_full"),
+        changed: !matches!(items.get(6), Some(Value::Int(0))),
+        now_ms: int(script, items.get(4), "now_ms")?,
+        notes: decode_notes(script, items.get(5))?,
+    })
+}
+
+/// Decodes `{seats_used, seats_total, now_ms, evicted, notes, more, queue_depth}`.
+fn decode_reaped(value: Value) -> Result<Reaped, Error> {
+    const S: &str = "reap";
+    let Value::Array(items) = value else {
+        return Err(bad(S, format!("expected an array, got {value:?}")));
+    };
+    let evicted = match items.get(3) {
+        Some(Value::Array(v)) => v.iter().filter_map(text).collect(),
+        other => return Err(bad(S, format!("evicted is not a list: {other:?}"))),
+    };
+    Ok(Reaped {
+        seats_used: int(S, items.first(), "seats_used")?,
+        seats_total: int(S, items.get(1), "seats_total")?,
+        now_ms: int(S, items.get(2), "now_ms")?,
+        evicted,
+        notes: decode_notes(S, items.get(4))?,
+        more: int(S, items.get(5), "more")? != 0,
+        queue_depth: int(S, items.get(6), "queue_depth")?,
     })
 }
 
@@ -199,24 +362,65 @@ fn decode(script: &'static str, value: Value) -> Result<Outcome, Error> {
 mod tests {
     use super::*;
 
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
     #[test]
-    fn decodes_a_full_reply() {
+    fn decodes_a_heartbeat_reply() {
         let v = Value::Array(vec![
-            Value::BulkString(b"HEARTBEAT_UPDATED".to_vec()),
+            bulk("HEARTBEAT_UPDATED"),
             Value::Int(2),
             Value::Int(5),
             Value::Int(7),
+            Value::Int(1_000),
+            Value::Array(vec![]),
         ]);
         let o = decode("heartbeat", v).unwrap();
         assert_eq!(o.status, Status::HeartbeatUpdated);
-        assert_eq!((o.seats_used, o.seats_total, o.heartbeats), (2, 5, Some(7)));
+        assert_eq!(
+            (o.seats_used, o.seats_total, o.heartbeats, o.position),
+            (2, 5, Some(7), None)
+        );
+    }
+
+    #[test]
+    fn decodes_notes_and_queue_details() {
+        let note = Value::Array(vec![
+            bulk("GRANTED"),
+            bulk("s9"),
+            bulk("r9"),
+            bulk("reply:x"),
+            Value::Int(1500),
+        ]);
+        let v = Value::Array(vec![
+            bulk("RELEASED"),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(1_000),
+            Value::Array(vec![note]),
+        ]);
+        let o = decode("release", v).unwrap();
+        assert_eq!(o.notes.len(), 1);
+        assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 1500));
+        let full = Value::Array(vec![
+            bulk("NO_SEATS_AVAILABLE"),
+            Value::Int(1),
+            Value::Int(1),
+            bulk("queue_full"),
+            Value::Int(1_000),
+            Value::Array(vec![]),
+        ]);
+        assert!(decode("acquire", full).unwrap().queue_full);
     }
 
     #[test]
     fn refuses_replies_outside_the_contract() {
         assert!(decode("acquire", Value::Int(1)).is_err());
-        let unknown = Value::Array(vec![Value::BulkString(b"MAYBE".to_vec())]);
+        let unknown = Value::Array(vec![bulk("MAYBE")]);
         assert!(decode("acquire", unknown).is_err());
+        assert!(decode_reaped(Value::Array(vec![Value::Int(1)])).is_err());
     }
 
     #[test]
@@ -226,5 +430,6 @@ mod tests {
             assert_eq!(script.get_hash().len(), 40);
         }
         assert!(lua!("acquire").contains("local function now_ms"));
+        assert!(lua!("reap").contains("local function promote"));
     }
 }

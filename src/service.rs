@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use crate::config::Settings;
 use crate::error::Error;
 use crate::http::{self, Readiness};
+use crate::reaper::{self, Reaper};
 use crate::telemetry;
 use crate::worker::Worker;
 
@@ -38,6 +39,17 @@ pub async fn run(
         }
     };
 
+    let reaper = if settings.reaper.enabled {
+        let client = redis::Client::open(settings.redis.url.as_str())?;
+        let reaper = Reaper::new(crate::connect_managed(&client, &settings).await?, &settings);
+        let scheduler =
+            reaper::start(reaper.clone(), &settings.reaper.schedule, settings.reaper.lock_ms).await?;
+        info!(schedule = %settings.reaper.schedule, "reaper scheduled");
+        Some((reaper, scheduler))
+    } else {
+        None
+    };
+
     let worker = Worker::connect(settings, ready).await?;
     let mut worker_task = tokio::spawn(worker.run(token.clone()));
 
@@ -57,6 +69,13 @@ pub async fn run(
         }
     };
     token.cancel();
+    if let Some((reaper, mut scheduler)) = reaper {
+        // The scheduler's shutdown does not wait for a running job: wait for it here.
+        if let Err(e) = scheduler.shutdown().await {
+            warn!(error = %e, "stopping the reaper scheduler failed");
+        }
+        reaper::drain(&reaper, grace).await;
+    }
     if let Some(task) = http_task {
         let _ = task.await;
     }

@@ -31,6 +31,14 @@ pub enum Status {
     LicenseInactive,
     /// The license record's `expires_at_ms` has passed.
     LicenseExpired,
+    /// No seat was free; the session waits in the license's queue (`position`).
+    Queued,
+    /// A queued session now holds a seat (sent later, with the original request id).
+    Granted,
+    /// A queued session's `wait_ms` ran out; it left the queue without a seat.
+    QueueTimeout,
+    /// `release` of a queued session: it left the queue.
+    LeftQueue,
     /// The request could not be parsed; the `error` field says why.
     InvalidRequest,
     /// The request was well formed but could not be carried out (for example
@@ -40,7 +48,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, for tables and tests.
-    pub const ALL: [Status; 12] = [
+    pub const ALL: [Status; 16] = [
         Status::Acquired,
         Status::AlreadyActive,
         Status::NoSeatsAvailable,
@@ -51,6 +59,10 @@ impl Status {
         Status::LicenseNotFound,
         Status::LicenseInactive,
         Status::LicenseExpired,
+        Status::Queued,
+        Status::Granted,
+        Status::QueueTimeout,
+        Status::LeftQueue,
         Status::InvalidRequest,
         Status::Error,
     ];
@@ -68,17 +80,27 @@ impl Status {
             Status::LicenseNotFound => "LICENSE_NOT_FOUND",
             Status::LicenseInactive => "LICENSE_INACTIVE",
             Status::LicenseExpired => "LICENSE_EXPIRED",
+            Status::Queued => "QUEUED",
+            Status::Granted => "GRANTED",
+            Status::QueueTimeout => "QUEUE_TIMEOUT",
+            Status::LeftQueue => "LEFT_QUEUE",
             Status::InvalidRequest => "INVALID_REQUEST",
             Status::Error => "ERROR",
         }
     }
 
     /// Whether the request got what it asked for (the reply's `ok` field).
-    /// An idempotent acquire counts: the session holds its seat.
+    /// An idempotent acquire counts: the session holds its seat. QUEUED does
+    /// not (yet): the GRANTED that may follow does.
     pub fn is_ok(self) -> bool {
         matches!(
             self,
-            Status::Acquired | Status::AlreadyActive | Status::Released | Status::HeartbeatUpdated
+            Status::Acquired
+                | Status::AlreadyActive
+                | Status::Released
+                | Status::HeartbeatUpdated
+                | Status::Granted
+                | Status::LeftQueue
         )
     }
 }
@@ -129,6 +151,10 @@ mod tests {
             (Status::LicenseNotFound, "LICENSE_NOT_FOUND", false),
             (Status::LicenseInactive, "LICENSE_INACTIVE", false),
             (Status::LicenseExpired, "LICENSE_EXPIRED", false),
+            (Status::Queued, "QUEUED", false),
+            (Status::Granted, "GRANTED", true),
+            (Status::QueueTimeout, "QUEUE_TIMEOUT", false),
+            (Status::LeftQueue, "LEFT_QUEUE", true),
             (Status::InvalidRequest, "INVALID_REQUEST", false),
             (Status::Error, "ERROR", false),
         ];

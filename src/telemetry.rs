@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Seed metric: seat script executions by `script_name` and `result`
@@ -25,6 +25,24 @@ pub const REQUEST_DURATION: &str = "seatgate_request_duration_seconds";
 pub const REPLY_ERRORS: &str = "seatgate_reply_errors_total";
 /// Redis errors met while reading or deciding requests, by `stage`.
 pub const REDIS_ERRORS: &str = "seatgate_redis_errors_total";
+
+/// Sessions evicted for a stale heartbeat.
+pub const EVICTIONS: &str = "seatgate_evictions_total";
+/// Waiters granted a seat.
+pub const GRANTS: &str = "seatgate_grants_total";
+/// Waiters whose wait ran out.
+pub const QUEUE_TIMEOUTS: &str = "seatgate_queue_timeouts_total";
+/// Time spent in a wait queue, by `outcome` (`granted`, `timeout`).
+pub const QUEUE_WAIT: &str = "seatgate_queue_wait_seconds";
+/// Sessions waiting, per `license`, for at most `metrics.license_series_limit`
+/// licenses (the deepest queues); the rest are summed in `seatgate_queued_sessions`.
+pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
+/// Sessions waiting over all licenses, after the last reaper pass.
+pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
+/// Duration of one reaper pass over every license.
+pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
+/// Events that could not be appended to the events stream.
+pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -48,6 +66,11 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
     HANDLE
         .get_or_init(|| {
             PrometheusBuilder::new()
+                // Per-license gauges of licenses that left the top N disappear.
+                .idle_timeout(
+                    metrics_util::MetricKindMask::GAUGE,
+                    Some(Duration::from_secs(300)),
+                )
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .map_err(|e| e.to_string())?
                 .install_recorder()
@@ -92,4 +115,50 @@ pub fn reply_error() {
 /// Counts one Redis error at `stage` (`read`, `script`, `reply`, `ack`).
 pub fn redis_error(stage: &'static str) {
     counter!(REDIS_ERRORS, "stage" => stage).increment(1);
+}
+
+/// Counts one event that could not be published.
+pub fn event_error() {
+    counter!(EVENT_ERRORS).increment(1);
+}
+
+/// Counts one eviction.
+pub fn evicted() {
+    counter!(EVICTIONS).increment(1);
+}
+
+/// Records how a wait in the queue ended.
+pub fn queue_outcome(status: crate::status::Status, waited_ms: i64) {
+    let outcome = if status == crate::status::Status::Granted {
+        counter!(GRANTS).increment(1);
+        "granted"
+    } else {
+        counter!(QUEUE_TIMEOUTS).increment(1);
+        "timeout"
+    };
+    histogram!(QUEUE_WAIT, "outcome" => outcome).record(waited_ms.max(0) as f64 / 1000.0);
+}
+
+/// Records one reaper pass: its duration and the queue depths it saw. Only
+/// the `limit` deepest queues get a per-license series, which bounds the
+/// label cardinality whatever the number of licenses; series that drop out
+/// are set to 0 and then expire with the exporter's idle timeout.
+pub fn reaper_pass(elapsed: Duration, report: &crate::reaper::PassReport, limit: usize) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SHOWN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+    histogram!(REAPER_PASS).record(elapsed.as_secs_f64());
+    let mut queues = report.queues.clone();
+    queues.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    gauge!(QUEUED_SESSIONS).set(queues.iter().map(|(_, d)| *d as f64).sum::<f64>());
+    let top: HashSet<String> = queues.iter().take(limit).map(|(l, _)| l.clone()).collect();
+    for (license, depth) in queues.iter().take(limit) {
+        gauge!(QUEUE_DEPTH, "license" => license.clone()).set(*depth as f64);
+    }
+    let Ok(mut shown) = SHOWN.lock() else { return };
+    for gone in shown.get_or_insert_with(HashSet::new).difference(&top) {
+        gauge!(QUEUE_DEPTH, "license" => gone.clone()).set(0.0);
+    }
+    *shown = Some(top);
 }

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::error::Error;
+use crate::events::{Event, EventType, Publisher};
 use crate::http::Readiness;
 use crate::keys::Keys;
 use crate::protocol::{self, Op, Reply, Request};
@@ -43,6 +44,8 @@ pub struct Worker {
     client: redis::Client,
     /// Health flag for `/ready`.
     ready: Readiness,
+    /// Events and waiter replies.
+    publisher: Publisher,
 }
 
 /// What happened to one entry of a batch.
@@ -65,6 +68,7 @@ impl Worker {
             reader: None,
             client,
             ready,
+            publisher: Publisher::new(&settings),
             settings,
         };
         worker.prepare().await?;
@@ -242,7 +246,23 @@ impl Worker {
                 (Reply::invalid(&bad), bad.echo.reply_to.clone())
             }
             Ok(req) => match self.decide(con, &req).await {
-                Ok(outcome) => (reply_for(&req, outcome, None), req.reply_to.clone()),
+                Ok(outcome) => {
+                    // The requester first, then the waiters and dashboards.
+                    let reply = reply_for(&req, &outcome, None);
+                    if let Some(stream) = &req.reply_to {
+                        if let Err(e) = self.publisher.reply(con, stream, &reply).await {
+                            if is_transient(&e) {
+                                telemetry::redis_error("reply");
+                                return Handled::Retry(e.into());
+                            }
+                            telemetry::reply_error();
+                            warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
+                        }
+                    }
+                    telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
+                    self.publish(con, &req, &outcome).await;
+                    return Handled::Done;
+                }
                 Err(Error::Redis(e)) if is_transient(&e) => {
                     telemetry::redis_error("script");
                     return Handled::Retry(e.into());
@@ -256,14 +276,22 @@ impl Worker {
                         seats_used: 0,
                         seats_total: 0,
                         heartbeats: None,
+                        position: None,
+                        queue_full: false,
+                        changed: false,
+                        now_ms: 0,
+                        notes: Vec::new(),
                     };
-                    (reply_for(&req, failed, Some(e.to_string())), req.reply_to.clone())
+                    (
+                        reply_for(&req, &failed, Some(e.to_string())),
+                        req.reply_to.clone(),
+                    )
                 }
             },
         };
         let (reply, reply_to) = reply;
         if let Some(stream) = reply_to {
-            if let Err(e) = self.send_reply(con, &stream, &reply).await {
+            if let Err(e) = self.publisher.reply(con, &stream, &reply).await {
                 if is_transient(&e) {
                     telemetry::redis_error("reply");
                     return Handled::Retry(e.into());
@@ -280,27 +308,60 @@ impl Worker {
         let keys = self.keys.license(&req.license);
         let scripts = Scripts::get();
         match req.op {
-            Op::Acquire => scripts.acquire(con, &keys, &req.session, &req.meta).await,
+            Op::Acquire => {
+                scripts
+                    .acquire(
+                        con,
+                        &keys,
+                        &req.session,
+                        &req.meta,
+                        req.wait_ms,
+                        &req.id,
+                        req.reply_to.as_deref().unwrap_or(""),
+                        self.settings.queue.max_length,
+                    )
+                    .await
+            }
             Op::Release => scripts.release(con, &keys, &req.session).await,
             Op::Heartbeat => scripts.heartbeat(con, &keys, &req.session).await,
         }
     }
 
-    async fn send_reply(
-        &self,
-        con: &mut ConnectionManager,
-        stream: &str,
-        reply: &Reply,
-    ) -> redis::RedisResult<()> {
-        let r = &self.settings.replies;
-        Scripts::get()
-            .reply(con, stream, r.maxlen, r.ttl_ms, &reply.fields())
-            .await
+    /// Publishes the request's event and delivers the notes its script returned.
+    async fn publish(&self, con: &mut ConnectionManager, req: &Request, outcome: &Outcome) {
+        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed);
+        if let Some(kind) = kind {
+            let event = Event {
+                kind,
+                license: &req.license,
+                session: &req.session,
+                seats_used: outcome.seats_used,
+                seats_total: outcome.seats_total,
+                at_ms: outcome.now_ms,
+                reason: None,
+            };
+            self.publisher.event(con, &event).await;
+        }
+        for note in &outcome.notes {
+            // A failed grant reply is logged and counted by deliver(); the
+            // waiter still holds its seat and sees it with its next heartbeat.
+            let _ = self
+                .publisher
+                .deliver(
+                    con,
+                    &req.license,
+                    note,
+                    outcome.seats_used,
+                    outcome.seats_total,
+                    outcome.now_ms,
+                )
+                .await;
+        }
     }
 }
 
 /// Builds the reply for a decided request.
-fn reply_for(req: &Request, outcome: Outcome, error: Option<String>) -> Reply {
+fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
     Reply {
         id: req.id.clone(),
         op: req.op.as_str().to_owned(),
@@ -310,7 +371,15 @@ fn reply_for(req: &Request, outcome: Outcome, error: Option<String>) -> Reply {
         seats_used: outcome.seats_used,
         seats_total: outcome.seats_total,
         heartbeats: outcome.heartbeats,
-        error: error.or_else(|| protocol::refusal_reason(outcome.status).map(str::to_owned)),
+        position: outcome.position,
+        waited_ms: None,
+        error: error.or_else(|| {
+            if outcome.queue_full {
+                Some("every seat is in use and the license's wait queue is full".to_owned())
+            } else {
+                protocol::refusal_reason(outcome.status).map(str::to_owned)
+            }
+        }),
     }
 }
 

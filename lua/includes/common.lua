@@ -1,14 +1,34 @@
 --[[
   Helpers shared by every seat script. The Rust side prepends this file to
-  each script at build time (src/scripts.rs), so each script stays one
+  each seat script at build time (src/scripts.rs), so each script stays one
   self-contained EVALSHA body.
 
-  Session records (HASH `sessions`, one field per session) are stored as
-    <acquired_at_ms>:<heartbeat_count>:<meta json>
-  which keeps a ~60-byte metadata record small enough for listpack encoding
-  and lets heartbeats bump the count without decoding the JSON.
+  Every seat script takes the same KEYS, all carrying the hash tag {L} of one
+  license, so all of them live in one Redis Cluster slot:
+    KEYS[1]  seat:{L}:license    HASH  seats_total, expires_at_ms, active,
+                                       heartbeat_timeout_ms?, queue_max?
+    KEYS[2]  seat:{L}:holders    ZSET  session -> last heartbeat (ms); its size
+                                       is the seats in use, its low end the stale
+    KEYS[3]  seat:{L}:sessions   HASH  session -> "<acquired_at>:<heartbeats>:<meta>"
+    KEYS[4]  seat:{L}:queue      ZSET  waiting session -> arrival number (FIFO)
+    KEYS[5]  seat:{L}:waiters    HASH  waiting session -> JSON {id, reply_to, meta,
+                                       queued_at}
+    KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
+    KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
+
+  Session records keep a ~60-byte metadata record small enough for listpack
+  encoding and let heartbeats bump the count without decoding the JSON.
+
+  Scripts report follow-up work in a `notes` list, each note
+    {kind, session, request_id, reply_to, waited_ms}
+  with kind GRANTED (a waiter now holds a seat) or QUEUE_TIMEOUT (a waiter gave
+  up). The worker sends each note to its reply_to and publishes the event.
 ]]
 local rcall = redis.call
+local K = {
+  license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
+  waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
+}
 
 -- One clock for every worker: the Redis server's, in milliseconds.
 local function now_ms()
@@ -18,8 +38,8 @@ end
 
 -- Reads the license record and decides whether it may hand out seats now.
 -- Returns (refusal status or nil, seats_total).
-local function check_license(license_key, now)
-  local f = rcall('HMGET', license_key, 'seats_total', 'expires_at_ms', 'active')
+local function check_license(now)
+  local f = rcall('HMGET', K.license, 'seats_total', 'expires_at_ms', 'active')
   local total = tonumber(f[1])
   if not total then
     return 'LICENSE_NOT_FOUND', 0
@@ -34,7 +54,50 @@ local function check_license(license_key, now)
   return nil, total
 end
 
--- seats_total for replies that do not depend on the license being usable.
-local function seats_total(license_key)
-  return tonumber(rcall('HGET', license_key, 'seats_total')) or 0
+local function new_session_record(now, meta)
+  return now .. ':0:' .. meta
+end
+
+local function remove_waiter(session)
+  rcall('ZREM', K.queue, session)
+  rcall('ZREM', K.deadlines, session)
+  rcall('HDEL', K.waiters, session)
+end
+
+-- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
+-- Returns how many it removed.
+local function expire_waiters(now, notes, limit)
+  local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, limit)
+  for _, session in ipairs(due) do
+    local raw = rcall('HGET', K.waiters, session)
+    remove_waiter(session)
+    if raw then
+      local w = cjson.decode(raw)
+      notes[#notes + 1] = {'QUEUE_TIMEOUT', session, w.id, w.reply_to, now - w.queued_at}
+    end
+  end
+  return #due
+end
+
+-- Hands free seats to the head of the queue, in arrival order, noting GRANTED
+-- for each. Only call it when the license may hand out seats.
+-- Returns the seats in use afterwards.
+local function promote(now, total, notes)
+  local used = rcall('ZCARD', K.holders)
+  while used < total do
+    local head = rcall('ZRANGE', K.queue, 0, 0)[1]
+    if not head then
+      break
+    end
+    local raw = rcall('HGET', K.waiters, head)
+    remove_waiter(head)
+    if raw then
+      local w = cjson.decode(raw)
+      rcall('ZADD', K.holders, now, head)
+      rcall('HSET', K.sessions, head, new_session_record(now, w.meta))
+      used = used + 1
+      notes[#notes + 1] = {'GRANTED', head, w.id, w.reply_to, now - w.queued_at}
+    end
+  end
+  return used
 end

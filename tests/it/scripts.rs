@@ -19,6 +19,10 @@ async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, ses
             &keys(license),
             session,
             r#"{"user_email":"dev@example.com"}"#,
+            0,
+            "req",
+            "",
+            1000,
         )
         .await
         .unwrap()

@@ -1,0 +1,255 @@
+//! The reaper: evicts sessions whose heartbeat is stale, times out waiters,
+//! and hands free seats to the queue, for every license, on a schedule.
+//!
+//! Each license is handled by lua/reap.lua, atomically and in bounded steps,
+//! so a session is evicted (and its event published) exactly once even when
+//! several processes reap at the same moment. A scheduled pass first takes a
+//! short `SET NX PX` lock so that, normally, one process does the pass and the
+//! others skip it; correctness never depends on that lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use tokio_cron_scheduler::{Job, JobScheduler};
+use tracing::{debug, info, warn};
+
+use crate::config::Settings;
+use crate::error::Error;
+use crate::events::{Event, EventType, Publisher};
+use crate::keys::Keys;
+use crate::scripts::Scripts;
+use crate::telemetry;
+
+/// What one pass did, summed over licenses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Licenses visited.
+    pub licenses: usize,
+    /// Sessions evicted.
+    pub evicted: usize,
+    /// Waiters granted a seat.
+    pub granted: usize,
+    /// Waiters timed out.
+    pub timed_out: usize,
+    /// Sessions waiting after the pass, per license with a non-empty queue.
+    pub queues: Vec<(String, i64)>,
+}
+
+/// Runs reaper passes.
+#[derive(Clone)]
+pub struct Reaper {
+    /// Managed connection shared with nothing blocking.
+    con: ConnectionManager,
+    /// Key names.
+    keys: Keys,
+    /// Events and waiter replies.
+    publisher: Publisher,
+    /// Heartbeat timeout for licenses without their own.
+    default_timeout_ms: u64,
+    /// Most removals per script call.
+    batch: usize,
+    /// Licenses reaped concurrently (pipelined on the one connection).
+    concurrency: usize,
+    /// Most per-license queue-depth series exported.
+    depth_series: usize,
+    /// Held while a pass runs: tokio-cron-scheduler starts a job again on
+    /// schedule even when the previous run has not finished.
+    running: Arc<tokio::sync::Mutex<()>>,
+    /// This process's name in the pass lock.
+    owner: String,
+}
+
+impl Reaper {
+    /// A reaper for `settings` on `con`.
+    pub fn new(con: ConnectionManager, settings: &Settings) -> Reaper {
+        Reaper {
+            con,
+            keys: Keys::new(settings.keys.prefix.clone()),
+            publisher: Publisher::new(settings),
+            default_timeout_ms: settings.sessions.heartbeat_timeout_ms,
+            batch: settings.reaper.batch,
+            concurrency: settings.reaper.concurrency,
+            depth_series: settings.metrics.license_series_limit,
+            running: Arc::new(tokio::sync::Mutex::new(())),
+            owner: settings.consumer_name(),
+        }
+    }
+
+    /// One pass over every license, without the cross-process lock.
+    pub async fn pass(&self) -> Result<PassReport, Error> {
+        let started = Instant::now();
+        let licenses = self.licenses().await?;
+        let mut report = PassReport {
+            licenses: licenses.len(),
+            ..PassReport::default()
+        };
+        let mut results = futures_util::stream::iter(licenses)
+            .map(|license| async move {
+                let r = self.reap_license(&license).await;
+                (license, r)
+            })
+            .buffer_unordered(self.concurrency);
+        let mut first_error = None;
+        while let Some((license, result)) = results.next().await {
+            match result {
+                Ok(one) => {
+                    report.evicted += one.evicted;
+                    report.granted += one.granted;
+                    report.timed_out += one.timed_out;
+                    if one.queues.first().is_some_and(|(_, d)| *d > 0) {
+                        report.queues.extend(one.queues);
+                    }
+                }
+                Err(e) => {
+                    warn!(%license, error = %e, "reaping a license failed; the next pass retries");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        drop(results);
+        telemetry::reaper_pass(started.elapsed(), &report, self.depth_series);
+        match first_error {
+            Some(e) if report.licenses > 0 && report.evicted + report.granted + report.timed_out == 0 => {
+                Err(e)
+            }
+            _ => Ok(report),
+        }
+    }
+
+    /// Every license in the index (SSCAN, so a large index never blocks Redis).
+    async fn licenses(&self) -> Result<Vec<String>, Error> {
+        let mut con = self.con.clone();
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(self.keys.license_index())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut con)
+                .await?;
+            out.extend(batch.into_iter().filter(|l| crate::protocol::valid_id(l)));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Reaps one license until it reports no more work, publishing what happened.
+    pub async fn reap_license(&self, license: &str) -> Result<PassReport, Error> {
+        let keys = self.keys.license(license);
+        let mut con = self.con.clone();
+        let mut report = PassReport::default();
+        loop {
+            let step = Scripts::get()
+                .reap(&mut con, &keys, self.default_timeout_ms, self.batch)
+                .await?;
+            for session in &step.evicted {
+                telemetry::evicted();
+                info!(%license, %session, "evicted stale session");
+                let event = Event {
+                    kind: EventType::Evicted,
+                    license,
+                    session,
+                    seats_used: step.seats_used,
+                    seats_total: step.seats_total,
+                    at_ms: step.now_ms,
+                    reason: Some("heartbeat_timeout"),
+                };
+                self.publisher.event(&mut con, &event).await;
+            }
+            for note in &step.notes {
+                let _ = self
+                    .publisher
+                    .deliver(
+                        &mut con,
+                        license,
+                        note,
+                        step.seats_used,
+                        step.seats_total,
+                        step.now_ms,
+                    )
+                    .await;
+                match note.status {
+                    crate::status::Status::Granted => report.granted += 1,
+                    _ => report.timed_out += 1,
+                }
+            }
+            report.evicted += step.evicted.len();
+            if !step.more {
+                report.queues = vec![(license.to_owned(), step.queue_depth)];
+                return Ok(report);
+            }
+        }
+    }
+
+    /// A scheduled pass: skipped when the previous one in this process still
+    /// runs, or when another process holds the pass lock.
+    pub async fn scheduled_pass(&self, lock_ms: u64) {
+        let Ok(_running) = self.running.try_lock() else {
+            debug!("previous reaper pass still running; skipping this one");
+            return;
+        };
+        let mut con = self.con.clone();
+        let lock = self.keys.reaper_lock();
+        let token = format!("{}:{}", self.owner, std::process::id());
+        let taken: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(&lock)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(lock_ms)
+            .query_async(&mut con)
+            .await;
+        match taken {
+            Ok(Some(_)) => {}
+            Ok(None) => return, // another process is on it
+            Err(e) => {
+                debug!(error = %e, "reaper lock unavailable; skipping this pass");
+                return;
+            }
+        }
+        match self.pass().await {
+            Ok(r) if r.evicted + r.granted + r.timed_out > 0 => {
+                info!(
+                    licenses = r.licenses,
+                    evicted = r.evicted,
+                    granted = r.granted,
+                    timed_out = r.timed_out,
+                    "reaper pass"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "reaper pass failed"),
+        }
+        // Release only what we own: the lock may have expired and been taken by another.
+        let _: redis::RedisResult<i64> = Scripts::get().unlock(&mut con, &lock, &token).await;
+    }
+}
+
+/// Starts the reaper on its cron schedule; returns the scheduler to shut down.
+pub async fn start(reaper: Reaper, schedule: &str, lock_ms: u64) -> Result<JobScheduler, Error> {
+    let sched_err =
+        |e: tokio_cron_scheduler::JobSchedulerError| Error::Config(format!("reaper scheduler: {e}"));
+    let scheduler = JobScheduler::new().await.map_err(sched_err)?;
+    let job = Job::new_async(schedule, move |_id, _lock| {
+        let reaper = reaper.clone();
+        Box::pin(async move { reaper.scheduled_pass(lock_ms).await })
+    })
+    .map_err(|e| Error::Config(format!("reaper.schedule {schedule:?} is not a 6-field cron expression (sec min hour day month weekday): {e}")))?;
+    scheduler.add(job).await.map_err(sched_err)?;
+    scheduler.start().await.map_err(sched_err)?;
+    Ok(scheduler)
+}
+
+/// Waits for a running pass to finish (after the scheduler was shut down), at most `within`.
+pub async fn drain(reaper: &Reaper, within: Duration) {
+    let _ = tokio::time::timeout(within, reaper.running.lock()).await;
+}
