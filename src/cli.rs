@@ -48,6 +48,15 @@ enum Command {
     /// Provision licenses.
     #[command(subcommand)]
     License(LicenseCommand),
+    /// Show seats in use, holders and queues per license (like lmstat).
+    Status {
+        /// Only this license.
+        #[arg(long)]
+        license: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +157,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Release(args) => client_call(&settings, Op::Release, args).await,
         Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
         Command::License(cmd) => license_cmd(&settings, cmd).await,
+        Command::Status { license, json } => {
+            if let Some(l) = &license {
+                if !crate::protocol::valid_id(l) {
+                    return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
+                }
+            }
+            let client = redis::Client::open(settings.redis.url.as_str())?;
+            let mut con = crate::connect_managed(&client, &settings).await?;
+            let keys = Keys::new(settings.keys.prefix.clone());
+            let status = crate::report::status(&mut con, &keys, license.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string(&status).unwrap_or_default());
+            } else {
+                print!("{}", crate::report::render(&status));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

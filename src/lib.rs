@@ -13,6 +13,7 @@
 //! - [`protocol`]   request parsing and validation, reply formatting (docs/protocol.md)
 //! - [`worker`]     the XREADGROUP consumer: decide → reply → XACK
 //! - [`events`]     the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
+//! - [`report`]     `seatgate status`: holders and queues per license
 //! - [`reaper`]     scheduled eviction of stale sessions, queue timeouts, self-healing grants
 //! - [`license`]    license records: put / show / list / delete
 //! - [`client`]     a request/reply client (the CLI's `acquire`, tests, benchmarks)
@@ -31,6 +32,7 @@ pub mod keys;
 pub mod license;
 pub mod protocol;
 pub mod reaper;
+pub mod report;
 pub mod scripts;
 pub mod service;
 pub mod status;

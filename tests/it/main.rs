@@ -3,6 +3,7 @@
 
 mod cli;
 mod invalid;
+mod queue;
 mod scripts;
 mod stream;
 mod support;

@@ -1,0 +1,295 @@
+//! `seatgate status`: who holds each license's seats and who waits, like
+//! FlexLM's `lmstat`. Each license is read in one MULTI, so its holders and
+//! queue are a consistent snapshot.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use redis::aio::ConnectionLike;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::keys::Keys;
+
+/// One seat holder.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Holder {
+    /// Session id.
+    pub session: String,
+    /// `user_email` from the metadata, if any.
+    pub user: Option<String>,
+    /// `hardware_id` from the metadata, if any.
+    pub hardware_id: Option<String>,
+    /// When the seat was taken (Redis clock, ms).
+    pub acquired_at_ms: i64,
+    /// Last heartbeat (Redis clock, ms).
+    pub last_heartbeat_ms: i64,
+    /// Heartbeats received.
+    pub heartbeats: i64,
+    /// The session's metadata.
+    pub meta: serde_json::Value,
+}
+
+/// One waiting session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Waiter {
+    /// 1-based place in the queue.
+    pub position: usize,
+    /// Session id.
+    pub session: String,
+    /// `user_email` from the metadata, if any.
+    pub user: Option<String>,
+    /// When it joined the queue (Redis clock, ms).
+    pub queued_at_ms: i64,
+    /// When it gives up (Redis clock, ms).
+    pub deadline_ms: i64,
+}
+
+/// One license's state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LicenseStatus {
+    /// License id.
+    pub license: String,
+    /// Seats held.
+    pub seats_used: usize,
+    /// Seats provisioned (0 when the record is missing).
+    pub seats_total: i64,
+    /// Whether acquires are allowed.
+    pub active: bool,
+    /// Expiry (ms), 0 = never.
+    pub expires_at_ms: i64,
+    /// Holders, longest-held first.
+    pub holders: Vec<Holder>,
+    /// Waiters in queue order.
+    pub queue: Vec<Waiter>,
+}
+
+/// A snapshot of some licenses at one moment of the Redis clock.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status {
+    /// The Redis server's time when read, ms.
+    pub at_ms: i64,
+    /// The licenses.
+    pub licenses: Vec<LicenseStatus>,
+}
+
+fn meta_field(meta: &serde_json::Value, field: &str) -> Option<String> {
+    meta.get(field).and_then(|v| v.as_str()).map(str::to_owned)
+}
+
+/// Reads one license.
+pub async fn license_status<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+) -> Result<LicenseStatus, Error> {
+    let k = keys.license(license);
+    type Snapshot = (
+        Vec<Option<String>>,
+        Vec<(String, i64)>,
+        HashMap<String, String>,
+        Vec<(String, i64)>,
+        HashMap<String, String>,
+        Vec<(String, i64)>,
+    );
+    let (lic, holders, sessions, queue, waiters, deadlines): Snapshot = redis::pipe()
+        .atomic()
+        .cmd("HMGET")
+        .arg(&k.license)
+        .arg(&["seats_total", "expires_at_ms", "active"])
+        .cmd("ZRANGE")
+        .arg(&k.holders)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .cmd("HGETALL")
+        .arg(&k.sessions)
+        .cmd("ZRANGE")
+        .arg(&k.queue)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .cmd("HGETALL")
+        .arg(&k.waiters)
+        .cmd("ZRANGE")
+        .arg(&k.deadlines)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(con)
+        .await?;
+    let deadlines: HashMap<String, i64> = deadlines.into_iter().collect();
+    let num = |i: usize| lic.get(i).cloned().flatten().and_then(|s| s.parse::<i64>().ok());
+    let holders = holders
+        .into_iter()
+        .map(|(session, last)| {
+            let record = sessions.get(&session).map(String::as_str).unwrap_or("");
+            let mut parts = record.splitn(3, ':');
+            let acquired_at_ms = parts.next().and_then(|s| s.parse().ok()).unwrap_or(last);
+            let heartbeats = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let meta: serde_json::Value = parts
+                .next()
+                .and_then(|m| serde_json::from_str(m).ok())
+                .unwrap_or(serde_json::Value::Null);
+            Holder {
+                user: meta_field(&meta, "user_email"),
+                hardware_id: meta_field(&meta, "hardware_id"),
+                session,
+                acquired_at_ms,
+                last_heartbeat_ms: last,
+                heartbeats,
+                meta,
+            }
+        })
+        .collect::<Vec<_>>();
+    let mut holders = holders;
+    holders.sort_by_key(|h| h.acquired_at_ms);
+    let queue = queue
+        .into_iter()
+        .enumerate()
+        .map(|(i, (session, _seq))| {
+            let record: serde_json::Value = waiters
+                .get(&session)
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or(serde_json::Value::Null);
+            let meta: serde_json::Value = record
+                .get("meta")
+                .and_then(|m| m.as_str())
+                .and_then(|m| serde_json::from_str(m).ok())
+                .unwrap_or(serde_json::Value::Null);
+            Waiter {
+                position: i + 1,
+                user: meta_field(&meta, "user_email"),
+                queued_at_ms: record.get("queued_at").and_then(|v| v.as_i64()).unwrap_or(0),
+                deadline_ms: deadlines.get(&session).copied().unwrap_or(0),
+                session,
+            }
+        })
+        .collect();
+    Ok(LicenseStatus {
+        license: license.to_owned(),
+        seats_used: holders.len(),
+        seats_total: num(0).unwrap_or(0),
+        active: lic.get(2).cloned().flatten().as_deref() != Some("0"),
+        expires_at_ms: num(1).unwrap_or(0),
+        holders,
+        queue,
+    })
+}
+
+/// Reads `only` (or every indexed license).
+pub async fn status<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    only: Option<&str>,
+) -> Result<Status, Error> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+    let ids = match only {
+        Some(l) => vec![l.to_owned()],
+        None => {
+            let mut ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(keys.license_index())
+                .query_async(con)
+                .await?;
+            ids.sort();
+            ids
+        }
+    };
+    let mut licenses = Vec::with_capacity(ids.len());
+    for id in ids.iter().filter(|id| crate::protocol::valid_id(id)) {
+        licenses.push(license_status(con, keys, id).await?);
+    }
+    Ok(Status {
+        at_ms: secs * 1000 + micros / 1000,
+        licenses,
+    })
+}
+
+/// `1h02m`, `3m05s`, `42s`, `850ms`.
+fn ago(ms: i64) -> String {
+    let ms = ms.max(0);
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The terminal rendering.
+pub fn render(status: &Status) -> String {
+    let mut out = String::new();
+    if status.licenses.is_empty() {
+        out.push_str("no licenses\n");
+    }
+    let now = status.at_ms;
+    for l in &status.licenses {
+        let _ = write!(
+            out,
+            "{}: {} of {} seats in use",
+            l.license, l.seats_used, l.seats_total
+        );
+        if !l.queue.is_empty() {
+            let _ = write!(out, ", {} waiting", l.queue.len());
+        }
+        if !l.active {
+            out.push_str("  [INACTIVE]");
+        }
+        if l.expires_at_ms > 0 && l.expires_at_ms <= now {
+            out.push_str("  [EXPIRED]");
+        }
+        out.push('\n');
+        if !l.holders.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:<24} {:<28} {:<16} {:>8} {:>14}",
+                "SESSION", "USER", "HARDWARE", "HELD", "LAST HEARTBEAT"
+            );
+            for h in &l.holders {
+                let _ = writeln!(
+                    out,
+                    "  {:<24} {:<28} {:<16} {:>8} {:>14}",
+                    h.session,
+                    h.user.as_deref().unwrap_or("-"),
+                    h.hardware_id.as_deref().unwrap_or("-"),
+                    ago(now - h.acquired_at_ms),
+                    format!("{} ago", ago(now - h.last_heartbeat_ms)),
+                );
+            }
+        }
+        if !l.queue.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:<4} {:<24} {:<28} {:>8} {:>10}",
+                "POS", "WAITING SESSION", "USER", "WAITING", "GIVES UP"
+            );
+            for w in &l.queue {
+                let _ = writeln!(
+                    out,
+                    "  {:<4} {:<24} {:<28} {:>8} {:>10}",
+                    w.position,
+                    w.session,
+                    w.user.as_deref().unwrap_or("-"),
+                    ago(now - w.queued_at_ms),
+                    format!("in {}", ago(w.deadline_ms - now)),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_lmstat() {
+        assert_eq!(ago(850), "850ms");
+        assert_eq!(ago(42_000), "42s");
+        assert_eq!(ago(185_000), "3m05s");
+        assert_eq!(ago(3_720_000), "1h02m");
+        assert_eq!(ago(-5), "0ms");
+    }
+}
