@@ -1,13 +1,14 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS     the seven license keys (lua/includes/common.lua)
-  ARGV[1]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
-  ARGV[2]  metadata, a JSON object (validated by the worker)
-  ARGV[3]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[4]  request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[5]  reply_to of the request ('' = none)
-  ARGV[6]  queue length limit when the license sets no queue_max
+  KEYS     the ten keys of lua/includes/common.lua
+  ARGV[1..5] dedupe and rate-limit arguments (lua/includes/common.lua)
+  ARGV[6]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
+  ARGV[7]  metadata, a JSON object (validated by the worker)
+  ARGV[8]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[9]  request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[10] reply_to of the request ('' = none)
+  ARGV[11] queue length limit when the license sets no queue_max
 
   Returns {status, seats_used, seats_total, detail, now_ms, notes[, changed]}:
     ACQUIRED            seat taken, heartbeat clock started
@@ -16,53 +17,64 @@
     NO_SEATS_AVAILABLE  every seat is held, or others wait first (no queue
                         jumping); detail = 'queue_full' when the queue is full
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
+    RATE_LIMITED        too many requests from this session or license
+  A redelivered entry gets the reply it got the first time (common.lua).
   changed: 0 only for a re-sent QUEUED (so no second `queued` event).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
   expiry or `active` can never race with an acquire.
 ]]
-local session, meta = ARGV[1], ARGV[2]
-local wait_ms, request_id, reply_to = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local default_queue_max = tonumber(ARGV[6])
+local session, meta = ARGV[6], ARGV[7]
+local wait_ms, request_id, reply_to = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local default_queue_max = tonumber(ARGV[11])
 
 local now = now_ms()
-local notes = {}
-expire_waiters(now, notes, 100)
-local refusal, total = check_license(now)
-
--- A retried acquire gets the answer the first one got, whatever happened to
--- the license since: the session holds its seat until it releases or is reaped.
-if rcall('ZSCORE', K.holders, session) then
-  return {'ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes}
-end
-local rank = rcall('ZRANK', K.queue, session)
-if rank then
-  -- Re-sent while waiting: same place, current position, nothing changed.
-  return {'QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0}
-end
-if refusal then
-  return {refusal, rcall('ZCARD', K.holders), total, 0, now, notes}
+local early = prologue(now, true)
+if early then
+  return early
 end
 
-local used = promote(now, total, notes)
-if used < total then
-  -- promote() stopped with a free seat, so nobody is waiting: take it.
-  rcall('ZADD', K.holders, now, session)
-  rcall('HSET', K.sessions, session, new_session_record(now, meta))
-  return {'ACQUIRED', used + 1, total, 0, now, notes}
+local function decide()
+  local notes = {}
+  expire_waiters(now, notes, 100)
+  local refusal, total = check_license(now)
+
+  -- A retried acquire gets the answer the first one got, whatever happened to
+  -- the license since: the session holds its seat until it releases or is reaped.
+  if rcall('ZSCORE', K.holders, session) then
+    return {'ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes}
+  end
+  local rank = rcall('ZRANK', K.queue, session)
+  if rank then
+    -- Re-sent while waiting: same place, current position, nothing changed.
+    return {'QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0}
+  end
+  if refusal then
+    return {refusal, rcall('ZCARD', K.holders), total, 0, now, notes}
+  end
+
+  local used = promote(now, total, notes)
+  if used < total then
+    -- promote() stopped with a free seat, so nobody is waiting: take it.
+    rcall('ZADD', K.holders, now, session)
+    rcall('HSET', K.sessions, session, new_session_record(now, meta))
+    return {'ACQUIRED', used + 1, total, 0, now, notes}
+  end
+
+  if wait_ms <= 0 then
+    return {'NO_SEATS_AVAILABLE', used, total, 0, now, notes}
+  end
+  local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
+  local depth = rcall('ZCARD', K.queue)
+  if depth >= queue_max then
+    return {'NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes}
+  end
+  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
+  rcall('ZADD', K.deadlines, now + wait_ms, session)
+  rcall('HSET', K.waiters, session,
+    cjson.encode({id = request_id, reply_to = reply_to, meta = meta, queued_at = now}))
+  return {'QUEUED', used, total, depth + 1, now, notes}
 end
 
-if wait_ms <= 0 then
-  return {'NO_SEATS_AVAILABLE', used, total, 0, now, notes}
-end
-local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
-local depth = rcall('ZCARD', K.queue)
-if depth >= queue_max then
-  return {'NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes}
-end
-rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
-rcall('ZADD', K.deadlines, now + wait_ms, session)
-rcall('HSET', K.waiters, session,
-  cjson.encode({id = request_id, reply_to = reply_to, meta = meta, queued_at = now}))
-return {'QUEUED', used, total, depth + 1, now, notes}
+return remember(ARGV[1], ARGV[2], decide())

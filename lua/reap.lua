@@ -9,7 +9,7 @@
   sessions held. It stops after ARGV[2] of each and reports `more`, so no single
   call blocks Redis for long; the reaper calls it again until `more` is 0.
 
-  KEYS     the seven license keys (lua/includes/common.lua)
+  KEYS     the first seven keys of lua/includes/common.lua
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
   ARGV[2]  most sessions (and waiters) to remove in this call
 

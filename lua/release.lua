@@ -2,8 +2,9 @@
   release: free the seat that `session` holds, or take it out of the queue.
   Only the session's own id releases it; nothing else is touched.
 
-  KEYS     the seven license keys (lua/includes/common.lua)
-  ARGV[1]  session id
+  KEYS     the ten keys of lua/includes/common.lua
+  ARGV[1..5] dedupe and rate-limit arguments (release is never rate limited)
+  ARGV[6]  session id
 
   Returns {status, seats_used, seats_total, 0, now_ms, notes}:
     RELEASED           the seat is free; it went straight to the head of the
@@ -11,24 +12,34 @@
     LEFT_QUEUE         the session was waiting; it no longer does
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
   Release works whatever the license's state: a user can always give a seat back.
+  A redelivered entry gets the reply it got the first time (common.lua).
 ]]
-local session = ARGV[1]
+local session = ARGV[6]
 
 local now = now_ms()
-local notes = {}
-local refusal, total = check_license(now)
+local early = prologue(now, false)
+if early then
+  return early
+end
 
-if rcall('ZREM', K.holders, session) == 1 then
-  rcall('HDEL', K.sessions, session)
-  expire_waiters(now, notes, 100)
-  local used = rcall('ZCARD', K.holders)
-  if not refusal then
-    used = promote(now, total, notes)
+local function decide()
+  local notes = {}
+  local refusal, total = check_license(now)
+
+  if rcall('ZREM', K.holders, session) == 1 then
+    rcall('HDEL', K.sessions, session)
+    expire_waiters(now, notes, 100)
+    local used = rcall('ZCARD', K.holders)
+    if not refusal then
+      used = promote(now, total, notes)
+    end
+    return {'RELEASED', used, total, 0, now, notes}
   end
-  return {'RELEASED', used, total, 0, now, notes}
+  if rcall('ZSCORE', K.queue, session) then
+    remove_waiter(session)
+    return {'LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes}
+  end
+  return {'SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes}
 end
-if rcall('ZSCORE', K.queue, session) then
-  remove_waiter(session)
-  return {'LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes}
-end
-return {'SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes}
+
+return remember(ARGV[1], ARGV[2], decide())

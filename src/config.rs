@@ -25,6 +25,10 @@ pub struct Settings {
     pub stream: StreamSettings,
     /// How replies are written.
     pub replies: ReplySettings,
+    /// Redelivery dedupe.
+    pub dedupe: DedupeSettings,
+    /// Rate limits.
+    pub limits: LimitSettings,
     /// The events stream.
     pub events: EventSettings,
     /// Session liveness.
@@ -70,6 +74,34 @@ pub struct StreamSettings {
     pub batch_size: usize,
     /// XREADGROUP BLOCK, ms.
     pub block_ms: u64,
+    /// XAUTOCLAIM min idle time, ms.
+    pub claim_idle_ms: u64,
+    /// Deliveries before dead-lettering.
+    pub max_deliveries: u64,
+    /// Dead-letter stream key.
+    pub dead_letter: String,
+    /// Approximate cap of the dead-letter stream.
+    pub dead_letter_maxlen: usize,
+    /// Idle time after which an empty consumer is removed, ms.
+    pub consumer_idle_ms: u64,
+}
+
+/// `[dedupe]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct DedupeSettings {
+    /// Guaranteed dedupe window, ms.
+    pub window_ms: u64,
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct LimitSettings {
+    /// Per-session requests per window (0 = off).
+    pub session_requests: u64,
+    /// Per-license requests per window (0 = off).
+    pub license_requests: u64,
+    /// Window, ms.
+    pub window_ms: u64,
 }
 
 /// `[replies]`
@@ -183,6 +215,12 @@ impl Settings {
             .starts_with(&format!("{}:", self.keys.prefix))
         {
             return bad("stream.requests must start with keys.prefix and a colon (e.g. \"seat:requests\"), so no reply_to can name it");
+        }
+        if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
+            return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
+        }
+        if self.stream.max_deliveries == 0 {
+            return bad("stream.max_deliveries must be at least 1");
         }
         if self.sessions.heartbeat_timeout_ms == 0 {
             return bad("sessions.heartbeat_timeout_ms must be positive");

@@ -147,8 +147,10 @@ impl Publisher {
         }
     }
 
-    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT) and publishes
-    /// the matching event. Returns the reply error, if the reply could not be written.
+    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT) and, when
+    /// `first_time`, publishes the matching event and counts it (a replayed
+    /// note is only re-delivered). Returns the reply error, if any.
+    #[allow(clippy::too_many_arguments)]
     pub async fn deliver<C: ConnectionLike>(
         &self,
         con: &mut C,
@@ -157,8 +159,11 @@ impl Publisher {
         seats_used: i64,
         seats_total: i64,
         at_ms: i64,
+        first_time: bool,
     ) -> redis::RedisResult<()> {
-        telemetry::queue_outcome(note.status, note.waited_ms);
+        if first_time {
+            telemetry::queue_outcome(note.status, note.waited_ms);
+        }
         let mut result = Ok(());
         if !note.reply_to.is_empty() {
             let reply = Reply {
@@ -181,7 +186,7 @@ impl Publisher {
                 warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply");
             }
         }
-        if let Some(kind) = EventType::for_status(note.status) {
+        if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {
             let event = Event {
                 kind,
                 license,

@@ -74,6 +74,24 @@ impl Keys {
         }
     }
 
+    /// HASH of replies given to the stream entries of `license` added in dedupe
+    /// time bucket `bucket` (entry ms / window), so a redelivered entry gets
+    /// the same reply. The bucket comes from the entry id (the Redis clock at
+    /// XADD), so every delivery of one entry looks in the same key.
+    pub fn dedupe(&self, license: &str, bucket: u64) -> String {
+        format!("{}:{{{license}}}:done:{bucket}", self.prefix)
+    }
+
+    /// ZSET window of `session`'s recent requests (rate limiting).
+    pub fn session_rate(&self, license: &str, session: &str) -> String {
+        format!("{}:{{{license}}}:rate:{session}", self.prefix)
+    }
+
+    /// ZSET window of the license's recent requests (rate limiting).
+    pub fn license_rate(&self, license: &str) -> String {
+        format!("{}:{{{license}}}:rate", self.prefix)
+    }
+
     /// SET of every provisioned license id, so `license list` (and the reaper)
     /// find licenses without SCAN. It is written beside the license record,
     /// never inside a seat script, so it may live in any cluster slot.

@@ -440,6 +440,7 @@ pub fn refusal_reason(status: Status) -> Option<&'static str> {
         Status::LicenseNotFound => "no such license",
         Status::LicenseInactive => "the license is deactivated",
         Status::LicenseExpired => "the license has expired",
+        Status::RateLimited => "too many requests from this session or license; slow down and retry",
         _ => return None,
     })
 }

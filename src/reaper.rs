@@ -7,11 +7,14 @@
 //! short `SET NX PX` lock so that, normally, one process does the pass and the
 //! others skip it; correctness never depends on that lock.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
+use redis::Value;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tracing::{debug, info, warn};
 
@@ -59,6 +62,8 @@ pub struct Reaper {
     running: Arc<tokio::sync::Mutex<()>>,
     /// This process's name in the pass lock.
     owner: String,
+    /// The requests stream and its group, for trimming and consumer cleanup.
+    stream: crate::config::StreamSettings,
 }
 
 impl Reaper {
@@ -74,7 +79,89 @@ impl Reaper {
             depth_series: settings.metrics.license_series_limit,
             running: Arc::new(tokio::sync::Mutex::new(())),
             owner: settings.consumer_name(),
+            stream: settings.stream.clone(),
         }
+    }
+
+    /// Stream upkeep: trims the requests stream of entries every group has
+    /// acknowledged (never of pending or undelivered ones), and removes
+    /// consumers idle for `stream.consumer_idle_ms` with nothing pending.
+    pub async fn maintain_stream(&self) -> Result<(), Error> {
+        let mut con = self.con.clone();
+        let s = &self.stream;
+        // The oldest entry still needed: the oldest pending one of any group,
+        // or (when nothing is pending) the last one delivered to the group.
+        let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&s.requests)
+            .query_async(&mut con)
+            .await?;
+        let mut keep_from: Option<StreamId> = None;
+        for group in &groups {
+            let name = group
+                .get("name")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+            let Some(name) = name else { continue };
+            let summary: Value = redis::cmd("XPENDING")
+                .arg(&s.requests)
+                .arg(&name)
+                .query_async(&mut con)
+                .await?;
+            let oldest_pending = match &summary {
+                Value::Array(parts) => parts
+                    .get(1)
+                    .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
+                _ => None,
+            };
+            let last_delivered = group
+                .get("last-delivered-id")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+            let needed = oldest_pending
+                .or(last_delivered)
+                .and_then(|id| StreamId::parse(&id));
+            keep_from = match (keep_from, needed) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        if let (Some(min), false) = (keep_from, groups.is_empty()) {
+            let trimmed: i64 = redis::cmd("XTRIM")
+                .arg(&s.requests)
+                .arg("MINID")
+                .arg(min.to_string())
+                .query_async(&mut con)
+                .await?;
+            if trimmed > 0 {
+                debug!(trimmed, "trimmed acknowledged requests");
+            }
+        }
+        let consumers: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(&s.requests)
+            .arg(&s.group)
+            .query_async(&mut con)
+            .await?;
+        for c in consumers {
+            let int = |k: &str| {
+                c.get(k)
+                    .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
+                    .unwrap_or(0)
+            };
+            let name = c
+                .get("name")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+            if let (Some(name), 0, true) = (name, int("pending"), int("idle") > s.consumer_idle_ms) {
+                let _: i64 = redis::cmd("XGROUP")
+                    .arg("DELCONSUMER")
+                    .arg(&s.requests)
+                    .arg(&s.group)
+                    .arg(&name)
+                    .query_async(&mut con)
+                    .await?;
+                info!(consumer = %name, "removed idle consumer from the group");
+            }
+        }
+        Ok(())
     }
 
     /// One pass over every license, without the cross-process lock.
@@ -175,6 +262,7 @@ impl Reaper {
                         step.seats_used,
                         step.seats_total,
                         step.now_ms,
+                        true,
                     )
                     .await;
                 match note.status {
@@ -229,6 +317,9 @@ impl Reaper {
             Ok(_) => {}
             Err(e) => warn!(error = %e, "reaper pass failed"),
         }
+        if let Err(e) = self.maintain_stream().await {
+            debug!(error = %e, "requests stream upkeep failed; the next pass retries");
+        }
         // Release only what we own: the lock may have expired and been taken by another.
         let _: redis::RedisResult<i64> = Scripts::get().unlock(&mut con, &lock, &token).await;
     }
@@ -252,4 +343,35 @@ pub async fn start(reaper: Reaper, schedule: &str, lock_ms: u64) -> Result<JobSc
 /// Waits for a running pass to finish (after the scheduler was shut down), at most `within`.
 pub async fn drain(reaper: &Reaper, within: Duration) {
     let _ = tokio::time::timeout(within, reaper.running.lock()).await;
+}
+
+/// A stream entry id, ordered as Redis orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct StreamId(u64, u64);
+
+impl StreamId {
+    fn parse(s: &str) -> Option<StreamId> {
+        let (ms, seq) = s.split_once('-')?;
+        Some(StreamId(ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids_order_numerically() {
+        let a = StreamId::parse("99-5").unwrap();
+        let b = StreamId::parse("100-0").unwrap();
+        assert!(a < b);
+        assert_eq!(b.to_string(), "100-0");
+        assert_eq!(StreamId::parse("nope"), None);
+    }
 }

@@ -77,13 +77,33 @@ pub struct Outcome {
     pub position: Option<i64>,
     /// NO_SEATS_AVAILABLE because the queue is full.
     pub queue_full: bool,
-    /// Whether the script changed state (false for a re-sent QUEUED acquire),
-    /// so that an event is published once per change.
+    /// Whether the script changed state (false for a re-sent QUEUED acquire
+    /// and for replays), so that an event is published once per change.
     pub changed: bool,
+    /// The entry was decided before: this is the stored reply, replayed.
+    pub replayed: bool,
     /// The Redis server's time when the script ran, ms.
     pub now_ms: i64,
     /// Waiters granted or timed out by this script.
     pub notes: Vec<Note>,
+}
+
+impl Outcome {
+    /// An outcome for a request that could not be decided.
+    pub fn failed(status: Status) -> Outcome {
+        Outcome {
+            status,
+            seats_used: 0,
+            seats_total: 0,
+            heartbeats: None,
+            position: None,
+            queue_full: false,
+            changed: false,
+            replayed: false,
+            now_ms: 0,
+            notes: Vec::new(),
+        }
+    }
 }
 
 /// What one reap step did for one license.
@@ -110,6 +130,57 @@ fn with_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a>
     for key in keys.all() {
         call.key(key); // KEYS[1..7] in the order of lua/includes/common.lua
     }
+    call
+}
+
+/// Redelivery dedupe and rate limiting for one request: KEYS[8..10] and
+/// ARGV[1..5] of the request scripts (lua/includes/common.lua).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    /// The stream entry id ("" = no dedupe, for direct calls).
+    pub entry_id: String,
+    /// KEYS[8]: the dedupe bucket of the entry.
+    pub done_key: String,
+    /// When that bucket may expire, unix ms.
+    pub done_until_ms: u64,
+    /// KEYS[9]: the session's rate window.
+    pub session_rate_key: String,
+    /// KEYS[10]: the license's rate window.
+    pub license_rate_key: String,
+    /// Most requests per session per window (0 = no limit).
+    pub session_limit: u64,
+    /// Most requests per license per window (0 = no limit).
+    pub license_limit: u64,
+    /// The rate window, ms.
+    pub window_ms: u64,
+}
+
+impl Guard {
+    /// No dedupe and no limits: the seed's direct script path.
+    pub fn none(keys: &crate::keys::Keys, license: &str, session: &str) -> Guard {
+        Guard {
+            entry_id: String::new(),
+            done_key: keys.dedupe(license, 0),
+            done_until_ms: 0,
+            session_rate_key: keys.session_rate(license, session),
+            license_rate_key: keys.license_rate(license),
+            session_limit: 0,
+            license_limit: 0,
+            window_ms: 1,
+        }
+    }
+}
+
+fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> ScriptInvocation<'a> {
+    let mut call = with_keys(script, keys);
+    call.key(&guard.done_key) // KEYS[8]
+        .key(&guard.session_rate_key) // KEYS[9]
+        .key(&guard.license_rate_key) // KEYS[10]
+        .arg(&guard.entry_id) // ARGV[1]
+        .arg(guard.done_until_ms) // ARGV[2]
+        .arg(guard.session_limit) // ARGV[3]
+        .arg(guard.license_limit) // ARGV[4]
+        .arg(guard.window_ms); // ARGV[5]
     call
 }
 
@@ -150,6 +221,7 @@ impl Scripts {
         &self,
         con: &mut C,
         keys: &LicenseKeys,
+        guard: &Guard,
         session: &str,
         meta: &str,
         wait_ms: u64,
@@ -157,13 +229,13 @@ impl Scripts {
         reply_to: &str,
         default_queue_max: u64,
     ) -> Result<Outcome, Error> {
-        let mut call = with_keys(&self.acquire, keys);
-        call.arg(session) // ARGV[1]
-            .arg(meta) // ARGV[2]
-            .arg(wait_ms) // ARGV[3]
-            .arg(request_id) // ARGV[4]
-            .arg(reply_to) // ARGV[5]
-            .arg(default_queue_max); // ARGV[6]
+        let mut call = request_call(&self.acquire, keys, guard);
+        call.arg(session) // ARGV[6]
+            .arg(meta) // ARGV[7]
+            .arg(wait_ms) // ARGV[8]
+            .arg(request_id) // ARGV[9]
+            .arg(reply_to) // ARGV[10]
+            .arg(default_queue_max); // ARGV[11]
         timed("acquire", call.invoke_async(con)).await
     }
 
@@ -173,10 +245,11 @@ impl Scripts {
         &self,
         con: &mut C,
         keys: &LicenseKeys,
+        guard: &Guard,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = with_keys(&self.release, keys);
-        call.arg(session); // ARGV[1]
+        let mut call = request_call(&self.release, keys, guard);
+        call.arg(session); // ARGV[6]
         timed("release", call.invoke_async(con)).await
     }
 
@@ -185,10 +258,11 @@ impl Scripts {
         &self,
         con: &mut C,
         keys: &LicenseKeys,
+        guard: &Guard,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = with_keys(&self.heartbeat, keys);
-        call.arg(session); // ARGV[1]
+        let mut call = request_call(&self.heartbeat, keys, guard);
+        call.arg(session); // ARGV[6]
         timed("heartbeat", call.invoke_async(con)).await
     }
 
@@ -332,6 +406,7 @@ fn decode(script: &'static str, value: Value) -> Result<Outcome, Error> {
         position: detail_int.filter(|_| status == Status::Queued),
         queue_full: detail.and_then(text).as_deref() == Some("queue_full"),
         changed: !matches!(items.get(6), Some(Value::Int(0))),
+        replayed: matches!(items.get(7), Some(Value::Int(1))),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: decode_notes(script, items.get(5))?,
     })

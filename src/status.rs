@@ -39,6 +39,8 @@ pub enum Status {
     QueueTimeout,
     /// `release` of a queued session: it left the queue.
     LeftQueue,
+    /// Too many requests from this session or license in the rate window; nothing changed.
+    RateLimited,
     /// The request could not be parsed; the `error` field says why.
     InvalidRequest,
     /// The request was well formed but could not be carried out (for example
@@ -48,7 +50,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, for tables and tests.
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 17] = [
         Status::Acquired,
         Status::AlreadyActive,
         Status::NoSeatsAvailable,
@@ -63,6 +65,7 @@ impl Status {
         Status::Granted,
         Status::QueueTimeout,
         Status::LeftQueue,
+        Status::RateLimited,
         Status::InvalidRequest,
         Status::Error,
     ];
@@ -84,6 +87,7 @@ impl Status {
             Status::Granted => "GRANTED",
             Status::QueueTimeout => "QUEUE_TIMEOUT",
             Status::LeftQueue => "LEFT_QUEUE",
+            Status::RateLimited => "RATE_LIMITED",
             Status::InvalidRequest => "INVALID_REQUEST",
             Status::Error => "ERROR",
         }
@@ -155,6 +159,7 @@ mod tests {
             (Status::Granted, "GRANTED", true),
             (Status::QueueTimeout, "QUEUE_TIMEOUT", false),
             (Status::LeftQueue, "LEFT_QUEUE", true),
+            (Status::RateLimited, "RATE_LIMITED", false),
             (Status::InvalidRequest, "INVALID_REQUEST", false),
             (Status::Error, "ERROR", false),
         ];

@@ -41,6 +41,12 @@ pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
 /// Duration of one reaper pass over every license.
 pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
+/// Pending entries claimed from other consumers (XAUTOCLAIM).
+pub const CLAIMED: &str = "seatgate_claimed_requests_total";
+/// Entries moved to the dead-letter stream.
+pub const DEAD_LETTERED: &str = "seatgate_dead_lettered_total";
+/// Redelivered entries answered from the dedupe record (no second effect).
+pub const REPLAYED: &str = "seatgate_replayed_requests_total";
 /// Events that could not be appended to the events stream.
 pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
 
@@ -161,4 +167,19 @@ pub fn reaper_pass(elapsed: Duration, report: &crate::reaper::PassReport, limit:
         gauge!(QUEUE_DEPTH, "license" => gone.clone()).set(0.0);
     }
     *shown = Some(top);
+}
+
+/// Counts entries claimed from other consumers.
+pub fn claimed(n: usize) {
+    counter!(CLAIMED).increment(n as u64);
+}
+
+/// Counts one dead-lettered entry.
+pub fn dead_lettered() {
+    counter!(DEAD_LETTERED).increment(1);
+}
+
+/// Counts one replayed (redelivered, deduplicated) entry.
+pub fn replayed() {
+    counter!(REPLAYED).increment(1);
 }

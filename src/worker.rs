@@ -1,17 +1,22 @@
 //! The stream consumer: reads requests with XREADGROUP, decides each with a
 //! seat script, replies on the caller's stream, then acknowledges.
 //!
-//! Order per entry: decide (script) → reply (XADD to `reply_to`) → XACK. An
-//! entry is acknowledged only once its effect is in Redis and its reply is
-//! written, so a crash in between leaves it pending to be decided again,
-//! which the scripts' per-session idempotency makes harmless.
+//! Order per entry: decide (script) → reply (to `reply_to`) → XACK. An entry is
+//! acknowledged only once its effect is in Redis and its reply is written, so
+//! a crash in between leaves it pending. Pending entries come back three ways:
+//! this worker re-reads its own after a transient failure; any worker claims
+//! (XAUTOCLAIM) those another consumer has held for `stream.claim_idle_ms`;
+//! and one delivered more than `stream.max_deliveries` times goes to the
+//! dead-letter stream. A redelivered entry has the effect of one delivery:
+//! the scripts remember each entry's reply (lua/includes/common.lua).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Value};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
 use crate::error::Error;
@@ -19,7 +24,7 @@ use crate::events::{Event, EventType, Publisher};
 use crate::http::Readiness;
 use crate::keys::Keys;
 use crate::protocol::{self, Op, Reply, Request};
-use crate::scripts::{Outcome, Scripts};
+use crate::scripts::{Guard, Outcome, Scripts};
 use crate::status::Status;
 use crate::telemetry;
 
@@ -52,8 +57,20 @@ pub struct Worker {
 enum Handled {
     /// Answered (or unanswerable, such as a deleted entry): acknowledge it.
     Done,
-    /// A transient Redis failure: leave it pending and try again.
-    Retry(Error),
+    /// Not answered: leave it pending and try again. `permanent` errors count
+    /// towards dead-lettering; transient ones (Redis down) are simply retried.
+    Retry { error: Error, permanent: bool },
+}
+
+/// Where a batch came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// New entries (`>`): first delivery.
+    New,
+    /// This consumer's own pending entries (`0`): redeliveries.
+    OwnPending,
+    /// Entries claimed from another consumer: redeliveries.
+    Claimed,
 }
 
 impl Worker {
@@ -72,6 +89,7 @@ impl Worker {
             settings,
         };
         worker.prepare().await?;
+        worker.check_eviction_policy().await;
         Ok(worker)
     }
 
@@ -97,6 +115,27 @@ impl Worker {
         Ok(())
     }
 
+    /// Warns loudly when Redis may evict seat records under memory pressure.
+    async fn check_eviction_policy(&mut self) {
+        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.con)
+            .await;
+        match policy.as_deref() {
+            Ok([_, policy]) if policy.starts_with("allkeys-") => error!(
+                %policy,
+                "Redis may EVICT SEAT RECORDS under memory pressure, and licenses would overbook: set maxmemory-policy noeviction (see ops/redis.conf)"
+            ),
+            Ok([_, policy]) if policy.starts_with("volatile-") => warn!(
+                %policy,
+                "Redis may evict expiring keys (dedupe records, rate windows, reply streams) under memory pressure; noeviction is safer (see ops/redis.conf)"
+            ),
+            Ok(_) => {}
+            Err(e) => debug!(error = %e, "cannot read maxmemory-policy (CONFIG may be disabled)"),
+        }
+    }
+
     /// This worker's consumer name.
     pub fn consumer(&self) -> &str {
         &self.consumer
@@ -110,9 +149,17 @@ impl Worker {
         let mut from_pending = true;
         let mut failing = false;
         let mut backoff = Backoff::default();
+        let claim_every = Duration::from_millis((self.settings.stream.claim_idle_ms / 2).clamp(100, 5_000));
+        let mut next_claim = Instant::now();
         self.ready.set(true);
         while !shutdown.is_cancelled() {
-            let batch = match self.read(from_pending).await {
+            let claiming = !from_pending && Instant::now() >= next_claim;
+            let source = match (from_pending, claiming) {
+                (true, _) => Source::OwnPending,
+                (false, true) => Source::Claimed,
+                (false, false) => Source::New,
+            };
+            let batch = match self.read(source).await {
                 Ok(batch) => {
                     if failing {
                         info!("redis reachable again; serving requests");
@@ -138,23 +185,79 @@ impl Worker {
                     continue;
                 }
             };
-            if from_pending && batch.is_empty() {
-                from_pending = false;
+            if source == Source::Claimed {
+                next_claim = Instant::now() + claim_every;
+                if !batch.is_empty() {
+                    info!(
+                        count = batch.len(),
+                        "claimed requests left pending by another consumer"
+                    );
+                    telemetry::claimed(batch.len());
+                }
+            }
+            if batch.is_empty() {
+                if source == Source::OwnPending {
+                    from_pending = false;
+                }
                 continue;
             }
-            if self.process(batch).await {
+            if self.process(batch, source).await {
                 // Something must be retried: come back to our pending entries after a pause.
                 from_pending = true;
                 backoff.sleep(&shutdown).await;
             }
         }
+        self.leave_group().await;
         self.ready.set(false);
         info!(consumer = %self.consumer, "worker stopped");
         Ok(())
     }
 
-    /// One XREADGROUP: new entries (`>`), or our own pending ones (`0`).
-    async fn read(&mut self, from_pending: bool) -> Result<Vec<Entry>, Error> {
+    /// On shutdown: leave the group if nothing is pending for us, so restarts
+    /// (each with a new default consumer name) do not grow the group.
+    async fn leave_group(&mut self) {
+        let s = &self.settings.stream;
+        let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
+            .arg(&s.requests)
+            .arg(&s.group)
+            .arg("-")
+            .arg("+")
+            .arg(1)
+            .arg(&self.consumer)
+            .query_async(&mut self.con)
+            .await;
+        if matches!(pending.as_deref(), Ok([])) {
+            let _: redis::RedisResult<i64> = redis::cmd("XGROUP")
+                .arg("DELCONSUMER")
+                .arg(&s.requests)
+                .arg(&s.group)
+                .arg(&self.consumer)
+                .query_async(&mut self.con)
+                .await;
+        }
+    }
+
+    /// One read: new entries (`>`), our own pending ones (`0`), or entries
+    /// claimed from consumers idle for `claim_idle_ms`.
+    async fn read(&mut self, source: Source) -> Result<Vec<Entry>, Error> {
+        let s = &self.settings.stream;
+        if source == Source::Claimed {
+            let reply: Value = redis::cmd("XAUTOCLAIM")
+                .arg(&s.requests)
+                .arg(&s.group)
+                .arg(&self.consumer)
+                .arg(s.claim_idle_ms)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(s.batch_size)
+                .query_async(&mut self.con)
+                .await?;
+            let entries = match reply {
+                Value::Array(mut parts) if parts.len() >= 2 => parse_entries(parts.swap_remove(1)),
+                _ => Vec::new(),
+            };
+            return self.with_delivery_counts(entries).await;
+        }
         if self.reader.is_none() {
             let cfg = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_millis(
@@ -170,19 +273,18 @@ impl Worker {
         let Some(reader) = self.reader.as_mut() else {
             unreachable!("reader connected above")
         };
-        let s = &self.settings.stream;
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&s.group)
             .arg(&self.consumer)
             .arg("COUNT")
             .arg(s.batch_size);
-        if !from_pending {
+        if source == Source::New {
             cmd.arg("BLOCK").arg(s.block_ms);
         }
         cmd.arg("STREAMS")
             .arg(&s.requests)
-            .arg(if from_pending { "0" } else { ">" });
+            .arg(if source == Source::New { ">" } else { "0" });
         let reply: Value = match cmd.query_async(reader).await {
             // The group vanished (stream deleted): recreate it and read again next time.
             Err(e) if e.code() == Some("NOGROUP") => {
@@ -191,12 +293,39 @@ impl Worker {
             }
             other => other?,
         };
-        Ok(parse_read_reply(reply))
+        let entries = parse_read_reply(reply);
+        if source == Source::New {
+            Ok(entries)
+        } else {
+            self.with_delivery_counts(entries).await
+        }
+    }
+
+    /// Fills in how often each (redelivered) entry has been delivered.
+    async fn with_delivery_counts(&mut self, mut entries: Vec<Entry>) -> Result<Vec<Entry>, Error> {
+        let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+            return Ok(entries);
+        };
+        let s = &self.settings.stream;
+        let pending: Vec<(String, String, i64, u64)> = redis::cmd("XPENDING")
+            .arg(&s.requests)
+            .arg(&s.group)
+            .arg(&first.id)
+            .arg(&last.id)
+            .arg(entries.len())
+            .arg(&self.consumer)
+            .query_async(&mut self.con)
+            .await?;
+        let counts: HashMap<String, u64> = pending.into_iter().map(|(id, _, _, n)| (id, n)).collect();
+        for entry in &mut entries {
+            entry.deliveries = counts.get(&entry.id).copied().unwrap_or(1);
+        }
+        Ok(entries)
     }
 
     /// Decides and answers one batch concurrently, then acknowledges what was
     /// answered. Returns whether some entries must be retried.
-    async fn process(&mut self, batch: Vec<Entry>) -> bool {
+    async fn process(&mut self, batch: Vec<Entry>, source: Source) -> bool {
         let this = &*self;
         let handled = futures_util::future::join_all(batch.iter().map(|entry| {
             let mut con = this.con.clone();
@@ -208,8 +337,13 @@ impl Worker {
         for (entry, result) in batch.iter().zip(handled) {
             match result {
                 Handled::Done => done.push(entry.id.as_str()),
-                Handled::Retry(e) => {
-                    debug!(entry = %entry.id, error = %e, "left pending for retry");
+                Handled::Retry { error, permanent } => {
+                    let exhausted = permanent && entry.deliveries >= self.settings.stream.max_deliveries;
+                    if exhausted && self.dead_letter(entry, &error.to_string()).await {
+                        done.push(entry.id.as_str());
+                        continue;
+                    }
+                    debug!(entry = %entry.id, deliveries = entry.deliveries, ?source, error = %error, "left pending for retry");
                     retry = true;
                 }
             }
@@ -230,82 +364,130 @@ impl Worker {
         retry
     }
 
+    /// Moves a poison entry to the dead-letter stream and answers it ERROR.
+    /// Returns whether it may now be acknowledged.
+    async fn dead_letter(&self, entry: &Entry, reason: &str) -> bool {
+        let s = &self.settings.stream;
+        let mut con = self.con.clone();
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&s.dead_letter)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(s.dead_letter_maxlen)
+            .arg("*")
+            .arg("dead_entry_id")
+            .arg(&entry.id)
+            .arg("dead_deliveries")
+            .arg(entry.deliveries)
+            .arg("dead_reason")
+            .arg(reason);
+        for (k, v) in entry.fields.iter().flatten() {
+            xadd.arg(k.as_str()).arg(v.as_slice());
+        }
+        if let Err(e) = xadd.query_async::<Value>(&mut con).await {
+            telemetry::redis_error("dead_letter");
+            warn!(entry = %entry.id, error = %e, "cannot dead-letter a request; it stays pending");
+            return false;
+        }
+        telemetry::dead_lettered();
+        error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
+        if let Some(fields) = &entry.fields {
+            if let Ok(req) = protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
+                if let Some(stream) = &req.reply_to {
+                    let failed = Outcome::failed(Status::Error);
+                    let msg = format!(
+                        "request failed {} times and was dead-lettered: {reason}",
+                        entry.deliveries
+                    );
+                    let reply = reply_for(&req, &failed, Some(msg));
+                    if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
+                        warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
+                    }
+                    telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
+                }
+            }
+        }
+        true
+    }
+
     async fn handle(&self, con: &mut ConnectionManager, entry: &Entry) -> Handled {
         let Some(fields) = &entry.fields else {
             // Deleted or trimmed while pending: nothing to answer.
             return Handled::Done;
         };
-        let reply = match protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
+        let req = match protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
+            Ok(req) => req,
             Err(bad) => {
                 telemetry::invalid_request(bad.field);
                 warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
-                if bad.echo.reply_to.is_none() {
-                    telemetry::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age());
-                    return Handled::Done;
-                }
-                (Reply::invalid(&bad), bad.echo.reply_to.clone())
-            }
-            Ok(req) => match self.decide(con, &req).await {
-                Ok(outcome) => {
-                    // The requester first, then the waiters and dashboards.
-                    let reply = reply_for(&req, &outcome, None);
-                    if let Some(stream) = &req.reply_to {
-                        if let Err(e) = self.publisher.reply(con, stream, &reply).await {
-                            if is_transient(&e) {
-                                telemetry::redis_error("reply");
-                                return Handled::Retry(e.into());
-                            }
-                            telemetry::reply_error();
-                            warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
+                let reply = Reply::invalid(&bad);
+                if let Some(stream) = &bad.echo.reply_to {
+                    if let Err(e) = self.publisher.reply(con, stream, &reply).await {
+                        if is_transient(&e) {
+                            telemetry::redis_error("reply");
+                            return Handled::Retry {
+                                error: e.into(),
+                                permanent: false,
+                            };
                         }
+                        telemetry::reply_error();
+                        warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
                     }
-                    telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
-                    self.publish(con, &req, &outcome).await;
-                    return Handled::Done;
                 }
-                Err(Error::Redis(e)) if is_transient(&e) => {
-                    telemetry::redis_error("script");
-                    return Handled::Retry(e.into());
-                }
-                Err(e) => {
-                    // Not going to get better by retrying (e.g. WRONGTYPE on a
-                    // hand-edited key): answer with the reason rather than wedge.
-                    warn!(entry = %entry.id, license = %req.license, error = %e, "request failed");
-                    let failed = Outcome {
-                        status: Status::Error,
-                        seats_used: 0,
-                        seats_total: 0,
-                        heartbeats: None,
-                        position: None,
-                        queue_full: false,
-                        changed: false,
-                        now_ms: 0,
-                        notes: Vec::new(),
-                    };
-                    (
-                        reply_for(&req, &failed, Some(e.to_string())),
-                        req.reply_to.clone(),
-                    )
-                }
-            },
+                telemetry::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age());
+                return Handled::Done;
+            }
         };
-        let (reply, reply_to) = reply;
-        if let Some(stream) = reply_to {
-            if let Err(e) = self.publisher.reply(con, &stream, &reply).await {
+        let outcome = match self.decide(con, entry, &req).await {
+            Ok(outcome) => outcome,
+            Err(Error::Redis(e)) if is_transient(&e) => {
+                telemetry::redis_error("script");
+                return Handled::Retry {
+                    error: e.into(),
+                    permanent: false,
+                };
+            }
+            // Not going to get better soon (e.g. WRONGTYPE on a hand-edited key):
+            // retried up to max_deliveries, then dead-lettered and answered.
+            Err(e) => {
+                warn!(entry = %entry.id, license = %req.license, deliveries = entry.deliveries, error = %e, "request failed");
+                return Handled::Retry {
+                    error: e,
+                    permanent: true,
+                };
+            }
+        };
+        // The requester first, then the waiters and dashboards.
+        let reply = reply_for(&req, &outcome, None);
+        if let Some(stream) = &req.reply_to {
+            if let Err(e) = self.publisher.reply(con, stream, &reply).await {
                 if is_transient(&e) {
                     telemetry::redis_error("reply");
-                    return Handled::Retry(e.into());
+                    return Handled::Retry {
+                        error: e.into(),
+                        permanent: false,
+                    };
                 }
                 telemetry::reply_error();
                 warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
             }
         }
+        if outcome.replayed {
+            telemetry::replayed();
+        }
         telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
+        self.publish(con, &req, &outcome).await;
         Handled::Done
     }
 
-    async fn decide(&self, con: &mut ConnectionManager, req: &Request) -> Result<Outcome, Error> {
+    async fn decide(
+        &self,
+        con: &mut ConnectionManager,
+        entry: &Entry,
+        req: &Request,
+    ) -> Result<Outcome, Error> {
         let keys = self.keys.license(&req.license);
+        let guard = self.guard(entry, req);
         let scripts = Scripts::get();
         match req.op {
             Op::Acquire => {
@@ -313,6 +495,7 @@ impl Worker {
                     .acquire(
                         con,
                         &keys,
+                        &guard,
                         &req.session,
                         &req.meta,
                         req.wait_ms,
@@ -322,14 +505,35 @@ impl Worker {
                     )
                     .await
             }
-            Op::Release => scripts.release(con, &keys, &req.session).await,
-            Op::Heartbeat => scripts.heartbeat(con, &keys, &req.session).await,
+            Op::Release => scripts.release(con, &keys, &guard, &req.session).await,
+            Op::Heartbeat => scripts.heartbeat(con, &keys, &guard, &req.session).await,
+        }
+    }
+
+    /// Dedupe bucket and rate windows of one request. The bucket comes from
+    /// the entry id's time (the Redis clock at XADD), so every delivery of the
+    /// entry looks in the same place; it lives until two windows after its start.
+    fn guard(&self, entry: &Entry, req: &Request) -> Guard {
+        let window = self.settings.dedupe.window_ms;
+        let bucket = entry.added_ms().unwrap_or(0) / window;
+        let limits = &self.settings.limits;
+        Guard {
+            entry_id: entry.id.clone(),
+            done_key: self.keys.dedupe(&req.license, bucket),
+            done_until_ms: (bucket + 2) * window,
+            session_rate_key: self.keys.session_rate(&req.license, &req.session),
+            license_rate_key: self.keys.license_rate(&req.license),
+            session_limit: limits.session_requests,
+            license_limit: limits.license_requests,
+            window_ms: limits.window_ms,
         }
     }
 
     /// Publishes the request's event and delivers the notes its script returned.
+    /// A replayed outcome re-delivers the notes (their first delivery may have
+    /// been lost with the crash) but publishes no second event.
     async fn publish(&self, con: &mut ConnectionManager, req: &Request, outcome: &Outcome) {
-        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed);
+        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed);
         if let Some(kind) = kind {
             let event = Event {
                 kind,
@@ -344,7 +548,7 @@ impl Worker {
         }
         for note in &outcome.notes {
             // A failed grant reply is logged and counted by deliver(); the
-            // waiter still holds its seat and sees it with its next heartbeat.
+            // waiter still holds its seat.
             let _ = self
                 .publisher
                 .deliver(
@@ -354,6 +558,7 @@ impl Worker {
                     outcome.seats_used,
                     outcome.seats_total,
                     outcome.now_ms,
+                    !outcome.replayed,
                 )
                 .await;
         }
@@ -399,12 +604,19 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
 struct Entry {
     id: String,
     fields: Option<Vec<(String, Vec<u8>)>>,
+    /// Times delivered, this one included (1 for new entries).
+    deliveries: u64,
 }
 
 impl Entry {
-    /// Time since the entry was added, from its id's millisecond part.
+    /// When the entry was added (the ms part of its id, the Redis clock).
+    fn added_ms(&self) -> Option<u64> {
+        self.id.split('-').next()?.parse().ok()
+    }
+
+    /// Time since the entry was added.
     fn age(&self) -> Option<Duration> {
-        let ms: u64 = self.id.split('-').next()?.parse().ok()?;
+        let ms = self.added_ms()?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
         Some(Duration::from_millis(now.saturating_sub(ms)))
     }
@@ -413,40 +625,53 @@ impl Entry {
 /// Parses an XREADGROUP reply without assuming UTF-8 values: bad bytes must
 /// reach the validator (and be answered), not fail the whole batch.
 fn parse_read_reply(reply: Value) -> Vec<Entry> {
-    let mut out = Vec::new();
     let streams = match reply {
         Value::Array(streams) => streams,
         Value::Map(pairs) => pairs.into_iter().map(|(k, v)| Value::Array(vec![k, v])).collect(),
-        _ => return out,
+        _ => return Vec::new(),
     };
+    let mut out = Vec::new();
     for stream in streams {
         let Value::Array(mut parts) = stream else { continue };
-        let Some(Value::Array(entries)) = parts.pop() else {
+        if let Some(entries) = parts.pop() {
+            out.extend(parse_entries(entries));
+        }
+    }
+    out
+}
+
+/// Parses a list of `[id, [field, value, ...]]` entries.
+fn parse_entries(entries: Value) -> Vec<Entry> {
+    let Value::Array(entries) = entries else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Array(mut pair) = entry else { continue };
+        if pair.len() != 2 {
+            continue;
+        }
+        let fields = pair.pop();
+        let Some(id) = pair.pop().and_then(|v| redis::from_redis_value::<String>(v).ok()) else {
             continue;
         };
-        for entry in entries {
-            let Value::Array(mut pair) = entry else { continue };
-            if pair.len() != 2 {
-                continue;
-            }
-            let fields = pair.pop();
-            let Some(id) = pair.pop().and_then(|v| redis::from_redis_value::<String>(v).ok()) else {
-                continue;
-            };
-            let fields = match fields {
-                Some(Value::Array(flat)) => {
-                    let mut pairs = Vec::with_capacity(flat.len() / 2);
-                    let mut it = flat.into_iter();
-                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                        let key = bytes(k);
-                        pairs.push((String::from_utf8_lossy(&key).into_owned(), bytes(v)));
-                    }
-                    Some(pairs)
+        let fields = match fields {
+            Some(Value::Array(flat)) => {
+                let mut pairs = Vec::with_capacity(flat.len() / 2);
+                let mut it = flat.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    let key = bytes(k);
+                    pairs.push((String::from_utf8_lossy(&key).into_owned(), bytes(v)));
                 }
-                _ => None,
-            };
-            out.push(Entry { id, fields });
-        }
+                Some(pairs)
+            }
+            _ => None,
+        };
+        out.push(Entry {
+            id,
+            fields,
+            deliveries: 1,
+        });
     }
     out
 }

@@ -15,6 +15,17 @@
                                        queued_at}
     KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
     KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
+  acquire, release and heartbeat also take
+    KEYS[8]  seat:{L}:done:<b>   HASH  stream entry id -> the reply it got, for
+                                       entries added in time bucket b (expires)
+    KEYS[9]  seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
+    KEYS[10] seat:{L}:rate       ZSET  the license's recent requests (expires)
+  and the same first four ARGV:
+    ARGV[1]  stream entry id of the request ('' = no dedupe)
+    ARGV[2]  unix ms at which KEYS[8] may expire
+    ARGV[3]  most requests per session per window (0 = no limit)
+    ARGV[4]  most requests per license per window (0 = no limit)
+    ARGV[5]  rate window, ms
 
   Session records keep a ~60-byte metadata record small enough for listpack
   encoding and let heartbeats bump the count without decoding the JSON.
@@ -28,6 +39,7 @@ local rcall = redis.call
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
+  done = KEYS[8], session_rate = KEYS[9], license_rate = KEYS[10],
 }
 
 -- One clock for every worker: the Redis server's, in milliseconds.
@@ -100,4 +112,68 @@ local function promote(now, total, notes)
     end
   end
   return used
+end
+
+-- Redelivery dedupe: the reply a stream entry got, if it was decided before.
+-- A replayed reply is marked changed = 0 and replayed = 1, so the worker
+-- re-sends it (and re-delivers its notes) but publishes no second event.
+local function replay(entry_id)
+  if entry_id == '' then
+    return nil
+  end
+  local raw = rcall('HGET', K.done, entry_id)
+  if not raw then
+    return nil
+  end
+  local result = cjson.decode(raw)
+  result[7] = 0
+  result[8] = 1
+  return result
+end
+
+-- Remembers the reply `result` for `entry_id` until `expire_at` (unix ms).
+local function remember(entry_id, expire_at, result)
+  if entry_id ~= '' then
+    rcall('HSET', K.done, entry_id, cjson.encode(result))
+    rcall('PEXPIREAT', K.done, expire_at)
+  end
+  return result
+end
+
+-- Sliding-window rate limit over the session's and the license's recent
+-- requests: drop entries older than the window, count, admit or refuse.
+-- Admitted requests are recorded in both windows.
+local function rate_limited(now, member, session_limit, license_limit, window)
+  local windows = {{K.session_rate, session_limit}, {K.license_rate, license_limit}}
+  for _, w in ipairs(windows) do
+    if w[2] > 0 then
+      rcall('ZREMRANGEBYSCORE', w[1], '-inf', now - window)
+      if rcall('ZCARD', w[1]) >= w[2] then
+        return true
+      end
+    end
+  end
+  for _, w in ipairs(windows) do
+    if w[2] > 0 then
+      rcall('ZADD', w[1], now, member)
+      rcall('PEXPIRE', w[1], window)
+    end
+  end
+  return false
+end
+
+-- The common prologue of acquire, release and heartbeat: a replayed reply,
+-- or RATE_LIMITED, or nil to go on deciding. `limited` says whether this op
+-- is rate limited at all (release is not: giving a seat back always works).
+local function prologue(now, limited)
+  local entry_id = ARGV[1]
+  local previous = replay(entry_id)
+  if previous then
+    return previous
+  end
+  if limited and rate_limited(now, entry_id .. ':' .. now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
+    local total = tonumber(rcall('HGET', K.license, 'seats_total')) or 0
+    return remember(entry_id, ARGV[2], {'RATE_LIMITED', rcall('ZCARD', K.holders), total, 0, now, {}})
+  end
+  return nil
 end

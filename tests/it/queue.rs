@@ -147,8 +147,10 @@ async fn concurrent_reapers_evict_each_session_once() {
     let keys = Keys::new("seat").license("lic");
     let scripts = seatgate::scripts::Scripts::get();
     for i in 0..150 {
+        let session = format!("s{i}");
+        let guard = seatgate::scripts::Guard::none(&Keys::new("seat"), "lic", &session);
         scripts
-            .acquire(&mut con, &keys, &format!("s{i}"), "{}", 0, "r", "", 10)
+            .acquire(&mut con, &keys, &guard, &session, "{}", 0, "r", "", 10)
             .await
             .unwrap();
     }

@@ -3,7 +3,7 @@
 use redis::AsyncCommands;
 use seatgate::keys::Keys;
 use seatgate::license::{self, LicenseSpec};
-use seatgate::scripts::{Outcome, Scripts};
+use seatgate::scripts::{Guard, Outcome, Scripts};
 use seatgate::status::Status;
 
 use crate::support::{put_license, RedisServer};
@@ -12,11 +12,17 @@ fn keys(license: &str) -> seatgate::keys::LicenseKeys {
     Keys::new("seat").license(license)
 }
 
+/// The seed's direct path: no redelivery dedupe, no rate limits.
+fn guard(license: &str, session: &str) -> Guard {
+    Guard::none(&Keys::new("seat"), license, session)
+}
+
 async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, session: &str) -> Outcome {
     Scripts::get()
         .acquire(
             con,
             &keys(license),
+            &guard(license, session),
             session,
             r#"{"user_email":"dev@example.com"}"#,
             0,
@@ -81,9 +87,20 @@ async fn release_frees_only_the_sessions_own_seat() {
     acquire(&mut con, "lic", "s1").await;
     let s = Scripts::get();
 
-    let o = s.release(&mut con, &keys("lic"), "someone-else").await.unwrap();
+    let o = s
+        .release(
+            &mut con,
+            &keys("lic"),
+            &guard("lic", "someone-else"),
+            "someone-else",
+        )
+        .await
+        .unwrap();
     assert_eq!((o.status, o.seats_used), (Status::SessionNotFound, 1));
-    let o = s.release(&mut con, &keys("lic"), "s1").await.unwrap();
+    let o = s
+        .release(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
+        .await
+        .unwrap();
     assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
     let record: Option<String> = con.hget(&keys("lic").sessions, "s1").await.unwrap();
     assert_eq!(record, None, "metadata removed with the seat");
@@ -100,14 +117,20 @@ async fn heartbeat_moves_the_clock_and_counts() {
     put_license(&redis, "lic", 3).await;
     let mut con = redis.con().await;
     let s = Scripts::get();
-    let o = s.heartbeat(&mut con, &keys("lic"), "ghost").await.unwrap();
+    let o = s
+        .heartbeat(&mut con, &keys("lic"), &guard("lic", "ghost"), "ghost")
+        .await
+        .unwrap();
     assert_eq!(o.status, Status::SessionNotActive);
 
     acquire(&mut con, "lic", "s1").await;
     let before: i64 = con.zscore(&keys("lic").holders, "s1").await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     for n in 1..=2 {
-        let o = s.heartbeat(&mut con, &keys("lic"), "s1").await.unwrap();
+        let o = s
+            .heartbeat(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
+            .await
+            .unwrap();
         assert_eq!(
             (o.status, o.heartbeats, o.seats_used),
             (Status::HeartbeatUpdated, Some(n), 1)
@@ -179,13 +202,17 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
         (Status::NoSeatsAvailable, 3, 2)
     );
     let s = Scripts::get();
-    s.release(&mut con, &keys("lic"), "a").await.unwrap();
+    s.release(&mut con, &keys("lic"), &guard("lic", "a"), "a")
+        .await
+        .unwrap();
     assert_eq!(
         acquire(&mut con, "lic", "d").await.status,
         Status::NoSeatsAvailable,
         "2 of 2 still held"
     );
-    s.release(&mut con, &keys("lic"), "b").await.unwrap();
+    s.release(&mut con, &keys("lic"), &guard("lic", "b"), "b")
+        .await
+        .unwrap();
     assert_eq!(acquire(&mut con, "lic", "d").await.status, Status::Acquired);
 }
 
@@ -210,7 +237,7 @@ async fn scripts_reload_after_script_flush() {
     // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
     assert_eq!(acquire(&mut con, "lic", "s2").await.status, Status::Acquired);
     let o = Scripts::get()
-        .heartbeat(&mut con, &keys("lic"), "s1")
+        .heartbeat(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
         .await
         .unwrap();
     assert_eq!(o.status, Status::HeartbeatUpdated);
