@@ -9,13 +9,18 @@
   sessions held. It stops after ARGV[2] of each and reports `more`, so no single
   call blocks Redis for long; the reaper calls it again until `more` is 0.
 
-  KEYS     the first seven keys of lua/includes/common.lua
+  It also returns outbox notes older than ARGV[3] ms: GRANTED / QUEUE_TIMEOUT
+  replies whose deliverer died (or lost Redis) before delivering them.
+
+  KEYS     the first eight keys of lua/includes/common.lua
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
   ARGV[2]  most sessions (and waiters) to remove in this call
+  ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth}
     evicted  sessions evicted (each a seat-freed event, reason heartbeat_timeout)
     notes    GRANTED / QUEUE_TIMEOUT notes, as in common.lua
+    redeliver  outbox notes to deliver again, in the same form
 ]]
 local default_timeout, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 
@@ -42,4 +47,21 @@ local more = 0
 if #stale >= limit or expired >= limit then
   more = 1
 end
-return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue)}
+local redeliver = {}
+if rcall('HLEN', K.outbox) > 0 then
+  local pending = rcall('HGETALL', K.outbox)
+  local cutoff = now - tonumber(ARGV[3])
+  for i = 1, #pending, 2 do
+    local n = cjson.decode(pending[i + 1])
+    local fresh = false
+    for _, m in ipairs(notes) do
+      if m[6] == pending[i] then
+        fresh = true
+      end
+    end
+    if not fresh and n.at <= cutoff and #redeliver < limit then
+      redeliver[#redeliver + 1] = {n.kind, n.session, n.id, n.reply_to, n.waited_ms, pending[i]}
+    end
+  end
+end
+return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver}

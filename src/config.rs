@@ -149,6 +149,8 @@ pub struct ReaperSettings {
     pub concurrency: usize,
     /// Pass lock lifetime, ms.
     pub lock_ms: u64,
+    /// Outbox redelivery age, ms.
+    pub redeliver_after_ms: u64,
 }
 
 /// `[metrics]`

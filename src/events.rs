@@ -92,6 +92,8 @@ pub struct Publisher {
     reply_maxlen: usize,
     /// Idle expiry of each reply stream, ms.
     reply_ttl_ms: u64,
+    /// Key names (the outbox of a license).
+    keys: crate::keys::Keys,
 }
 
 impl Publisher {
@@ -102,6 +104,7 @@ impl Publisher {
             events_maxlen: settings.events.maxlen,
             reply_maxlen: settings.replies.maxlen,
             reply_ttl_ms: settings.replies.ttl_ms,
+            keys: crate::keys::Keys::new(settings.keys.prefix.clone()),
         }
     }
 
@@ -181,9 +184,20 @@ impl Publisher {
                     .then(|| format!("waited {} ms without a seat", note.waited_ms)),
             };
             result = self.reply(con, &note.reply_to, &reply).await;
-            if let Err(e) = &result {
-                telemetry::reply_error();
-                warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply");
+            match &result {
+                // Delivered: out of the outbox, so the reaper does not send it again.
+                Ok(()) => {
+                    let outbox = self.keys.license(license).outbox;
+                    let _: redis::RedisResult<i64> = redis::cmd("HDEL")
+                        .arg(outbox)
+                        .arg(&note.note_id)
+                        .query_async(con)
+                        .await;
+                }
+                Err(e) => {
+                    telemetry::reply_error();
+                    warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply; the reaper retries it");
+                }
             }
         }
         if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {

@@ -29,12 +29,14 @@ pub struct LicenseKeys {
     pub deadlines: String,
     /// STRING: arrival counter for the queue.
     pub queue_seq: String,
+    /// HASH: note id -> GRANTED / QUEUE_TIMEOUT reply not yet delivered.
+    pub outbox: String,
 }
 
 impl LicenseKeys {
     /// Every key of the license, in the KEYS order every seat script takes
     /// (lua/includes/common.lua).
-    pub fn all(&self) -> [&str; 7] {
+    pub fn all(&self) -> [&str; 8] {
         [
             &self.license,
             &self.holders,
@@ -43,6 +45,7 @@ impl LicenseKeys {
             &self.waiters,
             &self.deadlines,
             &self.queue_seq,
+            &self.outbox,
         ]
     }
 }
@@ -71,6 +74,7 @@ impl Keys {
             waiters: format!("{p}:{{{license}}}:waiters"),
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
+            outbox: format!("{p}:{{{license}}}:outbox"),
         }
     }
 

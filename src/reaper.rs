@@ -57,6 +57,8 @@ pub struct Reaper {
     concurrency: usize,
     /// Most per-license queue-depth series exported.
     depth_series: usize,
+    /// Age after which an undelivered outbox note is delivered again, ms.
+    redeliver_after_ms: u64,
     /// Held while a pass runs: tokio-cron-scheduler starts a job again on
     /// schedule even when the previous run has not finished.
     running: Arc<tokio::sync::Mutex<()>>,
@@ -77,6 +79,7 @@ impl Reaper {
             batch: settings.reaper.batch,
             concurrency: settings.reaper.concurrency,
             depth_series: settings.metrics.license_series_limit,
+            redeliver_after_ms: settings.reaper.redeliver_after_ms,
             running: Arc::new(tokio::sync::Mutex::new(())),
             owner: settings.consumer_name(),
             stream: settings.stream.clone(),
@@ -236,8 +239,29 @@ impl Reaper {
         let mut report = PassReport::default();
         loop {
             let step = Scripts::get()
-                .reap(&mut con, &keys, self.default_timeout_ms, self.batch)
+                .reap(
+                    &mut con,
+                    &keys,
+                    self.default_timeout_ms,
+                    self.batch,
+                    self.redeliver_after_ms,
+                )
                 .await?;
+            for note in &step.redeliver {
+                info!(%license, session = %note.session, status = %note.status, "re-delivering an undelivered queue reply");
+                let _ = self
+                    .publisher
+                    .deliver(
+                        &mut con,
+                        license,
+                        note,
+                        step.seats_used,
+                        step.seats_total,
+                        step.now_ms,
+                        false,
+                    )
+                    .await;
+            }
             for session in &step.evicted {
                 telemetry::evicted();
                 info!(%license, %session, "evicted stale session");

@@ -60,6 +60,8 @@ pub struct Note {
     pub reply_to: String,
     /// How long it waited, ms.
     pub waited_ms: i64,
+    /// Its field in the license's outbox, removed once delivered.
+    pub note_id: String,
 }
 
 /// What a seat script decided.
@@ -123,29 +125,31 @@ pub struct Reaped {
     pub more: bool,
     /// Sessions still waiting.
     pub queue_depth: i64,
+    /// Outbox notes left undelivered (their deliverer died): deliver again.
+    pub redeliver: Vec<Note>,
 }
 
 fn with_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     for key in keys.all() {
-        call.key(key); // KEYS[1..7] in the order of lua/includes/common.lua
+        call.key(key); // KEYS[1..8] in the order of lua/includes/common.lua
     }
     call
 }
 
-/// Redelivery dedupe and rate limiting for one request: KEYS[8..10] and
+/// Redelivery dedupe and rate limiting for one request: KEYS[9..11] and
 /// ARGV[1..5] of the request scripts (lua/includes/common.lua).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
     pub entry_id: String,
-    /// KEYS[8]: the dedupe bucket of the entry.
+    /// KEYS[9]: the dedupe bucket of the entry.
     pub done_key: String,
     /// When that bucket may expire, unix ms.
     pub done_until_ms: u64,
-    /// KEYS[9]: the session's rate window.
+    /// KEYS[10]: the session's rate window.
     pub session_rate_key: String,
-    /// KEYS[10]: the license's rate window.
+    /// KEYS[11]: the license's rate window.
     pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,
@@ -173,9 +177,9 @@ impl Guard {
 
 fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> ScriptInvocation<'a> {
     let mut call = with_keys(script, keys);
-    call.key(&guard.done_key) // KEYS[8]
-        .key(&guard.session_rate_key) // KEYS[9]
-        .key(&guard.license_rate_key) // KEYS[10]
+    call.key(&guard.done_key) // KEYS[9]
+        .key(&guard.session_rate_key) // KEYS[10]
+        .key(&guard.license_rate_key) // KEYS[11]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
@@ -273,9 +277,10 @@ impl Scripts {
         keys: &LicenseKeys,
         default_timeout_ms: u64,
         limit: usize,
+        redeliver_after_ms: u64,
     ) -> Result<Reaped, Error> {
         let mut call = with_keys(&self.reap, keys);
-        call.arg(default_timeout_ms).arg(limit); // ARGV[1], ARGV[2]
+        call.arg(default_timeout_ms).arg(limit).arg(redeliver_after_ms); // ARGV[1..3]
         let started = Instant::now();
         let result = call.invoke_async(con).await;
         telemetry::script_latency("reap", started.elapsed());
@@ -377,6 +382,7 @@ fn decode_notes(script: &'static str, v: Option<&Value>) -> Result<Vec<Note>, Er
                 request_id: s(2),
                 reply_to: s(3),
                 waited_ms: int(script, f.get(4), "waited_ms")?,
+                note_id: s(5),
             })
         })
         .collect()
@@ -430,6 +436,7 @@ fn decode_reaped(value: Value) -> Result<Reaped, Error> {
         notes: decode_notes(S, items.get(4))?,
         more: int(S, items.get(5), "more")? != 0,
         queue_depth: int(S, items.get(6), "queue_depth")?,
+        redeliver: decode_notes(S, items.get(7))?,
     })
 }
 
@@ -467,6 +474,7 @@ mod tests {
             bulk("r9"),
             bulk("reply:x"),
             Value::Int(1500),
+            bulk("GRANTED:s9:1000"),
         ]);
         let v = Value::Array(vec![
             bulk("RELEASED"),

@@ -146,20 +146,28 @@ impl Worker {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
         info!(consumer = %self.consumer, stream = %self.settings.stream.requests, group = %self.settings.stream.group, "worker started");
         // Start with our own pending entries (a previous life under the same name).
-        let mut from_pending = true;
+        // Afterwards they are re-read only when a retry is due, and new
+        // requests keep flowing meanwhile: a failing entry delays nobody.
+        let mut retry_at = Some(Instant::now());
         let mut failing = false;
-        let mut backoff = Backoff::default();
+        let mut read_backoff = Backoff::default();
+        let mut retry_backoff = Backoff::default();
         let claim_every = Duration::from_millis((self.settings.stream.claim_idle_ms / 2).clamp(100, 5_000));
         let mut next_claim = Instant::now();
         self.ready.set(true);
         while !shutdown.is_cancelled() {
-            let claiming = !from_pending && Instant::now() >= next_claim;
-            let source = match (from_pending, claiming) {
-                (true, _) => Source::OwnPending,
-                (false, true) => Source::Claimed,
-                (false, false) => Source::New,
+            let now = Instant::now();
+            let source = if retry_at.is_some_and(|at| at <= now) {
+                Source::OwnPending
+            } else if now >= next_claim {
+                Source::Claimed
+            } else {
+                Source::New
             };
-            let batch = match self.read(source).await {
+            // A blocking read must not sleep through a due retry or claim.
+            let wake = retry_at.map_or(next_claim, |at| at.min(next_claim));
+            let block = wake.saturating_duration_since(now).max(Duration::from_millis(1));
+            let batch = match self.read(source, block).await {
                 Ok(batch) => {
                     if failing {
                         info!("redis reachable again; serving requests");
@@ -169,7 +177,7 @@ impl Worker {
                             debug!(error = %e, "re-preparing after an outage failed");
                         }
                     }
-                    backoff.reset();
+                    read_backoff.reset();
                     batch
                 }
                 Err(e) => {
@@ -180,31 +188,37 @@ impl Worker {
                         self.ready.set(false);
                     }
                     self.reader = None;
-                    from_pending = true;
-                    backoff.sleep(&shutdown).await;
+                    retry_at = Some(Instant::now());
+                    read_backoff.sleep(&shutdown).await;
                     continue;
                 }
             };
-            if source == Source::Claimed {
-                next_claim = Instant::now() + claim_every;
-                if !batch.is_empty() {
-                    info!(
-                        count = batch.len(),
-                        "claimed requests left pending by another consumer"
-                    );
-                    telemetry::claimed(batch.len());
+            match source {
+                Source::Claimed => {
+                    next_claim = Instant::now() + claim_every;
+                    if !batch.is_empty() {
+                        info!(
+                            count = batch.len(),
+                            "claimed requests left pending by another consumer"
+                        );
+                        telemetry::claimed(batch.len());
+                    }
                 }
+                Source::OwnPending if batch.is_empty() => {
+                    retry_at = None;
+                    retry_backoff.reset();
+                }
+                _ => {}
             }
             if batch.is_empty() {
-                if source == Source::OwnPending {
-                    from_pending = false;
-                }
                 continue;
             }
             if self.process(batch, source).await {
-                // Something must be retried: come back to our pending entries after a pause.
-                from_pending = true;
-                backoff.sleep(&shutdown).await;
+                // Something must be retried: re-read our pending entries after a pause.
+                retry_at = Some(Instant::now() + retry_backoff.next_delay());
+            } else if source == Source::OwnPending {
+                // Drained a page of pending entries; look for more right away.
+                retry_at = Some(Instant::now());
             }
         }
         self.leave_group().await;
@@ -239,7 +253,7 @@ impl Worker {
 
     /// One read: new entries (`>`), our own pending ones (`0`), or entries
     /// claimed from consumers idle for `claim_idle_ms`.
-    async fn read(&mut self, source: Source) -> Result<Vec<Entry>, Error> {
+    async fn read(&mut self, source: Source, block: Duration) -> Result<Vec<Entry>, Error> {
         let s = &self.settings.stream;
         if source == Source::Claimed {
             let reply: Value = redis::cmd("XAUTOCLAIM")
@@ -280,7 +294,8 @@ impl Worker {
             .arg("COUNT")
             .arg(s.batch_size);
         if source == Source::New {
-            cmd.arg("BLOCK").arg(s.block_ms);
+            let block_ms = (block.as_millis() as u64).clamp(1, s.block_ms.max(1));
+            cmd.arg("BLOCK").arg(block_ms);
         }
         cmd.arg("STREAMS")
             .arg(&s.requests)
@@ -530,8 +545,9 @@ impl Worker {
     }
 
     /// Publishes the request's event and delivers the notes its script returned.
-    /// A replayed outcome re-delivers the notes (their first delivery may have
-    /// been lost with the crash) but publishes no second event.
+    /// A replayed outcome does neither: its event was published (or lost) with
+    /// the first delivery, and undelivered notes wait in the outbox, which the
+    /// reaper empties.
     async fn publish(&self, con: &mut ConnectionManager, req: &Request, outcome: &Outcome) {
         let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed);
         if let Some(kind) = kind {
@@ -546,9 +562,11 @@ impl Worker {
             };
             self.publisher.event(con, &event).await;
         }
+        if outcome.replayed {
+            return;
+        }
         for note in &outcome.notes {
-            // A failed grant reply is logged and counted by deliver(); the
-            // waiter still holds its seat.
+            // A failed delivery stays in the outbox for the reaper.
             let _ = self
                 .publisher
                 .deliver(
@@ -558,7 +576,7 @@ impl Worker {
                     outcome.seats_used,
                     outcome.seats_total,
                     outcome.now_ms,
-                    !outcome.replayed,
+                    true,
                 )
                 .await;
         }
@@ -697,11 +715,16 @@ impl Backoff {
         self.attempt = 0;
     }
 
-    async fn sleep(&mut self, shutdown: &CancellationToken) {
+    fn next_delay(&mut self) -> Duration {
         let ms = (50u64 << self.attempt.min(5)).min(1000);
         self.attempt += 1;
+        Duration::from_millis(ms)
+    }
+
+    async fn sleep(&mut self, shutdown: &CancellationToken) {
+        let delay = self.next_delay();
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+            _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => {}
         }
     }

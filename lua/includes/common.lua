@@ -15,11 +15,13 @@
                                        queued_at}
     KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
     KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
+    KEYS[8]  seat:{L}:outbox     HASH  note id -> note JSON: GRANTED / QUEUE_TIMEOUT
+                                       replies not yet delivered
   acquire, release and heartbeat also take
-    KEYS[8]  seat:{L}:done:<b>   HASH  stream entry id -> the reply it got, for
+    KEYS[9]  seat:{L}:done:<b>   HASH  stream entry id -> the reply it got, for
                                        entries added in time bucket b (expires)
-    KEYS[9]  seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
-    KEYS[10] seat:{L}:rate       ZSET  the license's recent requests (expires)
+    KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
+    KEYS[11] seat:{L}:rate       ZSET  the license's recent requests (expires)
   and the same first four ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
     ARGV[2]  unix ms at which KEYS[8] may expire
@@ -31,15 +33,17 @@
   encoding and let heartbeats bump the count without decoding the JSON.
 
   Scripts report follow-up work in a `notes` list, each note
-    {kind, session, request_id, reply_to, waited_ms}
+    {kind, session, request_id, reply_to, waited_ms, note_id}
   with kind GRANTED (a waiter now holds a seat) or QUEUE_TIMEOUT (a waiter gave
-  up). The worker sends each note to its reply_to and publishes the event.
+  up). Notes with a reply_to are also kept in the outbox until delivered: the
+  worker (or reaper) sends each to its reply_to, publishes the event and HDELs
+  it; the reaper re-delivers notes left in the outbox by a crash.
 ]]
 local rcall = redis.call
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
-  done = KEYS[8], session_rate = KEYS[9], license_rate = KEYS[10],
+  outbox = KEYS[8], done = KEYS[9], session_rate = KEYS[10], license_rate = KEYS[11],
 }
 
 -- One clock for every worker: the Redis server's, in milliseconds.
@@ -70,6 +74,18 @@ local function new_session_record(now, meta)
   return now .. ':0:' .. meta
 end
 
+-- Adds a note to `notes` and, when it has somewhere to go, to the outbox.
+local function note(notes, now, kind, session, w)
+  local id = kind .. ':' .. session .. ':' .. now
+  local waited = now - w.queued_at
+  if w.reply_to ~= '' then
+    rcall('HSET', K.outbox, id, cjson.encode({
+      kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
+    }))
+  end
+  notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id}
+end
+
 local function remove_waiter(session)
   rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
@@ -84,8 +100,7 @@ local function expire_waiters(now, notes, limit)
     local raw = rcall('HGET', K.waiters, session)
     remove_waiter(session)
     if raw then
-      local w = cjson.decode(raw)
-      notes[#notes + 1] = {'QUEUE_TIMEOUT', session, w.id, w.reply_to, now - w.queued_at}
+      note(notes, now, 'QUEUE_TIMEOUT', session, cjson.decode(raw))
     end
   end
   return #due
@@ -108,7 +123,7 @@ local function promote(now, total, notes)
       rcall('ZADD', K.holders, now, head)
       rcall('HSET', K.sessions, head, new_session_record(now, w.meta))
       used = used + 1
-      notes[#notes + 1] = {'GRANTED', head, w.id, w.reply_to, now - w.queued_at}
+      note(notes, now, 'GRANTED', head, w)
     end
   end
   return used
