@@ -227,10 +227,9 @@ pub fn parse_request(
         .iter()
         .find(|(n, v)| **n != "meta" && v.len() > MAX_FIELD_LEN)
     {
-        let name = if name.len() <= 32 { *name } else { "(long name)" };
         return Err(invalid(
             "fields",
-            format!("field `{name}` is longer than {MAX_FIELD_LEN} bytes"),
+            format!("field `{}` is longer than {MAX_FIELD_LEN} bytes", truncate(name)),
             &echo,
         ));
     }
@@ -350,12 +349,14 @@ fn id_field<'a>(
     }
 }
 
-/// At most 32 characters of untrusted text, for error messages.
+/// At most 32 characters of untrusted text for an error message, with
+/// control characters escaped so the message stays one line.
 fn truncate(s: &str) -> String {
-    match s.char_indices().nth(32) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s.to_owned(),
+    let mut out: String = s.chars().take(32).flat_map(char::escape_default).collect();
+    if s.chars().nth(32).is_some() {
+        out.push('…');
     }
+    out
 }
 
 /// One reply, as XADDed to the caller's `reply_to` stream.
@@ -602,6 +603,14 @@ mod tests {
         let bad = parse(&[("op", b"acquire"), ("id", b""), ("reply_to", b"reply:c1")]).unwrap_err();
         assert_eq!((bad.field, bad.echo.id.as_str()), ("id", "1-0"));
         assert_eq!(bad.echo.reply_to.as_deref(), Some("reply:c1"));
+    }
+
+    #[test]
+    fn untrusted_text_in_errors_stays_on_one_line() {
+        let long = vec![b'z'; MAX_FIELD_LEN + 1];
+        let bad = parse(&[("\n", &long)]).unwrap_err();
+        assert!(!bad.reason.contains('\n'), "{}", bad.reason);
+        assert_eq!(truncate(&"x".repeat(40)), format!("{}…", "x".repeat(32)));
     }
 
     #[test]

@@ -160,6 +160,37 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The guard of stream entry `entry_id` under `settings`. The dedupe
+    /// bucket comes from the entry id's time (the Redis clock at XADD), so
+    /// every delivery of the entry looks in the same key; it lives until two
+    /// windows after the bucket starts, so the guaranteed window is one.
+    pub fn for_entry(
+        settings: &crate::config::Settings,
+        keys: &crate::keys::Keys,
+        entry_id: &str,
+        license: &str,
+        session: &str,
+    ) -> Guard {
+        let window = settings.dedupe.window_ms;
+        let added_ms: u64 = entry_id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+        let bucket = added_ms / window;
+        let limits = &settings.limits;
+        Guard {
+            entry_id: entry_id.to_owned(),
+            done_key: keys.dedupe(license, bucket),
+            done_until_ms: (bucket + 2) * window,
+            session_rate_key: keys.session_rate(license, session),
+            license_rate_key: keys.license_rate(license),
+            session_limit: limits.session_requests,
+            license_limit: limits.license_requests,
+            window_ms: limits.window_ms,
+        }
+    }
+
     /// No dedupe and no limits: the seed's direct script path.
     pub fn none(keys: &crate::keys::Keys, license: &str, session: &str) -> Guard {
         Guard {

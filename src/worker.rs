@@ -502,7 +502,7 @@ impl Worker {
         req: &Request,
     ) -> Result<Outcome, Error> {
         let keys = self.keys.license(&req.license);
-        let guard = self.guard(entry, req);
+        let guard = Guard::for_entry(&self.settings, &self.keys, &entry.id, &req.license, &req.session);
         let scripts = Scripts::get();
         match req.op {
             Op::Acquire => {
@@ -522,25 +522,6 @@ impl Worker {
             }
             Op::Release => scripts.release(con, &keys, &guard, &req.session).await,
             Op::Heartbeat => scripts.heartbeat(con, &keys, &guard, &req.session).await,
-        }
-    }
-
-    /// Dedupe bucket and rate windows of one request. The bucket comes from
-    /// the entry id's time (the Redis clock at XADD), so every delivery of the
-    /// entry looks in the same place; it lives until two windows after its start.
-    fn guard(&self, entry: &Entry, req: &Request) -> Guard {
-        let window = self.settings.dedupe.window_ms;
-        let bucket = entry.added_ms().unwrap_or(0) / window;
-        let limits = &self.settings.limits;
-        Guard {
-            entry_id: entry.id.clone(),
-            done_key: self.keys.dedupe(&req.license, bucket),
-            done_until_ms: (bucket + 2) * window,
-            session_rate_key: self.keys.session_rate(&req.license, &req.session),
-            license_rate_key: self.keys.license_rate(&req.license),
-            session_limit: limits.session_requests,
-            license_limit: limits.license_requests,
-            window_ms: limits.window_ms,
         }
     }
 
@@ -627,14 +608,9 @@ struct Entry {
 }
 
 impl Entry {
-    /// When the entry was added (the ms part of its id, the Redis clock).
-    fn added_ms(&self) -> Option<u64> {
-        self.id.split('-').next()?.parse().ok()
-    }
-
-    /// Time since the entry was added.
+    /// Time since the entry was added (its id's ms part, the Redis clock).
     fn age(&self) -> Option<Duration> {
-        let ms = self.added_ms()?;
+        let ms: u64 = self.id.split('-').next()?.parse().ok()?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
         Some(Duration::from_millis(now.saturating_sub(ms)))
     }

@@ -1,12 +1,9 @@
 //! The real `seatgate` binary: the worker as a process, the CLI client and
 //! provisioning commands, exit codes, and `/metrics` counting what it served.
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
-use crate::support::RedisServer;
-
-const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
+use crate::support::{http_get, RedisServer, WorkerProcess, BIN};
 
 fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -22,76 +19,6 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// A `seatgate run` child process, killed on drop.
-struct RunningWorker {
-    child: Child,
-    metrics: String,
-}
-
-impl RunningWorker {
-    fn start(redis: &RedisServer) -> RunningWorker {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(BIN)
-            .arg("--redis")
-            .arg(redis.url())
-            .arg("run")
-            .env("SEATGATE__METRICS__LISTEN", format!("127.0.0.1:{port}"))
-            .env("SEATGATE__STREAM__BLOCK_MS", "100")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start seatgate run");
-        let worker = RunningWorker {
-            child,
-            metrics: format!("127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(&worker.metrics, "/ready").map(|(code, _)| code) != Some(200) {
-            assert!(Instant::now() < deadline, "worker did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        worker
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "worker did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for RunningWorker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A minimal HTTP/1.0 GET, enough for /metrics and /ready on loopback.
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    let code = body.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body))
-}
-
 /// The value of one exact series line in a Prometheus exposition.
 fn metric(text: &str, series: &str) -> f64 {
     text.lines()
@@ -104,7 +31,7 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
     let redis = RedisServer::start();
     let put = seatgate(&redis, &["license", "put", "cad", "--seats", "3"]);
     assert!(put.status.success(), "{put:?}");
-    let worker = RunningWorker::start(&redis);
+    let mut worker = WorkerProcess::start(&redis.url(), &[]);
 
     for i in 0..5 {
         let session = format!("s{i}");
@@ -174,7 +101,7 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
     );
     assert_eq!(http_get(&worker.metrics, "/live").map(|(c, _)| c), Some(200));
 
-    let status = worker.terminate();
+    let status = worker.terminate(std::time::Duration::from_secs(10));
     assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
 }
 

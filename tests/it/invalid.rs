@@ -311,3 +311,147 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         "no expiry set on somebody else's key"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Hostile input, generated: arbitrary field maps, byte strings and sizes.
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
+
+/// Field names: the real ones, near misses and junk.
+fn field_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "op", "license", "session", "meta", "wait_ms", "id", "x", "OP", "op "
+        ])
+        .prop_map(str::to_owned),
+        "[a-z_]{1,12}",
+        prop::collection::vec(any::<u8>(), 0..20).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+    ]
+}
+
+/// Values: plausible ones, JSON-ish ones, random bytes, and big ones.
+fn field_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "acquire",
+            "release",
+            "heartbeat",
+            "fuzz",
+            "s-1",
+            "{}",
+            "[]",
+            "-1",
+            "10",
+            "{\"a\":{}}"
+        ])
+        .prop_map(|s| s.as_bytes().to_vec()),
+        "[A-Za-z0-9._:@{} -]{0,40}".prop_map(String::into_bytes),
+        prop::collection::vec(any::<u8>(), 0..64),
+        (0usize..20_000).prop_map(|n| vec![b'z'; n]),
+    ]
+}
+
+fn entry() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+    prop::collection::vec((field_name(), field_value()), 0..12)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// The parser never panics, and what it accepts is within the documented limits.
+    #[test]
+    fn the_parser_never_panics_and_accepts_only_valid_requests(fields in entry()) {
+        match seatgate::protocol::parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
+            Ok(req) => {
+                prop_assert!(seatgate::protocol::valid_id(&req.license));
+                prop_assert!(seatgate::protocol::valid_id(&req.session));
+                prop_assert!(req.meta.len() <= seatgate::protocol::MAX_META_LEN);
+                prop_assert!(req.wait_ms <= seatgate::protocol::MAX_WAIT_MS);
+            }
+            Err(bad) => {
+                prop_assert!(!bad.reason.is_empty());
+                prop_assert!(!bad.reason.contains('\n'));
+            }
+        }
+    }
+}
+
+/// Generated entries through a real worker: every one answered with a known
+/// status, and every seat in Redis is one that some reply says was acquired.
+#[tokio::test]
+async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_unasked() {
+    let redis = RedisServer::start();
+    for l in ["s-1", "fuzz", "acquire"] {
+        put_license(&redis, l, 3).await;
+    }
+    let mut settings = redis.settings();
+    settings.limits.session_requests = 0;
+    settings.replies.maxlen = 10_000;
+    let worker = spawn_worker(settings, "w1").await;
+    let mut con = redis.con().await;
+    let mut runner = TestRunner::deterministic();
+    let n = 300;
+    for i in 0..n {
+        let fields = entry().new_tree(&mut runner).expect("generate").current();
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg("seat:requests")
+            .arg("*")
+            .arg("id")
+            .arg(format!("g{i}"))
+            .arg("reply_to")
+            .arg("reply:fuzz");
+        for (k, v) in fields
+            .iter()
+            .filter(|(k, _)| k != "id" && k != "reply_to" && !k.is_empty())
+        {
+            xadd.arg(k.as_str()).arg(v.as_slice());
+        }
+        let _: String = xadd.query_async(&mut con).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let replies = loop {
+        let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg("reply:fuzz")
+            .arg("-")
+            .arg("+")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if read.ids.len() >= n || std::time::Instant::now() > deadline {
+            break read.ids;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    worker.stop().await;
+    assert_eq!(pending(&redis).await, 0, "every entry acknowledged");
+    let mut answered = std::collections::HashSet::new();
+    let mut acquired = std::collections::HashSet::new();
+    let mut invalid = 0;
+    for r in &replies {
+        let get = |k: &str| r.get::<String>(k).unwrap_or_default();
+        let status: Status = get("status").parse().expect("a documented status");
+        answered.insert(get("id"));
+        match status {
+            Status::InvalidRequest => invalid += 1,
+            Status::Acquired | Status::Granted => {
+                acquired.insert((get("license"), get("session")));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(answered.len(), n, "one reply per entry");
+    assert!(
+        invalid > n / 2,
+        "the generator mostly produces invalid requests ({invalid} of {n})"
+    );
+    for l in ["s-1", "fuzz", "acquire"] {
+        for s in crate::support::holders(&redis, l).await {
+            assert!(
+                acquired.contains(&(l.to_owned(), s.clone())),
+                "{l}/{s} holds a seat no reply granted"
+            );
+        }
+    }
+}

@@ -22,6 +22,8 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: tempfile::TempDir,
+    /// Extra arguments, kept for restarts.
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -42,19 +44,14 @@ impl RedisServer {
         for _attempt in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-                .args(["--appendonly", "no", "--protected-mode", "yes"])
-                .arg("--dir")
-                .arg(dir.path())
-                .arg("--logfile")
-                .arg(dir.path().join("redis.log"))
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed (apt-get install redis-server)");
-            let mut server = RedisServer { child, port, dir };
+            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            let child = spawn_redis(port, dir.path(), &extra);
+            let mut server = RedisServer {
+                child,
+                port,
+                dir,
+                extra,
+            };
             if server.wait_ready(Duration::from_secs(5)) {
                 return server;
             }
@@ -62,6 +59,24 @@ impl RedisServer {
             let _ = server.child.kill();
         }
         panic!("redis-server did not start");
+    }
+
+    /// Stops the server the way an operator does (SHUTDOWN: the AOF, if on,
+    /// is flushed) and waits for the process to end.
+    pub fn shutdown(&mut self) {
+        if let Ok(mut con) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut con);
+        }
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port with the same data directory.
+    pub fn restart(&mut self) {
+        self.child = spawn_redis(self.port, self.dir.path(), &self.extra);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not restart"
+        );
     }
 
     fn wait_ready(&mut self, within: Duration) -> bool {
@@ -113,6 +128,21 @@ impl RedisServer {
         s.stream.block_ms = 100;
         s
     }
+}
+
+fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--appendonly", "no", "--protected-mode", "yes"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (apt-get install redis-server)")
 }
 
 impl Drop for RedisServer {
@@ -220,4 +250,88 @@ pub async fn pending(server: &RedisServer) -> i64 {
         },
         _ => 0,
     }
+}
+
+/// The `seatgate` binary built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
+
+/// A `seatgate run` child process with its own metrics port, killed on drop.
+pub struct WorkerProcess {
+    child: Child,
+    /// host:port of its /metrics, /live and /ready.
+    pub metrics: String,
+}
+
+impl WorkerProcess {
+    /// Starts `seatgate run` against `url` with extra `SEATGATE__*` variables
+    /// and waits until /ready answers 200.
+    pub fn start(url: &str, env: &[(&str, String)]) -> WorkerProcess {
+        let port = free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--redis")
+            .arg(url)
+            .arg("run")
+            .env("SEATGATE__METRICS__LISTEN", format!("127.0.0.1:{port}"))
+            .env("SEATGATE__STREAM__BLOCK_MS", "100")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start seatgate run");
+        let worker = WorkerProcess {
+            child,
+            metrics: format!("127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(&worker.metrics, "/ready").map(|(code, _)| code) != Some(200) {
+            assert!(Instant::now() < deadline, "worker did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        worker
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits (at most `within`) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for worker") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not stop on SIGTERM within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.0 GET, enough for /metrics and /ready on loopback.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let code = body.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body))
 }

@@ -1,0 +1,689 @@
+//! Crash safety, Redis faults and hostile input: nothing lost, nothing overbooked.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use seatgate::client::{Call, Client};
+use seatgate::keys::Keys;
+use seatgate::protocol::Op;
+use seatgate::scripts::{Guard, Scripts};
+use seatgate::status::Status;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, WorkerProcess};
+
+const T: Duration = Duration::from_secs(5);
+
+fn call(op: Op, license: &str, session: &str) -> Call {
+    Call {
+        op,
+        license: license.into(),
+        session: session.into(),
+        meta: None,
+        wait_ms: 0,
+    }
+}
+
+async fn xadd(con: &mut redis::aio::MultiplexedConnection, fields: &[(&str, &str)]) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg("seat:requests").arg("*");
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    cmd.query_async(con).await.unwrap()
+}
+
+async fn replies(con: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<HashMap<String, String>> {
+    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(con)
+        .await
+        .unwrap();
+    read.ids
+        .into_iter()
+        .map(|e| {
+            e.map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A worker crashed after its script ran but before it replied: another
+/// worker claims the entry, and the redelivery has the effect of one.
+#[tokio::test]
+async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 2).await;
+    let mut con = redis.con().await;
+    let mut settings = redis.settings();
+    settings.stream.claim_idle_ms = 200;
+    // The group exists, and a consumer that will "crash" takes two entries.
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let acquire_id = xadd(
+        &mut con,
+        &[
+            ("op", "acquire"),
+            ("id", "a1"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", "reply:t"),
+        ],
+    )
+    .await;
+    let release_id = xadd(
+        &mut con,
+        &[
+            ("op", "release"),
+            ("id", "r1"),
+            ("license", "lic"),
+            ("session", "held"),
+            ("reply_to", "reply:t"),
+        ],
+    )
+    .await;
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("seatgate")
+        .arg("crashed")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg("seat:requests")
+        .arg(">")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // "held" already has a seat; the crashed worker ran both scripts, then died.
+    let keys = Keys::new("seat");
+    let lk = keys.license("lic");
+    let s = Scripts::get();
+    s.acquire(
+        &mut con,
+        &lk,
+        &Guard::none(&keys, "lic", "held"),
+        "held",
+        "{}",
+        0,
+        "x",
+        "",
+        10,
+    )
+    .await
+    .unwrap();
+    let first = s
+        .acquire(
+            &mut con,
+            &lk,
+            &Guard::for_entry(&settings, &keys, &acquire_id, "lic", "s1"),
+            "s1",
+            "{}",
+            0,
+            "a1",
+            "reply:t",
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.status, Status::Acquired);
+    let first_release = s
+        .release(
+            &mut con,
+            &lk,
+            &Guard::for_entry(&settings, &keys, &release_id, "lic", "held"),
+            "held",
+        )
+        .await
+        .unwrap();
+    assert_eq!(first_release.status, Status::Released);
+
+    let worker = spawn_worker(settings, "survivor").await;
+    let deadline = Instant::now() + T;
+    while pending(&redis).await > 0 {
+        assert!(Instant::now() < deadline, "claimed entries were not answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.stop().await;
+    let got = replies(&mut con, "reply:t").await;
+    let by_id: HashMap<&str, &str> = got
+        .iter()
+        .map(|r| (r["id"].as_str(), r["status"].as_str()))
+        .collect();
+    assert_eq!(by_id["a1"], "ACQUIRED", "the same outcome, not ALREADY_ACTIVE");
+    assert_eq!(by_id["r1"], "RELEASED", "the same outcome, not SESSION_NOT_FOUND");
+    assert_eq!(
+        holders(&redis, "lic").await,
+        ["s1"],
+        "one seat taken, one freed, once each"
+    );
+    let events: i64 = redis::cmd("XLEN")
+        .arg("seat:events")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(events, 0, "a replay publishes no second event");
+}
+
+/// A request whose script fails on every delivery is dead-lettered after
+/// max_deliveries, answered ERROR, and never holds back the requests behind it.
+#[tokio::test]
+async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
+    let redis = RedisServer::start();
+    put_license(&redis, "good", 100).await;
+    let mut con = redis.con().await;
+    // A hand-broken key: every script on this license fails with WRONGTYPE.
+    let _: () = redis::cmd("SET")
+        .arg("seat:{poison}:holders")
+        .arg("oops")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut settings = redis.settings();
+    settings.stream.max_deliveries = 3;
+    let worker = spawn_worker(settings, "w1").await;
+    xadd(
+        &mut con,
+        &[
+            ("op", "acquire"),
+            ("id", "p1"),
+            ("license", "poison"),
+            ("session", "x"),
+            ("reply_to", "reply:p"),
+        ],
+    )
+    .await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let started = Instant::now();
+    for i in 0..20 {
+        let r = client
+            .call(&call(Op::Acquire, "good", &format!("s{i}")), T)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Status::Acquired);
+    }
+    let flowing = started.elapsed();
+    let mut reader = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let _ = &mut reader;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = replies(&mut con, "seat:requests:dead").await;
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(Instant::now() < deadline, "poison message was not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    worker.stop().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0]["dead_deliveries"].as_str(), dead[0]["license"].as_str()),
+        ("3", "poison")
+    );
+    assert!(
+        dead[0]["dead_reason"].contains("WRONGTYPE"),
+        "{:?}",
+        dead[0]["dead_reason"]
+    );
+    let answer = replies(&mut con, "reply:p").await;
+    assert_eq!(answer.len(), 1);
+    assert_eq!(
+        (answer[0]["status"].as_str(), answer[0]["id"].as_str()),
+        ("ERROR", "p1")
+    );
+    assert_eq!(pending(&redis).await, 0);
+    assert!(
+        flowing < Duration::from_secs(3),
+        "good requests were held back for {flowing:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
+    let redis = RedisServer::start();
+    put_license(&redis, "lic", 5).await;
+    let mut settings = redis.settings();
+    settings.limits.session_requests = 5;
+    let worker = spawn_worker(settings, "w1").await;
+    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(
+            c.call(&call(Op::Acquire, "lic", "loop"), T)
+                .await
+                .unwrap()
+                .status(),
+        );
+    }
+    assert_eq!(statuses[0], Status::Acquired);
+    assert!(
+        statuses[1..5].iter().all(|s| *s == Status::AlreadyActive),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses[5..].iter().all(|s| *s == Status::RateLimited),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        c.call(&call(Op::Acquire, "lic", "polite"), T)
+            .await
+            .unwrap()
+            .status(),
+        Status::Acquired
+    );
+    // Giving a seat back is never limited.
+    assert_eq!(
+        c.call(&call(Op::Release, "lic", "loop"), T)
+            .await
+            .unwrap()
+            .status(),
+        Status::Released
+    );
+    worker.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Bursts against real processes, with a fault in the middle.
+
+const LICENSES: [&str; 3] = ["alpha", "beta", "gamma"];
+const SEATS: usize = 20;
+
+/// What was sent and what came back.
+#[derive(Default)]
+struct Ledger {
+    /// request id -> (license, session, op)
+    sent: HashMap<String, (String, String, String)>,
+    /// request id -> statuses received, in order
+    got: HashMap<String, Vec<String>>,
+}
+
+impl Ledger {
+    fn finished(&self) -> usize {
+        self.got
+            .values()
+            .filter(|s| s.iter().any(|st| st != "QUEUED"))
+            .count()
+    }
+}
+
+/// Collects every reply on `streams` into the ledger, surviving Redis restarts.
+fn collect(
+    url: String,
+    streams: Vec<String>,
+    ledger: Arc<Mutex<Ledger>>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last: Vec<String> = streams.iter().map(|_| "0".to_owned()).collect();
+        let client = redis::Client::open(url).unwrap();
+        let cfg = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut con = None;
+        while !stop.is_cancelled() {
+            if con.is_none() {
+                match client.get_multiplexed_async_connection_with_config(&cfg).await {
+                    Ok(c) => con = Some(c),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(c) = con.as_mut() else { continue };
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT").arg(1000).arg("BLOCK").arg(200).arg("STREAMS");
+            cmd.arg(&streams).arg(&last);
+            let read: redis::RedisResult<redis::streams::StreamReadReply> = cmd.query_async(c).await;
+            let Ok(read) = read else {
+                con = None;
+                continue;
+            };
+            let mut ledger = ledger.lock().unwrap();
+            for key in read.keys {
+                let i = streams.iter().position(|s| *s == key.key).unwrap();
+                for entry in key.ids {
+                    last[i] = entry.id.clone();
+                    let f: HashMap<String, String> = entry
+                        .map
+                        .into_iter()
+                        .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                        .collect();
+                    ledger
+                        .got
+                        .entry(f["id"].clone())
+                        .or_default()
+                        .push(f["status"].clone());
+                }
+            }
+        }
+    })
+}
+
+/// Samples every license's holders until stopped; panics on overbooking.
+fn sample_seats(url: String, stop: CancellationToken) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let client = redis::Client::open(url).unwrap();
+        let mut samples = 0;
+        while !stop.is_cancelled() {
+            if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+                while !stop.is_cancelled() {
+                    let mut pipe = redis::pipe();
+                    for l in LICENSES {
+                        pipe.cmd("ZCARD").arg(format!("seat:{{{l}}}:holders"));
+                    }
+                    let Ok(counts) = pipe.query_async::<Vec<usize>>(&mut con).await else {
+                        break;
+                    };
+                    for (l, n) in LICENSES.iter().zip(&counts) {
+                        assert!(*n <= SEATS, "license {l} overbooked: {n} holders of {SEATS}");
+                    }
+                    samples += 1;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        samples
+    })
+}
+
+/// Sends a burst of `n` mixed requests (acquire, queued acquire, heartbeat,
+/// release) over the three licenses, runs `fault` once a third of them are
+/// answered, waits until every request has a final reply, and checks that
+/// the final state is the one the replies imply.
+async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for l in LICENSES {
+        let spec = seatgate::license::LicenseSpec {
+            seats_total: SEATS as u64,
+            expires_at_ms: 0,
+            active: true,
+            heartbeat_timeout_ms: None,
+        };
+        seatgate::license::put(&mut con, &Keys::new("seat"), l, &spec)
+            .await
+            .unwrap();
+    }
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let reply_streams: Vec<String> = (0..4).map(|i| format!("reply:burst:{i}")).collect();
+    let stop = CancellationToken::new();
+    let collector = collect(
+        url.to_owned(),
+        reply_streams.clone(),
+        ledger.clone(),
+        stop.clone(),
+    );
+    let sampler = sample_seats(url.to_owned(), stop.clone());
+
+    // Ten holders per license before the burst; the burst releases or heartbeats them.
+    let mut c = Client::connect(url, "seat:requests").await.unwrap();
+    let mut held: HashSet<(String, String)> = HashSet::new();
+    for l in LICENSES {
+        for i in 0..10 {
+            let s = format!("pre-{i}");
+            assert_eq!(
+                c.call(&call(Op::Acquire, l, &s), T).await.unwrap().status(),
+                Status::Acquired
+            );
+            held.insert((l.to_owned(), s));
+        }
+    }
+
+    let mut pipe = redis::pipe();
+    {
+        let mut ledger = ledger.lock().unwrap();
+        for i in 0..n {
+            let license = LICENSES[i % 3];
+            let (op, session, wait) = match i % 10 {
+                0 if i / 10 < 30 => ("release", format!("pre-{}", (i / 30) % 10), 0),
+                1 if i / 10 < 30 => ("heartbeat", format!("pre-{}", (i / 30) % 10), 0),
+                2 | 3 => ("acquire", format!("q-{i}"), 1500),
+                _ => ("acquire", format!("n-{i}"), 0),
+            };
+            let id = format!("req-{i}");
+            pipe.cmd("XADD")
+                .arg("seat:requests")
+                .arg("*")
+                .arg("op")
+                .arg(op)
+                .arg("id")
+                .arg(&id)
+                .arg("license")
+                .arg(license)
+                .arg("session")
+                .arg(&session)
+                .arg("reply_to")
+                .arg(&reply_streams[i % 4])
+                .arg("wait_ms")
+                .arg(wait)
+                .ignore();
+            ledger
+                .sent
+                .insert(id, (license.to_owned(), session, op.to_owned()));
+        }
+    }
+    let _: () = pipe.query_async(&mut con).await.unwrap();
+
+    let wait_for = |target: usize, within: Duration| {
+        let ledger = ledger.clone();
+        async move {
+            let deadline = Instant::now() + within;
+            loop {
+                let done = ledger.lock().unwrap().finished();
+                if done >= target {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "only {done} of {target} requests answered in {within:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(n / 3, Duration::from_secs(30)).await;
+    fault();
+    wait_for(n, Duration::from_secs(60)).await;
+    stop.cancel();
+    collector.await.unwrap();
+    let samples = sampler.await.unwrap();
+    assert!(samples > 10, "the sampler ran ({samples})");
+
+    // Every request answered; a repeated reply (a redelivery) repeats the outcome.
+    let (sent, got) = {
+        let ledger = ledger.lock().unwrap();
+        (ledger.sent.clone(), ledger.got.clone())
+    };
+    let mut implied = held;
+    for (id, (license, session, op)) in &sent {
+        let statuses = got.get(id).unwrap_or_else(|| panic!("{id} ({op}) got no reply"));
+        let finals: Vec<&String> = statuses.iter().filter(|s| *s != "QUEUED").collect();
+        assert!(!finals.is_empty(), "{id} has no final reply: {statuses:?}");
+        assert!(
+            finals.iter().all(|s| *s == finals[0]),
+            "{id} got different outcomes: {statuses:?}"
+        );
+        let key = (license.clone(), session.clone());
+        match finals[0].as_str() {
+            "ACQUIRED" | "GRANTED" => {
+                implied.insert(key);
+            }
+            "RELEASED" => {
+                implied.remove(&key);
+            }
+            "HEARTBEAT_UPDATED" | "NO_SEATS_AVAILABLE" | "QUEUE_TIMEOUT" | "SESSION_NOT_ACTIVE"
+            | "SESSION_NOT_FOUND" => {}
+            other => panic!("{id} ({op}): unexpected {other}"),
+        }
+    }
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for l in LICENSES {
+        let mut want: Vec<String> = implied
+            .iter()
+            .filter(|(lic, _)| lic == l)
+            .map(|(_, s)| s.clone())
+            .collect();
+        want.sort();
+        let mut have: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("seat:{{{l}}}:holders"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        have.sort();
+        assert_eq!(have, want, "license {l}: Redis disagrees with the replies");
+        assert!(want.len() <= SEATS);
+    }
+}
+
+fn burst_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("SEATGATE__STREAM__CLAIM_IDLE_MS", "500".into()),
+        ("SEATGATE__STREAM__BATCH_SIZE", "32".into()),
+        ("SEATGATE__REPLIES__MAXLEN", "100000".into()),
+        ("SEATGATE__REAPER__SCHEDULE", "* * * * * *".into()),
+        ("SEATGATE__REAPER__REDELIVER_AFTER_MS", "1000".into()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
+    let redis = RedisServer::start_with(&["--appendonly", "yes"]);
+    let mut env = burst_env();
+    env.push(("SEATGATE__STREAM__CONSUMER", "victim".into()));
+    let mut victim = WorkerProcess::start(&redis.url(), &env);
+    env.pop();
+    env.push(("SEATGATE__STREAM__CONSUMER", "survivor".into()));
+    let survivor = WorkerProcess::start(&redis.url(), &env);
+    let url = redis.url();
+    let mut left_pending = 0;
+    burst_with_fault(&url, 1200, || {
+        victim.kill9();
+        let mut con = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let summary: Vec<redis::Value> = redis::cmd("XPENDING")
+            .arg("seat:requests")
+            .arg("seatgate")
+            .query(&mut con)
+            .unwrap();
+        left_pending = redis::from_redis_value(summary[0].clone()).unwrap_or(0);
+    })
+    .await;
+    let metrics = crate::support::http_get(&survivor.metrics, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    let claimed = metrics
+        .lines()
+        .find(|l| l.starts_with("seatgate_claimed_requests_total"))
+        .unwrap_or("none");
+    eprintln!("kill -9: {left_pending} entries pending right after the kill; survivor: {claimed}");
+    assert_eq!(
+        pending(&redis).await,
+        0,
+        "the victim's pending entries were claimed and answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]);
+    let env = burst_env();
+    let _a = WorkerProcess::start(&redis.url(), &env);
+    let _b = WorkerProcess::start(&redis.url(), &env);
+    let url = redis.url();
+    burst_with_fault(&url, 1200, || {
+        redis.shutdown();
+        std::thread::sleep(Duration::from_secs(2));
+        redis.restart();
+    })
+    .await;
+    assert_eq!(pending(&redis).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
+    let redis = RedisServer::start();
+    let mut env = burst_env();
+    env.push(("SEATGATE__STREAM__CONSUMER", "leaving".into()));
+    let mut leaving = WorkerProcess::start(&redis.url(), &env);
+    env.pop();
+    env.push(("SEATGATE__STREAM__CONSUMER", "staying".into()));
+    let _staying = WorkerProcess::start(&redis.url(), &env);
+    let mut exit = None;
+    burst_with_fault(&redis.url(), 1200, || {
+        exit = Some(leaving.terminate(Duration::from_secs(10)))
+    })
+    .await;
+    let status = exit.expect("fault ran");
+    assert!(status.success(), "SIGTERM exit status {status:?}");
+    // Nothing of the stopped worker is left pending: it finished its batch and left the group.
+    let mut con = redis.con().await;
+    let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for c in consumers {
+        let name: String = redis::from_redis_value(c["name"].clone()).unwrap();
+        let pending: i64 = redis::from_redis_value(c["pending"].clone()).unwrap();
+        assert!(
+            name != "leaving" || pending == 0,
+            "the stopped worker left {pending} entries pending"
+        );
+    }
+    assert_eq!(pending(&redis).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns() {
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]);
+    put_license(&redis, "lic", 1).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]);
+    let ready = |w: &WorkerProcess| crate::support::http_get(&w.metrics, "/ready").map(|(c, _)| c);
+    assert_eq!(ready(&worker), Some(200));
+
+    redis.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&worker) != Some(503) {
+        assert!(
+            Instant::now() < deadline,
+            "/ready did not turn 503 while Redis was down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        crate::support::http_get(&worker.metrics, "/live").map(|(c, _)| c),
+        Some(200)
+    );
+
+    redis.restart();
+    let back = Instant::now();
+    while ready(&worker) != Some(200) {
+        assert!(back.elapsed() < Duration::from_secs(5), "/ready did not recover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let r = c.call(&call(Op::Acquire, "lic", "after"), T).await.unwrap();
+    eprintln!(
+        "redis outage: ready again {:?} after restart; first request served {:?} after restart",
+        back.elapsed(),
+        back.elapsed()
+    );
+    assert_eq!(r.status(), Status::Acquired);
+}
