@@ -19,6 +19,7 @@
 //! - [`client`]     a request/reply client (the CLI's `acquire`, tests, benchmarks)
 //! - [`telemetry`]  tracing setup and every metric name
 //! - [`http`]       `/metrics`, `/live`, `/ready`
+//! - [`local_redis`] a private redis-server on a free port (benchmark, tests)
 //! - [`cli`]        the `seatgate` command line; `main.rs` only calls it
 //! - [`service`]    `seatgate run`: worker + HTTP endpoint + graceful shutdown
 
@@ -30,6 +31,7 @@ pub mod events;
 pub mod http;
 pub mod keys;
 pub mod license;
+pub mod local_redis;
 pub mod protocol;
 pub mod reaper;
 pub mod report;

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use crate::support::{http_get, RedisServer, WorkerProcess, BIN};
+use crate::support::{http_get, RedisServer, RedisServerExt, WorkerProcess, BIN};
 
 fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -28,7 +28,7 @@ fn metric(text: &str, series: &str) -> f64 {
 
 #[test]
 fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     let put = seatgate(&redis, &["license", "put", "cad", "--seats", "3"]);
     assert!(put.status.success(), "{put:?}");
     let mut worker = WorkerProcess::start(&redis.url(), &[]);
@@ -107,7 +107,7 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
 
 #[test]
 fn license_commands_provision_show_list_and_delete() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     let o = seatgate(
         &redis,
         &[

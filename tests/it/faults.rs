@@ -11,7 +11,9 @@ use seatgate::scripts::{Guard, Scripts};
 use seatgate::status::Status;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, WorkerProcess};
+use crate::support::{
+    holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt, WorkerProcess,
+};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -57,7 +59,7 @@ async fn replies(con: &mut redis::aio::MultiplexedConnection, stream: &str) -> V
 /// worker claims the entry, and the redelivery has the effect of one.
 #[tokio::test]
 async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let mut con = redis.con().await;
     let mut settings = redis.settings();
@@ -180,7 +182,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
 /// max_deliveries, answered ERROR, and never holds back the requests behind it.
 #[tokio::test]
 async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "good", 100).await;
     let mut con = redis.con().await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
@@ -251,7 +253,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
 
 #[tokio::test]
 async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 5).await;
     let mut settings = redis.settings();
     settings.limits.session_requests = 5;
@@ -608,7 +610,7 @@ async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
     burst_with_fault(&url, 1200, || {
         redis.shutdown();
         std::thread::sleep(Duration::from_secs(2));
-        redis.restart();
+        redis.restart().expect("restart redis");
     })
     .await;
     assert_eq!(pending(&redis).await, 0);
@@ -616,7 +618,7 @@ async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     let mut env = burst_env();
     env.push(("SEATGATE__STREAM__CONSUMER", "leaving".into()));
     let mut leaving = WorkerProcess::start(&redis.url(), &env);
@@ -672,7 +674,7 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
         Some(200)
     );
 
-    redis.restart();
+    redis.restart().expect("restart redis");
     let back = Instant::now();
     while ready(&worker) != Some(200) {
         assert!(back.elapsed() < Duration::from_secs(5), "/ready did not recover");

@@ -7,7 +7,7 @@ use seatgate::client::{Call, Client};
 use seatgate::protocol::Op;
 use seatgate::status::Status;
 
-use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer};
+use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer, RedisServerExt};
 
 /// (description, fields of the entry besides `id` and `reply_to`, word the error must mention)
 type Case = (&'static str, Vec<(&'static str, Vec<u8>)>, &'static str);
@@ -136,7 +136,7 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test]
 async fn every_malformed_request_is_answered_and_changes_nothing() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
@@ -212,7 +212,7 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut con = redis.con().await;
@@ -252,7 +252,7 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
 
 #[tokio::test]
 async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut con = redis.con().await;
@@ -382,7 +382,7 @@ proptest! {
 /// status, and every seat in Redis is one that some reply says was acquired.
 #[tokio::test]
 async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_unasked() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     for l in ["s-1", "fuzz", "acquire"] {
         put_license(&redis, l, 3).await;
     }

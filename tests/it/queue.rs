@@ -10,7 +10,7 @@ use seatgate::protocol::Op;
 use seatgate::reaper::Reaper;
 use seatgate::status::Status;
 
-use crate::support::{holders, spawn_worker, RedisServer};
+use crate::support::{holders, spawn_worker, RedisServer, RedisServerExt};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -105,7 +105,7 @@ async fn queue_up(
 
 #[tokio::test]
 async fn stale_sessions_are_evicted_and_live_ones_kept() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 3, Some(300)).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut c = client(&redis).await;
@@ -141,7 +141,7 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reapers_evict_each_session_once() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 200, Some(100)).await;
     let mut con = redis.con().await;
     let keys = Keys::new("seat").license("lic");
@@ -174,7 +174,7 @@ async fn concurrent_reapers_evict_each_session_once() {
 
 #[tokio::test]
 async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 2, None).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
 
@@ -237,7 +237,7 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
 
 #[tokio::test]
 async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 1, None).await;
     let mut con = redis.con().await;
     let _: () = redis::cmd("HSET")
@@ -299,7 +299,7 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
 
 #[tokio::test]
 async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 1, None).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut c = client(&redis).await;
@@ -325,7 +325,7 @@ async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
 
 #[tokio::test]
 async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "lic", 1, Some(300)).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut c = client(&redis).await;
@@ -349,7 +349,7 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
 /// the seats are never exceeded (sampled throughout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     provision(&redis, "e2e", 3, Some(400)).await;
     let mut settings = redis.settings();
     settings.reaper.schedule = "* * * * * *".into(); // every second

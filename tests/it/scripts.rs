@@ -6,7 +6,7 @@ use seatgate::license::{self, LicenseSpec};
 use seatgate::scripts::{Guard, Outcome, Scripts};
 use seatgate::status::Status;
 
-use crate::support::{put_license, RedisServer};
+use crate::support::{put_license, RedisServer, RedisServerExt};
 
 fn keys(license: &str) -> seatgate::keys::LicenseKeys {
     Keys::new("seat").license(license)
@@ -36,7 +36,7 @@ async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, ses
 
 #[tokio::test]
 async fn acquire_takes_a_seat_and_records_the_session() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 5).await;
     let mut con = redis.con().await;
 
@@ -55,7 +55,7 @@ async fn acquire_takes_a_seat_and_records_the_session() {
 
 #[tokio::test]
 async fn acquire_is_idempotent_per_session() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 5).await;
     let mut con = redis.con().await;
     assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
@@ -65,7 +65,7 @@ async fn acquire_is_idempotent_per_session() {
 
 #[tokio::test]
 async fn no_seats_available_when_all_are_held() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let mut con = redis.con().await;
     for s in ["a", "b"] {
@@ -81,7 +81,7 @@ async fn no_seats_available_when_all_are_held() {
 
 #[tokio::test]
 async fn release_frees_only_the_sessions_own_seat() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 1).await;
     let mut con = redis.con().await;
     acquire(&mut con, "lic", "s1").await;
@@ -113,7 +113,7 @@ async fn release_frees_only_the_sessions_own_seat() {
 
 #[tokio::test]
 async fn heartbeat_moves_the_clock_and_counts() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 3).await;
     let mut con = redis.con().await;
     let s = Scripts::get();
@@ -144,7 +144,7 @@ async fn heartbeat_moves_the_clock_and_counts() {
 
 #[tokio::test]
 async fn license_state_is_checked_inside_the_script() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     let mut con = redis.con().await;
     let ks = Keys::new("seat");
     let now_ms = std::time::SystemTime::now()
@@ -184,7 +184,7 @@ async fn license_state_is_checked_inside_the_script() {
 
 #[tokio::test]
 async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 3).await;
     let mut con = redis.con().await;
     for s in ["a", "b", "c"] {
@@ -218,7 +218,7 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
 
 #[tokio::test]
 async fn scripts_reload_after_script_flush() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let mut con = redis.con().await;
     acquire(&mut con, "lic", "s1").await;
@@ -245,7 +245,7 @@ async fn scripts_reload_after_script_flush() {
 
 #[tokio::test]
 async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "load", 10).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
@@ -274,7 +274,7 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
 
 #[tokio::test]
 async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let mut con = redis.con().await;
     assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);

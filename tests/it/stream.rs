@@ -6,7 +6,7 @@ use seatgate::client::{Call, Client};
 use seatgate::protocol::Op;
 use seatgate::status::Status;
 
-use crate::support::{holders, pending, put_license, spawn_worker, RedisServer};
+use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -22,7 +22,7 @@ fn call(op: Op, license: &str, session: &str) -> Call {
 
 #[tokio::test]
 async fn acquire_heartbeat_release_round_trip() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 1).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
@@ -60,7 +60,7 @@ async fn acquire_heartbeat_release_round_trip() {
 
 #[tokio::test]
 async fn reply_streams_are_capped_and_expire() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 1).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
@@ -77,7 +77,7 @@ async fn reply_streams_are_capped_and_expire() {
 
 #[tokio::test]
 async fn requests_written_before_any_worker_are_served() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 2).await;
     let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
     let early = client.send(&call(Op::Acquire, "lic", "early")).await.unwrap();
@@ -90,7 +90,7 @@ async fn requests_written_before_any_worker_are_served() {
 /// The seed's load test, through the stream: 100 concurrent acquirers, 10 seats, two workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_acquires_over_the_stream_with_two_workers() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_with(&[]);
     put_license(&redis, "load", 10).await;
     let mut settings = redis.settings();
     settings.stream.batch_size = 8; // several batches per worker, so both take part

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,15 +15,7 @@ use seatgate::license::{self, LicenseSpec};
 use seatgate::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
-/// A redis-server child process, killed on drop. Its log is printed when the
-/// test that owns it panics.
-pub struct RedisServer {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-    /// Extra arguments, kept for restarts.
-    extra: Vec<String>,
-}
+pub use seatgate::local_redis::LocalRedis as RedisServer;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -33,86 +24,22 @@ fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
-impl RedisServer {
-    /// Starts a server with no persistence.
-    pub fn start() -> RedisServer {
-        Self::start_with(&[])
-    }
-
+/// Conveniences for tests on top of the library's private Redis.
+pub trait RedisServerExt {
     /// Starts a server with extra `--name value` arguments.
-    pub fn start_with(extra: &[&str]) -> RedisServer {
-        for _attempt in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let port = free_port();
-            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-            let child = spawn_redis(port, dir.path(), &extra);
-            let mut server = RedisServer {
-                child,
-                port,
-                dir,
-                extra,
-            };
-            if server.wait_ready(Duration::from_secs(5)) {
-                return server;
-            }
-            // Lost the port to someone else, or failed to start: try another port.
-            let _ = server.child.kill();
-        }
-        panic!("redis-server did not start");
-    }
-
-    /// Stops the server the way an operator does (SHUTDOWN: the AOF, if on,
-    /// is flushed) and waits for the process to end.
-    pub fn shutdown(&mut self) {
-        if let Ok(mut con) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
-            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut con);
-        }
-        let _ = self.child.wait();
-    }
-
-    /// Starts the server again on the same port with the same data directory.
-    pub fn restart(&mut self) {
-        self.child = spawn_redis(self.port, self.dir.path(), &self.extra);
-        assert!(
-            self.wait_ready(Duration::from_secs(10)),
-            "redis-server did not restart"
-        );
-    }
-
-    fn wait_ready(&mut self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        let client = redis::Client::open(self.url()).expect("url");
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false;
-            }
-            if let Ok(mut con) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-
-    /// The server's redis:// URL.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The server's data directory.
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_owned()
-    }
-
+    fn start_with(extra: &[&str]) -> RedisServer;
     /// A fresh async connection.
-    pub async fn con(&self) -> MultiplexedConnection {
+    async fn con(&self) -> MultiplexedConnection;
+    /// Settings pointing at this server: no metrics endpoint, short blocks.
+    fn settings(&self) -> Settings;
+}
+
+impl RedisServerExt for RedisServer {
+    fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start(extra).expect("start redis-server")
+    }
+
+    async fn con(&self) -> MultiplexedConnection {
         redis::Client::open(self.url())
             .expect("url")
             .get_multiplexed_async_connection()
@@ -120,40 +47,12 @@ impl RedisServer {
             .expect("connect to test redis")
     }
 
-    /// Settings pointing at this server: no metrics endpoint, short blocks.
-    pub fn settings(&self) -> Settings {
+    fn settings(&self) -> Settings {
         let mut s = Settings::load(None).expect("default settings");
         s.redis.url = self.url();
         s.metrics.listen = String::new();
         s.stream.block_ms = 100;
         s
-    }
-}
-
-fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
-    Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-        .args(["--appendonly", "no", "--protected-mode", "yes"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server must be installed (apt-get install redis-server)")
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(self.dir.path().join("redis.log")) {
-                eprintln!("--- redis-server log (port {}) ---\n{log}", self.port);
-            }
-        }
     }
 }
 
