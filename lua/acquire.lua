@@ -2,13 +2,13 @@
   acquire: give `session` a seat of the license, or a place in its queue.
 
   KEYS     the ten keys of lua/includes/common.lua
-  ARGV[1..5] dedupe and rate-limit arguments (lua/includes/common.lua)
-  ARGV[6]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
-  ARGV[7]  metadata, a JSON object (validated by the worker)
-  ARGV[8]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[9]  request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[10] reply_to of the request ('' = none)
-  ARGV[11] queue length limit when the license sets no queue_max
+  ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
+  ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
+  ARGV[8]  metadata, a JSON object (validated by the worker)
+  ARGV[9]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[10] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[11] reply_to of the request ('' = none)
+  ARGV[12] queue length limit when the license sets no queue_max
 
   Returns {status, seats_used, seats_total, detail, now_ms, notes[, changed]}:
     ACQUIRED            seat taken, heartbeat clock started
@@ -25,9 +25,9 @@
   The license check runs inside this script, so a change of seats_total,
   expiry or `active` can never race with an acquire.
 ]]
-local session, meta = ARGV[6], ARGV[7]
-local wait_ms, request_id, reply_to = tonumber(ARGV[8]), ARGV[9], ARGV[10]
-local default_queue_max = tonumber(ARGV[11])
+local session, meta = ARGV[7], ARGV[8]
+local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
+local default_queue_max = tonumber(ARGV[12])
 
 local now = now_ms()
 local early = prologue(now, true)

@@ -2,8 +2,8 @@
   heartbeat: record that `session` is still alive.
 
   KEYS     the ten keys of lua/includes/common.lua; the queue keys are not touched
-  ARGV[1..5] dedupe and rate-limit arguments (lua/includes/common.lua)
-  ARGV[6]  session id
+  ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
+  ARGV[7]  session id
 
   Returns {status, seats_used, seats_total, heartbeat_count, now_ms, {}}:
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented
@@ -12,7 +12,7 @@
     RATE_LIMITED        too many requests from this session or license
   A redelivered entry gets the reply it got the first time (common.lua).
 ]]
-local session = ARGV[6]
+local session = ARGV[7]
 
 local now = now_ms()
 local early = prologue(now, true)

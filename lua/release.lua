@@ -3,8 +3,8 @@
   Only the session's own id releases it; nothing else is touched.
 
   KEYS     the ten keys of lua/includes/common.lua
-  ARGV[1..5] dedupe and rate-limit arguments (release is never rate limited)
-  ARGV[6]  session id
+  ARGV[1..6] dedupe and rate-limit arguments (release is never rate limited)
+  ARGV[7]  session id
 
   Returns {status, seats_used, seats_total, 0, now_ms, notes}:
     RELEASED           the seat is free; it went straight to the head of the
@@ -14,7 +14,7 @@
   Release works whatever the license's state: a user can always give a seat back.
   A redelivered entry gets the reply it got the first time (common.lua).
 ]]
-local session = ARGV[6]
+local session = ARGV[7]
 
 local now = now_ms()
 local early = prologue(now, false)

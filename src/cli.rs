@@ -48,6 +48,8 @@ enum Command {
     /// Provision licenses.
     #[command(subcommand)]
     License(LicenseCommand),
+    /// Measure seatgate beside direct EVALSHA and the Redis ceiling (docs/performance.md).
+    Bench(BenchArgs),
     /// Show seats in use, holders and queues per license (like lmstat).
     Status {
         /// Only this license.
@@ -77,6 +79,31 @@ struct ClientArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
     /// Print the reply as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Use this Redis instead of starting a private redis-server.
+    #[arg(long, value_name = "URL")]
+    bench_redis: Option<String>,
+    /// Allow FLUSHALL on --bench-redis (needed for the reaper and memory scenarios).
+    #[arg(long)]
+    flush: bool,
+    /// Measured time per scenario, e.g. 5s.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Unmeasured warm-up before each scenario.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Only these scenarios (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Sessions in the reaper scenario.
+    #[arg(long, default_value_t = 1_000_000)]
+    reaper_sessions: usize,
+    /// Print the report as JSON (the table still goes to stderr as it runs).
     #[arg(long)]
     json: bool,
 }
@@ -157,6 +184,29 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Release(args) => client_call(&settings, Op::Release, args).await,
         Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
         Command::License(cmd) => license_cmd(&settings, cmd).await,
+        Command::Bench(args) => {
+            let opts = crate::bench::BenchOptions {
+                redis_url: args.bench_redis,
+                flush: args.flush,
+                duration: args.duration,
+                warmup: args.warmup,
+                only: args.only,
+                reaper_sessions: args.reaper_sessions,
+            };
+            let report = crate::bench::run(opts, |row| {
+                eprintln!(
+                    "  {:<11} {:<44} {:>10.0}/s  {}",
+                    row.scenario, row.variant, row.ops_per_sec, row.note
+                )
+            })
+            .await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                print!("{}", crate::bench::render(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { license, json } => {
             if let Some(l) = &license {
                 if !crate::protocol::valid_id(l) {

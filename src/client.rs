@@ -114,13 +114,75 @@ impl Client {
     }
 
     /// Sends `call` and waits up to `timeout` for its reply.
+    ///
+    /// The XADD and the first blocking XREAD go out as one pipeline: one
+    /// round trip per request when the answer comes within the first read.
+    /// (Redis runs a connection's commands in order, so the XREAD starts
+    /// after the request is on the stream.)
     pub async fn call(&mut self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
-        let id = self.send(call).await?;
-        self.wait_for(&id, timeout).await
+        let (id, xadd) = self.request(call);
+        let deadline = Instant::now() + timeout;
+        let (_, read): (String, redis::streams::StreamReadReply) = redis::pipe()
+            .add_command(xadd)
+            .add_command(self.read_cmd(timeout))
+            .query_async(&mut self.con)
+            .await?;
+        if let Some(reply) = self.take_reply(&id, read) {
+            return Ok(reply);
+        }
+        self.wait_for(&id, deadline.saturating_duration_since(Instant::now()))
+            .await
+            .map_err(|e| match e {
+                Error::ReplyTimeout(_) => Error::ReplyTimeout(timeout),
+                other => other,
+            })
     }
 
     /// Sends `call` without waiting; returns its request id.
     pub async fn send(&mut self, call: &Call) -> Result<String, Error> {
+        let (id, xadd) = self.request(call);
+        let _: String = xadd.query_async(&mut self.con).await?;
+        Ok(id)
+    }
+
+    /// XREAD BLOCK on this client's reply stream after the last entry seen.
+    fn read_cmd(&self, block: Duration) -> redis::Cmd {
+        let block_ms = block.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+        let mut read = redis::cmd("XREAD");
+        read.arg("COUNT")
+            .arg(100)
+            .arg("BLOCK")
+            .arg(block_ms)
+            .arg("STREAMS")
+            .arg(&self.reply_to)
+            .arg(&self.last_seen);
+        read
+    }
+
+    /// Consumes what an XREAD returned; the reply to `id`, if among it.
+    fn take_reply(&mut self, id: &str, read: redis::streams::StreamReadReply) -> Option<ReplyMsg> {
+        let mut found = None;
+        for key in read.keys {
+            for entry in key.ids {
+                self.last_seen = entry.id.clone();
+                if found.is_some() {
+                    continue;
+                }
+                let fields: BTreeMap<String, String> = entry
+                    .map
+                    .into_iter()
+                    .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                    .collect();
+                if fields.get("id").map(String::as_str) == Some(id) {
+                    found = Some(ReplyMsg { fields });
+                }
+            }
+        }
+        found
+    }
+
+    /// A new request id and the XADD that sends `call` under it.
+    fn request(&self, call: &Call) -> (String, redis::Cmd) {
         let id = format!(
             "{}-{}",
             self.id_prefix,
@@ -145,8 +207,7 @@ impl Client {
         if call.wait_ms > 0 {
             xadd.arg("wait_ms").arg(call.wait_ms);
         }
-        let _: String = xadd.query_async(&mut self.con).await?;
-        Ok(id)
+        (id, xadd)
     }
 
     /// Waits up to `timeout` for the reply to request `id`; replies to other
@@ -158,29 +219,10 @@ impl Client {
             if left.is_zero() {
                 return Err(Error::ReplyTimeout(timeout));
             }
-            let block_ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
-            let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
-                .arg("COUNT")
-                .arg(100)
-                .arg("BLOCK")
-                .arg(block_ms)
-                .arg("STREAMS")
-                .arg(&self.reply_to)
-                .arg(&self.last_seen)
-                .query_async(&mut self.con)
-                .await?;
-            for key in read.keys {
-                for entry in key.ids {
-                    self.last_seen = entry.id.clone();
-                    let fields: BTreeMap<String, String> = entry
-                        .map
-                        .into_iter()
-                        .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
-                        .collect();
-                    if fields.get("id").map(String::as_str) == Some(id) {
-                        return Ok(ReplyMsg { fields });
-                    }
-                }
+            let read: redis::streams::StreamReadReply =
+                self.read_cmd(left).query_async(&mut self.con).await?;
+            if let Some(reply) = self.take_reply(id, read) {
+                return Ok(reply);
             }
         }
     }

@@ -72,6 +72,8 @@ pub struct StreamSettings {
     pub consumer: String,
     /// XREADGROUP COUNT.
     pub batch_size: usize,
+    /// Batches decided concurrently.
+    pub max_in_flight: usize,
     /// XREADGROUP BLOCK, ms.
     pub block_ms: u64,
     /// XAUTOCLAIM min idle time, ms.
@@ -220,6 +222,9 @@ impl Settings {
         }
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
+        }
+        if self.stream.max_in_flight == 0 {
+            return bad("stream.max_in_flight must be at least 1");
         }
         if self.stream.max_deliveries == 0 {
             return bad("stream.max_deliveries must be at least 1");

@@ -6,6 +6,10 @@
 //! ran out, each on the reply stream the waiter queued with and carrying its
 //! original request id. The worker and the reaper share it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use redis::aio::ConnectionLike;
 use tracing::warn;
 
@@ -94,6 +98,8 @@ pub struct Publisher {
     reply_ttl_ms: u64,
     /// Key names (the outbox of a license).
     keys: crate::keys::Keys,
+    /// Reply streams this process set the expiry of recently, and when.
+    fresh: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Publisher {
@@ -105,24 +111,87 @@ impl Publisher {
             reply_maxlen: settings.replies.maxlen,
             reply_ttl_ms: settings.replies.ttl_ms,
             keys: crate::keys::Keys::new(settings.keys.prefix.clone()),
+            fresh: Default::default(),
         }
     }
 
-    /// XADDs `reply` to `stream` (see lua/reply.lua).
+    /// Appends `reply` to the caller's `stream`.
+    ///
+    /// The first reply to a stream (and one every quarter of the expiry) goes
+    /// through lua/reply.lua, which refuses non-stream keys and sets the
+    /// expiry atomically. In between, a plain `XADD ... NOMKSTREAM` is enough
+    /// and costs Redis a fraction of a script call: the key is known to be a
+    /// stream with an expiry, and NOMKSTREAM never re-creates a stream its
+    /// owner deleted (it would have no expiry); that case falls back to the script.
     pub async fn reply<C: ConnectionLike>(
         &self,
         con: &mut C,
         stream: &str,
         reply: &Reply,
     ) -> redis::RedisResult<()> {
+        let fields = reply.fields();
+        let refresh_after = Duration::from_millis(self.reply_ttl_ms / 4);
+        let fresh = self
+            .fresh
+            .lock()
+            .ok()
+            .and_then(|f| f.get(stream).map(|at| at.elapsed() < refresh_after))
+            .unwrap_or(false);
+        if fresh {
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(stream)
+                .arg("NOMKSTREAM")
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(self.reply_maxlen)
+                .arg("*");
+            for (field, value) in &fields {
+                xadd.arg(*field).arg(value);
+            }
+            match xadd.query_async::<Option<String>>(con).await {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => {} // deleted meanwhile: the script re-creates it with an expiry
+                Err(e) if e.code() == Some("WRONGTYPE") => {} // replaced: let the script refuse it
+                Err(e) => return Err(e),
+            }
+        }
         Scripts::get()
-            .reply(con, stream, self.reply_maxlen, self.reply_ttl_ms, &reply.fields())
-            .await
+            .reply(con, stream, self.reply_maxlen, self.reply_ttl_ms, &fields)
+            .await?;
+        if let Ok(mut f) = self.fresh.lock() {
+            // Bounded: forgetting costs only one script call per stream.
+            if f.len() >= 100_000 {
+                f.clear();
+            }
+            f.insert(stream.to_owned(), Instant::now());
+        }
+        Ok(())
     }
 
-    /// Appends `event` to the events stream. Failures are logged and counted:
-    /// an event is information, never a reason to hold back a reply.
-    pub async fn event<C: ConnectionLike>(&self, con: &mut C, event: &Event<'_>) {
+    fn is_fresh(&self, stream: &str) -> bool {
+        let refresh_after = Duration::from_millis(self.reply_ttl_ms / 4);
+        self.fresh
+            .lock()
+            .ok()
+            .and_then(|f| f.get(stream).map(|at| at.elapsed() < refresh_after))
+            .unwrap_or(false)
+    }
+
+    fn fast_xadd(&self, stream: &str, fields: &[(&str, String)]) -> redis::Cmd {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(stream)
+            .arg("NOMKSTREAM")
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.reply_maxlen)
+            .arg("*");
+        for (field, value) in fields {
+            xadd.arg(*field).arg(value);
+        }
+        xadd
+    }
+
+    fn event_cmd(&self, event: &Event<'_>) -> redis::Cmd {
         let mut xadd = redis::cmd("XADD");
         xadd.arg(&self.events)
             .arg("MAXLEN")
@@ -144,7 +213,84 @@ impl Publisher {
         if let Some(reason) = event.reason {
             xadd.arg("reason").arg(reason);
         }
-        if let Err(e) = xadd.query_async::<redis::Value>(con).await {
+        xadd
+    }
+
+    /// Writes many replies and events with one pipeline: the replies to
+    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs.
+    /// Replies that need the script (first reply to a stream, or the fast
+    /// path found the stream gone) follow one by one. Returns one result per
+    /// reply, in order; event failures are logged and counted only.
+    pub async fn reply_many<C: ConnectionLike + Clone>(
+        &self,
+        con: &mut C,
+        replies: &[(&str, &Reply)],
+        events: &[Event<'_>],
+    ) -> Vec<redis::RedisResult<()>> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut fast = Vec::with_capacity(replies.len());
+        for (stream, reply) in replies {
+            let is_fast = self.is_fresh(stream);
+            if is_fast {
+                pipe.add_command(self.fast_xadd(stream, &reply.fields()));
+            }
+            fast.push(is_fast);
+        }
+        for event in events {
+            pipe.add_command(self.event_cmd(event));
+        }
+        let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
+        if !pipe.is_empty() {
+            match pipe
+                .query_async::<Vec<redis::RedisResult<Option<String>>>>(con)
+                .await
+            {
+                Ok(answers) => {
+                    let mut answers = answers.into_iter();
+                    for (slot, is_fast) in results.iter_mut().zip(&fast) {
+                        if !is_fast {
+                            continue;
+                        }
+                        match answers.next() {
+                            Some(Ok(Some(_))) => *slot = Some(Ok(())),
+                            // Gone or replaced: the script path below decides.
+                            Some(Ok(None)) => {}
+                            Some(Err(e)) if e.code() == Some("WRONGTYPE") => {}
+                            Some(Err(e)) => *slot = Some(Err(e)),
+                            None => {}
+                        }
+                    }
+                    for (answer, event) in answers.zip(events) {
+                        if let Err(e) = answer {
+                            telemetry::event_error();
+                            warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The connection failed: nothing is known to be written.
+                    return replies.iter().map(|_| Err(e.clone())).collect();
+                }
+            }
+        }
+        let pending: Vec<usize> = (0..replies.len()).filter(|i| results[*i].is_none()).collect();
+        let slow = futures_util::future::join_all(pending.iter().map(|&i| {
+            let mut con = con.clone();
+            let (stream, reply) = replies[i];
+            async move { self.reply(&mut con, stream, reply).await }
+        }))
+        .await;
+        for (i, result) in pending.into_iter().zip(slow) {
+            results[i] = Some(result);
+        }
+        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+    }
+
+    /// Appends `event` to the events stream. Failures are logged and counted:
+    /// an event is information, never a reason to hold back a reply.
+    pub async fn event<C: ConnectionLike>(&self, con: &mut C, event: &Event<'_>) {
+        if let Err(e) = self.event_cmd(event).query_async::<redis::Value>(con).await {
             telemetry::event_error();
             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
         }

@@ -20,9 +20,11 @@
 //! - [`telemetry`]  tracing setup and every metric name
 //! - [`http`]       `/metrics`, `/live`, `/ready`
 //! - [`local_redis`] a private redis-server on a free port (benchmark, tests)
+//! - [`bench`]      `seatgate bench`: seatgate beside direct EVALSHA and the Redis ceiling
 //! - [`cli`]        the `seatgate` command line; `main.rs` only calls it
 //! - [`service`]    `seatgate run`: worker + HTTP endpoint + graceful shutdown
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -138,7 +138,7 @@ fn with_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a>
 }
 
 /// Redelivery dedupe and rate limiting for one request: KEYS[9..11] and
-/// ARGV[1..5] of the request scripts (lua/includes/common.lua).
+/// ARGV[1..6] of the request scripts (lua/includes/common.lua).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
@@ -157,6 +157,8 @@ pub struct Guard {
     pub license_limit: u64,
     /// The rate window, ms.
     pub window_ms: u64,
+    /// The entry is a redelivery: look up the reply it may have got before.
+    pub redelivery: bool,
 }
 
 impl Guard {
@@ -188,6 +190,7 @@ impl Guard {
             session_limit: limits.session_requests,
             license_limit: limits.license_requests,
             window_ms: limits.window_ms,
+            redelivery: false,
         }
     }
 
@@ -202,6 +205,7 @@ impl Guard {
             session_limit: 0,
             license_limit: 0,
             window_ms: 1,
+            redelivery: false,
         }
     }
 }
@@ -215,8 +219,104 @@ fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> Sc
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
         .arg(guard.license_limit) // ARGV[4]
-        .arg(guard.window_ms); // ARGV[5]
+        .arg(guard.window_ms) // ARGV[5]
+        .arg(if guard.redelivery { "1" } else { "0" }); // ARGV[6]
     call
+}
+
+/// One seat-script call, ready to run alone or in a pipeline.
+pub struct SeatCall<'a> {
+    /// Script name, for metrics and errors.
+    name: &'static str,
+    /// The EVALSHA invocation.
+    invocation: ScriptInvocation<'a>,
+}
+
+impl SeatCall<'_> {
+    /// The script's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The EVALSHA command, for a pipeline (which does not re-load on NOSCRIPT).
+    pub fn cmd(&self) -> redis::Cmd {
+        redis::Cmd::invoke_script(&self.invocation)
+    }
+
+    /// Runs the call on its own, re-loading the script on NOSCRIPT, and records metrics.
+    pub async fn run<C: ConnectionLike>(&self, con: &mut C) -> Result<Outcome, Error> {
+        let started = Instant::now();
+        let result = self.invocation.invoke_async(con).await;
+        finish(self.name, result, started.elapsed())
+    }
+}
+
+/// Decodes one seat script's result and records the seed's two metrics; for
+/// a pipelined call `elapsed` is the round trip of its pipeline.
+pub fn finish(
+    script: &'static str,
+    result: redis::RedisResult<Value>,
+    elapsed: std::time::Duration,
+) -> Result<Outcome, Error> {
+    telemetry::script_latency(script, elapsed);
+    let outcome = result.map_err(Error::from).and_then(|v| decode(script, v));
+    telemetry::script_executed(
+        script,
+        match &outcome {
+            Ok(o) if o.status.is_ok() => "success",
+            Ok(_) => "failure",
+            Err(_) => "error",
+        },
+    );
+    outcome
+}
+
+impl Scripts {
+    /// lua/acquire.lua as a [`SeatCall`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_call(
+        &self,
+        keys: &LicenseKeys,
+        guard: &Guard,
+        session: &str,
+        meta: &str,
+        wait_ms: u64,
+        request_id: &str,
+        reply_to: &str,
+        default_queue_max: u64,
+    ) -> SeatCall<'_> {
+        let mut call = request_call(&self.acquire, keys, guard);
+        call.arg(session) // ARGV[7]
+            .arg(meta) // ARGV[8]
+            .arg(wait_ms) // ARGV[9]
+            .arg(request_id) // ARGV[10]
+            .arg(reply_to) // ARGV[11]
+            .arg(default_queue_max); // ARGV[12]
+        SeatCall {
+            name: "acquire",
+            invocation: call,
+        }
+    }
+
+    /// lua/release.lua as a [`SeatCall`].
+    pub fn release_call(&self, keys: &LicenseKeys, guard: &Guard, session: &str) -> SeatCall<'_> {
+        let mut call = request_call(&self.release, keys, guard);
+        call.arg(session); // ARGV[7]
+        SeatCall {
+            name: "release",
+            invocation: call,
+        }
+    }
+
+    /// lua/heartbeat.lua as a [`SeatCall`].
+    pub fn heartbeat_call(&self, keys: &LicenseKeys, guard: &Guard, session: &str) -> SeatCall<'_> {
+        let mut call = request_call(&self.heartbeat, keys, guard);
+        call.arg(session); // ARGV[7]
+        SeatCall {
+            name: "heartbeat",
+            invocation: call,
+        }
+    }
 }
 
 impl Scripts {
@@ -264,14 +364,18 @@ impl Scripts {
         reply_to: &str,
         default_queue_max: u64,
     ) -> Result<Outcome, Error> {
-        let mut call = request_call(&self.acquire, keys, guard);
-        call.arg(session) // ARGV[6]
-            .arg(meta) // ARGV[7]
-            .arg(wait_ms) // ARGV[8]
-            .arg(request_id) // ARGV[9]
-            .arg(reply_to) // ARGV[10]
-            .arg(default_queue_max); // ARGV[11]
-        timed("acquire", call.invoke_async(con)).await
+        self.acquire_call(
+            keys,
+            guard,
+            session,
+            meta,
+            wait_ms,
+            request_id,
+            reply_to,
+            default_queue_max,
+        )
+        .run(con)
+        .await
     }
 
     /// lua/release.lua: free `session`'s seat (granting it to the next
@@ -283,9 +387,7 @@ impl Scripts {
         guard: &Guard,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = request_call(&self.release, keys, guard);
-        call.arg(session); // ARGV[6]
-        timed("release", call.invoke_async(con)).await
+        self.release_call(keys, guard, session).run(con).await
     }
 
     /// lua/heartbeat.lua: restart `session`'s heartbeat clock.
@@ -296,9 +398,7 @@ impl Scripts {
         guard: &Guard,
         session: &str,
     ) -> Result<Outcome, Error> {
-        let mut call = request_call(&self.heartbeat, keys, guard);
-        call.arg(session); // ARGV[6]
-        timed("heartbeat", call.invoke_async(con)).await
+        self.heartbeat_call(keys, guard, session).run(con).await
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.
@@ -351,24 +451,43 @@ impl Scripts {
     }
 }
 
-/// Runs one seat script call, records `license_lua_script_*`, and decodes its reply.
-async fn timed(
-    script: &'static str,
-    call: impl std::future::Future<Output = redis::RedisResult<Value>>,
-) -> Result<Outcome, Error> {
-    let started = Instant::now();
-    let result = call.await;
-    telemetry::script_latency(script, started.elapsed());
-    let outcome = result.map_err(Error::from).and_then(|v| decode(script, v));
-    telemetry::script_executed(
-        script,
-        match &outcome {
-            Ok(o) if o.status.is_ok() => "success",
-            Ok(_) => "failure",
-            Err(_) => "error",
-        },
-    );
-    outcome
+/// EVALSHA commands for pipelines (the benchmark's ceiling, bulk loads).
+/// Pipelines do not re-load on NOSCRIPT: call [`Scripts::load_all`] first.
+impl Scripts {
+    /// lua/acquire.lua as one command, without waiting in the queue.
+    pub fn acquire_cmd(&self, keys: &LicenseKeys, guard: &Guard, session: &str, meta: &str) -> redis::Cmd {
+        self.acquire_wait_cmd(keys, guard, session, meta, 0, "", "")
+    }
+
+    /// lua/acquire.lua as one command, queueing for up to `wait_ms`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_wait_cmd(
+        &self,
+        keys: &LicenseKeys,
+        guard: &Guard,
+        session: &str,
+        meta: &str,
+        wait_ms: u64,
+        request_id: &str,
+        reply_to: &str,
+    ) -> redis::Cmd {
+        let mut call = request_call(&self.acquire, keys, guard);
+        // ARGV[7..12]; the queue limit is the license's queue_max, else unbounded here.
+        call.arg(session)
+            .arg(meta)
+            .arg(wait_ms)
+            .arg(request_id)
+            .arg(reply_to)
+            .arg(i64::MAX);
+        redis::Cmd::invoke_script(&call)
+    }
+
+    /// lua/release.lua as one command.
+    pub fn release_cmd(&self, keys: &LicenseKeys, guard: &Guard, session: &str) -> redis::Cmd {
+        let mut call = request_call(&self.release, keys, guard);
+        call.arg(session); // ARGV[7]
+        redis::Cmd::invoke_script(&call)
+    }
 }
 
 fn bad(script: &'static str, detail: String) -> Error {

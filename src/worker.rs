@@ -11,10 +11,12 @@
 //! the scripts remember each entry's reply (lua/includes/common.lua).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Value};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -24,7 +26,7 @@ use crate::events::{Event, EventType, Publisher};
 use crate::http::Readiness;
 use crate::keys::Keys;
 use crate::protocol::{self, Op, Reply, Request};
-use crate::scripts::{Guard, Outcome, Scripts};
+use crate::scripts::{self, Guard, Outcome, Scripts};
 use crate::status::Status;
 use crate::telemetry;
 
@@ -32,8 +34,6 @@ use crate::telemetry;
 pub struct Worker {
     /// Settings the worker was started with.
     settings: Settings,
-    /// Key names.
-    keys: Keys,
     /// This process's consumer name in the group.
     consumer: String,
     /// Scripts and replies go over a managed, multiplexed connection: many
@@ -49,8 +49,8 @@ pub struct Worker {
     client: redis::Client,
     /// Health flag for `/ready`.
     ready: Readiness,
-    /// Events and waiter replies.
-    publisher: Publisher,
+    /// Decides batches; shared by the batches in flight.
+    decider: Arc<Decider>,
 }
 
 /// What happened to one entry of a batch.
@@ -78,14 +78,19 @@ impl Worker {
     pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
         let client = redis::Client::open(settings.redis.url.as_str())?;
         let con = crate::connect_managed(&client, &settings).await?;
+        let con_for_decider = con.clone();
         let mut worker = Worker {
-            keys: Keys::new(settings.keys.prefix.clone()),
             consumer: settings.consumer_name(),
             con,
             reader: None,
             client,
             ready,
-            publisher: Publisher::new(&settings),
+            decider: Arc::new(Decider {
+                settings: settings.clone(),
+                keys: Keys::new(settings.keys.prefix.clone()),
+                con: con_for_decider,
+                publisher: Publisher::new(&settings),
+            }),
             settings,
         };
         worker.prepare().await?;
@@ -154,8 +159,29 @@ impl Worker {
         let mut retry_backoff = Backoff::default();
         let claim_every = Duration::from_millis((self.settings.stream.claim_idle_ms / 2).clamp(100, 5_000));
         let mut next_claim = Instant::now();
+        // Batches decided concurrently: while one waits on Redis, the next is
+        // read and sent, so a worker keeps Redis busy instead of taking turns.
+        let mut in_flight: JoinSet<(bool, Source)> = JoinSet::new();
+        let max_in_flight = self.settings.stream.max_in_flight;
+        let outcome = |done: (bool, Source), retry_at: &mut Option<Instant>, retry_backoff: &mut Backoff| {
+            let (retry, source) = done;
+            if retry {
+                // Something must be retried: re-read our pending entries after a pause.
+                *retry_at = Some(Instant::now() + retry_backoff.next_delay());
+            } else if source == Source::OwnPending {
+                // Drained a page of pending entries; look for more right away.
+                *retry_at = Some(Instant::now());
+            }
+        };
         self.ready.set(true);
         while !shutdown.is_cancelled() {
+            while let Some(done) = in_flight.try_join_next() {
+                outcome(
+                    done.unwrap_or((true, Source::New)),
+                    &mut retry_at,
+                    &mut retry_backoff,
+                );
+            }
             let now = Instant::now();
             let source = if retry_at.is_some_and(|at| at <= now) {
                 Source::OwnPending
@@ -164,6 +190,22 @@ impl Worker {
             } else {
                 Source::New
             };
+            // Re-reading our own pending entries would return those in flight:
+            // let them finish first. Otherwise just respect the in-flight cap.
+            let cap = if source == Source::OwnPending {
+                1
+            } else {
+                max_in_flight
+            };
+            while in_flight.len() >= cap {
+                if let Some(done) = in_flight.join_next().await {
+                    outcome(
+                        done.unwrap_or((true, Source::New)),
+                        &mut retry_at,
+                        &mut retry_backoff,
+                    );
+                }
+            }
             // A blocking read must not sleep through a due retry or claim.
             let wake = retry_at.map_or(next_claim, |at| at.min(next_claim));
             let block = wake.saturating_duration_since(now).max(Duration::from_millis(1));
@@ -213,14 +255,14 @@ impl Worker {
             if batch.is_empty() {
                 continue;
             }
-            if self.process(batch, source).await {
-                // Something must be retried: re-read our pending entries after a pause.
-                retry_at = Some(Instant::now() + retry_backoff.next_delay());
-            } else if source == Source::OwnPending {
-                // Drained a page of pending entries; look for more right away.
-                retry_at = Some(Instant::now());
+            let decider = self.decider.clone();
+            if source == Source::OwnPending {
+                retry_at = None; // set again by the outcome
             }
+            in_flight.spawn(async move { (decider.process(batch, source).await, source) });
         }
+        // Finish and acknowledge what is in hand before leaving.
+        while in_flight.join_next().await.is_some() {}
         self.leave_group().await;
         self.ready.set(false);
         info!(consumer = %self.consumer, "worker stopped");
@@ -333,26 +375,168 @@ impl Worker {
             .await?;
         let counts: HashMap<String, u64> = pending.into_iter().map(|(id, _, _, n)| (id, n)).collect();
         for entry in &mut entries {
-            entry.deliveries = counts.get(&entry.id).copied().unwrap_or(1);
+            // Read from a pending list, so delivered before even if XPENDING lost track.
+            entry.deliveries = counts.get(&entry.id).copied().unwrap_or(2);
         }
         Ok(entries)
     }
+}
 
-    /// Decides and answers one batch concurrently, then acknowledges what was
-    /// answered. Returns whether some entries must be retried.
-    async fn process(&mut self, batch: Vec<Entry>, source: Source) -> bool {
-        let this = &*self;
-        let handled = futures_util::future::join_all(batch.iter().map(|entry| {
-            let mut con = this.con.clone();
-            async move { this.handle(&mut con, entry).await }
-        }))
-        .await;
+/// Decides batches: shared by the batches a worker has in flight at once.
+struct Decider {
+    /// Settings the worker was started with.
+    settings: Settings,
+    /// Key names.
+    keys: Keys,
+    /// The managed, multiplexed connection for scripts, replies and acks.
+    con: ConnectionManager,
+    /// Events and replies.
+    publisher: Publisher,
+}
+
+impl Decider {
+    /// Decides and answers one batch, then acknowledges what was answered.
+    /// Returns whether some entries must be retried.
+    ///
+    /// A batch costs three round trips however large it is: one pipeline of
+    /// seat scripts, one of replies and events, one XACK. Per request that
+    /// is far fewer reads and writes for Redis and for this process than
+    /// sending each command on its own.
+    async fn process(&self, batch: Vec<Entry>, source: Source) -> bool {
+        let parsed: Vec<Option<Result<Request, protocol::Invalid>>> = batch
+            .iter()
+            .map(|e| {
+                e.fields
+                    .as_ref()
+                    .map(|f| protocol::parse_request(&e.id, f, |k| self.keys.is_reserved(k)))
+            })
+            .collect();
+        let mut con = self.con.clone();
+        let decided = self.decide_batch(&mut con, &batch, &parsed).await;
+
+        // What each entry gets: a reply to send (if it has an address), or a retry.
+        let mut handled: Vec<Option<Handled>> = Vec::with_capacity(batch.len());
+        let mut replies: Vec<(usize, String, Reply)> = Vec::new();
+        for (i, (entry, req)) in batch.iter().zip(&parsed).enumerate() {
+            let outcome = decided.get(i).and_then(|d| d.as_ref());
+            match (req, outcome) {
+                // Deleted or trimmed while pending: nothing to answer.
+                (None, _) => handled.push(Some(Handled::Done)),
+                (Some(Err(bad)), _) => {
+                    telemetry::invalid_request(bad.field);
+                    warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
+                    if let Some(stream) = &bad.echo.reply_to {
+                        replies.push((i, stream.clone(), Reply::invalid(bad)));
+                    }
+                    handled.push(None);
+                }
+                (Some(Ok(req)), Some(Ok(outcome))) => {
+                    if let Some(stream) = &req.reply_to {
+                        replies.push((i, stream.clone(), reply_for(req, outcome, None)));
+                    }
+                    handled.push(None);
+                }
+                (Some(Ok(req)), Some(Err(e))) => {
+                    let permanent = !matches!(e, Error::Redis(r) if is_transient(r));
+                    if permanent {
+                        warn!(entry = %entry.id, license = %req.license, deliveries = entry.deliveries, error = %e, "request failed");
+                    } else {
+                        telemetry::redis_error("script");
+                    }
+                    handled.push(Some(Handled::Retry {
+                        error: Error::Usage(e.to_string()),
+                        permanent,
+                    }));
+                }
+                (Some(Ok(_)), None) => handled.push(Some(Handled::Retry {
+                    error: Error::Usage("not decided".into()),
+                    permanent: false,
+                })),
+            }
+        }
+
+        // Replies and the requests' own events, in one pipeline.
+        let mut events = Vec::new();
+        for (i, req) in parsed.iter().enumerate() {
+            if let (Some(Ok(req)), Some(Some(Ok(outcome)))) = (req, decided.get(i)) {
+                if let Some(kind) =
+                    EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed)
+                {
+                    events.push(Event {
+                        kind,
+                        license: &req.license,
+                        session: &req.session,
+                        seats_used: outcome.seats_used,
+                        seats_total: outcome.seats_total,
+                        at_ms: outcome.now_ms,
+                        reason: None,
+                    });
+                }
+            }
+        }
+        let to_send: Vec<(&str, &Reply)> = replies.iter().map(|(_, s, r)| (s.as_str(), r)).collect();
+        let sent = self.publisher.reply_many(&mut con, &to_send, &events).await;
+        let mut reply_failed = vec![None; batch.len()];
+        for ((i, stream, _), result) in replies.iter().zip(sent) {
+            if let Err(e) = result {
+                if is_transient(&e) {
+                    telemetry::redis_error("reply");
+                    reply_failed[*i] = Some(e);
+                } else {
+                    telemetry::reply_error();
+                    warn!(entry = %batch[*i].id, reply_to = %stream, error = %e, "cannot write reply");
+                }
+            }
+        }
+        for (i, entry) in batch.iter().enumerate() {
+            if handled[i].is_some() {
+                continue;
+            }
+            if let Some(e) = reply_failed[i].take() {
+                handled[i] = Some(Handled::Retry {
+                    error: e.into(),
+                    permanent: false,
+                });
+                continue;
+            }
+            match &parsed[i] {
+                Some(Ok(req)) => {
+                    if let Some(Some(Ok(outcome))) = decided.get(i) {
+                        if outcome.replayed {
+                            telemetry::replayed();
+                        }
+                        telemetry::request_answered(req.op.as_str(), outcome.status.as_str(), entry.age());
+                        // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
+                        // A replayed outcome's notes wait in the outbox for the reaper.
+                        if !outcome.replayed {
+                            for note in &outcome.notes {
+                                let _ = self
+                                    .publisher
+                                    .deliver(
+                                        &mut con,
+                                        &req.license,
+                                        note,
+                                        outcome.seats_used,
+                                        outcome.seats_total,
+                                        outcome.now_ms,
+                                        true,
+                                    )
+                                    .await;
+                            }
+                        }
+                    }
+                }
+                _ => telemetry::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age()),
+            }
+            handled[i] = Some(Handled::Done);
+        }
+
         let mut done = Vec::with_capacity(batch.len());
         let mut retry = false;
         for (entry, result) in batch.iter().zip(handled) {
             match result {
-                Handled::Done => done.push(entry.id.as_str()),
-                Handled::Retry { error, permanent } => {
+                Some(Handled::Done) | None => done.push(entry.id.as_str()),
+                Some(Handled::Retry { error, permanent }) => {
                     let exhausted = permanent && entry.deliveries >= self.settings.stream.max_deliveries;
                     if exhausted && self.dead_letter(entry, &error.to_string()).await {
                         done.push(entry.id.as_str());
@@ -368,7 +552,7 @@ impl Worker {
                 .arg(&self.settings.stream.requests)
                 .arg(&self.settings.stream.group)
                 .arg(&done)
-                .query_async(&mut self.con)
+                .query_async(&mut con)
                 .await;
             if let Err(e) = acked {
                 telemetry::redis_error("ack");
@@ -377,6 +561,80 @@ impl Worker {
             }
         }
         retry
+    }
+
+    /// Runs the seat script of every valid request in one pipeline. Scripts
+    /// that Redis no longer knows (NOSCRIPT after a restart or SCRIPT FLUSH)
+    /// did not run, so they are re-run one by one, which re-loads them.
+    async fn decide_batch(
+        &self,
+        con: &mut ConnectionManager,
+        batch: &[Entry],
+        parsed: &[Option<Result<Request, protocol::Invalid>>],
+    ) -> Vec<Option<Result<Outcome, Error>>> {
+        let scripts = Scripts::get();
+        let mut calls = Vec::new();
+        for (i, (entry, req)) in batch.iter().zip(parsed).enumerate() {
+            let Some(Ok(req)) = req else { continue };
+            let keys = self.keys.license(&req.license);
+            let mut guard =
+                Guard::for_entry(&self.settings, &self.keys, &entry.id, &req.license, &req.session);
+            guard.redelivery = entry.deliveries > 1;
+            let call = match req.op {
+                Op::Acquire => scripts.acquire_call(
+                    &keys,
+                    &guard,
+                    &req.session,
+                    &req.meta,
+                    req.wait_ms,
+                    &req.id,
+                    req.reply_to.as_deref().unwrap_or(""),
+                    self.settings.queue.max_length,
+                ),
+                Op::Release => scripts.release_call(&keys, &guard, &req.session),
+                Op::Heartbeat => scripts.heartbeat_call(&keys, &guard, &req.session),
+            };
+            calls.push((i, call));
+        }
+        let mut out: Vec<Option<Result<Outcome, Error>>> = (0..batch.len()).map(|_| None).collect();
+        if calls.is_empty() {
+            return out;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (_, call) in &calls {
+            pipe.add_command(call.cmd());
+        }
+        let started = Instant::now();
+        let answers = pipe.query_async::<Vec<redis::RedisResult<Value>>>(con).await;
+        let elapsed = started.elapsed();
+        let answers = match answers {
+            Ok(a) if a.len() == calls.len() => a,
+            Ok(a) => {
+                let e = Error::ScriptReply {
+                    script: "pipeline",
+                    detail: format!("{} answers for {} calls", a.len(), calls.len()),
+                };
+                warn!(error = %e, "unexpected pipeline reply");
+                return out;
+            }
+            Err(e) => {
+                for (i, _) in &calls {
+                    out[*i] = Some(Err(Error::Redis(e.clone())));
+                }
+                return out;
+            }
+        };
+        for ((i, call), answer) in calls.iter().zip(answers) {
+            let result = match answer {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    call.run(con).await
+                }
+                other => scripts::finish(call.name(), other, elapsed),
+            };
+            out[*i] = Some(result);
+        }
+        out
     }
 
     /// Moves a poison entry to the dead-letter stream and answers it ERROR.
@@ -423,144 +681,6 @@ impl Worker {
             }
         }
         true
-    }
-
-    async fn handle(&self, con: &mut ConnectionManager, entry: &Entry) -> Handled {
-        let Some(fields) = &entry.fields else {
-            // Deleted or trimmed while pending: nothing to answer.
-            return Handled::Done;
-        };
-        let req = match protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
-            Ok(req) => req,
-            Err(bad) => {
-                telemetry::invalid_request(bad.field);
-                warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
-                let reply = Reply::invalid(&bad);
-                if let Some(stream) = &bad.echo.reply_to {
-                    if let Err(e) = self.publisher.reply(con, stream, &reply).await {
-                        if is_transient(&e) {
-                            telemetry::redis_error("reply");
-                            return Handled::Retry {
-                                error: e.into(),
-                                permanent: false,
-                            };
-                        }
-                        telemetry::reply_error();
-                        warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
-                    }
-                }
-                telemetry::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age());
-                return Handled::Done;
-            }
-        };
-        let outcome = match self.decide(con, entry, &req).await {
-            Ok(outcome) => outcome,
-            Err(Error::Redis(e)) if is_transient(&e) => {
-                telemetry::redis_error("script");
-                return Handled::Retry {
-                    error: e.into(),
-                    permanent: false,
-                };
-            }
-            // Not going to get better soon (e.g. WRONGTYPE on a hand-edited key):
-            // retried up to max_deliveries, then dead-lettered and answered.
-            Err(e) => {
-                warn!(entry = %entry.id, license = %req.license, deliveries = entry.deliveries, error = %e, "request failed");
-                return Handled::Retry {
-                    error: e,
-                    permanent: true,
-                };
-            }
-        };
-        // The requester first, then the waiters and dashboards.
-        let reply = reply_for(&req, &outcome, None);
-        if let Some(stream) = &req.reply_to {
-            if let Err(e) = self.publisher.reply(con, stream, &reply).await {
-                if is_transient(&e) {
-                    telemetry::redis_error("reply");
-                    return Handled::Retry {
-                        error: e.into(),
-                        permanent: false,
-                    };
-                }
-                telemetry::reply_error();
-                warn!(entry = %entry.id, reply_to = %stream, error = %e, "cannot write reply");
-            }
-        }
-        if outcome.replayed {
-            telemetry::replayed();
-        }
-        telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
-        self.publish(con, &req, &outcome).await;
-        Handled::Done
-    }
-
-    async fn decide(
-        &self,
-        con: &mut ConnectionManager,
-        entry: &Entry,
-        req: &Request,
-    ) -> Result<Outcome, Error> {
-        let keys = self.keys.license(&req.license);
-        let guard = Guard::for_entry(&self.settings, &self.keys, &entry.id, &req.license, &req.session);
-        let scripts = Scripts::get();
-        match req.op {
-            Op::Acquire => {
-                scripts
-                    .acquire(
-                        con,
-                        &keys,
-                        &guard,
-                        &req.session,
-                        &req.meta,
-                        req.wait_ms,
-                        &req.id,
-                        req.reply_to.as_deref().unwrap_or(""),
-                        self.settings.queue.max_length,
-                    )
-                    .await
-            }
-            Op::Release => scripts.release(con, &keys, &guard, &req.session).await,
-            Op::Heartbeat => scripts.heartbeat(con, &keys, &guard, &req.session).await,
-        }
-    }
-
-    /// Publishes the request's event and delivers the notes its script returned.
-    /// A replayed outcome does neither: its event was published (or lost) with
-    /// the first delivery, and undelivered notes wait in the outbox, which the
-    /// reaper empties.
-    async fn publish(&self, con: &mut ConnectionManager, req: &Request, outcome: &Outcome) {
-        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed);
-        if let Some(kind) = kind {
-            let event = Event {
-                kind,
-                license: &req.license,
-                session: &req.session,
-                seats_used: outcome.seats_used,
-                seats_total: outcome.seats_total,
-                at_ms: outcome.now_ms,
-                reason: None,
-            };
-            self.publisher.event(con, &event).await;
-        }
-        if outcome.replayed {
-            return;
-        }
-        for note in &outcome.notes {
-            // A failed delivery stays in the outbox for the reaper.
-            let _ = self
-                .publisher
-                .deliver(
-                    con,
-                    &req.license,
-                    note,
-                    outcome.seats_used,
-                    outcome.seats_total,
-                    outcome.now_ms,
-                    true,
-                )
-                .await;
-        }
     }
 }
 

@@ -22,12 +22,14 @@
                                        entries added in time bucket b (expires)
     KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
     KEYS[11] seat:{L}:rate       ZSET  the license's recent requests (expires)
-  and the same first four ARGV:
+  and the same first six ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
-    ARGV[2]  unix ms at which KEYS[8] may expire
+    ARGV[2]  unix ms at which KEYS[9] may expire
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)
     ARGV[5]  rate window, ms
+    ARGV[6]  '1' when the entry is a redelivery and may have been decided
+             before (only then is KEYS[9] read; a first delivery cannot be there)
 
   Session records keep a ~60-byte metadata record small enough for listpack
   encoding and let heartbeats bump the count without decoding the JSON.
@@ -182,9 +184,11 @@ end
 -- is rate limited at all (release is not: giving a seat back always works).
 local function prologue(now, limited)
   local entry_id = ARGV[1]
-  local previous = replay(entry_id)
-  if previous then
-    return previous
+  if ARGV[6] == '1' then
+    local previous = replay(entry_id)
+    if previous then
+      return previous
+    end
   end
   if limited and rate_limited(now, entry_id .. ':' .. now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
     local total = tonumber(rcall('HGET', K.license, 'seats_total')) or 0
