@@ -142,16 +142,30 @@ local function replay(entry_id)
   if not raw then
     return nil
   end
-  local result = cjson.decode(raw)
+  local result
+  if string.sub(raw, 1, 1) == '[' then
+    result = cjson.decode(raw)
+  else
+    local status, used, total, detail, now = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    result = {status, tonumber(used), tonumber(total), tonumber(detail) or detail, tonumber(now), {}}
+  end
   result[7] = 0
   result[8] = 1
   return result
 end
 
 -- Remembers the reply `result` for `entry_id` until `expire_at` (unix ms).
+-- The common case (no notes) is stored as "status|used|total|detail|now",
+-- cheaper to write than JSON; results with notes are stored as JSON.
 local function remember(entry_id, expire_at, result)
   if entry_id ~= '' then
-    rcall('HSET', K.done, entry_id, cjson.encode(result))
+    local encoded
+    if #result[6] == 0 then
+      encoded = result[1] .. '|' .. result[2] .. '|' .. result[3] .. '|' .. result[4] .. '|' .. result[5]
+    else
+      encoded = cjson.encode(result)
+    end
+    rcall('HSET', K.done, entry_id, encoded)
     rcall('PEXPIREAT', K.done, expire_at)
   end
   return result
