@@ -14,8 +14,8 @@
     ACQUIRED            seat taken, heartbeat clock started
     ALREADY_ACTIVE      the session already holds a seat; nothing changed
     QUEUED              detail = 1-based queue position (also when re-sent)
-    NO_SEATS_AVAILABLE  every seat is held, or others wait first (no queue
-                        jumping); detail = 'queue_full' when the queue is full
+    NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
+                        detail = 'queue_full' when the queue is full
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
   A redelivered entry gets the reply it got the first time (common.lua).
@@ -54,9 +54,9 @@ local function decide()
     return {refusal, rcall('ZCARD', K.holders), total, 0, now, notes}
   end
 
-  local used = promote(now, total, notes)
-  if used < total then
-    -- promote() stopped with a free seat, so nobody is waiting: take it.
+  local used = promote(now, total, notes, 100)
+  if used < total and rcall('ZCARD', K.queue) == 0 then
+    -- A free seat and nobody waiting for it: take it.
     rcall('ZADD', K.holders, now, session)
     rcall('HSET', K.sessions, session, new_session_record(now, meta))
     return {'ACQUIRED', used + 1, total, 0, now, notes}

@@ -37,14 +37,12 @@ end
 local expired = expire_waiters(now, notes, limit)
 
 local refusal, total = check_license(now)
-local used
-if refusal then
-  used = rcall('ZCARD', K.holders)
-else
-  used = promote(now, total, notes)
+local used, granted = rcall('ZCARD', K.holders), 0
+if not refusal then
+  used, granted = promote(now, total, notes, limit)
 end
 local more = 0
-if #stale >= limit or expired >= limit then
+if #stale >= limit or expired >= limit or granted >= limit then
   more = 1
 end
 local redeliver = {}

@@ -31,7 +31,7 @@ local function decide()
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
     if not refusal then
-      used = promote(now, total, notes)
+      used = promote(now, total, notes, 100)
     end
     return {'RELEASED', used, total, 0, now, notes}
   end

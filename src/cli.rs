@@ -246,8 +246,10 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         wait_ms,
     };
     let mut client = Client::connect(&settings.redis.url, &settings.stream.requests).await?;
-    // A queued acquire may legitimately wait for its grant as long as it asked to.
-    let timeout = args.timeout + Duration::from_millis(wait_ms);
+    // A queued acquire may legitimately wait for its grant as long as it asked
+    // to; its QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
+    let timeout =
+        args.timeout + Duration::from_millis(wait_ms) + Duration::from_secs(if wait_ms > 0 { 30 } else { 0 });
     let result = async {
         let id = client.send(&call).await?;
         let mut reply = client.wait_for(&id, args.timeout).await?;

@@ -435,7 +435,9 @@ impl Reply {
 /// A human-readable reason for refusals that carry no `error` of their own.
 pub fn refusal_reason(status: Status) -> Option<&'static str> {
     Some(match status {
-        Status::NoSeatsAvailable => "every seat of the license is in use",
+        Status::NoSeatsAvailable => {
+            "no free seat: every seat is in use, or others are already waiting for one"
+        }
         Status::SessionNotFound => "the session neither holds a seat nor waits for one",
         Status::SessionNotActive => "the session holds no seat; acquire again",
         Status::LicenseNotFound => "no such license",

@@ -24,6 +24,7 @@ pub async fn run(
     let token = CancellationToken::new();
     let ready = Readiness::default();
     let grace = Duration::from_millis(settings.shutdown.grace_ms);
+    let mut deadline = None;
 
     let http_task = match settings.metrics_addr()? {
         Some(addr) => {
@@ -58,7 +59,9 @@ pub async fn run(
         _ = shutdown => {
             info!("shutdown requested; finishing in-flight requests");
             token.cancel();
-            match tokio::time::timeout(grace, &mut worker_task).await {
+            let until = tokio::time::Instant::now() + grace;
+            deadline = Some(until);
+            match tokio::time::timeout_at(until, &mut worker_task).await {
                 Ok(r) => r,
                 Err(_) => {
                     warn!(?grace, "in-flight requests did not finish in time; leaving them pending to be decided again");
@@ -74,7 +77,11 @@ pub async fn run(
         if let Err(e) = scheduler.shutdown().await {
             warn!(error = %e, "stopping the reaper scheduler failed");
         }
-        reaper::drain(&reaper, grace).await;
+        // One deadline for the whole shutdown, not one per stage.
+        let left = deadline.map_or(grace, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+        });
+        reaper::drain(&reaper, left).await;
     }
     if let Some(task) = http_task {
         let _ = task.await;

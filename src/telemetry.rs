@@ -35,7 +35,7 @@ pub const QUEUE_TIMEOUTS: &str = "seatgate_queue_timeouts_total";
 /// Time spent in a wait queue, by `outcome` (`granted`, `timeout`).
 pub const QUEUE_WAIT: &str = "seatgate_queue_wait_seconds";
 /// Sessions waiting, per `license`, for at most `metrics.license_series_limit`
-/// licenses (the deepest queues); the rest are summed in `seatgate_queued_sessions`.
+/// licenses (the deepest queues); `seatgate_queued_sessions` is the total over all.
 pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 /// Sessions waiting over all licenses, after the last reaper pass.
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
@@ -52,6 +52,11 @@ pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Waits in a queue last seconds to hours.
+const WAIT_BUCKETS: &[f64] = &[
+    0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0, 86400.0,
 ];
 
 /// Sets up the log subscriber: `RUST_LOG` filters, default `info`.
@@ -77,6 +82,8 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
                     metrics_util::MetricKindMask::GAUGE,
                     Some(Duration::from_secs(300)),
                 )
+                .set_buckets_for_metric(Matcher::Full(QUEUE_WAIT.into()), WAIT_BUCKETS)
+                .map_err(|e| e.to_string())?
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .map_err(|e| e.to_string())?
                 .install_recorder()
@@ -157,7 +164,7 @@ pub fn reaper_pass(elapsed: Duration, report: &crate::reaper::PassReport, limit:
     histogram!(REAPER_PASS).record(elapsed.as_secs_f64());
     let mut queues = report.queues.clone();
     queues.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    gauge!(QUEUED_SESSIONS).set(queues.iter().map(|(_, d)| *d as f64).sum::<f64>());
+    gauge!(QUEUED_SESSIONS).set(queues.iter().map(|(_, d)| *d).sum::<i64>() as f64);
     let top: HashSet<String> = queues.iter().take(limit).map(|(l, _)| l.clone()).collect();
     for (license, depth) in queues.iter().take(limit) {
         gauge!(QUEUE_DEPTH, "license" => license.clone()).set(*depth as f64);

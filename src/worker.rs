@@ -84,12 +84,14 @@ impl Worker {
             con,
             reader: None,
             client,
-            ready,
+            ready: ready.clone(),
             decider: Arc::new(Decider {
                 settings: settings.clone(),
                 keys: Keys::new(settings.keys.prefix.clone()),
                 con: con_for_decider,
                 publisher: Publisher::new(&settings),
+                ready: ready.clone(),
+                degraded: Default::default(),
             }),
             settings,
         };
@@ -392,9 +394,30 @@ struct Decider {
     con: ConnectionManager,
     /// Events and replies.
     publisher: Publisher,
+    /// Health flag for `/ready`: cleared while Redis refuses our writes.
+    ready: Readiness,
+    /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
+    /// so the state change is logged once rather than once per batch.
+    degraded: std::sync::atomic::AtomicBool,
 }
 
 impl Decider {
+    /// Logs and reports a change between healthy and refused-by-Redis.
+    fn note_health(&self, transient: Option<&str>, answered: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match transient {
+            Some(error) if !self.degraded.swap(true, Relaxed) => {
+                warn!(%error, "redis refuses to decide requests; they stay pending and are retried (is it out of memory?)");
+                self.ready.set(false);
+            }
+            None if answered > 0 && self.degraded.swap(false, Relaxed) => {
+                info!("redis decides requests again");
+                self.ready.set(true);
+            }
+            _ => {}
+        }
+    }
+
     /// Decides and answers one batch, then acknowledges what was answered.
     /// Returns whether some entries must be retried.
     ///
@@ -533,10 +556,14 @@ impl Decider {
 
         let mut done = Vec::with_capacity(batch.len());
         let mut retry = false;
+        let mut transient = None;
         for (entry, result) in batch.iter().zip(handled) {
             match result {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::Retry { error, permanent }) => {
+                    if !permanent {
+                        transient.get_or_insert_with(|| error.to_string());
+                    }
                     let exhausted = permanent && entry.deliveries >= self.settings.stream.max_deliveries;
                     if exhausted && self.dead_letter(entry, &error.to_string()).await {
                         done.push(entry.id.as_str());
@@ -547,6 +574,7 @@ impl Decider {
                 }
             }
         }
+        self.note_health(transient.as_deref(), done.len());
         if !done.is_empty() {
             let acked: redis::RedisResult<i64> = redis::cmd("XACK")
                 .arg(&self.settings.stream.requests)

@@ -109,11 +109,13 @@ local function expire_waiters(now, notes, limit)
 end
 
 -- Hands free seats to the head of the queue, in arrival order, noting GRANTED
--- for each. Only call it when the license may hand out seats.
--- Returns the seats in use afterwards.
-local function promote(now, total, notes)
+-- for each, at most `max` of them (a seats_total raised by thousands under a
+-- long queue is granted over several calls). Only call it when the license
+-- may hand out seats. Returns the seats in use afterwards and the grants made.
+local function promote(now, total, notes, max)
   local used = rcall('ZCARD', K.holders)
-  while used < total do
+  local granted = 0
+  while used < total and granted < max do
     local head = rcall('ZRANGE', K.queue, 0, 0)[1]
     if not head then
       break
@@ -125,10 +127,11 @@ local function promote(now, total, notes)
       rcall('ZADD', K.holders, now, head)
       rcall('HSET', K.sessions, head, new_session_record(now, w.meta))
       used = used + 1
+      granted = granted + 1
       note(notes, now, 'GRANTED', head, w)
     end
   end
-  return used
+  return used, granted
 end
 
 -- Redelivery dedupe: the reply a stream entry got, if it was decided before.

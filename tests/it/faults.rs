@@ -689,3 +689,48 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
     );
     assert_eq!(r.status(), Status::Acquired);
 }
+
+/// Redis out of memory (noeviction): the worker reports not-ready, evicts
+/// nothing, and serves again once memory is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_is_not_ready_and_recovers() {
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    put_license(&redis, "lic", 2).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]);
+    let ready = |w: &WorkerProcess| crate::support::http_get(&w.metrics, "/ready").map(|(c, _)| c);
+    let mut con = redis.con().await;
+    // Ballast past the limit (the limit is set after, as an operator would find it).
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg("ballast")
+        .arg(8 * 1024 * 1024)
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&worker) != Some(503) {
+        assert!(Instant::now() < deadline, "/ready did not report the OOM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(holders(&redis, "lic").await.len(), 0);
+    let _: () = redis::cmd("DEL")
+        .arg("ballast")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ready(&worker) != Some(200) {
+        assert!(Instant::now() < deadline, "/ready did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let r = c.call(&call(Op::Acquire, "lic", "after"), T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+}
