@@ -95,7 +95,15 @@ impl Worker {
             }),
             settings,
         };
-        worker.prepare().await?;
+        match worker.prepare().await {
+            Ok(()) => {}
+            // Redis is up but refusing writes (OOM, loading): start anyway, not
+            // ready, and let the read loop retry the setup.
+            Err(Error::Redis(e)) if is_transient(&e) && !e.is_io_error() => {
+                warn!(error = %e, "cannot prepare the consumer group yet; retrying while serving");
+            }
+            Err(e) => return Err(e),
+        }
         worker.check_eviction_policy().await;
         Ok(worker)
     }
