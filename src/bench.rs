@@ -43,6 +43,8 @@ pub struct BenchOptions {
     pub only: Vec<String>,
     /// Sessions in the reaper scenario.
     pub reaper_sessions: usize,
+    /// How long the soak scenario runs (it runs only when asked for by name).
+    pub soak: Duration,
 }
 
 /// One line of the table.
@@ -116,7 +118,14 @@ fn row(
 pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<Report, Error> {
     let local = match &opts.redis_url {
         Some(_) => None,
-        None => Some(LocalRedis::start(&[])?),
+        // The memory settings of ops/redis.conf; persistence stays off so
+        // that disk speed does not blur the figures.
+        None => Some(LocalRedis::start(&[
+            "--hash-max-listpack-value",
+            "256",
+            "--maxmemory-policy",
+            "noeviction",
+        ])?),
     };
     let url = opts
         .redis_url
@@ -236,6 +245,16 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
             ));
         }
         for r in reaper_run(&settings, &mut con, opts.reaper_sessions).await? {
+            emit(r, &mut rows);
+        }
+    }
+    if opts.only.iter().any(|o| o == "soak") {
+        if !may_flush {
+            return Err(bench_err(
+                "the soak scenario needs a Redis it may FLUSHALL (--flush)",
+            ));
+        }
+        for r in soak_run(&settings, &mut con, opts.soak, &mut |r: &Row| progress_line(r)).await? {
             emit(r, &mut rows);
         }
     }
@@ -658,7 +677,9 @@ async fn reaper_run(
             queued = 0;
         }
     }
-    pipe.query_async::<()>(con).await?;
+    if !pipe.is_empty() {
+        pipe.query_async::<()>(con).await?;
+    }
     let reaper = Reaper::new(con.clone(), settings);
     let mut rows = Vec::new();
     for (label, mark) in [("1% stale", 0usize), ("0.1% stale", 1_000), ("none stale", 0)] {
@@ -765,7 +786,9 @@ async fn memory_run(settings: &Settings, con: &mut ConnectionManager) -> Result<
             n = 0;
         }
     }
-    pipe.query_async::<()>(con).await?;
+    if !pipe.is_empty() {
+        pipe.query_async::<()>(con).await?;
+    }
     let after_sessions = used_memory(con).await?;
     let used: i64 = redis::cmd("ZCARD")
         .arg(keys.license("m0").holders)
@@ -819,6 +842,153 @@ async fn memory_run(settings: &Settings, con: &mut ConnectionManager) -> Result<
             note: format!("{per_waiter:.0} bytes per queued waiter"),
         },
     ])
+}
+
+fn progress_line(r: &Row) {
+    eprintln!("  {:<11} {:<44} {}", r.scenario, r.variant, r.note);
+}
+
+/// A steady mixed workload under the real maintenance (reaper, stream
+/// trimming, expiring reply streams and dedupe records) for `duration`,
+/// sampling Redis memory every minute: it must stay flat.
+///
+/// 24 users cycle through sessions: acquire, two heartbeats, release; one
+/// session in ten is abandoned (never released, reaped after the license's
+/// 10 s heartbeat timeout); each session uses a fresh reply stream, like a
+/// CLI invocation, deleted when done or, when abandoned, left to expire.
+async fn soak_run(
+    settings: &Settings,
+    con: &mut ConnectionManager,
+    duration: Duration,
+    progress: &mut dyn FnMut(&Row),
+) -> Result<Vec<Row>, Error> {
+    const USERS: usize = 24;
+    let _: () = redis::cmd("FLUSHALL").query_async(con).await?;
+    Scripts::get().load_all(con).await?;
+    let keys = Keys::new(settings.keys.prefix.clone());
+    for l in 0..20 {
+        let spec = LicenseSpec {
+            seats_total: 50,
+            expires_at_ms: 0,
+            active: true,
+            heartbeat_timeout_ms: Some(10_000),
+        };
+        license::put(con, &keys, &format!("soak-{l}"), &spec).await?;
+    }
+    let mut s = settings.clone();
+    s.limits = Settings::load(None)?.limits; // the real per-session limits
+    s.reaper.schedule = "*/2 * * * * *".into();
+    let fleet = Fleet::start(&s, 2).await?;
+    let reaper = Reaper::new(con.clone(), &s);
+    let mut scheduler = crate::reaper::start(reaper.clone(), &s.reaper.schedule, s.reaper.lock_ms).await?;
+
+    let stop = CancellationToken::new();
+    let ops = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for u in 0..USERS {
+        let url = settings.redis.url.clone();
+        let stop = stop.clone();
+        let ops = ops.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut cycle = 0u64;
+            while !stop.is_cancelled() {
+                let license = format!("soak-{}", (u + cycle as usize) % 20);
+                let session = format!("u{u}-s{cycle}");
+                let mut client = Client::connect(&url, "seat:requests").await?;
+                let mut call = Call {
+                    op: Op::Acquire,
+                    license,
+                    session,
+                    meta: Some(META.into()),
+                    wait_ms: 0,
+                };
+                let got = client.call(&call, Duration::from_secs(10)).await?;
+                ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let abandon = cycle % 10 == 9;
+                if got.ok() {
+                    call.meta = None;
+                    for _ in 0..2 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        call.op = Op::Heartbeat;
+                        client.call(&call, Duration::from_secs(10)).await?;
+                        ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if !abandon {
+                        call.op = Op::Release;
+                        client.call(&call, Duration::from_secs(10)).await?;
+                        ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                if !abandon {
+                    let _ = client.close().await;
+                }
+                cycle += 1;
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    let mut samples = Vec::new();
+    let mut last_ops = 0;
+    let mut minute = 0;
+    while started.elapsed() < duration {
+        let next = started + Duration::from_secs(60 * (minute + 1));
+        tokio::time::sleep_until(next.min(started + duration).into()).await;
+        minute += 1;
+        let mem = used_memory(con).await?;
+        let dbsize: i64 = redis::cmd("DBSIZE").query_async(con).await?;
+        let requests: i64 = redis::cmd("XLEN")
+            .arg(&s.stream.requests)
+            .query_async(con)
+            .await?;
+        let total = ops.load(std::sync::atomic::Ordering::Relaxed);
+        let rate = (total - last_ops) as f64 / 60.0;
+        last_ops = total;
+        samples.push(mem);
+        let r = Row {
+            scenario: "soak".into(),
+            variant: format!("minute {minute}"),
+            ops_per_sec: rate,
+            p50_us: None,
+            p90_us: None,
+            p99_us: None,
+            p999_us: None,
+            note: format!(
+                "used_memory {:.2} MB, {dbsize} keys, requests stream {requests} entries",
+                mem as f64 / 1e6
+            ),
+        };
+        progress(&r);
+        rows.push(r);
+    }
+    stop.cancel();
+    for t in tasks {
+        t.await.map_err(bench_err)??;
+    }
+    let _ = scheduler.shutdown().await;
+    fleet.stop().await;
+    // Flatness after the warm-up (reply streams live 5 min, dedupe records 1-2 min).
+    let steady: Vec<i64> = samples.iter().skip(6).copied().collect();
+    if let (Some(min), Some(max)) = (steady.iter().min(), steady.iter().max()) {
+        rows.push(Row {
+            scenario: "soak".into(),
+            variant: format!("minutes 7-{minute}"),
+            ops_per_sec: ops.load(std::sync::atomic::Ordering::Relaxed) as f64
+                / started.elapsed().as_secs_f64(),
+            p50_us: None,
+            p90_us: None,
+            p99_us: None,
+            p999_us: None,
+            note: format!(
+                "used_memory {:.2}-{:.2} MB (spread {:.2} MB) after warm-up",
+                *min as f64 / 1e6,
+                *max as f64 / 1e6,
+                (max - min) as f64 / 1e6
+            ),
+        });
+    }
+    Ok(rows)
 }
 
 /// The table as text.

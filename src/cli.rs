@@ -97,12 +97,16 @@ struct BenchArgs {
     /// Unmeasured warm-up before each scenario.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Only these scenarios (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory).
+    /// Only these scenarios (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
+    /// soak runs only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions in the reaper scenario.
     #[arg(long, default_value_t = 1_000_000)]
     reaper_sessions: usize,
+    /// Length of the soak scenario (run it with --only soak), e.g. 30m.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    soak_duration: Duration,
     /// Print the report as JSON (the table still goes to stderr as it runs).
     #[arg(long)]
     json: bool,
@@ -192,6 +196,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 warmup: args.warmup,
                 only: args.only,
                 reaper_sessions: args.reaper_sessions,
+                soak: args.soak_duration,
             };
             let report = crate::bench::run(opts, |row| {
                 eprintln!(
