@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use redis::aio::{ConnectionManager, MultiplexedConnection};
 use serde::Serialize;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Call, Client};
 use crate::config::Settings;
+use crate::db::Db;
 use crate::error::Error;
 use crate::http::Readiness;
 use crate::keys::Keys;
@@ -141,8 +141,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
     settings.limits.session_requests = 0;
     settings.reaper.enabled = false;
 
-    let client = redis::Client::open(url.as_str())?;
-    let mut con = crate::connect_managed(&client, &settings).await?;
+    let mut con = crate::connect(&settings).await?;
     let info: String = redis::cmd("INFO").arg("server").query_async(&mut con).await?;
     let redis_version = info_field(&info, "redis_version").unwrap_or_default();
     let keys = Keys::new(settings.keys.prefix.clone());
@@ -153,7 +152,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
         rows.push(r);
     };
 
-    let reset = |con: &mut ConnectionManager| {
+    let reset = |con: &mut Db| {
         let mut con = con.clone();
         async move {
             if may_flush {
@@ -178,7 +177,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
     let mut ceiling = 0.0;
     if wanted("ceiling") {
         reset(&mut con).await?;
-        let r = ceiling_run(&url, &keys, w, d).await?;
+        let r = ceiling_run(&settings, &keys, w, d).await?;
         ceiling = r.ops_per_sec;
         emit(r, &mut rows);
     }
@@ -186,7 +185,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
     if wanted("direct") {
         for clients in [1, 16, 64] {
             reset(&mut con).await?;
-            let r = closed_loop(&url, clients, w, d, Path::Direct).await?;
+            let r = closed_loop(&settings, clients, w, d, Path::Direct).await?;
             direct_best.insert(clients, r.ops_per_sec);
             emit(r, &mut rows);
         }
@@ -197,7 +196,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
             for clients in [1, 16, 64] {
                 reset(&mut con).await?;
                 let fleet = Fleet::start(&settings, workers).await?;
-                let mut r = closed_loop(&url, clients, w, d, Path::Seatgate).await?;
+                let mut r = closed_loop(&settings, clients, w, d, Path::Seatgate).await?;
                 fleet.stop().await;
                 r.variant = format!("clients={clients} workers={workers}");
                 let mut ratios = Vec::new();
@@ -226,7 +225,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
         ] {
             reset(&mut con).await?;
             let fleet = Fleet::start(&settings, 2).await?;
-            let r = open_loop(&url, rate, w, d, label).await?;
+            let r = open_loop(&settings, rate, w, d, label).await?;
             fleet.stop().await;
             emit(r, &mut rows);
         }
@@ -234,7 +233,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
     if wanted("contention") {
         reset(&mut con).await?;
         let fleet = Fleet::start(&settings, 2).await?;
-        let r = contention(&url, &mut con, w, d).await?;
+        let r = contention(&settings, &mut con, w, d).await?;
         fleet.stop().await;
         emit(r, &mut rows);
     }
@@ -322,7 +321,7 @@ fn session_of(client: usize) -> (String, String) {
 }
 
 /// The ceiling: acquire/release scripts pipelined 128 deep on 4 connections.
-async fn ceiling_run(url: &str, keys: &Keys, warmup: Duration, d: Duration) -> Result<Row, Error> {
+async fn ceiling_run(settings: &Settings, keys: &Keys, warmup: Duration, d: Duration) -> Result<Row, Error> {
     const DEPTH: usize = 128;
     const CONNECTIONS: usize = 4;
     let start = Instant::now();
@@ -330,12 +329,10 @@ async fn ceiling_run(url: &str, keys: &Keys, warmup: Duration, d: Duration) -> R
     let stop_at = measure_from + d;
     let mut tasks = Vec::new();
     for c in 0..CONNECTIONS {
-        let url = url.to_owned();
+        let settings = settings.clone();
         let keys = keys.clone();
         tasks.push(tokio::spawn(async move {
-            let mut con = redis::Client::open(url)?
-                .get_multiplexed_async_connection()
-                .await?;
+            let mut con = Db::connect(&settings.redis).await?;
             let mut ops = 0u64;
             let mut round = 0usize;
             while Instant::now() < stop_at {
@@ -376,7 +373,7 @@ async fn ceiling_run(url: &str, keys: &Keys, warmup: Duration, d: Duration) -> R
 
 /// Closed loop: `clients` each run acquire → release as fast as answers come.
 async fn closed_loop(
-    url: &str,
+    settings: &Settings,
     clients: usize,
     warmup: Duration,
     d: Duration,
@@ -388,7 +385,7 @@ async fn closed_loop(
     let shared = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let url = url.to_owned();
+        let settings = settings.clone();
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let mut h = hist();
@@ -397,17 +394,11 @@ async fn closed_loop(
             let keys = Keys::new("seat");
             let lk = keys.license(&license);
             let guard = Guard::none(&keys, &license, &session);
-            let mut direct: Option<MultiplexedConnection> = None;
+            let mut direct: Option<Db> = None;
             let mut client: Option<Client> = None;
             match path {
-                Path::Direct => {
-                    direct = Some(
-                        redis::Client::open(url.as_str())?
-                            .get_multiplexed_async_connection()
-                            .await?,
-                    )
-                }
-                Path::Seatgate => client = Some(Client::connect(&url, "seat:requests").await?),
+                Path::Direct => direct = Some(Db::connect(&settings.redis).await?),
+                Path::Seatgate => client = Some(Client::connect_with(&settings).await?),
             }
             let mut acquire = true;
             while Instant::now() < stop_at {
@@ -474,7 +465,13 @@ async fn closed_loop(
 
 /// Open loop: requests sent on a fixed schedule at `rate`/s over 64
 /// connections; latency counts from the scheduled time, so queueing shows.
-async fn open_loop(url: &str, rate: f64, warmup: Duration, d: Duration, label: &str) -> Result<Row, Error> {
+async fn open_loop(
+    settings: &Settings,
+    rate: f64,
+    warmup: Duration,
+    d: Duration,
+    label: &str,
+) -> Result<Row, Error> {
     const CLIENTS: usize = 64;
     let start = Instant::now() + Duration::from_millis(200);
     let measure_from = start + warmup;
@@ -483,10 +480,10 @@ async fn open_loop(url: &str, rate: f64, warmup: Duration, d: Duration, label: &
     let shared = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let url = url.to_owned();
+        let settings = settings.clone();
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&url, "seat:requests").await?;
+            let mut client = Client::connect_with(&settings).await?;
             let (license, session) = session_of(c);
             let mut h = hist();
             let mut ops = 0u64;
@@ -530,12 +527,7 @@ async fn open_loop(url: &str, rate: f64, warmup: Duration, d: Duration, label: &
 }
 
 /// One license, 10 seats, 120 users who queue, hold a seat 2 ms and release.
-async fn contention(
-    url: &str,
-    con: &mut ConnectionManager,
-    warmup: Duration,
-    d: Duration,
-) -> Result<Row, Error> {
+async fn contention(settings: &Settings, con: &mut Db, warmup: Duration, d: Duration) -> Result<Row, Error> {
     const USERS: usize = 120;
     let spec = LicenseSpec {
         seats_total: 10,
@@ -550,10 +542,10 @@ async fn contention(
     let shared = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for u in 0..USERS {
-        let url = url.to_owned();
+        let settings = settings.clone();
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&url, "seat:requests").await?;
+            let mut client = Client::connect_with(&settings).await?;
             let session = format!("user-{u}");
             let mut h = hist();
             let (mut grants, mut queued) = (0u64, 0u64);
@@ -611,7 +603,7 @@ async fn contention(
 }
 
 /// Redis main-thread CPU seconds so far.
-async fn redis_cpu(con: &mut ConnectionManager) -> Result<f64, Error> {
+async fn redis_cpu(con: &mut Db) -> Result<f64, Error> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
     let f = |k: &str| {
         info_field(&info, k)
@@ -621,7 +613,7 @@ async fn redis_cpu(con: &mut ConnectionManager) -> Result<f64, Error> {
     Ok(f("used_cpu_sys_main_thread") + f("used_cpu_user_main_thread"))
 }
 
-async fn used_memory(con: &mut ConnectionManager) -> Result<i64, Error> {
+async fn used_memory(con: &mut Db) -> Result<i64, Error> {
     let info: String = redis::cmd("INFO").arg("memory").query_async(con).await?;
     Ok(info_field(&info, "used_memory")
         .and_then(|v| v.parse().ok())
@@ -630,11 +622,7 @@ async fn used_memory(con: &mut ConnectionManager) -> Result<i64, Error> {
 
 /// The reaper over `total` sessions in 10,000 licenses: passes with 1%,
 /// 0.1% and no stale sessions, timing each and Redis's CPU for it.
-async fn reaper_run(
-    settings: &Settings,
-    con: &mut ConnectionManager,
-    total: usize,
-) -> Result<Vec<Row>, Error> {
+async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<Vec<Row>, Error> {
     const LICENSES: usize = 10_000;
     let _: () = redis::cmd("FLUSHALL").query_async(con).await?;
     Scripts::get().load_all(con).await?;
@@ -737,7 +725,7 @@ async fn reaper_run(
 
 /// Bytes of Redis memory per active session (10,000 licenses × 10 sessions,
 /// ~60-byte metadata) and per queued waiter.
-async fn memory_run(settings: &Settings, con: &mut ConnectionManager) -> Result<Vec<Row>, Error> {
+async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error> {
     let _: () = redis::cmd("FLUSHALL").query_async(con).await?;
     Scripts::get().load_all(con).await?;
     let keys = Keys::new(settings.keys.prefix.clone());
@@ -858,7 +846,7 @@ fn progress_line(r: &Row) {
 /// CLI invocation, deleted when done or, when abandoned, left to expire.
 async fn soak_run(
     settings: &Settings,
-    con: &mut ConnectionManager,
+    con: &mut Db,
     duration: Duration,
     progress: &mut dyn FnMut(&Row),
 ) -> Result<Vec<Row>, Error> {
@@ -886,7 +874,7 @@ async fn soak_run(
     let ops = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for u in 0..USERS {
-        let url = settings.redis.url.clone();
+        let settings = settings.clone();
         let stop = stop.clone();
         let ops = ops.clone();
         tasks.push(tokio::spawn(async move {
@@ -894,7 +882,7 @@ async fn soak_run(
             while !stop.is_cancelled() {
                 let license = format!("soak-{}", (u + cycle as usize) % 20);
                 let session = format!("u{u}-s{cycle}");
-                let mut client = Client::connect(&url, "seat:requests").await?;
+                let mut client = Client::connect_with(&settings).await?;
                 let mut call = Call {
                     op: Op::Acquire,
                     license,

@@ -218,8 +218,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                     return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
                 }
             }
-            let client = redis::Client::open(settings.redis.url.as_str())?;
-            let mut con = crate::connect_managed(&client, &settings).await?;
+            let mut con = crate::connect(&settings).await?;
             let keys = Keys::new(settings.keys.prefix.clone());
             let status = crate::report::status(&mut con, &keys, license.as_deref()).await?;
             if json {
@@ -301,8 +300,7 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
 }
 
 async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCode, Error> {
-    let client = redis::Client::open(settings.redis.url.as_str())?;
-    let mut con = crate::connect_managed(&client, settings).await?;
+    let mut con = crate::connect(settings).await?;
     let keys = Keys::new(settings.keys.prefix.clone());
     match cmd {
         LicenseCommand::Put {

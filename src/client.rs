@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use serde::Serialize;
 
+use crate::config::Settings;
+use crate::db::Db;
 use crate::error::Error;
 use crate::protocol::Op;
 use crate::status::Status;
@@ -63,12 +63,14 @@ impl ReplyMsg {
 
 /// A client with its own reply stream.
 pub struct Client {
-    /// One connection for XADD and the blocking XREAD. It has no response
-    /// timeout because XREAD BLOCK legitimately takes long; every call is
-    /// bounded by its own deadline instead.
-    con: MultiplexedConnection,
-    /// The requests stream.
+    /// One connection for XADD and the blocking XREAD. Its response timeout
+    /// is longer than any wait (XREAD BLOCK legitimately takes long); every
+    /// call is bounded by its own deadline instead.
+    con: Db,
+    /// The requests stream (the base name when sharded).
     requests: String,
+    /// Shards of the requests stream.
+    shards: usize,
     /// This client's reply stream.
     reply_to: String,
     /// Last reply entry id read.
@@ -77,17 +79,27 @@ pub struct Client {
     id_prefix: String,
 }
 
+/// Longest a client call may wait (a queued acquire waits up to a day).
+const LONGEST_WAIT: Duration = Duration::from_secs(86_400 + 120);
+
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
 
 impl Client {
-    /// Connects to `url`, sending requests to `requests`.
+    /// Connects to one Redis at `url`, sending requests to the unsharded stream `requests`.
     pub async fn connect(url: &str, requests: &str) -> Result<Client, Error> {
-        let client = redis::Client::open(url)?;
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(None);
-        let con = client.get_multiplexed_async_connection_with_config(&cfg).await?;
+        let mut settings = Settings::load(None)?;
+        settings.redis.url = url.to_owned();
+        settings.stream.requests = requests.to_owned();
+        settings.stream.shards = 1;
+        Self::connect_with(&settings).await
+    }
+
+    /// Connects as `settings` say: one node or a cluster, sharded or not.
+    pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
+        let con = Db::connect_blocking(&settings.redis, LONGEST_WAIT).await?;
+        let requests = settings.stream.requests.clone();
+        let shards = settings.stream.shards;
         let host = gethostname::gethostname().to_string_lossy().into_owned();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -101,7 +113,8 @@ impl Client {
         let reply_to = format!("reply:seatgate-client:{host}:{id_prefix}");
         Ok(Client {
             con,
-            requests: requests.to_owned(),
+            requests,
+            shards,
             reply_to,
             last_seen: "0".to_owned(),
             id_prefix,
@@ -189,18 +202,22 @@ impl Client {
             NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
         );
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(&self.requests)
-            .arg("*")
-            .arg("op")
-            .arg(call.op.as_str())
-            .arg("id")
-            .arg(&id)
-            .arg("license")
-            .arg(&call.license)
-            .arg("session")
-            .arg(&call.session)
-            .arg("reply_to")
-            .arg(&self.reply_to);
+        xadd.arg(crate::config::shard_name(
+            &self.requests,
+            self.shards,
+            &call.license,
+        ))
+        .arg("*")
+        .arg("op")
+        .arg(call.op.as_str())
+        .arg("id")
+        .arg(&id)
+        .arg("license")
+        .arg(&call.license)
+        .arg("session")
+        .arg(&call.session)
+        .arg("reply_to")
+        .arg(&self.reply_to);
         if let Some(meta) = &call.meta {
             xadd.arg("meta").arg(meta);
         }

@@ -52,6 +52,16 @@ pub struct RedisSettings {
     pub response_timeout_ms: u64,
     /// TCP connect timeout, ms.
     pub connect_timeout_ms: u64,
+    /// Seed nodes of a Redis Cluster; non-empty means cluster mode (`url` is then unused).
+    #[serde(default)]
+    pub cluster_urls: Vec<String>,
+}
+
+impl RedisSettings {
+    /// Whether seatgate talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        !self.cluster_urls.is_empty()
+    }
 }
 
 /// `[keys]`
@@ -70,6 +80,8 @@ pub struct StreamSettings {
     pub group: String,
     /// Consumer name; empty means hostname-pid.
     pub consumer: String,
+    /// Shards of the requests (and events) stream; 1 = one unsharded stream.
+    pub shards: usize,
     /// XREADGROUP COUNT.
     pub batch_size: usize,
     /// Batches decided concurrently.
@@ -223,6 +235,9 @@ impl Settings {
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
         }
+        if self.stream.shards == 0 || self.stream.shards > 1024 {
+            return bad("stream.shards must be between 1 and 1024");
+        }
         if self.stream.max_in_flight == 0 {
             return bad("stream.max_in_flight must be at least 1");
         }
@@ -240,6 +255,28 @@ impl Settings {
         }
         self.metrics_addr()?;
         Ok(())
+    }
+
+    /// Every requests stream shard: `stream.requests` itself when unsharded,
+    /// else `<stream.requests>:{0}` .. `:{N-1}`, each its own hash tag so the
+    /// shards spread over a cluster's masters.
+    pub fn request_streams(&self) -> Vec<String> {
+        shard_names(&self.stream.requests, self.stream.shards)
+    }
+
+    /// The requests stream shard that serves `license`.
+    pub fn request_stream_for(&self, license: &str) -> String {
+        shard_name(&self.stream.requests, self.stream.shards, license)
+    }
+
+    /// Every events stream shard (sharded like the requests stream).
+    pub fn events_streams(&self) -> Vec<String> {
+        shard_names(&self.events.stream, self.stream.shards)
+    }
+
+    /// The events stream shard that carries `license`'s events.
+    pub fn events_stream_for(&self, license: &str) -> String {
+        shard_name(&self.events.stream, self.stream.shards, license)
     }
 
     /// The consumer name: configured, or `<hostname>-<pid>`.
@@ -271,8 +308,46 @@ impl Settings {
     }
 }
 
+/// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
+/// crc32) of the license id, modulo the shard count. Any client can compute it.
+pub fn shard_of(license: &str, shards: usize) -> usize {
+    if shards <= 1 {
+        return 0;
+    }
+    (crc32fast::hash(license.as_bytes()) as usize) % shards
+}
+
+fn shard_names(base: &str, shards: usize) -> Vec<String> {
+    if shards <= 1 {
+        return vec![base.to_owned()];
+    }
+    (0..shards).map(|i| format!("{base}:{{{i}}}")).collect()
+}
+
+/// The shard of stream `base` (sharded `shards` ways) that carries `license`.
+pub fn shard_name(base: &str, shards: usize, license: &str) -> String {
+    if shards <= 1 {
+        return base.to_owned();
+    }
+    format!("{base}:{{{}}}", shard_of(license, shards))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shards_are_named_and_chosen_stably() {
+        let mut s = Settings::load(None).unwrap();
+        assert_eq!(s.request_streams(), ["seat:requests"]);
+        assert_eq!(s.request_stream_for("acme"), "seat:requests");
+        s.stream.shards = 4;
+        assert_eq!(s.request_streams()[3], "seat:requests:{3}");
+        // zlib.crc32(b"acme") % 4 == 0x6b1b1f0f % 4 would be written the same way by any client.
+        let shard = crc32fast::hash(b"acme") as usize % 4;
+        assert_eq!(s.request_stream_for("acme"), format!("seat:requests:{{{shard}}}"));
+        assert_eq!(s.events_stream_for("acme"), format!("seat:events:{{{shard}}}"));
+        assert_eq!(shard_of("acme", 1), 0);
+    }
+
     use super::*;
 
     #[test]

@@ -88,8 +88,10 @@ pub struct Event<'a> {
 /// Writes events and deferred replies.
 #[derive(Debug, Clone)]
 pub struct Publisher {
-    /// Events stream key.
+    /// Events stream key (the base name when sharded).
     events: String,
+    /// Shards of the events stream (as of the requests stream).
+    shards: usize,
     /// Approximate cap of the events stream.
     events_maxlen: usize,
     /// Approximate cap of each reply stream.
@@ -107,6 +109,7 @@ impl Publisher {
     pub fn new(settings: &Settings) -> Publisher {
         Publisher {
             events: settings.events.stream.clone(),
+            shards: settings.stream.shards,
             events_maxlen: settings.events.maxlen,
             reply_maxlen: settings.replies.maxlen,
             reply_ttl_ms: settings.replies.ttl_ms,
@@ -193,23 +196,29 @@ impl Publisher {
 
     fn event_cmd(&self, event: &Event<'_>) -> redis::Cmd {
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(&self.events)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(self.events_maxlen)
-            .arg("*")
-            .arg("type")
-            .arg(event.kind.as_str())
-            .arg("license")
-            .arg(event.license)
-            .arg("session")
-            .arg(event.session)
-            .arg("seats_used")
-            .arg(event.seats_used)
-            .arg("seats_total")
-            .arg(event.seats_total)
-            .arg("at_ms")
-            .arg(event.at_ms);
+        // A license's events go to its shard: ordered per license, and on a
+        // cluster no single events key takes every write.
+        xadd.arg(crate::config::shard_name(
+            &self.events,
+            self.shards,
+            event.license,
+        ))
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(self.events_maxlen)
+        .arg("*")
+        .arg("type")
+        .arg(event.kind.as_str())
+        .arg("license")
+        .arg(event.license)
+        .arg("session")
+        .arg(event.session)
+        .arg("seats_used")
+        .arg(event.seats_used)
+        .arg("seats_total")
+        .arg(event.seats_total)
+        .arg("at_ms")
+        .arg(event.at_ms);
         if let Some(reason) = event.reason {
             xadd.arg("reason").arg(reason);
         }

@@ -6,6 +6,7 @@
 //! caller's `reply_to` stream. The map:
 //!
 //! - [`config`]     typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
+//! - [`db`]         the connection: one node or Redis Cluster, same commands
 //! - [`error`]      the library's error type
 //! - [`keys`]       every Redis key name, with the per-license hash tag `{<license>}`
 //! - [`scripts`]    the embedded Lua registry (lua/*.lua) and typed calls into it
@@ -28,6 +29,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod db;
 pub mod error;
 pub mod events;
 pub mod http;
@@ -45,15 +47,7 @@ pub mod worker;
 
 pub use error::{Error, Result};
 
-use std::time::Duration;
-
-/// Opens the managed, multiplexed connection used for scripts and replies.
-pub async fn connect_managed(
-    client: &redis::Client,
-    settings: &config::Settings,
-) -> Result<redis::aio::ConnectionManager> {
-    let cfg = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(settings.redis.connect_timeout_ms)))
-        .set_response_timeout(Some(Duration::from_millis(settings.redis.response_timeout_ms)));
-    Ok(client.get_connection_manager_with_config(cfg).await?)
+/// Opens the shared connection for scripts, replies and acks (one node or a cluster).
+pub async fn connect(settings: &config::Settings) -> Result<db::Db> {
+    db::Db::connect(&settings.redis).await
 }

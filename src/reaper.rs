@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
 use redis::Value;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
+use crate::db::Db;
 use crate::error::Error;
 use crate::events::{Event, EventType, Publisher};
 use crate::keys::Keys;
@@ -44,7 +44,7 @@ pub struct PassReport {
 #[derive(Clone)]
 pub struct Reaper {
     /// Managed connection shared with nothing blocking.
-    con: ConnectionManager,
+    con: Db,
     /// Key names.
     keys: Keys,
     /// Events and waiter replies.
@@ -66,11 +66,13 @@ pub struct Reaper {
     owner: String,
     /// The requests stream and its group, for trimming and consumer cleanup.
     stream: crate::config::StreamSettings,
+    /// Every shard of the requests stream.
+    request_streams: Vec<String>,
 }
 
 impl Reaper {
     /// A reaper for `settings` on `con`.
-    pub fn new(con: ConnectionManager, settings: &Settings) -> Reaper {
+    pub fn new(con: Db, settings: &Settings) -> Reaper {
         Reaper {
             con,
             keys: Keys::new(settings.keys.prefix.clone()),
@@ -83,6 +85,7 @@ impl Reaper {
             running: Arc::new(tokio::sync::Mutex::new(())),
             owner: settings.consumer_name(),
             stream: settings.stream.clone(),
+            request_streams: settings.request_streams(),
         }
     }
 
@@ -90,13 +93,20 @@ impl Reaper {
     /// acknowledged (never of pending or undelivered ones), and removes
     /// consumers idle for `stream.consumer_idle_ms` with nothing pending.
     pub async fn maintain_stream(&self) -> Result<(), Error> {
+        for stream in &self.request_streams {
+            self.maintain_shard(stream).await?;
+        }
+        Ok(())
+    }
+
+    async fn maintain_shard(&self, requests: &str) -> Result<(), Error> {
         let mut con = self.con.clone();
         let s = &self.stream;
         // The oldest entry still needed: the oldest pending one of any group,
         // or (when nothing is pending) the last one delivered to the group.
         let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
             .arg("GROUPS")
-            .arg(&s.requests)
+            .arg(requests)
             .query_async(&mut con)
             .await?;
         let mut keep_from: Option<StreamId> = None;
@@ -106,7 +116,7 @@ impl Reaper {
                 .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
             let Some(name) = name else { continue };
             let summary: Value = redis::cmd("XPENDING")
-                .arg(&s.requests)
+                .arg(requests)
                 .arg(&name)
                 .query_async(&mut con)
                 .await?;
@@ -129,7 +139,7 @@ impl Reaper {
         }
         if let (Some(min), false) = (keep_from, groups.is_empty()) {
             let trimmed: i64 = redis::cmd("XTRIM")
-                .arg(&s.requests)
+                .arg(requests)
                 .arg("MINID")
                 .arg(min.to_string())
                 .query_async(&mut con)
@@ -140,7 +150,7 @@ impl Reaper {
         }
         let consumers: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
             .arg("CONSUMERS")
-            .arg(&s.requests)
+            .arg(requests)
             .arg(&s.group)
             .query_async(&mut con)
             .await?;
@@ -156,7 +166,7 @@ impl Reaper {
             if let (Some(name), 0, true) = (name, int("pending"), int("idle") > s.consumer_idle_ms) {
                 let _: i64 = redis::cmd("XGROUP")
                     .arg("DELCONSUMER")
-                    .arg(&s.requests)
+                    .arg(requests)
                     .arg(&s.group)
                     .arg(&name)
                     .query_async(&mut con)

@@ -41,8 +41,7 @@ pub async fn run(
     };
 
     let reaper = if settings.reaper.enabled {
-        let client = redis::Client::open(settings.redis.url.as_str())?;
-        let reaper = Reaper::new(crate::connect_managed(&client, &settings).await?, &settings);
+        let reaper = Reaper::new(crate::connect(&settings).await?, &settings);
         let scheduler =
             reaper::start(reaper.clone(), &settings.reaper.schedule, settings.reaper.lock_ms).await?;
         info!(schedule = %settings.reaper.schedule, "reaper scheduled");

@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Value};
+use redis::Value;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
+use crate::db::Db;
 use crate::error::Error;
 use crate::events::{Event, EventType, Publisher};
 use crate::http::Readiness;
@@ -30,8 +30,81 @@ use crate::scripts::{self, Guard, Outcome, Scripts};
 use crate::status::Status;
 use crate::telemetry;
 
-/// One consumer of the requests stream.
+/// A worker: one consumer in the group of every requests stream shard, a
+/// read loop per shard (a blocking read names one stream, and on a cluster
+/// the shards live on different masters), all sharing one [`Decider`].
 pub struct Worker {
+    /// One reader per shard.
+    shards: Vec<ShardWorker>,
+    /// This process's consumer name.
+    consumer: String,
+}
+
+impl Worker {
+    /// Connects to Redis, creates the consumer group of every shard if needed
+    /// and loads the scripts.
+    pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
+        let con = crate::connect(&settings).await?;
+        let decider = Arc::new(Decider {
+            settings: settings.clone(),
+            keys: Keys::new(settings.keys.prefix.clone()),
+            con: con.clone(),
+            publisher: Publisher::new(&settings),
+            ready: ready.clone(),
+            degraded: Default::default(),
+        });
+        let mut shards = Vec::new();
+        for stream in settings.request_streams() {
+            shards.push(
+                ShardWorker::connect(
+                    settings.clone(),
+                    ready.clone(),
+                    con.clone(),
+                    decider.clone(),
+                    stream,
+                )
+                .await?,
+            );
+        }
+        shards
+            .first_mut()
+            .ok_or_else(|| Error::Config("no requests stream".into()))?
+            .check_eviction_policy()
+            .await;
+        Ok(Worker {
+            consumer: settings.consumer_name(),
+            shards,
+        })
+    }
+
+    /// This worker's consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Serves every shard until `shutdown` is cancelled; each finishes the
+    /// batches in hand before returning.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let mut loops = JoinSet::new();
+        for shard in self.shards {
+            loops.spawn(shard.run(shutdown.clone()));
+        }
+        let mut result = Ok(());
+        while let Some(done) = loops.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(e) => result = Err(Error::Config(format!("a shard's read loop failed: {e}"))),
+            }
+        }
+        result
+    }
+}
+
+/// The read loop of one requests stream shard.
+struct ShardWorker {
+    /// The requests stream (shard) this loop reads.
+    stream: String,
     /// Settings the worker was started with.
     settings: Settings,
     /// This process's consumer name in the group.
@@ -39,14 +112,13 @@ pub struct Worker {
     /// Scripts and replies go over a managed, multiplexed connection: many
     /// requests of one batch share it concurrently (implicit pipelining), it
     /// reconnects by itself, and its response timeout bounds a stuck call.
-    con: ConnectionManager,
-    /// XREADGROUP BLOCK gets its own connection without a response timeout:
-    /// redis-rs's timeout would fire while the server still blocks, and the
-    /// entry it then delivers would sit pending with nobody reading it.
-    /// It is also never shared, so a blocked read cannot delay a script.
-    reader: Option<MultiplexedConnection>,
-    /// Redis client, for reconnecting the reader.
-    client: redis::Client,
+    con: Db,
+    /// XREADGROUP BLOCK gets its own connection, with a response timeout
+    /// longer than the block: redis-rs's default timeout would fire while the
+    /// server still blocks, and the entry it then delivers would sit pending
+    /// with nobody reading it. It is also never shared, so a blocked read
+    /// cannot delay a script.
+    reader: Option<Db>,
     /// Health flag for `/ready`.
     ready: Readiness,
     /// Decides batches; shared by the batches in flight.
@@ -73,26 +145,21 @@ enum Source {
     Claimed,
 }
 
-impl Worker {
-    /// Connects to Redis, creates the consumer group if needed and loads the scripts.
-    pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
-        let client = redis::Client::open(settings.redis.url.as_str())?;
-        let con = crate::connect_managed(&client, &settings).await?;
-        let con_for_decider = con.clone();
-        let mut worker = Worker {
+impl ShardWorker {
+    async fn connect(
+        settings: Settings,
+        ready: Readiness,
+        con: Db,
+        decider: Arc<Decider>,
+        stream: String,
+    ) -> Result<ShardWorker, Error> {
+        let mut worker = ShardWorker {
+            stream,
             consumer: settings.consumer_name(),
             con,
             reader: None,
-            client,
-            ready: ready.clone(),
-            decider: Arc::new(Decider {
-                settings: settings.clone(),
-                keys: Keys::new(settings.keys.prefix.clone()),
-                con: con_for_decider,
-                publisher: Publisher::new(&settings),
-                ready: ready.clone(),
-                degraded: Default::default(),
-            }),
+            ready,
+            decider,
             settings,
         };
         match worker.prepare().await {
@@ -104,7 +171,6 @@ impl Worker {
             }
             Err(e) => return Err(e),
         }
-        worker.check_eviction_policy().await;
         Ok(worker)
     }
 
@@ -112,7 +178,7 @@ impl Worker {
     async fn prepare(&mut self) -> Result<(), Error> {
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(&self.settings.stream.requests)
+            .arg(&self.stream)
             .arg(&self.settings.stream.group)
             // From the start: requests written before any worker existed are served too.
             .arg("0")
@@ -121,7 +187,7 @@ impl Worker {
             .await;
         match created {
             Ok(()) => {
-                info!(stream = %self.settings.stream.requests, group = %self.settings.stream.group, "created consumer group")
+                info!(stream = %self.stream, group = %self.settings.stream.group, "created consumer group")
             }
             Err(e) if e.code() == Some("BUSYGROUP") => {}
             Err(e) => return Err(e.into()),
@@ -151,15 +217,10 @@ impl Worker {
         }
     }
 
-    /// This worker's consumer name.
-    pub fn consumer(&self) -> &str {
-        &self.consumer
-    }
-
     /// Serves requests until `shutdown` is cancelled, then finishes the batch
     /// in hand and returns. A blocked read ends within `stream.block_ms`.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
-        info!(consumer = %self.consumer, stream = %self.settings.stream.requests, group = %self.settings.stream.group, "worker started");
+        info!(consumer = %self.consumer, stream = %self.stream, group = %self.settings.stream.group, "worker started");
         // Start with our own pending entries (a previous life under the same name).
         // Afterwards they are re-read only when a retry is due, and new
         // requests keep flowing meanwhile: a failing entry delays nobody.
@@ -269,7 +330,8 @@ impl Worker {
             if source == Source::OwnPending {
                 retry_at = None; // set again by the outcome
             }
-            in_flight.spawn(async move { (decider.process(batch, source).await, source) });
+            let stream = self.stream.clone();
+            in_flight.spawn(async move { (decider.process(&stream, batch, source).await, source) });
         }
         // Finish and acknowledge what is in hand before leaving.
         while in_flight.join_next().await.is_some() {}
@@ -284,7 +346,7 @@ impl Worker {
     async fn leave_group(&mut self) {
         let s = &self.settings.stream;
         let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
-            .arg(&s.requests)
+            .arg(&self.stream)
             .arg(&s.group)
             .arg("-")
             .arg("+")
@@ -295,7 +357,7 @@ impl Worker {
         if matches!(pending.as_deref(), Ok([])) {
             let _: redis::RedisResult<i64> = redis::cmd("XGROUP")
                 .arg("DELCONSUMER")
-                .arg(&s.requests)
+                .arg(&self.stream)
                 .arg(&s.group)
                 .arg(&self.consumer)
                 .query_async(&mut self.con)
@@ -309,7 +371,7 @@ impl Worker {
         let s = &self.settings.stream;
         if source == Source::Claimed {
             let reply: Value = redis::cmd("XAUTOCLAIM")
-                .arg(&s.requests)
+                .arg(&self.stream)
                 .arg(&s.group)
                 .arg(&self.consumer)
                 .arg(s.claim_idle_ms)
@@ -325,16 +387,8 @@ impl Worker {
             return self.with_delivery_counts(entries).await;
         }
         if self.reader.is_none() {
-            let cfg = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(Duration::from_millis(
-                    self.settings.redis.connect_timeout_ms,
-                )))
-                .set_response_timeout(None);
-            self.reader = Some(
-                self.client
-                    .get_multiplexed_async_connection_with_config(&cfg)
-                    .await?,
-            );
+            let block = Duration::from_millis(self.settings.stream.block_ms);
+            self.reader = Some(Db::connect_blocking(&self.settings.redis, block).await?);
         }
         let Some(reader) = self.reader.as_mut() else {
             unreachable!("reader connected above")
@@ -350,7 +404,7 @@ impl Worker {
             cmd.arg("BLOCK").arg(block_ms);
         }
         cmd.arg("STREAMS")
-            .arg(&s.requests)
+            .arg(&self.stream)
             .arg(if source == Source::New { ">" } else { "0" });
         let reply: Value = match cmd.query_async(reader).await {
             // The group vanished (stream deleted): recreate it and read again next time.
@@ -375,7 +429,7 @@ impl Worker {
         };
         let s = &self.settings.stream;
         let pending: Vec<(String, String, i64, u64)> = redis::cmd("XPENDING")
-            .arg(&s.requests)
+            .arg(&self.stream)
             .arg(&s.group)
             .arg(&first.id)
             .arg(&last.id)
@@ -399,7 +453,7 @@ struct Decider {
     /// Key names.
     keys: Keys,
     /// The managed, multiplexed connection for scripts, replies and acks.
-    con: ConnectionManager,
+    con: Db,
     /// Events and replies.
     publisher: Publisher,
     /// Health flag for `/ready`: cleared while Redis refuses our writes.
@@ -433,7 +487,7 @@ impl Decider {
     /// seat scripts, one of replies and events, one XACK. Per request that
     /// is far fewer reads and writes for Redis and for this process than
     /// sending each command on its own.
-    async fn process(&self, batch: Vec<Entry>, source: Source) -> bool {
+    async fn process(&self, stream: &str, batch: Vec<Entry>, source: Source) -> bool {
         let parsed: Vec<Option<Result<Request, protocol::Invalid>>> = batch
             .iter()
             .map(|e| {
@@ -585,7 +639,7 @@ impl Decider {
         self.note_health(transient.as_deref(), done.len());
         if !done.is_empty() {
             let acked: redis::RedisResult<i64> = redis::cmd("XACK")
-                .arg(&self.settings.stream.requests)
+                .arg(stream)
                 .arg(&self.settings.stream.group)
                 .arg(&done)
                 .query_async(&mut con)
@@ -604,7 +658,7 @@ impl Decider {
     /// did not run, so they are re-run one by one, which re-loads them.
     async fn decide_batch(
         &self,
-        con: &mut ConnectionManager,
+        con: &mut Db,
         batch: &[Entry],
         parsed: &[Option<Result<Request, protocol::Invalid>>],
     ) -> Vec<Option<Result<Outcome, Error>>> {

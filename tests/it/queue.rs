@@ -54,11 +54,7 @@ async fn reaper(redis: &RedisServer) -> Reaper {
 async fn reaper_with_batch(redis: &RedisServer, batch: usize) -> Reaper {
     let mut settings = redis.settings();
     settings.reaper.batch = batch;
-    let client = redis::Client::open(redis.url()).unwrap();
-    Reaper::new(
-        seatgate::connect_managed(&client, &settings).await.unwrap(),
-        &settings,
-    )
+    Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings)
 }
 
 /// Every event on the events stream, oldest first.
@@ -374,11 +370,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     let mut settings = redis.settings();
     settings.reaper.schedule = "* * * * * *".into(); // every second
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let client = redis::Client::open(redis.url()).unwrap();
-    let scheduled = Reaper::new(
-        seatgate::connect_managed(&client, &settings).await.unwrap(),
-        &settings,
-    );
+    let scheduled = Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
     let mut scheduler = seatgate::reaper::start(scheduled, &settings.reaper.schedule, 5_000)
         .await
         .unwrap();
