@@ -133,6 +133,11 @@ impl Client {
     /// (Redis runs a connection's commands in order, so the XREAD starts
     /// after the request is on the stream.)
     pub async fn call(&mut self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
+        if self.con.is_cluster() {
+            // The request stream and the reply stream live in different slots.
+            let id = self.send(call).await?;
+            return self.wait_for(&id, timeout).await;
+        }
         let (id, xadd) = self.request(call);
         let deadline = Instant::now() + timeout;
         let (_, read): (String, redis::streams::StreamReadReply) = redis::pipe()

@@ -67,6 +67,31 @@ impl Db {
         ))
     }
 
+    /// Runs `cmds` and returns each one's result, in order. On one node they
+    /// go out as one pipeline (one round trip); on a cluster, where a
+    /// pipeline may not span slots, they are sent concurrently, and the
+    /// cluster connection batches them per master.
+    pub async fn query_all(&mut self, cmds: Vec<Cmd>) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.is_cluster() {
+            let this = &*self;
+            let results = futures_util::future::join_all(cmds.iter().map(|cmd| {
+                let mut con = this.clone();
+                async move { cmd.query_async::<Value>(&mut con).await }
+            }))
+            .await;
+            return Ok(results);
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        pipe.query_async(self).await
+    }
+
     /// Whether this is a cluster connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Db::Cluster(_))

@@ -230,33 +230,33 @@ impl Publisher {
     /// Replies that need the script (first reply to a stream, or the fast
     /// path found the stream gone) follow one by one. Returns one result per
     /// reply, in order; event failures are logged and counted only.
-    pub async fn reply_many<C: ConnectionLike + Clone>(
+    pub async fn reply_many(
         &self,
-        con: &mut C,
+        con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
         events: &[Event<'_>],
     ) -> Vec<redis::RedisResult<()>> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
+        let mut cmds = Vec::with_capacity(replies.len() + events.len());
         let mut fast = Vec::with_capacity(replies.len());
         for (stream, reply) in replies {
             let is_fast = self.is_fresh(stream);
             if is_fast {
-                pipe.add_command(self.fast_xadd(stream, &reply.fields()));
+                cmds.push(self.fast_xadd(stream, &reply.fields()));
             }
             fast.push(is_fast);
         }
         for event in events {
-            pipe.add_command(self.event_cmd(event));
+            cmds.push(self.event_cmd(event));
         }
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
-        if !pipe.is_empty() {
-            match pipe
-                .query_async::<Vec<redis::RedisResult<Option<String>>>>(con)
-                .await
-            {
+        if !cmds.is_empty() {
+            match con.query_all(cmds).await {
                 Ok(answers) => {
-                    let mut answers = answers.into_iter();
+                    let mut answers = answers.into_iter().map(|a| {
+                        a.and_then(|v| {
+                            redis::from_redis_value::<Option<String>>(v).map_err(redis::RedisError::from)
+                        })
+                    });
                     for (slot, is_fast) in results.iter_mut().zip(&fast) {
                         if !is_fast {
                             continue;

@@ -77,9 +77,14 @@ pub async fn put<C: ConnectionLike>(
             .arg("heartbeat_timeout_ms")
             .ignore(),
     };
-    // The index lives in its own slot: a separate command, never inside a script.
-    pipe.cmd("SADD").arg(keys.license_index()).arg(license).ignore();
     pipe.query_async::<()>(con).await?;
+    // The index lives in its own slot: a separate command (a cluster refuses
+    // a pipeline across slots), never inside a script.
+    let _: i64 = redis::cmd("SADD")
+        .arg(keys.license_index())
+        .arg(license)
+        .query_async(con)
+        .await?;
     Ok(())
 }
 
@@ -142,10 +147,8 @@ pub async fn delete<C: ConnectionLike>(con: &mut C, keys: &Keys, license: &str) 
     check_id(license)?;
     let k = keys.license(license);
     // One DEL: every key of the license shares its hash tag, so this is one slot.
-    let (deleted, _): (i64, i64) = redis::pipe()
-        .cmd("DEL")
-        .arg(&k.all()[..])
-        .cmd("SREM")
+    let deleted: i64 = redis::cmd("DEL").arg(&k.all()[..]).query_async(con).await?;
+    let _: i64 = redis::cmd("SREM")
         .arg(keys.license_index())
         .arg(license)
         .query_async(con)

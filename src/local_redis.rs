@@ -130,3 +130,183 @@ impl Drop for LocalRedis {
         }
     }
 }
+
+/// A private Redis Cluster: `masters` masters with one replica each, every
+/// node a [`LocalRedis`] on free loopback ports, created with
+/// `redis-cli --cluster create` and ready when every node reports
+/// `cluster_state:ok`. Stopped on drop.
+pub struct LocalCluster {
+    /// The nodes, masters first (as created; failovers may change roles).
+    pub nodes: Vec<LocalRedis>,
+}
+
+/// A port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> Result<u16, Error> {
+    for _ in 0..50 {
+        let port = free_port()?;
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Usage("no free port pair for a cluster node".into()))
+}
+
+impl LocalCluster {
+    /// Starts `masters` masters and as many replicas, and creates the cluster.
+    pub fn start(masters: usize) -> Result<LocalCluster, Error> {
+        let mut nodes = Vec::new();
+        for _ in 0..masters * 2 {
+            let dir = tempfile::tempdir()?;
+            let port = free_cluster_port()?;
+            let extra: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+                // A test cluster is young: let a replica take over however
+                // recently it synced.
+                "--cluster-replica-validity-factor",
+                "0",
+                "--appendonly",
+                "yes",
+                "--hash-max-listpack-value",
+                "256",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let child = spawn(port, dir.path(), &extra)?;
+            let mut node = LocalRedis {
+                child,
+                port,
+                dir,
+                extra,
+            };
+            if !node.wait_ready(Duration::from_secs(5)) {
+                return Err(Error::Usage(format!("cluster node on port {port} did not start")));
+            }
+            nodes.push(node);
+        }
+        let created = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| Error::Usage(format!("cannot run redis-cli --cluster create: {e}")))?;
+        if !created.status.success() {
+            return Err(Error::Usage(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&created.stderr)
+            )));
+        }
+        let cluster = LocalCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(30))?;
+        // Replicas attach a moment after the slots are assigned.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cluster.master_ports().len() != masters {
+            if Instant::now() > deadline {
+                return Err(Error::Usage("the cluster's replicas did not attach".into()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(cluster)
+    }
+
+    /// Waits until every live node reports `cluster_state:ok`.
+    pub fn wait_ok(&self, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                redis::Client::open(n.url())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .map(|info| info.contains("cluster_state:ok"))
+                    .unwrap_or(true) // a stopped node does not vote
+            });
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Usage("the cluster did not reach cluster_state:ok".into()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Seed URLs: every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(LocalRedis::url).collect()
+    }
+
+    /// Ports of the current masters (asks the first live node).
+    pub fn master_ports(&self) -> Vec<u16> {
+        for n in &self.nodes {
+            let nodes: redis::RedisResult<String> = redis::Client::open(n.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
+            if let Ok(text) = nodes {
+                return text
+                    .lines()
+                    .filter(|l| {
+                        let flags = l.split_whitespace().nth(2).unwrap_or("");
+                        flags.contains("master") && !flags.contains("fail")
+                    })
+                    .filter_map(|l| l.split_whitespace().nth(1))
+                    .filter_map(|addr| addr.split('@').next()?.rsplit(':').next()?.parse().ok())
+                    .collect();
+            }
+        }
+        Vec::new()
+    }
+
+    /// The port of the master that owns `key`'s slot.
+    pub fn master_of(&self, key: &str) -> Option<u16> {
+        for n in &self.nodes {
+            let Ok(mut con) = redis::Client::open(n.url()).and_then(|c| c.get_connection()) else {
+                continue;
+            };
+            let Ok(slot) = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key)
+                .query::<i64>(&mut con)
+            else {
+                continue;
+            };
+            let slots: redis::RedisResult<Vec<Vec<redis::Value>>> =
+                redis::cmd("CLUSTER").arg("SLOTS").query(&mut con);
+            if let Ok(ranges) = slots {
+                for r in ranges {
+                    let int = |i: usize| {
+                        r.get(i)
+                            .and_then(|v| redis::from_redis_value::<i64>(v.clone()).ok())
+                    };
+                    let (Some(lo), Some(hi)) = (int(0), int(1)) else {
+                        continue;
+                    };
+                    if (lo..=hi).contains(&slot) {
+                        if let Some(redis::Value::Array(master)) = r.get(2) {
+                            return master
+                                .get(1)
+                                .and_then(|v| redis::from_redis_value::<u16>(v.clone()).ok());
+                        }
+                    }
+                }
+                return None;
+            }
+        }
+        None
+    }
+
+    /// SIGKILLs the node on `port` (no chance to hand over anything).
+    pub fn kill9(&mut self, port: u16) {
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.port == port) {
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+    }
+}

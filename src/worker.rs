@@ -690,13 +690,10 @@ impl Decider {
         if calls.is_empty() {
             return out;
         }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for (_, call) in &calls {
-            pipe.add_command(call.cmd());
-        }
         let started = Instant::now();
-        let answers = pipe.query_async::<Vec<redis::RedisResult<Value>>>(con).await;
+        let answers = con
+            .query_all(calls.iter().map(|(_, call)| call.cmd()).collect())
+            .await;
         let elapsed = started.elapsed();
         let answers = match answers {
             Ok(a) if a.len() == calls.len() => a,

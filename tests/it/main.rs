@@ -2,6 +2,7 @@
 //! harness (see `support`). One binary, one module per area.
 
 mod cli;
+mod cluster;
 mod faults;
 mod invalid;
 mod queue;
