@@ -45,6 +45,8 @@ pub struct BenchOptions {
     pub reaper_sessions: usize,
     /// How long the soak scenario runs (it runs only when asked for by name).
     pub soak: Duration,
+    /// Master counts of the cluster scenario (it runs only when asked for by name).
+    pub cluster_masters: Vec<usize>,
 }
 
 /// One line of the table.
@@ -244,6 +246,11 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row)) -> Result<R
             ));
         }
         for r in reaper_run(&settings, &mut con, opts.reaper_sessions).await? {
+            emit(r, &mut rows);
+        }
+    }
+    if opts.only.iter().any(|o| o == "cluster") {
+        for r in cluster_run(&opts.cluster_masters, w, d).await? {
             emit(r, &mut rows);
         }
     }
@@ -832,8 +839,62 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
     ])
 }
 
+/// seatgate end to end (64 clients, 2 workers) and the direct path on Redis
+/// Cluster with each master count (no replicas: a benchmark of masters), with
+/// 4 request shards per master; a single node beside them for reference.
+async fn cluster_run(masters: &[usize], warmup: Duration, d: Duration) -> Result<Vec<Row>, Error> {
+    let mut rows = Vec::new();
+    let single = LocalRedis::start(&["--hash-max-listpack-value", "256"])?;
+    let mut runs: Vec<(String, Settings, Option<crate::local_redis::LocalCluster>)> = Vec::new();
+    let mut s = Settings::load(None)?;
+    s.redis.url = single.url();
+    runs.push(("1 node (not a cluster)".into(), s, None));
+    for &m in masters {
+        let cluster = tokio::task::spawn_blocking(move || crate::local_redis::LocalCluster::start_with(m, 0))
+            .await
+            .map_err(bench_err)??;
+        let mut s = Settings::load(None)?;
+        s.redis.cluster_urls = cluster.urls();
+        s.stream.shards = 4 * m;
+        runs.push((
+            format!("cluster, {m} masters, {} shards", 4 * m),
+            s,
+            Some(cluster),
+        ));
+    }
+    for (label, mut s, cluster) in runs {
+        s.metrics.listen = String::new();
+        s.stream.block_ms = 100;
+        s.limits.session_requests = 0;
+        s.reaper.enabled = false;
+        let mut con = Db::connect(&s.redis).await?;
+        Scripts::get().load_all(&mut con).await?;
+        for i in 0..LICENSES {
+            let spec = LicenseSpec {
+                seats_total: 1_000_000,
+                expires_at_ms: 0,
+                active: true,
+                heartbeat_timeout_ms: None,
+            };
+            license::put(&mut con, &Keys::new("seat"), &format!("bench-{i}"), &spec).await?;
+        }
+        let mut direct = closed_loop(&s, 64, warmup, d, Path::Direct).await?;
+        direct.scenario = "cluster".into();
+        direct.variant = format!("{label}: direct, clients=64");
+        rows.push(direct);
+        let fleet = Fleet::start(&s, 2).await?;
+        let mut r = closed_loop(&s, 64, warmup, d, Path::Seatgate).await?;
+        fleet.stop().await;
+        r.scenario = "cluster".into();
+        r.variant = format!("{label}: seatgate, clients=64 workers=2");
+        rows.push(r);
+        drop(cluster);
+    }
+    Ok(rows)
+}
+
 fn progress_line(r: &Row) {
-    eprintln!("  {:<11} {:<44} {}", r.scenario, r.variant, r.note);
+    eprintln!("  {:<11} {:<56} {}", r.scenario, r.variant, r.note);
 }
 
 /// A steady mixed workload under the real maintenance (reaper, stream
@@ -982,7 +1043,7 @@ async fn soak_run(
 /// The table as text.
 pub fn render(report: &Report) -> String {
     let mut out = format!(
-        "seatgate bench: Redis {}, {} cores, {:.0} s per scenario\n\n{:<11} {:<44} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
+        "seatgate bench: Redis {}, {} cores, {:.0} s per scenario\n\n{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
         report.redis_version, report.cores, report.duration_s, "scenario", "variant", "ops/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "note"
     );
     let us = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
@@ -993,7 +1054,7 @@ pub fn render(report: &Report) -> String {
             "-".into()
         };
         out.push_str(&format!(
-            "{:<11} {:<44} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
+            "{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
             r.scenario,
             r.variant,
             ops,

@@ -98,12 +98,15 @@ struct BenchArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
     /// Only these scenarios (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
-    /// soak runs only when named here).
+    /// soak and cluster run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions in the reaper scenario.
     #[arg(long, default_value_t = 1_000_000)]
     reaper_sessions: usize,
+    /// Master counts for the cluster scenario (run it with --only cluster).
+    #[arg(long, value_delimiter = ',', default_value = "3,6")]
+    cluster_masters: Vec<usize>,
     /// Length of the soak scenario (run it with --only soak), e.g. 30m.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     soak_duration: Duration,
@@ -197,10 +200,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 only: args.only,
                 reaper_sessions: args.reaper_sessions,
                 soak: args.soak_duration,
+                cluster_masters: args.cluster_masters,
             };
             let report = crate::bench::run(opts, |row| {
                 eprintln!(
-                    "  {:<11} {:<44} {:>10.0}/s  {}",
+                    "  {:<11} {:<56} {:>10.0}/s  {}",
                     row.scenario, row.variant, row.ops_per_sec, row.note
                 )
             })

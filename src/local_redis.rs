@@ -154,8 +154,14 @@ fn free_cluster_port() -> Result<u16, Error> {
 impl LocalCluster {
     /// Starts `masters` masters and as many replicas, and creates the cluster.
     pub fn start(masters: usize) -> Result<LocalCluster, Error> {
+        Self::start_with(masters, 1)
+    }
+
+    /// Starts `masters` masters (at least 3: `redis-cli --cluster create`'s
+    /// minimum) with `replicas` replicas each.
+    pub fn start_with(masters: usize, replicas: usize) -> Result<LocalCluster, Error> {
         let mut nodes = Vec::new();
-        for _ in 0..masters * 2 {
+        for _ in 0..masters * (1 + replicas) {
             let dir = tempfile::tempdir()?;
             let port = free_cluster_port()?;
             let extra: Vec<String> = [
@@ -193,7 +199,7 @@ impl LocalCluster {
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
