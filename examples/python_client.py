@@ -1,20 +1,28 @@
-"""A minimal seatgate client in Python: acquire, heartbeat and release a seat.
+"""A minimal seatgate client in Python: acquire (waiting in the queue if asked),
+heartbeat and release a seat.
 
-It speaks the wire protocol of docs/protocol.md directly with redis-py: each
-call XADDs a request (with a unique `id` and this client's own `reply_to`
-stream) to `seat:requests`, then XREADs the reply stream until the reply
-carrying that id arrives, or the timeout passes.
+It speaks the wire protocol of docs/protocol.md directly with redis-py, to
+one Redis node (not Redis Cluster). Each call XADDs a request (with a unique
+`id` and this client's own `reply_to` stream) to `seat:requests` and, in the
+same round trip (a pipeline), starts an XREAD BLOCK on the reply stream; it
+keeps reading until the reply carrying that id arrives, or the timeout passes.
+An acquire that gets QUEUED keeps reading for the final GRANTED or
+QUEUE_TIMEOUT, which carries the same id. With `stream.shards` = N > 1 the
+requests go to `seat:requests:{i}`, i = crc32(license) % N (docs/protocol.md,
+"Shards and Redis Cluster"); pass the same N with --shards.
 
 Run it against a Redis with a `seatgate run` worker and a provisioned license:
 
     pip install redis
-    seatgate --redis redis://127.0.0.1:6379 license put demo --seats 2
+    seatgate --redis redis://127.0.0.1:6379 license put demo --seats 1
     seatgate --redis redis://127.0.0.1:6379 run &
-    python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 \
-        --license demo --session laptop-42
+    python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo &
+    python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
 
-It prints each reply, and exits 1 when the acquire was refused (for example
-NO_SEATS_AVAILABLE), 3 when Redis or the worker did not answer, 0 otherwise.
+The second copy finds the only seat taken, prints QUEUED, and gets GRANTED
+when the first releases. It prints each reply, and exits 1 when the acquire
+was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 3 when Redis or the
+worker did not answer, 0 otherwise.
 """
 
 import argparse
@@ -22,10 +30,14 @@ import json
 import sys
 import time
 import uuid
+import zlib
 
 import redis
 
 REQUESTS_STREAM = "seat:requests"
+# A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
+# wait ran out, later still if its first delivery failed: allow for it.
+QUEUE_MARGIN_S = 30.0
 
 
 class ReplyTimeout(Exception):
@@ -35,68 +47,89 @@ class ReplyTimeout(Exception):
 class SeatClient:
     """Sends seat requests and waits for their replies on a private stream."""
 
-    def __init__(self, r: redis.Redis, requests_stream: str = REQUESTS_STREAM):
+    def __init__(self, r: redis.Redis, requests_stream: str = REQUESTS_STREAM, shards: int = 1):
         # `r` must be created with decode_responses=True.
         self.r = r
         self.requests_stream = requests_stream
+        self.shards = shards
         # One reply stream per client. It must not start with "seat:" (the
         # service's own namespace); the worker caps it and lets it expire.
         self.reply_to = f"reply:seatgate-py:{uuid.uuid4().hex}"
         self.last_seen = "0-0"  # last reply entry read from our stream
 
-    def acquire(self, license, session, meta=None, wait_ms=0, timeout=5.0):
-        """Takes a seat. `meta` is a dict stored with the session."""
-        fields = {}
+    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None):
+        """Takes a seat, waiting up to `wait_s` seconds in the license's queue
+        when none is free. Returns the final reply; `on_queued(reply)` is
+        called with the QUEUED reply, if any."""
+        extra = {}
         if meta is not None:
-            fields["meta"] = json.dumps(meta, separators=(",", ":"))
-        if wait_ms:
-            # Accepted by the service; see docs/protocol.md for its current effect.
-            fields["wait_ms"] = str(int(wait_ms))
-        return self.call("acquire", license, session, fields, timeout + wait_ms / 1000)
+            extra["meta"] = json.dumps(meta, separators=(",", ":"))
+        if wait_s > 0:
+            extra["wait_ms"] = str(int(wait_s * 1000))
+        reply = self.call("acquire", license, session, extra, timeout)
+        if reply["status"] == "QUEUED":
+            if on_queued:
+                on_queued(reply)
+            # The final answer carries the same id; skip repeats of QUEUED.
+            reply = self.wait_for(reply["id"], wait_s + timeout + QUEUE_MARGIN_S, final=True)
+        return reply
 
     def heartbeat(self, license, session, timeout=5.0):
         """Keeps the session's seat alive."""
         return self.call("heartbeat", license, session, {}, timeout)
 
     def release(self, license, session, timeout=5.0):
-        """Gives the session's seat back."""
+        """Gives the session's seat back (or leaves the queue)."""
         return self.call("release", license, session, {}, timeout)
 
     def call(self, op, license, session, extra, timeout):
-        """XADDs one request and returns its reply as a dict of strings."""
-        request_id = uuid.uuid4().hex
-        request = {
-            "op": op,
-            "id": request_id,
-            "license": license,
-            "session": session,
-            "reply_to": self.reply_to,
-            **extra,
-        }
-        self.r.xadd(self.requests_stream, request)
-        return self.wait_for(request_id, timeout)
-
-    def wait_for(self, request_id, timeout):
-        """Reads our reply stream until the reply to `request_id` arrives.
-
-        Replies to other ids (an earlier call that timed out, or a duplicate
-        after a worker restart) are skipped.
-        """
+        """Sends one request and returns its first reply as a dict of strings."""
         deadline = time.monotonic() + timeout
-        while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise ReplyTimeout(f"no reply to request {request_id} within {timeout:g}s")
-            # Block in slices of at most 1 s: BLOCK 0 would mean "forever", and
-            # a long block would trip the connection's socket_timeout (5 s by
-            # default in redis-py 8).
-            block_ms = max(1, min(left_ms, 1000))
-            read = self.r.xread({self.reply_to: self.last_seen}, count=100, block=block_ms)
-            for _stream, entries in read or []:
-                for entry_id, fields in entries:
-                    self.last_seen = entry_id
-                    if fields.get("id") == request_id:
-                        return fields
+        request_id = uuid.uuid4().hex
+        request = {"op": op, "id": request_id, "license": license, "session": session,
+                   "reply_to": self.reply_to, **extra}
+        # XADD and the first XREAD BLOCK in one round trip: Redis runs one
+        # connection's commands in order, so the read starts after the request
+        # is on the stream, and usually returns with the reply.
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xadd(self.stream_for(license), request)
+        self._read(pipe, timeout)
+        _, read = pipe.execute()
+        return self._match(read, request_id) or self.wait_for(request_id, deadline - time.monotonic())
+
+    def stream_for(self, license):
+        """The requests stream (shard) that serves `license`."""
+        if self.shards <= 1:
+            return self.requests_stream
+        return f"{self.requests_stream}:{{{zlib.crc32(license.encode()) % self.shards}}}"
+
+    def wait_for(self, request_id, timeout, final=False):
+        """Reads our reply stream until the reply to `request_id` arrives (with
+        `final`, one that is not QUEUED). Replies to other ids (an earlier call
+        that timed out) are skipped."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            read = self._read(self.r, deadline - time.monotonic())
+            reply = self._match(read, request_id, final)
+            if reply:
+                return reply
+        raise ReplyTimeout(f"no reply to request {request_id} in time")
+
+    def _read(self, r, timeout):
+        # Block in slices of at most 1 s: BLOCK 0 would mean "forever", and a
+        # long block would trip redis-py's socket_timeout (5 s by default).
+        block_ms = max(1, min(int(timeout * 1000), 1000))
+        return r.xread({self.reply_to: self.last_seen}, count=100, block=block_ms)
+
+    def _match(self, read, request_id, final=False):
+        found = None
+        for _stream, entries in read or []:
+            for entry_id, fields in entries:
+                self.last_seen = entry_id
+                if found is None and fields.get("id") == request_id:
+                    if not (final and fields.get("status") == "QUEUED"):
+                        found = fields
+        return found
 
     def close(self):
         """Deletes the reply stream (it would otherwise expire by itself)."""
@@ -104,7 +137,7 @@ class SeatClient:
 
 
 def show(label, reply):
-    print(f"{label:<10} {json.dumps(reply)}")
+    print(f"{label:<10} {json.dumps(reply)}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -112,12 +145,15 @@ def main(argv=None) -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
     parser.add_argument("--license", required=True, help="license id, e.g. demo")
     parser.add_argument("--session", default=f"py-{uuid.uuid4().hex[:12]}", help="session id (default: random)")
+    parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait in the queue when no seat is free (default: 0)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats (default: 1)")
+    parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: 1)")
     args = parser.parse_args(argv)
 
-    client = SeatClient(redis.Redis.from_url(args.redis_url, decode_responses=True))
+    client = SeatClient(redis.Redis.from_url(args.redis_url, decode_responses=True), shards=args.shards)
     try:
-        reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"})
+        reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
+                               wait_s=args.wait, on_queued=lambda r: show("queued", r))
         show("acquire", reply)
         if reply.get("ok") != "1":
             return 1

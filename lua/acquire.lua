@@ -1,7 +1,7 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS     the ten keys of lua/includes/common.lua
+  KEYS     the eleven keys of lua/includes/common.lua
   ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
   ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[8]  metadata, a JSON object (validated by the worker)

@@ -1,7 +1,7 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS     the ten keys of lua/includes/common.lua; the queue keys are not touched
+  KEYS     the eleven keys of lua/includes/common.lua; the queue keys are not touched
   ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
   ARGV[7]  session id
 

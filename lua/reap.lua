@@ -17,7 +17,7 @@
   ARGV[2]  most sessions (and waiters) to remove in this call
   ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
 
-  Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth}
+  Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth, redeliver}
     evicted  sessions evicted (each a seat-freed event, reason heartbeat_timeout)
     notes    GRANTED / QUEUE_TIMEOUT notes, as in common.lua
     redeliver  outbox notes to deliver again, in the same form

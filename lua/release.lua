@@ -2,7 +2,7 @@
   release: free the seat that `session` holds, or take it out of the queue.
   Only the session's own id releases it; nothing else is touched.
 
-  KEYS     the ten keys of lua/includes/common.lua
+  KEYS     the eleven keys of lua/includes/common.lua
   ARGV[1..6] dedupe and rate-limit arguments (release is never rate limited)
   ARGV[7]  session id
 

@@ -1,6 +1,7 @@
 //! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
 //! client, and `license` provisioning. Errors come out as one line.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -50,6 +51,15 @@ enum Command {
     License(LicenseCommand),
     /// Measure seatgate beside direct EVALSHA and the Redis ceiling (docs/performance.md).
     Bench(BenchArgs),
+    /// Follow the seat events of every shard (acquired, released, evicted, queued, granted, ...).
+    Events {
+        /// Start from the beginning of the streams instead of new events only.
+        #[arg(long)]
+        from_start: bool,
+        /// Print each event as a JSON line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show seats in use, holders and queues per license (like lmstat).
     Status {
         /// Only this license.
@@ -191,6 +201,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Release(args) => client_call(&settings, Op::Release, args).await,
         Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
         Command::License(cmd) => license_cmd(&settings, cmd).await,
+        Command::Events { from_start, json } => {
+            follow_events(&settings, from_start, json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(args) => {
             let opts = crate::bench::BenchOptions {
                 redis_url: args.bench_redis,
@@ -253,7 +267,7 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         meta: args.meta,
         wait_ms,
     };
-    let mut client = Client::connect(&settings.redis.url, &settings.stream.requests).await?;
+    let mut client = Client::connect_with(settings).await?;
     // A queued acquire may legitimately wait for its grant as long as it asked
     // to; its QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
     let timeout =
@@ -262,9 +276,15 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         let id = client.send(&call).await?;
         let mut reply = client.wait_for(&id, args.timeout).await?;
         if reply.status() == Status::Queued {
-            // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id.
             print_reply(&reply, args.json);
-            reply = client.wait_for(&id, timeout).await?;
+        }
+        // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id; a
+        // repeated QUEUED (a redelivered request) is not it.
+        let deadline = std::time::Instant::now() + timeout;
+        while reply.status() == Status::Queued {
+            reply = client
+                .wait_for(&id, deadline.saturating_duration_since(std::time::Instant::now()))
+                .await?;
         }
         Ok::<_, Error>(reply)
     }
@@ -356,6 +376,72 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the events of every events stream shard as they come (one read
+/// loop per shard: on a cluster a blocking read may name one slot only).
+async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Result<(), Error> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<BTreeMap<String, String>>(1024);
+    for stream in settings.events_streams() {
+        let tx = tx.clone();
+        let mut con = crate::db::Db::connect_blocking(&settings.redis, Duration::from_secs(5)).await?;
+        let mut last = if from_start {
+            "0".to_owned()
+        } else {
+            "$".to_owned()
+        };
+        tokio::spawn(async move {
+            loop {
+                let read: redis::RedisResult<redis::streams::StreamReadReply> = redis::cmd("XREAD")
+                    .arg("COUNT")
+                    .arg(500)
+                    .arg("BLOCK")
+                    .arg(2000)
+                    .arg("STREAMS")
+                    .arg(&stream)
+                    .arg(&last)
+                    .query_async(&mut con)
+                    .await;
+                let Ok(read) = read else {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                };
+                for key in read.keys {
+                    for entry in key.ids {
+                        last = entry.id.clone();
+                        let mut fields: BTreeMap<String, String> = entry
+                            .map
+                            .into_iter()
+                            .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                            .collect();
+                        fields.insert("id".into(), entry.id);
+                        if tx.send(fields).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+    drop(tx);
+    let stop = service::shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            event = rx.recv() => {
+                let Some(e) = event else { return Ok(()) };
+                if json {
+                    println!("{}", serde_json::to_string(&e).unwrap_or_default());
+                } else {
+                    let get = |k: &str| e.get(k).map(String::as_str).unwrap_or("");
+                    let at = get("at_ms").parse::<u64>().map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()).unwrap_or_default();
+                    let reason = e.get("reason").map(|r| format!(" ({r})")).unwrap_or_default();
+                    println!("{at}  {:<13} license={} session={} seats={}/{}{reason}", get("type"), get("license"), get("session"), get("seats_used"), get("seats_total"));
+                }
+            }
+        }
+    }
 }
 
 fn describe(info: &LicenseInfo) -> String {

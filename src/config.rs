@@ -201,7 +201,9 @@ impl Settings {
             config::Environment::with_prefix("SEATGATE")
                 .prefix_separator("__")
                 .separator("__")
-                .try_parsing(true),
+                .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("redis.cluster_urls"),
         );
         let settings: Settings = builder
             .build()
@@ -341,7 +343,8 @@ mod tests {
         assert_eq!(s.request_stream_for("acme"), "seat:requests");
         s.stream.shards = 4;
         assert_eq!(s.request_streams()[3], "seat:requests:{3}");
-        // zlib.crc32(b"acme") % 4 == 0x6b1b1f0f % 4 would be written the same way by any client.
+        // zlib.crc32(b"acme") == 0x05c4ba3e, so any client computes shard 0x05c4ba3e % 4 == 2.
+        assert_eq!(crc32fast::hash(b"acme"), 0x05c4_ba3e);
         let shard = crc32fast::hash(b"acme") as usize % 4;
         assert_eq!(s.request_stream_for("acme"), format!("seat:requests:{{{shard}}}"));
         assert_eq!(s.events_stream_for("acme"), format!("seat:events:{{{shard}}}"));
@@ -356,6 +359,24 @@ mod tests {
         assert_eq!(s.stream.requests, "seat:requests");
         assert_eq!(s.keys.prefix, "seat");
         assert!(s.metrics_addr().unwrap().is_some());
+    }
+
+    #[test]
+    fn cluster_urls_come_from_the_environment_as_a_comma_list() {
+        // The only test that sets this variable; cargo runs tests in threads,
+        // but nothing else reads SEATGATE__REDIS__CLUSTER_URLS.
+        std::env::set_var(
+            "SEATGATE__REDIS__CLUSTER_URLS",
+            "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
+        );
+        let s = Settings::load(None);
+        std::env::remove_var("SEATGATE__REDIS__CLUSTER_URLS");
+        let s = s.unwrap();
+        assert_eq!(
+            s.redis.cluster_urls,
+            ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+        );
+        assert!(s.redis.is_cluster());
     }
 
     #[test]

@@ -349,9 +349,20 @@ impl Publisher {
                         .query_async(con)
                         .await;
                 }
-                Err(e) => {
+                Err(e) if crate::worker::is_transient(e) => {
                     telemetry::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply; the reaper retries it");
+                }
+                Err(e) => {
+                    // Its reply stream became something else: it will never be deliverable.
+                    telemetry::reply_error();
+                    warn!(error = %e, license, session = %note.session, status = %note.status, "dropping an undeliverable queue reply");
+                    let outbox = self.keys.license(license).outbox;
+                    let _: redis::RedisResult<i64> = redis::cmd("HDEL")
+                        .arg(outbox)
+                        .arg(&note.note_id)
+                        .query_async(con)
+                        .await;
                 }
             }
         }

@@ -308,7 +308,12 @@ impl ShardWorker {
             };
             match source {
                 Source::Claimed => {
-                    next_claim = Instant::now() + claim_every;
+                    // A full page means more may wait: claim again right away.
+                    next_claim = if batch.len() >= self.settings.stream.batch_size {
+                        Instant::now()
+                    } else {
+                        Instant::now() + claim_every
+                    };
                     if !batch.is_empty() {
                         info!(
                             count = batch.len(),
@@ -669,7 +674,9 @@ impl Decider {
             let keys = self.keys.license(&req.license);
             let mut guard =
                 Guard::for_entry(&self.settings, &self.keys, &entry.id, &req.license, &req.session);
-            guard.redelivery = entry.deliveries > 1;
+            // Even a first delivery may have been decided before: a worker that
+            // stalled past claim_idle_ms had its batch claimed by another.
+            guard.redelivery = true;
             let call = match req.op {
                 Op::Acquire => scripts.acquire_call(
                     &keys,

@@ -28,8 +28,9 @@
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)
     ARGV[5]  rate window, ms
-    ARGV[6]  '1' when the entry is a redelivery and may have been decided
-             before (only then is KEYS[9] read; a first delivery cannot be there)
+    ARGV[6]  '1' to look for the reply the entry got before (the worker always
+             asks: even a first delivery may have been decided by a worker that
+             stalled past claim_idle_ms and had its batch claimed); '0' skips it
 
   Session records keep a ~60-byte metadata record small enough for listpack
   encoding and let heartbeats bump the count without decoding the JSON.

@@ -191,3 +191,72 @@ fn errors_are_one_clear_line() {
     assert_eq!(o.status.code(), Some(2), "bad flags are a usage error");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--meta"));
 }
+
+/// With sharded streams, the CLI sends each license's requests to its shard,
+/// and `seatgate events` follows the events of every shard.
+#[test]
+fn sharded_streams_and_following_every_events_shard() {
+    use std::io::BufRead;
+    let redis = RedisServer::start_with(&[]);
+    let shards = [("SEATGATE__STREAM__SHARDS", "3".to_string())];
+    let _worker = WorkerProcess::start(&redis.url(), &shards);
+    let mut follower = Command::new(BIN)
+        .args(["--redis", &redis.url(), "events", "--from-start", "--json"])
+        .env("SEATGATE__STREAM__SHARDS", "3")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let licenses = ["north", "south", "east", "west"];
+    for l in licenses {
+        let put = seatgate(&redis, &["license", "put", l, "--seats", "1"]);
+        assert!(put.status.success());
+        let o = Command::new(BIN)
+            .args([
+                "--redis",
+                &redis.url(),
+                "acquire",
+                "--license",
+                l,
+                "--session",
+                "s1",
+            ])
+            .env("SEATGATE__STREAM__SHARDS", "3")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+    }
+    // A watchdog, so that a missing event fails the test instead of hanging it.
+    let pid = follower.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(20));
+        let _ = Command::new("kill").arg(&pid).status();
+    });
+    let stdout = follower.stdout.take().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        assert_eq!(v["type"], "acquired");
+        seen.insert(v["license"].as_str().unwrap().to_owned());
+        if seen.len() == licenses.len() {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), licenses.len(), "events of every shard were followed");
+    let _ = follower.kill();
+    let _ = follower.wait();
+    // The licenses' events really are spread over the shards.
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let used: Vec<i64> = (0..3)
+        .map(|i| {
+            redis::cmd("XLEN")
+                .arg(format!("seat:events:{{{i}}}"))
+                .query(&mut con)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(used.iter().sum::<i64>(), 4);
+    assert!(used.iter().filter(|n| **n > 0).count() >= 2, "{used:?}");
+}

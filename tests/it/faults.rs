@@ -494,7 +494,7 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
             }
         }
     };
-    wait_for(n / 3, Duration::from_secs(30)).await;
+    wait_for(n / 10, Duration::from_secs(30)).await;
     fault();
     wait_for(n, Duration::from_secs(60)).await;
     stop.cancel();
@@ -571,18 +571,29 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
     let survivor = WorkerProcess::start(&redis.url(), &env);
     let url = redis.url();
     let mut left_pending = 0;
-    burst_with_fault(&url, 1200, || {
-        victim.kill9();
+    burst_with_fault(&url, 4000, || {
+        // Kill the victim while it holds unacknowledged entries, so that the
+        // survivor must claim and answer them.
         let mut con = redis::Client::open(url.as_str())
             .unwrap()
             .get_connection()
             .unwrap();
-        let summary: Vec<redis::Value> = redis::cmd("XPENDING")
-            .arg("seat:requests")
-            .arg("seatgate")
-            .query(&mut con)
-            .unwrap();
-        left_pending = redis::from_redis_value(summary[0].clone()).unwrap_or(0);
+        let victim_pending = |con: &mut redis::Connection| -> usize {
+            redis::cmd("XPENDING")
+                .arg("seat:requests")
+                .arg("seatgate")
+                .arg("-")
+                .arg("+")
+                .arg(1000)
+                .arg("victim")
+                .query::<Vec<redis::Value>>(con)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while victim_pending(&mut con) == 0 && Instant::now() < deadline {}
+        victim.kill9();
+        left_pending = victim_pending(&mut con);
     })
     .await;
     let metrics = crate::support::http_get(&survivor.metrics, "/metrics")
@@ -592,7 +603,8 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
         .lines()
         .find(|l| l.starts_with("seatgate_claimed_requests_total"))
         .unwrap_or("none");
-    eprintln!("kill -9: {left_pending} entries pending right after the kill; survivor: {claimed}");
+    eprintln!("kill -9: the victim left {left_pending} entries pending; survivor: {claimed}");
+    assert!(left_pending > 0, "the kill was meant to leave work behind");
     assert_eq!(
         pending(&redis).await,
         0,
@@ -607,7 +619,7 @@ async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
     let _a = WorkerProcess::start(&redis.url(), &env);
     let _b = WorkerProcess::start(&redis.url(), &env);
     let url = redis.url();
-    burst_with_fault(&url, 1200, || {
+    burst_with_fault(&url, 4000, || {
         redis.shutdown();
         std::thread::sleep(Duration::from_secs(2));
         redis.restart().expect("restart redis");
@@ -626,7 +638,7 @@ async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
     env.push(("SEATGATE__STREAM__CONSUMER", "staying".into()));
     let _staying = WorkerProcess::start(&redis.url(), &env);
     let mut exit = None;
-    burst_with_fault(&redis.url(), 1200, || {
+    burst_with_fault(&redis.url(), 4000, || {
         exit = Some(leaving.terminate(Duration::from_secs(10)))
     })
     .await;
