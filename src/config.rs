@@ -227,12 +227,17 @@ impl Settings {
         if self.replies.maxlen == 0 || self.replies.ttl_ms == 0 {
             return bad("replies.maxlen and replies.ttl_ms must be positive");
         }
-        if !self
-            .stream
-            .requests
-            .starts_with(&format!("{}:", self.keys.prefix))
-        {
-            return bad("stream.requests must start with keys.prefix and a colon (e.g. \"seat:requests\"), so no reply_to can name it");
+        let inside = format!("{}:", self.keys.prefix);
+        for (name, key) in [
+            ("stream.requests", &self.stream.requests),
+            ("stream.dead_letter", &self.stream.dead_letter),
+            ("events.stream", &self.events.stream),
+        ] {
+            if !key.starts_with(&inside) {
+                return Err(Error::Config(format!(
+                    "{name} must start with keys.prefix and a colon (like \"{inside}...\"), so that no reply_to can name it"
+                )));
+            }
         }
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
@@ -387,6 +392,21 @@ mod tests {
         let s = Settings::load(Some(&path)).unwrap();
         assert_eq!(s.stream.batch_size, 7);
         assert_eq!(s.metrics_addr().unwrap(), None);
+    }
+
+    #[test]
+    fn every_seatgate_stream_must_stay_inside_the_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        for (section, key) in [
+            ("stream", "requests"),
+            ("stream", "dead_letter"),
+            ("events", "stream"),
+        ] {
+            let path = dir.path().join("s.toml");
+            std::fs::write(&path, format!("[{section}]\n{key} = \"outside\"\n")).unwrap();
+            let err = Settings::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(&format!("{section}.{key}")), "{err}");
+        }
     }
 
     #[test]

@@ -119,6 +119,8 @@ struct ShardWorker {
     /// with nobody reading it. It is also never shared, so a blocked read
     /// cannot delay a script.
     reader: Option<Db>,
+    /// Setup (group, scripts) failed at startup: not ready until it succeeds.
+    unprepared: bool,
     /// Health flag for `/ready`.
     ready: Readiness,
     /// Decides batches; shared by the batches in flight.
@@ -161,6 +163,7 @@ impl ShardWorker {
             ready,
             decider,
             settings,
+            unprepared: false,
         };
         match worker.prepare().await {
             Ok(()) => {}
@@ -168,6 +171,7 @@ impl ShardWorker {
             // ready, and let the read loop retry the setup.
             Err(Error::Redis(e)) if is_transient(&e) && !e.is_io_error() => {
                 warn!(error = %e, "cannot prepare the consumer group yet; retrying while serving");
+                worker.unprepared = true;
             }
             Err(e) => return Err(e),
         }
@@ -225,7 +229,7 @@ impl ShardWorker {
         // Afterwards they are re-read only when a retry is due, and new
         // requests keep flowing meanwhile: a failing entry delays nobody.
         let mut retry_at = Some(Instant::now());
-        let mut failing = false;
+        let mut failing = self.unprepared;
         let mut read_backoff = Backoff::default();
         let mut retry_backoff = Backoff::default();
         let claim_every = Duration::from_millis((self.settings.stream.claim_idle_ms / 2).clamp(100, 5_000));
@@ -244,7 +248,7 @@ impl ShardWorker {
                 *retry_at = Some(Instant::now());
             }
         };
-        self.ready.set(true);
+        self.ready.set(!failing);
         while !shutdown.is_cancelled() {
             while let Some(done) = in_flight.try_join_next() {
                 outcome(
