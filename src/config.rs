@@ -60,7 +60,16 @@ pub struct RedisSettings {
 impl RedisSettings {
     /// Whether seatgate talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        !self.cluster_urls.is_empty()
+        !self.cluster_nodes().is_empty()
+    }
+
+    /// The cluster seed URLs, blanks dropped (an empty variable means none).
+    pub fn cluster_nodes(&self) -> Vec<String> {
+        self.cluster_urls
+            .iter()
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect()
     }
 }
 

@@ -35,7 +35,7 @@ impl Db {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         let response = Duration::from_millis(redis.response_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::builder(redis.cluster_urls.clone())
+            let client = ClusterClient::builder(redis.cluster_nodes())
                 .connection_timeout(connect)
                 .response_timeout(response)
                 .build()?;
@@ -52,7 +52,7 @@ impl Db {
     pub async fn connect_blocking(redis: &RedisSettings, block: Duration) -> Result<Db, Error> {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::new(redis.cluster_urls.clone())?;
+            let client = ClusterClient::new(redis.cluster_nodes())?;
             let cfg = ClusterConfig::new()
                 .set_connection_timeout(connect)
                 .set_response_timeout(block + Duration::from_secs(10));

@@ -812,7 +812,16 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
         || !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
         || matches!(
             e.code(),
-            Some("OOM" | "BUSY" | "LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+            Some(
+                "OOM"
+                    | "BUSY"
+                    | "LOADING"
+                    | "READONLY"
+                    | "MASTERDOWN"
+                    | "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "NOREPLICAS"
+            )
         )
 }
 

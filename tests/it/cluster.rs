@@ -280,13 +280,13 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
     let w1 = spawn_worker(s.clone(), "w1").await;
     let w2 = spawn_worker(s.clone(), "w2").await;
 
-    // A first burst, then the kill.
-    let burst = |tag: &'static str| {
+    // Each license's client sends `n` acquires one after another, `gap` apart.
+    let burst = |tag: &'static str, n: usize, gap: Duration| {
         let s = s.clone();
         let licenses = licenses.clone();
         async move {
             let mut tasks = Vec::new();
-            for (n, l) in licenses.into_iter().enumerate() {
+            for (idx, l) in licenses.into_iter().enumerate() {
                 let s = s.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut statuses = Vec::new();
@@ -294,8 +294,9 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
                         Ok(c) => c,
                         Err(_) => return statuses,
                     };
-                    for i in 0..8 {
-                        match c.call(&acquire(&l, &format!("{tag}-{n}-{i}"), 0), T).await {
+                    for i in 0..n {
+                        tokio::time::sleep(gap).await;
+                        match c.call(&acquire(&l, &format!("{tag}-{idx}-{i}"), 0), T).await {
                             Ok(r) => statuses.push(Some(r.status())),
                             Err(_) => statuses.push(None),
                         }
@@ -310,11 +311,40 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
             all
         }
     };
-    let before = burst("before").await;
+    let before = burst("before", 8, Duration::ZERO).await;
     assert!(
         before.iter().all(|s| s.is_some()),
         "every request before the failover answered"
     );
+
+    // Sample every license's holders throughout (reads fail while a master is down).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sampler = {
+        let (s, stop, licenses) = (s.clone(), stop.clone(), licenses.clone());
+        tokio::spawn(async move {
+            let mut most = 0usize;
+            let mut samples = 0usize;
+            let mut con = Db::connect(&s.redis).await.unwrap();
+            let keys = Keys::new(s.keys.prefix.clone());
+            while !stop.is_cancelled() {
+                for l in &licenses {
+                    let n: redis::RedisResult<usize> = redis::cmd("ZCARD")
+                        .arg(keys.license(l).holders)
+                        .query_async(&mut con)
+                        .await;
+                    if let Ok(n) = n {
+                        most = most.max(n);
+                        samples += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (most, samples)
+        })
+    };
+    // A burst in flight when the master dies.
+    let during = tokio::spawn(burst("during", 40, Duration::from_millis(10)));
+    tokio::time::sleep(Duration::from_millis(30)).await;
 
     let victim = cluster
         .master_of(&keys.license(&licenses[0]).holders)
@@ -341,10 +371,23 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
     );
 
     // Requests written after the promotion are all answered.
-    let after = burst("after").await;
+    let after = burst("after", 8, Duration::ZERO).await;
     assert!(
         after.iter().all(|s| s.is_some()),
         "every request after the promotion answered: {after:?}"
+    );
+    let during = during.await.unwrap();
+    let answered = during.iter().filter(|s| s.is_some()).count();
+    eprintln!(
+        "failover: {answered} of {} requests sent around the kill answered",
+        during.len()
+    );
+    stop.cancel();
+    let (most, samples) = sampler.await.unwrap();
+    assert!(samples > 0, "the sampler ran");
+    assert!(
+        most <= 5,
+        "a license was overbooked during the failover: {most} holders of 5"
     );
     for l in &licenses {
         let n = holders(&s, l).await.len();
