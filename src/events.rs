@@ -133,25 +133,12 @@ impl Publisher {
         reply: &Reply,
     ) -> redis::RedisResult<()> {
         let fields = reply.fields();
-        let refresh_after = Duration::from_millis(self.reply_ttl_ms / 4);
-        let fresh = self
-            .fresh
-            .lock()
-            .ok()
-            .and_then(|f| f.get(stream).map(|at| at.elapsed() < refresh_after))
-            .unwrap_or(false);
-        if fresh {
-            let mut xadd = redis::cmd("XADD");
-            xadd.arg(stream)
-                .arg("NOMKSTREAM")
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(self.reply_maxlen)
-                .arg("*");
-            for (field, value) in &fields {
-                xadd.arg(*field).arg(value);
-            }
-            match xadd.query_async::<Option<String>>(con).await {
+        if self.is_fresh(stream) {
+            match self
+                .fast_xadd(stream, &fields)
+                .query_async::<Option<String>>(con)
+                .await
+            {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => {} // deleted meanwhile: the script re-creates it with an expiry
                 Err(e) if e.code() == Some("WRONGTYPE") => {} // replaced: let the script refuse it

@@ -257,21 +257,6 @@ impl Reaper {
                     self.redeliver_after_ms,
                 )
                 .await?;
-            for note in &step.redeliver {
-                info!(%license, session = %note.session, status = %note.status, "re-delivering an undelivered queue reply");
-                let _ = self
-                    .publisher
-                    .deliver(
-                        &mut con,
-                        license,
-                        note,
-                        step.seats_used,
-                        step.seats_total,
-                        step.now_ms,
-                        false,
-                    )
-                    .await;
-            }
             for session in &step.evicted {
                 telemetry::evicted();
                 info!(%license, %session, "evicted stale session");
@@ -286,7 +271,13 @@ impl Reaper {
                 };
                 self.publisher.event(&mut con, &event).await;
             }
-            for note in &step.notes {
+            // New notes count once; redelivered ones (left in the outbox by a
+            // deliverer that died) are only delivered again.
+            let redelivered = step.redeliver.iter().map(|n| (n, false));
+            for (note, first_time) in step.notes.iter().map(|n| (n, true)).chain(redelivered) {
+                if !first_time {
+                    info!(%license, session = %note.session, status = %note.status, "re-delivering an undelivered queue reply");
+                }
                 let _ = self
                     .publisher
                     .deliver(
@@ -296,9 +287,12 @@ impl Reaper {
                         step.seats_used,
                         step.seats_total,
                         step.now_ms,
-                        true,
+                        first_time,
                     )
                     .await;
+                if !first_time {
+                    continue;
+                }
                 match note.status {
                     crate::status::Status::Granted => report.granted += 1,
                     _ => report.timed_out += 1,
