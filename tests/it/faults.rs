@@ -763,3 +763,90 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
     }
     worker.stop().await;
 }
+
+/// The reaper's stream upkeep trims what every consumer acknowledged (never
+/// what is pending or undelivered) and removes long-idle empty consumers.
+#[tokio::test]
+async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
+    let redis = RedisServer::start_with(&[]);
+    let mut con = redis.con().await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(
+            xadd(
+                &mut con,
+                &[
+                    ("op", "heartbeat"),
+                    ("license", "l"),
+                    ("session", &format!("s{i}")),
+                ],
+            )
+            .await,
+        );
+    }
+    // "gone" reads 6 and acknowledges them; "busy" reads 2 and holds them; 2 stay undelivered.
+    let read = |consumer: &'static str, count: usize| {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg("seatgate")
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count);
+        cmd.arg("STREAMS").arg("seat:requests").arg(">");
+        cmd
+    };
+    let _: redis::Value = read("gone", 6).query_async(&mut con).await.unwrap();
+    let _: i64 = redis::cmd("XACK")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .arg(&ids[..6])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: redis::Value = read("busy", 2).query_async(&mut con).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let mut settings = redis.settings();
+    settings.stream.consumer_idle_ms = 20;
+    let reaper = seatgate::reaper::Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
+    reaper.maintain_stream().await.unwrap();
+
+    let left: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
+        .arg("seat:requests")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let left: Vec<&str> = left.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        left,
+        ids[6..].iter().map(String::as_str).collect::<Vec<_>>(),
+        "only acknowledged entries trimmed"
+    );
+    let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let names: Vec<String> = consumers
+        .iter()
+        .map(|c| redis::from_redis_value(c["name"].clone()).unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["busy"],
+        "the idle consumer with nothing pending is removed, the one holding entries kept"
+    );
+}
