@@ -327,6 +327,15 @@ fn session_of(client: usize) -> (String, String) {
     (format!("bench-{}", client % LICENSES), format!("c{client}"))
 }
 
+/// One step of a client's acquire → release cycle (the acquire carries metadata).
+fn cycle_call(acquire: bool, license: &str, session: &str) -> Call {
+    if acquire {
+        Call::new(Op::Acquire, license, session).with_meta(META)
+    } else {
+        Call::new(Op::Release, license, session)
+    }
+}
+
 /// The ceiling: acquire/release scripts pipelined 128 deep on 4 connections.
 async fn ceiling_run(settings: &Settings, keys: &Keys, warmup: Duration, d: Duration) -> Result<Row, Error> {
     const DEPTH: usize = 128;
@@ -421,17 +430,10 @@ async fn closed_loop(
                         };
                         o.status
                     }
-                    (_, Some(cl)) => {
-                        let op = if acquire { Op::Acquire } else { Op::Release };
-                        let call = Call {
-                            op,
-                            license: license.clone(),
-                            session: session.clone(),
-                            meta: acquire.then(|| META.to_owned()),
-                            wait_ms: 0,
-                        };
-                        cl.call(&call, Duration::from_secs(10)).await?.status()
-                    }
+                    (_, Some(cl)) => cl
+                        .call(&cycle_call(acquire, &license, &session), Duration::from_secs(10))
+                        .await?
+                        .status(),
                     _ => unreachable!("one path is set"),
                 };
                 if !status.is_ok() {
@@ -504,14 +506,9 @@ async fn open_loop(
                 let busy_past_due = Instant::now() > due;
                 tokio::time::sleep_until(due.into()).await;
                 let start = if busy_past_due { due } else { Instant::now() };
-                let call = Call {
-                    op: if acquire { Op::Acquire } else { Op::Release },
-                    license: license.clone(),
-                    session: session.clone(),
-                    meta: acquire.then(|| META.to_owned()),
-                    wait_ms: 0,
-                };
-                client.call(&call, Duration::from_secs(10)).await?;
+                client
+                    .call(&cycle_call(acquire, &license, &session), Duration::from_secs(10))
+                    .await?;
                 if due >= measure_from {
                     let _ = h.record(start.elapsed().as_micros() as u64);
                     ops += 1;
@@ -564,13 +561,9 @@ async fn contention(settings: &Settings, con: &mut Db, warmup: Duration, d: Dura
             let (mut grants, mut queued) = (0u64, 0u64);
             while Instant::now() < stop_at {
                 let asked = Instant::now();
-                let call = Call {
-                    op: Op::Acquire,
-                    license: "contended".into(),
-                    session: session.clone(),
-                    meta: Some(META.into()),
-                    wait_ms: 30_000,
-                };
+                let call = Call::new(Op::Acquire, "contended", session.as_str())
+                    .with_meta(META)
+                    .with_wait(30_000);
                 let id = client.send(&call).await?;
                 let mut r = client.wait_for(&id, Duration::from_secs(30)).await?;
                 if r.status() == Status::Queued {

@@ -31,6 +31,31 @@ pub struct Call {
     pub wait_ms: u64,
 }
 
+impl Call {
+    /// A request `op` for `session` of `license`, without metadata or wait.
+    pub fn new(op: Op, license: impl Into<String>, session: impl Into<String>) -> Call {
+        Call {
+            op,
+            license: license.into(),
+            session: session.into(),
+            meta: None,
+            wait_ms: 0,
+        }
+    }
+
+    /// The same request carrying `meta` (a JSON object).
+    pub fn with_meta(mut self, meta: impl Into<String>) -> Call {
+        self.meta = Some(meta.into());
+        self
+    }
+
+    /// The same request willing to wait `wait_ms` in the queue.
+    pub fn with_wait(mut self, wait_ms: u64) -> Call {
+        self.wait_ms = wait_ms;
+        self
+    }
+}
+
 /// A reply as received: every field, plus typed accessors for the common ones.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

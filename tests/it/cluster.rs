@@ -63,23 +63,13 @@ async fn holders(s: &Settings, license: &str) -> Vec<String> {
 }
 
 fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
-    Call {
-        op: Op::Acquire,
-        license: license.into(),
-        session: session.into(),
-        meta: Some(r#"{"user_email":"dev@example.com"}"#.into()),
-        wait_ms,
-    }
+    Call::new(Op::Acquire, license, session)
+        .with_meta(r#"{"user_email":"dev@example.com"}"#)
+        .with_wait(wait_ms)
 }
 
 fn op(op: Op, license: &str, session: &str) -> Call {
-    Call {
-        op,
-        license: license.into(),
-        session: session.into(),
-        meta: None,
-        wait_ms: 0,
-    }
+    Call::new(op, license, session)
 }
 
 /// One cluster for the scenarios below, run one after the other with their

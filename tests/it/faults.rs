@@ -18,13 +18,7 @@ use crate::support::{
 const T: Duration = Duration::from_secs(5);
 
 fn call(op: Op, license: &str, session: &str) -> Call {
-    Call {
-        op,
-        license: license.into(),
-        session: session.into(),
-        meta: None,
-        wait_ms: 0,
-    }
+    Call::new(op, license, session)
 }
 
 async fn xadd(con: &mut redis::aio::MultiplexedConnection, fields: &[(&str, &str)]) -> String {
@@ -37,22 +31,7 @@ async fn xadd(con: &mut redis::aio::MultiplexedConnection, fields: &[(&str, &str
 }
 
 async fn replies(con: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<HashMap<String, String>> {
-    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(con)
-        .await
-        .unwrap();
-    read.ids
-        .into_iter()
-        .map(|e| {
-            e.map
-                .into_iter()
-                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
-                .collect()
-        })
-        .collect()
+    crate::support::stream_entries(con, stream).await
 }
 
 /// A worker crashed after its script ran but before it replied: another
@@ -65,15 +44,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     let mut settings = redis.settings();
     settings.stream.claim_idle_ms = 200;
     // The group exists, and a consumer that will "crash" takes two entries.
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    crate::support::create_group(&mut con).await;
     let acquire_id = xadd(
         &mut con,
         &[
@@ -711,15 +682,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
     put_license(&redis, "lic", 2).await;
     let mut con = redis.con().await;
     // The group and a request exist before memory runs out (under OOM even an XADD is refused).
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    crate::support::create_group(&mut con).await;
     let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
     let id = c.send(&call(Op::Acquire, "lic", "patient")).await.unwrap();
     let _: i64 = redis::cmd("SETRANGE")
@@ -770,15 +733,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
 async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
     let redis = RedisServer::start_with(&[]);
     let mut con = redis.con().await;
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    crate::support::create_group(&mut con).await;
     let mut ids = Vec::new();
     for i in 0..10 {
         ids.push(

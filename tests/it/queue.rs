@@ -15,23 +15,13 @@ use crate::support::{holders, spawn_worker, RedisServer, RedisServerExt};
 const T: Duration = Duration::from_secs(5);
 
 fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
-    Call {
-        op: Op::Acquire,
-        license: license.into(),
-        session: session.into(),
-        meta: Some(format!(r#"{{"user_email":"{session}@example.com"}}"#)),
-        wait_ms,
-    }
+    Call::new(Op::Acquire, license, session)
+        .with_meta(format!(r#"{{"user_email":"{session}@example.com"}}"#))
+        .with_wait(wait_ms)
 }
 
 fn op(op: Op, license: &str, session: &str) -> Call {
-    Call {
-        op,
-        license: license.into(),
-        session: session.into(),
-        meta: None,
-        wait_ms: 0,
-    }
+    Call::new(op, license, session)
 }
 
 async fn provision(redis: &RedisServer, license: &str, seats: u64, heartbeat_timeout_ms: Option<u64>) {
@@ -59,23 +49,7 @@ async fn reaper_with_batch(redis: &RedisServer, batch: usize) -> Reaper {
 
 /// Every event on the events stream, oldest first.
 async fn events(redis: &RedisServer) -> Vec<HashMap<String, String>> {
-    let mut con = redis.con().await;
-    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg("seat:events")
-        .arg("-")
-        .arg("+")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    read.ids
-        .into_iter()
-        .map(|e| {
-            e.map
-                .into_iter()
-                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
-                .collect()
-        })
-        .collect()
+    crate::support::stream_entries(&mut redis.con().await, "seat:events").await
 }
 
 fn of_type<'a>(events: &'a [HashMap<String, String>], kind: &str) -> Vec<&'a HashMap<String, String>> {

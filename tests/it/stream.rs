@@ -11,13 +11,7 @@ use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, R
 const T: Duration = Duration::from_secs(5);
 
 fn call(op: Op, license: &str, session: &str) -> Call {
-    Call {
-        op,
-        license: license.into(),
-        session: session.into(),
-        meta: Some(r#"{"user_email":"dev@example.com","hardware_id":"hw-1"}"#.into()),
-        wait_ms: 0,
-    }
+    Call::new(op, license, session).with_meta(r#"{"user_email":"dev@example.com","hardware_id":"hw-1"}"#)
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -233,4 +234,37 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     s.read_to_string(&mut body).ok()?;
     let code = body.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, body))
+}
+
+/// Every entry of `stream`, oldest first, as field maps.
+pub async fn stream_entries(con: &mut MultiplexedConnection, stream: &str) -> Vec<HashMap<String, String>> {
+    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(con)
+        .await
+        .unwrap();
+    read.ids
+        .into_iter()
+        .map(|e| {
+            e.map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Creates the requests stream and its consumer group, as a worker would.
+pub async fn create_group(con: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("seat:requests")
+        .arg("seatgate")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(con)
+        .await
+        .unwrap();
 }
