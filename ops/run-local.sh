@@ -23,7 +23,7 @@ if ! redis-cli -u "$url" ping >/dev/null 2>&1; then
   for _ in $(seq 50); do redis-cli -u "$url" ping >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
-cargo build --release --locked --quiet
+cargo build --release --locked --quiet --features tools
 bin="$PWD/target/release/seatgate"
 export SEATGATE__REDIS__URL="$url"
 "$bin" license put demo --seats 1 --heartbeat-timeout 15s

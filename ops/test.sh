@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-redis.sh
-cargo test --locked "$@"
+cargo test --locked --features tools "$@"

@@ -10,12 +10,12 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::{Call, Client, ReplyMsg};
 use crate::config::Settings;
+use crate::engine::keys::Keys;
+use crate::engine::license::{self, LicenseInfo, LicenseSpec};
+use crate::engine::protocol::Op;
+use crate::engine::status::Status;
 use crate::error::Error;
-use crate::keys::Keys;
-use crate::license::{self, LicenseInfo, LicenseSpec};
-use crate::protocol::Op;
-use crate::status::Status;
-use crate::{service, telemetry};
+use crate::ops::{service, telemetry};
 
 /// Exit code when the request was answered but not granted (e.g. NO_SEATS_AVAILABLE).
 pub const EXIT_REFUSED: u8 = 1;
@@ -50,6 +50,7 @@ enum Command {
     #[command(subcommand)]
     License(LicenseCommand),
     /// Measure seatgate beside direct EVALSHA and the Redis ceiling (docs/performance.md).
+    #[cfg(feature = "tools")]
     Bench(BenchArgs),
     /// Follow the seat events of every shard (acquired, released, evicted, queued, granted, ...).
     Events {
@@ -93,6 +94,7 @@ struct ClientArgs {
     json: bool,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 struct BenchArgs {
     /// Use this Redis instead of starting a private redis-server.
@@ -205,48 +207,52 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             follow_events(&settings, from_start, json).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(args) => {
-            let opts = crate::bench::BenchOptions {
-                redis_url: args.bench_redis,
-                flush: args.flush,
-                duration: args.duration,
-                warmup: args.warmup,
-                only: args.only,
-                reaper_sessions: args.reaper_sessions,
-                soak: args.soak_duration,
-                cluster_masters: args.cluster_masters,
-            };
-            let report = crate::bench::run(opts, |row| {
-                eprintln!(
-                    "  {:<11} {:<56} {:>10.0}/s  {}",
-                    row.scenario, row.variant, row.ops_per_sec, row.note
-                )
-            })
-            .await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-            } else {
-                print!("{}", crate::bench::render(&report));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        #[cfg(feature = "tools")]
+        Command::Bench(args) => bench(args).await,
         Command::Status { license, json } => {
             if let Some(l) = &license {
-                if !crate::protocol::valid_id(l) {
+                if !crate::engine::protocol::valid_id(l) {
                     return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
                 }
             }
             let mut con = crate::connect(&settings).await?;
             let keys = Keys::new(settings.keys.prefix.clone());
-            let status = crate::report::status(&mut con, &keys, license.as_deref()).await?;
+            let status = crate::client::report::status(&mut con, &keys, license.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&status).unwrap_or_default());
             } else {
-                print!("{}", crate::report::render(&status));
+                print!("{}", crate::client::report::render(&status));
             }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+#[cfg(feature = "tools")]
+async fn bench(args: BenchArgs) -> Result<ExitCode, Error> {
+    let opts = crate::tools::bench::BenchOptions {
+        redis_url: args.bench_redis,
+        flush: args.flush,
+        duration: args.duration,
+        warmup: args.warmup,
+        only: args.only,
+        reaper_sessions: args.reaper_sessions,
+        soak: args.soak_duration,
+        cluster_masters: args.cluster_masters,
+    };
+    let report = crate::tools::bench::run(opts, |row| {
+        eprintln!(
+            "  {:<11} {:<56} {:>10.0}/s  {}",
+            row.scenario, row.variant, row.ops_per_sec, row.note
+        )
+    })
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    } else {
+        print!("{}", crate::tools::bench::render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<ExitCode, Error> {

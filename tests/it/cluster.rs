@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
 use seatgate::db::Db;
-use seatgate::keys::Keys;
-use seatgate::license::{self, LicenseSpec};
-use seatgate::local_redis::LocalCluster;
-use seatgate::protocol::Op;
-use seatgate::reaper::Reaper;
-use seatgate::status::Status;
+use seatgate::engine::keys::Keys;
+use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::protocol::Op;
+use seatgate::engine::status::Status;
+use seatgate::runtime::reaper::Reaper;
+use seatgate::tools::local_redis::LocalCluster;
 
 use crate::support::spawn_worker;
 

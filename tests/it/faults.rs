@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
-use seatgate::keys::Keys;
-use seatgate::protocol::Op;
-use seatgate::scripts::{Guard, Scripts};
-use seatgate::status::Status;
+use seatgate::engine::keys::Keys;
+use seatgate::engine::protocol::Op;
+use seatgate::engine::scripts::{Guard, Scripts};
+use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
@@ -378,13 +378,13 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
     let client = redis::Client::open(url).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     for l in LICENSES {
-        let spec = seatgate::license::LicenseSpec {
+        let spec = seatgate::engine::license::LicenseSpec {
             seats_total: SEATS as u64,
             expires_at_ms: 0,
             active: true,
             heartbeat_timeout_ms: None,
         };
-        seatgate::license::put(&mut con, &Keys::new("seat"), l, &spec)
+        seatgate::engine::license::put(&mut con, &Keys::new("seat"), l, &spec)
             .await
             .unwrap();
     }
@@ -772,7 +772,8 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
 
     let mut settings = redis.settings();
     settings.stream.consumer_idle_ms = 20;
-    let reaper = seatgate::reaper::Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
+    let reaper =
+        seatgate::runtime::reaper::Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
     reaper.maintain_stream().await.unwrap();
 
     let left: Vec<(String, redis::Value)> = redis::cmd("XRANGE")

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use seatgate::client::{Call, Client};
-use seatgate::protocol::Op;
-use seatgate::status::Status;
+use seatgate::engine::protocol::Op;
+use seatgate::engine::status::Status;
 
 use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer, RedisServerExt};
 
@@ -363,12 +363,12 @@ proptest! {
     /// The parser never panics, and what it accepts is within the documented limits.
     #[test]
     fn the_parser_never_panics_and_accepts_only_valid_requests(fields in entry()) {
-        match seatgate::protocol::parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
+        match seatgate::engine::protocol::parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
             Ok(req) => {
-                prop_assert!(seatgate::protocol::valid_id(&req.license));
-                prop_assert!(seatgate::protocol::valid_id(&req.session));
-                prop_assert!(req.meta.len() <= seatgate::protocol::MAX_META_LEN);
-                prop_assert!(req.wait_ms <= seatgate::protocol::MAX_WAIT_MS);
+                prop_assert!(seatgate::engine::protocol::valid_id(&req.license));
+                prop_assert!(seatgate::engine::protocol::valid_id(&req.session));
+                prop_assert!(req.meta.len() <= seatgate::engine::protocol::MAX_META_LEN);
+                prop_assert!(req.wait_ms <= seatgate::engine::protocol::MAX_WAIT_MS);
             }
             Err(bad) => {
                 prop_assert!(!bad.reason.is_empty());

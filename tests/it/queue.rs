@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use seatgate::client::{Call, Client, ReplyMsg};
-use seatgate::keys::Keys;
-use seatgate::license::{self, LicenseSpec};
-use seatgate::protocol::Op;
-use seatgate::reaper::Reaper;
-use seatgate::status::Status;
+use seatgate::engine::keys::Keys;
+use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::protocol::Op;
+use seatgate::engine::status::Status;
+use seatgate::runtime::reaper::Reaper;
 
 use crate::support::{holders, spawn_worker, RedisServer, RedisServerExt};
 
@@ -139,10 +139,10 @@ async fn concurrent_reapers_evict_each_session_once() {
     provision(&redis, "lic", 200, Some(100)).await;
     let mut con = redis.con().await;
     let keys = Keys::new("seat").license("lic");
-    let scripts = seatgate::scripts::Scripts::get();
+    let scripts = seatgate::engine::scripts::Scripts::get();
     for i in 0..150 {
         let session = format!("s{i}");
-        let guard = seatgate::scripts::Guard::none(&Keys::new("seat"), "lic", &session);
+        let guard = seatgate::engine::scripts::Guard::none(&Keys::new("seat"), "lic", &session);
         scripts
             .acquire(&mut con, &keys, &guard, &session, "{}", 0, "r", "", 10)
             .await
@@ -345,7 +345,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     settings.reaper.schedule = "* * * * * *".into(); // every second
     let worker = spawn_worker(settings.clone(), "w1").await;
     let scheduled = Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
-    let mut scheduler = seatgate::reaper::start(scheduled, &settings.reaper.schedule, 5_000)
+    let mut scheduler = seatgate::runtime::reaper::start(scheduled, &settings.reaper.schedule, 5_000)
         .await
         .unwrap();
 

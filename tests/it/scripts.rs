@@ -1,14 +1,14 @@
 //! The seat scripts called directly (the seed's own path), against a real Redis.
 
 use redis::AsyncCommands;
-use seatgate::keys::Keys;
-use seatgate::license::{self, LicenseSpec};
-use seatgate::scripts::{Guard, Outcome, Scripts};
-use seatgate::status::Status;
+use seatgate::engine::keys::Keys;
+use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::scripts::{Guard, Outcome, Scripts};
+use seatgate::engine::status::Status;
 
 use crate::support::{put_license, RedisServer, RedisServerExt};
 
-fn keys(license: &str) -> seatgate::keys::LicenseKeys {
+fn keys(license: &str) -> seatgate::engine::keys::LicenseKeys {
     Keys::new("seat").license(license)
 }
 

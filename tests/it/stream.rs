@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use seatgate::client::{Call, Client};
-use seatgate::protocol::Op;
-use seatgate::status::Status;
+use seatgate::engine::protocol::Op;
+use seatgate::engine::status::Status;
 
 use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt};
 

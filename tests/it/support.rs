@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use seatgate::config::Settings;
-use seatgate::http::Readiness;
-use seatgate::keys::Keys;
-use seatgate::license::{self, LicenseSpec};
-use seatgate::worker::Worker;
+use seatgate::engine::keys::Keys;
+use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::ops::http::Readiness;
+use seatgate::runtime::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
-pub use seatgate::local_redis::LocalRedis as RedisServer;
+pub use seatgate::tools::local_redis::LocalRedis as RedisServer;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -14,10 +14,10 @@ use redis::aio::ConnectionLike;
 use tracing::warn;
 
 use crate::config::Settings;
-use crate::protocol::Reply;
-use crate::scripts::{Note, Scripts};
-use crate::status::Status;
-use crate::telemetry;
+use crate::engine::protocol::Reply;
+use crate::engine::scripts::{Note, Scripts};
+use crate::engine::status::Status;
+use crate::ops::telemetry;
 
 /// Event types on the events stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ pub struct Publisher {
     /// Idle expiry of each reply stream, ms.
     reply_ttl_ms: u64,
     /// Key names (the outbox of a license).
-    keys: crate::keys::Keys,
+    keys: crate::engine::keys::Keys,
     /// Reply streams this process set the expiry of recently, and when.
     fresh: Arc<Mutex<HashMap<String, Instant>>>,
 }
@@ -113,7 +113,7 @@ impl Publisher {
             events_maxlen: settings.events.maxlen,
             reply_maxlen: settings.replies.maxlen,
             reply_ttl_ms: settings.replies.ttl_ms,
-            keys: crate::keys::Keys::new(settings.keys.prefix.clone()),
+            keys: crate::engine::keys::Keys::new(settings.keys.prefix.clone()),
             fresh: Default::default(),
         }
     }
@@ -336,7 +336,7 @@ impl Publisher {
                         .query_async(con)
                         .await;
                 }
-                Err(e) if crate::worker::is_transient(e) => {
+                Err(e) if crate::runtime::worker::is_transient(e) => {
                     telemetry::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply; the reaper retries it");
                 }

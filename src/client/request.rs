@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::protocol::Op;
+use crate::engine::status::Status;
 use crate::error::Error;
-use crate::protocol::Op;
-use crate::status::Status;
 
 /// A request to send.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
+use crate::engine::keys::Keys;
 use crate::error::Error;
-use crate::keys::Keys;
 
 /// One seat holder.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -196,7 +196,7 @@ pub async fn status<C: ConnectionLike>(
         }
     };
     let mut licenses = Vec::with_capacity(ids.len());
-    for id in ids.iter().filter(|id| crate::protocol::valid_id(id)) {
+    for id in ids.iter().filter(|id| crate::engine::protocol::valid_id(id)) {
         licenses.push(license_status(con, keys, id).await?);
     }
     Ok(Status {

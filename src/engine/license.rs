@@ -6,9 +6,9 @@
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
+use crate::engine::keys::Keys;
+use crate::engine::protocol::valid_id;
 use crate::error::Error;
-use crate::keys::Keys;
-use crate::protocol::valid_id;
 
 /// A license's settings, as provisioned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -16,16 +16,16 @@ use tokio_util::sync::CancellationToken;
 use crate::client::{Call, Client};
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::license::{self, LicenseSpec};
+use crate::engine::protocol::Op;
+use crate::engine::scripts::{Guard, Scripts};
+use crate::engine::status::Status;
 use crate::error::Error;
-use crate::http::Readiness;
-use crate::keys::Keys;
-use crate::license::{self, LicenseSpec};
-use crate::local_redis::LocalRedis;
-use crate::protocol::Op;
-use crate::reaper::Reaper;
-use crate::scripts::{Guard, Scripts};
-use crate::status::Status;
-use crate::worker::Worker;
+use crate::ops::http::Readiness;
+use crate::runtime::reaper::Reaper;
+use crate::runtime::worker::Worker;
+use crate::tools::local_redis::LocalRedis;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -844,14 +844,15 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
 async fn cluster_run(masters: &[usize], warmup: Duration, d: Duration) -> Result<Vec<Row>, Error> {
     let mut rows = Vec::new();
     let single = LocalRedis::start(&["--hash-max-listpack-value", "256"])?;
-    let mut runs: Vec<(String, Settings, Option<crate::local_redis::LocalCluster>)> = Vec::new();
+    let mut runs: Vec<(String, Settings, Option<crate::tools::local_redis::LocalCluster>)> = Vec::new();
     let mut s = Settings::load(None)?;
     s.redis.url = single.url();
     runs.push(("1 node (not a cluster)".into(), s, None));
     for &m in masters {
-        let cluster = tokio::task::spawn_blocking(move || crate::local_redis::LocalCluster::start_with(m, 0))
-            .await
-            .map_err(bench_err)??;
+        let cluster =
+            tokio::task::spawn_blocking(move || crate::tools::local_redis::LocalCluster::start_with(m, 0))
+                .await
+                .map_err(bench_err)??;
         let mut s = Settings::load(None)?;
         s.redis.cluster_urls = cluster.urls();
         s.stream.shards = 4 * m;
@@ -928,7 +929,8 @@ async fn soak_run(
     s.reaper.schedule = "*/2 * * * * *".into();
     let fleet = Fleet::start(&s, 2).await?;
     let reaper = Reaper::new(con.clone(), &s);
-    let mut scheduler = crate::reaper::start(reaper.clone(), &s.reaper.schedule, s.reaper.lock_ms).await?;
+    let mut scheduler =
+        crate::runtime::reaper::start(reaper.clone(), &s.reaper.schedule, s.reaper.lock_ms).await?;
 
     let stop = CancellationToken::new();
     let ops = Arc::new(std::sync::atomic::AtomicU64::new(0));

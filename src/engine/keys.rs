@@ -2,7 +2,7 @@
 //!
 //! Every key of one license carries the hash tag `{<license>}`, so that all
 //! of them live in one Redis Cluster slot and one script may touch them all.
-//! License ids are validated by [`crate::protocol`] (no braces), so the tag
+//! License ids are validated by [`crate::engine::protocol`] (no braces), so the tag
 //! cannot be broken by input.
 
 /// Builds key names under one prefix (`seat` unless configured otherwise).

@@ -19,11 +19,11 @@ use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::scripts::Scripts;
 use crate::error::Error;
-use crate::events::{Event, EventType, Publisher};
-use crate::keys::Keys;
-use crate::scripts::Scripts;
-use crate::telemetry;
+use crate::ops::telemetry;
+use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -231,7 +231,7 @@ impl Reaper {
                 .arg(1000)
                 .query_async(&mut con)
                 .await?;
-            out.extend(batch.into_iter().filter(|l| crate::protocol::valid_id(l)));
+            out.extend(batch.into_iter().filter(|l| crate::engine::protocol::valid_id(l)));
             if next == 0 {
                 break;
             }
@@ -294,7 +294,7 @@ impl Reaper {
                     continue;
                 }
                 match note.status {
-                    crate::status::Status::Granted => report.granted += 1,
+                    crate::engine::status::Status::Granted => report.granted += 1,
                     _ => report.timed_out += 1,
                 }
             }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::status::Status;
+use crate::engine::status::Status;
 
 /// Longest license or session id, in bytes.
 pub const MAX_ID_LEN: usize = 128;

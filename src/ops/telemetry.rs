@@ -141,8 +141,8 @@ pub fn evicted() {
 }
 
 /// Records how a wait in the queue ended.
-pub fn queue_outcome(status: crate::status::Status, waited_ms: i64) {
-    let outcome = if status == crate::status::Status::Granted {
+pub fn queue_outcome(status: crate::engine::status::Status, waited_ms: i64) {
+    let outcome = if status == crate::engine::status::Status::Granted {
         counter!(GRANTS).increment(1);
         "granted"
     } else {
@@ -156,7 +156,7 @@ pub fn queue_outcome(status: crate::status::Status, waited_ms: i64) {
 /// the `limit` deepest queues get a per-license series, which bounds the
 /// label cardinality whatever the number of licenses; series that drop out
 /// are set to 0 and then expire with the exporter's idle timeout.
-pub fn reaper_pass(elapsed: Duration, report: &crate::reaper::PassReport, limit: usize) {
+pub fn reaper_pass(elapsed: Duration, report: &crate::runtime::reaper::PassReport, limit: usize) {
     use std::collections::HashSet;
     use std::sync::Mutex;
     static SHOWN: Mutex<Option<HashSet<String>>> = Mutex::new(None);

@@ -21,14 +21,14 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::protocol::{self, Op, Reply, Request};
+use crate::engine::scripts::{self, Guard, Outcome, Scripts};
+use crate::engine::status::Status;
 use crate::error::Error;
-use crate::events::{Event, EventType, Publisher};
-use crate::http::Readiness;
-use crate::keys::Keys;
-use crate::protocol::{self, Op, Reply, Request};
-use crate::scripts::{self, Guard, Outcome, Scripts};
-use crate::status::Status;
-use crate::telemetry;
+use crate::ops::http::Readiness;
+use crate::ops::telemetry;
+use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// A worker: one consumer in the group of every requests stream shard, a
 /// read loop per shard (a blocking read names one stream, and on a cluster

@@ -8,10 +8,10 @@ use tracing::{info, warn};
 
 use crate::config::Settings;
 use crate::error::Error;
-use crate::http::{self, Readiness};
-use crate::reaper::{self, Reaper};
-use crate::telemetry;
-use crate::worker::Worker;
+use crate::ops::http::{self, Readiness};
+use crate::ops::telemetry;
+use crate::runtime::reaper::{self, Reaper};
+use crate::runtime::worker::Worker;
 
 /// Runs a worker (and the metrics endpoint, when configured) until `shutdown`
 /// completes, then stops reading, finishes the batch in hand and returns.

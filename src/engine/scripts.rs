@@ -12,17 +12,17 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
+use crate::engine::keys::LicenseKeys;
+use crate::engine::status::Status;
 use crate::error::Error;
-use crate::keys::LicenseKeys;
-use crate::status::Status;
-use crate::telemetry;
+use crate::ops::telemetry;
 
 macro_rules! lua {
     ($name:literal) => {
         concat!(
-            include_str!("../lua/includes/common.lua"),
+            include_str!("../../lua/includes/common.lua"),
             "\n",
-            include_str!(concat!("../lua/", $name, ".lua"))
+            include_str!(concat!("../../lua/", $name, ".lua"))
         )
     };
 }
@@ -43,8 +43,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     heartbeat: Script::new(lua!("heartbeat")),
     reap: Script::new(lua!("reap")),
     // Not a seat script: no common helpers, no seat metrics.
-    reply: Script::new(include_str!("../lua/reply.lua")),
-    unlock: Script::new(include_str!("../lua/unlock.lua")),
+    reply: Script::new(include_str!("../../lua/reply.lua")),
+    unlock: Script::new(include_str!("../../lua/unlock.lua")),
 });
 
 /// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
@@ -168,7 +168,7 @@ impl Guard {
     /// windows after the bucket starts, so the guaranteed window is one.
     pub fn for_entry(
         settings: &crate::config::Settings,
-        keys: &crate::keys::Keys,
+        keys: &crate::engine::keys::Keys,
         entry_id: &str,
         license: &str,
         session: &str,
@@ -195,7 +195,7 @@ impl Guard {
     }
 
     /// No dedupe and no limits: the seed's direct script path.
-    pub fn none(keys: &crate::keys::Keys, license: &str, session: &str) -> Guard {
+    pub fn none(keys: &crate::engine::keys::Keys, license: &str, session: &str) -> Guard {
         Guard {
             entry_id: String::new(),
             done_key: keys.dedupe(license, 0),

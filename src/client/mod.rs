@@ -1,0 +1,7 @@
+//! The caller's side: the request/reply client, `seatgate status` reports.
+//! Uses the engine only (plus the connection and settings).
+
+pub mod report;
+mod request;
+
+pub use request::{Call, Client, ReplyMsg};
