@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::engine::keys::{shard_name, shard_names};
 use crate::error::Error;
 
 /// The defaults, also the documentation of every key.
@@ -318,34 +319,20 @@ impl Settings {
         })
     }
 
+    /// The dedupe window and rate limits requests are decided under.
+    pub fn guard_policy(&self) -> crate::engine::scripts::GuardPolicy {
+        crate::engine::scripts::GuardPolicy {
+            dedupe_window_ms: self.dedupe.window_ms,
+            session_limit: self.limits.session_requests,
+            license_limit: self.limits.license_requests,
+            rate_window_ms: self.limits.window_ms,
+        }
+    }
+
     /// XREADGROUP BLOCK as a duration.
     pub fn block(&self) -> Duration {
         Duration::from_millis(self.stream.block_ms)
     }
-}
-
-/// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
-/// crc32) of the license id, modulo the shard count. Any client can compute it.
-pub fn shard_of(license: &str, shards: usize) -> usize {
-    if shards <= 1 {
-        return 0;
-    }
-    (crc32fast::hash(license.as_bytes()) as usize) % shards
-}
-
-fn shard_names(base: &str, shards: usize) -> Vec<String> {
-    if shards <= 1 {
-        return vec![base.to_owned()];
-    }
-    (0..shards).map(|i| format!("{base}:{{{i}}}")).collect()
-}
-
-/// The shard of stream `base` (sharded `shards` ways) that carries `license`.
-pub fn shard_name(base: &str, shards: usize, license: &str) -> String {
-    if shards <= 1 {
-        return base.to_owned();
-    }
-    format!("{base}:{{{}}}", shard_of(license, shards))
 }
 
 #[cfg(test)]
@@ -362,7 +349,7 @@ mod tests {
         let shard = crc32fast::hash(b"acme") as usize % 4;
         assert_eq!(s.request_stream_for("acme"), format!("seat:requests:{{{shard}}}"));
         assert_eq!(s.events_stream_for("acme"), format!("seat:events:{{{shard}}}"));
-        assert_eq!(shard_of("acme", 1), 0);
+        assert_eq!(crate::engine::keys::shard_of("acme", 1), 0);
     }
 
     use super::*;

@@ -128,3 +128,23 @@ impl ConnectionLike for Db {
         }
     }
 }
+
+/// Errors worth retrying: the connection, a timeout, or a server that is
+/// loading, failing over or out of memory. Everything else is permanent.
+pub fn is_transient(e: &redis::RedisError) -> bool {
+    e.is_timeout()
+        || !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+        || matches!(
+            e.code(),
+            Some(
+                "OOM"
+                    | "BUSY"
+                    | "LOADING"
+                    | "READONLY"
+                    | "MASTERDOWN"
+                    | "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "NOREPLICAS"
+            )
+        )
+}

@@ -232,7 +232,7 @@ impl Client {
             NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
         );
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(crate::config::shard_name(
+        xadd.arg(crate::engine::keys::shard_name(
             &self.requests,
             self.shards,
             &call.license,

@@ -121,6 +121,31 @@ impl Keys {
     }
 }
 
+/// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
+/// crc32) of the license id, modulo the shard count. Any client can compute it.
+pub fn shard_of(license: &str, shards: usize) -> usize {
+    if shards <= 1 {
+        return 0;
+    }
+    (crc32fast::hash(license.as_bytes()) as usize) % shards
+}
+
+/// Every shard of stream `base` sharded `shards` ways (`base` itself when unsharded).
+pub fn shard_names(base: &str, shards: usize) -> Vec<String> {
+    if shards <= 1 {
+        return vec![base.to_owned()];
+    }
+    (0..shards).map(|i| format!("{base}:{{{i}}}")).collect()
+}
+
+/// The shard of stream `base` (sharded `shards` ways) that carries `license`.
+pub fn shard_name(base: &str, shards: usize, license: &str) -> String {
+    if shards <= 1 {
+        return base.to_owned();
+    }
+    format!("{base}:{{{}}}", shard_of(license, shards))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,10 +4,9 @@
 //! `lua/includes/common.lua` prepended, wrapped in a [`redis::Script`] once,
 //! and run with EVALSHA; `invoke_async` re-loads it transparently when Redis
 //! answers NOSCRIPT (after a restart or SCRIPT FLUSH). Methods are named after
-//! their scripts, and every seat-script call records the seed's two metrics.
+//! their scripts. The runtime records the seed's two metrics around each call.
 
 use std::sync::LazyLock;
-use std::time::Instant;
 
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
@@ -15,7 +14,6 @@ use redis::{Script, ScriptInvocation, Value};
 use crate::engine::keys::LicenseKeys;
 use crate::engine::status::Status;
 use crate::error::Error;
-use crate::ops::telemetry;
 
 macro_rules! lua {
     ($name:literal) => {
@@ -161,35 +159,48 @@ pub struct Guard {
     pub redelivery: bool,
 }
 
+/// How requests are guarded: the dedupe window and the rate limits, as the
+/// settings (`dedupe`, `limits`) give them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardPolicy {
+    /// Guaranteed redelivery dedupe window, ms.
+    pub dedupe_window_ms: u64,
+    /// Most requests per session per rate window (0 = no limit).
+    pub session_limit: u64,
+    /// Most requests per license per rate window (0 = no limit).
+    pub license_limit: u64,
+    /// The rate window, ms.
+    pub rate_window_ms: u64,
+}
+
 impl Guard {
-    /// The guard of stream entry `entry_id` under `settings`. The dedupe
+    /// The guard of stream entry `entry_id` under `policy`. The dedupe
     /// bucket comes from the entry id's time (the Redis clock at XADD), so
     /// every delivery of the entry looks in the same key; it lives until two
     /// windows after the bucket starts, so the guaranteed window is one.
     pub fn for_entry(
-        settings: &crate::config::Settings,
+        policy: &GuardPolicy,
         keys: &crate::engine::keys::Keys,
         entry_id: &str,
         license: &str,
         session: &str,
     ) -> Guard {
-        let window = settings.dedupe.window_ms;
+        let window = policy.dedupe_window_ms;
         let added_ms: u64 = entry_id
             .split('-')
             .next()
             .and_then(|ms| ms.parse().ok())
             .unwrap_or(0);
         let bucket = added_ms / window;
-        let limits = &settings.limits;
         Guard {
             entry_id: entry_id.to_owned(),
             done_key: keys.dedupe(license, bucket),
             done_until_ms: (bucket + 2) * window,
             session_rate_key: keys.session_rate(license, session),
             license_rate_key: keys.license_rate(license),
-            session_limit: limits.session_requests,
-            license_limit: limits.license_requests,
-            window_ms: limits.window_ms,
+            session_limit: policy.session_limit,
+            license_limit: policy.license_limit,
+            window_ms: policy.rate_window_ms,
             redelivery: false,
         }
     }
@@ -243,32 +254,16 @@ impl SeatCall<'_> {
         redis::Cmd::invoke_script(&self.invocation)
     }
 
-    /// Runs the call on its own, re-loading the script on NOSCRIPT, and records metrics.
+    /// Runs the call on its own, re-loading the script on NOSCRIPT.
     pub async fn run<C: ConnectionLike>(&self, con: &mut C) -> Result<Outcome, Error> {
-        let started = Instant::now();
         let result = self.invocation.invoke_async(con).await;
-        finish(self.name, result, started.elapsed())
+        self.decode(result)
     }
-}
 
-/// Decodes one seat script's result and records the seed's two metrics; for
-/// a pipelined call `elapsed` is the round trip of its pipeline.
-pub fn finish(
-    script: &'static str,
-    result: redis::RedisResult<Value>,
-    elapsed: std::time::Duration,
-) -> Result<Outcome, Error> {
-    telemetry::script_latency(script, elapsed);
-    let outcome = result.map_err(Error::from).and_then(|v| decode(script, v));
-    telemetry::script_executed(
-        script,
-        match &outcome {
-            Ok(o) if o.status.is_ok() => "success",
-            Ok(_) => "failure",
-            Err(_) => "error",
-        },
-    );
-    outcome
+    /// Decodes this call's answer (from [`SeatCall::run`] or a pipeline).
+    pub fn decode(&self, result: redis::RedisResult<Value>) -> Result<Outcome, Error> {
+        result.map_err(Error::from).and_then(|v| decode(self.name, v))
+    }
 }
 
 impl Scripts {
@@ -412,12 +407,8 @@ impl Scripts {
     ) -> Result<Reaped, Error> {
         let mut call = with_keys(&self.reap, keys);
         call.arg(default_timeout_ms).arg(limit).arg(redeliver_after_ms); // ARGV[1..3]
-        let started = Instant::now();
         let result = call.invoke_async(con).await;
-        telemetry::script_latency("reap", started.elapsed());
-        let reaped = result.map_err(Error::from).and_then(decode_reaped);
-        telemetry::script_executed("reap", if reaped.is_ok() { "success" } else { "error" });
-        reaped
+        result.map_err(Error::from).and_then(decode_reaped)
     }
 
     /// lua/reply.lua: XADD `fields` to the caller's `stream` (capped at about

@@ -2,8 +2,6 @@
 //! (the process runs) and `/ready` (it can reach Redis and serve requests).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,22 +11,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-
-/// Shared readiness flag: the worker sets it while it can read its stream.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    /// Marks the process ready (or not).
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Relaxed);
-    }
-
-    /// Whether the process is ready.
-    pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+use crate::runtime::health::Readiness;
 
 #[derive(Clone)]
 struct AppState {

@@ -8,8 +8,9 @@ use tracing::{info, warn};
 
 use crate::config::Settings;
 use crate::error::Error;
-use crate::ops::http::{self, Readiness};
+use crate::ops::http;
 use crate::ops::telemetry;
+use crate::runtime::health::Readiness;
 use crate::runtime::reaper::{self, Reaper};
 use crate::runtime::worker::Worker;
 

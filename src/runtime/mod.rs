@@ -5,6 +5,8 @@
 //! times out and grants on a schedule; `publish` writes events and the
 //! replies sent after the fact. Uses the engine; used by `ops`.
 
+pub mod health;
+pub mod metrics;
 pub mod publish;
 pub mod reaper;
 pub mod worker;

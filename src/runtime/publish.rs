@@ -17,7 +17,7 @@ use crate::config::Settings;
 use crate::engine::protocol::Reply;
 use crate::engine::scripts::{Note, Scripts};
 use crate::engine::status::Status;
-use crate::ops::telemetry;
+use crate::runtime::metrics;
 
 /// Event types on the events stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +185,7 @@ impl Publisher {
         let mut xadd = redis::cmd("XADD");
         // A license's events go to its shard: ordered per license, and on a
         // cluster no single events key takes every write.
-        xadd.arg(crate::config::shard_name(
+        xadd.arg(crate::engine::keys::shard_name(
             &self.events,
             self.shards,
             event.license,
@@ -259,7 +259,7 @@ impl Publisher {
                     }
                     for (answer, event) in answers.zip(events) {
                         if let Err(e) = answer {
-                            telemetry::event_error();
+                            metrics::event_error();
                             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
                         }
                     }
@@ -287,7 +287,7 @@ impl Publisher {
     /// an event is information, never a reason to hold back a reply.
     pub async fn event<C: ConnectionLike>(&self, con: &mut C, event: &Event<'_>) {
         if let Err(e) = self.event_cmd(event).query_async::<redis::Value>(con).await {
-            telemetry::event_error();
+            metrics::event_error();
             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
         }
     }
@@ -307,7 +307,7 @@ impl Publisher {
         first_time: bool,
     ) -> redis::RedisResult<()> {
         if first_time {
-            telemetry::queue_outcome(note.status, note.waited_ms);
+            metrics::queue_outcome(note.status, note.waited_ms);
         }
         let mut result = Ok(());
         if !note.reply_to.is_empty() {
@@ -336,13 +336,13 @@ impl Publisher {
                         .query_async(con)
                         .await;
                 }
-                Err(e) if crate::runtime::worker::is_transient(e) => {
-                    telemetry::reply_error();
+                Err(e) if crate::db::is_transient(e) => {
+                    metrics::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply; the reaper retries it");
                 }
                 Err(e) => {
                     // Its reply stream became something else: it will never be deliverable.
-                    telemetry::reply_error();
+                    metrics::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "dropping an undeliverable queue reply");
                     let outbox = self.keys.license(license).outbox;
                     let _: redis::RedisResult<i64> = redis::cmd("HDEL")

@@ -22,7 +22,7 @@ use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
-use crate::ops::telemetry;
+use crate::runtime::metrics;
 use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// What one pass did, summed over licenses.
@@ -209,7 +209,7 @@ impl Reaper {
             }
         }
         drop(results);
-        telemetry::reaper_pass(started.elapsed(), &report, self.depth_series);
+        metrics::reaper_pass(started.elapsed(), &report.queues, self.depth_series);
         match first_error {
             Some(e) if report.licenses > 0 && report.evicted + report.granted + report.timed_out == 0 => {
                 Err(e)
@@ -248,6 +248,7 @@ impl Reaper {
         let mut con = self.con.clone();
         let mut report = PassReport::default();
         loop {
+            let started = Instant::now();
             let step = Scripts::get()
                 .reap(
                     &mut con,
@@ -256,9 +257,15 @@ impl Reaper {
                     self.batch,
                     self.redeliver_after_ms,
                 )
-                .await?;
+                .await;
+            metrics::script_call(
+                "reap",
+                step.as_ref().map(|_| None).map_err(|_| ()),
+                started.elapsed(),
+            );
+            let step = step?;
             for session in &step.evicted {
-                telemetry::evicted();
+                metrics::evicted();
                 info!(%license, %session, "evicted stale session");
                 let event = Event {
                     kind: EventType::Evicted,

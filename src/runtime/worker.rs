@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
-use crate::db::Db;
+use crate::db::{is_transient, Db};
 use crate::engine::keys::Keys;
 use crate::engine::protocol::{self, Op, Reply, Request};
-use crate::engine::scripts::{self, Guard, Outcome, Scripts};
+use crate::engine::scripts::{Guard, Outcome, Scripts};
 use crate::engine::status::Status;
 use crate::error::Error;
-use crate::ops::http::Readiness;
-use crate::ops::telemetry;
+use crate::runtime::health::Readiness;
+use crate::runtime::metrics;
 use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// A worker: one consumer in the group of every requests stream shard, a
@@ -298,7 +298,7 @@ impl ShardWorker {
                     batch
                 }
                 Err(e) => {
-                    telemetry::redis_error("read");
+                    metrics::redis_error("read");
                     if !failing {
                         warn!(error = %e, "cannot read requests from redis; retrying with backoff");
                         failing = true;
@@ -323,7 +323,7 @@ impl ShardWorker {
                             count = batch.len(),
                             "claimed requests left pending by another consumer"
                         );
-                        telemetry::claimed(batch.len());
+                        metrics::claimed(batch.len());
                     }
                 }
                 Source::OwnPending if batch.is_empty() => {
@@ -517,7 +517,7 @@ impl Decider {
                 // Deleted or trimmed while pending: nothing to answer.
                 (None, _) => handled.push(Some(Handled::Done)),
                 (Some(Err(bad)), _) => {
-                    telemetry::invalid_request(bad.field);
+                    metrics::invalid_request(bad.field);
                     warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
                     if let Some(stream) = &bad.echo.reply_to {
                         replies.push((i, stream.clone(), Reply::invalid(bad)));
@@ -535,7 +535,7 @@ impl Decider {
                     if permanent {
                         warn!(entry = %entry.id, license = %req.license, deliveries = entry.deliveries, error = %e, "request failed");
                     } else {
-                        telemetry::redis_error("script");
+                        metrics::redis_error("script");
                     }
                     handled.push(Some(Handled::Retry {
                         error: Error::Usage(e.to_string()),
@@ -574,10 +574,10 @@ impl Decider {
         for ((i, stream, _), result) in replies.iter().zip(sent) {
             if let Err(e) = result {
                 if is_transient(&e) {
-                    telemetry::redis_error("reply");
+                    metrics::redis_error("reply");
                     reply_failed[*i] = Some(e);
                 } else {
-                    telemetry::reply_error();
+                    metrics::reply_error();
                     warn!(entry = %batch[*i].id, reply_to = %stream, error = %e, "cannot write reply");
                 }
             }
@@ -597,9 +597,9 @@ impl Decider {
                 Some(Ok(req)) => {
                     if let Some(Some(Ok(outcome))) = decided.get(i) {
                         if outcome.replayed {
-                            telemetry::replayed();
+                            metrics::replayed();
                         }
-                        telemetry::request_answered(req.op.as_str(), outcome.status.as_str(), entry.age());
+                        metrics::request_answered(req.op.as_str(), outcome.status.as_str(), entry.age());
                         // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
                         // A replayed outcome's notes wait in the outbox for the reaper.
                         if !outcome.replayed {
@@ -620,7 +620,7 @@ impl Decider {
                         }
                     }
                 }
-                _ => telemetry::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age()),
+                _ => metrics::request_answered("invalid", Status::InvalidRequest.as_str(), entry.age()),
             }
             handled[i] = Some(Handled::Done);
         }
@@ -654,7 +654,7 @@ impl Decider {
                 .query_async(&mut con)
                 .await;
             if let Err(e) = acked {
-                telemetry::redis_error("ack");
+                metrics::redis_error("ack");
                 warn!(error = %e, count = done.len(), "acknowledging answered requests failed; they will be answered again");
                 retry = true;
             }
@@ -676,8 +676,13 @@ impl Decider {
         for (i, (entry, req)) in batch.iter().zip(parsed).enumerate() {
             let Some(Ok(req)) = req else { continue };
             let keys = self.keys.license(&req.license);
-            let mut guard =
-                Guard::for_entry(&self.settings, &self.keys, &entry.id, &req.license, &req.session);
+            let mut guard = Guard::for_entry(
+                &self.settings.guard_policy(),
+                &self.keys,
+                &entry.id,
+                &req.license,
+                &req.session,
+            );
             // Even a first delivery may have been decided before: a worker that
             // stalled past claim_idle_ms had its batch claimed by another.
             guard.redelivery = true;
@@ -724,12 +729,19 @@ impl Decider {
             }
         };
         for ((i, call), answer) in calls.iter().zip(answers) {
-            let result = match answer {
+            let (result, elapsed) = match answer {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    call.run(con).await
+                    let started = Instant::now();
+                    let result = call.run(con).await;
+                    (result, started.elapsed())
                 }
-                other => scripts::finish(call.name(), other, elapsed),
+                other => (call.decode(other), elapsed),
             };
+            metrics::script_call(
+                call.name(),
+                result.as_ref().map(|o| Some(o.status)).map_err(|_| ()),
+                elapsed,
+            );
             out[*i] = Some(result);
         }
         out
@@ -756,11 +768,11 @@ impl Decider {
             xadd.arg(k.as_str()).arg(v.as_slice());
         }
         if let Err(e) = xadd.query_async::<Value>(&mut con).await {
-            telemetry::redis_error("dead_letter");
+            metrics::redis_error("dead_letter");
             warn!(entry = %entry.id, error = %e, "cannot dead-letter a request; it stays pending");
             return false;
         }
-        telemetry::dead_lettered();
+        metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let Some(fields) = &entry.fields {
             if let Ok(req) = protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
@@ -774,7 +786,7 @@ impl Decider {
                     if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
                         warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
                     }
-                    telemetry::request_answered(&reply.op, reply.status.as_str(), entry.age());
+                    metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
                 }
             }
         }
@@ -803,26 +815,6 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
             }
         }),
     }
-}
-
-/// Errors worth retrying: the connection, a timeout, or a server that is
-/// loading, failing over or out of memory. Everything else is permanent.
-pub fn is_transient(e: &redis::RedisError) -> bool {
-    e.is_timeout()
-        || !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
-        || matches!(
-            e.code(),
-            Some(
-                "OOM"
-                    | "BUSY"
-                    | "LOADING"
-                    | "READONLY"
-                    | "MASTERDOWN"
-                    | "TRYAGAIN"
-                    | "CLUSTERDOWN"
-                    | "NOREPLICAS"
-            )
-        )
 }
 
 /// One stream entry; `fields` is `None` when the entry was deleted while pending.

@@ -22,7 +22,7 @@ use crate::engine::protocol::Op;
 use crate::engine::scripts::{Guard, Scripts};
 use crate::engine::status::Status;
 use crate::error::Error;
-use crate::ops::http::Readiness;
+use crate::runtime::health::Readiness;
 use crate::runtime::reaper::Reaper;
 use crate::runtime::worker::Worker;
 use crate::tools::local_redis::LocalRedis;

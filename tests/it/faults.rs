@@ -100,7 +100,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         .acquire(
             &mut con,
             &lk,
-            &Guard::for_entry(&settings, &keys, &acquire_id, "lic", "s1"),
+            &Guard::for_entry(&settings.guard_policy(), &keys, &acquire_id, "lic", "s1"),
             "s1",
             "{}",
             0,
@@ -115,7 +115,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         .release(
             &mut con,
             &lk,
-            &Guard::for_entry(&settings, &keys, &release_id, "lic", "held"),
+            &Guard::for_entry(&settings.guard_policy(), &keys, &release_id, "lic", "held"),
             "held",
         )
         .await

@@ -12,7 +12,7 @@ use redis::aio::MultiplexedConnection;
 use seatgate::config::Settings;
 use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
-use seatgate::ops::http::Readiness;
+use seatgate::runtime::health::Readiness;
 use seatgate::runtime::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
