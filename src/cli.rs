@@ -184,7 +184,7 @@ pub fn main() -> ExitCode {
 fn fail(e: &Error) -> ExitCode {
     eprintln!("seatgate: error: {e}");
     ExitCode::from(match e {
-        Error::Usage(_) => 2,
+        Error::Usage(_) | Error::InvalidId { .. } => 2,
         _ => EXIT_ERROR,
     })
 }

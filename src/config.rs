@@ -215,10 +215,7 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls"),
         );
-        let settings: Settings = builder
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .map_err(|e| Error::Config(e.to_string()))?;
+        let settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
         settings.validate()?;
         Ok(settings)
     }

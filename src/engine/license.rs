@@ -39,9 +39,10 @@ fn check_id(license: &str) -> Result<(), Error> {
     if valid_id(license) {
         Ok(())
     } else {
-        Err(Error::Usage(format!(
-            "license id {license:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
-        )))
+        Err(Error::InvalidId {
+            what: "license",
+            value: license.to_owned(),
+        })
     }
 }
 

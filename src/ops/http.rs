@@ -29,7 +29,7 @@ pub async fn serve(
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::Config(format!("cannot listen on metrics.listen {addr}: {e}")))?;
+        .map_err(|source| Error::Listen { addr, source })?;
     let bound = listener.local_addr()?;
     let app = Router::new()
         .route(

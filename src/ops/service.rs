@@ -29,7 +29,7 @@ pub async fn run(
 
     let http_task = match settings.metrics_addr()? {
         Some(addr) => {
-            let handle = telemetry::install_metrics().map_err(Error::Config)?;
+            let handle = telemetry::install_metrics().map_err(Error::Metrics)?;
             let (bound, task) = http::serve(addr, handle, ready.clone(), token.clone()).await?;
             info!(%bound, "serving /metrics, /live and /ready");
             on_listen(Some(bound));
@@ -88,7 +88,7 @@ pub async fn run(
     }
     match result {
         Ok(r) => r,
-        Err(join) => Err(Error::Config(format!("worker task failed: {join}"))),
+        Err(join) => Err(Error::Task(join)),
     }
 }
 

@@ -362,16 +362,17 @@ impl Reaper {
 
 /// Starts the reaper on its cron schedule; returns the scheduler to shut down.
 pub async fn start(reaper: Reaper, schedule: &str, lock_ms: u64) -> Result<JobScheduler, Error> {
-    let sched_err =
-        |e: tokio_cron_scheduler::JobSchedulerError| Error::Config(format!("reaper scheduler: {e}"));
-    let scheduler = JobScheduler::new().await.map_err(sched_err)?;
+    let scheduler = JobScheduler::new().await?;
     let job = Job::new_async(schedule, move |_id, _lock| {
         let reaper = reaper.clone();
         Box::pin(async move { reaper.scheduled_pass(lock_ms).await })
     })
-    .map_err(|e| Error::Config(format!("reaper.schedule {schedule:?} is not a 6-field cron expression (sec min hour day month weekday): {e}")))?;
-    scheduler.add(job).await.map_err(sched_err)?;
-    scheduler.start().await.map_err(sched_err)?;
+    .map_err(|source| Error::Schedule {
+        schedule: schedule.to_owned(),
+        source,
+    })?;
+    scheduler.add(job).await?;
+    scheduler.start().await?;
     Ok(scheduler)
 }
 

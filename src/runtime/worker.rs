@@ -68,7 +68,7 @@ impl Worker {
         }
         shards
             .first_mut()
-            .ok_or_else(|| Error::Config("no requests stream".into()))?
+            .ok_or_else(|| Error::Config("stream.shards must be at least 1".into()))?
             .check_eviction_policy()
             .await;
         Ok(Worker {
@@ -94,7 +94,7 @@ impl Worker {
             match done {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => result = Err(e),
-                Err(e) => result = Err(Error::Config(format!("a shard's read loop failed: {e}"))),
+                Err(e) => result = Err(Error::Task(e)),
             }
         }
         result
@@ -133,7 +133,7 @@ enum Handled {
     Done,
     /// Not answered: leave it pending and try again. `permanent` errors count
     /// towards dead-lettering; transient ones (Redis down) are simply retried.
-    Retry { error: Error, permanent: bool },
+    Retry { error: String, permanent: bool },
 }
 
 /// Where a batch came from.
@@ -538,12 +538,12 @@ impl Decider {
                         metrics::redis_error("script");
                     }
                     handled.push(Some(Handled::Retry {
-                        error: Error::Usage(e.to_string()),
+                        error: e.to_string(),
                         permanent,
                     }));
                 }
                 (Some(Ok(_)), None) => handled.push(Some(Handled::Retry {
-                    error: Error::Usage("not decided".into()),
+                    error: "not decided".to_owned(),
                     permanent: false,
                 })),
             }
@@ -588,7 +588,7 @@ impl Decider {
             }
             if let Some(e) = reply_failed[i].take() {
                 handled[i] = Some(Handled::Retry {
-                    error: e.into(),
+                    error: Error::from(e).to_string(),
                     permanent: false,
                 });
                 continue;
@@ -633,10 +633,10 @@ impl Decider {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::Retry { error, permanent }) => {
                     if !permanent {
-                        transient.get_or_insert_with(|| error.to_string());
+                        transient.get_or_insert_with(|| error.clone());
                     }
                     let exhausted = permanent && entry.deliveries >= self.settings.stream.max_deliveries;
-                    if exhausted && self.dead_letter(entry, &error.to_string()).await {
+                    if exhausted && self.dead_letter(entry, &error).await {
                         done.push(entry.id.as_str());
                         continue;
                     }

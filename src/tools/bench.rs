@@ -87,7 +87,7 @@ const LICENSES: usize = 100;
 const META: &str = r#"{"user_email":"user1234@example.com","hardware_id":"hw-5f3a9c"}"#;
 
 fn bench_err(e: impl std::fmt::Display) -> Error {
-    Error::Usage(format!("benchmark: {e}"))
+    Error::Bench(e.to_string())
 }
 
 fn hist() -> Histogram<u64> {

@@ -35,7 +35,7 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, Error> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| {
-            Error::Usage(format!(
+            Error::LocalRedis(format!(
                 "cannot start redis-server ({e}); install it: apt-get install redis-server"
             ))
         })
@@ -62,7 +62,9 @@ impl LocalRedis {
             let _ = server.child.kill();
             let _ = server.child.wait();
         }
-        Err(Error::Usage("redis-server did not start; see its log".into()))
+        Err(Error::LocalRedis(
+            "redis-server did not start; see its log".into(),
+        ))
     }
 
     fn wait_ready(&mut self, within: Duration) -> bool {
@@ -114,7 +116,7 @@ impl LocalRedis {
         if self.wait_ready(Duration::from_secs(10)) {
             Ok(())
         } else {
-            Err(Error::Usage("redis-server did not restart".into()))
+            Err(Error::LocalRedis("redis-server did not restart".into()))
         }
     }
 }
@@ -148,7 +150,7 @@ fn free_cluster_port() -> Result<u16, Error> {
             return Ok(port);
         }
     }
-    Err(Error::Usage("no free port pair for a cluster node".into()))
+    Err(Error::LocalRedis("no free port pair for a cluster node".into()))
 }
 
 impl LocalCluster {
@@ -191,7 +193,9 @@ impl LocalCluster {
                 extra,
             };
             if !node.wait_ready(Duration::from_secs(5)) {
-                return Err(Error::Usage(format!("cluster node on port {port} did not start")));
+                return Err(Error::LocalRedis(format!(
+                    "cluster node on port {port} did not start"
+                )));
             }
             nodes.push(node);
         }
@@ -203,9 +207,9 @@ impl LocalCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
-            .map_err(|e| Error::Usage(format!("cannot run redis-cli --cluster create: {e}")))?;
+            .map_err(|e| Error::LocalRedis(format!("cannot run redis-cli --cluster create: {e}")))?;
         if !created.status.success() {
-            return Err(Error::Usage(format!(
+            return Err(Error::LocalRedis(format!(
                 "redis-cli --cluster create failed: {}",
                 String::from_utf8_lossy(&created.stderr)
             )));
@@ -216,7 +220,7 @@ impl LocalCluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         while cluster.master_ports().len() != masters {
             if Instant::now() > deadline {
-                return Err(Error::Usage("the cluster's replicas did not attach".into()));
+                return Err(Error::LocalRedis("the cluster's replicas did not attach".into()));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -238,7 +242,9 @@ impl LocalCluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Usage("the cluster did not reach cluster_state:ok".into()));
+                return Err(Error::LocalRedis(
+                    "the cluster did not reach cluster_state:ok".into(),
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
