@@ -170,7 +170,6 @@ enum LicenseCommand {
 /// Parses the command line and runs it; the process's exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&Error::Io(e)),
@@ -191,6 +190,7 @@ fn fail(e: &Error) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
     let mut settings = Settings::load(cli.config.as_deref())?;
+    telemetry::init_tracing(settings.log.format);
     if let Some(url) = cli.redis {
         settings.redis.url = url;
     }

@@ -42,6 +42,8 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     /// Graceful shutdown.
     pub shutdown: ShutdownSettings,
+    /// Log output.
+    pub log: LogSettings,
 }
 
 /// `[redis]`
@@ -191,6 +193,23 @@ pub struct MetricsSettings {
 pub struct ShutdownSettings {
     /// Bound on draining in-flight work, ms.
     pub grace_ms: u64,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct LogSettings {
+    /// Line format of the logs on stderr.
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
 }
 
 impl Settings {

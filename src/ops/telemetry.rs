@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::config::LogFormat;
 use crate::runtime::metrics::QUEUE_WAIT;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -17,16 +18,21 @@ const WAIT_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0, 86400.0,
 ];
 
-/// Sets up the log subscriber: `RUST_LOG` filters, default `info`.
-pub fn init_tracing() {
+/// Sets up the log subscriber on stderr in `format`: `RUST_LOG` filters,
+/// default `info`. A second call (tests, embedding) keeps the first subscriber.
+pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second init (tests, embedding) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        // Flattened: a shipper sees `message`, `level`, `target` and each field at the top.
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Installs the Prometheus recorder once per process and returns its handle.

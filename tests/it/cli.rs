@@ -260,3 +260,54 @@ fn sharded_streams_and_following_every_events_shard() {
     assert_eq!(used.iter().sum::<i64>(), 4);
     assert!(used.iter().filter(|n| **n > 0).count() >= 2, "{used:?}");
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let redis = RedisServer::start_with(&[]);
+    let mut worker = Command::new(BIN)
+        .arg("--redis")
+        .arg(redis.url())
+        .arg("run")
+        .env("SEATGATE__LOG__FORMAT", "json")
+        .env("SEATGATE__METRICS__LISTEN", "")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start seatgate run");
+    let stderr = worker.stderr.take().expect("piped stderr");
+    // Read until the worker says it started (or its stderr closes), then stop it.
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.expect("read stderr");
+        let started = line.contains("worker started");
+        lines.push(line);
+        if started {
+            break;
+        }
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert!(
+        lines.iter().any(|l| l.contains("worker started")),
+        "no start line in {lines:?}"
+    );
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(v["level"], "INFO", "{line}");
+        assert!(v["message"].is_string(), "{line}");
+    }
+
+    // An unknown format is refused at startup, naming the key.
+    let o = Command::new(BIN)
+        .args(["license", "list"])
+        .env("SEATGATE__LOG__FORMAT", "xml")
+        .output()
+        .expect("run seatgate");
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("format"));
+}
