@@ -162,3 +162,254 @@ impl Backoff {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// claim_idle_ms 1000 (a claim every 500 ms), pages of 10, set up fine.
+    fn schedule(t0: Instant) -> Schedule {
+        Schedule::new(t0, 1_000, 10, false)
+    }
+
+    /// A schedule past its startup: own pending list drained, one claim
+    /// done at `t0` that found nothing.
+    fn serving(t0: Instant) -> Schedule {
+        let mut s = schedule(t0);
+        s.pending_read(0);
+        s.claimed(0, t0);
+        s
+    }
+
+    #[test]
+    fn own_pending_entries_are_read_first_at_startup() {
+        let t0 = Instant::now();
+        let s = schedule(t0);
+        assert_eq!(s.next_source(t0), Source::OwnPending);
+        assert!(!s.is_failing());
+    }
+
+    #[test]
+    fn a_failed_setup_starts_not_ready_and_the_first_good_read_recovers() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(t0, 1_000, 10, true);
+        assert!(s.is_failing());
+        assert!(s.read_ok());
+        assert!(!s.is_failing());
+        assert!(!s.read_ok(), "only the first good read ends the outage");
+    }
+
+    #[test]
+    fn a_claim_follows_the_startup_drain_at_once() {
+        let t0 = Instant::now();
+        let mut s = schedule(t0);
+        s.pending_read(0);
+        assert_eq!(s.next_source(t0), Source::Claimed);
+    }
+
+    #[test]
+    fn a_claim_is_due_every_claim_every() {
+        let t0 = Instant::now();
+        let s = serving(t0);
+        assert_eq!(s.next_source(t0), Source::New);
+        assert_eq!(s.next_source(t0 + 499 * MS), Source::New);
+        assert_eq!(s.next_source(t0 + 500 * MS), Source::Claimed);
+    }
+
+    #[test]
+    fn claim_every_is_half_the_idle_time_within_bounds() {
+        let t0 = Instant::now();
+        for (claim_idle_ms, every_ms) in [(1_000, 500), (50, 100), (60_000, 5_000)] {
+            let mut s = Schedule::new(t0, claim_idle_ms, 10, false);
+            s.pending_read(0);
+            s.claimed(0, t0);
+            let every = every_ms * MS;
+            assert_eq!(
+                s.next_source(t0 + every - MS),
+                Source::New,
+                "claim_idle_ms {claim_idle_ms}"
+            );
+            assert_eq!(
+                s.next_source(t0 + every),
+                Source::Claimed,
+                "claim_idle_ms {claim_idle_ms}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_claim_page_claims_again_at_once() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        let t1 = t0 + 500 * MS;
+        s.claimed(10, t1);
+        assert_eq!(s.next_source(t1), Source::Claimed);
+        s.claimed(9, t1);
+        assert_eq!(s.next_source(t1), Source::New);
+        assert_eq!(s.next_source(t1 + 500 * MS), Source::Claimed);
+    }
+
+    #[test]
+    fn a_due_retry_wins_over_a_due_claim() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(true, Source::New, t0);
+        let late = t0 + 2_000 * MS; // both the retry and a claim are due
+        assert_eq!(s.next_source(late), Source::OwnPending);
+    }
+
+    #[test]
+    fn a_batch_that_needs_a_retry_rereads_after_the_backoff() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(true, Source::New, t0);
+        assert_eq!(s.next_source(t0 + 49 * MS), Source::New);
+        assert_eq!(s.next_source(t0 + 50 * MS), Source::OwnPending);
+    }
+
+    #[test]
+    fn the_retry_backoff_doubles_to_a_second_while_retries_keep_failing() {
+        let t0 = Instant::now();
+        // Claims every 5 s, out of the way of the retries.
+        let mut s = Schedule::new(t0, 60_000, 10, false);
+        s.pending_read(0);
+        s.claimed(0, t0);
+        let mut waits = Vec::new();
+        let mut now = t0;
+        for _ in 0..7 {
+            s.batch_done(true, Source::OwnPending, now);
+            assert_eq!(s.next_source(now), Source::New);
+            let wait = s.block_for(now);
+            waits.push(wait.as_millis());
+            now += wait;
+            assert_eq!(s.next_source(now), Source::OwnPending);
+            s.pending_read(1); // the same entry again, and it fails again
+        }
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[test]
+    fn draining_own_pending_resets_the_retry_backoff() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(true, Source::New, t0);
+        s.batch_done(true, Source::New, t0);
+        s.batch_done(true, Source::New, t0);
+        assert_eq!(s.next_source(t0 + 199 * MS), Source::New, "backoff at 200 ms");
+        s.pending_read(0);
+        assert_eq!(
+            s.next_source(t0 + 10_000 * MS),
+            Source::Claimed,
+            "no retry once drained"
+        );
+        s.batch_done(true, Source::New, t0);
+        assert_eq!(
+            s.next_source(t0 + 50 * MS),
+            Source::OwnPending,
+            "backoff back at 50 ms"
+        );
+    }
+
+    #[test]
+    fn a_nonempty_pending_page_keeps_the_backoff() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(true, Source::New, t0); // 50 ms
+        s.pending_read(3);
+        s.batch_done(true, Source::OwnPending, t0);
+        assert_eq!(s.next_source(t0 + 99 * MS), Source::New, "backoff at 100 ms");
+        assert_eq!(s.next_source(t0 + 100 * MS), Source::OwnPending);
+    }
+
+    #[test]
+    fn a_pending_batch_in_flight_holds_the_retry_until_settled() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(true, Source::New, t0);
+        let t1 = t0 + 50 * MS;
+        assert_eq!(s.next_source(t1), Source::OwnPending);
+        s.pending_read(5);
+        assert_eq!(s.next_source(t1), Source::New, "not re-read while in flight");
+        assert_eq!(s.block_for(t1), 450 * MS, "only the claim bounds the block");
+    }
+
+    #[test]
+    fn a_settled_pending_page_looks_for_more_at_once() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.pending_read(5);
+        let t1 = t0 + 10 * MS;
+        s.batch_done(false, Source::OwnPending, t1);
+        assert_eq!(s.next_source(t1), Source::OwnPending);
+    }
+
+    #[test]
+    fn a_settled_batch_of_new_or_claimed_entries_changes_nothing() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.batch_done(false, Source::New, t0);
+        s.batch_done(false, Source::Claimed, t0);
+        assert_eq!(s.next_source(t0 + 499 * MS), Source::New);
+        assert_eq!(s.block_for(t0), 500 * MS);
+    }
+
+    #[test]
+    fn a_blocking_read_never_sleeps_past_the_next_retry_or_claim() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        assert_eq!(s.block_for(t0), 500 * MS, "until the next claim");
+        assert_eq!(s.block_for(t0 + 200 * MS), 300 * MS);
+        s.batch_done(true, Source::New, t0);
+        assert_eq!(s.block_for(t0), 50 * MS, "until the retry, before the claim");
+        s.batch_done(true, Source::New, t0 + 480 * MS);
+        assert_eq!(s.block_for(t0), 500 * MS, "until the claim, before the retry");
+    }
+
+    #[test]
+    fn a_due_wake_still_blocks_one_millisecond() {
+        let t0 = Instant::now();
+        let s = serving(t0);
+        assert_eq!(s.block_for(t0 + 500 * MS), MS);
+        assert_eq!(s.block_for(t0 + 900 * MS), MS);
+    }
+
+    #[test]
+    fn a_failed_read_is_reported_once_and_backs_off() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        let first = s.read_failed(t0);
+        assert_eq!(
+            first,
+            ReadFailed {
+                outage_began: true,
+                pause: 50 * MS
+            }
+        );
+        assert!(s.is_failing());
+        let pauses: Vec<ReadFailed> = (0..6).map(|_| s.read_failed(t0)).collect();
+        assert!(pauses.iter().all(|f| !f.outage_began));
+        let ms: Vec<u128> = pauses.iter().map(|f| f.pause.as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[test]
+    fn after_a_failed_read_own_pending_entries_come_first() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        let t1 = t0 + 800 * MS; // a claim is due as well
+        s.read_failed(t1);
+        assert_eq!(s.next_source(t1), Source::OwnPending);
+    }
+
+    #[test]
+    fn a_good_read_ends_the_outage_and_resets_the_read_backoff() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        s.read_failed(t0);
+        s.read_failed(t0);
+        assert!(s.read_ok());
+        assert!(!s.is_failing());
+        assert_eq!(s.read_failed(t0).pause, 50 * MS);
+    }
+}
