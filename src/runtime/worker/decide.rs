@@ -1,0 +1,196 @@
+//! Deciding a batch: the [`Decider`] parses each entry (plan), runs every seat
+//! script in one pipeline (send), then settles the batch (settle.rs).
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use tracing::warn;
+
+use super::read::{Entry, Source};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::protocol::{self, Op, Reply, Request};
+use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall};
+use crate::error::Error;
+use crate::runtime::health::Readiness;
+use crate::runtime::metrics;
+use crate::runtime::publish::Publisher;
+
+/// Decides batches: shared by the batches a worker has in flight at once.
+pub(super) struct Decider {
+    /// Settings the worker was started with.
+    pub(super) settings: Settings,
+    /// Key names.
+    pub(super) keys: Keys,
+    /// The managed, multiplexed connection for scripts, replies and acks.
+    pub(super) con: Db,
+    /// Events and replies.
+    pub(super) publisher: Publisher,
+    /// Health flag for `/ready`: cleared while Redis refuses our writes.
+    pub(super) ready: Readiness,
+    /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
+    /// so the state change is logged once rather than once per batch.
+    pub(super) degraded: AtomicBool,
+}
+
+/// One entry of a batch on its way from the stream to its acknowledgement:
+/// each step of [`Decider::process`] fills in a little more.
+pub(super) struct Item {
+    /// The stream entry as read.
+    pub(super) entry: Entry,
+    /// The request, or why it is invalid; `None` when the entry was deleted
+    /// while pending (nothing to answer).
+    pub(super) request: Option<Result<Request, protocol::Invalid>>,
+    /// The seat script's outcome; `None` when no script ran for it (an
+    /// invalid request, or a pipeline that answered the wrong number of calls).
+    pub(super) outcome: Option<Result<Outcome, Error>>,
+    /// The reply and the stream it goes to, when the caller gave one.
+    pub(super) reply: Option<(String, Reply)>,
+    /// What becomes of the entry; `None` while its reply is still to be written.
+    pub(super) handled: Option<Handled>,
+}
+
+/// What happened to one entry of a batch.
+pub(super) enum Handled {
+    /// Answered (or unanswerable, such as a deleted entry): acknowledge it.
+    Done,
+    /// Not answered: leave it pending and try again. `permanent` errors count
+    /// towards dead-lettering; transient ones (Redis down) are simply retried.
+    Retry {
+        /// Why it was not answered: logged, and the reason a dead letter carries.
+        error: String,
+        /// Whether a retry would fail the same way.
+        permanent: bool,
+    },
+}
+
+impl Decider {
+    /// A decider over the managed connection `con`.
+    pub(super) fn new(settings: Settings, con: Db, ready: Readiness) -> Decider {
+        Decider {
+            keys: Keys::new(settings.keys.prefix.clone()),
+            publisher: Publisher::new(&settings),
+            settings,
+            con,
+            ready,
+            degraded: AtomicBool::default(),
+        }
+    }
+
+    /// Decides and answers one batch, then acknowledges what was answered.
+    /// Returns whether some entries must be retried.
+    ///
+    /// A batch costs three round trips however large it is: one pipeline of
+    /// seat scripts, one of replies and events, one XACK. Per request that
+    /// is far fewer reads and writes for Redis and for this process than
+    /// sending each command on its own.
+    pub(super) async fn process(&self, stream: &str, batch: Vec<Entry>, source: Source) -> bool {
+        let mut con = self.con.clone();
+        let mut items = self.plan(batch);
+        self.send(&mut con, &mut items).await;
+        self.settle(&mut con, stream, &mut items, source).await
+    }
+
+    /// Parses every entry of the batch.
+    fn plan(&self, batch: Vec<Entry>) -> Vec<Item> {
+        batch
+            .into_iter()
+            .map(|entry| Item {
+                request: entry
+                    .fields
+                    .as_ref()
+                    .map(|f| protocol::parse_request(&entry.id, f, |k| self.keys.is_reserved(k))),
+                entry,
+                outcome: None,
+                reply: None,
+                handled: None,
+            })
+            .collect()
+    }
+
+    /// Runs the seat script of every valid request in one pipeline. Scripts
+    /// that Redis no longer knows (NOSCRIPT after a restart or SCRIPT FLUSH)
+    /// did not run, so they are re-run one by one, which re-loads them.
+    async fn send(&self, con: &mut Db, items: &mut [Item]) {
+        let scripts = Scripts::get();
+        let mut calls: Vec<(&mut Item, SeatCall<'_>)> = items
+            .iter_mut()
+            .filter_map(|item| {
+                let Some(Ok(req)) = &item.request else { return None };
+                let call = self.seat_call(scripts, &item.entry, req);
+                Some((item, call))
+            })
+            .collect();
+        if calls.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let answers = con
+            .query_all(calls.iter().map(|(_, call)| call.cmd()).collect())
+            .await;
+        let elapsed = started.elapsed();
+        let answers = match answers {
+            Ok(a) if a.len() == calls.len() => a,
+            Ok(a) => {
+                let e = Error::ScriptReply {
+                    script: "pipeline",
+                    detail: format!("{} answers for {} calls", a.len(), calls.len()),
+                };
+                warn!(error = %e, "unexpected pipeline reply");
+                return;
+            }
+            Err(e) => {
+                for (item, _) in &mut calls {
+                    item.outcome = Some(Err(Error::Redis(e.clone())));
+                }
+                return;
+            }
+        };
+        for ((item, call), answer) in calls.iter_mut().zip(answers) {
+            let (result, elapsed) = match answer {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    let started = Instant::now();
+                    let result = call.run(con).await;
+                    (result, started.elapsed())
+                }
+                other => (call.decode(other), elapsed),
+            };
+            metrics::script_call(
+                call.name(),
+                result.as_ref().map(|o| Some(o.status)).map_err(|_| ()),
+                elapsed,
+            );
+            item.outcome = Some(result);
+        }
+    }
+
+    /// The seat-script call deciding `req`, read from stream entry `entry`.
+    fn seat_call<'a>(&self, scripts: &'a Scripts, entry: &Entry, req: &Request) -> SeatCall<'a> {
+        let keys = self.keys.license(&req.license);
+        let mut guard = Guard::for_entry(
+            &self.settings.guard_policy(),
+            &self.keys,
+            &entry.id,
+            &req.license,
+            &req.session,
+        );
+        // Even a first delivery may have been decided before: a worker that
+        // stalled past claim_idle_ms had its batch claimed by another.
+        guard.redelivery = true;
+        match req.op {
+            Op::Acquire => scripts.acquire_call(
+                &keys,
+                &guard,
+                &req.session,
+                &req.meta,
+                req.wait_ms,
+                &req.id,
+                req.reply_to.as_deref().unwrap_or(""),
+                self.settings.queue.max_length,
+            ),
+            Op::Release => scripts.release_call(&keys, &guard, &req.session),
+            Op::Heartbeat => scripts.heartbeat_call(&keys, &guard, &req.session),
+        }
+    }
+}

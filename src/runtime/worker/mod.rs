@@ -1,0 +1,337 @@
+//! The stream consumer: reads requests with XREADGROUP, decides each with a
+//! seat script, replies on the caller's stream, then acknowledges.
+//!
+//! Order per entry: decide (script) → reply (to `reply_to`) → XACK. An entry is
+//! acknowledged only once its effect is in Redis and its reply is written, so
+//! a crash in between leaves it pending. Pending entries come back three ways:
+//! this worker re-reads its own after a transient failure; any worker claims
+//! (XAUTOCLAIM) those another consumer has held for `stream.claim_idle_ms`;
+//! and one delivered more than `stream.max_deliveries` times goes to the
+//! dead-letter stream. A redelivered entry has the effect of one delivery:
+//! the scripts remember each entry's reply (lua/includes/common.lua).
+//!
+//! This file sets up the consumer of every shard and runs its read loop;
+//! `read` talks XREADGROUP / XAUTOCLAIM, `schedule` decides what to read
+//! when, `decide` runs a batch's scripts and `settle` answers, dead-letters
+//! and acknowledges it.
+
+mod decide;
+mod read;
+mod schedule;
+mod settle;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use tokio::task::{JoinError, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use self::decide::Decider;
+use self::read::{Entry, Source};
+use self::schedule::Schedule;
+use crate::config::Settings;
+use crate::db::{is_transient, Db};
+use crate::engine::scripts::Scripts;
+use crate::error::Error;
+use crate::runtime::health::Readiness;
+use crate::runtime::metrics;
+
+/// A worker: one consumer in the group of every requests stream shard, a
+/// read loop per shard (a blocking read names one stream, and on a cluster
+/// the shards live on different masters), all sharing one [`Decider`].
+pub struct Worker {
+    /// One reader per shard.
+    shards: Vec<ShardWorker>,
+    /// This process's consumer name.
+    consumer: String,
+}
+
+impl Worker {
+    /// Connects to Redis, creates the consumer group of every shard if needed
+    /// and loads the scripts.
+    pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
+        let con = crate::connect(&settings).await?;
+        let decider = Arc::new(Decider::new(settings.clone(), con.clone(), ready.clone()));
+        let mut shards = Vec::new();
+        for stream in settings.request_streams() {
+            shards.push(
+                ShardWorker::connect(
+                    settings.clone(),
+                    ready.clone(),
+                    con.clone(),
+                    decider.clone(),
+                    stream,
+                )
+                .await?,
+            );
+        }
+        shards
+            .first_mut()
+            .ok_or_else(|| Error::Config("stream.shards must be at least 1".into()))?
+            .check_eviction_policy()
+            .await;
+        Ok(Worker {
+            consumer: settings.consumer_name(),
+            shards,
+        })
+    }
+
+    /// This worker's consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Serves every shard until `shutdown` is cancelled; each finishes the
+    /// batches in hand before returning.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let mut loops = JoinSet::new();
+        for shard in self.shards {
+            loops.spawn(shard.run(shutdown.clone()));
+        }
+        let mut result = Ok(());
+        while let Some(done) = loops.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(e) => result = Err(Error::Task(e)),
+            }
+        }
+        result
+    }
+}
+
+/// The read loop of one requests stream shard.
+struct ShardWorker {
+    /// The requests stream (shard) this loop reads.
+    stream: String,
+    /// Settings the worker was started with.
+    settings: Settings,
+    /// This process's consumer name in the group.
+    consumer: String,
+    /// Scripts and replies go over a managed, multiplexed connection: many
+    /// requests of one batch share it concurrently (implicit pipelining), it
+    /// reconnects by itself, and its response timeout bounds a stuck call.
+    con: Db,
+    /// XREADGROUP BLOCK gets its own connection, with a response timeout
+    /// longer than the block: redis-rs's default timeout would fire while the
+    /// server still blocks, and the entry it then delivers would sit pending
+    /// with nobody reading it. It is also never shared, so a blocked read
+    /// cannot delay a script.
+    reader: Option<Db>,
+    /// Setup (group, scripts) failed at startup: not ready until it succeeds.
+    unprepared: bool,
+    /// Health flag for `/ready`.
+    ready: Readiness,
+    /// Decides batches; shared by the batches in flight.
+    decider: Arc<Decider>,
+}
+
+impl ShardWorker {
+    /// Sets up the loop of shard `stream`; a Redis that refuses writes for
+    /// now (OOM, loading) leaves it unprepared rather than failing.
+    async fn connect(
+        settings: Settings,
+        ready: Readiness,
+        con: Db,
+        decider: Arc<Decider>,
+        stream: String,
+    ) -> Result<ShardWorker, Error> {
+        let mut worker = ShardWorker {
+            stream,
+            consumer: settings.consumer_name(),
+            con,
+            reader: None,
+            ready,
+            decider,
+            settings,
+            unprepared: false,
+        };
+        match worker.prepare().await {
+            Ok(()) => {}
+            // Redis is up but refusing writes (OOM, loading): start anyway, not
+            // ready, and let the read loop retry the setup.
+            Err(Error::Redis(e)) if is_transient(&e) && !e.is_io_error() => {
+                warn!(error = %e, "cannot prepare the consumer group yet; retrying while serving");
+                worker.unprepared = true;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(worker)
+    }
+
+    /// Group creation and script loading: safe to repeat after Redis comes back.
+    async fn prepare(&mut self) -> Result<(), Error> {
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.settings.stream.group)
+            // From the start: requests written before any worker existed are served too.
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.con)
+            .await;
+        match created {
+            Ok(()) => {
+                info!(stream = %self.stream, group = %self.settings.stream.group, "created consumer group")
+            }
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+        Scripts::get().load_all(&mut self.con).await?;
+        Ok(())
+    }
+
+    /// Warns loudly when Redis may evict seat records under memory pressure.
+    async fn check_eviction_policy(&mut self) {
+        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.con)
+            .await;
+        match policy.as_deref() {
+            Ok([_, policy]) if policy.starts_with("allkeys-") => error!(
+                %policy,
+                "Redis may EVICT SEAT RECORDS under memory pressure, and licenses would overbook: set maxmemory-policy noeviction (see ops/redis.conf)"
+            ),
+            Ok([_, policy]) if policy.starts_with("volatile-") => warn!(
+                %policy,
+                "Redis may evict expiring keys (dedupe records, rate windows, reply streams) under memory pressure; noeviction is safer (see ops/redis.conf)"
+            ),
+            Ok(_) => {}
+            Err(e) => debug!(error = %e, "cannot read maxmemory-policy (CONFIG may be disabled)"),
+        }
+    }
+
+    /// Serves requests until `shutdown` is cancelled, then finishes the batch
+    /// in hand and returns. A blocked read ends within `stream.block_ms`.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        info!(consumer = %self.consumer, stream = %self.stream, group = %self.settings.stream.group, "worker started");
+        let s = &self.settings.stream;
+        let mut schedule = Schedule::new(Instant::now(), s.claim_idle_ms, s.batch_size, self.unprepared);
+        let max_in_flight = s.max_in_flight;
+        // Batches decided concurrently: while one waits on Redis, the next is
+        // read and sent, so a worker keeps Redis busy instead of taking turns.
+        let mut in_flight: JoinSet<(bool, Source)> = JoinSet::new();
+        self.ready.set(!schedule.is_failing());
+        while !shutdown.is_cancelled() {
+            while let Some(done) = in_flight.try_join_next() {
+                settled(&mut schedule, done);
+            }
+            let now = Instant::now();
+            let source = schedule.next_source(now);
+            // Re-reading our own pending entries would return those in flight:
+            // let them finish first. Otherwise just respect the in-flight cap.
+            let cap = if source == Source::OwnPending {
+                1
+            } else {
+                max_in_flight
+            };
+            while in_flight.len() >= cap {
+                if let Some(done) = in_flight.join_next().await {
+                    settled(&mut schedule, done);
+                }
+            }
+            let block = schedule.block_for(now);
+            let Some(batch) = self.read_batch(&mut schedule, source, block, &shutdown).await else {
+                continue;
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let decider = self.decider.clone();
+            let stream = self.stream.clone();
+            in_flight.spawn(async move { (decider.process(&stream, batch, source).await, source) });
+        }
+        // Finish and acknowledge what is in hand before leaving.
+        while in_flight.join_next().await.is_some() {}
+        self.leave_group().await;
+        self.ready.set(false);
+        info!(consumer = %self.consumer, "worker stopped");
+        Ok(())
+    }
+
+    /// One read and its bookkeeping: readiness, the setup again after an
+    /// outage, the schedule. `None` when the read failed; the backoff pause
+    /// (cut short by `shutdown`) is then already over.
+    async fn read_batch(
+        &mut self,
+        schedule: &mut Schedule,
+        source: Source,
+        block: Duration,
+        shutdown: &CancellationToken,
+    ) -> Option<Vec<Entry>> {
+        let batch = match self.read(source, block).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                metrics::redis_error("read");
+                let failed = schedule.read_failed(Instant::now());
+                if failed.outage_began {
+                    warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    self.ready.set(false);
+                }
+                self.reader = None;
+                tokio::select! {
+                    _ = tokio::time::sleep(failed.pause) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                return None;
+            }
+        };
+        if schedule.read_ok() {
+            info!("redis reachable again; serving requests");
+            self.ready.set(true);
+            if let Err(e) = self.prepare().await {
+                debug!(error = %e, "re-preparing after an outage failed");
+            }
+        }
+        match source {
+            Source::Claimed => {
+                schedule.claimed(batch.len(), Instant::now());
+                if !batch.is_empty() {
+                    info!(
+                        count = batch.len(),
+                        "claimed requests left pending by another consumer"
+                    );
+                    metrics::claimed(batch.len());
+                }
+            }
+            Source::OwnPending => schedule.pending_read(batch.len()),
+            Source::New => {}
+        }
+        Some(batch)
+    }
+
+    /// On shutdown: leave the group if nothing is pending for us, so restarts
+    /// (each with a new default consumer name) do not grow the group.
+    async fn leave_group(&mut self) {
+        let s = &self.settings.stream;
+        let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(&s.group)
+            .arg("-")
+            .arg("+")
+            .arg(1)
+            .arg(&self.consumer)
+            .query_async(&mut self.con)
+            .await;
+        if matches!(pending.as_deref(), Ok([])) {
+            let _: redis::RedisResult<i64> = redis::cmd("XGROUP")
+                .arg("DELCONSUMER")
+                .arg(&self.stream)
+                .arg(&s.group)
+                .arg(&self.consumer)
+                .query_async(&mut self.con)
+                .await;
+        }
+    }
+}
+
+/// A batch task ended: tells the schedule whether its entries need a retry.
+/// A task that panicked answered nothing it can vouch for, so it counts as
+/// needing one.
+fn settled(schedule: &mut Schedule, done: Result<(bool, Source), JoinError>) {
+    let (retry, source) = done.unwrap_or((true, Source::New));
+    schedule.batch_done(retry, source, Instant::now());
+}
