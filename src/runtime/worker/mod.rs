@@ -233,7 +233,9 @@ impl ShardWorker {
                     settled(&mut schedule, done);
                 }
             }
-            let block = schedule.block_for(now);
+            // Measured after waiting for in-flight batches: a blocking read
+            // must not sleep through a retry or claim that fell due meanwhile.
+            let block = schedule.block_for(Instant::now());
             let Some(batch) = self.read_batch(&mut schedule, source, block, &shutdown).await else {
                 continue;
             };
