@@ -433,19 +433,10 @@ impl Reply {
 }
 
 /// A human-readable reason for refusals that carry no `error` of their own.
+/// The text lives with the status ([`Status::refusal_reason`]); this stays
+/// for the callers that ask the protocol module.
 pub fn refusal_reason(status: Status) -> Option<&'static str> {
-    Some(match status {
-        Status::NoSeatsAvailable => {
-            "no free seat: every seat is in use, or others are already waiting for one"
-        }
-        Status::SessionNotFound => "the session neither holds a seat nor waits for one",
-        Status::SessionNotActive => "the session holds no seat; acquire again",
-        Status::LicenseNotFound => "no such license",
-        Status::LicenseInactive => "the license is deactivated",
-        Status::LicenseExpired => "the license has expired",
-        Status::RateLimited => "too many requests from this session or license; slow down and retry",
-        _ => return None,
-    })
+    status.refusal_reason()
 }
 
 #[cfg(test)]
