@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use strum::{EnumString, IntoStaticStr, VariantArray};
+
 use crate::engine::status::Status;
 
 /// Longest license or session id, in bytes.
@@ -28,7 +30,13 @@ pub const MAX_FIELDS: usize = 32;
 pub const MAX_FIELD_LEN: usize = 8192;
 
 /// What a request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// The wire form, which is also the script's name, is the variant's name in
+/// snake_case, derived; `FromStr` accepts exactly those strings. Adding an op
+/// means adding its variant, its script and its branch in the worker: the
+/// list of ops, the metric label and the parser's messages follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Op {
     /// Take a seat (idempotent per session).
     Acquire,
@@ -39,20 +47,13 @@ pub enum Op {
 }
 
 impl Op {
-    /// Every op, for metric registration and tests.
-    pub const ALL: [Op; 3] = [Op::Acquire, Op::Release, Op::Heartbeat];
+    /// Every op, in declaration order, for metric labels, messages and tests.
+    /// Derived: a new variant is in it without anyone remembering to add it.
+    pub const ALL: &'static [Op] = <Op as VariantArray>::VARIANTS;
 
     /// The op as written on the wire (and used as the script name).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Acquire => "acquire",
-            Op::Release => "release",
-            Op::Heartbeat => "heartbeat",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Op> {
-        Op::ALL.into_iter().find(|op| op.as_str() == s)
+        self.into()
     }
 }
 
@@ -251,7 +252,7 @@ pub fn parse_request(
             ))
         }
         Some(Err(())) => return Err(invalid("op", "field `op` is not UTF-8", &echo)),
-        Some(Ok(s)) => match Op::parse(s) {
+        Some(Ok(s)) => match s.parse::<Op>().ok() {
             Some(op) => op,
             None => {
                 if s.len() <= 32 && valid_id(s) {
@@ -652,5 +653,25 @@ mod tests {
         assert!(f.contains(&("ok", "1".into())));
         assert!(f.contains(&("heartbeats", "3".into())));
         assert!(!f.iter().any(|(k, _)| *k == "error"));
+    }
+
+    /// The documented wire form of every op. A match without a wildcard, so
+    /// a new op does not compile until it has its row here.
+    fn documented(op: Op) -> &'static str {
+        match op {
+            Op::Acquire => "acquire",
+            Op::Release => "release",
+            Op::Heartbeat => "heartbeat",
+        }
+    }
+
+    #[test]
+    fn every_op_round_trips_through_its_wire_form() {
+        for &op in Op::ALL {
+            assert_eq!(op.as_str(), documented(op));
+            assert_eq!(op.to_string(), documented(op));
+            assert_eq!(documented(op).parse::<Op>(), Ok(op));
+        }
+        assert!("Acquire".parse::<Op>().is_err());
     }
 }
