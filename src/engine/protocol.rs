@@ -507,7 +507,12 @@ pub fn refusal_reason(status: Status) -> Option<&'static str> {
 }
 
 #[cfg(test)]
+mod hostile;
+
+#[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn entry(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
@@ -770,5 +775,26 @@ mod tests {
         assert_eq!(bad.echo.op, "");
         let bad = parse(&[("license", b"a")]).unwrap_err();
         assert_eq!(bad.reason, "missing field `op` (acquire, release or heartbeat)");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// The parser never panics, and what it accepts is within the documented limits.
+        #[test]
+        fn the_parser_never_panics_and_accepts_only_valid_requests(fields in hostile::entry()) {
+            match parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
+                Ok(req) => {
+                    prop_assert!(valid_id(&req.license));
+                    prop_assert!(valid_id(&req.session));
+                    prop_assert!(req.meta.len() <= MAX_META_LEN);
+                    prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                }
+                Err(bad) => {
+                    prop_assert!(!bad.reason.is_empty());
+                    prop_assert!(!bad.reason.contains('\n'));
+                }
+            }
+        }
     }
 }
