@@ -7,6 +7,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::str::Utf8Error;
+
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::status::Status;
 
@@ -28,7 +31,13 @@ pub const MAX_FIELDS: usize = 32;
 pub const MAX_FIELD_LEN: usize = 8192;
 
 /// What a request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// The wire form, which is also the script's name, is the variant's name in
+/// snake_case, derived; `FromStr` accepts exactly those strings. Adding an op
+/// means adding its variant, its script and its branch in the worker: the
+/// list of ops, the metric label and the parser's messages follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Op {
     /// Take a seat (idempotent per session).
     Acquire,
@@ -39,20 +48,13 @@ pub enum Op {
 }
 
 impl Op {
-    /// Every op, for metric registration and tests.
-    pub const ALL: [Op; 3] = [Op::Acquire, Op::Release, Op::Heartbeat];
+    /// Every op, in declaration order, for metric labels, messages and tests.
+    /// Derived: a new variant is in it without anyone remembering to add it.
+    pub const ALL: &'static [Op] = <Op as VariantArray>::VARIANTS;
 
     /// The op as written on the wire (and used as the script name).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Acquire => "acquire",
-            Op::Release => "release",
-            Op::Heartbeat => "heartbeat",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Op> {
-        Op::ALL.into_iter().find(|op| op.as_str() == s)
+        self.into()
     }
 }
 
@@ -117,18 +119,277 @@ pub fn valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'@'))
 }
 
-/// Checks a `reply_to` key: 1..=256 bytes of printable ASCII without spaces.
-/// (Braces are allowed so that callers can hash-tag their reply streams.)
-fn valid_reply_to(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_REPLY_TO_LEN && s.bytes().all(|b| b.is_ascii_graphic())
+/// Longest unknown op echoed back as sent; a longer one is answered with an empty `op`.
+const MAX_ECHOED_OP_LEN: usize = 32;
+
+/// Parses one stream entry. `entry_id` is the stream entry id, used as the
+/// request id when the caller sent none. `is_reserved` says whether a key lies
+/// in seatgate's own namespace (a reply stream may not).
+pub fn parse_request(
+    entry_id: &str,
+    pairs: &[(String, Vec<u8>)],
+    is_reserved: impl Fn(&str) -> bool,
+) -> Result<Request, Invalid> {
+    let fields = Fields::collect(pairs);
+    let mut echo = Echo {
+        id: entry_id.to_owned(),
+        ..Echo::default()
+    };
+    parse_fields(&fields, is_reserved, &mut echo).map_err(|refusal| refusal.answer(echo))
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>, echo: &Echo) -> Invalid {
-    Invalid {
-        reason: reason.into(),
-        field,
-        echo: Box::new(echo.clone()),
+/// The checks in their documented order (docs/protocol.md, "Invalid
+/// requests"): the first problem found is the one reported, so the order
+/// decides what a request with several problems is told. Each step that
+/// passes adds to `echo` what a later refusal is answered with.
+fn parse_fields(
+    fields: &Fields,
+    is_reserved: impl Fn(&str) -> bool,
+    echo: &mut Echo,
+) -> Result<Request, Refusal> {
+    // Reply address first, so that every later refusal can be answered.
+    let reply_to = parse_reply_to(fields, is_reserved)?;
+    echo.reply_to = reply_to.clone();
+    if let Some(id) = parse_request_id(fields)? {
+        echo.id = id.to_owned();
     }
+    check_unique(fields)?;
+    check_limits(fields)?;
+    echo_valid_parts(fields, echo);
+    let op = parse_op(fields)?;
+    let license = parse_id(fields, "license")?;
+    let session = parse_id(fields, "session")?;
+    let meta = parse_meta(fields, op)?;
+    let wait_ms = parse_wait_ms(fields)?;
+    Ok(Request {
+        id: echo.id.clone(),
+        op,
+        license,
+        session,
+        reply_to,
+        meta,
+        wait_ms,
+    })
+}
+
+/// The fields of one entry by name.
+struct Fields<'a> {
+    /// Each field's value; a repeated name keeps its last value, so a refusal
+    /// of the repeat is sent to the last `reply_to`.
+    values: HashMap<&'a str, &'a [u8]>,
+    /// The first name seen more than once: refused only after `reply_to` and
+    /// `id` are read, so that the refusal can be answered.
+    duplicate: Option<&'a str>,
+}
+
+impl<'a> Fields<'a> {
+    fn collect(pairs: &'a [(String, Vec<u8>)]) -> Fields<'a> {
+        let mut fields = Fields {
+            values: HashMap::with_capacity(pairs.len()),
+            duplicate: None,
+        };
+        for (name, value) in pairs {
+            if fields.values.insert(name, value).is_some() {
+                fields.duplicate.get_or_insert(name);
+            }
+        }
+        fields
+    }
+
+    /// The field as text: `None` when it is absent, an error when it is not UTF-8.
+    fn text(&self, name: &str) -> Option<Result<&'a str, Utf8Error>> {
+        self.values.get(name).map(|raw| std::str::from_utf8(raw))
+    }
+}
+
+/// What one step found wrong; [`Refusal::answer`] adds what is known of the caller.
+struct Refusal {
+    /// The offending field's metric label ([`Invalid::field`]).
+    field: &'static str,
+    /// The one-line message ([`Invalid::reason`]).
+    reason: String,
+}
+
+impl Refusal {
+    fn new(field: &'static str, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    fn answer(self, echo: Echo) -> Invalid {
+        Invalid {
+            reason: self.reason,
+            field: self.field,
+            echo: Box::new(echo),
+        }
+    }
+}
+
+/// The reply address: absent (a fire-and-forget request), or 1..=256 bytes of
+/// printable ASCII without spaces that is not a key in seatgate's namespace.
+/// Braces are allowed so that callers can hash-tag their reply streams. What a
+/// valid `reply_to` is is decided here and nowhere else.
+fn parse_reply_to(fields: &Fields, is_reserved: impl Fn(&str) -> bool) -> Result<Option<String>, Refusal> {
+    let Some(value) = fields.text("reply_to") else {
+        return Ok(None);
+    };
+    let well_formed = value
+        .ok()
+        .filter(|r| !r.is_empty() && r.len() <= MAX_REPLY_TO_LEN && r.bytes().all(|b| b.is_ascii_graphic()));
+    match well_formed {
+        Some(r) if !is_reserved(r) => Ok(Some(r.to_owned())),
+        Some(_) => Err(Refusal::new(
+            "reply_to",
+            "field `reply_to` names a key inside seatgate's own namespace",
+        )),
+        None => Err(Refusal::new(
+            "reply_to",
+            format!(
+                "field `reply_to` must be 1 to {MAX_REPLY_TO_LEN} bytes of printable ASCII without spaces"
+            ),
+        )),
+    }
+}
+
+/// The caller's request id, when it sent one.
+fn parse_request_id<'a>(fields: &Fields<'a>) -> Result<Option<&'a str>, Refusal> {
+    match fields.text("id") {
+        None => Ok(None),
+        Some(Ok(id))
+            if !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && !id.contains(char::is_control) =>
+        {
+            Ok(Some(id))
+        }
+        Some(_) => Err(Refusal::new(
+            "id",
+            format!(
+                "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
+            ),
+        )),
+    }
+}
+
+/// Each field at most once.
+fn check_unique(fields: &Fields) -> Result<(), Refusal> {
+    match fields.duplicate {
+        Some(name) => Err(Refusal::new(
+            "fields",
+            format!("field `{}` appears more than once", truncate(name)),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The entry limits: the number of fields, then the length of each.
+fn check_limits(fields: &Fields) -> Result<(), Refusal> {
+    let count = fields.values.len();
+    if count > MAX_FIELDS {
+        return Err(Refusal::new(
+            "fields",
+            format!("request has {count} fields; at most {MAX_FIELDS} are allowed"),
+        ));
+    }
+    // `meta` has its own, smaller limit, checked by `parse_meta` with a clearer message.
+    let oversized = fields
+        .values
+        .iter()
+        .find(|(name, value)| **name != "meta" && value.len() > MAX_FIELD_LEN);
+    match oversized {
+        Some((name, _)) => Err(Refusal::new(
+            "fields",
+            format!("field `{}` is longer than {MAX_FIELD_LEN} bytes", truncate(name)),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Copies into `echo` the license, session and op that look valid before
+/// each is checked, so that the caller can match a refusal of the op (or of
+/// the session) to its request. An unknown op is echoed when it is short and
+/// made of id characters; a known one always is.
+fn echo_valid_parts(fields: &Fields, echo: &mut Echo) {
+    let valid = |name| fields.text(name).and_then(Result::ok).filter(|s| valid_id(s));
+    if let Some(license) = valid("license") {
+        echo.license = license.to_owned();
+    }
+    if let Some(session) = valid("session") {
+        echo.session = session.to_owned();
+    }
+    if let Some(op) = valid("op").filter(|op| op.len() <= MAX_ECHOED_OP_LEN) {
+        echo.op = op.to_owned();
+    }
+}
+
+/// The op, by its wire form; the messages list the ops [`Op`] knows.
+fn parse_op(fields: &Fields) -> Result<Op, Refusal> {
+    match fields.text("op") {
+        None => Err(Refusal::new(
+            "op",
+            format!("missing field `op` ({})", op_choices()),
+        )),
+        Some(Err(_)) => Err(Refusal::new("op", "field `op` is not UTF-8")),
+        Some(Ok(s)) => s.parse().map_err(|_| {
+            Refusal::new(
+                "op",
+                format!("unknown op {:?}; expected {}", truncate(s), op_choices()),
+            )
+        }),
+    }
+}
+
+/// The ops as the messages list them: "acquire, release or heartbeat".
+fn op_choices() -> String {
+    match Op::ALL.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => {
+            let rest: Vec<&str> = rest.iter().map(|op| op.as_str()).collect();
+            format!("{} or {last}", rest.join(", "))
+        }
+        None => String::new(),
+    }
+}
+
+/// A license or session id; `name` is also the field's label.
+fn parse_id(fields: &Fields, name: &'static str) -> Result<String, Refusal> {
+    match fields.text(name) {
+        Some(Ok(s)) if valid_id(s) => Ok(s.to_owned()),
+        None => Err(Refusal::new(name, format!("missing field `{name}`"))),
+        Some(_) => Err(Refusal::new(
+            name,
+            format!("field `{name}` must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - : @"),
+        )),
+    }
+}
+
+/// The session metadata of an acquire, re-serialised compactly so that what
+/// is stored is exactly what was validated. The other ops ignore `meta`
+/// without validating it and store `{}`.
+fn parse_meta(fields: &Fields, op: Op) -> Result<String, Refusal> {
+    let refuse = |reason: String| Refusal::new("meta", reason);
+    let raw = match (op, fields.text("meta")) {
+        (Op::Acquire, Some(Ok(raw))) => raw,
+        (Op::Acquire, Some(Err(_))) => return Err(refuse("field `meta` is not UTF-8".to_owned())),
+        _ => return Ok("{}".to_owned()),
+    };
+    if raw.len() > MAX_META_LEN {
+        return Err(refuse(format!(
+            "field `meta` is {} bytes; at most {MAX_META_LEN} are allowed",
+            raw.len()
+        )));
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| refuse(format!("field `meta` is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(refuse("field `meta` must be a JSON object".to_owned()));
+    }
+    if json_depth(&value) > MAX_META_DEPTH {
+        return Err(refuse(format!(
+            "field `meta` nests deeper than {MAX_META_DEPTH} levels"
+        )));
+    }
+    Ok(value.to_string())
 }
 
 /// Depth of the deepest object/array nesting in a JSON value.
@@ -140,212 +401,18 @@ fn json_depth(v: &serde_json::Value) -> usize {
     }
 }
 
-/// Parses one stream entry. `entry_id` is the stream entry id, used as the
-/// request id when the caller sent none. `is_reserved` says whether a key lies
-/// in seatgate's own namespace (a reply stream may not).
-pub fn parse_request(
-    entry_id: &str,
-    pairs: &[(String, Vec<u8>)],
-    is_reserved: impl Fn(&str) -> bool,
-) -> Result<Request, Invalid> {
-    let mut echo = Echo {
-        id: entry_id.to_owned(),
-        ..Echo::default()
-    };
-    let mut fields: HashMap<&str, &[u8]> = HashMap::with_capacity(pairs.len());
-    let mut duplicate = None;
-    for (name, value) in pairs {
-        if fields.insert(name.as_str(), value.as_slice()).is_some() {
-            duplicate.get_or_insert(name.as_str());
-        }
-    }
-    let text = |name: &str| -> Option<Result<&str, ()>> {
-        fields
-            .get(name)
-            .map(|raw| std::str::from_utf8(raw).map_err(|_| ()))
-    };
-
-    // Reply address first, so that every later refusal can be answered.
-    let reply_to = match text("reply_to") {
-        None => None,
-        Some(Ok(r)) if valid_reply_to(r) && !is_reserved(r) => Some(r.to_owned()),
-        Some(Ok(r)) if valid_reply_to(r) => {
-            return Err(invalid(
-                "reply_to",
-                "field `reply_to` names a key inside seatgate's own namespace",
-                &echo,
-            ))
-        }
-        Some(_) => {
-            return Err(invalid(
-                "reply_to",
-                format!(
-                "field `reply_to` must be 1 to {MAX_REPLY_TO_LEN} bytes of printable ASCII without spaces"
-            ),
-                &echo,
-            ))
-        }
-    };
-    echo.reply_to = reply_to.clone();
-    match text("id") {
-        Some(Ok(id))
-            if !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && !id.contains(char::is_control) =>
-        {
-            echo.id = id.to_owned();
-        }
-        Some(_) => {
-            return Err(invalid(
-                "id",
-                format!(
-                "field `id` must be 1 to {MAX_REQUEST_ID_LEN} bytes of UTF-8 text without control characters"
-            ),
-                &echo,
-            ))
-        }
-        None => {}
-    }
-    if let Some(name) = duplicate {
-        return Err(invalid(
-            "fields",
-            format!("field `{}` appears more than once", truncate(name)),
-            &echo,
-        ));
-    }
-
-    if fields.len() > MAX_FIELDS {
-        return Err(invalid(
-            "fields",
-            format!(
-                "request has {} fields; at most {MAX_FIELDS} are allowed",
-                fields.len()
-            ),
-            &echo,
-        ));
-    }
-    // `meta` has its own, smaller limit, checked below with a clearer message.
-    if let Some((name, _)) = fields
-        .iter()
-        .find(|(n, v)| **n != "meta" && v.len() > MAX_FIELD_LEN)
-    {
-        return Err(invalid(
-            "fields",
-            format!("field `{}` is longer than {MAX_FIELD_LEN} bytes", truncate(name)),
-            &echo,
-        ));
-    }
-
-    // Echo what is valid even when the op is not, so the caller can match the reply.
-    for (name, slot) in [("license", &mut echo.license), ("session", &mut echo.session)] {
-        if let Some(Ok(v)) = text(name) {
-            if valid_id(v) {
-                *slot = v.to_owned();
-            }
-        }
-    }
-    let op = match text("op") {
-        None => {
-            return Err(invalid(
-                "op",
-                "missing field `op` (acquire, release or heartbeat)",
-                &echo,
-            ))
-        }
-        Some(Err(())) => return Err(invalid("op", "field `op` is not UTF-8", &echo)),
-        Some(Ok(s)) => match Op::parse(s) {
-            Some(op) => op,
-            None => {
-                if s.len() <= 32 && valid_id(s) {
-                    echo.op = s.to_owned();
-                }
-                return Err(invalid(
-                    "op",
-                    format!(
-                        "unknown op {:?}; expected acquire, release or heartbeat",
-                        truncate(s)
-                    ),
-                    &echo,
-                ));
-            }
-        },
-    };
-    echo.op = op.as_str().to_owned();
-
-    let license = id_field(&text, "license", &mut echo)?;
-    echo.license = license.clone();
-    let session = id_field(&text, "session", &mut echo)?;
-    echo.session = session.clone();
-
-    let meta = match (op, text("meta")) {
-        (_, None) => "{}".to_owned(),
-        (Op::Acquire, Some(Ok(raw))) => {
-            if raw.len() > MAX_META_LEN {
-                return Err(invalid(
-                    "meta",
-                    format!(
-                        "field `meta` is {} bytes; at most {MAX_META_LEN} are allowed",
-                        raw.len()
-                    ),
-                    &echo,
-                ));
-            }
-            let value: serde_json::Value = serde_json::from_str(raw)
-                .map_err(|e| invalid("meta", format!("field `meta` is not valid JSON: {e}"), &echo))?;
-            if !value.is_object() {
-                return Err(invalid("meta", "field `meta` must be a JSON object", &echo));
-            }
-            if json_depth(&value) > MAX_META_DEPTH {
-                return Err(invalid(
-                    "meta",
-                    format!("field `meta` nests deeper than {MAX_META_DEPTH} levels"),
-                    &echo,
-                ));
-            }
-            // Re-serialised compactly: what is stored is exactly what was validated.
-            value.to_string()
-        }
-        (Op::Acquire, Some(Err(()))) => return Err(invalid("meta", "field `meta` is not UTF-8", &echo)),
-        (_, Some(_)) => "{}".to_owned(), // meta only matters to acquire; ignored elsewhere
-    };
-
-    let wait_ms = match text("wait_ms") {
-        None => 0,
+/// How long an acquire may wait; checked for every op although only acquire uses it.
+fn parse_wait_ms(fields: &Fields) -> Result<u64, Refusal> {
+    match fields.text("wait_ms") {
+        None => Ok(0),
         Some(Ok(s)) => match s.parse::<u64>() {
-            Ok(ms) if ms <= MAX_WAIT_MS => ms,
-            _ => {
-                return Err(invalid(
-                    "wait_ms",
-                    format!("field `wait_ms` must be a whole number of milliseconds from 0 to {MAX_WAIT_MS}"),
-                    &echo,
-                ))
-            }
+            Ok(ms) if ms <= MAX_WAIT_MS => Ok(ms),
+            _ => Err(Refusal::new(
+                "wait_ms",
+                format!("field `wait_ms` must be a whole number of milliseconds from 0 to {MAX_WAIT_MS}"),
+            )),
         },
-        Some(Err(())) => return Err(invalid("wait_ms", "field `wait_ms` is not UTF-8", &echo)),
-    };
-
-    Ok(Request {
-        id: echo.id,
-        op,
-        license,
-        session,
-        reply_to,
-        meta,
-        wait_ms,
-    })
-}
-
-fn id_field<'a>(
-    text: &impl Fn(&str) -> Option<Result<&'a str, ()>>,
-    name: &'static str,
-    echo: &mut Echo,
-) -> Result<String, Invalid> {
-    match text(name) {
-        Some(Ok(s)) if valid_id(s) => Ok(s.to_owned()),
-        None => Err(invalid(name, format!("missing field `{name}`"), echo)),
-        Some(_) => Err(invalid(
-            name,
-            format!("field `{name}` must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - : @"),
-            echo,
-        )),
+        Some(Err(_)) => Err(Refusal::new("wait_ms", "field `wait_ms` is not UTF-8")),
     }
 }
 
@@ -433,23 +500,19 @@ impl Reply {
 }
 
 /// A human-readable reason for refusals that carry no `error` of their own.
+/// The text lives with the status ([`Status::refusal_reason`]); this stays
+/// for the callers that ask the protocol module.
 pub fn refusal_reason(status: Status) -> Option<&'static str> {
-    Some(match status {
-        Status::NoSeatsAvailable => {
-            "no free seat: every seat is in use, or others are already waiting for one"
-        }
-        Status::SessionNotFound => "the session neither holds a seat nor waits for one",
-        Status::SessionNotActive => "the session holds no seat; acquire again",
-        Status::LicenseNotFound => "no such license",
-        Status::LicenseInactive => "the license is deactivated",
-        Status::LicenseExpired => "the license has expired",
-        Status::RateLimited => "too many requests from this session or license; slow down and retry",
-        _ => return None,
-    })
+    status.refusal_reason()
 }
 
 #[cfg(test)]
+mod hostile;
+
+#[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn entry(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
@@ -661,5 +724,77 @@ mod tests {
         assert!(f.contains(&("ok", "1".into())));
         assert!(f.contains(&("heartbeats", "3".into())));
         assert!(!f.iter().any(|(k, _)| *k == "error"));
+    }
+
+    /// The documented wire form of every op. A match without a wildcard, so
+    /// a new op does not compile until it has its row here.
+    fn documented(op: Op) -> &'static str {
+        match op {
+            Op::Acquire => "acquire",
+            Op::Release => "release",
+            Op::Heartbeat => "heartbeat",
+        }
+    }
+
+    #[test]
+    fn every_op_round_trips_through_its_wire_form() {
+        for &op in Op::ALL {
+            assert_eq!(op.as_str(), documented(op));
+            assert_eq!(op.to_string(), documented(op));
+            assert_eq!(documented(op).parse::<Op>(), Ok(op));
+        }
+        assert!("Acquire".parse::<Op>().is_err());
+    }
+
+    #[test]
+    fn messages_and_the_protocol_document_list_every_op() {
+        assert_eq!(op_choices(), "acquire, release or heartbeat");
+        let doc = include_str!("../../docs/protocol.md");
+        let row = doc
+            .lines()
+            .find(|line| line.starts_with("| `op`"))
+            .expect("the `op` row");
+        for &op in Op::ALL {
+            assert!(op_choices().contains(op.as_str()));
+            assert!(row.contains(&format!("`{op}`")), "docs/protocol.md: {row}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_op_is_echoed_only_when_short_and_made_of_id_characters() {
+        let bad = parse(&[("op", b"steal"), ("license", b"a"), ("session", b"s")]).unwrap_err();
+        assert_eq!(bad.echo.op, "steal");
+        assert_eq!(
+            bad.reason,
+            r#"unknown op "steal"; expected acquire, release or heartbeat"#
+        );
+        let long = "x".repeat(MAX_ECHOED_OP_LEN + 1);
+        let bad = parse(&[("op", long.as_bytes())]).unwrap_err();
+        assert_eq!(bad.echo.op, "");
+        let bad = parse(&[("op", b"st eal")]).unwrap_err();
+        assert_eq!(bad.echo.op, "");
+        let bad = parse(&[("license", b"a")]).unwrap_err();
+        assert_eq!(bad.reason, "missing field `op` (acquire, release or heartbeat)");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// The parser never panics, and what it accepts is within the documented limits.
+        #[test]
+        fn the_parser_never_panics_and_accepts_only_valid_requests(fields in hostile::entry()) {
+            match parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
+                Ok(req) => {
+                    prop_assert!(valid_id(&req.license));
+                    prop_assert!(valid_id(&req.session));
+                    prop_assert!(req.meta.len() <= MAX_META_LEN);
+                    prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                }
+                Err(bad) => {
+                    prop_assert!(!bad.reason.is_empty());
+                    prop_assert!(!bad.reason.contains('\n'));
+                }
+            }
+        }
     }
 }

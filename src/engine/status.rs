@@ -2,14 +2,24 @@
 //!
 //! Scripts return these strings as the first element of their reply, the
 //! worker copies them into the `status` field of the reply stream entry.
-//! Adding a status means adding it here, in the Lua script that returns it
-//! and in docs/protocol.md.
+//! Adding a status means adding its variant here (the compiler then asks for
+//! its `ok` and its refusal reason, the tests for its row in the table below
+//! and in docs/protocol.md) and in the Lua script that returns it.
 
 use std::fmt;
-use std::str::FromStr;
+
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 /// The outcome of one request, as it appears in the reply's `status` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// The wire form is the variant's name in SCREAMING_SNAKE_CASE, derived, so
+/// the name, the string and the list of statuses cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+#[strum(
+    serialize_all = "SCREAMING_SNAKE_CASE",
+    parse_err_ty = UnknownStatus,
+    parse_err_fn = UnknownStatus::new
+)]
 pub enum Status {
     /// A seat was taken for the session.
     Acquired,
@@ -49,63 +59,69 @@ pub enum Status {
 }
 
 impl Status {
-    /// Every status, for tables and tests.
-    pub const ALL: [Status; 17] = [
-        Status::Acquired,
-        Status::AlreadyActive,
-        Status::NoSeatsAvailable,
-        Status::Released,
-        Status::SessionNotFound,
-        Status::HeartbeatUpdated,
-        Status::SessionNotActive,
-        Status::LicenseNotFound,
-        Status::LicenseInactive,
-        Status::LicenseExpired,
-        Status::Queued,
-        Status::Granted,
-        Status::QueueTimeout,
-        Status::LeftQueue,
-        Status::RateLimited,
-        Status::InvalidRequest,
-        Status::Error,
-    ];
+    /// Every status, in declaration order, for tables and tests. Derived:
+    /// a new variant is in it without anyone remembering to add it.
+    pub const ALL: &'static [Status] = <Status as VariantArray>::VARIANTS;
 
     /// The status as written on the wire.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Acquired => "ACQUIRED",
-            Status::AlreadyActive => "ALREADY_ACTIVE",
-            Status::NoSeatsAvailable => "NO_SEATS_AVAILABLE",
-            Status::Released => "RELEASED",
-            Status::SessionNotFound => "SESSION_NOT_FOUND",
-            Status::HeartbeatUpdated => "HEARTBEAT_UPDATED",
-            Status::SessionNotActive => "SESSION_NOT_ACTIVE",
-            Status::LicenseNotFound => "LICENSE_NOT_FOUND",
-            Status::LicenseInactive => "LICENSE_INACTIVE",
-            Status::LicenseExpired => "LICENSE_EXPIRED",
-            Status::Queued => "QUEUED",
-            Status::Granted => "GRANTED",
-            Status::QueueTimeout => "QUEUE_TIMEOUT",
-            Status::LeftQueue => "LEFT_QUEUE",
-            Status::RateLimited => "RATE_LIMITED",
-            Status::InvalidRequest => "INVALID_REQUEST",
-            Status::Error => "ERROR",
-        }
+        self.into()
     }
 
     /// Whether the request got what it asked for (the reply's `ok` field).
     /// An idempotent acquire counts: the session holds its seat. QUEUED does
     /// not (yet): the GRANTED that may follow does.
     pub fn is_ok(self) -> bool {
-        matches!(
-            self,
+        // No wildcard: a new status must be sorted into one of the two arms.
+        match self {
             Status::Acquired
-                | Status::AlreadyActive
-                | Status::Released
-                | Status::HeartbeatUpdated
-                | Status::Granted
-                | Status::LeftQueue
-        )
+            | Status::AlreadyActive
+            | Status::Released
+            | Status::HeartbeatUpdated
+            | Status::Granted
+            | Status::LeftQueue => true,
+            Status::NoSeatsAvailable
+            | Status::SessionNotFound
+            | Status::SessionNotActive
+            | Status::LicenseNotFound
+            | Status::LicenseInactive
+            | Status::LicenseExpired
+            | Status::Queued
+            | Status::QueueTimeout
+            | Status::RateLimited
+            | Status::InvalidRequest
+            | Status::Error => false,
+        }
+    }
+
+    /// The reply's `error` text for a refusal whose script gives none; `None`
+    /// for successes, for QUEUED (not an answer yet) and for the statuses
+    /// whose producer writes a reason of its own.
+    pub fn refusal_reason(self) -> Option<&'static str> {
+        // No wildcard: a new status must say whether it carries a reason.
+        match self {
+            Status::NoSeatsAvailable => {
+                Some("no free seat: every seat is in use, or others are already waiting for one")
+            }
+            Status::SessionNotFound => Some("the session neither holds a seat nor waits for one"),
+            Status::SessionNotActive => Some("the session holds no seat; acquire again"),
+            Status::LicenseNotFound => Some("no such license"),
+            Status::LicenseInactive => Some("the license is deactivated"),
+            Status::LicenseExpired => Some("the license has expired"),
+            Status::RateLimited => {
+                Some("too many requests from this session or license; slow down and retry")
+            }
+            Status::Acquired
+            | Status::AlreadyActive
+            | Status::Released
+            | Status::HeartbeatUpdated
+            | Status::Granted
+            | Status::LeftQueue
+            | Status::Queued => None,
+            // Their reason is written where they are produced: the wait's
+            // length, the parser's complaint, the dead letter's cause.
+            Status::QueueTimeout | Status::InvalidRequest | Status::Error => None,
+        }
     }
 }
 
@@ -115,19 +131,15 @@ impl fmt::Display for Status {
     }
 }
 
-/// A status string that seatgate does not know.
+/// A status string that seatgate does not know (the `FromStr` error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown status {0:?}")]
 pub struct UnknownStatus(pub String);
 
-impl FromStr for Status {
-    type Err = UnknownStatus;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Status::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| UnknownStatus(s.to_owned()))
+impl UnknownStatus {
+    /// The derived `FromStr` calls this with the text it could not match.
+    fn new(s: &str) -> UnknownStatus {
+        UnknownStatus(s.to_owned())
     }
 }
 
@@ -135,43 +147,81 @@ impl FromStr for Status {
 mod tests {
     use super::*;
 
+    /// The documented wire form and `ok` of every status. A match without a
+    /// wildcard, so a new status does not compile until it has its row here.
+    fn documented(status: Status) -> (&'static str, bool) {
+        match status {
+            Status::Acquired => ("ACQUIRED", true),
+            Status::AlreadyActive => ("ALREADY_ACTIVE", true),
+            Status::NoSeatsAvailable => ("NO_SEATS_AVAILABLE", false),
+            Status::Released => ("RELEASED", true),
+            Status::SessionNotFound => ("SESSION_NOT_FOUND", false),
+            Status::HeartbeatUpdated => ("HEARTBEAT_UPDATED", true),
+            Status::SessionNotActive => ("SESSION_NOT_ACTIVE", false),
+            Status::LicenseNotFound => ("LICENSE_NOT_FOUND", false),
+            Status::LicenseInactive => ("LICENSE_INACTIVE", false),
+            Status::LicenseExpired => ("LICENSE_EXPIRED", false),
+            Status::Queued => ("QUEUED", false),
+            Status::Granted => ("GRANTED", true),
+            Status::QueueTimeout => ("QUEUE_TIMEOUT", false),
+            Status::LeftQueue => ("LEFT_QUEUE", true),
+            Status::RateLimited => ("RATE_LIMITED", false),
+            Status::InvalidRequest => ("INVALID_REQUEST", false),
+            Status::Error => ("ERROR", false),
+        }
+    }
+
     #[test]
     fn every_status_round_trips_through_its_wire_form() {
-        for status in Status::ALL {
+        for &status in Status::ALL {
             assert_eq!(status.as_str().parse::<Status>(), Ok(status));
+            assert_eq!(status.to_string(), status.as_str());
         }
     }
 
     #[test]
     fn wire_forms_are_the_documented_ones() {
-        let table = [
-            (Status::Acquired, "ACQUIRED", true),
-            (Status::AlreadyActive, "ALREADY_ACTIVE", true),
-            (Status::NoSeatsAvailable, "NO_SEATS_AVAILABLE", false),
-            (Status::Released, "RELEASED", true),
-            (Status::SessionNotFound, "SESSION_NOT_FOUND", false),
-            (Status::HeartbeatUpdated, "HEARTBEAT_UPDATED", true),
-            (Status::SessionNotActive, "SESSION_NOT_ACTIVE", false),
-            (Status::LicenseNotFound, "LICENSE_NOT_FOUND", false),
-            (Status::LicenseInactive, "LICENSE_INACTIVE", false),
-            (Status::LicenseExpired, "LICENSE_EXPIRED", false),
-            (Status::Queued, "QUEUED", false),
-            (Status::Granted, "GRANTED", true),
-            (Status::QueueTimeout, "QUEUE_TIMEOUT", false),
-            (Status::LeftQueue, "LEFT_QUEUE", true),
-            (Status::RateLimited, "RATE_LIMITED", false),
-            (Status::InvalidRequest, "INVALID_REQUEST", false),
-            (Status::Error, "ERROR", false),
-        ];
-        assert_eq!(table.len(), Status::ALL.len());
-        for (status, wire, ok) in table {
+        for &status in Status::ALL {
+            let (wire, ok) = documented(status);
             assert_eq!(status.as_str(), wire);
             assert_eq!(status.is_ok(), ok, "{wire}");
         }
     }
 
     #[test]
+    fn every_status_has_its_row_in_the_protocol_document() {
+        let doc = include_str!("../../docs/protocol.md");
+        for &status in Status::ALL {
+            let (wire, ok) = documented(status);
+            let row = doc
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{wire}`")))
+                .unwrap_or_else(|| panic!("docs/protocol.md has no row for {wire}"));
+            let ok_column = row.split('|').nth(2).map(str::trim);
+            assert_eq!(ok_column, Some(if ok { "1" } else { "0" }), "{row}");
+        }
+    }
+
+    #[test]
+    fn refusals_say_why_and_successes_do_not() {
+        for &status in Status::ALL {
+            if status.is_ok() {
+                assert_eq!(status.refusal_reason(), None, "{status}");
+            }
+            if let Some(reason) = status.refusal_reason() {
+                assert!(!reason.is_empty() && !reason.contains('\n'), "{status}");
+            }
+        }
+        assert_eq!(Status::LicenseNotFound.refusal_reason(), Some("no such license"));
+    }
+
+    #[test]
     fn unknown_status_is_an_error() {
         assert!("GRANTED!".parse::<Status>().is_err());
+        assert_eq!(
+            "GRANTED!".parse::<Status>(),
+            Err(UnknownStatus("GRANTED!".to_owned()))
+        );
+        assert_eq!(UnknownStatus("x".into()).to_string(), "unknown status \"x\"");
     }
 }

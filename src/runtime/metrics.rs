@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
+use crate::engine::protocol::Op;
 use crate::engine::status::Status;
 
 /// Seed metric: seat script executions by `script_name` and `result`
@@ -65,17 +66,20 @@ pub fn script_call(script: &'static str, outcome: Result<Option<Status>, ()>, el
     counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).increment(1);
 }
 
-/// Counts one answered request and its end-to-end latency.
+/// Counts one answered request and its end-to-end latency. `op` is the op
+/// as sent (or empty); anything but a known op is labelled `invalid`.
 pub fn request_answered(op: &str, status: &'static str, since_enqueue: Option<Duration>) {
-    // `op` is either a known op or "invalid": bounded.
-    let op = match op {
-        "acquire" | "release" | "heartbeat" => op.to_owned(),
-        _ => "invalid".to_owned(),
-    };
+    let op = op_label(op);
     if let Some(d) = since_enqueue {
-        histogram!(REQUEST_DURATION, "op" => op.clone()).record(d.as_secs_f64());
+        histogram!(REQUEST_DURATION, "op" => op).record(d.as_secs_f64());
     }
     counter!(REQUESTS, "op" => op, "status" => status).increment(1);
+}
+
+/// The `op` label: one of [`Op::ALL`] or `invalid`, so bounded whatever a
+/// caller sent, and a new op gets its own label without a change here.
+fn op_label(op: &str) -> &'static str {
+    op.parse::<Op>().map_or("invalid", Op::as_str)
 }
 
 /// Counts one invalid request by offending field (a closed set of names).
@@ -152,4 +156,19 @@ pub fn dead_lettered() {
 /// Counts one replayed (redelivered, deduplicated) entry.
 pub fn replayed() {
     counter!(REPLAYED).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_is_its_own_label_and_anything_else_is_invalid() {
+        for &op in Op::ALL {
+            assert_eq!(op_label(op.as_str()), op.as_str());
+        }
+        for junk in ["", "invalid", "steal", "Acquire", "acquire "] {
+            assert_eq!(op_label(junk), "invalid", "{junk:?}");
+        }
+    }
 }

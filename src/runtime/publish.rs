@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
+use strum::{IntoStaticStr, VariantArray};
 use tracing::warn;
 
 use crate::config::Settings;
@@ -20,7 +21,10 @@ use crate::engine::status::Status;
 use crate::runtime::metrics;
 
 /// Event types on the events stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// The wire form is the variant's name in snake_case, derived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum EventType {
     /// A session took a seat directly.
     Acquired,
@@ -39,30 +43,37 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// Every event type, in declaration order, for tests. Derived: a new
+    /// variant is in it without anyone remembering to add it.
+    pub const ALL: &'static [EventType] = <EventType as VariantArray>::VARIANTS;
+
     /// The `type` field on the wire.
     pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Acquired => "acquired",
-            EventType::Released => "released",
-            EventType::Evicted => "evicted",
-            EventType::Queued => "queued",
-            EventType::Granted => "granted",
-            EventType::QueueTimeout => "queue_timeout",
-            EventType::LeftQueue => "left_queue",
-        }
+        self.into()
     }
 
     /// The event a request's outcome publishes, if any.
     pub fn for_status(status: Status) -> Option<EventType> {
-        Some(match status {
-            Status::Acquired => EventType::Acquired,
-            Status::Released => EventType::Released,
-            Status::Queued => EventType::Queued,
-            Status::LeftQueue => EventType::LeftQueue,
-            Status::Granted => EventType::Granted,
-            Status::QueueTimeout => EventType::QueueTimeout,
-            _ => return None,
-        })
+        // No wildcard: a new status must say whether it publishes an event.
+        match status {
+            Status::Acquired => Some(EventType::Acquired),
+            Status::Released => Some(EventType::Released),
+            Status::Queued => Some(EventType::Queued),
+            Status::LeftQueue => Some(EventType::LeftQueue),
+            Status::Granted => Some(EventType::Granted),
+            Status::QueueTimeout => Some(EventType::QueueTimeout),
+            Status::AlreadyActive
+            | Status::NoSeatsAvailable
+            | Status::SessionNotFound
+            | Status::HeartbeatUpdated
+            | Status::SessionNotActive
+            | Status::LicenseNotFound
+            | Status::LicenseInactive
+            | Status::LicenseExpired
+            | Status::RateLimited
+            | Status::InvalidRequest
+            | Status::Error => None,
+        }
     }
 }
 
@@ -366,5 +377,54 @@ impl Publisher {
             self.event(con, &event).await;
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented wire form of every event type. A match without a
+    /// wildcard, so a new type does not compile until it has its row here.
+    fn documented(kind: EventType) -> &'static str {
+        match kind {
+            EventType::Acquired => "acquired",
+            EventType::Released => "released",
+            EventType::Evicted => "evicted",
+            EventType::Queued => "queued",
+            EventType::Granted => "granted",
+            EventType::QueueTimeout => "queue_timeout",
+            EventType::LeftQueue => "left_queue",
+        }
+    }
+
+    #[test]
+    fn event_types_are_the_documented_ones() {
+        let doc = include_str!("../../docs/protocol.md");
+        let type_field = doc
+            .lines()
+            .find(|line| line.starts_with("| `type` |"))
+            .expect("the `type` row");
+        for &kind in EventType::ALL {
+            let wire = documented(kind);
+            assert_eq!(kind.as_str(), wire);
+            assert!(type_field.contains(&format!("`{wire}`")), "{type_field}");
+            let row = format!("| `{wire}` |");
+            assert!(
+                doc.lines().any(|line| line.starts_with(&row)),
+                "docs/protocol.md has no row {row}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_outcome_publishes_the_event_named_after_its_status() {
+        for &status in Status::ALL {
+            if let Some(kind) = EventType::for_status(status) {
+                assert_eq!(kind.as_str(), status.as_str().to_lowercase());
+            }
+        }
+        assert_eq!(EventType::for_status(Status::AlreadyActive), None);
+        assert_eq!(EventType::for_status(Status::HeartbeatUpdated), None);
     }
 }

@@ -3,11 +3,18 @@
 
 use std::time::Duration;
 
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
 use seatgate::client::{Call, Client};
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer, RedisServerExt};
+
+// Generated hostile entries; the parser's own property test over them lives
+// next to the parser (src/engine/protocol.rs), this file sends them through a worker.
+#[path = "../../src/engine/protocol/hostile.rs"]
+mod hostile;
 
 /// (description, fields of the entry besides `id` and `reply_to`, word the error must mention)
 type Case = (&'static str, Vec<(&'static str, Vec<u8>)>, &'static str);
@@ -312,72 +319,6 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
     );
 }
 
-// ---------------------------------------------------------------------------
-// Hostile input, generated: arbitrary field maps, byte strings and sizes.
-
-use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::TestRunner;
-
-/// Field names: the real ones, near misses and junk.
-fn field_name() -> impl Strategy<Value = String> {
-    prop_oneof![
-        prop::sample::select(vec![
-            "op", "license", "session", "meta", "wait_ms", "id", "x", "OP", "op "
-        ])
-        .prop_map(str::to_owned),
-        "[a-z_]{1,12}",
-        prop::collection::vec(any::<u8>(), 0..20).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
-    ]
-}
-
-/// Values: plausible ones, JSON-ish ones, random bytes, and big ones.
-fn field_value() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        prop::sample::select(vec![
-            "acquire",
-            "release",
-            "heartbeat",
-            "fuzz",
-            "s-1",
-            "{}",
-            "[]",
-            "-1",
-            "10",
-            "{\"a\":{}}"
-        ])
-        .prop_map(|s| s.as_bytes().to_vec()),
-        "[A-Za-z0-9._:@{} -]{0,40}".prop_map(String::into_bytes),
-        prop::collection::vec(any::<u8>(), 0..64),
-        (0usize..20_000).prop_map(|n| vec![b'z'; n]),
-    ]
-}
-
-fn entry() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
-    prop::collection::vec((field_name(), field_value()), 0..12)
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(3000))]
-
-    /// The parser never panics, and what it accepts is within the documented limits.
-    #[test]
-    fn the_parser_never_panics_and_accepts_only_valid_requests(fields in entry()) {
-        match seatgate::engine::protocol::parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
-            Ok(req) => {
-                prop_assert!(seatgate::engine::protocol::valid_id(&req.license));
-                prop_assert!(seatgate::engine::protocol::valid_id(&req.session));
-                prop_assert!(req.meta.len() <= seatgate::engine::protocol::MAX_META_LEN);
-                prop_assert!(req.wait_ms <= seatgate::engine::protocol::MAX_WAIT_MS);
-            }
-            Err(bad) => {
-                prop_assert!(!bad.reason.is_empty());
-                prop_assert!(!bad.reason.contains('\n'));
-            }
-        }
-    }
-}
-
 /// Generated entries through a real worker: every one answered with a known
 /// status, and every seat in Redis is one that some reply says was acquired.
 #[tokio::test]
@@ -394,7 +335,10 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     let mut runner = TestRunner::deterministic();
     let n = 300;
     for i in 0..n {
-        let fields = entry().new_tree(&mut runner).expect("generate").current();
+        let fields = hostile::entry()
+            .new_tree(&mut runner)
+            .expect("generate")
+            .current();
         let mut xadd = redis::cmd("XADD");
         xadd.arg("seat:requests")
             .arg("*")
