@@ -499,13 +499,6 @@ impl Reply {
     }
 }
 
-/// A human-readable reason for refusals that carry no `error` of their own.
-/// The text lives with the status ([`Status::refusal_reason`]); this stays
-/// for the callers that ask the protocol module.
-pub fn refusal_reason(status: Status) -> Option<&'static str> {
-    status.refusal_reason()
-}
-
 #[cfg(test)]
 mod hostile;
 

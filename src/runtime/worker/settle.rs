@@ -276,7 +276,7 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
             } else {
-                protocol::refusal_reason(outcome.status).map(str::to_owned)
+                outcome.status.refusal_reason().map(str::to_owned)
             }
         }),
     }
