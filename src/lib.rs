@@ -10,6 +10,7 @@
 //! - [`ops`]      running it as a service
 //!   - [`ops::service`]    `seatgate run`: worker + reaper + HTTP endpoint + graceful shutdown
 //!   - [`ops::http`]       `/metrics`, `/live`, `/ready`
+//!   - [`ops::page`]       the live status page: `/` and `/status.json`
 //!   - [`ops::telemetry`]  tracing setup and every metric name
 //! - [`runtime`]  serving the engine from Redis Streams
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters

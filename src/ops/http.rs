@@ -1,5 +1,6 @@
 //! The HTTP endpoint beside the worker: `/metrics` for Prometheus, `/live`
-//! (the process runs) and `/ready` (it can reach Redis and serve requests).
+//! (the process runs), `/ready` (it can reach Redis and serve requests) and
+//! the status page, `/` and `/status.json` ([`crate::ops::page`]).
 
 use std::net::SocketAddr;
 
@@ -11,6 +12,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+use crate::ops::page::{self, StatusSource};
 use crate::runtime::health::Readiness;
 
 #[derive(Clone)]
@@ -25,6 +27,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
     ready: Readiness,
+    status: StatusSource,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -47,6 +50,7 @@ pub async fn serve(
                 }
             }),
         )
+        .merge(page::routes(status))
         .with_state(AppState { metrics, ready });
     let task = tokio::spawn(async move {
         let result = axum::serve(listener, app)

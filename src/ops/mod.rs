@@ -1,7 +1,9 @@
 //! Running seatgate as a service: logs and metrics, the HTTP endpoint
-//! (`/metrics`, `/live`, `/ready`) and `seatgate run`, which wires the
-//! runtime together and shuts it down gracefully. Uses the runtime.
+//! (`/metrics`, `/live`, `/ready`, the status page) and `seatgate run`, which
+//! wires the runtime together and shuts it down gracefully. Uses the runtime
+//! (and the client's status report, for the page).
 
 pub mod http;
+pub mod page;
 pub mod service;
 pub mod telemetry;

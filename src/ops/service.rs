@@ -7,8 +7,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Settings;
+use crate::engine::keys::Keys;
 use crate::error::Error;
 use crate::ops::http;
+use crate::ops::page::StatusSource;
 use crate::ops::telemetry;
 use crate::runtime::health::Readiness;
 use crate::runtime::reaper::{self, Reaper};
@@ -30,8 +32,12 @@ pub async fn run(
     let http_task = match settings.metrics_addr()? {
         Some(addr) => {
             let handle = telemetry::install_metrics().map_err(Error::Metrics)?;
-            let (bound, task) = http::serve(addr, handle, ready.clone(), token.clone()).await?;
-            info!(%bound, "serving /metrics, /live and /ready");
+            let status = StatusSource::new(
+                crate::connect(&settings).await?,
+                Keys::new(settings.keys.prefix.clone()),
+            );
+            let (bound, task) = http::serve(addr, handle, ready.clone(), status, token.clone()).await?;
+            info!(%bound, "serving /metrics, /live, /ready and the status page (/, /status.json)");
             on_listen(Some(bound));
             Some(task)
         }

@@ -5,6 +5,7 @@ mod cli;
 mod cluster;
 mod faults;
 mod invalid;
+mod page;
 mod queue;
 mod scripts;
 mod stream;
