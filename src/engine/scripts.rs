@@ -452,7 +452,12 @@ impl Scripts {
         token: &str,
         ttl_ms: u64,
     ) -> redis::RedisResult<bool> {
-        self.renew.key(lock).arg(token).arg(ttl_ms).invoke_async(con).await
+        self.renew
+            .key(lock)
+            .arg(token)
+            .arg(ttl_ms)
+            .invoke_async(con)
+            .await
     }
 }
 

@@ -179,7 +179,10 @@ pub fn init(license_series_limit: usize) {
         REQUEST_DURATION,
         "From the request entry's id time (Redis clock at XADD) to its reply, seconds, by op."
     );
-    describe_counter!(REPLY_ERRORS, "Replies (and queue replies) that could not be written.");
+    describe_counter!(
+        REPLY_ERRORS,
+        "Replies (and queue replies) that could not be written."
+    );
     describe_counter!(
         REDIS_ERRORS,
         "Redis errors met by the worker, by stage; the entries concerned stay pending and are retried."
@@ -191,19 +194,34 @@ pub fn init(license_series_limit: usize) {
         QUEUE_WAIT,
         "Time spent waiting in a license's queue, seconds, by outcome (granted, timeout)."
     );
-    describe_histogram!(REAPER_PASS, "Duration of one reaper pass over every license, seconds.");
+    describe_histogram!(
+        REAPER_PASS,
+        "Duration of one reaper pass over every license, seconds."
+    );
     describe_counter!(
         CLAIMED,
         "Pending entries this worker claimed (XAUTOCLAIM) from a consumer that held them too long."
     );
-    describe_counter!(DEAD_LETTERED, "Entries this worker moved to the dead-letter stream.");
+    describe_counter!(
+        DEAD_LETTERED,
+        "Entries this worker moved to the dead-letter stream."
+    );
     describe_counter!(
         REPLAYED,
         "Redelivered entries answered from their dedupe record, with no second effect."
     );
-    describe_counter!(EVENT_ERRORS, "Events that could not be appended to the events stream.");
-    describe_gauge!(BUILD_INFO, "Always 1; the version label says which build this process runs.");
-    describe_gauge!(READY, "1 while /ready answers 200 (the worker can read and decide requests).");
+    describe_counter!(
+        EVENT_ERRORS,
+        "Events that could not be appended to the events stream."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label says which build this process runs."
+    );
+    describe_gauge!(
+        READY,
+        "1 while /ready answers 200 (the worker can read and decide requests)."
+    );
     describe_gauge!(REDIS_UP, "1 while this process's last Redis PING was answered.");
     describe_gauge!(
         REAPER_LEADER,
@@ -557,7 +575,9 @@ pub fn denial(license: &str, status: Status) {
     let Some(reason) = DENIAL_REASONS.iter().position(|r| *r == status) else {
         return;
     };
-    let Ok(mut table) = DENIALS_TABLE.lock() else { return };
+    let Ok(mut table) = DENIALS_TABLE.lock() else {
+        return;
+    };
     let table = table.get_or_insert_with(DenialTable::default);
     if license.is_empty() || status == Status::LicenseNotFound {
         table.other[reason] += 1;
@@ -601,7 +621,10 @@ pub fn record_snapshots() {
         SEATS_USED,
         "Seats held, per license: the top metrics.license_series_limit by utilisation, the rest summed as _other."
     );
-    describe_gauge!(SEATS_TOTAL, "Seats of the license, per license (same licenses as seatgate_seats_used).");
+    describe_gauge!(
+        SEATS_TOTAL,
+        "Seats of the license, per license (same licenses as seatgate_seats_used)."
+    );
     describe_gauge!(
         QUEUE_DEPTH,
         "Sessions waiting, per license (same licenses as seatgate_seats_used)."
@@ -609,7 +632,10 @@ pub fn record_snapshots() {
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
     describe_gauge!(FLEET_SEATS_TOTAL, "Seats over all licenses.");
     describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
-    describe_gauge!(LICENSES, "Licenses in the license index, as the last reaper pass visited them.");
+    describe_gauge!(
+        LICENSES,
+        "Licenses in the license index, as the last reaper pass visited them."
+    );
     describe_gauge!(
         STREAM_PENDING,
         "Requests delivered to a worker and not yet acknowledged, per requests stream shard."
@@ -644,7 +670,10 @@ mod tests {
     use super::*;
 
     fn counts(t: &DenialTable, license: &str) -> Option<u64> {
-        t.licenses.get(license).filter(|d| d.exported).map(|d| d.counts[0])
+        t.licenses
+            .get(license)
+            .filter(|d| d.exported)
+            .map(|d| d.counts[0])
     }
 
     #[test]
@@ -654,14 +683,20 @@ mod tests {
         t.count("a", 0, 2, start);
         t.count("b", 0, 2, start);
         t.count("c", 0, 2, start); // no place: a and b were denied just now
-        assert_eq!((counts(&t, "a"), counts(&t, "b"), counts(&t, "c")), (Some(1), Some(1), None));
+        assert_eq!(
+            (counts(&t, "a"), counts(&t, "b"), counts(&t, "c")),
+            (Some(1), Some(1), None)
+        );
         assert_eq!(t.other[0], 1);
 
         // b stays busy; a goes quiet for longer than the hold, so c takes its place.
         let later = start + DENIAL_SERIES_HOLD + Duration::from_secs(1);
         t.count("b", 0, 2, later);
         t.count("c", 0, 2, later);
-        assert_eq!((counts(&t, "a"), counts(&t, "b"), counts(&t, "c")), (None, Some(2), Some(1)));
+        assert_eq!(
+            (counts(&t, "a"), counts(&t, "b"), counts(&t, "c")),
+            (None, Some(2), Some(1))
+        );
 
         // a comes back while both places are held: _other, and its series is not back.
         t.count("a", 0, 2, later);
@@ -704,6 +739,9 @@ mod tests {
         assert_eq!(s.fleet, seat("", 5, 25, 4));
         assert_eq!(s.licenses, 4);
         reaper_leader(false);
-        assert!(SHARED.lock().unwrap().is_none(), "a process that stops leading exports none");
+        assert!(
+            SHARED.lock().unwrap().is_none(),
+            "a process that stops leading exports none"
+        );
     }
 }
