@@ -10,7 +10,7 @@
 //! - [`ops`]      running it as a service
 //!   - [`ops::service`]    `seatgate run`: worker + reaper + HTTP endpoint + graceful shutdown
 //!   - [`ops::http`]       `/metrics`, `/live`, `/ready`
-//!   - [`ops::telemetry`]  tracing setup and every metric name
+//!   - [`ops::telemetry`]  tracing setup and the Prometheus exporter (names: `runtime::metrics`)
 //! - [`runtime`]  serving the engine from Redis Streams
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
