@@ -5,6 +5,7 @@ mod cli;
 mod cluster;
 mod faults;
 mod invalid;
+mod metrics;
 mod prometheus;
 mod queue;
 mod scripts;
