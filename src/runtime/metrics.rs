@@ -484,6 +484,17 @@ pub fn shared_state(
     }
 }
 
+/// Keeps the last snapshot exported for `valid_for` more: the leader still
+/// holds the lock and its pass is still running, so the snapshot is the
+/// newest there is.
+pub fn shared_state_extend(valid_for: Duration) {
+    if let Ok(mut shared) = SHARED.lock() {
+        if let Some(s) = shared.as_mut() {
+            s.expires = s.expires.max(Instant::now() + valid_for);
+        }
+    }
+}
+
 /// A license keeps its denial series this long after its last denial before
 /// another license may take its place.
 const DENIAL_SERIES_HOLD: Duration = Duration::from_secs(15 * 60);

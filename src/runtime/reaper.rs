@@ -349,6 +349,7 @@ impl Reaper {
         }
         let Ok(_running) = self.running.try_lock() else {
             debug!("previous reaper pass still running; skipping this one");
+            metrics::shared_state_extend(Duration::from_millis(lock_ms));
             return;
         };
         let seats = match self.pass().await {
@@ -373,8 +374,8 @@ impl Reaper {
         if let Err(e) = self.maintain_stream().await {
             debug!(error = %e, "requests stream upkeep failed; the next pass retries");
         }
-        let (streams, dead_letters) = self.stream_health().await;
         if let Some(seats) = seats {
+            let (streams, dead_letters) = self.stream_health().await;
             metrics::shared_state(seats, streams, dead_letters, Duration::from_millis(lock_ms));
         }
     }
