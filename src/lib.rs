@@ -11,7 +11,7 @@
 //!   - [`ops::service`]    `seatgate run`: worker + reaper + HTTP endpoint + graceful shutdown
 //!   - [`ops::http`]       `/metrics`, `/live`, `/ready`
 //!   - [`ops::page`]       the live status page: `/` and `/status.json`
-//!   - [`ops::telemetry`]  tracing setup and every metric name
+//!   - [`ops::telemetry`]  tracing setup and the Prometheus exporter (names: `runtime::metrics`)
 //! - [`runtime`]  serving the engine from Redis Streams
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep

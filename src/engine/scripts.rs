@@ -33,6 +33,7 @@ pub struct Scripts {
     reap: Script,
     reply: Script,
     unlock: Script,
+    renew: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -43,6 +44,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // Not a seat script: no common helpers, no seat metrics.
     reply: Script::new(include_str!("../../lua/reply.lua")),
     unlock: Script::new(include_str!("../../lua/unlock.lua")),
+    renew: Script::new(include_str!("../../lua/renew.lua")),
 });
 
 /// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
@@ -320,7 +322,7 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 6] {
+    fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.release,
@@ -328,6 +330,7 @@ impl Scripts {
             &self.reap,
             &self.reply,
             &self.unlock,
+            &self.renew,
         ]
     }
 
@@ -439,6 +442,22 @@ impl Scripts {
         token: &str,
     ) -> redis::RedisResult<i64> {
         self.unlock.key(lock).arg(token).invoke_async(con).await
+    }
+
+    /// lua/renew.lua: take `lock` for `ttl_ms` if free, or keep it while it holds `token`.
+    pub async fn renew<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        lock: &str,
+        token: &str,
+        ttl_ms: u64,
+    ) -> redis::RedisResult<bool> {
+        self.renew
+            .key(lock)
+            .arg(token)
+            .arg(ttl_ms)
+            .invoke_async(con)
+            .await
     }
 }
 

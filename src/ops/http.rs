@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::ops::page::{self, StatusSource};
+use crate::ops::telemetry;
 use crate::runtime::health::Readiness;
 
 #[derive(Clone)]
@@ -37,7 +38,7 @@ pub async fn serve(
     let app = Router::new()
         .route(
             "/metrics",
-            get(|State(s): State<AppState>| async move { s.metrics.render() }),
+            get(|State(s): State<AppState>| async move { telemetry::render(&s.metrics, s.ready.get()) }),
         )
         .route("/live", get(|| async { "live\n" }))
         .route(

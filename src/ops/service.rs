@@ -12,9 +12,12 @@ use crate::error::Error;
 use crate::ops::http;
 use crate::ops::page::StatusSource;
 use crate::ops::telemetry;
-use crate::runtime::health::Readiness;
+use crate::runtime::health::{self, Readiness};
 use crate::runtime::reaper::{self, Reaper};
 use crate::runtime::worker::Worker;
+
+/// How often `seatgate_redis_up` is refreshed: well under a scrape interval.
+const REDIS_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs a worker (and the metrics endpoint, when configured) until `shutdown`
 /// completes, then stops reading, finishes the batch in hand and returns.
@@ -31,7 +34,8 @@ pub async fn run(
 
     let http_task = match settings.metrics_addr()? {
         Some(addr) => {
-            let handle = telemetry::install_metrics().map_err(Error::Metrics)?;
+            let handle =
+                telemetry::install_metrics(settings.metrics.license_series_limit).map_err(Error::Metrics)?;
             let status = StatusSource::new(
                 crate::connect(&settings).await?,
                 Keys::new(settings.keys.prefix.clone()),
@@ -46,6 +50,12 @@ pub async fn run(
             None
         }
     };
+
+    let probe = tokio::spawn(health::probe_redis(
+        crate::connect(&settings).await?,
+        REDIS_PROBE_EVERY,
+        token.clone(),
+    ));
 
     let reaper = if settings.reaper.enabled {
         let reaper = Reaper::new(crate::connect(&settings).await?, &settings);
@@ -88,7 +98,10 @@ pub async fn run(
             d.saturating_duration_since(tokio::time::Instant::now())
         });
         reaper::drain(&reaper, left).await;
+        // Hand the lead over now rather than after the lock expires.
+        reaper.resign().await;
     }
+    let _ = probe.await;
     if let Some(task) = http_task {
         let _ = task.await;
     }

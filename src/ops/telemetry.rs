@@ -2,12 +2,11 @@
 //! The metric names and recorders live in `runtime::metrics`.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::config::LogFormat;
-use crate::runtime::metrics::QUEUE_WAIT;
+use crate::runtime::metrics::{self, QUEUE_WAIT};
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -35,23 +34,40 @@ pub fn init_tracing(format: LogFormat) {
     };
 }
 
-/// Installs the Prometheus recorder once per process and returns its handle.
-pub fn install_metrics() -> Result<PrometheusHandle, String> {
+/// Installs the Prometheus recorder once per process, describes every
+/// metric and creates the closed label sets at 0 (`runtime::metrics::init`),
+/// and returns its handle. `license_series_limit` bounds per-license labels.
+pub fn install_metrics(license_series_limit: usize) -> Result<PrometheusHandle, String> {
     static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
-                // Per-license gauges of licenses that left the top N disappear.
-                .idle_timeout(
-                    metrics_util::MetricKindMask::GAUGE,
-                    Some(Duration::from_secs(300)),
-                )
+            // No idle timeout: series that must vanish (per-license, shared
+            // state) are not in this recorder but written at each scrape by
+            // `render`, and the rest must stay, even when idle.
+            let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(QUEUE_WAIT.into()), WAIT_BUCKETS)
                 .map_err(|e| e.to_string())?
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .map_err(|e| e.to_string())?
                 .install_recorder()
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            metrics::init(license_series_limit);
+            Ok(handle)
         })
         .clone()
+}
+
+/// The `/metrics` page: the process series from the installed recorder,
+/// then the snapshot series (denials, and the shared state while this
+/// process leads the reaper), written into a recorder made for this scrape
+/// only. The `metrics` crate cannot delete a series; a fresh recorder per
+/// scrape shows exactly the series that exist now, so a license that left the
+/// top N, or a process that stopped leading, stops exporting at the next scrape.
+pub fn render(handle: &PrometheusHandle, ready: bool) -> String {
+    metrics::ready(ready);
+    let mut page = handle.render();
+    let scrape = PrometheusBuilder::new().build_recorder();
+    ::metrics::with_local_recorder(&scrape, metrics::record_snapshots);
+    page.push_str(&scrape.handle().render());
+    page
 }

@@ -1,14 +1,27 @@
-//! Every metric name and the one function that records each.
+//! Every metric name, its help text, and the one function that records each.
 //!
 //! Labels are low-cardinality by construction: script names, ops, statuses
 //! and field names are closed sets; a per-license series exists only where it
 //! is bounded (`metrics.license_series_limit`), and session ids never become
 //! labels. The Prometheus exporter and its buckets are set up in
 //! `ops::telemetry`.
+//!
+//! Two kinds of series:
+//! - **process series**, recorded into the global recorder as things happen
+//!   (counters, histograms, this process's gauges);
+//! - **snapshot series**, which describe state shared by every process (seats,
+//!   queues, stream lag) or are bounded per license (denials). They are kept
+//!   here as plain data and written out by [`record_snapshots`] at each scrape,
+//!   into a recorder made for that scrape, because the `metrics` crate cannot
+//!   delete a series: a license that leaves the top N, or a process that stops
+//!   being the reaper leader, must stop exporting at once.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::engine::protocol::Op;
 use crate::engine::status::Status;
@@ -28,7 +41,6 @@ pub const REQUEST_DURATION: &str = "seatgate_request_duration_seconds";
 pub const REPLY_ERRORS: &str = "seatgate_reply_errors_total";
 /// Redis errors met while reading or deciding requests, by `stage`.
 pub const REDIS_ERRORS: &str = "seatgate_redis_errors_total";
-
 /// Sessions evicted for a stale heartbeat.
 pub const EVICTIONS: &str = "seatgate_evictions_total";
 /// Waiters granted a seat.
@@ -37,11 +49,6 @@ pub const GRANTS: &str = "seatgate_grants_total";
 pub const QUEUE_TIMEOUTS: &str = "seatgate_queue_timeouts_total";
 /// Time spent in a wait queue, by `outcome` (`granted`, `timeout`).
 pub const QUEUE_WAIT: &str = "seatgate_queue_wait_seconds";
-/// Sessions waiting, per `license`, for at most `metrics.license_series_limit`
-/// licenses (the deepest queues); `seatgate_queued_sessions` is the total over all.
-pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
-/// Sessions waiting over all licenses, after the last reaper pass.
-pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
 /// Duration of one reaper pass over every license.
 pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
 /// Pending entries claimed from other consumers (XAUTOCLAIM).
@@ -52,6 +59,213 @@ pub const DEAD_LETTERED: &str = "seatgate_dead_lettered_total";
 pub const REPLAYED: &str = "seatgate_replayed_requests_total";
 /// Events that could not be appended to the events stream.
 pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
+/// Always 1, labelled with the `version`: which build each process runs.
+pub const BUILD_INFO: &str = "seatgate_build_info";
+/// 1 while `/ready` answers 200.
+pub const READY: &str = "seatgate_ready";
+/// 1 while this process's last Redis probe (PING) was answered.
+pub const REDIS_UP: &str = "seatgate_redis_up";
+/// 1 while this process holds the reaper lock and exports the shared-state series.
+pub const REAPER_LEADER: &str = "seatgate_reaper_leader";
+/// Unix time of this process's last reaper pass that succeeded.
+pub const REAPER_LAST_SUCCESS: &str = "seatgate_reaper_last_success_timestamp_seconds";
+
+/// Refusals answered, by `license` (bounded) and `reason` (snapshot series).
+pub const DENIALS: &str = "seatgate_denials_total";
+/// Seats held, per `license` (top N by utilisation, plus `_other`).
+pub const SEATS_USED: &str = "seatgate_seats_used";
+/// Seats of the license, per `license` (top N by utilisation, plus `_other`).
+pub const SEATS_TOTAL: &str = "seatgate_seats_total";
+/// Sessions waiting, per `license` (top N by utilisation, plus `_other`).
+pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
+/// Seats held over all licenses.
+pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
+/// Seats over all licenses.
+pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
+/// Sessions waiting over all licenses.
+pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
+/// Licenses the reaper visited.
+pub const LICENSES: &str = "seatgate_licenses";
+/// Entries delivered to a consumer and not yet acknowledged, per requests `stream`.
+pub const STREAM_PENDING: &str = "seatgate_stream_pending";
+/// Entries not yet delivered to the group, per requests `stream` (Redis ≥ 7.0).
+pub const STREAM_LAG: &str = "seatgate_stream_lag";
+/// Entries in the dead-letter stream.
+pub const DEAD_LETTERS: &str = "seatgate_dead_letters";
+
+/// The `license` label value holding the sum over every license without a series of its own.
+pub const OTHER: &str = "_other";
+
+/// The statuses each op (and `invalid`, for a request without a usable op) can be answered with (lua/*.lua, lua/includes/common.lua),
+/// present at 0 from startup.
+const OP_STATUSES: [(&str, &[Status]); 4] = [
+    (
+        "acquire",
+        &[
+            Status::Acquired,
+            Status::AlreadyActive,
+            Status::NoSeatsAvailable,
+            Status::Queued,
+            Status::LicenseNotFound,
+            Status::LicenseInactive,
+            Status::LicenseExpired,
+            Status::RateLimited,
+            Status::Error,
+        ],
+    ),
+    (
+        "release",
+        &[
+            Status::Released,
+            Status::SessionNotFound,
+            Status::LeftQueue,
+            Status::LicenseNotFound,
+            Status::Error,
+        ],
+    ),
+    (
+        "heartbeat",
+        &[
+            Status::HeartbeatUpdated,
+            Status::SessionNotActive,
+            Status::LicenseNotFound,
+            Status::LicenseInactive,
+            Status::LicenseExpired,
+            Status::RateLimited,
+            Status::Error,
+        ],
+    ),
+    ("invalid", &[Status::InvalidRequest]),
+];
+/// The seat scripts, as `script_name`.
+const SCRIPTS: [&str; 4] = ["acquire", "release", "heartbeat", "reap"];
+/// Script call results.
+const RESULTS: [&str; 3] = ["success", "failure", "error"];
+/// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
+const INVALID_FIELDS: [&str; 8] = [
+    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms",
+];
+/// The worker's Redis error stages.
+const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
+/// The statuses counted as denials: a request refused a seat (or its keep).
+const DENIAL_REASONS: [Status; 6] = [
+    Status::NoSeatsAvailable,
+    Status::QueueTimeout,
+    Status::LicenseNotFound,
+    Status::LicenseInactive,
+    Status::LicenseExpired,
+    Status::RateLimited,
+];
+
+/// Describes every metric (the `# HELP` lines) and creates the series whose
+/// label sets are closed at 0, so a dashboard shows 0 rather than "no data"
+/// and `rate()` sees the first increment. Called once, when the exporter is
+/// installed; `license_series_limit` bounds every per-license label.
+pub fn init(license_series_limit: usize) {
+    LICENSE_SERIES_LIMIT.store(license_series_limit, Ordering::Relaxed);
+    describe_counter!(
+        SCRIPT_EXECUTIONS,
+        "Seat script calls by script_name and result: success, failure (decided, but a refusal) or error (the call failed)."
+    );
+    describe_histogram!(
+        SCRIPT_LATENCY,
+        "Round trip of one seat script call (of its whole pipeline when pipelined), seconds."
+    );
+    describe_counter!(REQUESTS, "Requests answered, by op and status.");
+    describe_counter!(
+        INVALID_REQUESTS,
+        "Requests refused as INVALID_REQUEST, by the offending field."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        "From the request entry's id time (Redis clock at XADD) to its reply, seconds, by op."
+    );
+    describe_counter!(
+        REPLY_ERRORS,
+        "Replies (and queue replies) that could not be written."
+    );
+    describe_counter!(
+        REDIS_ERRORS,
+        "Redis errors met by the worker, by stage; the entries concerned stay pending and are retried."
+    );
+    describe_counter!(EVICTIONS, "Sessions evicted for a stale heartbeat.");
+    describe_counter!(GRANTS, "Waiters granted a seat.");
+    describe_counter!(QUEUE_TIMEOUTS, "Waiters whose wait ran out.");
+    describe_histogram!(
+        QUEUE_WAIT,
+        "Time spent waiting in a license's queue, seconds, by outcome (granted, timeout)."
+    );
+    describe_histogram!(
+        REAPER_PASS,
+        "Duration of one reaper pass over every license, seconds."
+    );
+    describe_counter!(
+        CLAIMED,
+        "Pending entries this worker claimed (XAUTOCLAIM) from a consumer that held them too long."
+    );
+    describe_counter!(
+        DEAD_LETTERED,
+        "Entries this worker moved to the dead-letter stream."
+    );
+    describe_counter!(
+        REPLAYED,
+        "Redelivered entries answered from their dedupe record, with no second effect."
+    );
+    describe_counter!(
+        EVENT_ERRORS,
+        "Events that could not be appended to the events stream."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label says which build this process runs."
+    );
+    describe_gauge!(
+        READY,
+        "1 while /ready answers 200 (the worker can read and decide requests)."
+    );
+    describe_gauge!(REDIS_UP, "1 while this process's last Redis PING was answered.");
+    describe_gauge!(
+        REAPER_LEADER,
+        "1 while this process holds the reaper lock: it runs the passes and exports the shared-state series."
+    );
+    describe_gauge!(
+        REAPER_LAST_SUCCESS,
+        "Unix time of this process's last successful reaper pass."
+    );
+
+    for (op, statuses) in OP_STATUSES {
+        for status in statuses {
+            counter!(REQUESTS, "op" => op, "status" => status.as_str()).absolute(0);
+        }
+    }
+    for script in SCRIPTS {
+        for result in RESULTS {
+            counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).absolute(0);
+        }
+    }
+    for field in INVALID_FIELDS {
+        counter!(INVALID_REQUESTS, "field" => field).absolute(0);
+    }
+    for stage in REDIS_STAGES {
+        counter!(REDIS_ERRORS, "stage" => stage).absolute(0);
+    }
+    for name in [
+        REPLY_ERRORS,
+        EVICTIONS,
+        GRANTS,
+        QUEUE_TIMEOUTS,
+        CLAIMED,
+        DEAD_LETTERED,
+        REPLAYED,
+        EVENT_ERRORS,
+    ] {
+        counter!(name).absolute(0);
+    }
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    gauge!(READY).set(0.0);
+    gauge!(REDIS_UP).set(0.0);
+    gauge!(REAPER_LEADER).set(0.0);
+}
 
 /// Records one seat-script call, the seed's two metrics: its round trip (for
 /// a pipelined call, the round trip of its pipeline) and its result:
@@ -119,28 +333,40 @@ pub fn queue_outcome(status: Status, waited_ms: i64) {
     histogram!(QUEUE_WAIT, "outcome" => outcome).record(waited_ms.max(0) as f64 / 1000.0);
 }
 
-/// Records one reaper pass: its duration and the queue depths it saw. Only
-/// the `limit` deepest queues get a per-license series, which bounds the
-/// label cardinality whatever the number of licenses; series that drop out
-/// are set to 0 and then expire with the exporter's idle timeout.
-pub fn reaper_pass(elapsed: Duration, queues: &[(String, i64)], limit: usize) {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static SHOWN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
+/// Records the duration of one reaper pass.
+pub fn reaper_pass(elapsed: Duration) {
     histogram!(REAPER_PASS).record(elapsed.as_secs_f64());
-    let mut queues = queues.to_vec();
-    queues.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    gauge!(QUEUED_SESSIONS).set(queues.iter().map(|(_, d)| *d).sum::<i64>() as f64);
-    let top: HashSet<String> = queues.iter().take(limit).map(|(l, _)| l.clone()).collect();
-    for (license, depth) in queues.iter().take(limit) {
-        gauge!(QUEUE_DEPTH, "license" => license.clone()).set(*depth as f64);
+}
+
+/// Records that a reaper pass of this process succeeded, now.
+pub fn reaper_succeeded() {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    gauge!(REAPER_LAST_SUCCESS).set(now);
+}
+
+/// Records whether this process leads the reaper. A process that stops
+/// leading drops its shared-state snapshot at once, so that only the leader
+/// exports those series.
+pub fn reaper_leader(leader: bool) {
+    gauge!(REAPER_LEADER).set(if leader { 1.0 } else { 0.0 });
+    if !leader {
+        if let Ok(mut shared) = SHARED.lock() {
+            *shared = None;
+        }
     }
-    let Ok(mut shown) = SHOWN.lock() else { return };
-    for gone in shown.get_or_insert_with(HashSet::new).difference(&top) {
-        gauge!(QUEUE_DEPTH, "license" => gone.clone()).set(0.0);
-    }
-    *shown = Some(top);
+}
+
+/// Records whether `/ready` answers 200.
+pub fn ready(ready: bool) {
+    gauge!(READY).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// Records whether Redis answered this process's last probe.
+pub fn redis_up(up: bool) {
+    gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
 }
 
 /// Counts entries claimed from other consumers.
@@ -158,6 +384,302 @@ pub fn replayed() {
     counter!(REPLAYED).increment(1);
 }
 
+/// Most licenses with series of their own, per per-license metric.
+static LICENSE_SERIES_LIMIT: AtomicUsize = AtomicUsize::new(50);
+
+/// The seats of one license, as a reaper pass saw them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LicenseSeats {
+    /// The license id (or [`OTHER`] for the sum over the rest).
+    pub license: String,
+    /// Seats held.
+    pub used: i64,
+    /// Seats of the license (0 when it has no record).
+    pub total: i64,
+    /// Sessions waiting.
+    pub queued: i64,
+}
+
+impl LicenseSeats {
+    /// Used over total; a license without seats that someone still holds
+    /// ranks above any other, one nobody holds below.
+    fn utilisation(&self) -> f64 {
+        match (self.used, self.total) {
+            (0, _) => 0.0,
+            (_, t) if t <= 0 => f64::INFINITY,
+            (u, t) => u as f64 / t as f64,
+        }
+    }
+}
+
+/// The requests backlog of one requests stream shard (`XINFO GROUPS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHealth {
+    /// The shard's stream key.
+    pub stream: String,
+    /// Delivered to a consumer, not yet acknowledged.
+    pub pending: i64,
+    /// Not yet delivered to the group; `None` when Redis cannot tell (after
+    /// an XDEL in the middle of the stream, say).
+    pub lag: Option<i64>,
+}
+
+/// The shared state the reaper leader exports, as of its last pass.
+#[derive(Debug, Clone)]
+struct Shared {
+    /// The top `limit` licenses by utilisation, highest first.
+    top: Vec<LicenseSeats>,
+    /// The sum over every other license, as license [`OTHER`].
+    other: LicenseSeats,
+    /// Sums over every license visited.
+    fleet: LicenseSeats,
+    /// Licenses visited.
+    licenses: usize,
+    /// Per requests shard.
+    streams: Vec<StreamHealth>,
+    /// Length of the dead-letter stream, when it could be read.
+    dead_letters: Option<i64>,
+    /// After this the snapshot is too old to export: the leader stopped passing.
+    expires: Instant,
+}
+
+static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
+
+/// Publishes the reaper leader's view of the shared state, exported until
+/// `valid_for` has passed without a newer one (the reaper lock's lifetime:
+/// by then another process may lead). Only the top
+/// `metrics.license_series_limit` licenses by utilisation get series of their
+/// own; the rest are summed into `license="_other"`, so a sum over licenses
+/// is always the fleet total and the label set stays bounded.
+pub fn shared_state(
+    mut seats: Vec<LicenseSeats>,
+    streams: Vec<StreamHealth>,
+    dead_letters: Option<i64>,
+    valid_for: Duration,
+) {
+    let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+    seats.sort_by(|a, b| {
+        b.utilisation()
+            .total_cmp(&a.utilisation())
+            .then(b.queued.cmp(&a.queued))
+            .then(b.used.cmp(&a.used))
+            .then_with(|| a.license.cmp(&b.license))
+    });
+    let sum = |all: &[LicenseSeats], license: &str| LicenseSeats {
+        license: license.to_owned(),
+        used: all.iter().map(|s| s.used).sum(),
+        total: all.iter().map(|s| s.total).sum(),
+        queued: all.iter().map(|s| s.queued).sum(),
+    };
+    let fleet = sum(&seats, "");
+    let licenses = seats.len();
+    let rest = seats.split_off(limit.min(seats.len()));
+    let snapshot = Shared {
+        other: sum(&rest, OTHER),
+        top: seats,
+        fleet,
+        licenses,
+        streams,
+        dead_letters,
+        expires: Instant::now() + valid_for,
+    };
+    if let Ok(mut shared) = SHARED.lock() {
+        *shared = Some(snapshot);
+    }
+}
+
+/// Keeps the last snapshot exported for `valid_for` more: the leader still
+/// holds the lock and its pass is still running, so the snapshot is the
+/// newest there is.
+pub fn shared_state_extend(valid_for: Duration) {
+    if let Ok(mut shared) = SHARED.lock() {
+        if let Some(s) = shared.as_mut() {
+            s.expires = s.expires.max(Instant::now() + valid_for);
+        }
+    }
+}
+
+/// A license keeps its denial series this long after its last denial before
+/// another license may take its place.
+const DENIAL_SERIES_HOLD: Duration = Duration::from_secs(15 * 60);
+/// Most licenses remembered (with their counts) after losing their series;
+/// past it, licenses never seen before are counted under `_other` only.
+const DENIAL_MEMORY: usize = 100_000;
+
+/// Denials of one license in this process.
+#[derive(Debug, Clone)]
+struct LicenseDenials {
+    /// Per [`DENIAL_REASONS`] index: the value of its series, which only grows.
+    counts: [u64; DENIAL_REASONS.len()],
+    /// When it was last denied.
+    last: Instant,
+    /// Whether it has series of its own now.
+    exported: bool,
+}
+
+/// This process's denial counters: a series per license for at most
+/// `limit` licenses, the rest under `_other`.
+#[derive(Debug, Default)]
+struct DenialTable {
+    licenses: HashMap<String, LicenseDenials>,
+    /// Licenses with series of their own now.
+    exported: usize,
+    /// Per reason: denials of licenses while they had no series of their own.
+    other: [u64; DENIAL_REASONS.len()],
+}
+
+impl DenialTable {
+    /// Counts one denial. A license gets series of its own while fewer than
+    /// `limit` licenses have them, or by taking the place of the license
+    /// denied longest ago, once that one has been quiet for
+    /// [`DENIAL_SERIES_HOLD`]; otherwise it counts under `_other`. A license
+    /// that loses its place keeps its counts, and resumes from them if it
+    /// gets a place again: no series ever goes backwards, and each denial is
+    /// counted in exactly one series.
+    fn count(&mut self, license: &str, reason: usize, limit: usize, now: Instant) {
+        let known = self.licenses.get(license).map(|d| d.exported);
+        if known != Some(true) && !self.place(license, known.is_some(), limit, now) {
+            self.other[reason] += 1;
+            return;
+        }
+        if let Some(d) = self.licenses.get_mut(license) {
+            d.counts[reason] += 1;
+            d.last = now;
+        }
+    }
+
+    /// Finds `license` a place among the exported series.
+    fn place(&mut self, license: &str, known: bool, limit: usize, now: Instant) -> bool {
+        if !known && self.licenses.len() >= DENIAL_MEMORY {
+            return false;
+        }
+        if self.exported >= limit {
+            let quietest = self
+                .licenses
+                .iter_mut()
+                .filter(|(_, d)| d.exported)
+                .min_by_key(|(_, d)| d.last)
+                .map(|(_, d)| d);
+            match quietest {
+                Some(d) if now.duration_since(d.last) >= DENIAL_SERIES_HOLD => {
+                    d.exported = false;
+                    self.exported -= 1;
+                }
+                _ => return false,
+            }
+        }
+        let entry = self.licenses.entry(license.to_owned()).or_insert(LicenseDenials {
+            counts: [0; DENIAL_REASONS.len()],
+            last: now,
+            exported: false,
+        });
+        entry.exported = true;
+        self.exported += 1;
+        true
+    }
+}
+
+static DENIALS_TABLE: Mutex<Option<DenialTable>> = Mutex::new(None);
+
+/// Counts a refusal answered for `license`, when `status` is a denial
+/// (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, LICENSE_*, RATE_LIMITED); other
+/// statuses are ignored. An unknown license (LICENSE_NOT_FOUND, or no
+/// license at all) always counts under `_other`: its id is the caller's
+/// choice, not a bounded set.
+pub fn denial(license: &str, status: Status) {
+    let Some(reason) = DENIAL_REASONS.iter().position(|r| *r == status) else {
+        return;
+    };
+    let Ok(mut table) = DENIALS_TABLE.lock() else {
+        return;
+    };
+    let table = table.get_or_insert_with(DenialTable::default);
+    if license.is_empty() || status == Status::LicenseNotFound {
+        table.other[reason] += 1;
+        return;
+    }
+    let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+    table.count(license, reason, limit, Instant::now());
+}
+
+/// Describes and records the snapshot series into the current recorder:
+/// `ops::telemetry` calls it at each scrape with a recorder made for that
+/// scrape. Denials are this process's own (every process has them);
+/// seats, queues and streams only while this process leads the reaper and
+/// its last pass is recent.
+pub fn record_snapshots() {
+    describe_counter!(
+        DENIALS,
+        "Refusals answered, by license (at most metrics.license_series_limit licenses per process, the rest as _other) and reason."
+    );
+    if let Ok(mut table) = DENIALS_TABLE.lock() {
+        let table = table.get_or_insert_with(DenialTable::default);
+        for (i, reason) in DENIAL_REASONS.iter().enumerate() {
+            counter!(DENIALS, "license" => OTHER, "reason" => reason.as_str()).absolute(table.other[i]);
+        }
+        for (license, d) in table.licenses.iter().filter(|(_, d)| d.exported) {
+            // LICENSE_NOT_FOUND is never counted per license (see `denial`).
+            let reasons = DENIAL_REASONS.iter().enumerate();
+            for (i, reason) in reasons.filter(|(_, r)| **r != Status::LicenseNotFound) {
+                counter!(DENIALS, "license" => license.clone(), "reason" => reason.as_str())
+                    .absolute(d.counts[i]);
+            }
+        }
+    }
+
+    let Ok(mut shared) = SHARED.lock() else { return };
+    if shared.as_ref().is_some_and(|s| s.expires <= Instant::now()) {
+        *shared = None;
+    }
+    let Some(s) = shared.as_ref() else { return };
+    describe_gauge!(
+        SEATS_USED,
+        "Seats held, per license: the top metrics.license_series_limit by utilisation, the rest summed as _other."
+    );
+    describe_gauge!(
+        SEATS_TOTAL,
+        "Seats of the license, per license (same licenses as seatgate_seats_used)."
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Sessions waiting, per license (same licenses as seatgate_seats_used)."
+    );
+    describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
+    describe_gauge!(FLEET_SEATS_TOTAL, "Seats over all licenses.");
+    describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
+    describe_gauge!(
+        LICENSES,
+        "Licenses in the license index, as the last reaper pass visited them."
+    );
+    describe_gauge!(
+        STREAM_PENDING,
+        "Requests delivered to a worker and not yet acknowledged, per requests stream shard."
+    );
+    describe_gauge!(
+        STREAM_LAG,
+        "Requests not yet delivered to any worker, per requests stream shard."
+    );
+    describe_gauge!(DEAD_LETTERS, "Entries in the dead-letter stream.");
+    for l in s.top.iter().chain([&s.other]) {
+        gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
+        gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
+        gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
+    }
+    gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
+    gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
+    gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
+    gauge!(LICENSES).set(s.licenses as f64);
+    for st in &s.streams {
+        gauge!(STREAM_PENDING, "stream" => st.stream.clone()).set(st.pending as f64);
+        if let Some(lag) = st.lag {
+            gauge!(STREAM_LAG, "stream" => st.stream.clone()).set(lag as f64);
+        }
+    }
+    if let Some(n) = s.dead_letters {
+        gauge!(DEAD_LETTERS).set(n as f64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +692,81 @@ mod tests {
         for junk in ["", "invalid", "steal", "Acquire", "acquire "] {
             assert_eq!(op_label(junk), "invalid", "{junk:?}");
         }
+    }
+
+    fn counts(t: &DenialTable, license: &str) -> Option<u64> {
+        t.licenses
+            .get(license)
+            .filter(|d| d.exported)
+            .map(|d| d.counts[0])
+    }
+
+    #[test]
+    fn denial_series_are_bounded_and_never_go_backwards() {
+        let mut t = DenialTable::default();
+        let start = Instant::now();
+        t.count("a", 0, 2, start);
+        t.count("b", 0, 2, start);
+        t.count("c", 0, 2, start); // no place: a and b were denied just now
+        assert_eq!(
+            (counts(&t, "a"), counts(&t, "b"), counts(&t, "c")),
+            (Some(1), Some(1), None)
+        );
+        assert_eq!(t.other[0], 1);
+
+        // b stays busy; a goes quiet for longer than the hold, so c takes its place.
+        let later = start + DENIAL_SERIES_HOLD + Duration::from_secs(1);
+        t.count("b", 0, 2, later);
+        t.count("c", 0, 2, later);
+        assert_eq!(
+            (counts(&t, "a"), counts(&t, "b"), counts(&t, "c")),
+            (None, Some(2), Some(1))
+        );
+
+        // a comes back while both places are held: _other, and its series is not back.
+        t.count("a", 0, 2, later);
+        assert_eq!((counts(&t, "a"), t.other[0]), (None, 2));
+
+        // Once c is quiet, a gets a place again and resumes from 1, not 0.
+        let much_later = later + DENIAL_SERIES_HOLD + Duration::from_secs(1);
+        t.count("b", 0, 2, much_later);
+        t.count("a", 0, 2, much_later);
+        assert_eq!(counts(&t, "a"), Some(2));
+        assert_eq!(t.exported, 2);
+        let total: u64 = t.licenses.values().map(|d| d.counts[0]).sum::<u64>() + t.other[0];
+        assert_eq!(total, 8, "every denial counted exactly once");
+    }
+
+    #[test]
+    fn top_licenses_by_utilisation_and_the_rest_as_other() {
+        let seat = |license: &str, used, total, queued| LicenseSeats {
+            license: license.into(),
+            used,
+            total,
+            queued,
+        };
+        LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
+        shared_state(
+            vec![
+                seat("half", 1, 2, 0),
+                seat("idle", 0, 10, 0),
+                seat("full", 3, 3, 4),
+                seat("tenth", 1, 10, 0),
+            ],
+            vec![],
+            Some(0),
+            Duration::from_secs(60),
+        );
+        let s = SHARED.lock().unwrap().clone().unwrap();
+        let names: Vec<&str> = s.top.iter().map(|l| l.license.as_str()).collect();
+        assert_eq!(names, ["full", "half"]);
+        assert_eq!(s.other, seat(OTHER, 1, 20, 0));
+        assert_eq!(s.fleet, seat("", 5, 25, 4));
+        assert_eq!(s.licenses, 4);
+        reaper_leader(false);
+        assert!(
+            SHARED.lock().unwrap().is_none(),
+            "a process that stops leading exports none"
+        );
     }
 }

@@ -291,7 +291,14 @@ impl Publisher {
         for (i, result) in pending.into_iter().zip(slow) {
             results[i] = Some(result);
         }
-        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+        let results: Vec<redis::RedisResult<()>> = results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
+        // A refusal counts once answered; a transient failure is retried and counted then.
+        for ((_, reply), result) in replies.iter().zip(&results) {
+            if !matches!(result, Err(e) if crate::db::is_transient(e)) {
+                metrics::denial(&reply.license, reply.status);
+            }
+        }
+        results
     }
 
     /// Appends `event` to the events stream. Failures are logged and counted:
@@ -319,6 +326,7 @@ impl Publisher {
     ) -> redis::RedisResult<()> {
         if first_time {
             metrics::queue_outcome(note.status, note.waited_ms);
+            metrics::denial(license, note.status);
         }
         let mut result = Ok(());
         if !note.reply_to.is_empty() {

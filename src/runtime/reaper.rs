@@ -3,9 +3,13 @@
 //!
 //! Each license is handled by lua/reap.lua, atomically and in bounded steps,
 //! so a session is evicted (and its event published) exactly once even when
-//! several processes reap at the same moment. A scheduled pass first takes a
-//! short `SET NX PX` lock so that, normally, one process does the pass and the
-//! others skip it; correctness never depends on that lock.
+//! several processes reap at the same moment. Scheduled passes run in the
+//! process holding the reaper lock, the leader: it takes the lock when nobody
+//! holds it and renews it on every scheduled pass (lua/renew.lua), so it keeps
+//! it until it stops or dies, and then another process takes over once the
+//! lock expires. The leader alone exports the shared-state metrics (seats,
+//! queues, stream backlog), so they are right however many processes are
+//! scraped. Correctness never depends on that lock.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,7 +26,7 @@ use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
-use crate::runtime::metrics;
+use crate::runtime::metrics::{self, LicenseSeats, StreamHealth};
 use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// What one pass did, summed over licenses.
@@ -38,6 +42,8 @@ pub struct PassReport {
     pub timed_out: usize,
     /// Sessions waiting after the pass, per license with a non-empty queue.
     pub queues: Vec<(String, i64)>,
+    /// Seats and queue of every license visited, as the pass left them.
+    pub seats: Vec<LicenseSeats>,
 }
 
 /// Runs reaper passes.
@@ -55,15 +61,14 @@ pub struct Reaper {
     batch: usize,
     /// Licenses reaped concurrently (pipelined on the one connection).
     concurrency: usize,
-    /// Most per-license queue-depth series exported.
-    depth_series: usize,
     /// Age after which an undelivered outbox note is delivered again, ms.
     redeliver_after_ms: u64,
     /// Held while a pass runs: tokio-cron-scheduler starts a job again on
     /// schedule even when the previous run has not finished.
     running: Arc<tokio::sync::Mutex<()>>,
-    /// This process's name in the pass lock.
-    owner: String,
+    /// This reaper's token in the pass lock: unique per instance, even
+    /// within one process (tests run several).
+    token: String,
     /// The requests stream and its group, for trimming and consumer cleanup.
     stream: crate::config::StreamSettings,
     /// Every shard of the requests stream.
@@ -80,10 +85,13 @@ impl Reaper {
             default_timeout_ms: settings.sessions.heartbeat_timeout_ms,
             batch: settings.reaper.batch,
             concurrency: settings.reaper.concurrency,
-            depth_series: settings.metrics.license_series_limit,
             redeliver_after_ms: settings.reaper.redeliver_after_ms,
             running: Arc::new(tokio::sync::Mutex::new(())),
-            owner: settings.consumer_name(),
+            token: {
+                static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                format!("{}:{}:{n}", settings.consumer_name(), std::process::id())
+            },
             stream: settings.stream.clone(),
             request_streams: settings.request_streams(),
         }
@@ -201,6 +209,7 @@ impl Reaper {
                     if one.queues.first().is_some_and(|(_, d)| *d > 0) {
                         report.queues.extend(one.queues);
                     }
+                    report.seats.extend(one.seats);
                 }
                 Err(e) => {
                     warn!(%license, error = %e, "reaping a license failed; the next pass retries");
@@ -209,7 +218,7 @@ impl Reaper {
             }
         }
         drop(results);
-        metrics::reaper_pass(started.elapsed(), &report.queues, self.depth_series);
+        metrics::reaper_pass(started.elapsed());
         match first_error {
             Some(e) if report.licenses > 0 && report.evicted + report.granted + report.timed_out == 0 => {
                 Err(e)
@@ -308,55 +317,118 @@ impl Reaper {
             report.evicted += step.evicted.len();
             if !step.more {
                 report.queues = vec![(license.to_owned(), step.queue_depth)];
+                report.seats = vec![LicenseSeats {
+                    license: license.to_owned(),
+                    used: step.seats_used,
+                    total: step.seats_total,
+                    queued: step.queue_depth,
+                }];
                 return Ok(report);
             }
         }
     }
 
-    /// A scheduled pass: skipped when the previous one in this process still
-    /// runs, or when another process holds the pass lock.
+    /// A scheduled pass. Takes or renews the reaper lock first: a process
+    /// that does not hold it skips the pass and exports no shared state. The
+    /// leader renews it even while its previous pass still runs (that pass
+    /// is then not overlapped: this one is skipped), so a long pass never
+    /// loses it.
     pub async fn scheduled_pass(&self, lock_ms: u64) {
-        let Ok(_running) = self.running.try_lock() else {
-            debug!("previous reaper pass still running; skipping this one");
-            return;
-        };
         let mut con = self.con.clone();
         let lock = self.keys.reaper_lock();
-        let token = format!("{}:{}", self.owner, std::process::id());
-        let taken: redis::RedisResult<Option<String>> = redis::cmd("SET")
-            .arg(&lock)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(lock_ms)
-            .query_async(&mut con)
-            .await;
-        match taken {
-            Ok(Some(_)) => {}
-            Ok(None) => return, // another process is on it
+        let leader = match Scripts::get().renew(&mut con, &lock, &self.token, lock_ms).await {
+            Ok(held) => held,
             Err(e) => {
                 debug!(error = %e, "reaper lock unavailable; skipping this pass");
-                return;
+                false
             }
+        };
+        metrics::reaper_leader(leader);
+        if !leader {
+            return;
         }
-        match self.pass().await {
-            Ok(r) if r.evicted + r.granted + r.timed_out > 0 => {
-                info!(
-                    licenses = r.licenses,
-                    evicted = r.evicted,
-                    granted = r.granted,
-                    timed_out = r.timed_out,
-                    "reaper pass"
-                )
+        let Ok(_running) = self.running.try_lock() else {
+            debug!("previous reaper pass still running; skipping this one");
+            metrics::shared_state_extend(Duration::from_millis(lock_ms));
+            return;
+        };
+        let seats = match self.pass().await {
+            Ok(r) => {
+                metrics::reaper_succeeded();
+                if r.evicted + r.granted + r.timed_out > 0 {
+                    info!(
+                        licenses = r.licenses,
+                        evicted = r.evicted,
+                        granted = r.granted,
+                        timed_out = r.timed_out,
+                        "reaper pass"
+                    );
+                }
+                Some(r.seats)
             }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "reaper pass failed"),
-        }
+            Err(e) => {
+                warn!(error = %e, "reaper pass failed");
+                None
+            }
+        };
         if let Err(e) = self.maintain_stream().await {
             debug!(error = %e, "requests stream upkeep failed; the next pass retries");
         }
+        if let Some(seats) = seats {
+            let (streams, dead_letters) = self.stream_health().await;
+            metrics::shared_state(seats, streams, dead_letters, Duration::from_millis(lock_ms));
+        }
+    }
+
+    /// Gives the lock up (when this process holds it), so that another
+    /// process leads from its next scheduled pass instead of after the lock
+    /// expires. Called on shutdown, once the last pass has finished.
+    pub async fn resign(&self) {
+        let mut con = self.con.clone();
+        let lock = self.keys.reaper_lock();
         // Release only what we own: the lock may have expired and been taken by another.
-        let _: redis::RedisResult<i64> = Scripts::get().unlock(&mut con, &lock, &token).await;
+        let _: redis::RedisResult<i64> = Scripts::get().unlock(&mut con, &lock, &self.token).await;
+        metrics::reaper_leader(false);
+    }
+
+    /// The requests backlog of every shard (`XINFO GROUPS`: `pending`, and
+    /// `lag`, which Redis 7.0 and later report) and the dead-letter stream's
+    /// length. A shard whose stream or group does not exist yet, or that
+    /// cannot be read, is left out.
+    pub async fn stream_health(&self) -> (Vec<StreamHealth>, Option<i64>) {
+        let mut con = self.con.clone();
+        let mut out = Vec::with_capacity(self.request_streams.len());
+        for stream in &self.request_streams {
+            let groups: redis::RedisResult<Vec<HashMap<String, Value>>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(stream)
+                .query_async(&mut con)
+                .await;
+            let Ok(groups) = groups else { continue };
+            let int = |g: &HashMap<String, Value>, k: &str| {
+                g.get(k)
+                    .and_then(|v| redis::from_redis_value::<Option<i64>>(v.clone()).ok())
+                    .flatten()
+            };
+            let ours = groups.iter().find(|g| {
+                g.get("name")
+                    .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                    .is_some_and(|n| n == self.stream.group)
+            });
+            if let Some(g) = ours {
+                out.push(StreamHealth {
+                    stream: stream.clone(),
+                    pending: int(g, "pending").unwrap_or(0),
+                    lag: int(g, "lag"),
+                });
+            }
+        }
+        let dead: Option<i64> = redis::cmd("XLEN")
+            .arg(&self.stream.dead_letter)
+            .query_async(&mut con)
+            .await
+            .ok();
+        (out, dead)
     }
 }
 

@@ -1,0 +1,399 @@
+//! A real Prometheus scraping two real `seatgate run` workers under a short
+//! mixed load: every PromQL expression of the Grafana dashboard
+//! (ops/grafana/seatgate.json) and of the alert rules
+//! (ops/prometheus/alerts.yml) must be valid and return data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use seatgate::client::{Call, Client};
+use seatgate::engine::keys::Keys;
+use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::protocol::Op;
+use seatgate::engine::status::Status;
+use serde_json::Value;
+
+use crate::support::{free_port, http_get, RedisServer, RedisServerExt, WorkerProcess};
+
+const T: Duration = Duration::from_secs(5);
+/// What `$__rate_interval` stands for: the whole test fits in it.
+const RATE_INTERVAL: &str = "1m";
+/// The license the dashboard's `$license` is set to: it has seats, denials and a queue.
+const LICENSE: &str = "full";
+
+/// A `prometheus` on a free loopback port with its own storage, scraping
+/// `targets` every second as job "seatgate" and loading the alert rules;
+/// killed on drop (its log is printed when the test failed).
+struct Prometheus {
+    child: Child,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(targets: &[&str]) -> Prometheus {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - '{}'\nscrape_configs:\n  - job_name: seatgate\n    static_configs:\n      - targets: [{}]\n",
+            repo_file("ops/prometheus/alerts.yml").display(),
+            targets.join(", ")
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("write prometheus.yml");
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus (bash ops/ensure-prometheus.sh installs it)");
+        let prometheus = Prometheus {
+            child,
+            addr: format!("127.0.0.1:{port}"),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while http_get(&prometheus.addr, "/-/ready").map(|(code, _)| code) != Some(200) {
+            assert!(Instant::now() < deadline, "prometheus did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        prometheus
+    }
+
+    /// GET `path` of the HTTP API; the JSON body, or why not.
+    fn api(&self, path: &str) -> Result<Value, String> {
+        let (code, response) = http_get(&self.addr, path).ok_or("no answer")?;
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let json: Value = serde_json::from_str(body).map_err(|e| format!("HTTP {code}: {e}: {body}"))?;
+        if json["status"] != "success" {
+            return Err(format!("HTTP {code}: {body}"));
+        }
+        Ok(json["data"].clone())
+    }
+
+    /// An instant query: the number of results, or the error.
+    fn query(&self, expr: &str) -> Result<usize, String> {
+        let data = self.api(&format!("/api/v1/query?query={}", percent_encode(expr)))?;
+        Ok(match &data["result"] {
+            Value::Array(series) => series.len(),
+            Value::Null => 0,
+            _ => 1, // a scalar or a string
+        })
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default();
+            eprintln!("--- prometheus log ---\n{log}");
+        }
+    }
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every `expr` of the dashboard's panel targets (rows' panels included),
+/// with the dashboard variables replaced by values a user could pick.
+fn dashboard_exprs() -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                if let (Some(Value::String(expr)), Some(_)) = (map.get("expr"), map.get("refId")) {
+                    out.push(expr.clone());
+                }
+                map.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let text = std::fs::read_to_string(repo_file("ops/grafana/seatgate.json")).expect("dashboard");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    walk(&dashboard["panels"], &mut exprs);
+    exprs
+        .into_iter()
+        .map(|e| {
+            e.replace("$__rate_interval", RATE_INTERVAL)
+                .replace("$__interval", RATE_INTERVAL)
+                .replace("$__range", RATE_INTERVAL)
+                .replace("$license", LICENSE)
+        })
+        .collect()
+}
+
+/// A rule's expression with every comparison turned into a `bool`
+/// comparison (`x > 0.9` becomes `x > bool 0.9`): an alert that does not fire
+/// returns nothing, while its `bool` form returns a 0 for every series it
+/// looks at, so "no data" then means a wrong metric or label name. Label
+/// matchers (`{a!="b"}`), ranges and strings are left alone.
+fn with_bool(expr: &str) -> String {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut out = String::new();
+    let (mut depth, mut quote) = (0i32, None::<char>);
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        match (quote, c) {
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'' | '`') => quote = Some(c),
+            (None, '{' | '[') => depth += 1,
+            (None, '}' | ']') => depth -= 1,
+            (None, '=' | '!' | '>' | '<') if depth == 0 => {
+                let two = matches!(
+                    (c, next),
+                    ('=', Some('=')) | ('!', Some('=')) | ('>', Some('=')) | ('<', Some('='))
+                );
+                if c == '>' || c == '<' || two {
+                    let op_len = if two { 2 } else { 1 };
+                    out.extend(&chars[i..i + op_len]);
+                    i += op_len;
+                    let rest: String = chars[i..].iter().collect();
+                    if !rest.trim_start().starts_with("bool") {
+                        out.push_str(" bool");
+                    }
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn bool_form_of_rule_expressions() {
+    assert_eq!(
+        with_bool(r#"up{job!="x"} == 0 and on() a{b=~"c"} >= 1"#),
+        r#"up{job!="x"} == bool 0 and on() a{b=~"c"} >= bool 1"#
+    );
+    assert_eq!(with_bool("a / (b > 0) > bool 0.9"), "a / (b > bool 0) > bool 0.9");
+}
+
+/// Every rule of the loaded alert rules, as (name, expression), read back
+/// from Prometheus's `/api/v1/rules`: the file Prometheus loaded, parsed by
+/// Prometheus itself.
+fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
+    let data = prometheus.api("/api/v1/rules").expect("rules API");
+    let mut out = Vec::new();
+    for group in data["groups"].as_array().into_iter().flatten() {
+        for rule in group["rules"].as_array().into_iter().flatten() {
+            let name = rule["name"].as_str().unwrap_or_default().to_owned();
+            out.push((name, rule["query"].as_str().unwrap_or_default().to_owned()));
+        }
+    }
+    out
+}
+
+async fn provision(redis: &RedisServer, license: &str, seats: u64, heartbeat_timeout_ms: Option<u64>) {
+    let spec = LicenseSpec {
+        seats_total: seats,
+        expires_at_ms: 0,
+        active: true,
+        heartbeat_timeout_ms,
+    };
+    license::put(&mut redis.con().await, &Keys::new("seat"), license, &spec)
+        .await
+        .unwrap();
+}
+
+fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
+    Call::new(Op::Acquire, license, session)
+        .with_meta(r#"{"user_email":"ops@example.com"}"#)
+        .with_wait(wait_ms)
+}
+
+/// Acquires (granted, refused, queued then granted, queued then timed out),
+/// heartbeats, releases, an eviction and a dead letter.
+async fn mixed_load(redis: &RedisServer) {
+    provision(redis, LICENSE, 2, None).await;
+    provision(redis, "short", 1, Some(1_000)).await;
+    provision(redis, "spare", 10, None).await;
+    let mut con = redis.con().await;
+    // A hand-broken key: every script on this license fails with WRONGTYPE.
+    let _: () = redis::cmd("SET")
+        .arg("seat:{poison}:holders")
+        .arg("oops")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let status = |r: seatgate::client::ReplyMsg| r.status();
+    assert_eq!(
+        status(c.call(&acquire(LICENSE, "s1", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    assert_eq!(
+        status(c.call(&acquire(LICENSE, "s2", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    assert_eq!(
+        status(c.call(&acquire("spare", "s1", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    assert_eq!(
+        status(c.call(&acquire(LICENSE, "s3", 0), T).await.unwrap()),
+        Status::NoSeatsAvailable
+    );
+    assert_eq!(
+        status(c.call(&acquire("nosuch", "s1", 0), T).await.unwrap()),
+        Status::LicenseNotFound
+    );
+    // Evicted: never heartbeats, 1 s timeout.
+    assert_eq!(
+        status(c.call(&acquire("short", "e1", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    // A client of its own: `call` on `c` would skip (consume) its late reply.
+    let mut doomed = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let poison = doomed.send(&acquire("poison", "x", 0)).await.unwrap();
+
+    let mut waiter = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let granted = waiter.send(&acquire(LICENSE, "w1", 60_000)).await.unwrap();
+    assert_eq!(
+        waiter.wait_for(&granted, T).await.unwrap().status(),
+        Status::Queued
+    );
+    let mut impatient = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let timed_out = impatient.send(&acquire(LICENSE, "w2", 500)).await.unwrap();
+    assert_eq!(
+        impatient.wait_for(&timed_out, T).await.unwrap().status(),
+        Status::Queued
+    );
+    // Stays queued to the end: a queue depth above 0.
+    assert_eq!(
+        status(c.call(&acquire(LICENSE, "w3", 120_000), T).await.unwrap()),
+        Status::Queued
+    );
+
+    for _ in 0..3 {
+        let r = c.call(&Call::new(Op::Heartbeat, LICENSE, "s2"), T).await.unwrap();
+        assert_eq!(r.status(), Status::HeartbeatUpdated);
+    }
+    let r = c.call(&Call::new(Op::Release, LICENSE, "s1"), T).await.unwrap();
+    assert_eq!(r.status(), Status::Released);
+    assert_eq!(
+        waiter.wait_for(&granted, T).await.unwrap().status(),
+        Status::Granted
+    );
+    assert_eq!(
+        impatient.wait_for(&timed_out, T).await.unwrap().status(),
+        Status::QueueTimeout
+    );
+    let dead = doomed.wait_for(&poison, Duration::from_secs(15)).await.unwrap();
+    assert_eq!(dead.status(), Status::Error);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !crate::support::holders(redis, "short").await.is_empty() {
+        assert!(Instant::now() < deadline, "the stale session was not evicted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_workers() {
+    let started = Instant::now();
+    let redis = RedisServer::start_with(&[]);
+    let env = [
+        ("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned()),
+        ("SEATGATE__STREAM__MAX_DELIVERIES", "2".to_owned()),
+        ("SEATGATE__STREAM__CLAIM_IDLE_MS", "1000".to_owned()),
+    ];
+    let w1 = WorkerProcess::start(&redis.url(), &env);
+    let w2 = WorkerProcess::start(&redis.url(), &env);
+    let prometheus = Prometheus::start(&[&w1.metrics, &w2.metrics]);
+
+    mixed_load(&redis).await;
+
+    let rules = rule_exprs(&prometheus);
+    let alerts_in_file = std::fs::read_to_string(repo_file("ops/prometheus/alerts.yml"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- alert:"))
+        .count();
+    assert_eq!(
+        rules.len(),
+        alerts_in_file,
+        "prometheus loaded every rule: {rules:?}"
+    );
+
+    let mut checks: Vec<(String, String)> = dashboard_exprs()
+        .into_iter()
+        .map(|e| ("dashboard".to_owned(), e))
+        .collect();
+    assert!(
+        checks.len() >= 30,
+        "the dashboard's targets were found: {checks:?}"
+    );
+    for (name, expr) in &rules {
+        // The rule as written must be valid; its bool form must return data.
+        prometheus
+            .query(expr)
+            .unwrap_or_else(|e| panic!("alert {name}: invalid expression {expr}: {e}"));
+        checks.push((format!("alert {name}"), with_bool(expr)));
+    }
+
+    // Rates need two scrapes after the load: retry until every expression has data.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let failing = loop {
+        let failing: Vec<String> = checks
+            .iter()
+            .filter_map(|(source, expr)| match prometheus.query(expr) {
+                Ok(0) => Some(format!("{source}: no data: {expr}")),
+                Ok(_) => None,
+                Err(e) => Some(format!("{source}: invalid: {expr}: {e}")),
+            })
+            .collect();
+        if failing.is_empty() || Instant::now() > deadline {
+            break failing;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    for (source, expr) in &checks {
+        eprintln!("checked ({source}): {expr}");
+    }
+    assert!(
+        failing.is_empty(),
+        "expressions without data:\n{}",
+        failing.join("\n")
+    );
+
+    // Shared-state gauges come from the reaper leader alone, so sums are right.
+    assert_eq!(prometheus.query("sum(seatgate_reaper_leader) == 1"), Ok(1));
+    assert_eq!(prometheus.query("count(seatgate_fleet_seats_total) == 1"), Ok(1));
+    assert_eq!(prometheus.query("sum(seatgate_seats_total) == 13"), Ok(1));
+    assert_eq!(
+        prometheus.query(&format!(
+            "sum(seatgate_denials_total{{license=\"{LICENSE}\"}}) == 2"
+        )),
+        Ok(1),
+        "one NO_SEATS_AVAILABLE and one QUEUE_TIMEOUT"
+    );
+    eprintln!("{} expressions checked in {:?}", checks.len(), started.elapsed());
+}
