@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
-use crate::engine::scripts::Scripts;
+use crate::engine::scripts::{ReapArgs, Scripts};
 use crate::error::Error;
 use crate::runtime::metrics;
 use crate::runtime::publish::{Event, EventType, Publisher};
@@ -249,15 +249,12 @@ impl Reaper {
         let mut report = PassReport::default();
         loop {
             let started = Instant::now();
-            let step = Scripts::get()
-                .reap(
-                    &mut con,
-                    &keys,
-                    self.default_timeout_ms,
-                    self.batch,
-                    self.redeliver_after_ms,
-                )
-                .await;
+            let args = ReapArgs {
+                default_timeout_ms: self.default_timeout_ms,
+                limit: self.batch,
+                redeliver_after_ms: self.redeliver_after_ms,
+            };
+            let step = Scripts::get().reap(&keys, &args).run(&mut con).await;
             metrics::script_call(
                 "reap",
                 step.as_ref().map(|_| None).map_err(|_| ()),

@@ -7,6 +7,7 @@ use seatgate::client::{Call, Client, ReplyMsg};
 use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
+use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts};
 use seatgate::engine::status::Status;
 use seatgate::runtime::reaper::Reaper;
 
@@ -139,14 +140,19 @@ async fn concurrent_reapers_evict_each_session_once() {
     provision(&redis, "lic", 200, Some(100)).await;
     let mut con = redis.con().await;
     let keys = Keys::new("seat").license("lic");
-    let scripts = seatgate::engine::scripts::Scripts::get();
+    let scripts = Scripts::get();
     for i in 0..150 {
         let session = format!("s{i}");
-        let guard = seatgate::engine::scripts::Guard::none(&Keys::new("seat"), "lic", &session);
-        scripts
-            .acquire(&mut con, &keys, &guard, &session, "{}", 0, "r", "", 10)
-            .await
-            .unwrap();
+        let guard = Guard::none(&Keys::new("seat"), "lic", &session);
+        let args = AcquireArgs {
+            session: &session,
+            meta: "{}",
+            wait_ms: 0,
+            request_id: "r",
+            reply_to: "",
+            default_queue_max: 10,
+        };
+        scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     // Small steps, so the two passes interleave on the same license.
