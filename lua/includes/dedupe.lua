@@ -1,11 +1,17 @@
---[[
+--[=[
   dedupe: the reply each stream entry got, in KEYS[9] (done:<bucket>), so a
   redelivered entry gets it again and changes nothing.
 
-  The dedupe record, the value of field <entry id>: the common case (no
-  notes) as "status|used|total|detail|now", cheaper to write than JSON; an
-  outcome with notes as its JSON array.
-]]
+  The dedupe record, the value of field <entry id>: the first six slots of
+  the outcome (outcome.lua), {status, seats_used, seats_total, detail, now_ms,
+  notes}, as a JSON array (cjson writes no notes as {}):
+    ["ACQUIRED",1,5,0,1796013949007,{}]
+    ["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","reply:w1",2749,"GRANTED:w1:1796013944505"]]]
+  36 bytes for an ACQUIRED, 8 more than a pipe-separated form; in exchange
+  every record has one form, which the replay of earlier versions reads too.
+  Rust decodes it with engine::records::parse_dedupe_record.
+  (This header uses level-1 long brackets: the example holds a `]]`.)
+]=]
 --- @include "keys"
 --- @include "outcome"
 
@@ -20,12 +26,11 @@ local function replay(entry_id)
   if not raw then
     return nil
   end
-  local r
-  if string.sub(raw, 1, 1) == '[' then
-    r = cjson.decode(raw)
-  else
-    local status, used, total, detail, now = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-    r = {status, tonumber(used), tonumber(total), tonumber(detail) or detail, tonumber(now), {}}
+  -- A record in another form (written by an older version during a rolling
+  -- upgrade) counts as none: the entry is decided again, as past the window.
+  local ok, r = pcall(cjson.decode, raw)
+  if not ok or type(r) ~= 'table' or type(r[6]) ~= 'table' then
+    return nil
   end
   return {r[1], r[2], r[3], r[4], r[5], r[6], 0, 1}
 end
@@ -34,13 +39,8 @@ end
 -- returns it.
 local function remember(entry_id, expire_at, result)
   if entry_id ~= '' then
-    local encoded
-    if #result[6] == 0 then
-      encoded = result[1] .. '|' .. result[2] .. '|' .. result[3] .. '|' .. result[4] .. '|' .. result[5]
-    else
-      encoded = cjson.encode({result[1], result[2], result[3], result[4], result[5], result[6]})
-    end
-    rcall('HSET', K.done, entry_id, encoded)
+    local stored = {result[1], result[2], result[3], result[4], result[5], result[6]}
+    rcall('HSET', K.done, entry_id, cjson.encode(stored))
     rcall('PEXPIREAT', K.done, expire_at)
   end
   return result

@@ -2,7 +2,7 @@
   queue: the wait queue, KEYS[4..7] (keys.lua).
 
   The waiter record, the value of a waiting session in KEYS[5] (waiters),
-  JSON; Rust reads it in src/client/report.rs (seatgate status):
+  JSON; Rust reads it with engine::records::WaiterRecord (seatgate status):
     {"id", "reply_to", "meta", "queued_at"}
       id         the request id the later GRANTED / QUEUE_TIMEOUT carries
       reply_to   where that reply goes ('' = nowhere)

@@ -1,7 +1,7 @@
 --[[
   session_record: the value of a holder in KEYS[3] (sessions), the one place
-  it is built and parsed in Lua. Rust reads it in src/client/report.rs
-  (seatgate status).
+  it is built and parsed in Lua. Rust reads it with
+  engine::records::SessionRecord (seatgate status).
 
     "<acquired_at_ms>:<heartbeats>:<meta>"
       acquired_at_ms  when the seat was taken or granted (Redis clock)

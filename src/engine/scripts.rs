@@ -23,6 +23,7 @@ use crate::engine::keys::LicenseKeys;
 use crate::error::Error;
 
 use includes::IncludeError;
+pub(crate) use reply::decode_outcome;
 pub use reply::{Note, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.

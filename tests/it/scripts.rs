@@ -1,10 +1,13 @@
 //! The seat scripts called directly (the seed's own path), against a real
-//! Redis, and the contracts of their replies.
+//! Redis, and the contracts of their replies and records.
 
 use redis::AsyncCommands;
 use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
-use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, ReapArgs, Reaped, Scripts, SessionArgs};
+use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
+use seatgate::engine::scripts::{
+    AcquireArgs, Guard, GuardPolicy, Outcome, ReapArgs, Reaped, Scripts, SessionArgs,
+};
 use seatgate::engine::status::Status;
 
 use crate::support::{put_license, RedisServer, RedisServerExt};
@@ -306,8 +309,9 @@ async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
     );
 }
 
-// The script contracts: each seat script run on a real Redis and its reply
-// decoded by the library's one decoder, so a change on either side fails here.
+// The script contracts: each seat script run on a real Redis, its reply and
+// the records it stores decoded by the library's one decoder of each, so a
+// change on either side fails here.
 
 /// The Redis clock, ms.
 async fn redis_ms(con: &mut redis::aio::MultiplexedConnection) -> i64 {
@@ -502,6 +506,117 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
         (Status::RateLimited, 1, 2, None, false)
     );
     assert!(o.notes.is_empty());
+    let record: String = con.hget(&keys("lic").sessions, "a").await.unwrap();
+    assert_eq!(
+        SessionRecord::parse(&record).unwrap().heartbeats,
+        0,
+        "not counted"
+    );
+}
+
+#[tokio::test]
+async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 1_000,
+    };
+    let now = redis_ms(&mut con).await;
+    let entry = |n: u32, session: &str| {
+        let id = format!("{now}-{n}");
+        let mut g = Guard::for_entry(&policy, &Keys::new("seat"), &id, "lic", session);
+        g.redelivery = true;
+        g
+    };
+    use Req::{Acquire, Release};
+    // a takes the seat, b queues, a releases and so grants b: a record
+    // without notes, one with a detail, one with a note.
+    let table = [
+        (0, Acquire("a", 0), Status::Acquired),
+        (1, Acquire("b", 60_000), Status::Queued),
+        (2, Release("a"), Status::Released),
+    ];
+    let mut notes = 0;
+    for (n, req, status) in table {
+        let g = entry(n, req.session());
+        let first = run(&mut con, "lic", req, &g).await;
+        assert_eq!(first.status, status);
+        let replayed = Outcome {
+            changed: false,
+            replayed: true,
+            ..first.clone()
+        };
+        assert_eq!(run(&mut con, "lic", req, &g).await, replayed, "{req:?}");
+        let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
+        assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{req:?}: {raw}");
+        notes += first.notes.len();
+    }
+    assert_eq!(notes, 1, "the release granted b");
+    assert_eq!(
+        crate::support::holders(&redis, "lic").await,
+        ["b"],
+        "replays changed nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_session_and_waiter_records_decode_in_rust() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    let k = keys("lic");
+    let took = run(&mut con, "lic", Req::Acquire("a", 0), &guard("lic", "a")).await;
+    let raw: String = con.hget(&k.sessions, "a").await.unwrap();
+    let record = SessionRecord {
+        acquired_at_ms: took.now_ms,
+        heartbeats: 0,
+        meta: meta_of("a"),
+    };
+    assert_eq!(SessionRecord::parse(&raw), Some(record.clone()), "{raw}");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for _ in 0..2 {
+        run(&mut con, "lic", Req::Heartbeat("a"), &guard("lic", "a")).await;
+    }
+    let raw: String = con.hget(&k.sessions, "a").await.unwrap();
+    let beaten = SessionRecord {
+        heartbeats: 2,
+        ..record
+    };
+    assert_eq!(SessionRecord::parse(&raw), Some(beaten), "{raw}");
+
+    let queued = run(&mut con, "lic", Req::Acquire("b", 60_000), &guard("lic", "b")).await;
+    let raw: String = con.hget(&k.waiters, "b").await.unwrap();
+    let waiter = WaiterRecord {
+        id: "req-b".into(),
+        reply_to: "reply:b".into(),
+        meta: meta_of("b"),
+        queued_at: queued.now_ms,
+    };
+    assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
+
+    // `seatgate status` reads them through the same types.
+    let status = seatgate::client::report::license_status(&mut con, &Keys::new("seat"), "lic")
+        .await
+        .unwrap();
+    let h = &status.holders[0];
+    assert_eq!(
+        (
+            h.session.as_str(),
+            h.acquired_at_ms,
+            h.heartbeats,
+            h.user.as_deref()
+        ),
+        ("a", took.now_ms, 2, Some("a@example.com"))
+    );
+    let w = &status.queue[0];
+    assert_eq!(
+        (w.session.as_str(), w.queued_at_ms, w.user.as_deref()),
+        ("b", queued.now_ms, Some("b@example.com"))
+    );
 }
 
 async fn reap(
