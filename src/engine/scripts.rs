@@ -24,7 +24,7 @@ use crate::error::Error;
 
 use includes::IncludeError;
 pub(crate) use reply::decode_outcome;
-pub use reply::{Note, Outcome, Reaped};
+pub use reply::{Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
 const SOURCES: [(&str, &str); 6] = [
@@ -187,15 +187,17 @@ pub struct SessionArgs<'a> {
     pub session: &'a str,
 }
 
-/// `ARGV[1..3]` of lua/reap.lua.
+/// `ARGV[1..4]` and `ARGV[5..]` of lua/reap.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReapArgs {
+pub struct ReapArgs<'a> {
     /// Heartbeat timeout for a license without its own, ms.
     pub default_timeout_ms: u64,
     /// Most evictions, waiter removals, grants and re-delivered notes per step.
     pub limit: usize,
     /// Age after which an undelivered outbox note is handed out again, ms.
     pub redeliver_after_ms: u64,
+    /// Where this pass stands in the outbox ([`OutboxCursor::start`] for its first step).
+    pub outbox: &'a OutboxCursor,
 }
 
 /// One script call, ready to run alone or in a pipeline, decoding to `T`.
@@ -340,11 +342,15 @@ impl Scripts {
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.
-    pub fn reap(&self, keys: &LicenseKeys, args: &ReapArgs) -> ReapCall<'_> {
+    pub fn reap(&self, keys: &LicenseKeys, args: &ReapArgs<'_>) -> ReapCall<'_> {
         let mut call = license_keys(&self.reap, keys);
         call.arg(args.default_timeout_ms) // ARGV[1]
             .arg(args.limit) // ARGV[2]
-            .arg(args.redeliver_after_ms); // ARGV[3]
+            .arg(args.redeliver_after_ms) // ARGV[3]
+            .arg(&args.outbox.cursor); // ARGV[4]
+        for id in &args.outbox.pending {
+            call.arg(id); // ARGV[5..]
+        }
         ScriptCall {
             name: "reap",
             invocation: call,

@@ -6,7 +6,7 @@ use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
 use seatgate::engine::scripts::{
-    AcquireArgs, Guard, GuardPolicy, Outcome, ReapArgs, Reaped, Scripts, SessionArgs,
+    AcquireArgs, Guard, GuardPolicy, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts, SessionArgs,
 };
 use seatgate::engine::status::Status;
 
@@ -624,11 +624,13 @@ async fn reap(
     license: &str,
     limit: usize,
     redeliver_after_ms: u64,
+    outbox: &OutboxCursor,
 ) -> Reaped {
     let args = ReapArgs {
         default_timeout_ms: 90_000,
         limit,
         redeliver_after_ms,
+        outbox,
     };
     Scripts::get().reap(&keys(license), &args).run(con).await.unwrap()
 }
@@ -651,7 +653,7 @@ async fn reap_answers_the_documented_step() {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
     let before = redis_ms(&mut con).await;
-    let step = reap(&mut con, "lic", 10, 3_600_000).await;
+    let step = reap(&mut con, "lic", 10, 3_600_000, &OutboxCursor::start()).await;
     let after = redis_ms(&mut con).await;
     assert!((before..=after).contains(&step.now_ms));
     assert_eq!(step.evicted, ["a"]);
@@ -684,16 +686,20 @@ async fn reap_answers_the_documented_step() {
         (1, 1, 0, false)
     );
     assert!(step.redeliver.is_empty(), "the notes it just made are not due");
+    assert!(step.outbox.is_done());
 
     // Nobody delivered them: once due, a step hands both out again, as notes.
-    let again = reap(&mut con, "lic", 10, 0).await;
+    let again = reap(&mut con, "lic", 10, 0, &OutboxCursor::start()).await;
     assert!(again.evicted.is_empty() && again.notes.is_empty());
     let mut redelivered = again.redeliver.clone();
     redelivered.sort_by(|x, y| x.note_id.cmp(&y.note_id));
     let mut made = step.notes.clone();
     made.sort_by(|x, y| x.note_id.cmp(&y.note_id));
     assert_eq!(redelivered, made);
-    assert!(!again.more);
+    assert!(!again.more && again.outbox.is_done());
+    // A pass that has scanned the outbox through skips it.
+    let through = reap(&mut con, "lic", 10, 0, &again.outbox).await;
+    assert!(through.redeliver.is_empty());
 
     // More stale sessions than the limit: `more` until all are gone.
     license::put(&mut con, &ks, "big", &spec(3)).await.unwrap();
@@ -701,11 +707,76 @@ async fn reap_answers_the_documented_step() {
         run(&mut con, "big", Req::Acquire(s, 0), &guard("big", s)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let first = reap(&mut con, "big", 2, 3_600_000).await;
+    let first = reap(&mut con, "big", 2, 3_600_000, &OutboxCursor::start()).await;
     assert_eq!((first.evicted.len(), first.more, first.seats_used), (2, true, 1));
-    let second = reap(&mut con, "big", 2, 3_600_000).await;
+    let second = reap(&mut con, "big", 2, 3_600_000, &first.outbox).await;
     assert_eq!(
         (second.evicted.len(), second.more, second.seats_used),
         (1, false, 0)
     );
+}
+
+/// More undelivered outbox notes than a step's limit, under both hash
+/// encodings (HSCAN pages a hashtable, and its pages grow over further
+/// buckets as notes are deleted; it returns a listpack whole), with every
+/// delivery succeeding (each note deleted after its step) or failing (left
+/// in place): every note is handed out exactly once over several steps, none
+/// more than the limit at a time, and the scan ends.
+#[tokio::test]
+async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
+    let mut cases = Vec::new();
+    for extra in [&[][..], &["--hash-max-listpack-value", "256"][..]] {
+        for delivered in [true, false] {
+            let redis = RedisServer::start_with(extra);
+            put_license(&redis, "lic", 0).await;
+            let mut con = redis.con().await;
+            let outbox_key = keys("lic").outbox;
+            let sessions: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+            for s in &sessions {
+                let o = run(&mut con, "lic", Req::Acquire(s, 1), &guard("lic", s)).await;
+                assert_eq!(o.status, Status::Queued);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            // The waits ran out (seen by later acquires or by this step) and
+            // nobody delivered the timeouts: all 20 stay in the outbox.
+            reap(&mut con, "lic", 100, 3_600_000, &OutboxCursor::start()).await;
+            let mut want: Vec<String> = con.hkeys(&outbox_key).await.unwrap();
+            assert_eq!(want.len(), 20);
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&outbox_key)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let case = format!("{encoding}, delivered: {delivered}");
+
+            let mut outbox = OutboxCursor::start();
+            let mut seen = Vec::new();
+            let mut steps = 0;
+            loop {
+                let step = reap(&mut con, "lic", 7, 0, &outbox).await;
+                steps += 1;
+                let n = step.redeliver.len();
+                assert!(n <= 7, "{case}: {n} in one step");
+                for note in step.redeliver {
+                    if delivered {
+                        let _: i64 = con.hdel(&outbox_key, &note.note_id).await.unwrap();
+                    }
+                    seen.push(note.note_id);
+                }
+                outbox = step.outbox;
+                if !step.more {
+                    break;
+                }
+                assert!(steps < 100, "{case}: the scan does not end");
+            }
+            assert!(outbox.is_done());
+            assert!(steps >= 3, "{case}: 20 notes need at least 3 steps of 7");
+            seen.sort();
+            want.sort();
+            assert_eq!(seen, want, "{case}: every note exactly once");
+            cases.push(encoding);
+        }
+    }
+    assert_eq!(cases, ["hashtable", "hashtable", "listpack", "listpack"]);
 }

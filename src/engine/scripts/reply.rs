@@ -69,6 +69,33 @@ impl Outcome {
     }
 }
 
+/// Where a reaper pass stands in a license's outbox: reap.lua reads it one
+/// bounded HSCAN page per step, and the reaper hands each step the position
+/// the previous one returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxCursor {
+    /// HSCAN cursor of the next page: "0" to start, "" once the scan is through.
+    pub cursor: String,
+    /// Due notes of the last page beyond the step's limit, by note id: the
+    /// next step hands these out before it reads another page.
+    pub pending: Vec<String>,
+}
+
+impl OutboxCursor {
+    /// The start of a pass: scan the outbox from the beginning.
+    pub fn start() -> OutboxCursor {
+        OutboxCursor {
+            cursor: "0".to_owned(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Whether this pass has handed out every due note of the outbox.
+    pub fn is_done(&self) -> bool {
+        self.cursor.is_empty() && self.pending.is_empty()
+    }
+}
+
 /// What one reap step did for one license.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reaped {
@@ -82,12 +109,15 @@ pub struct Reaped {
     pub evicted: Vec<String>,
     /// Waiters granted or timed out.
     pub notes: Vec<Note>,
-    /// More work is left for this license (a part hit its limit): step again.
+    /// More work is left for this license (a part hit its limit, or the
+    /// outbox scan is not through): step again with [`Reaped::outbox`].
     pub more: bool,
     /// Sessions still waiting.
     pub queue_depth: i64,
     /// Outbox notes left undelivered (their deliverer died): deliver again.
     pub redeliver: Vec<Note>,
+    /// Where the next step of this pass goes on in the outbox.
+    pub outbox: OutboxCursor,
 }
 
 fn bad(script: &'static str, detail: String) -> Error {
@@ -194,13 +224,16 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
 }
 
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
-/// more, queue_depth, redeliver}` (lua/reap.lua).
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 8 {
-        return Err(bad(script, format!("reap step has {} slots, not 8", items.len())));
+    if items.len() != 10 {
+        return Err(bad(
+            script,
+            format!("reap step has {} slots, not 10", items.len()),
+        ));
     }
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
@@ -215,6 +248,10 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         more: flag(script, items.get(5), "more")?,
         queue_depth: int(script, items.get(6), "queue_depth")?,
         redeliver: notes(script, items.get(7), "redeliver")?,
+        outbox: OutboxCursor {
+            cursor: string(script, items.get(8), "outbox_cursor")?,
+            pending: strings(&items[9], "outbox_pending")?,
+        },
     })
 }
 
