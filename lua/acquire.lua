@@ -1,8 +1,8 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS     the eleven keys of lua/includes/common.lua
-  ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
+  KEYS[1..11] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
+  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[8]  metadata, a JSON object (validated by the worker)
   ARGV[9]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
@@ -10,21 +10,31 @@
   ARGV[11] reply_to of the request ('' = none)
   ARGV[12] queue length limit when the license sets no queue_max
 
-  Returns {status, seats_used, seats_total, detail, now_ms, notes[, changed]}:
+  Returns an outcome (includes/outcome.lua) with status
     ACQUIRED            seat taken, heartbeat clock started
     ALREADY_ACTIVE      the session already holds a seat; nothing changed
-    QUEUED              detail = 1-based queue position (also when re-sent)
+    QUEUED              detail = 1-based queue position; changed = 0 when the
+                        session was already waiting (same place, no second event)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
                         detail = 'queue_full' when the queue is full
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
-  A redelivered entry gets the reply it got the first time (common.lua).
-  changed: 0 only for a re-sent QUEUED (so no second `queued` event).
+  or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
   expiry or `active` can never race with an acquire.
+  Emits no events: the worker publishes them from the outcome.
 ]]
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outcome"
+--- @include "session_record"
+--- @include "queue"
+--- @include "prologue"
+
 local session, meta = ARGV[7], ARGV[8]
 local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
 local default_queue_max = tonumber(ARGV[12])
@@ -43,38 +53,35 @@ local function decide()
   -- A retried acquire gets the answer the first one got, whatever happened to
   -- the license since: the session holds its seat until it releases or is reaped.
   if rcall('ZSCORE', K.holders, session) then
-    return {'ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes}
+    return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes)
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
-    return {'QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0}
+    return outcome('QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0)
   end
   if refusal then
-    return {refusal, rcall('ZCARD', K.holders), total, 0, now, notes}
+    return outcome(refusal, rcall('ZCARD', K.holders), total, 0, now, notes)
   end
 
   local used = promote(now, total, notes, 100)
   if used < total and rcall('ZCARD', K.queue) == 0 then
     -- A free seat and nobody waiting for it: take it.
     rcall('ZADD', K.holders, now, session)
-    rcall('HSET', K.sessions, session, new_session_record(now, meta))
-    return {'ACQUIRED', used + 1, total, 0, now, notes}
+    start_session(session, now, meta)
+    return outcome('ACQUIRED', used + 1, total, 0, now, notes)
   end
 
   if wait_ms <= 0 then
-    return {'NO_SEATS_AVAILABLE', used, total, 0, now, notes}
+    return outcome('NO_SEATS_AVAILABLE', used, total, 0, now, notes)
   end
   local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
   local depth = rcall('ZCARD', K.queue)
   if depth >= queue_max then
-    return {'NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes}
+    return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
-  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
-  rcall('ZADD', K.deadlines, now + wait_ms, session)
-  rcall('HSET', K.waiters, session,
-    cjson.encode({id = request_id, reply_to = reply_to, meta = meta, queued_at = now}))
-  return {'QUEUED', used, total, depth + 1, now, notes}
+  enqueue(session, now, wait_ms, request_id, reply_to, meta)
+  return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
-return remember(ARGV[1], ARGV[2], decide())
+return settle(decide())

@@ -1,17 +1,28 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS     the eleven keys of lua/includes/common.lua; the queue keys are not touched
-  ARGV[1..6] dedupe and rate-limit arguments (lua/includes/common.lua)
+  KEYS[1..11] the license keys, the dedupe bucket and the rate windows
+              (includes/keys.lua); the queue keys are not touched
+  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id
 
-  Returns {status, seats_used, seats_total, heartbeat_count, now_ms, {}}:
-    HEARTBEAT_UPDATED   last heartbeat set to now, count incremented
+  Returns an outcome (includes/outcome.lua), no notes, with status
+    HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
+                        detail = the heartbeat count
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted, or still queued): acquire again
     RATE_LIMITED        too many requests from this session or license
-  A redelivered entry gets the reply it got the first time (common.lua).
+  or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Emits no events.
 ]]
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outcome"
+--- @include "session_record"
+--- @include "prologue"
+
 local session = ARGV[7]
 
 local now = now_ms()
@@ -21,26 +32,13 @@ if early then
 end
 
 local function decide()
-  local total = tonumber(rcall('HGET', K.license, 'seats_total')) or 0
+  local total = seats_total()
   if not rcall('ZSCORE', K.holders, session) then
-    return {'SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {}}
+    return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
   rcall('ZADD', K.holders, 'XX', now, session)
-
-  local count = 1
-  local record = rcall('HGET', K.sessions, session)
-  local acquired_at, beats, meta
-  if record then
-    acquired_at, beats, meta = string.match(record, '^(%d+):(%d+):(.*)$')
-  end
-  if acquired_at then
-    count = tonumber(beats) + 1
-  else
-    -- A missing or foreign record: start a fresh one rather than lose the count.
-    acquired_at, meta = now, '{}'
-  end
-  rcall('HSET', K.sessions, session, acquired_at .. ':' .. count .. ':' .. meta)
-  return {'HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {}}
+  local count = count_heartbeat(session, now)
+  return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-return remember(ARGV[1], ARGV[2], decide())
+return settle(decide())

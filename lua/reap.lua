@@ -1,28 +1,104 @@
 --[[
   reap: one reaper step for one license. Evicts sessions whose last heartbeat
-  is older than the heartbeat timeout, drops waiters whose wait ran out, and
-  hands free seats to the queue (self-healing: a seat freed by any path, even
-  one whose event was lost, goes to the next waiter within one reaper period).
+  is older than the heartbeat timeout, drops waiters whose wait ran out, hands
+  free seats to the queue (self-healing: a seat freed by any path, even one
+  whose event was lost, goes to the next waiter within one reaper period),
+  and hands out again outbox notes whose deliverer died (or lost Redis)
+  before delivering them.
 
-  Cost is proportional to the stale sessions and expired waiters it removes
-  (read off the low end of the holders and deadlines ZSETs), not to the
-  sessions held. It stops after ARGV[2] of each and reports `more`, so no single
-  call blocks Redis for long; the reaper calls it again until `more` is 0.
+  Every part is bounded by ARGV[2], the limit: at most that many stale
+  sessions and expired waiters, read off the low end of the holders and
+  deadlines ZSETs, at most that many grants, and at most that many outbox
+  notes handed out, from one HSCAN page (COUNT = limit) or from the due notes
+  a previous step's page held beyond the limit. (A hashtable's page holds
+  about COUNT notes; a small outbox kept as a listpack comes back whole, at
+  most hash-max-listpack-entries of them.) Cost is thus proportional to the
+  work done, not to the sessions held or the outbox's size. When work is
+  left, the step says `more` and the reaper calls it again, passing back the
+  outbox position, until `more` is 0; so no single call blocks Redis for long.
 
-  It also returns outbox notes older than ARGV[3] ms: GRANTED / QUEUE_TIMEOUT
-  replies whose deliverer died (or lost Redis) before delivering them.
-
-  KEYS     the first eight keys of lua/includes/common.lua
+  KEYS[1..8] the license keys (includes/keys.lua)
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
-  ARGV[2]  most sessions (and waiters) to remove in this call
+  ARGV[2]  limit: most evictions, waiter removals, grants and re-delivered notes
   ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
+  ARGV[4]  outbox cursor: '0' starts a scan of the outbox; '' means this pass
+           has scanned it through; else the cursor the last step returned
+  ARGV[5..] note ids the last step's page held beyond the limit, handed out
+           (if still there) before the scan goes on
 
-  Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth, redeliver}
-    evicted  sessions evicted (each a seat-freed event, reason heartbeat_timeout)
-    notes    GRANTED / QUEUE_TIMEOUT notes, as in common.lua
-    redeliver  outbox notes to deliver again, in the same form
+  Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
+           redeliver, outbox_cursor, outbox_pending}
+    seats_used, seats_total  after the step
+    now_ms       the Redis clock
+    evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
+    notes        GRANTED / QUEUE_TIMEOUT notes made by this step (includes/outbox.lua)
+    more         1 when work is left: call again with the returned position
+    queue_depth  sessions still waiting
+    redeliver    outbox notes to deliver again, as notes, at most `limit`
+    outbox_cursor, outbox_pending  ARGV[4] and ARGV[5..] for the next step;
+                 '' and {} once the scan is through
+  src/engine/scripts/reply.rs decodes this reply (Reaped).
+  Emits no events: the reaper publishes them from the reply.
 ]]
-local default_timeout, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outbox"
+--- @include "queue"
+
+local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cursor = ARGV[4]
+local pending = {}
+for i = 5, #ARGV do
+  pending[#pending + 1] = ARGV[i]
+end
+
+-- Up to `limit` outbox notes older than `max_age` that this step did not
+-- just make (`fresh`): first the ones the last page held beyond the limit,
+-- else those of the next HSCAN page. Due notes of the page beyond the limit
+-- are returned as pending, so every note of every page is handed out once a
+-- pass, whether or not its delivery succeeds (a rescan of the page would not
+-- do: a hashtable's HSCAN page grows over further buckets as notes are
+-- delivered). Returns the notes, the next cursor and the pending ids.
+local function scan_outbox(now, fresh)
+  local out, rest = {}, {}
+  if #pending > 0 then
+    for _, id in ipairs(pending) do
+      if #out >= limit then
+        rest[#rest + 1] = id
+      elseif not fresh[id] then
+        local raw = rcall('HGET', K.outbox, id)
+        if raw then
+          out[#out + 1] = outbox_note(id, cjson.decode(raw))
+        end
+      end
+    end
+    return out, cursor, rest
+  end
+  if cursor == '' then
+    return out, '', rest
+  end
+  local page = rcall('HSCAN', K.outbox, cursor, 'COUNT', limit)
+  local cutoff = now - max_age
+  for i = 1, #page[2], 2 do
+    local id = page[2][i]
+    if not fresh[id] then
+      local n = cjson.decode(page[2][i + 1])
+      if n.at <= cutoff then
+        if #out < limit then
+          out[#out + 1] = outbox_note(id, n)
+        else
+          rest[#rest + 1] = id
+        end
+      end
+    end
+  end
+  if page[1] == '0' then
+    return out, '', rest
+  end
+  return out, page[1], rest
+end
 
 local now = now_ms()
 local notes = {}
@@ -41,25 +117,15 @@ local used, granted = rcall('ZCARD', K.holders), 0
 if not refusal then
   used, granted = promote(now, total, notes, limit)
 end
+
+local fresh = {}
+for _, n in ipairs(notes) do
+  fresh[n[6]] = true
+end
+local redeliver, next_cursor, next_pending = scan_outbox(now, fresh)
+
 local more = 0
-if #stale >= limit or expired >= limit or granted >= limit then
+if #stale >= limit or expired >= limit or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
-local redeliver = {}
-if rcall('HLEN', K.outbox) > 0 then
-  local pending = rcall('HGETALL', K.outbox)
-  local cutoff = now - tonumber(ARGV[3])
-  for i = 1, #pending, 2 do
-    local n = cjson.decode(pending[i + 1])
-    local fresh = false
-    for _, m in ipairs(notes) do
-      if m[6] == pending[i] then
-        fresh = true
-      end
-    end
-    if not fresh and n.at <= cutoff and #redeliver < limit then
-      redeliver[#redeliver + 1] = {n.kind, n.session, n.id, n.reply_to, n.waited_ms, pending[i]}
-    end
-  end
-end
-return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver}
+return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending}

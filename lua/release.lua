@@ -2,18 +2,28 @@
   release: free the seat that `session` holds, or take it out of the queue.
   Only the session's own id releases it; nothing else is touched.
 
-  KEYS     the eleven keys of lua/includes/common.lua
-  ARGV[1..6] dedupe and rate-limit arguments (release is never rate limited)
+  KEYS[1..11] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
+  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua); release
+              is never rate limited
   ARGV[7]  session id
 
-  Returns {status, seats_used, seats_total, 0, now_ms, notes}:
+  Returns an outcome (includes/outcome.lua), detail 0, with status
     RELEASED           the seat is free; it went straight to the head of the
                        queue if anyone waits (notes carry the GRANTED)
     LEFT_QUEUE         the session was waiting; it no longer does
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
+  or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   Release works whatever the license's state: a user can always give a seat back.
-  A redelivered entry gets the reply it got the first time (common.lua).
+  Emits no events: the worker publishes them from the outcome.
 ]]
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outcome"
+--- @include "queue"
+--- @include "prologue"
+
 local session = ARGV[7]
 
 local now = now_ms()
@@ -33,13 +43,13 @@ local function decide()
     if not refusal then
       used = promote(now, total, notes, 100)
     end
-    return {'RELEASED', used, total, 0, now, notes}
+    return outcome('RELEASED', used, total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
-    return {'LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes}
+    return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes)
   end
-  return {'SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes}
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-return remember(ARGV[1], ARGV[2], decide())
+return settle(decide())

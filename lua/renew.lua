@@ -11,13 +11,14 @@
   ARGV[2]  lock lifetime, ms
   Returns 1 when we hold the lock now (taken or renewed), 0 when another does.
 ]]
-local holder = redis.call('GET', KEYS[1])
+local rcall = redis.call
+local holder = rcall('GET', KEYS[1])
 if holder == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  rcall('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
 if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  rcall('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0

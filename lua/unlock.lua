@@ -6,7 +6,8 @@
   ARGV[1]  our token
   Returns 1 when deleted, 0 when someone else owns it now (or nobody does).
 ]]
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local rcall = redis.call
+if rcall('GET', KEYS[1]) == ARGV[1] then
+  return rcall('DEL', KEYS[1])
 end
 return 0

@@ -24,7 +24,8 @@
 //!   - [`engine::status`]    the wire statuses, one enum
 //!   - [`engine::protocol`]  request parsing and validation, reply formatting (docs/protocol.md)
 //!   - [`engine::license`]   the license record: put / show / list / delete
-//!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua), one typed call per script
+//!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
+//!   - [`engine::records`]   the records the scripts store (sessions, waiters, dedupe), decoded
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
 //! - [`db`]       the connection: one node or Redis Cluster, same commands
 //! - [`error`]    the library's error type

@@ -9,6 +9,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 
 use crate::engine::keys::Keys;
+use crate::engine::records::{SessionRecord, WaiterRecord};
 use crate::error::Error;
 
 /// One seat holder.
@@ -123,13 +124,11 @@ pub async fn license_status<C: ConnectionLike>(
     let holders = holders
         .into_iter()
         .map(|(session, last)| {
-            let record = sessions.get(&session).map(String::as_str).unwrap_or("");
-            let mut parts = record.splitn(3, ':');
-            let acquired_at_ms = parts.next().and_then(|s| s.parse().ok()).unwrap_or(last);
-            let heartbeats = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-            let meta: serde_json::Value = parts
-                .next()
-                .and_then(|m| serde_json::from_str(m).ok())
+            let record = sessions.get(&session).and_then(|r| SessionRecord::parse(r));
+            let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
+            let heartbeats = record.as_ref().map_or(0, |r| r.heartbeats);
+            let meta = record
+                .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
             Holder {
                 user: meta_field(&meta, "user_email"),
@@ -148,19 +147,15 @@ pub async fn license_status<C: ConnectionLike>(
         .into_iter()
         .enumerate()
         .map(|(i, (session, _seq))| {
-            let record: serde_json::Value = waiters
-                .get(&session)
-                .and_then(|r| serde_json::from_str(r).ok())
-                .unwrap_or(serde_json::Value::Null);
-            let meta: serde_json::Value = record
-                .get("meta")
-                .and_then(|m| m.as_str())
-                .and_then(|m| serde_json::from_str(m).ok())
+            let record = waiters.get(&session).and_then(|r| WaiterRecord::parse(r));
+            let meta = record
+                .as_ref()
+                .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
             Waiter {
                 position: i + 1,
                 user: meta_field(&meta, "user_email"),
-                queued_at_ms: record.get("queued_at").and_then(|v| v.as_i64()).unwrap_or(0),
+                queued_at_ms: record.map_or(0, |r| r.queued_at),
                 deadline_ms: deadlines.get(&session).copied().unwrap_or(0),
                 session,
             }

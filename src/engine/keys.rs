@@ -35,7 +35,7 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license, in the KEYS order every seat script takes
-    /// (lua/includes/common.lua).
+    /// (lua/includes/keys.lua).
     pub fn all(&self) -> [&str; 8] {
         [
             &self.license,

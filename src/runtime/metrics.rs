@@ -96,8 +96,9 @@ pub const DEAD_LETTERS: &str = "seatgate_dead_letters";
 /// The `license` label value holding the sum over every license without a series of its own.
 pub const OTHER: &str = "_other";
 
-/// The statuses each op (and `invalid`, for a request without a usable op) can be answered with (lua/*.lua, lua/includes/common.lua),
-/// present at 0 from startup.
+/// The statuses each op (and `invalid`, for a request without a usable op)
+/// can be answered with (see each script's header under lua/), present at 0
+/// from startup.
 const OP_STATUSES: [(&str, &[Status]); 4] = [
     (
         "acquire",

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
-use crate::engine::scripts::Scripts;
+use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
 use crate::error::Error;
 use crate::runtime::metrics::{self, LicenseSeats, StreamHealth};
 use crate::runtime::publish::{Event, EventType, Publisher};
@@ -256,17 +256,16 @@ impl Reaper {
         let keys = self.keys.license(license);
         let mut con = self.con.clone();
         let mut report = PassReport::default();
+        let mut outbox = OutboxCursor::start();
         loop {
             let started = Instant::now();
-            let step = Scripts::get()
-                .reap(
-                    &mut con,
-                    &keys,
-                    self.default_timeout_ms,
-                    self.batch,
-                    self.redeliver_after_ms,
-                )
-                .await;
+            let args = ReapArgs {
+                default_timeout_ms: self.default_timeout_ms,
+                limit: self.batch,
+                redeliver_after_ms: self.redeliver_after_ms,
+                outbox: &outbox,
+            };
+            let step = Scripts::get().reap(&keys, &args).run(&mut con).await;
             metrics::script_call(
                 "reap",
                 step.as_ref().map(|_| None).map_err(|_| ()),
@@ -315,6 +314,7 @@ impl Reaper {
                 }
             }
             report.evicted += step.evicted.len();
+            outbox = step.outbox;
             if !step.more {
                 report.queues = vec![(license.to_owned(), step.queue_depth)];
                 report.seats = vec![LicenseSeats {

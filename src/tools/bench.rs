@@ -19,7 +19,7 @@ use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
 use crate::engine::protocol::Op;
-use crate::engine::scripts::{Guard, Scripts};
+use crate::engine::scripts::{AcquireArgs, Guard, Scripts, SessionArgs};
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::health::Readiness;
@@ -85,6 +85,18 @@ pub struct Report {
 
 const LICENSES: usize = 100;
 const META: &str = r#"{"user_email":"user1234@example.com","hardware_id":"hw-5f3a9c"}"#;
+
+/// An acquire that answers at once, with no queue limit of its own.
+fn acquire_now<'a>(session: &'a str, meta: &'a str) -> AcquireArgs<'a> {
+    AcquireArgs {
+        session,
+        meta,
+        wait_ms: 0,
+        request_id: "",
+        reply_to: "",
+        default_queue_max: u64::MAX,
+    }
+}
 
 fn bench_err(e: impl std::fmt::Display) -> Error {
     Error::Bench(e.to_string())
@@ -361,8 +373,12 @@ async fn ceiling_run(settings: &Settings, keys: &Keys, warmup: Duration, d: Dura
                     invocations.push((lk, guard, session));
                 }
                 for (lk, guard, session) in &invocations {
-                    pipe.add_command(Scripts::get().acquire_cmd(lk, guard, session, META));
-                    pipe.add_command(Scripts::get().release_cmd(lk, guard, session));
+                    pipe.add_command(
+                        Scripts::get()
+                            .acquire(lk, guard, &acquire_now(session, META))
+                            .cmd(),
+                    );
+                    pipe.add_command(Scripts::get().release(lk, guard, &SessionArgs { session }).cmd());
                 }
                 let _: Vec<redis::Value> = pipe.query_async(&mut con).await?;
                 if Instant::now() >= measure_from {
@@ -423,10 +439,13 @@ async fn closed_loop(
                     (Some(con), _) => {
                         let s = Scripts::get();
                         let o = if acquire {
-                            s.acquire(con, &lk, &guard, &session, META, 0, "b", "", 1000)
+                            s.acquire(&lk, &guard, &acquire_now(&session, META))
+                                .run(con)
                                 .await?
                         } else {
-                            s.release(con, &lk, &guard, &session).await?
+                            s.release(&lk, &guard, &SessionArgs { session: &session })
+                                .run(con)
+                                .await?
                         };
                         o.status
                     }
@@ -770,8 +789,12 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
                 r#"{{"user_email":"user{:04}@example.com","hardware_id":"hw-{:06x}"}}"#,
                 s, l
             );
-            pipe.add_command(Scripts::get().acquire_cmd(&lk, &guard, &session, &meta))
-                .ignore();
+            pipe.add_command(
+                Scripts::get()
+                    .acquire(&lk, &guard, &acquire_now(&session, &meta))
+                    .cmd(),
+            )
+            .ignore();
             n += 1;
         }
         if n >= 2_000 {
@@ -799,16 +822,16 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
         let session = format!("wait-{w}");
         let guard = Guard::none(&keys, "waitlist", &session);
         let meta = format!(r#"{{"user_email":"user{w:04}@example.com","hardware_id":"hw-{w:06x}"}}"#);
-        pipe.add_command(Scripts::get().acquire_wait_cmd(
-            &lk,
-            &guard,
-            &session,
-            &meta,
-            3_600_000,
-            "req-1796011839633-0",
-            "reply:client-0001",
-        ))
-        .ignore();
+        let args = AcquireArgs {
+            session: &session,
+            meta: &meta,
+            wait_ms: 3_600_000,
+            request_id: "req-1796011839633-0",
+            reply_to: "reply:client-0001",
+            default_queue_max: u64::MAX,
+        };
+        pipe.add_command(Scripts::get().acquire(&lk, &guard, &args).cmd())
+            .ignore();
     }
     pipe.query_async::<()>(con).await?;
     let after_waiters = used_memory(con).await?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use seatgate::client::{Call, Client};
 use seatgate::engine::keys::Keys;
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{Guard, Scripts};
+use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts, SessionArgs};
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
@@ -83,41 +83,35 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     let keys = Keys::new("seat");
     let lk = keys.license("lic");
     let s = Scripts::get();
-    s.acquire(
-        &mut con,
-        &lk,
-        &Guard::none(&keys, "lic", "held"),
-        "held",
-        "{}",
-        0,
-        "x",
-        "",
-        10,
-    )
-    .await
-    .unwrap();
+    let args = |session, request_id, reply_to| AcquireArgs {
+        session,
+        meta: "{}",
+        wait_ms: 0,
+        request_id,
+        reply_to,
+        default_queue_max: 10,
+    };
+    s.acquire(&lk, &Guard::none(&keys, "lic", "held"), &args("held", "x", ""))
+        .run(&mut con)
+        .await
+        .unwrap();
     let first = s
         .acquire(
-            &mut con,
             &lk,
             &Guard::for_entry(&settings.guard_policy(), &keys, &acquire_id, "lic", "s1"),
-            "s1",
-            "{}",
-            0,
-            "a1",
-            "reply:t",
-            10,
+            &args("s1", "a1", "reply:t"),
         )
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(first.status, Status::Acquired);
     let first_release = s
         .release(
-            &mut con,
             &lk,
             &Guard::for_entry(&settings.guard_policy(), &keys, &release_id, "lic", "held"),
-            "held",
+            &SessionArgs { session: "held" },
         )
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(first_release.status, Status::Released);

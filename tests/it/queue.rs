@@ -7,6 +7,7 @@ use seatgate::client::{Call, Client, ReplyMsg};
 use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
+use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts};
 use seatgate::engine::status::Status;
 use seatgate::runtime::reaper::Reaper;
 
@@ -139,14 +140,19 @@ async fn concurrent_reapers_evict_each_session_once() {
     provision(&redis, "lic", 200, Some(100)).await;
     let mut con = redis.con().await;
     let keys = Keys::new("seat").license("lic");
-    let scripts = seatgate::engine::scripts::Scripts::get();
+    let scripts = Scripts::get();
     for i in 0..150 {
         let session = format!("s{i}");
-        let guard = seatgate::engine::scripts::Guard::none(&Keys::new("seat"), "lic", &session);
-        scripts
-            .acquire(&mut con, &keys, &guard, &session, "{}", 0, "r", "", 10)
-            .await
-            .unwrap();
+        let guard = Guard::none(&Keys::new("seat"), "lic", &session);
+        let args = AcquireArgs {
+            session: &session,
+            meta: "{}",
+            wait_ms: 0,
+            request_id: "r",
+            reply_to: "",
+            default_queue_max: 10,
+        };
+        scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     // Small steps, so the two passes interleave on the same license.
@@ -448,4 +454,67 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
         "{evicted:?}"
     );
     assert!(samples > 50, "the sampler ran ({samples} samples)");
+}
+
+/// Queue replies left in the outbox (their deliverer died) beyond one reap
+/// step's limit are all delivered by one reaper pass, over several bounded steps.
+#[tokio::test]
+async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_one_pass() {
+    let redis = RedisServer::start_with(&[]);
+    provision(&redis, "lic", 0, None).await;
+    let mut con = redis.con().await;
+    let ks = Keys::new("seat");
+    let keys = ks.license("lic");
+    let scripts = Scripts::get();
+    for i in 0..20 {
+        let (session, request_id) = (format!("w{i:02}"), format!("r{i:02}"));
+        let reply_to = format!("reply:{session}");
+        let args = AcquireArgs {
+            session: &session,
+            meta: "{}",
+            wait_ms: 200,
+            request_id: &request_id,
+            reply_to: &reply_to,
+            default_queue_max: 100,
+        };
+        let guard = Guard::none(&ks, "lic", &session);
+        let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+        assert_eq!(o.status, Status::Queued);
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A script ends all 20 waits and its worker dies before delivering.
+    let args = AcquireArgs {
+        session: "late",
+        meta: "{}",
+        wait_ms: 0,
+        request_id: "x",
+        reply_to: "",
+        default_queue_max: 100,
+    };
+    let guard = Guard::none(&ks, "lic", "late");
+    let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+    assert_eq!(o.notes.len(), 20);
+
+    let mut settings = redis.settings();
+    settings.reaper.batch = 7;
+    settings.reaper.redeliver_after_ms = 1;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings)
+        .pass()
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let replies = crate::support::stream_entries(&mut con, &format!("reply:w{i:02}")).await;
+        assert_eq!(replies.len(), 1, "w{i:02}: {replies:?}");
+        assert_eq!(
+            (replies[0]["id"].as_str(), replies[0]["status"].as_str()),
+            (format!("r{i:02}").as_str(), "QUEUE_TIMEOUT")
+        );
+    }
+    let left: i64 = redis::cmd("HLEN")
+        .arg(&keys.outbox)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "delivered notes leave the outbox");
 }

@@ -1,9 +1,13 @@
-//! The seat scripts called directly (the seed's own path), against a real Redis.
+//! The seat scripts called directly (the seed's own path), against a real
+//! Redis, and the contracts of their replies and records.
 
 use redis::AsyncCommands;
 use seatgate::engine::keys::Keys;
 use seatgate::engine::license::{self, LicenseSpec};
-use seatgate::engine::scripts::{Guard, Outcome, Scripts};
+use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
+use seatgate::engine::scripts::{
+    AcquireArgs, Guard, GuardPolicy, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts, SessionArgs,
+};
 use seatgate::engine::status::Status;
 
 use crate::support::{put_license, RedisServer, RedisServerExt};
@@ -18,18 +22,17 @@ fn guard(license: &str, session: &str) -> Guard {
 }
 
 async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, session: &str) -> Outcome {
+    let args = AcquireArgs {
+        session,
+        meta: r#"{"user_email":"dev@example.com"}"#,
+        wait_ms: 0,
+        request_id: "req",
+        reply_to: "",
+        default_queue_max: 1000,
+    };
     Scripts::get()
-        .acquire(
-            con,
-            &keys(license),
-            &guard(license, session),
-            session,
-            r#"{"user_email":"dev@example.com"}"#,
-            0,
-            "req",
-            "",
-            1000,
-        )
+        .acquire(&keys(license), &guard(license, session), &args)
+        .run(con)
         .await
         .unwrap()
 }
@@ -89,16 +92,19 @@ async fn release_frees_only_the_sessions_own_seat() {
 
     let o = s
         .release(
-            &mut con,
             &keys("lic"),
             &guard("lic", "someone-else"),
-            "someone-else",
+            &SessionArgs {
+                session: "someone-else",
+            },
         )
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!((o.status, o.seats_used), (Status::SessionNotFound, 1));
     let o = s
-        .release(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
+        .release(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
@@ -118,7 +124,12 @@ async fn heartbeat_moves_the_clock_and_counts() {
     let mut con = redis.con().await;
     let s = Scripts::get();
     let o = s
-        .heartbeat(&mut con, &keys("lic"), &guard("lic", "ghost"), "ghost")
+        .heartbeat(
+            &keys("lic"),
+            &guard("lic", "ghost"),
+            &SessionArgs { session: "ghost" },
+        )
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(o.status, Status::SessionNotActive);
@@ -128,7 +139,8 @@ async fn heartbeat_moves_the_clock_and_counts() {
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     for n in 1..=2 {
         let o = s
-            .heartbeat(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
+            .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
+            .run(&mut con)
             .await
             .unwrap();
         assert_eq!(
@@ -202,7 +214,8 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
         (Status::NoSeatsAvailable, 3, 2)
     );
     let s = Scripts::get();
-    s.release(&mut con, &keys("lic"), &guard("lic", "a"), "a")
+    s.release(&keys("lic"), &guard("lic", "a"), &SessionArgs { session: "a" })
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(
@@ -210,7 +223,8 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
         Status::NoSeatsAvailable,
         "2 of 2 still held"
     );
-    s.release(&mut con, &keys("lic"), &guard("lic", "b"), "b")
+    s.release(&keys("lic"), &guard("lic", "b"), &SessionArgs { session: "b" })
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(acquire(&mut con, "lic", "d").await.status, Status::Acquired);
@@ -237,7 +251,8 @@ async fn scripts_reload_after_script_flush() {
     // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
     assert_eq!(acquire(&mut con, "lic", "s2").await.status, Status::Acquired);
     let o = Scripts::get()
-        .heartbeat(&mut con, &keys("lic"), &guard("lic", "s1"), "s1")
+        .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
+        .run(&mut con)
         .await
         .unwrap();
     assert_eq!(o.status, Status::HeartbeatUpdated);
@@ -292,4 +307,476 @@ async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
         acquire(&mut con, "lic", "s2").await.status,
         Status::LicenseInactive
     );
+}
+
+// The script contracts: each seat script run on a real Redis, its reply and
+// the records it stores decoded by the library's one decoder of each, so a
+// change on either side fails here.
+
+/// The Redis clock, ms.
+async fn redis_ms(con: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+fn meta_of(session: &str) -> String {
+    format!(r#"{{"user_email":"{session}@example.com","note":"a:b"}}"#)
+}
+
+/// One request of a contract table.
+#[derive(Debug, Clone, Copy)]
+enum Req<'a> {
+    /// Session, wait_ms.
+    Acquire(&'a str, u64),
+    Release(&'a str),
+    Heartbeat(&'a str),
+}
+
+impl Req<'_> {
+    fn session(&self) -> &str {
+        match self {
+            Req::Acquire(s, _) | Req::Release(s) | Req::Heartbeat(s) => s,
+        }
+    }
+}
+
+/// Runs `req` on `license` under `guard`; an acquire carries the metadata
+/// [`meta_of`] its session, request id `req-<session>` and reply_to
+/// `reply:<session>`.
+async fn run(
+    con: &mut redis::aio::MultiplexedConnection,
+    license: &str,
+    req: Req<'_>,
+    guard: &Guard,
+) -> Outcome {
+    let s = Scripts::get();
+    let k = keys(license);
+    let call = match req {
+        Req::Acquire(session, wait_ms) => {
+            let meta = meta_of(session);
+            let request_id = format!("req-{session}");
+            let reply_to = format!("reply:{session}");
+            let args = AcquireArgs {
+                session,
+                meta: &meta,
+                wait_ms,
+                request_id: &request_id,
+                reply_to: &reply_to,
+                default_queue_max: 1000,
+            };
+            return s.acquire(&k, guard, &args).run(con).await.unwrap();
+        }
+        Req::Release(session) => s.release(&k, guard, &SessionArgs { session }),
+        Req::Heartbeat(session) => s.heartbeat(&k, guard, &SessionArgs { session }),
+    };
+    call.run(con).await.unwrap()
+}
+
+/// What a contract table expects of an outcome (seats_total is 1 throughout).
+struct Want {
+    status: Status,
+    seats_used: i64,
+    heartbeats: Option<i64>,
+    position: Option<i64>,
+    queue_full: bool,
+    changed: bool,
+    granted: &'static [&'static str],
+}
+
+fn want(status: Status, seats_used: i64) -> Want {
+    Want {
+        status,
+        seats_used,
+        heartbeats: None,
+        position: None,
+        queue_full: false,
+        changed: true,
+        granted: &[],
+    }
+}
+
+#[tokio::test]
+async fn every_seat_script_answers_the_documented_outcome() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    let _: () = con.hset(&keys("lic").license, "queue_max", 1).await.unwrap();
+    use Req::{Acquire, Heartbeat, Release};
+    // Run in order: each row starts from the state the rows above left.
+    let table = [
+        (Acquire("a", 0), want(Status::Acquired, 1)),
+        (Acquire("a", 0), want(Status::AlreadyActive, 1)),
+        (
+            Heartbeat("a"),
+            Want {
+                heartbeats: Some(1),
+                ..want(Status::HeartbeatUpdated, 1)
+            },
+        ),
+        (Heartbeat("ghost"), want(Status::SessionNotActive, 1)),
+        (Acquire("b", 0), want(Status::NoSeatsAvailable, 1)),
+        (
+            Acquire("b", 60_000),
+            Want {
+                position: Some(1),
+                ..want(Status::Queued, 1)
+            },
+        ),
+        (
+            Acquire("b", 60_000),
+            Want {
+                position: Some(1),
+                changed: false,
+                ..want(Status::Queued, 1)
+            },
+        ),
+        (
+            Acquire("c", 60_000),
+            Want {
+                queue_full: true,
+                ..want(Status::NoSeatsAvailable, 1)
+            },
+        ),
+        (
+            Release("a"),
+            Want {
+                granted: &["b"],
+                ..want(Status::Released, 1)
+            },
+        ),
+        (
+            Acquire("c", 60_000),
+            Want {
+                position: Some(1),
+                ..want(Status::Queued, 1)
+            },
+        ),
+        (Release("c"), want(Status::LeftQueue, 1)),
+        (Release("c"), want(Status::SessionNotFound, 1)),
+    ];
+    for (req, want) in table {
+        let before = redis_ms(&mut con).await;
+        let o = run(&mut con, "lic", req, &guard("lic", req.session())).await;
+        let after = redis_ms(&mut con).await;
+        assert_eq!(
+            (o.status, o.seats_used, o.seats_total),
+            (want.status, want.seats_used, 1),
+            "{req:?}"
+        );
+        assert_eq!(
+            (o.heartbeats, o.position, o.queue_full),
+            (want.heartbeats, want.position, want.queue_full),
+            "{req:?}"
+        );
+        assert_eq!((o.changed, o.replayed), (want.changed, false), "{req:?}");
+        assert!(
+            (before..=after).contains(&o.now_ms),
+            "{req:?}: now_ms {} not the Redis clock",
+            o.now_ms
+        );
+        let granted: Vec<&str> = o.notes.iter().map(|n| n.session.as_str()).collect();
+        assert_eq!(granted, want.granted, "{req:?}");
+        for n in &o.notes {
+            assert_eq!(n.status, Status::Granted);
+            assert_eq!(n.request_id, format!("req-{}", n.session));
+            assert_eq!(n.reply_to, format!("reply:{}", n.session));
+            assert_eq!(n.note_id, format!("GRANTED:{}:{}", n.session, o.now_ms));
+            assert!(n.waited_ms >= 0 && n.waited_ms <= after - before + 60_000);
+            let kept: bool = con.hexists(&keys("lic").outbox, &n.note_id).await.unwrap();
+            assert!(kept, "a note stays in the outbox until delivered");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rate_limited_request_gets_the_documented_outcome() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 2).await;
+    let mut con = redis.con().await;
+    let mut limited = guard("lic", "a");
+    limited.session_limit = 1;
+    limited.window_ms = 60_000;
+    assert_eq!(
+        run(&mut con, "lic", Req::Acquire("a", 0), &limited).await.status,
+        Status::Acquired
+    );
+    let o = run(&mut con, "lic", Req::Heartbeat("a"), &limited).await;
+    assert_eq!(
+        (o.status, o.seats_used, o.seats_total, o.heartbeats, o.replayed),
+        (Status::RateLimited, 1, 2, None, false)
+    );
+    assert!(o.notes.is_empty());
+    let record: String = con.hget(&keys("lic").sessions, "a").await.unwrap();
+    assert_eq!(
+        SessionRecord::parse(&record).unwrap().heartbeats,
+        0,
+        "not counted"
+    );
+}
+
+#[tokio::test]
+async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 1_000,
+    };
+    let now = redis_ms(&mut con).await;
+    let entry = |n: u32, session: &str| {
+        let id = format!("{now}-{n}");
+        let mut g = Guard::for_entry(&policy, &Keys::new("seat"), &id, "lic", session);
+        g.redelivery = true;
+        g
+    };
+    use Req::{Acquire, Release};
+    // a takes the seat, b queues, a releases and so grants b: a record
+    // without notes, one with a detail, one with a note.
+    let table = [
+        (0, Acquire("a", 0), Status::Acquired),
+        (1, Acquire("b", 60_000), Status::Queued),
+        (2, Release("a"), Status::Released),
+    ];
+    let mut notes = 0;
+    for (n, req, status) in table {
+        let g = entry(n, req.session());
+        let first = run(&mut con, "lic", req, &g).await;
+        assert_eq!(first.status, status);
+        let replayed = Outcome {
+            changed: false,
+            replayed: true,
+            ..first.clone()
+        };
+        assert_eq!(run(&mut con, "lic", req, &g).await, replayed, "{req:?}");
+        let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
+        assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{req:?}: {raw}");
+        notes += first.notes.len();
+    }
+    assert_eq!(notes, 1, "the release granted b");
+    assert_eq!(
+        crate::support::holders(&redis, "lic").await,
+        ["b"],
+        "replays changed nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_session_and_waiter_records_decode_in_rust() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    let k = keys("lic");
+    let took = run(&mut con, "lic", Req::Acquire("a", 0), &guard("lic", "a")).await;
+    let raw: String = con.hget(&k.sessions, "a").await.unwrap();
+    let record = SessionRecord {
+        acquired_at_ms: took.now_ms,
+        heartbeats: 0,
+        meta: meta_of("a"),
+    };
+    assert_eq!(SessionRecord::parse(&raw), Some(record.clone()), "{raw}");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for _ in 0..2 {
+        run(&mut con, "lic", Req::Heartbeat("a"), &guard("lic", "a")).await;
+    }
+    let raw: String = con.hget(&k.sessions, "a").await.unwrap();
+    let beaten = SessionRecord {
+        heartbeats: 2,
+        ..record
+    };
+    assert_eq!(SessionRecord::parse(&raw), Some(beaten), "{raw}");
+
+    let queued = run(&mut con, "lic", Req::Acquire("b", 60_000), &guard("lic", "b")).await;
+    let raw: String = con.hget(&k.waiters, "b").await.unwrap();
+    let waiter = WaiterRecord {
+        id: "req-b".into(),
+        reply_to: "reply:b".into(),
+        meta: meta_of("b"),
+        queued_at: queued.now_ms,
+    };
+    assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
+
+    // `seatgate status` reads them through the same types.
+    let status = seatgate::client::report::license_status(&mut con, &Keys::new("seat"), "lic")
+        .await
+        .unwrap();
+    let h = &status.holders[0];
+    assert_eq!(
+        (
+            h.session.as_str(),
+            h.acquired_at_ms,
+            h.heartbeats,
+            h.user.as_deref()
+        ),
+        ("a", took.now_ms, 2, Some("a@example.com"))
+    );
+    let w = &status.queue[0];
+    assert_eq!(
+        (w.session.as_str(), w.queued_at_ms, w.user.as_deref()),
+        ("b", queued.now_ms, Some("b@example.com"))
+    );
+}
+
+async fn reap(
+    con: &mut redis::aio::MultiplexedConnection,
+    license: &str,
+    limit: usize,
+    redeliver_after_ms: u64,
+    outbox: &OutboxCursor,
+) -> Reaped {
+    let args = ReapArgs {
+        default_timeout_ms: 90_000,
+        limit,
+        redeliver_after_ms,
+        outbox,
+    };
+    Scripts::get().reap(&keys(license), &args).run(con).await.unwrap()
+}
+
+#[tokio::test]
+async fn reap_answers_the_documented_step() {
+    let redis = RedisServer::start_with(&[]);
+    let mut con = redis.con().await;
+    let spec = |seats_total| LicenseSpec {
+        seats_total,
+        expires_at_ms: 0,
+        active: true,
+        heartbeat_timeout_ms: Some(50),
+    };
+    let ks = Keys::new("seat");
+    license::put(&mut con, &ks, "lic", &spec(1)).await.unwrap();
+    run(&mut con, "lic", Req::Acquire("a", 0), &guard("lic", "a")).await;
+    run(&mut con, "lic", Req::Acquire("b", 60_000), &guard("lic", "b")).await;
+    run(&mut con, "lic", Req::Acquire("c", 1), &guard("lic", "c")).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+
+    let before = redis_ms(&mut con).await;
+    let step = reap(&mut con, "lic", 10, 3_600_000, &OutboxCursor::start()).await;
+    let after = redis_ms(&mut con).await;
+    assert!((before..=after).contains(&step.now_ms));
+    assert_eq!(step.evicted, ["a"]);
+    let notes: Vec<(Status, &str, &str, &str)> = step
+        .notes
+        .iter()
+        .map(|n| {
+            (
+                n.status,
+                n.session.as_str(),
+                n.request_id.as_str(),
+                n.reply_to.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (Status::QueueTimeout, "c", "req-c", "reply:c"),
+            (Status::Granted, "b", "req-b", "reply:b")
+        ],
+        "the timeout first, then the grant"
+    );
+    for n in &step.notes {
+        assert_eq!(n.note_id, format!("{}:{}:{}", n.status, n.session, step.now_ms));
+        assert!(n.waited_ms >= 100, "{n:?}");
+    }
+    assert_eq!(
+        (step.seats_used, step.seats_total, step.queue_depth, step.more),
+        (1, 1, 0, false)
+    );
+    assert!(step.redeliver.is_empty(), "the notes it just made are not due");
+    assert!(step.outbox.is_done());
+
+    // Nobody delivered them: once due, a step hands both out again, as notes.
+    let again = reap(&mut con, "lic", 10, 0, &OutboxCursor::start()).await;
+    assert!(again.evicted.is_empty() && again.notes.is_empty());
+    let mut redelivered = again.redeliver.clone();
+    redelivered.sort_by(|x, y| x.note_id.cmp(&y.note_id));
+    let mut made = step.notes.clone();
+    made.sort_by(|x, y| x.note_id.cmp(&y.note_id));
+    assert_eq!(redelivered, made);
+    assert!(!again.more && again.outbox.is_done());
+    // A pass that has scanned the outbox through skips it.
+    let through = reap(&mut con, "lic", 10, 0, &again.outbox).await;
+    assert!(through.redeliver.is_empty());
+
+    // More stale sessions than the limit: `more` until all are gone.
+    license::put(&mut con, &ks, "big", &spec(3)).await.unwrap();
+    for s in ["x", "y", "z"] {
+        run(&mut con, "big", Req::Acquire(s, 0), &guard("big", s)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let first = reap(&mut con, "big", 2, 3_600_000, &OutboxCursor::start()).await;
+    assert_eq!((first.evicted.len(), first.more, first.seats_used), (2, true, 1));
+    let second = reap(&mut con, "big", 2, 3_600_000, &first.outbox).await;
+    assert_eq!(
+        (second.evicted.len(), second.more, second.seats_used),
+        (1, false, 0)
+    );
+}
+
+/// More undelivered outbox notes than a step's limit, under both hash
+/// encodings (HSCAN pages a hashtable, and its pages grow over further
+/// buckets as notes are deleted; it returns a listpack whole), with every
+/// delivery succeeding (each note deleted after its step) or failing (left
+/// in place): every note is handed out exactly once over several steps, none
+/// more than the limit at a time, and the scan ends.
+#[tokio::test]
+async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
+    let mut cases = Vec::new();
+    for extra in [&[][..], &["--hash-max-listpack-value", "256"][..]] {
+        for delivered in [true, false] {
+            let redis = RedisServer::start_with(extra);
+            put_license(&redis, "lic", 0).await;
+            let mut con = redis.con().await;
+            let outbox_key = keys("lic").outbox;
+            let sessions: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+            for s in &sessions {
+                let o = run(&mut con, "lic", Req::Acquire(s, 1), &guard("lic", s)).await;
+                assert_eq!(o.status, Status::Queued);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            // The waits ran out (seen by later acquires or by this step) and
+            // nobody delivered the timeouts: all 20 stay in the outbox.
+            reap(&mut con, "lic", 100, 3_600_000, &OutboxCursor::start()).await;
+            let mut want: Vec<String> = con.hkeys(&outbox_key).await.unwrap();
+            assert_eq!(want.len(), 20);
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&outbox_key)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let case = format!("{encoding}, delivered: {delivered}");
+
+            let mut outbox = OutboxCursor::start();
+            let mut seen = Vec::new();
+            let mut steps = 0;
+            loop {
+                let step = reap(&mut con, "lic", 7, 0, &outbox).await;
+                steps += 1;
+                let n = step.redeliver.len();
+                assert!(n <= 7, "{case}: {n} in one step");
+                for note in step.redeliver {
+                    if delivered {
+                        let _: i64 = con.hdel(&outbox_key, &note.note_id).await.unwrap();
+                    }
+                    seen.push(note.note_id);
+                }
+                outbox = step.outbox;
+                if !step.more {
+                    break;
+                }
+                assert!(steps < 100, "{case}: the scan does not end");
+            }
+            assert!(outbox.is_done());
+            assert!(steps >= 3, "{case}: 20 notes need at least 3 steps of 7");
+            seen.sort();
+            want.sort();
+            assert_eq!(seen, want, "{case}: every note exactly once");
+            cases.push(encoding);
+        }
+    }
+    assert_eq!(cases, ["hashtable", "hashtable", "listpack", "listpack"]);
 }

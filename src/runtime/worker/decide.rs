@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::protocol::{self, Op, Reply, Request};
-use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall};
+use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
@@ -179,18 +179,32 @@ impl Decider {
         // stalled past claim_idle_ms had its batch claimed by another.
         guard.redelivery = true;
         match req.op {
-            Op::Acquire => scripts.acquire_call(
+            Op::Acquire => scripts.acquire(
                 &keys,
                 &guard,
-                &req.session,
-                &req.meta,
-                req.wait_ms,
-                &req.id,
-                req.reply_to.as_deref().unwrap_or(""),
-                self.settings.queue.max_length,
+                &AcquireArgs {
+                    session: &req.session,
+                    meta: &req.meta,
+                    wait_ms: req.wait_ms,
+                    request_id: &req.id,
+                    reply_to: req.reply_to.as_deref().unwrap_or(""),
+                    default_queue_max: self.settings.queue.max_length,
+                },
             ),
-            Op::Release => scripts.release_call(&keys, &guard, &req.session),
-            Op::Heartbeat => scripts.heartbeat_call(&keys, &guard, &req.session),
+            Op::Release => scripts.release(
+                &keys,
+                &guard,
+                &SessionArgs {
+                    session: &req.session,
+                },
+            ),
+            Op::Heartbeat => scripts.heartbeat(
+                &keys,
+                &guard,
+                &SessionArgs {
+                    session: &req.session,
+                },
+            ),
         }
     }
 }

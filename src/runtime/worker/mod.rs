@@ -8,7 +8,7 @@
 //! (XAUTOCLAIM) those another consumer has held for `stream.claim_idle_ms`;
 //! and one delivered more than `stream.max_deliveries` times goes to the
 //! dead-letter stream. A redelivered entry has the effect of one delivery:
-//! the scripts remember each entry's reply (lua/includes/common.lua).
+//! the scripts remember each entry's reply (lua/includes/dedupe.lua).
 //!
 //! This file sets up the consumer of every shard and runs its read loop;
 //! `read` talks XREADGROUP / XAUTOCLAIM, `schedule` decides what to read

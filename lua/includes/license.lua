@@ -1,0 +1,27 @@
+--[[
+  license: reading the license record, KEYS[1] (keys.lua).
+]]
+--- @include "keys"
+
+-- The license's seat count, 0 when there is no record.
+local function seats_total()
+  return tonumber(rcall('HGET', K.license, 'seats_total')) or 0
+end
+
+-- Reads the license record and decides whether it may hand out seats now.
+-- Returns (refusal status or nil, seats_total).
+local function check_license(now)
+  local f = rcall('HMGET', K.license, 'seats_total', 'expires_at_ms', 'active')
+  local total = tonumber(f[1])
+  if not total then
+    return 'LICENSE_NOT_FOUND', 0
+  end
+  if f[3] == '0' then
+    return 'LICENSE_INACTIVE', total
+  end
+  local expires = tonumber(f[2]) or 0
+  if expires > 0 and now >= expires then
+    return 'LICENSE_EXPIRED', total
+  end
+  return nil, total
+end

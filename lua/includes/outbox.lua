@@ -1,0 +1,35 @@
+--[[
+  outbox: notes, the follow-up work a script reports, and their copies in
+  KEYS[8] (outbox) until delivered.
+
+  A note, as it appears in a script's reply (decoded by
+  src/engine/scripts/reply.rs, Note):
+    {kind, session, request_id, reply_to, waited_ms, note_id}
+      kind      GRANTED (a waiter now holds a seat) or QUEUE_TIMEOUT (a
+                waiter gave up)
+      note_id   its field in the outbox: "<kind>:<session>:<now_ms>"
+  The outbox record, the field's value, JSON:
+    {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)
+  Notes with a reply_to are kept in the outbox until delivered: the worker
+  (or reaper) sends each to its reply_to, publishes the event and HDELs it;
+  reap.lua hands out again the notes a crash left there.
+]]
+--- @include "keys"
+
+-- Adds a note for waiter record `w` (queue.lua) to `notes` and, when it has
+-- somewhere to go, to the outbox.
+local function note(notes, now, kind, session, w)
+  local id = kind .. ':' .. session .. ':' .. now
+  local waited = now - w.queued_at
+  if w.reply_to ~= '' then
+    rcall('HSET', K.outbox, id, cjson.encode({
+      kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
+    }))
+  end
+  notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id}
+end
+
+-- The note of outbox field `id` and its decoded record `n`.
+local function outbox_note(id, n)
+  return {n.kind, n.session, n.id, n.reply_to, n.waited_ms, id}
+end

@@ -1,0 +1,23 @@
+--[[
+  outcome: the reply of acquire, release and heartbeat, the one place its
+  shape is described. src/engine/scripts/reply.rs decodes it (Outcome), and
+  tests/it/scripts.rs runs each script against it.
+
+    [1] status       the decision, a wire status (src/engine/status.rs)
+    [2] seats_used   seats held after the script ran
+    [3] seats_total  the license's seat count (0 when there is no license)
+    [4] detail       HEARTBEAT_UPDATED: the heartbeat count;
+                     QUEUED: the 1-based queue position;
+                     NO_SEATS_AVAILABLE: 'queue_full' when the queue is full;
+                     otherwise 0
+    [5] now_ms       the Redis clock when the script ran
+    [6] notes        waiters granted or timed out on the way (outbox.lua)
+    [7] changed      1, or 0 when the call changed nothing that deserves an
+                     event (a re-sent QUEUED, a replay)
+    [8] replayed     1 when this is the stored reply of a stream entry decided
+                     before (dedupe.lua), else 0
+]]
+
+local function outcome(status, used, total, detail, now, notes, changed)
+  return {status, used, total, detail, now, notes, changed or 1, 0}
+end

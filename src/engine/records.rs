@@ -1,0 +1,147 @@
+//! The records the seat scripts store in Redis, as Rust reads them back.
+//!
+//! Each record is built in one Lua include (named on its type) and decoded
+//! here only; tests/it/scripts.rs runs the real scripts on a real Redis and
+//! decodes what they stored, so a change on either side fails a test.
+
+use redis::Value;
+use serde::Deserialize;
+
+use crate::engine::scripts::{decode_outcome, Outcome};
+use crate::error::Error;
+
+/// A seat holder's record, the value of its session in `seat:{L}:sessions`,
+/// written by lua/includes/session_record.lua:
+/// `"<acquired_at_ms>:<heartbeats>:<meta>"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// When the seat was taken or granted (Redis clock, ms).
+    pub acquired_at_ms: i64,
+    /// Heartbeats counted since.
+    pub heartbeats: i64,
+    /// The caller's metadata JSON object, as it sent it.
+    pub meta: String,
+}
+
+impl SessionRecord {
+    /// Reads a record; `None` when it is not of the scripts' form (the same
+    /// rule as the Lua parser: two runs of digits, then anything).
+    pub fn parse(raw: &str) -> Option<SessionRecord> {
+        let mut parts = raw.splitn(3, ':');
+        let mut number = || {
+            parts
+                .next()
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse().ok())
+        };
+        let acquired_at_ms = number()?;
+        let heartbeats = number()?;
+        let meta = parts.next()?.to_owned();
+        Some(SessionRecord {
+            acquired_at_ms,
+            heartbeats,
+            meta,
+        })
+    }
+}
+
+/// A waiting session's record, the value of its session in
+/// `seat:{L}:waiters`, written by lua/includes/queue.lua as JSON
+/// `{"id", "reply_to", "meta", "queued_at"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct WaiterRecord {
+    /// The request id its later GRANTED / QUEUE_TIMEOUT carries.
+    pub id: String,
+    /// Where that reply goes ("" = nowhere).
+    pub reply_to: String,
+    /// The metadata JSON object it queued with, as a string.
+    pub meta: String,
+    /// When it joined the queue (Redis clock, ms).
+    pub queued_at: i64,
+}
+
+impl WaiterRecord {
+    /// Reads a record; `None` when it is not of the scripts' form.
+    pub fn parse(raw: &str) -> Option<WaiterRecord> {
+        serde_json::from_str(raw).ok()
+    }
+}
+
+/// Decodes a dedupe record, the value of a stream entry id in
+/// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: the first
+/// six slots of the entry's outcome as a JSON array,
+/// `["ACQUIRED",1,5,0,1796013949007,{}]`. Returns the outcome a replay of
+/// that entry answers (`changed` false, `replayed` true), as the Lua side
+/// rebuilds it.
+pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
+    let bad = |detail: String| Error::ScriptReply {
+        script: "dedupe",
+        detail,
+    };
+    let json: serde_json::Value = serde_json::from_str(raw).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let Value::Array(mut slots) = to_redis(&json).ok_or_else(|| bad(format!("not a record: {raw}")))? else {
+        return Err(bad(format!("not an array: {raw}")));
+    };
+    if slots.len() != 6 {
+        return Err(bad(format!("{} slots, not 6", slots.len())));
+    }
+    slots.push(Value::Int(0)); // changed
+    slots.push(Value::Int(1)); // replayed
+    decode_outcome("dedupe", Value::Array(slots))
+}
+
+/// JSON as a Lua script would hand the same data to Redis: strings as bulk
+/// strings, integers as integers, arrays (and cjson's empty table `{}`) as arrays.
+fn to_redis(json: &serde_json::Value) -> Option<Value> {
+    use serde_json::Value as J;
+    match json {
+        J::String(s) => Some(Value::BulkString(s.clone().into_bytes())),
+        J::Number(n) => n.as_i64().map(Value::Int),
+        J::Array(items) => items
+            .iter()
+            .map(to_redis)
+            .collect::<Option<_>>()
+            .map(Value::Array),
+        J::Object(map) if map.is_empty() => Some(Value::Array(Vec::new())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::status::Status;
+
+    #[test]
+    fn session_records_split_on_the_first_two_colons() {
+        let r = SessionRecord::parse(r#"1796011191648:3:{"url":"http://x:1"}"#).unwrap();
+        assert_eq!(
+            (r.acquired_at_ms, r.heartbeats, r.meta.as_str()),
+            (1796011191648, 3, r#"{"url":"http://x:1"}"#)
+        );
+        for foreign in ["", "12", "12:3", "x:3:{}", "12:-3:{}", ":3:{}"] {
+            assert_eq!(SessionRecord::parse(foreign), None, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn dedupe_records_decode_with_and_without_notes() {
+        let o = parse_dedupe_record(r#"["QUEUED",1,1,2,1796013949007,{}]"#).unwrap();
+        assert_eq!(
+            (o.status, o.position, o.now_ms, o.changed, o.replayed),
+            (Status::Queued, Some(2), 1796013949007, false, true)
+        );
+        let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
+        let o = parse_dedupe_record(raw).unwrap();
+        assert_eq!(o.notes.len(), 1);
+        assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 2749));
+        for foreign in [
+            "ACQUIRED|1|1|0|1796013949007",
+            "[]",
+            r#"["ACQUIRED",1]"#,
+            r#"{"a":1}"#,
+        ] {
+            assert!(parse_dedupe_record(foreign).is_err(), "{foreign}");
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! What the seat scripts answer, decoded in one place: the outcome of
+//! acquire / release / heartbeat (shape: lua/includes/outcome.lua), the notes
+//! inside it (lua/includes/outbox.lua) and a reap step (lua/reap.lua).
+//! tests/it/scripts.rs runs every script against these decoders.
+
+use redis::Value;
+
+use crate::engine::status::Status;
+use crate::error::Error;
+
+/// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// GRANTED or QUEUE_TIMEOUT.
+    pub status: Status,
+    /// The waiting session.
+    pub session: String,
+    /// The request id it queued with.
+    pub request_id: String,
+    /// The reply stream it queued with ("" = none).
+    pub reply_to: String,
+    /// How long it waited, ms.
+    pub waited_ms: i64,
+    /// Its field in the license's outbox, removed once delivered.
+    pub note_id: String,
+}
+
+/// What a seat script decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The decision.
+    pub status: Status,
+    /// Seats held after the script ran.
+    pub seats_used: i64,
+    /// The license's seat count (0 when there is no license).
+    pub seats_total: i64,
+    /// Heartbeat count (HEARTBEAT_UPDATED only).
+    pub heartbeats: Option<i64>,
+    /// 1-based queue position (QUEUED only).
+    pub position: Option<i64>,
+    /// NO_SEATS_AVAILABLE because the queue is full.
+    pub queue_full: bool,
+    /// Whether the script changed state (false for a re-sent QUEUED acquire
+    /// and for replays), so that an event is published once per change.
+    pub changed: bool,
+    /// The entry was decided before: this is the stored reply, replayed.
+    pub replayed: bool,
+    /// The Redis server's time when the script ran, ms.
+    pub now_ms: i64,
+    /// Waiters granted or timed out by this script.
+    pub notes: Vec<Note>,
+}
+
+impl Outcome {
+    /// An outcome for a request that could not be decided.
+    pub fn failed(status: Status) -> Outcome {
+        Outcome {
+            status,
+            seats_used: 0,
+            seats_total: 0,
+            heartbeats: None,
+            position: None,
+            queue_full: false,
+            changed: false,
+            replayed: false,
+            now_ms: 0,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// Where a reaper pass stands in a license's outbox: reap.lua reads it one
+/// bounded HSCAN page per step, and the reaper hands each step the position
+/// the previous one returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxCursor {
+    /// HSCAN cursor of the next page: "0" to start, "" once the scan is through.
+    pub cursor: String,
+    /// Due notes of the last page beyond the step's limit, by note id: the
+    /// next step hands these out before it reads another page.
+    pub pending: Vec<String>,
+}
+
+impl OutboxCursor {
+    /// The start of a pass: scan the outbox from the beginning.
+    pub fn start() -> OutboxCursor {
+        OutboxCursor {
+            cursor: "0".to_owned(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Whether this pass has handed out every due note of the outbox.
+    pub fn is_done(&self) -> bool {
+        self.cursor.is_empty() && self.pending.is_empty()
+    }
+}
+
+/// What one reap step did for one license.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// Seats held afterwards.
+    pub seats_used: i64,
+    /// The license's seat count.
+    pub seats_total: i64,
+    /// The Redis server's time, ms.
+    pub now_ms: i64,
+    /// Sessions evicted for a stale heartbeat.
+    pub evicted: Vec<String>,
+    /// Waiters granted or timed out.
+    pub notes: Vec<Note>,
+    /// More work is left for this license (a part hit its limit, or the
+    /// outbox scan is not through): step again with [`Reaped::outbox`].
+    pub more: bool,
+    /// Sessions still waiting.
+    pub queue_depth: i64,
+    /// Outbox notes left undelivered (their deliverer died): deliver again.
+    pub redeliver: Vec<Note>,
+    /// Where the next step of this pass goes on in the outbox.
+    pub outbox: OutboxCursor,
+}
+
+fn bad(script: &'static str, detail: String) -> Error {
+    Error::ScriptReply { script, detail }
+}
+
+fn int(script: &'static str, v: Option<&Value>, what: &str) -> Result<i64, Error> {
+    match v {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(bad(script, format!("{what} is not an integer: {other:?}"))),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn string(script: &'static str, v: Option<&Value>, what: &str) -> Result<String, Error> {
+    v.and_then(text)
+        .ok_or_else(|| bad(script, format!("{what} is not a string: {v:?}")))
+}
+
+fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Error> {
+    match int(script, v, what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(bad(script, format!("{what} is {n}, not 0 or 1"))),
+    }
+}
+
+/// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms, note_id}` each.
+fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note>, Error> {
+    let Some(Value::Array(items)) = v else {
+        return Err(bad(script, format!("{what} are not a list: {v:?}")));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let Value::Array(f) = item else {
+                return Err(bad(script, format!("note is not a list: {item:?}")));
+            };
+            if f.len() != 6 {
+                return Err(bad(script, format!("note has {} fields, not 6", f.len())));
+            }
+            let status = string(script, f.first(), "note kind")?
+                .parse::<Status>()
+                .map_err(|e| bad(script, format!("note: {e}")))?;
+            Ok(Note {
+                status,
+                session: string(script, f.get(1), "session")?,
+                request_id: string(script, f.get(2), "request_id")?,
+                reply_to: string(script, f.get(3), "reply_to")?,
+                waited_ms: int(script, f.get(4), "waited_ms")?,
+                note_id: string(script, f.get(5), "note_id")?,
+            })
+        })
+        .collect()
+}
+
+/// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
+/// notes, changed, replayed}` (lua/includes/outcome.lua) of `script`.
+pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
+    let Value::Array(items) = value else {
+        return Err(bad(script, format!("expected an array, got {value:?}")));
+    };
+    if items.len() != 8 {
+        return Err(bad(script, format!("outcome has {} slots, not 8", items.len())));
+    }
+    let status = string(script, items.first(), "status")?
+        .parse::<Status>()
+        .map_err(|e| bad(script, e.to_string()))?;
+    let detail = &items[3];
+    let count = match detail {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    let queue_full = match text(detail).as_deref() {
+        Some("queue_full") => true,
+        _ if count.is_some() => false,
+        _ => {
+            return Err(bad(
+                script,
+                format!("detail is neither a number nor queue_full: {detail:?}"),
+            ))
+        }
+    };
+    Ok(Outcome {
+        status,
+        seats_used: int(script, items.get(1), "seats_used")?,
+        seats_total: int(script, items.get(2), "seats_total")?,
+        heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
+        position: count.filter(|_| status == Status::Queued),
+        queue_full,
+        now_ms: int(script, items.get(4), "now_ms")?,
+        notes: notes(script, items.get(5), "notes")?,
+        changed: flag(script, items.get(6), "changed")?,
+        replayed: flag(script, items.get(7), "replayed")?,
+    })
+}
+
+/// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending}` (lua/reap.lua).
+pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
+    let Value::Array(items) = value else {
+        return Err(bad(script, format!("expected an array, got {value:?}")));
+    };
+    if items.len() != 10 {
+        return Err(bad(
+            script,
+            format!("reap step has {} slots, not 10", items.len()),
+        ));
+    }
+    let strings = |v: &Value, what: &str| match v {
+        Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
+        other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
+    };
+    Ok(Reaped {
+        seats_used: int(script, items.first(), "seats_used")?,
+        seats_total: int(script, items.get(1), "seats_total")?,
+        now_ms: int(script, items.get(2), "now_ms")?,
+        evicted: strings(&items[3], "evicted")?,
+        notes: notes(script, items.get(4), "notes")?,
+        more: flag(script, items.get(5), "more")?,
+        queue_depth: int(script, items.get(6), "queue_depth")?,
+        redeliver: notes(script, items.get(7), "redeliver")?,
+        outbox: OutboxCursor {
+            cursor: string(script, items.get(8), "outbox_cursor")?,
+            pending: strings(&items[9], "outbox_pending")?,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn outcome(status: &str, detail: Value, notes: Vec<Value>) -> Value {
+        Value::Array(vec![
+            bulk(status),
+            Value::Int(1),
+            Value::Int(5),
+            detail,
+            Value::Int(1_000),
+            Value::Array(notes),
+            Value::Int(1),
+            Value::Int(0),
+        ])
+    }
+
+    #[test]
+    fn the_detail_slot_means_what_the_status_says() {
+        let o = decode_outcome("heartbeat", outcome("HEARTBEAT_UPDATED", Value::Int(7), vec![])).unwrap();
+        assert_eq!((o.heartbeats, o.position, o.queue_full), (Some(7), None, false));
+        let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(3), vec![])).unwrap();
+        assert_eq!((o.heartbeats, o.position, o.queue_full), (None, Some(3), false));
+        let o = decode_outcome(
+            "acquire",
+            outcome("NO_SEATS_AVAILABLE", bulk("queue_full"), vec![]),
+        )
+        .unwrap();
+        assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+    }
+
+    #[test]
+    fn refuses_replies_outside_the_contract() {
+        assert!(decode_outcome("acquire", Value::Int(1)).is_err());
+        assert!(decode_outcome("acquire", Value::Array(vec![bulk("MAYBE")])).is_err());
+        assert!(decode_outcome("acquire", outcome("MAYBE", Value::Int(0), vec![])).is_err());
+        assert!(decode_outcome("acquire", outcome("QUEUED", bulk("soon"), vec![])).is_err());
+        let short_note = Value::Array(vec![bulk("GRANTED"), bulk("s9")]);
+        assert!(decode_outcome("release", outcome("RELEASED", Value::Int(0), vec![short_note])).is_err());
+        let Value::Array(mut seven) = outcome("RELEASED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        seven.pop();
+        assert!(decode_outcome("release", Value::Array(seven)).is_err());
+        assert!(decode_reaped("reap", Value::Array(vec![Value::Int(1)])).is_err());
+    }
+}
