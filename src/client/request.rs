@@ -96,7 +96,9 @@ pub struct Client {
     requests: String,
     /// Shards of the requests stream.
     shards: usize,
-    /// This client's reply stream.
+    /// This client's reply stream, `<replies.prefix><client.name>:<unique>`:
+    /// inside the reply namespace the workers answer in, and under the
+    /// application's name, so that its ACL user may read it and no other.
     reply_to: String,
     /// Last reply entry id read.
     last_seen: String,
@@ -111,7 +113,8 @@ static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
 
 impl Client {
-    /// Connects to one Redis at `url`, sending requests to the unsharded stream `requests`.
+    /// Connects to one Redis at `url`, sending requests to the unsharded stream
+    /// `requests`, with the default reply namespace and client name.
     pub async fn connect(url: &str, requests: &str) -> Result<Client, Error> {
         let mut settings = Settings::load(None)?;
         settings.redis.url = url.to_owned();
@@ -125,7 +128,6 @@ impl Client {
         let con = Db::connect_blocking(&settings.redis, LONGEST_WAIT).await?;
         let requests = settings.stream.requests.clone();
         let shards = settings.stream.shards;
-        let host = gethostname::gethostname().to_string_lossy().into_owned();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -135,7 +137,7 @@ impl Client {
             std::process::id(),
             NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
         );
-        let reply_to = format!("reply:seatgate-client:{host}:{id_prefix}");
+        let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
         Ok(Client {
             con,
             requests,

@@ -134,6 +134,9 @@ enum Handled {
     /// Not answered: leave it pending and try again. `permanent` errors count
     /// towards dead-lettering; transient ones (Redis down) are simply retried.
     Retry { error: String, permanent: bool },
+    /// Not decided and not answerable (its `reply_to` lies outside the reply
+    /// namespace): dead-letter it with `reason`, then acknowledge it.
+    DeadLetter { reason: String },
 }
 
 /// Where a batch came from.
@@ -502,7 +505,7 @@ impl Decider {
             .map(|e| {
                 e.fields
                     .as_ref()
-                    .map(|f| protocol::parse_request(&e.id, f, |k| self.keys.is_reserved(k)))
+                    .map(|f| protocol::parse_request(&e.id, f, &self.settings.replies.prefix))
             })
             .collect();
         let mut con = self.con.clone();
@@ -516,6 +519,9 @@ impl Decider {
             match (req, outcome) {
                 // Deleted or trimmed while pending: nothing to answer.
                 (None, _) => handled.push(Some(Handled::Done)),
+                (Some(Err(bad)), _) if bad.field == "reply_to" => handled.push(Some(Handled::DeadLetter {
+                    reason: bad.reason.clone(),
+                })),
                 (Some(Err(bad)), _) => {
                     metrics::invalid_request(bad.field);
                     warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
@@ -569,7 +575,18 @@ impl Decider {
             }
         }
         let to_send: Vec<(&str, &Reply)> = replies.iter().map(|(_, s, r)| (s.as_str(), r)).collect();
-        let sent = self.publisher.reply_many(&mut con, &to_send, &events).await;
+        // The batch's earliest script time: the fast path trims reply streams by age from it.
+        let clock = decided
+            .iter()
+            .flatten()
+            .filter_map(|d| d.as_ref().ok())
+            .map(|o| o.now_ms)
+            .filter(|ms| *ms > 0)
+            .min();
+        let sent = self
+            .publisher
+            .reply_many(&mut con, &to_send, &events, clock)
+            .await;
         let mut reply_failed = vec![None; batch.len()];
         for ((i, stream, _), result) in replies.iter().zip(sent) {
             if let Err(e) = result {
@@ -631,6 +648,14 @@ impl Decider {
         for (entry, result) in batch.iter().zip(handled) {
             match result {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
+                Some(Handled::DeadLetter { reason }) => {
+                    if self.dead_letter(entry, &reason).await {
+                        metrics::refused_reply_to();
+                        done.push(entry.id.as_str());
+                    } else {
+                        retry = true;
+                    }
+                }
                 Some(Handled::Retry { error, permanent }) => {
                     if !permanent {
                         transient.get_or_insert_with(|| error.clone());
@@ -775,7 +800,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let Some(fields) = &entry.fields {
-            if let Ok(req) = protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
+            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.replies.prefix) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let msg = format!(

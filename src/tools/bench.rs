@@ -806,7 +806,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
             &meta,
             3_600_000,
             "req-1796011839633-0",
-            "reply:client-0001",
+            "seat:reply:client-0001",
         ))
         .ignore();
     }
