@@ -4,7 +4,9 @@
 //! until the reply carrying its request id arrives. The CLI's `acquire`,
 //! `release` and `heartbeat` use it, and so do the tests and the benchmark.
 
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -132,8 +134,17 @@ impl Client {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
+        // A random part makes the reply stream's name and the request ids
+        // unguessable: another caller (who may not list keys) cannot aim a
+        // request's reply at this stream, nor pass one off as an answer here.
+        // std's RandomState is keyed from the operating system's randomness.
+        let random = {
+            let mut hasher = RandomState::new().build_hasher();
+            hasher.write_u128(nanos);
+            hasher.finish()
+        };
         let id_prefix = format!(
-            "{nanos:x}-{}-{}",
+            "{nanos:x}-{}-{}-{random:016x}",
             std::process::id(),
             NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
         );
