@@ -268,7 +268,20 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls"),
         );
-        let settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
+        let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
+        // Parsing the environment turns "0012" into the number 12: credentials
+        // are taken verbatim instead.
+        if let Some(raw) = std::env::var_os("SEATGATE__REDIS__PASSWORD") {
+            let raw = raw
+                .into_string()
+                .map_err(|_| Error::Config("SEATGATE__REDIS__PASSWORD is not UTF-8".into()))?;
+            settings.redis.password = SecretString::from(raw);
+        }
+        if let Some(raw) = std::env::var_os("SEATGATE__REDIS__USERNAME") {
+            settings.redis.username = raw
+                .into_string()
+                .map_err(|_| Error::Config("SEATGATE__REDIS__USERNAME is not UTF-8".into()))?;
+        }
         settings.validate()?;
         if settings.replies.maxlen.is_some() {
             tracing::warn!("replies.maxlen is no longer used: reply streams are trimmed by age (replies.ttl_ms); remove it from your settings");
@@ -536,8 +549,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pw");
         std::fs::write(&file, "from-file\n").unwrap();
-        let mut s = Settings::load(None).unwrap();
-        assert!(s.redis.password().unwrap().is_none());
+        // The only test that sets these variables; no other test reads the password.
+        std::env::set_var("SEATGATE__REDIS__PASSWORD", "0012");
+        std::env::set_var("SEATGATE__REDIS__USERNAME", "007");
+        let s = Settings::load(None);
+        std::env::remove_var("SEATGATE__REDIS__PASSWORD");
+        std::env::remove_var("SEATGATE__REDIS__USERNAME");
+        let mut s = s.unwrap();
+        assert_eq!(
+            s.redis.password().unwrap().unwrap().expose_secret(),
+            "0012",
+            "verbatim"
+        );
+        assert_eq!(s.redis.username, "007");
         s.redis.password = SecretString::from("from-setting");
         assert_eq!(
             s.redis.password().unwrap().unwrap().expose_secret(),
