@@ -3,7 +3,8 @@ heartbeat and release a seat.
 
 It speaks the wire protocol of docs/protocol.md directly with redis-py, to
 one Redis node (not Redis Cluster). Each call XADDs a request (with a unique
-`id` and this client's own `reply_to` stream) to `seat:requests` and, in the
+`id` and this client's own `reply_to` stream, seat:reply:<app>:<random>) to
+`seat:requests` and, in the
 same round trip (a pipeline), starts an XREAD BLOCK on the reply stream; it
 keeps reading until the reply carrying that id arrives, or the timeout passes.
 An acquire that gets QUEUED keeps reading for the final GRANTED or
@@ -19,6 +20,13 @@ Run it against a Redis with a `seatgate run` worker and a provisioned license:
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo &
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
 
+With ops/redis-users.acl installed, log in as the application's client user
+(the password from the environment, so that it is on no command line) and
+give the application name its ACL key pattern allows (seat:reply:demo:*):
+
+    SEATGATE_REDIS_PASSWORD=... python3 examples/python_client.py \
+        --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --license demo
+
 The second copy finds the only seat taken, prints QUEUED, and gets GRANTED
 when the first releases. It prints each reply, and exits 1 when the acquire
 was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 3 when Redis or the
@@ -27,6 +35,7 @@ worker did not answer, 0 otherwise.
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -35,6 +44,9 @@ import zlib
 import redis
 
 REQUESTS_STREAM = "seat:requests"
+# The service's replies.prefix: a reply_to outside it is never answered (the
+# request is dead-lettered instead).
+REPLY_PREFIX = "seat:reply:"
 # A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
 # wait ran out, later still if its first delivery failed: allow for it.
 QUEUE_MARGIN_S = 30.0
@@ -47,14 +59,18 @@ class ReplyTimeout(Exception):
 class SeatClient:
     """Sends seat requests and waits for their replies on a private stream."""
 
-    def __init__(self, r: redis.Redis, requests_stream: str = REQUESTS_STREAM, shards: int = 1):
+    def __init__(self, r: redis.Redis, app: str = "seatgate-py", requests_stream: str = REQUESTS_STREAM,
+                 shards: int = 1, reply_prefix: str = REPLY_PREFIX):
         # `r` must be created with decode_responses=True.
         self.r = r
         self.requests_stream = requests_stream
         self.shards = shards
-        # One reply stream per client. It must not start with "seat:" (the
-        # service's own namespace); the worker caps it and lets it expire.
-        self.reply_to = f"reply:seatgate-py:{uuid.uuid4().hex}"
+        # One reply stream per client, inside the service's reply namespace and
+        # under the application's name (its ACL user may read only
+        # <prefix><app>:*). The random part keeps it unguessable, so nobody
+        # else can aim replies at it. The worker trims replies older than
+        # replies.ttl_ms and lets the stream expire once idle.
+        self.reply_to = f"{reply_prefix}{app}:{uuid.uuid4().hex}"
         self.last_seen = "0-0"  # last reply entry read from our stream
 
     def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None):
@@ -148,9 +164,15 @@ def main(argv=None) -> int:
     parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait in the queue when no seat is free (default: 0)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats (default: 1)")
     parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: 1)")
+    parser.add_argument("--app", default="seatgate-py",
+                        help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    client = SeatClient(redis.Redis.from_url(args.redis_url, decode_responses=True), shards=args.shards)
+    # A password in the URL would be on the command line: take it from the
+    # environment instead, when set.
+    password = os.environ.get("SEATGATE_REDIS_PASSWORD") or None
+    r = redis.Redis.from_url(args.redis_url, decode_responses=True, **({"password": password} if password else {}))
+    client = SeatClient(r, app=args.app, shards=args.shards)
     try:
         reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
                                wait_s=args.wait, on_queued=lambda r: show("queued", r))

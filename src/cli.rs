@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::client::report::printable;
 use crate::client::{Call, Client, ReplyMsg};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
@@ -29,7 +30,9 @@ pub struct Cli {
     /// Settings file (TOML) layered over the built-in defaults.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Redis URL; overrides `redis.url`.
+    /// Redis URL; overrides `redis.url`. Other users of the machine can read a
+    /// command line: give the password in SEATGATE__REDIS__PASSWORD or
+    /// `redis.password_file`, not here.
     #[arg(long, global = true, value_name = "URL")]
     redis: Option<String>,
     #[command(subcommand)]
@@ -310,21 +313,22 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         println!("{}", serde_json::to_string(reply).unwrap_or_default());
         return;
     }
+    let get = |field: &str| printable(reply.get(field)).into_owned();
     let mut line = format!(
         "{}  license={} session={} seats={}/{}",
-        reply.get("status"),
-        reply.get("license"),
-        reply.get("session"),
-        reply.get("seats_used"),
-        reply.get("seats_total")
+        get("status"),
+        get("license"),
+        get("session"),
+        get("seats_used"),
+        get("seats_total")
     );
     for field in ["heartbeats", "position", "waited_ms"] {
-        if let Some(n) = reply.fields.get(field) {
-            line.push_str(&format!(" {field}={n}"));
+        if reply.fields.contains_key(field) {
+            line.push_str(&format!(" {field}={}", get(field)));
         }
     }
-    if let Some(e) = reply.fields.get("error") {
-        line.push_str(&format!("  ({e})"));
+    if reply.fields.contains_key("error") {
+        line.push_str(&format!("  ({})", get("error")));
     }
     println!("{line}");
 }
@@ -440,9 +444,9 @@ async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Res
                 if json {
                     println!("{}", serde_json::to_string(&e).unwrap_or_default());
                 } else {
-                    let get = |k: &str| e.get(k).map(String::as_str).unwrap_or("");
+                    let get = |k: &str| printable(e.get(k).map(String::as_str).unwrap_or("")).into_owned();
                     let at = get("at_ms").parse::<u64>().map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()).unwrap_or_default();
-                    let reason = e.get("reason").map(|r| format!(" ({r})")).unwrap_or_default();
+                    let reason = e.get("reason").map(|r| format!(" ({})", printable(r))).unwrap_or_default();
                     println!("{at}  {:<13} license={} session={} seats={}/{}{reason}", get("type"), get("license"), get("session"), get("seats_used"), get("seats_total"));
                 }
             }

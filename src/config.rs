@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::engine::keys::{shard_name, shard_names};
+use crate::engine::keys::{shard_name, shard_names, Keys};
 use crate::error::Error;
 
 /// The defaults, also the documentation of every key.
@@ -42,6 +43,8 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     /// Graceful shutdown.
     pub shutdown: ShutdownSettings,
+    /// The caller's side: `seatgate acquire/release/heartbeat` and the Rust client.
+    pub client: ClientSettings,
     /// Log output.
     pub log: LogSettings,
 }
@@ -58,9 +61,43 @@ pub struct RedisSettings {
     /// Seed nodes of a Redis Cluster; non-empty means cluster mode (`url` is then unused).
     #[serde(default)]
     pub cluster_urls: Vec<String>,
+    /// ACL user to log in as; empty = the URL's user (or Redis's `default`).
+    #[serde(default)]
+    pub username: String,
+    /// Password, overriding the URL's. Set from `SEATGATE__REDIS__PASSWORD`
+    /// (or `password_file`), so that it is on no command line and in no
+    /// shared file; secret so that no `Debug` print shows it.
+    #[serde(default)]
+    pub password: SecretString,
+    /// File whose first line is the password; wins over `password`.
+    #[serde(default)]
+    pub password_file: String,
 }
 
 impl RedisSettings {
+    /// The password to log in with, if one is set outside the URL:
+    /// `password_file` first, then `password`.
+    pub fn password(&self) -> Result<Option<SecretString>, Error> {
+        if !self.password_file.is_empty() {
+            let text = std::fs::read_to_string(&self.password_file).map_err(|e| {
+                Error::Config(format!(
+                    "cannot read redis.password_file {}: {e}",
+                    self.password_file
+                ))
+            })?;
+            let first = text.lines().next().unwrap_or("");
+            if first.is_empty() {
+                return Err(Error::Config(format!(
+                    "redis.password_file {} is empty",
+                    self.password_file
+                )));
+            }
+            return Ok(Some(SecretString::from(first)));
+        }
+        let password = self.password.expose_secret();
+        Ok((!password.is_empty()).then(|| SecretString::from(password)))
+    }
+
     /// Whether seatgate talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         !self.cluster_nodes().is_empty()
@@ -133,10 +170,26 @@ pub struct LimitSettings {
 /// `[replies]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReplySettings {
-    /// Approximate cap of each reply stream.
-    pub maxlen: usize,
-    /// Idle expiry of each reply stream, ms.
+    /// The namespace every `reply_to` must lie in, so that a request can never
+    /// make a worker write, trim or expire another application's key, and one
+    /// ACL key pattern per application covers its replies.
+    pub prefix: String,
+    /// How long a reply stays readable at least, ms: reply streams are trimmed
+    /// by age, never by count, and expire after their last reply.
     pub ttl_ms: u64,
+    /// No longer used (reply streams were capped by count); still accepted so
+    /// that an old settings file loads, with a warning.
+    #[serde(default)]
+    pub maxlen: Option<usize>,
+}
+
+/// `[client]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClientSettings {
+    /// The application's name, part of its reply streams' names
+    /// (`<replies.prefix><name>:<unique>`), so that an ACL can give each
+    /// application its own replies and nobody else's.
+    pub name: String,
 }
 
 /// `[events]`
@@ -234,8 +287,24 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls"),
         );
-        let settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
+        let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
+        // Parsing the environment turns "0012" into the number 12: credentials
+        // are taken verbatim instead.
+        if let Some(raw) = std::env::var_os("SEATGATE__REDIS__PASSWORD") {
+            let raw = raw
+                .into_string()
+                .map_err(|_| Error::Config("SEATGATE__REDIS__PASSWORD is not UTF-8".into()))?;
+            settings.redis.password = SecretString::from(raw);
+        }
+        if let Some(raw) = std::env::var_os("SEATGATE__REDIS__USERNAME") {
+            settings.redis.username = raw
+                .into_string()
+                .map_err(|_| Error::Config("SEATGATE__REDIS__USERNAME is not UTF-8".into()))?;
+        }
         settings.validate()?;
+        if settings.replies.maxlen.is_some() {
+            tracing::warn!("replies.maxlen is no longer used: reply streams are trimmed by age (replies.ttl_ms); remove it from your settings");
+        }
         Ok(settings)
     }
 
@@ -250,20 +319,54 @@ impl Settings {
         if self.keys.prefix.is_empty() || self.keys.prefix.contains(['{', '}']) {
             return bad("keys.prefix must be non-empty and contain no braces");
         }
-        if self.replies.maxlen == 0 || self.replies.ttl_ms == 0 {
-            return bad("replies.maxlen and replies.ttl_ms must be positive");
+        if self.replies.ttl_ms == 0 {
+            return bad("replies.ttl_ms must be positive");
         }
         let inside = format!("{}:", self.keys.prefix);
-        for (name, key) in [
-            ("stream.requests", &self.stream.requests),
-            ("stream.dead_letter", &self.stream.dead_letter),
-            ("events.stream", &self.events.stream),
-        ] {
+        let reply_prefix = &self.replies.prefix;
+        if reply_prefix.len() <= inside.len() || !reply_prefix.starts_with(&inside) {
+            return Err(Error::Config(format!(
+                "replies.prefix must start with keys.prefix and a colon and go on (like \"{inside}reply:\"), so that one ACL pattern covers every seatgate key"
+            )));
+        }
+        if reply_prefix.contains(['{', '}', '*', '?', '[', ']', '\\'])
+            || !reply_prefix.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return bad(
+                "replies.prefix must be printable ASCII without braces or glob characters (* ? [ ] \\)",
+            );
+        }
+        let keys = Keys::new(self.keys.prefix.clone());
+        let mut own: Vec<(&str, String)> = self
+            .request_streams()
+            .into_iter()
+            .map(|k| ("stream.requests", k))
+            .collect();
+        own.push(("stream.dead_letter", self.stream.dead_letter.clone()));
+        own.extend(self.events_streams().into_iter().map(|k| ("events.stream", k)));
+        own.push(("keys.prefix", keys.license_index()));
+        own.push(("keys.prefix", keys.reaper_lock()));
+        for (name, key) in &own {
             if !key.starts_with(&inside) {
                 return Err(Error::Config(format!(
-                    "{name} must start with keys.prefix and a colon (like \"{inside}...\"), so that no reply_to can name it"
+                    "{name} must start with keys.prefix and a colon (like \"{inside}...\")"
                 )));
             }
+            if key.starts_with(reply_prefix.as_str()) {
+                return Err(Error::Config(format!(
+                    "{name} ({key}) must not lie inside replies.prefix ({reply_prefix}), so that no reply_to can name it"
+                )));
+            }
+        }
+        if self.client.name.is_empty()
+            || self.client.name.len() > 64
+            || !self
+                .client
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return bad("client.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -");
         }
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
@@ -419,6 +522,80 @@ mod tests {
             let err = Settings::load(Some(&path)).unwrap_err().to_string();
             assert!(err.contains(&format!("{section}.{key}")), "{err}");
         }
+    }
+
+    #[test]
+    fn the_reply_namespace_lies_inside_the_prefix_and_apart_from_seatgate_streams() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        for (toml, word) in [
+            ("[replies]\nprefix = \"reply:\"\n", "replies.prefix"),
+            ("[replies]\nprefix = \"seat:\"\n", "replies.prefix"),
+            ("[replies]\nprefix = \"seat:{r}:\"\n", "replies.prefix"),
+            ("[replies]\nprefix = \"seat:r*:\"\n", "replies.prefix"),
+            ("[replies]\nprefix = \"seat:r\"\n", "stream.requests"),
+            ("[replies]\nprefix = \"seat:e\"\n", "events.stream"),
+            ("[replies]\nprefix = \"seat:licenses\"\n", "keys.prefix"),
+            (
+                "[stream]\ndead_letter = \"seat:reply:dead\"\n",
+                "stream.dead_letter",
+            ),
+            ("[client]\nname = \"a:b\"\n", "client.name"),
+            ("[client]\nname = \"*\"\n", "client.name"),
+        ] {
+            std::fs::write(&path, toml).unwrap();
+            let err = Settings::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(word), "{toml}: {err}");
+        }
+        let s = Settings::load(None).unwrap();
+        assert_eq!(
+            (s.replies.prefix.as_str(), s.client.name.as_str()),
+            ("seat:reply:", "seatgate")
+        );
+    }
+
+    #[test]
+    fn an_old_file_setting_replies_maxlen_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[replies]\nmaxlen = 100\nttl_ms = 1000\n").unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!((s.replies.maxlen, s.replies.ttl_ms), (Some(100), 1000));
+    }
+
+    #[test]
+    fn the_password_comes_from_a_file_before_the_setting_and_never_prints() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "from-file\n").unwrap();
+        // The only test that sets these variables; no other test reads the password.
+        std::env::set_var("SEATGATE__REDIS__PASSWORD", "0012");
+        std::env::set_var("SEATGATE__REDIS__USERNAME", "007");
+        let s = Settings::load(None);
+        std::env::remove_var("SEATGATE__REDIS__PASSWORD");
+        std::env::remove_var("SEATGATE__REDIS__USERNAME");
+        let mut s = s.unwrap();
+        assert_eq!(
+            s.redis.password().unwrap().unwrap().expose_secret(),
+            "0012",
+            "verbatim"
+        );
+        assert_eq!(s.redis.username, "007");
+        s.redis.password = SecretString::from("from-setting");
+        assert_eq!(
+            s.redis.password().unwrap().unwrap().expose_secret(),
+            "from-setting"
+        );
+        assert!(!format!("{:?}", s.redis).contains("from-setting"));
+        s.redis.password_file = file.display().to_string();
+        assert_eq!(s.redis.password().unwrap().unwrap().expose_secret(), "from-file");
+        s.redis.password_file = dir.path().join("missing").display().to_string();
+        assert!(s
+            .redis
+            .password()
+            .unwrap_err()
+            .to_string()
+            .contains("password_file"));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
+use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use secrecy::ExposeSecret;
 
 use crate::config::RedisSettings;
 use crate::error::Error;
@@ -35,13 +36,13 @@ impl Db {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         let response = Duration::from_millis(redis.response_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::builder(redis.cluster_nodes())
+            let client = cluster_client(redis)?
                 .connection_timeout(connect)
                 .response_timeout(response)
                 .build()?;
             return Ok(Db::Cluster(client.get_async_connection().await?));
         }
-        let client = redis::Client::open(redis.url.as_str())?;
+        let client = redis::Client::open(connection_info(redis)?)?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(response));
@@ -52,13 +53,13 @@ impl Db {
     pub async fn connect_blocking(redis: &RedisSettings, block: Duration) -> Result<Db, Error> {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::new(redis.cluster_nodes())?;
+            let client = cluster_client(redis)?.build()?;
             let cfg = ClusterConfig::new()
                 .set_connection_timeout(connect)
                 .set_response_timeout(block + Duration::from_secs(10));
             return Ok(Db::Cluster(client.get_async_connection_with_config(cfg).await?));
         }
-        let client = redis::Client::open(redis.url.as_str())?;
+        let client = redis::Client::open(connection_info(redis)?)?;
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(None);
@@ -96,6 +97,32 @@ impl Db {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Db::Cluster(_))
     }
+}
+
+/// `redis.url` with the configured user and password (from the environment
+/// or a file) in place of the URL's own, if any.
+fn connection_info(redis: &RedisSettings) -> Result<ConnectionInfo, Error> {
+    let info = redis.url.as_str().into_connection_info()?;
+    let mut login = info.redis_settings().clone();
+    if !redis.username.is_empty() {
+        login = login.set_username(&redis.username);
+    }
+    if let Some(password) = redis.password()? {
+        login = login.set_password(password.expose_secret());
+    }
+    Ok(info.set_redis_settings(login))
+}
+
+/// A cluster client builder for the seed nodes, logging in as configured.
+fn cluster_client(redis: &RedisSettings) -> Result<redis::cluster::ClusterClientBuilder, Error> {
+    let mut builder = ClusterClient::builder(redis.cluster_nodes());
+    if !redis.username.is_empty() {
+        builder = builder.username(&redis.username);
+    }
+    if let Some(password) = redis.password()? {
+        builder = builder.password(password.expose_secret());
+    }
+    Ok(builder)
 }
 
 impl ConnectionLike for Db {

@@ -2,6 +2,7 @@
 //! FlexLM's `lmstat`. Each license is read in one MULTI, so its holders and
 //! queue are a consistent snapshot.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -212,7 +213,30 @@ fn ago(ms: i64) -> String {
     }
 }
 
-/// The terminal rendering.
+/// `s` with control characters, and the bidirectional overrides that reorder
+/// a line, escaped (`\u{1b}`, `\n`): a value some caller stored (session
+/// metadata) must not move the cursor, clear the screen or disguise itself on
+/// the operator's terminal. Other text, non-ASCII letters included, is kept.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    }
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The terminal rendering; every value read from Redis goes through
+/// [`printable`]. (`--json` prints the values exactly, JSON-escaped.)
 pub fn render(status: &Status) -> String {
     let mut out = String::new();
     if status.licenses.is_empty() {
@@ -223,7 +247,9 @@ pub fn render(status: &Status) -> String {
         let _ = write!(
             out,
             "{}: {} of {} seats in use",
-            l.license, l.seats_used, l.seats_total
+            printable(&l.license),
+            l.seats_used,
+            l.seats_total
         );
         if !l.queue.is_empty() {
             let _ = write!(out, ", {} waiting", l.queue.len());
@@ -245,9 +271,9 @@ pub fn render(status: &Status) -> String {
                 let _ = writeln!(
                     out,
                     "  {:<24} {:<28} {:<16} {:>8} {:>14}",
-                    h.session,
-                    h.user.as_deref().unwrap_or("-"),
-                    h.hardware_id.as_deref().unwrap_or("-"),
+                    printable(&h.session),
+                    printable(h.user.as_deref().unwrap_or("-")),
+                    printable(h.hardware_id.as_deref().unwrap_or("-")),
                     ago(now - h.acquired_at_ms),
                     format!("{} ago", ago(now - h.last_heartbeat_ms)),
                 );
@@ -264,8 +290,8 @@ pub fn render(status: &Status) -> String {
                     out,
                     "  {:<4} {:<24} {:<28} {:>8} {:>10}",
                     w.position,
-                    w.session,
-                    w.user.as_deref().unwrap_or("-"),
+                    printable(&w.session),
+                    printable(w.user.as_deref().unwrap_or("-")),
                     ago(now - w.queued_at_ms),
                     format!("in {}", ago(w.deadline_ms - now)),
                 );
@@ -278,6 +304,59 @@ pub fn render(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn holder(session: &str, meta: serde_json::Value) -> Holder {
+        Holder {
+            session: session.into(),
+            user: meta_field(&meta, "user_email"),
+            hardware_id: meta_field(&meta, "hardware_id"),
+            acquired_at_ms: 1_000,
+            last_heartbeat_ms: 2_000,
+            heartbeats: 1,
+            meta,
+        }
+    }
+
+    #[test]
+    fn control_characters_in_values_are_escaped_in_text_only() {
+        let meta = serde_json::json!({
+            "user_email": "\u{1b}[2J\u{1b}[Hroot@evil",
+            "hardware_id": "hw\r\nFAKE LINE\u{7}\u{202E}gnp.exe",
+        });
+        let status = Status {
+            at_ms: 3_000,
+            licenses: vec![LicenseStatus {
+                license: "cad".into(),
+                seats_used: 1,
+                seats_total: 2,
+                active: true,
+                expires_at_ms: 0,
+                holders: vec![holder("s-1", meta.clone())],
+                queue: vec![Waiter {
+                    position: 1,
+                    session: "w-1".into(),
+                    user: Some("bell\u{7}".into()),
+                    queued_at_ms: 2_500,
+                    deadline_ms: 9_000,
+                }],
+            }],
+        };
+        let text = render(&status);
+        assert!(
+            !text
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202E}'),
+            "{text:?}"
+        );
+        assert_eq!(text.lines().count(), 5, "one line per row: {text}");
+        assert!(text.contains(r"\u{1b}[2J\u{1b}[Hroot@evil"), "{text}");
+        assert!(text.contains(r"hw\r\nFAKE LINE\u{7}\u{202e}gnp.exe"), "{text}");
+        assert!(text.contains(r"bell\u{7}"), "{text}");
+        // JSON keeps the exact values.
+        let json: serde_json::Value = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["licenses"][0]["holders"][0]["meta"], meta);
+        assert_eq!(printable("ünïcödé ok"), "ünïcödé ok");
+    }
 
     #[test]
     fn durations_read_like_lmstat() {

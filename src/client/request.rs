@@ -4,7 +4,9 @@
 //! until the reply carrying its request id arrives. The CLI's `acquire`,
 //! `release` and `heartbeat` use it, and so do the tests and the benchmark.
 
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -96,7 +98,9 @@ pub struct Client {
     requests: String,
     /// Shards of the requests stream.
     shards: usize,
-    /// This client's reply stream.
+    /// This client's reply stream, `<replies.prefix><client.name>:<unique>`:
+    /// inside the reply namespace the workers answer in, and under the
+    /// application's name, so that its ACL user may read it and no other.
     reply_to: String,
     /// Last reply entry id read.
     last_seen: String,
@@ -111,7 +115,8 @@ static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
 
 impl Client {
-    /// Connects to one Redis at `url`, sending requests to the unsharded stream `requests`.
+    /// Connects to one Redis at `url`, sending requests to the unsharded stream
+    /// `requests`, with the default reply namespace and client name.
     pub async fn connect(url: &str, requests: &str) -> Result<Client, Error> {
         let mut settings = Settings::load(None)?;
         settings.redis.url = url.to_owned();
@@ -125,17 +130,25 @@ impl Client {
         let con = Db::connect_blocking(&settings.redis, LONGEST_WAIT).await?;
         let requests = settings.stream.requests.clone();
         let shards = settings.stream.shards;
-        let host = gethostname::gethostname().to_string_lossy().into_owned();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
+        // A random part makes the reply stream's name and the request ids
+        // unguessable: another caller (who may not list keys) cannot aim a
+        // request's reply at this stream, nor pass one off as an answer here.
+        // std's RandomState is keyed from the operating system's randomness.
+        let random = {
+            let mut hasher = RandomState::new().build_hasher();
+            hasher.write_u128(nanos);
+            hasher.finish()
+        };
         let id_prefix = format!(
-            "{nanos:x}-{}-{}",
+            "{nanos:x}-{}-{}-{random:016x}",
             std::process::id(),
             NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
         );
-        let reply_to = format!("reply:seatgate-client:{host}:{id_prefix}");
+        let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
         Ok(Client {
             con,
             requests,

@@ -8,7 +8,8 @@
 /// Builds key names under one prefix (`seat` unless configured otherwise).
 #[derive(Debug, Clone)]
 pub struct Keys {
-    /// The namespace all seatgate keys live under; reply streams may not use it.
+    /// The namespace all seatgate keys live under (reply streams too, in
+    /// their own part of it, `replies.prefix`), so one ACL pattern covers them.
     prefix: String,
 }
 
@@ -112,13 +113,6 @@ impl Keys {
     pub fn reaper_lock(&self) -> String {
         format!("{}:reaper:lock", self.prefix)
     }
-
-    /// Whether `key` lies inside seatgate's own namespace. Reply streams must
-    /// not: a request must not be able to make the worker write into seat state.
-    pub fn is_reserved(&self, key: &str) -> bool {
-        key.strip_prefix(self.prefix.as_str())
-            .is_some_and(|rest| rest.starts_with(':'))
-    }
 }
 
 /// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
@@ -159,14 +153,5 @@ mod tests {
         assert_eq!(k.license, "seat:{acme-pro}:license");
         assert_eq!(k.holders, "seat:{acme-pro}:holders");
         assert_eq!(k.sessions, "seat:{acme-pro}:sessions");
-    }
-
-    #[test]
-    fn reserved_namespace_is_the_prefix_and_a_colon() {
-        let keys = Keys::new("seat");
-        assert!(keys.is_reserved("seat:{x}:holders"));
-        assert!(keys.is_reserved("seat:requests"));
-        assert!(!keys.is_reserved("seatgate:reply:1"));
-        assert!(!keys.is_reserved("reply:client-1"));
     }
 }

@@ -123,32 +123,28 @@ pub fn valid_id(s: &str) -> bool {
 const MAX_ECHOED_OP_LEN: usize = 32;
 
 /// Parses one stream entry. `entry_id` is the stream entry id, used as the
-/// request id when the caller sent none. `is_reserved` says whether a key lies
-/// in seatgate's own namespace (a reply stream may not).
+/// request id when the caller sent none. `reply_prefix` is the namespace a
+/// `reply_to` must lie in (`replies.prefix`).
 pub fn parse_request(
     entry_id: &str,
     pairs: &[(String, Vec<u8>)],
-    is_reserved: impl Fn(&str) -> bool,
+    reply_prefix: &str,
 ) -> Result<Request, Invalid> {
     let fields = Fields::collect(pairs);
     let mut echo = Echo {
         id: entry_id.to_owned(),
         ..Echo::default()
     };
-    parse_fields(&fields, is_reserved, &mut echo).map_err(|refusal| refusal.answer(echo))
+    parse_fields(&fields, reply_prefix, &mut echo).map_err(|refusal| refusal.answer(echo))
 }
 
 /// The checks in their documented order (docs/protocol.md, "Invalid
 /// requests"): the first problem found is the one reported, so the order
 /// decides what a request with several problems is told. Each step that
 /// passes adds to `echo` what a later refusal is answered with.
-fn parse_fields(
-    fields: &Fields,
-    is_reserved: impl Fn(&str) -> bool,
-    echo: &mut Echo,
-) -> Result<Request, Refusal> {
+fn parse_fields(fields: &Fields, reply_prefix: &str, echo: &mut Echo) -> Result<Request, Refusal> {
     // Reply address first, so that every later refusal can be answered.
-    let reply_to = parse_reply_to(fields, is_reserved)?;
+    let reply_to = parse_reply_to(fields, reply_prefix)?;
     echo.reply_to = reply_to.clone();
     if let Some(id) = parse_request_id(fields)? {
         echo.id = id.to_owned();
@@ -227,30 +223,37 @@ impl Refusal {
     }
 }
 
-/// The reply address: absent (a fire-and-forget request), or 1..=256 bytes of
-/// printable ASCII without spaces that is not a key in seatgate's namespace.
-/// Braces are allowed so that callers can hash-tag their reply streams. What a
-/// valid `reply_to` is is decided here and nowhere else.
-fn parse_reply_to(fields: &Fields, is_reserved: impl Fn(&str) -> bool) -> Result<Option<String>, Refusal> {
+/// Checks the `reply_to` field: 1 to [`MAX_REPLY_TO_LEN`] bytes of printable
+/// ASCII that start with `reply_prefix` (`replies.prefix`) and name a stream
+/// after it. A refusal has field `reply_to` and no address: the request cannot
+/// be answered, so the worker dead-letters it instead of deciding it, and a
+/// key outside the reply namespace (another application's stream, a seat
+/// record) is never touched.
+fn parse_reply_to(fields: &Fields, reply_prefix: &str) -> Result<Option<String>, Refusal> {
     let Some(value) = fields.text("reply_to") else {
         return Ok(None);
     };
-    let well_formed = value
-        .ok()
-        .filter(|r| !r.is_empty() && r.len() <= MAX_REPLY_TO_LEN && r.bytes().all(|b| b.is_ascii_graphic()));
-    match well_formed {
-        Some(r) if !is_reserved(r) => Ok(Some(r.to_owned())),
-        Some(_) => Err(Refusal::new(
-            "reply_to",
-            "field `reply_to` names a key inside seatgate's own namespace",
-        )),
-        None => Err(Refusal::new(
+    let Ok(r) = value else {
+        return Err(Refusal::new("reply_to", "field `reply_to` is not UTF-8"));
+    };
+    if r.is_empty() || r.len() > MAX_REPLY_TO_LEN || !r.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Refusal::new(
             "reply_to",
             format!(
                 "field `reply_to` must be 1 to {MAX_REPLY_TO_LEN} bytes of printable ASCII without spaces"
             ),
-        )),
+        ));
     }
+    if r.len() > reply_prefix.len() && r.starts_with(reply_prefix) {
+        return Ok(Some(r.to_owned()));
+    }
+    Err(Refusal::new(
+        "reply_to",
+        format!(
+            "field `reply_to` \"{}\" lies outside the reply namespace: it must start with {reply_prefix:?} (replies.prefix) and name a stream after it",
+            truncate(r)
+        ),
+    ))
 }
 
 /// The caller's request id, when it sent one.
@@ -513,7 +516,7 @@ mod tests {
     }
 
     fn parse(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
-        parse_request("1-0", &entry(pairs), |k| k.starts_with("seat:"))
+        parse_request("1-0", &entry(pairs), "seat:reply:")
     }
 
     #[test]
@@ -523,7 +526,7 @@ mod tests {
             ("id", b"r1"),
             ("license", b"acme"),
             ("session", b"s-1"),
-            ("reply_to", b"reply:c1"),
+            ("reply_to", b"seat:reply:c1"),
             ("meta", br#"{ "user_email": "a@b.c" }"#),
             ("wait_ms", b"1500"),
         ])
@@ -532,7 +535,7 @@ mod tests {
         assert_eq!(req.id, "r1");
         assert_eq!(req.meta, r#"{"user_email":"a@b.c"}"#);
         assert_eq!(req.wait_ms, 1500);
-        assert_eq!(req.reply_to.as_deref(), Some("reply:c1"));
+        assert_eq!(req.reply_to.as_deref(), Some("seat:reply:c1"));
     }
 
     #[test]
@@ -633,34 +636,62 @@ mod tests {
             ),
         ];
         for (mut pairs, field) in cases {
-            pairs.push(("reply_to", b"reply:c1"));
+            pairs.push(("reply_to", b"seat:reply:c1"));
             pairs.push(("id", b"r9"));
             let bad = parse(&pairs).expect_err(field);
             assert_eq!(bad.field, field, "{pairs:?}: {}", bad.reason);
-            assert_eq!(bad.echo.reply_to.as_deref(), Some("reply:c1"));
+            assert_eq!(bad.echo.reply_to.as_deref(), Some("seat:reply:c1"));
             assert_eq!(bad.echo.id, "r9");
             assert!(!bad.reason.is_empty() && !bad.reason.contains('\n'));
         }
     }
 
     #[test]
-    fn reply_to_inside_the_namespace_is_refused_without_an_address() {
-        let bad = parse(&[
-            ("op", b"acquire"),
+    fn reply_to_outside_the_reply_namespace_is_refused_without_an_address() {
+        let outside: [&[u8]; 7] = [
+            b"orders:jobs",
+            b"seat:{a}:holders",
+            b"seat:requests",
+            b"seat:reply:",
+            b"seat:replyx:1",
+            b"reply:c1",
+            b"SEAT:REPLY:c1",
+        ];
+        for reply_to in outside {
+            let bad = parse(&[
+                ("op", b"acquire"),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("reply_to", reply_to),
+            ])
+            .unwrap_err();
+            assert_eq!(bad.field, "reply_to");
+            assert_eq!(bad.echo.reply_to, None, "no address to answer at");
+            assert!(
+                bad.reason.contains("`reply_to`") && bad.reason.contains("\"seat:reply:\""),
+                "{}",
+                bad.reason
+            );
+        }
+        for malformed in [&b"seat:reply:a b"[..], b"seat:reply:\xff", b""] {
+            let bad = parse(&[("op", b"release"), ("reply_to", malformed)]).unwrap_err();
+            assert_eq!((bad.field, bad.echo.reply_to.as_deref()), ("reply_to", None));
+        }
+        let ok = parse(&[
+            ("op", b"release"),
             ("license", b"a"),
             ("session", b"s"),
-            ("reply_to", b"seat:{a}:holders"),
+            ("reply_to", b"seat:reply:{app}:1"),
         ])
-        .unwrap_err();
-        assert_eq!(bad.field, "reply_to");
-        assert_eq!(bad.echo.reply_to, None);
+        .unwrap();
+        assert_eq!(ok.reply_to.as_deref(), Some("seat:reply:{app}:1"));
     }
 
     #[test]
     fn an_invalid_id_is_still_answered_under_the_entry_id() {
-        let bad = parse(&[("op", b"acquire"), ("id", b""), ("reply_to", b"reply:c1")]).unwrap_err();
+        let bad = parse(&[("op", b"acquire"), ("id", b""), ("reply_to", b"seat:reply:c1")]).unwrap_err();
         assert_eq!((bad.field, bad.echo.id.as_str()), ("id", "1-0"));
-        assert_eq!(bad.echo.reply_to.as_deref(), Some("reply:c1"));
+        assert_eq!(bad.echo.reply_to.as_deref(), Some("seat:reply:c1"));
     }
 
     #[test]
@@ -776,7 +807,7 @@ mod tests {
         /// The parser never panics, and what it accepts is within the documented limits.
         #[test]
         fn the_parser_never_panics_and_accepts_only_valid_requests(fields in hostile::entry()) {
-            match parse_request("1-0", &fields, |k| k.starts_with("seat:")) {
+            match parse_request("1-0", &fields, "seat:reply:") {
                 Ok(req) => {
                     prop_assert!(valid_id(&req.license));
                     prop_assert!(valid_id(&req.session));

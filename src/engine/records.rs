@@ -131,7 +131,7 @@ mod tests {
             (o.status, o.position, o.now_ms, o.changed, o.replayed),
             (Status::Queued, Some(2), 1796013949007, false, true)
         );
-        let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
+        let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","seat:reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
         let o = parse_dedupe_record(raw).unwrap();
         assert_eq!(o.notes.len(), 1);
         assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 2749));

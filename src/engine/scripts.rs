@@ -362,20 +362,21 @@ impl Scripts {
         }
     }
 
-    /// lua/reply.lua: XADD `fields` to the caller's `stream` (capped at about
-    /// `maxlen`) and set its expiry, refusing keys that are not streams.
+    /// lua/reply.lua: XADD `fields` to the caller's `stream`, trim replies
+    /// older than `keep_ms` (by the server's clock, never by count) and set
+    /// its expiry to `expire_ms`, refusing keys that are not streams.
     pub async fn reply<C: ConnectionLike>(
         &self,
         con: &mut C,
         stream: &str,
-        maxlen: usize,
-        ttl_ms: u64,
+        keep_ms: u64,
+        expire_ms: u64,
         fields: &[(&str, String)],
     ) -> redis::RedisResult<()> {
         let mut call = self.reply.prepare_invoke();
         call.key(stream) // KEYS[1]
-            .arg(maxlen) // ARGV[1]
-            .arg(ttl_ms); // ARGV[2]
+            .arg(keep_ms) // ARGV[1]
+            .arg(expire_ms); // ARGV[2]
         for (field, value) in fields {
             call.arg(*field).arg(value); // ARGV[3..]
         }

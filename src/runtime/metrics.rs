@@ -55,6 +55,9 @@ pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
 pub const CLAIMED: &str = "seatgate_claimed_requests_total";
 /// Entries moved to the dead-letter stream.
 pub const DEAD_LETTERED: &str = "seatgate_dead_lettered_total";
+/// Requests not decided because their `reply_to` lies outside
+/// `replies.prefix` (or is malformed): dead-lettered, never answered.
+pub const REFUSED_REPLY_TO: &str = "seatgate_refused_reply_to_total";
 /// Redelivered entries answered from the dedupe record (no second effect).
 pub const REPLAYED: &str = "seatgate_replayed_requests_total";
 /// Events that could not be appended to the events stream.
@@ -378,6 +381,11 @@ pub fn claimed(n: usize) {
 /// Counts one dead-lettered entry.
 pub fn dead_lettered() {
     counter!(DEAD_LETTERED).increment(1);
+}
+
+/// Counts one request refused (and dead-lettered) for its `reply_to`.
+pub fn refused_reply_to() {
+    counter!(REFUSED_REPLY_TO).increment(1);
 }
 
 /// Counts one replayed (redelivered, deduplicated) entry.

@@ -105,10 +105,15 @@ pub struct Publisher {
     shards: usize,
     /// Approximate cap of the events stream.
     events_maxlen: usize,
-    /// Approximate cap of each reply stream.
-    reply_maxlen: usize,
-    /// Idle expiry of each reply stream, ms.
+    /// The namespace every reply stream lies in (`replies.prefix`): nothing
+    /// outside it is ever written, trimmed or given an expiry.
+    reply_prefix: String,
+    /// How long a reply stays readable at least, ms (`replies.ttl_ms`).
     reply_ttl_ms: u64,
+    /// One Redis node: every key shares one clock, so a time read by any
+    /// script may set the fast path's trim point. On a cluster another
+    /// master's clock may run ahead, so the fast path does not trim there.
+    single_clock: bool,
     /// Key names (the outbox of a license).
     keys: crate::engine::keys::Keys,
     /// Reply streams this process set the expiry of recently, and when.
@@ -122,8 +127,9 @@ impl Publisher {
             events: settings.events.stream.clone(),
             shards: settings.stream.shards,
             events_maxlen: settings.events.maxlen,
-            reply_maxlen: settings.replies.maxlen,
+            reply_prefix: settings.replies.prefix.clone(),
             reply_ttl_ms: settings.replies.ttl_ms,
+            single_clock: !settings.redis.is_cluster(),
             keys: crate::engine::keys::Keys::new(settings.keys.prefix.clone()),
             fresh: Default::default(),
         }
@@ -131,22 +137,38 @@ impl Publisher {
 
     /// Appends `reply` to the caller's `stream`.
     ///
-    /// The first reply to a stream (and one every quarter of the expiry) goes
-    /// through lua/reply.lua, which refuses non-stream keys and sets the
-    /// expiry atomically. In between, a plain `XADD ... NOMKSTREAM` is enough
-    /// and costs Redis a fraction of a script call: the key is known to be a
-    /// stream with an expiry, and NOMKSTREAM never re-creates a stream its
-    /// owner deleted (it would have no expiry); that case falls back to the script.
+    /// The first reply to a stream (and one every quarter of `replies.ttl_ms`)
+    /// goes through lua/reply.lua, which refuses non-stream keys, trims
+    /// replies older than the ttl and sets the expiry atomically. In between,
+    /// a plain `XADD ... NOMKSTREAM` is enough and costs Redis a fraction of a
+    /// script call: the key is known to be a stream with an expiry, and
+    /// NOMKSTREAM never re-creates a stream its owner deleted (it would have
+    /// no expiry); that case falls back to the script.
+    ///
+    /// A `stream` outside `replies.prefix` is refused before anything is sent.
     pub async fn reply<C: ConnectionLike>(
         &self,
         con: &mut C,
         stream: &str,
         reply: &Reply,
     ) -> redis::RedisResult<()> {
+        self.reply_at(con, stream, reply, None).await
+    }
+
+    /// [`Publisher::reply`], trimming on the fast path too when `clock` (ms)
+    /// is a time some script read from the Redis clock before this call.
+    async fn reply_at<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        stream: &str,
+        reply: &Reply,
+        clock: Option<i64>,
+    ) -> redis::RedisResult<()> {
+        self.check_namespace(stream)?;
         let fields = reply.fields();
         if self.is_fresh(stream) {
             match self
-                .fast_xadd(stream, &fields)
+                .fast_xadd(stream, &fields, clock)
                 .query_async::<Option<String>>(con)
                 .await
             {
@@ -156,17 +178,41 @@ impl Publisher {
                 Err(e) => return Err(e),
             }
         }
+        // Taken before the script runs, so the fast path's window ends no
+        // later than a quarter ttl after the expiry the script sets.
+        let started = Instant::now();
         Scripts::get()
-            .reply(con, stream, self.reply_maxlen, self.reply_ttl_ms, &fields)
+            .reply(con, stream, self.reply_ttl_ms, self.reply_expiry_ms(), &fields)
             .await?;
         if let Ok(mut f) = self.fresh.lock() {
             // Bounded: forgetting costs only one script call per stream.
             if f.len() >= 100_000 {
                 f.clear();
             }
-            f.insert(stream.to_owned(), Instant::now());
+            f.insert(stream.to_owned(), started);
         }
         Ok(())
+    }
+
+    /// Refuses a reply stream outside `replies.prefix`: requests naming one
+    /// are dead-lettered before they get here, and a queue reply stored
+    /// before the namespace existed is dropped rather than written.
+    fn check_namespace(&self, stream: &str) -> redis::RedisResult<()> {
+        if stream.len() > self.reply_prefix.len() && stream.starts_with(&self.reply_prefix) {
+            return Ok(());
+        }
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "reply_to lies outside replies.prefix; nothing written",
+            format!("{stream} (replies.prefix is {})", self.reply_prefix),
+        )))
+    }
+
+    /// The expiry reply.lua sets: the ttl plus half of it. The fast path
+    /// writes without touching the expiry for at most a quarter ttl after the
+    /// script ran, so each of its replies still has more than a ttl to live.
+    fn reply_expiry_ms(&self) -> u64 {
+        self.reply_ttl_ms.saturating_add(self.reply_ttl_ms / 2)
     }
 
     fn is_fresh(&self, stream: &str) -> bool {
@@ -178,14 +224,21 @@ impl Publisher {
             .unwrap_or(false)
     }
 
-    fn fast_xadd(&self, stream: &str, fields: &[(&str, String)]) -> redis::Cmd {
+    /// `XADD <stream> NOMKSTREAM [MINID ~ <clock - ttl>] * ...`. The trim
+    /// point comes from `clock`, a time a script read on the same server
+    /// before this XADD runs: never later than the XADD's own time, so no
+    /// reply younger than the ttl is ever trimmed. Without one it only appends
+    /// (the script trims on its next run).
+    fn fast_xadd(&self, stream: &str, fields: &[(&str, String)], clock: Option<i64>) -> redis::Cmd {
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(stream)
-            .arg("NOMKSTREAM")
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(self.reply_maxlen)
-            .arg("*");
+        xadd.arg(stream).arg("NOMKSTREAM");
+        let oldest = clock
+            .filter(|ms| self.single_clock && *ms > 0)
+            .map(|ms| ms.saturating_sub(i64::try_from(self.reply_ttl_ms).unwrap_or(i64::MAX)));
+        if let Some(oldest) = oldest.filter(|ms| *ms > 0) {
+            xadd.arg("MINID").arg("~").arg(oldest);
+        }
+        xadd.arg("*");
         for (field, value) in fields {
             xadd.arg(*field).arg(value);
         }
@@ -228,25 +281,34 @@ impl Publisher {
     /// Replies that need the script (first reply to a stream, or the fast
     /// path found the stream gone) follow one by one. Returns one result per
     /// reply, in order; event failures are logged and counted only.
+    ///
+    /// `clock` is the earliest Redis time (ms) the batch's scripts read, if
+    /// any ran: the fast path trims reply streams by age from it.
     pub async fn reply_many(
         &self,
         con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
         events: &[Event<'_>],
+        clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
         let mut cmds = Vec::with_capacity(replies.len() + events.len());
         let mut fast = Vec::with_capacity(replies.len());
-        for (stream, reply) in replies {
+        let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
+        for (i, (stream, reply)) in replies.iter().enumerate() {
+            if let Err(e) = self.check_namespace(stream) {
+                results[i] = Some(Err(e));
+                fast.push(false);
+                continue;
+            }
             let is_fast = self.is_fresh(stream);
             if is_fast {
-                cmds.push(self.fast_xadd(stream, &reply.fields()));
+                cmds.push(self.fast_xadd(stream, &reply.fields(), clock));
             }
             fast.push(is_fast);
         }
         for event in events {
             cmds.push(self.event_cmd(event));
         }
-        let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
         if !cmds.is_empty() {
             match con.query_all(cmds).await {
                 Ok(answers) => {
@@ -285,7 +347,7 @@ impl Publisher {
         let slow = futures_util::future::join_all(pending.iter().map(|&i| {
             let mut con = con.clone();
             let (stream, reply) = replies[i];
-            async move { self.reply(&mut con, stream, reply).await }
+            async move { self.reply_at(&mut con, stream, reply, clock).await }
         }))
         .await;
         for (i, result) in pending.into_iter().zip(slow) {
@@ -344,7 +406,7 @@ impl Publisher {
                 error: (note.status == Status::QueueTimeout)
                     .then(|| format!("waited {} ms without a seat", note.waited_ms)),
             };
-            result = self.reply(con, &note.reply_to, &reply).await;
+            result = self.reply_at(con, &note.reply_to, &reply, Some(at_ms)).await;
             match &result {
                 // Delivered: out of the outbox, so the reaper does not send it again.
                 Ok(()) => {

@@ -827,7 +827,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
             meta: &meta,
             wait_ms: 3_600_000,
             request_id: "req-1796011839633-0",
-            reply_to: "reply:client-0001",
+            reply_to: "seat:reply:client-0001",
             default_queue_max: u64::MAX,
         };
         pipe.add_command(Scripts::get().acquire(&lk, &guard, &args).cmd())

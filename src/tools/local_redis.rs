@@ -77,8 +77,11 @@ impl LocalRedis {
                 return false;
             }
             if let Ok(mut con) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return true;
+                match redis::cmd("PING").query::<String>(&mut con) {
+                    Ok(_) => return true,
+                    // Up, and asking for a login (an ACL file or requirepass).
+                    Err(e) if e.code() == Some("NOAUTH") => return true,
+                    Err(_) => {}
                 }
             }
             std::thread::sleep(Duration::from_millis(20));

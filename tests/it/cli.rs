@@ -311,3 +311,34 @@ fn json_logs_are_one_object_per_line() {
     assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("format"));
 }
+
+/// `seatgate status` prints what callers stored: control characters in it
+/// are shown escaped, so a session's metadata cannot drive the operator's
+/// terminal; `--json` keeps the exact value.
+#[test]
+fn status_escapes_control_characters_and_json_keeps_them() {
+    let redis = RedisServer::start_with(&[]);
+    assert!(seatgate(&redis, &["license", "put", "cad", "--seats", "2"])
+        .status
+        .success());
+    let _worker = WorkerProcess::start(&redis.url(), &[]);
+    let hostile = "\u{1b}[2J\u{1b}[Hadmin@corp\rOK";
+    let meta = serde_json::json!({ "user_email": hostile, "hardware_id": "hw\u{7}" }).to_string();
+    let o = seatgate(
+        &redis,
+        &["acquire", "--license", "cad", "--session", "s1", "--meta", &meta],
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+
+    let text = stdout(&seatgate(&redis, &["status"]));
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters reach the terminal: {text:?}"
+    );
+    assert!(text.contains(r"\u{1b}[2J\u{1b}[Hadmin@corp\rOK"), "{text}");
+    assert!(text.contains(r"hw\u{7}"), "{text}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&seatgate(&redis, &["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["licenses"][0]["holders"][0]["user"], hostile);
+}

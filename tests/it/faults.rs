@@ -52,7 +52,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
             ("id", "a1"),
             ("license", "lic"),
             ("session", "s1"),
-            ("reply_to", "reply:t"),
+            ("reply_to", "seat:reply:t"),
         ],
     )
     .await;
@@ -63,7 +63,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
             ("id", "r1"),
             ("license", "lic"),
             ("session", "held"),
-            ("reply_to", "reply:t"),
+            ("reply_to", "seat:reply:t"),
         ],
     )
     .await;
@@ -99,7 +99,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         .acquire(
             &lk,
             &Guard::for_entry(&settings.guard_policy(), &keys, &acquire_id, "lic", "s1"),
-            &args("s1", "a1", "reply:t"),
+            &args("s1", "a1", "seat:reply:t"),
         )
         .run(&mut con)
         .await
@@ -123,7 +123,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     worker.stop().await;
-    let got = replies(&mut con, "reply:t").await;
+    let got = replies(&mut con, "seat:reply:t").await;
     let by_id: HashMap<&str, &str> = got
         .iter()
         .map(|r| (r["id"].as_str(), r["status"].as_str()))
@@ -167,7 +167,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
             ("id", "p1"),
             ("license", "poison"),
             ("session", "x"),
-            ("reply_to", "reply:p"),
+            ("reply_to", "seat:reply:p"),
         ],
     )
     .await;
@@ -203,7 +203,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
         "{:?}",
         dead[0]["dead_reason"]
     );
-    let answer = replies(&mut con, "reply:p").await;
+    let answer = replies(&mut con, "seat:reply:p").await;
     assert_eq!(answer.len(), 1);
     assert_eq!(
         (answer[0]["status"].as_str(), answer[0]["id"].as_str()),
@@ -383,7 +383,7 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
             .unwrap();
     }
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let reply_streams: Vec<String> = (0..4).map(|i| format!("reply:burst:{i}")).collect();
+    let reply_streams: Vec<String> = (0..4).map(|i| format!("seat:reply:burst:{i}")).collect();
     let stop = CancellationToken::new();
     let collector = collect(
         url.to_owned(),

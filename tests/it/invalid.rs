@@ -224,7 +224,7 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut con = redis.con().await;
     let _: () = redis::cmd("SET")
-        .arg("reply:not-a-stream")
+        .arg("seat:reply:not-a-stream")
         .arg("x")
         .query_async(&mut con)
         .await
@@ -239,7 +239,7 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("reply:not-a-stream")
+        .arg("seat:reply:not-a-stream")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -264,7 +264,7 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut con = redis.con().await;
     let _: () = redis::cmd("SET")
-        .arg("victim:key")
+        .arg("seat:reply:victim")
         .arg("important")
         .query_async(&mut con)
         .await
@@ -279,7 +279,7 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("victim:key")
+        .arg("seat:reply:victim")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -303,12 +303,12 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         "acknowledged although its reply could not be written"
     );
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("victim:key")
+        .arg("seat:reply:victim")
         .query_async(&mut con)
         .await
         .unwrap();
     let value: String = redis::cmd("GET")
-        .arg("victim:key")
+        .arg("seat:reply:victim")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -329,7 +329,6 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     }
     let mut settings = redis.settings();
     settings.limits.session_requests = 0;
-    settings.replies.maxlen = 10_000;
     let worker = spawn_worker(settings, "w1").await;
     let mut con = redis.con().await;
     let mut runner = TestRunner::deterministic();
@@ -345,7 +344,7 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
             .arg("id")
             .arg(format!("g{i}"))
             .arg("reply_to")
-            .arg("reply:fuzz");
+            .arg("seat:reply:fuzz");
         for (k, v) in fields
             .iter()
             .filter(|(k, _)| k != "id" && k != "reply_to" && !k.is_empty())
@@ -357,7 +356,7 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let replies = loop {
         let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg("reply:fuzz")
+            .arg("seat:reply:fuzz")
             .arg("-")
             .arg("+")
             .query_async(&mut con)
@@ -398,4 +397,100 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
             );
         }
     }
+}
+
+/// A `reply_to` outside `replies.prefix` (here another application's busy
+/// stream) is refused: the request is not decided, the key is left exactly as
+/// it was (no reply, no trim, no expiry), the entry goes to the dead-letter
+/// stream with a reason naming `reply_to`, and the refusal is counted.
+#[tokio::test]
+async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_untouched() {
+    use crate::support::{http_get, stream_entries, WorkerProcess};
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 2).await;
+    let mut con = redis.con().await;
+    let mut pipe = redis::pipe();
+    for i in 0..1_000 {
+        pipe.cmd("XADD")
+            .arg("orders:jobs")
+            .arg("*")
+            .arg("order")
+            .arg(i)
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut con).await.unwrap();
+    let dump = |con: &mut redis::aio::MultiplexedConnection| {
+        let mut con = con.clone();
+        async move {
+            let dump: Vec<u8> = redis::cmd("DUMP")
+                .arg("orders:jobs")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let ttl: i64 = redis::cmd("TTL")
+                .arg("orders:jobs")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            (dump, ttl)
+        }
+    };
+    let before = dump(&mut con).await;
+    assert_eq!(before.1, -1);
+
+    let worker = WorkerProcess::start(&redis.url(), &[]);
+    for op in ["acquire", "release"] {
+        let _: String = redis::cmd("XADD")
+            .arg("seat:requests")
+            .arg("*")
+            .arg("op")
+            .arg(op)
+            .arg("id")
+            .arg(format!("hostile-{op}"))
+            .arg("license")
+            .arg("lic")
+            .arg("session")
+            .arg("s1")
+            .arg("reply_to")
+            .arg("orders:jobs")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = stream_entries(&mut con, "seat:requests:dead").await;
+        if dead.len() >= 2 && pending(&redis).await == 0 {
+            break dead;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not dead-lettered: {dead:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dump(&mut con).await, before, "orders:jobs byte-identical, no TTL");
+    assert!(
+        crate::support::holders(&redis, "lic").await.is_empty(),
+        "not decided"
+    );
+    let mut ids: Vec<&str> = dead.iter().map(|e| e["id"].as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["hostile-acquire", "hostile-release"]);
+    for entry in &dead {
+        assert_eq!(entry["reply_to"], "orders:jobs");
+        let reason = &entry["dead_reason"];
+        assert!(
+            reason.contains("reply_to") && reason.contains("orders:jobs") && reason.contains("seat:reply:"),
+            "{reason}"
+        );
+    }
+    let (_, text) = http_get(&worker.metrics, "/metrics").expect("metrics");
+    let count = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count("seatgate_refused_reply_to_total "), 2.0, "{text}");
+    assert_eq!(count("seatgate_dead_lettered_total "), 2.0, "{text}");
 }

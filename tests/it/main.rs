@@ -1,6 +1,7 @@
 //! Integration tests against real redis-server processes started by the
 //! harness (see `support`). One binary, one module per area.
 
+mod acl;
 mod cli;
 mod cluster;
 mod faults;

@@ -468,7 +468,7 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
     let scripts = Scripts::get();
     for i in 0..20 {
         let (session, request_id) = (format!("w{i:02}"), format!("r{i:02}"));
-        let reply_to = format!("reply:{session}");
+        let reply_to = format!("seat:reply:{session}");
         let args = AcquireArgs {
             session: &session,
             meta: "{}",
@@ -504,7 +504,7 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         .await
         .unwrap();
     for i in 0..20 {
-        let replies = crate::support::stream_entries(&mut con, &format!("reply:w{i:02}")).await;
+        let replies = crate::support::stream_entries(&mut con, &format!("seat:reply:w{i:02}")).await;
         assert_eq!(replies.len(), 1, "w{i:02}: {replies:?}");
         assert_eq!(
             (replies[0]["id"].as_str(), replies[0]["status"].as_str()),

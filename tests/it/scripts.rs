@@ -355,7 +355,7 @@ async fn run(
         Req::Acquire(session, wait_ms) => {
             let meta = meta_of(session);
             let request_id = format!("req-{session}");
-            let reply_to = format!("reply:{session}");
+            let reply_to = format!("seat:reply:{session}");
             let args = AcquireArgs {
                 session,
                 meta: &meta,
@@ -479,7 +479,7 @@ async fn every_seat_script_answers_the_documented_outcome() {
         for n in &o.notes {
             assert_eq!(n.status, Status::Granted);
             assert_eq!(n.request_id, format!("req-{}", n.session));
-            assert_eq!(n.reply_to, format!("reply:{}", n.session));
+            assert_eq!(n.reply_to, format!("seat:reply:{}", n.session));
             assert_eq!(n.note_id, format!("GRANTED:{}:{}", n.session, o.now_ms));
             assert!(n.waited_ms >= 0 && n.waited_ms <= after - before + 60_000);
             let kept: bool = con.hexists(&keys("lic").outbox, &n.note_id).await.unwrap();
@@ -592,7 +592,7 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     let raw: String = con.hget(&k.waiters, "b").await.unwrap();
     let waiter = WaiterRecord {
         id: "req-b".into(),
-        reply_to: "reply:b".into(),
+        reply_to: "seat:reply:b".into(),
         meta: meta_of("b"),
         queued_at: queued.now_ms,
     };
@@ -672,8 +672,8 @@ async fn reap_answers_the_documented_step() {
     assert_eq!(
         notes,
         [
-            (Status::QueueTimeout, "c", "req-c", "reply:c"),
-            (Status::Granted, "b", "req-b", "reply:b")
+            (Status::QueueTimeout, "c", "req-c", "seat:reply:c"),
+            (Status::Granted, "b", "req-b", "seat:reply:b")
         ],
         "the timeout first, then the grant"
     );

@@ -53,11 +53,16 @@ async fn acquire_heartbeat_release_round_trip() {
 }
 
 #[tokio::test]
-async fn reply_streams_are_capped_and_expire() {
+async fn reply_streams_expire_after_their_last_reply() {
     let redis = RedisServer::start_with(&[]);
     put_license(&redis, "lic", 1).await;
     let worker = spawn_worker(redis.settings(), "w1").await;
     let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    assert!(
+        client.reply_to().starts_with("seat:reply:seatgate:"),
+        "{}",
+        client.reply_to()
+    );
     client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
     let mut con = redis.con().await;
     let ttl: i64 = redis::cmd("PTTL")
@@ -65,7 +70,125 @@ async fn reply_streams_are_capped_and_expire() {
         .query_async(&mut con)
         .await
         .unwrap();
-    assert!(ttl > 0 && ttl <= 300_000, "reply stream expires (pttl {ttl})");
+    // replies.ttl_ms is 300 s; the stream outlives its last reply by 1.25 to 1.5 of it.
+    assert!(
+        ttl > 300_000 && ttl <= 450_000,
+        "reply stream expires (pttl {ttl})"
+    );
+    worker.stop().await;
+}
+
+/// Waits until every request on the stream has been read and acknowledged.
+async fn drained(redis: &RedisServer) {
+    let mut con = redis.con().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg("seat:requests")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let int = |k: &str| match groups[0].get(k) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => -1,
+        };
+        if int("lag") == 0 && int("pending") == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "requests not drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The request ids of every reply on `stream`, read in pages (one read of
+/// thousands of entries could outlast the connection's response timeout on a
+/// busy machine).
+async fn reply_ids(redis: &RedisServer, stream: &str) -> Vec<String> {
+    let mut con = redis.con().await;
+    let mut ids = Vec::new();
+    let mut from = "-".to_owned();
+    loop {
+        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let Some(last) = page.ids.last() else { return ids };
+        from = format!("({}", last.id);
+        ids.extend(page.ids.iter().map(|e| e.get::<String>("id").unwrap_or_default()));
+    }
+}
+
+/// Reply streams are trimmed by age, never by count: a client that sends
+/// thousands of requests before reading finds every reply (the old cap of
+/// `replies.maxlen` = 100 kept about the last 100).
+#[tokio::test]
+async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut sent = std::collections::HashSet::new();
+    for i in 0..5_000 {
+        // Releases are never rate limited; each is answered SESSION_NOT_FOUND.
+        let id = client
+            .send(&call(Op::Release, "lic", &format!("s{i}")))
+            .await
+            .unwrap();
+        sent.insert(id);
+    }
+    drained(&redis).await;
+    let replies = reply_ids(&redis, client.reply_to()).await;
+    assert_eq!(replies.len(), 5_000, "one reply per request, none trimmed");
+    let received: std::collections::HashSet<String> = replies.into_iter().collect();
+    assert_eq!(received, sent);
+    worker.stop().await;
+}
+
+/// Replies older than `replies.ttl_ms` are trimmed (by the Redis clock) when
+/// later replies come; younger ones never are.
+#[tokio::test]
+async fn replies_older_than_the_ttl_are_trimmed() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut settings = redis.settings();
+    settings.replies.ttl_ms = 1_000;
+    let worker = spawn_worker(settings, "w1").await;
+    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    for i in 0..1_000 {
+        client
+            .send(&call(Op::Release, "lic", &format!("old{i}")))
+            .await
+            .unwrap();
+    }
+    drained(&redis).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let mut young = Vec::new();
+    for i in 0..300 {
+        young.push(
+            client
+                .send(&call(Op::Release, "lic", &format!("young{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    drained(&redis).await;
+    let replies = reply_ids(&redis, client.reply_to()).await;
+    let ids: std::collections::HashSet<&str> = replies.iter().map(String::as_str).collect();
+    assert!(
+        young.iter().all(|id| ids.contains(id.as_str())),
+        "every young reply kept"
+    );
+    assert!(
+        replies.len() < 1_000,
+        "most of the 1000 replies older than the ttl trimmed ({} left)",
+        replies.len()
+    );
     worker.stop().await;
 }
 

@@ -63,6 +63,12 @@ pub(super) enum Handled {
         /// Whether a retry would fail the same way.
         permanent: bool,
     },
+    /// Not decided and not answerable (its `reply_to` lies outside the reply
+    /// namespace): move it to the dead-letter stream, then acknowledge it.
+    DeadLetter {
+        /// Why: the dead letter carries it.
+        reason: String,
+    },
 }
 
 impl Decider {
@@ -100,7 +106,7 @@ impl Decider {
                 request: entry
                     .fields
                     .as_ref()
-                    .map(|f| protocol::parse_request(&entry.id, f, |k| self.keys.is_reserved(k))),
+                    .map(|f| protocol::parse_request(&entry.id, f, &self.settings.replies.prefix)),
                 entry,
                 outcome: None,
                 reply: None,

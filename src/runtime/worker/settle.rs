@@ -40,7 +40,15 @@ impl Decider {
             .iter()
             .filter_map(|item| item.reply.as_ref().map(|(s, r)| (s.as_str(), r)))
             .collect();
-        let sent = self.publisher.reply_many(con, &to_send, &events).await;
+        // The batch's earliest Redis-clock time: replies older than the
+        // reply TTL before it may be trimmed, never a newer one.
+        let clock = items
+            .iter()
+            .filter_map(|item| item.outcome.as_ref()?.as_ref().ok())
+            .map(|o| o.now_ms)
+            .filter(|ms| *ms > 0)
+            .min();
+        let sent = self.publisher.reply_many(con, &to_send, &events, clock).await;
         let with_reply = items.iter_mut().filter(|item| item.reply.is_some());
         for (item, result) in with_reply.zip(sent) {
             let (Err(e), Some((reply_to, _))) = (result, &item.reply) else {
@@ -105,6 +113,14 @@ impl Decider {
         for Item { entry, handled, .. } in items {
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
+                Some(Handled::DeadLetter { reason }) => {
+                    if self.dead_letter(entry, reason).await {
+                        metrics::refused_reply_to();
+                        done.push(entry.id.as_str());
+                    } else {
+                        retry = true;
+                    }
+                }
                 Some(Handled::Retry { error, permanent }) => {
                     if !permanent {
                         transient.get_or_insert_with(|| error.clone());
@@ -180,7 +196,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let Some(fields) = &entry.fields {
-            if let Ok(req) = protocol::parse_request(&entry.id, fields, |k| self.keys.is_reserved(k)) {
+            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.replies.prefix) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let msg = format!(
@@ -207,6 +223,12 @@ impl Item {
         match (&self.request, &self.outcome) {
             // Deleted or trimmed while pending: nothing to answer.
             (None, _) => self.handled = Some(Handled::Done),
+            // Nowhere it may be answered: not decided, dead-lettered with the reason.
+            (Some(Err(bad)), _) if bad.field == "reply_to" => {
+                self.handled = Some(Handled::DeadLetter {
+                    reason: bad.reason.clone(),
+                })
+            }
             (Some(Err(bad)), _) => {
                 metrics::invalid_request(bad.field);
                 warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");

@@ -1,0 +1,472 @@
+//! Access control and credentials: ops/redis-users.acl loaded into a real
+//! redis-server, every seatgate process logging in as its own user (the
+//! password from the environment, never on a command line), and what each
+//! user is refused. Also ops/run-local.sh keeping a password out of sight.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::{http_get, RedisServer, RedisServerExt, WorkerProcess, BIN};
+
+const WORKER: &str = "seatgate-worker";
+const ADMIN: &str = "seatgate-admin";
+const DASHBOARD: &str = "seatgate-dashboard";
+const CLIENT: &str = "seatgate-client-demo";
+/// A superuser added to the test's copy only, to read ACL LOG.
+const ROOT: &str = "test-root";
+
+fn password(user: &str) -> String {
+    format!("pw-of-{user}")
+}
+
+fn shipped_acl() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/redis-users.acl"))
+        .expect("ops/redis-users.acl")
+}
+
+/// A redis-server loading ops/redis-users.acl, its placeholder password hashes
+/// replaced by test passwords, plus a test-only superuser.
+struct AclRedis {
+    server: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl AclRedis {
+    fn start() -> AclRedis {
+        let mut acl = String::new();
+        for line in shipped_acl().lines() {
+            let user = line.split_whitespace().nth(1).unwrap_or_default();
+            let line: Vec<String> = line
+                .split_whitespace()
+                .map(|token| {
+                    if token.starts_with("#REPLACE_") {
+                        format!(">{}", password(user))
+                    } else {
+                        token.to_owned()
+                    }
+                })
+                .collect();
+            acl.push_str(&line.join(" "));
+            acl.push('\n');
+        }
+        acl.push_str(&format!("user {ROOT} on >{} ~* &* +@all\n", password(ROOT)));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.acl");
+        std::fs::write(&path, acl).unwrap();
+        let server = RedisServer::start_with(&["--aclfile", path.to_str().unwrap()]);
+        AclRedis { server, _dir: dir }
+    }
+
+    /// The URL without credentials, as a process is given it.
+    fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// The environment that logs a process in as `user`.
+    fn login(&self, user: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("SEATGATE__REDIS__USERNAME", user.to_owned()),
+            ("SEATGATE__REDIS__PASSWORD", password(user)),
+            ("SEATGATE__CLIENT__NAME", "demo".to_owned()),
+        ]
+    }
+
+    /// `seatgate <args>` logged in as `user`.
+    fn seatgate(&self, user: &str, args: &[&str]) -> Output {
+        self.command(user, args).output().expect("run seatgate")
+    }
+
+    fn command(&self, user: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--redis")
+            .arg(self.url())
+            .args(args)
+            .env("RUST_LOG", "warn");
+        for (k, v) in self.login(user) {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    async fn con_as(&self, user: &str) -> redis::aio::MultiplexedConnection {
+        let url = format!(
+            "redis://{user}:{}@127.0.0.1:{}",
+            password(user),
+            self.server.port()
+        );
+        redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The error code a command gets as that connection's user.
+async fn refusal(con: &mut redis::aio::MultiplexedConnection, cmd: &mut redis::Cmd) -> String {
+    match cmd.query_async::<redis::Value>(con).await {
+        Ok(v) => panic!("{cmd:?} was allowed: {v:?}"),
+        Err(e) => e.code().unwrap_or("(none)").to_owned(),
+    }
+}
+
+#[test]
+fn the_shipped_file_refuses_to_load_until_its_passwords_are_set() {
+    let dir = tempfile::tempdir().unwrap();
+    // A unix socket only: nothing listens on the network, even if it started.
+    let out = Command::new("redis-server")
+        .args(["--port", "0", "--save", "", "--unixsocket"])
+        .arg(dir.path().join("redis.sock"))
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--aclfile")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/redis-users.acl"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-server");
+    assert!(
+        !out.status.success(),
+        "redis-server started with placeholder passwords"
+    );
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        log.contains("password hash must be exactly 64 characters"),
+        "{log}"
+    );
+    // Every user but `default` (which is off) has a placeholder to replace.
+    for line in shipped_acl().lines() {
+        let user = line.split_whitespace().nth(1).unwrap();
+        if user == "default" {
+            assert!(line.contains(" off "), "{line}");
+        } else {
+            assert!(line.contains(" #REPLACE_WITH_SHA256_OF_THE_"), "{line}");
+            assert!(!line.contains("nopass") && !line.contains(" >"), "{line}");
+        }
+    }
+}
+
+/// The whole life of a seat with every process as its own least-privilege
+/// user: the admin provisions, the worker and reaper serve, clients acquire,
+/// queue, get a seat freed by eviction, heartbeat and release, the dashboard
+/// reads status and events. Then each user is refused what is not its own,
+/// and Redis's ACL LOG shows no denial but those provoked on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_works_as_its_own_user_and_nothing_more() {
+    let redis = AclRedis::start();
+    let put = redis.seatgate(
+        ADMIN,
+        &[
+            "license",
+            "put",
+            "cad",
+            "--seats",
+            "1",
+            "--heartbeat-timeout",
+            "2s",
+        ],
+    );
+    assert!(put.status.success(), "admin provisions: {put:?}");
+    let show = redis.seatgate(ADMIN, &["license", "show", "cad", "--json"]);
+    assert!(show.status.success(), "{show:?}");
+
+    let mut env = redis.login(WORKER);
+    env.push(("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned()));
+    let worker = WorkerProcess::start(&redis.url(), &env);
+
+    let alice = redis.seatgate(CLIENT, &["acquire", "--license", "cad", "--session", "alice"]);
+    assert_eq!(alice.status.code(), Some(0), "{alice:?}");
+    assert!(stdout(&alice).starts_with("ACQUIRED"), "{}", stdout(&alice));
+
+    // Bob waits; alice never heartbeats, so the reaper evicts her and bob gets her seat.
+    let bob = redis
+        .command(
+            CLIENT,
+            &["acquire", "--license", "cad", "--session", "bob", "--wait", "30s"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bob = tokio::task::spawn_blocking(move || bob.wait_with_output().unwrap());
+    let bob = tokio::time::timeout(Duration::from_secs(40), bob)
+        .await
+        .expect("bob got no answer")
+        .unwrap();
+    assert_eq!(bob.status.code(), Some(0), "{bob:?}");
+    let lines: Vec<String> = stdout(&bob).lines().map(str::to_owned).collect();
+    assert!(lines[0].starts_with("QUEUED"), "{lines:?}");
+    assert!(lines.last().unwrap().starts_with("GRANTED"), "{lines:?}");
+
+    let status = stdout(&redis.seatgate(DASHBOARD, &["status"]));
+    assert!(
+        status.contains("cad: 1 of 1 seats in use") && status.contains("bob"),
+        "{status}"
+    );
+    let mut events = redis
+        .command(DASHBOARD, &["events", "--from-start", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = events.stdout.take().unwrap();
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !text.contains("\"granted\"") && Instant::now() < deadline {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        text
+    });
+    let seen = tokio::time::timeout(Duration::from_secs(15), seen).await;
+    let _ = events.kill();
+    let _ = events.wait();
+    let seen = seen.expect("events stalled").unwrap();
+    for kind in ["acquired", "queued", "evicted", "granted"] {
+        assert!(
+            seen.contains(&format!("\"type\":\"{kind}\"")),
+            "{kind} not in {seen}"
+        );
+    }
+
+    let hb = redis.seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"]);
+    assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
+    let rel = redis.seatgate(CLIENT, &["release", "--license", "cad", "--session", "bob"]);
+    assert!(stdout(&rel).starts_with("RELEASED"), "{rel:?}");
+
+    // What each user may not do.
+    let mut client = redis.con_as(CLIENT).await;
+    let refused = [
+        refusal(
+            &mut client,
+            redis::cmd("HSET")
+                .arg("seat:{cad}:license")
+                .arg("seats_total")
+                .arg(100),
+        )
+        .await,
+        refusal(
+            &mut client,
+            redis::cmd("XADD")
+                .arg("seat:events")
+                .arg("*")
+                .arg("type")
+                .arg("acquired"),
+        )
+        .await,
+        refusal(
+            &mut client,
+            redis::cmd("XREAD")
+                .arg("STREAMS")
+                .arg("seat:reply:other-app:1")
+                .arg("0"),
+        )
+        .await,
+        refusal(
+            &mut client,
+            redis::cmd("XADD")
+                .arg("seat:requests:dead")
+                .arg("*")
+                .arg("x")
+                .arg("y"),
+        )
+        .await,
+        refusal(
+            &mut client,
+            redis::cmd("XRANGE").arg("seat:requests").arg("-").arg("+"),
+        )
+        .await,
+    ];
+    assert!(refused.iter().all(|code| code == "NOPERM"), "{refused:?}");
+    let mut dashboard = redis.con_as(DASHBOARD).await;
+    let code = refusal(
+        &mut dashboard,
+        redis::cmd("HSET").arg("seat:{cad}:license").arg("active").arg(0),
+    )
+    .await;
+    assert_eq!(code, "NOPERM");
+    let mut admin = redis.con_as(ADMIN).await;
+    let code = refusal(
+        &mut admin,
+        redis::cmd("XADD")
+            .arg("seat:requests")
+            .arg("*")
+            .arg("op")
+            .arg("acquire"),
+    )
+    .await;
+    assert_eq!(code, "NOPERM");
+    let mut as_worker = redis.con_as(WORKER).await;
+    let code = refusal(
+        &mut as_worker,
+        redis::cmd("XADD").arg("orders:jobs").arg("*").arg("x").arg("y"),
+    )
+    .await;
+    assert_eq!(code, "NOPERM", "the worker cannot write outside seat:");
+
+    // The reaper's stream upkeep has run by now; nothing of the flow was denied.
+    let (_, metrics) = http_get(&worker.metrics, "/metrics").unwrap();
+    assert!(metrics.contains("seatgate_evictions_total 1"), "{metrics}");
+    let mut root = redis.con_as(ROOT).await;
+    let log: Vec<HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .arg(1000)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    let text = |e: &HashMap<String, redis::Value>, k: &str| {
+        e.get(k)
+            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    let mut denied: Vec<(String, String)> = log
+        .iter()
+        .map(|e| (text(e, "username"), text(e, "object")))
+        // redis-rs names its library on connect (Redis 7.2+); the reply is ignored.
+        .filter(|(_, object)| object != "client|setinfo")
+        .collect();
+    denied.sort();
+    denied.dedup();
+    let mut provoked: Vec<(String, String)> = [
+        (ADMIN, "xadd"),
+        (CLIENT, "hset"),
+        (CLIENT, "seat:events"),
+        (CLIENT, "seat:reply:other-app:1"),
+        (CLIENT, "seat:requests:dead"),
+        (CLIENT, "xrange"),
+        (DASHBOARD, "hset"),
+        (WORKER, "orders:jobs"),
+        // The worker's startup check of maxmemory-policy: not granted, on purpose.
+        (WORKER, "config|get"),
+    ]
+    .iter()
+    .map(|(u, o)| (u.to_string(), o.to_string()))
+    .collect();
+    provoked.sort();
+    assert_eq!(denied, provoked, "ACL LOG: {log:?}");
+}
+
+/// ops/run-local.sh against a password-protected Redis: the password reaches
+/// seatgate and redis-cli through the environment only, and the URL it
+/// prints is masked.
+#[test]
+fn run_local_keeps_the_password_off_command_lines_and_output() {
+    let secret = "s3cret-Pw";
+    let redis = RedisServer::start_with(&["--requirepass", secret]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("argv.log");
+    let real_cli = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v redis-cli"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    let wrapper = |name: &str, target: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"{name} $*\" >> '{}'\nexec {target} \"$@\"\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        path
+    };
+    wrapper("redis-cli", &real_cli);
+    wrapper("cargo", "false");
+    let bin = wrapper("seatgate", BIN);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut child = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/run-local.sh"))
+        .env(
+            "PATH",
+            format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap()),
+        )
+        .env(
+            "SEATGATE__REDIS__URL",
+            format!("redis://:{secret}@127.0.0.1:{}", redis.port()),
+        )
+        .env("SEATGATE_BIN", &bin)
+        .env("SEATGATE__METRICS__LISTEN", &metrics)
+        .env("SEATGATE__STREAM__BLOCK_MS", "100")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = Arc::new(Mutex::new(String::new()));
+    let mut readers = Vec::new();
+    for pipe in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let output = output.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut pipe = pipe;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut ready = false;
+    while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        if http_get(&metrics, "/ready").map(|(c, _)| c) == Some(200) {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The running worker's own command line, while it runs.
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+    for r in readers {
+        let _ = r.join();
+    }
+    let output = output.lock().unwrap().clone();
+    let argv = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!argv.contains(secret), "a password on a command line: {argv}");
+    assert!(!String::from_utf8_lossy(&cmdline).contains(secret));
+    assert!(!output.contains(secret), "a password printed: {output}");
+    assert!(ready, "the worker never became ready: {output}");
+    assert!(output.contains("license demo: 1 seats"), "{output}");
+    assert!(
+        output.contains(&format!(
+            "seatgate is starting against redis://:***@127.0.0.1:{}",
+            redis.port()
+        )),
+        "{output}"
+    );
+}
