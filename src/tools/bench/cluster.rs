@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::harness::{bench_err, provision, Fleet};
+use super::harness::{provision, Fleet};
 use super::throughput::{closed_loop, Path};
 use super::{Bench, Row};
 use crate::config::Settings;
@@ -32,15 +32,13 @@ async fn cluster_run(
     d: Duration,
 ) -> Result<Vec<Row>, Error> {
     let mut rows = Vec::new();
-    let single = LocalRedis::start(&["--hash-max-listpack-value", "256"])?;
+    let single = LocalRedis::start(&["--hash-max-listpack-value", "256"]).await?;
     let mut runs: Vec<(String, Settings, Option<LocalCluster>)> = Vec::new();
     let mut s = base.clone();
     s.redis.url = single.url();
     runs.push(("1 node (not a cluster)".into(), s, None));
     for &m in masters {
-        let cluster = tokio::task::spawn_blocking(move || LocalCluster::start_with(m, 0))
-            .await
-            .map_err(bench_err)??;
+        let cluster = LocalCluster::start_with(m, 0).await?;
         let mut s = base.clone();
         s.redis.cluster_urls = cluster.urls();
         s.stream.shards = 4 * m;

@@ -247,12 +247,15 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row) + Send) -> R
         Some(_) => None,
         // The memory settings of ops/redis.conf; persistence stays off so
         // that disk speed does not blur the figures.
-        None => Some(LocalRedis::start(&[
-            "--hash-max-listpack-value",
-            "256",
-            "--maxmemory-policy",
-            "noeviction",
-        ])?),
+        None => Some(
+            LocalRedis::start(&[
+                "--hash-max-listpack-value",
+                "256",
+                "--maxmemory-policy",
+                "noeviction",
+            ])
+            .await?,
+        ),
     };
     let url = opts
         .redis_url
