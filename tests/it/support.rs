@@ -332,6 +332,14 @@ pub struct Entry {
     pub fields: HashMap<String, String>,
 }
 
+impl Entry {
+    /// The id as numbers, the order of the entries of one stream.
+    pub fn position(&self) -> (u64, u64) {
+        let (ms, seq) = self.id.split_once('-').expect("a stream entry id");
+        (ms.parse().expect("ms"), seq.parse().expect("seq"))
+    }
+}
+
 impl std::ops::Index<&str> for Entry {
     type Output = String;
 
