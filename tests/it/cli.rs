@@ -139,7 +139,8 @@ async fn license_commands_provision_show_list_and_delete() {
     )
     .await;
     assert!(o.status.success(), "{o:?}");
-    seatgate(&redis, &["license", "put", "b-2", "--seats", "1", "--inactive"]).await;
+    let o = seatgate(&redis, &["license", "put", "b-2", "--seats", "1", "--inactive"]).await;
+    assert!(o.status.success(), "{o:?}");
     let o = seatgate(&redis, &["license", "show", "a-1", "--json"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(

@@ -569,11 +569,11 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
         assert!(back.elapsed() < Duration::from_secs(5), "/ready did not recover");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let ready_after = back.elapsed();
     let mut c = client(&settings).await;
     let r = c.call(&Call::new(Op::Acquire, "lic", "after"), T).await.unwrap();
     eprintln!(
-        "redis outage: ready again {:?} after restart; first request served {:?} after restart",
-        back.elapsed(),
+        "redis outage: ready again {ready_after:?} after restart; first request served {:?} after restart",
         back.elapsed()
     );
     assert_eq!(r.status(), Status::Acquired);

@@ -65,16 +65,22 @@ async fn acquire_heartbeat_release_round_trip() {
 
 #[tokio::test]
 async fn reply_streams_are_capped_and_expire() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    // Small stream nodes, so that the approximate cap (MAXLEN ~) trims early.
+    let redis = RedisServer::start_with(&["--stream-node-max-entries", "10"]).await;
+    let mut settings = redis.settings();
+    settings.replies.maxlen = 10;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut client = client(&settings).await;
-    client
-        .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
-        .await
-        .unwrap();
+    for _ in 0..50 {
+        client
+            .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
+            .await
+            .unwrap();
+    }
     let mut con = db(&settings).await;
+    let len: usize = con.xlen(client.reply_to()).await.unwrap();
+    assert!(len <= 20, "50 replies capped at about 10: {len} left");
     let ttl: i64 = con.pttl(client.reply_to()).await.unwrap();
     assert!(ttl > 0 && ttl <= 300_000, "reply stream expires (pttl {ttl})");
     worker.stop().await;
@@ -131,7 +137,7 @@ async fn hundred_acquires_over_the_stream_with_two_workers() {
     assert_eq!((acquired, refused), (10, 90));
     assert_eq!(holders(&settings, "load").await.len(), 10, "10 holders in Redis");
 
-    // Both consumers served part of the load.
+    // Both workers joined the group (each consumer is created by its first read).
     assert_eq!(consumers(&settings).await.len(), 2);
     w1.stop().await;
     w2.stop().await;
