@@ -79,9 +79,14 @@ async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<V
     }
     let reaper = Reaper::new(con.clone(), settings);
     let mut rows = Vec::new();
-    for (label, mark) in [("1% stale", 0usize), ("0.1% stale", 1_000), ("none stale", 0)] {
+    for (label, mark) in [
+        ("1% stale", 0usize),
+        ("0.1% stale", total / 1_000),
+        ("none stale", 0),
+    ] {
         if mark > 0 {
-            // Age `mark` sessions, spread over the licenses.
+            // Age `mark` sessions, spread over the licenses; not s0 where a
+            // license has others (the first pass evicted some s0s).
             let mut pipe = redis::pipe();
             for i in 0..mark {
                 let lk = keys.license(&format!("r{}", (i * 7) % LICENSES));
@@ -89,7 +94,7 @@ async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<V
                     .arg(&lk.holders)
                     .arg("XX")
                     .arg(now_ms - 600_000)
-                    .arg(format!("s{}", 1 + i % (per - 1)))
+                    .arg(format!("s{}", if per > 1 { 1 + i % (per - 1) } else { 0 }))
                     .ignore();
             }
             pipe.query_async::<()>(con).await?;
