@@ -1,18 +1,29 @@
 //! The real `seatgate` binary: the worker as a process, the CLI client and
 //! provisioning commands, exit codes, and `/metrics` counting what it served.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-use crate::support::{http_get, RedisServer, RedisServerExt, WorkerProcess, BIN};
+use crate::support::{free_port, http_get, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN};
 
-fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--redis")
-        .arg(redis.url())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
+/// `seatgate --redis <url> <args>`, logging warnings only.
+fn seatgate_cmd(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--redis").arg(url).args(args).env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs `cmd` to its end, off the runtime's threads.
+async fn output(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
         .expect("run seatgate")
+}
+
+/// `seatgate <args>` against `redis`, to its end.
+async fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
+    output(seatgate_cmd(&redis.url(), args)).await
 }
 
 fn stdout(o: &Output) -> String {
@@ -26,12 +37,12 @@ fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[test]
-fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
-    let redis = RedisServer::start_with(&[]);
-    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "3"]);
+#[tokio::test]
+async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
+    let redis = RedisServer::start_with(&[]).await;
+    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "3"]).await;
     assert!(put.status.success(), "{put:?}");
-    let mut worker = WorkerProcess::start(&redis.url(), &[]);
+    let mut worker = WorkerProcess::start(&redis.url(), &[]).await;
 
     for i in 0..5 {
         let session = format!("s{i}");
@@ -46,7 +57,8 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
                 "--meta",
                 r#"{"user_email":"u@x.io"}"#,
             ],
-        );
+        )
+        .await;
         if i < 3 {
             assert_eq!(o.status.code(), Some(0), "{o:?}");
             assert!(stdout(&o).starts_with("ACQUIRED"), "{}", stdout(&o));
@@ -59,14 +71,17 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
         let o = seatgate(
             &redis,
             &["heartbeat", "--license", "cad", "--session", "s0", "--json"],
-        );
+        )
+        .await;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
         assert_eq!(v["status"], "HEARTBEAT_UPDATED");
     }
-    let o = seatgate(&redis, &["release", "--license", "cad", "--session", "s1"]);
+    let o = seatgate(&redis, &["release", "--license", "cad", "--session", "s1"]).await;
     assert_eq!(o.status.code(), Some(0));
 
-    let (code, text) = http_get(&worker.metrics, "/metrics").expect("metrics endpoint");
+    let (code, text) = http_get(&worker.metrics, "/metrics")
+        .await
+        .expect("metrics endpoint");
     assert_eq!(code, 200);
     let exec = |script: &str, result: &str| {
         metric(
@@ -99,15 +114,15 @@ fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
         ),
         2.0
     );
-    assert_eq!(http_get(&worker.metrics, "/live").map(|(c, _)| c), Some(200));
+    assert_eq!(worker.status("/live").await, Some(200));
 
-    let status = worker.terminate(std::time::Duration::from_secs(10));
+    let status = worker.terminate(Duration::from_secs(10)).await;
     assert!(status.success(), "SIGTERM is a clean exit: {status:?}");
 }
 
-#[test]
-fn license_commands_provision_show_list_and_delete() {
-    let redis = RedisServer::start_with(&[]);
+#[tokio::test]
+async fn license_commands_provision_show_list_and_delete() {
+    let redis = RedisServer::start_with(&[]).await;
     let o = seatgate(
         &redis,
         &[
@@ -121,10 +136,12 @@ fn license_commands_provision_show_list_and_delete() {
             "--heartbeat-timeout",
             "90s",
         ],
-    );
+    )
+    .await;
     assert!(o.status.success(), "{o:?}");
-    seatgate(&redis, &["license", "put", "b-2", "--seats", "1", "--inactive"]);
-    let o = seatgate(&redis, &["license", "show", "a-1", "--json"]);
+    let o = seatgate(&redis, &["license", "put", "b-2", "--seats", "1", "--inactive"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let o = seatgate(&redis, &["license", "show", "a-1", "--json"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         (v["seats_total"].as_u64(), v["active"].as_bool()),
@@ -132,131 +149,119 @@ fn license_commands_provision_show_list_and_delete() {
     );
     assert_eq!(v["heartbeat_timeout_ms"].as_u64(), Some(90_000));
     assert_eq!(v["expires_at_ms"].as_u64(), Some(4_070_908_800_000));
-    let list = stdout(&seatgate(&redis, &["license", "list"]));
+    let list = stdout(&seatgate(&redis, &["license", "list"]).await);
     assert!(
         list.contains("a-1  seats 0/4") && list.contains("b-2  seats 0/1  INACTIVE"),
         "{list}"
     );
-    assert!(seatgate(&redis, &["license", "delete", "a-1"]).status.success());
+    assert!(seatgate(&redis, &["license", "delete", "a-1"])
+        .await
+        .status
+        .success());
     assert_eq!(
-        seatgate(&redis, &["license", "show", "a-1"]).status.code(),
+        seatgate(&redis, &["license", "show", "a-1"]).await.status.code(),
         Some(1)
     );
     assert_eq!(
         seatgate(&redis, &["license", "put", "{bad}", "--seats", "1"])
+            .await
             .status
             .code(),
         Some(2)
     );
 }
 
-#[test]
-fn errors_are_one_clear_line() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let o = Command::new(BIN)
-        .args([
-            "--redis",
-            &format!("redis://127.0.0.1:{port}"),
-            "acquire",
-            "--license",
-            "x",
-            "--session",
-            "y",
-        ])
-        .output()
-        .unwrap();
+#[tokio::test]
+async fn errors_are_one_clear_line() {
+    // Nothing listens there: the connection is refused.
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--redis", &url, "acquire", "--license", "x", "--session", "y"]);
+    let o = output(cmd).await;
     assert_eq!(o.status.code(), Some(3));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.starts_with("seatgate: error:"), "{err}");
 
-    let o = Command::new(BIN)
-        .args([
-            "--redis",
-            "redis://127.0.0.1:1",
-            "acquire",
-            "--license",
-            "x",
-            "--session",
-            "y",
-            "--meta",
-            "[1]",
-        ])
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--redis",
+        "redis://127.0.0.1:1",
+        "acquire",
+        "--license",
+        "x",
+        "--session",
+        "y",
+        "--meta",
+        "[1]",
+    ]);
+    let o = output(cmd).await;
     assert_eq!(o.status.code(), Some(2), "bad flags are a usage error");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--meta"));
 }
 
 /// With sharded streams, the CLI sends each license's requests to its shard,
 /// and `seatgate events` follows the events of every shard.
-#[test]
-fn sharded_streams_and_following_every_events_shard() {
+#[tokio::test]
+async fn sharded_streams_and_following_every_events_shard() {
     use std::io::BufRead;
-    let redis = RedisServer::start_with(&[]);
+    let redis = RedisServer::start_with(&[]).await;
+    let mut settings = redis.settings();
+    settings.stream.shards = 3;
     let shards = [("SEATGATE__STREAM__SHARDS", "3".to_string())];
-    let _worker = WorkerProcess::start(&redis.url(), &shards);
-    let mut follower = Command::new(BIN)
-        .args(["--redis", &redis.url(), "events", "--from-start", "--json"])
-        .env("SEATGATE__STREAM__SHARDS", "3")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let _worker = WorkerProcess::start(&redis.url(), &shards).await;
+    let mut follower = Spawned(
+        seatgate_cmd(&redis.url(), &["events", "--from-start", "--json"])
+            .env("SEATGATE__STREAM__SHARDS", "3")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let licenses = ["north", "south", "east", "west"];
     for l in licenses {
-        let put = seatgate(&redis, &["license", "put", l, "--seats", "1"]);
+        let put = seatgate(&redis, &["license", "put", l, "--seats", "1"]).await;
         assert!(put.status.success());
-        let o = Command::new(BIN)
-            .args([
-                "--redis",
-                &redis.url(),
-                "acquire",
-                "--license",
-                l,
-                "--session",
-                "s1",
-            ])
-            .env("SEATGATE__STREAM__SHARDS", "3")
-            .output()
-            .unwrap();
+        let mut acquire = seatgate_cmd(&redis.url(), &["acquire", "--license", l, "--session", "s1"]);
+        acquire.env("SEATGATE__STREAM__SHARDS", "3");
+        let o = output(acquire).await;
         assert_eq!(o.status.code(), Some(0), "{o:?}");
     }
-    // A watchdog, so that a missing event fails the test instead of hanging it.
-    let pid = follower.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(20));
-        let _ = Command::new("kill").arg(&pid).status();
-    });
-    let stdout = follower.stdout.take().unwrap();
-    let mut seen = std::collections::HashSet::new();
-    for line in std::io::BufReader::new(stdout).lines() {
-        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
-        assert_eq!(v["type"], "acquired");
-        seen.insert(v["license"].as_str().unwrap().to_owned());
-        if seen.len() == licenses.len() {
-            break;
+    // Read the follower's lines off the runtime's threads until every
+    // license's event came (or its output ends).
+    let stdout = follower.0.stdout.take().unwrap();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut seen = std::collections::HashSet::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            assert_eq!(v["type"], "acquired");
+            seen.insert(v["license"].as_str().unwrap().to_owned());
+            if seen.len() == licenses.len() {
+                break;
+            }
         }
-    }
-    assert_eq!(seen.len(), licenses.len(), "events of every shard were followed");
-    let _ = follower.kill();
-    let _ = follower.wait();
-    // The licenses' events really are spread over the shards.
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
+        seen
+    });
+    // A missing event fails the test instead of hanging it. The follower is
+    // stopped through its handle either way (which also ends a reader still
+    // waiting for a line); nothing outlives the test.
+    let seen = tokio::time::timeout(Duration::from_secs(20), reader).await;
+    drop(follower);
+    let seen = seen
+        .expect("the follower printed an event of every license within 20 s")
         .unwrap();
-    let used: Vec<i64> = (0..3)
-        .map(|i| {
-            redis::cmd("XLEN")
-                .arg(format!("seat:events:{{{i}}}"))
-                .query(&mut con)
-                .unwrap()
-        })
-        .collect();
+    assert_eq!(seen.len(), licenses.len(), "events of every shard were followed");
+    // The licenses' events really are spread over the shards.
+    let mut con = crate::support::db(&settings).await;
+    let mut used = Vec::new();
+    for stream in settings.events_streams() {
+        let n: i64 = redis::cmd("XLEN")
+            .arg(stream)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        used.push(n);
+    }
+    assert_eq!(used.len(), 3);
     assert_eq!(used.iter().sum::<i64>(), 4);
     assert!(used.iter().filter(|n| **n > 0).count() >= 2, "{used:?}");
 }

@@ -10,8 +10,9 @@ use seatgate::engine::scripts::{
 };
 use seatgate::engine::status::Status;
 
-use crate::support::{put_license, RedisServer, RedisServerExt};
-
+use crate::support::{
+    db, direct, holders, license_keys, provision, put_license, seats, RedisServer, RedisServerExt, META,
+};
 fn keys(license: &str) -> seatgate::engine::keys::LicenseKeys {
     Keys::new("seat").license(license)
 }
@@ -39,79 +40,74 @@ async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, ses
 
 #[tokio::test]
 async fn acquire_takes_a_seat_and_records_the_session() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 5).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 5).await;
+    let mut con = db(&settings).await;
 
-    let o = acquire(&mut con, "lic", "s1").await;
+    let o = direct(&settings, "lic", "s1").acquire(&mut con).await;
     assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Acquired, 1, 5));
 
-    let k = keys("lic");
+    let k = license_keys(&settings, "lic");
     let beat: Option<i64> = con.zscore(&k.holders, "s1").await.unwrap();
     let record: String = con.hget(&k.sessions, "s1").await.unwrap();
     let acquired_at = beat.expect("holder has a heartbeat score");
-    assert_eq!(
-        record,
-        format!(r#"{acquired_at}:0:{{"user_email":"dev@example.com"}}"#)
-    );
+    assert_eq!(record, format!("{acquired_at}:0:{META}"));
 }
 
 #[tokio::test]
 async fn acquire_is_idempotent_per_session() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 5).await;
-    let mut con = redis.con().await;
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
-    let again = acquire(&mut con, "lic", "s1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 5).await;
+    let mut con = db(&settings).await;
+    assert_eq!(
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let again = direct(&settings, "lic", "s1").acquire(&mut con).await;
     assert_eq!((again.status, again.seats_used), (Status::AlreadyActive, 1));
 }
 
 #[tokio::test]
 async fn no_seats_available_when_all_are_held() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     for s in ["a", "b"] {
-        assert_eq!(acquire(&mut con, "lic", s).await.status, Status::Acquired);
+        assert_eq!(
+            direct(&settings, "lic", s).acquire(&mut con).await.status,
+            Status::Acquired
+        );
     }
-    let o = acquire(&mut con, "lic", "c").await;
+    let o = direct(&settings, "lic", "c").acquire(&mut con).await;
     assert_eq!(
         (o.status, o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 2, 2)
     );
-    assert_eq!(crate::support::holders(&redis, "lic").await, ["a", "b"]);
+    assert_eq!(holders(&settings, "lic").await, ["a", "b"]);
 }
 
 #[tokio::test]
 async fn release_frees_only_the_sessions_own_seat() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let mut con = redis.con().await;
-    acquire(&mut con, "lic", "s1").await;
-    let s = Scripts::get();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    direct(&settings, "lic", "s1").acquire(&mut con).await;
 
-    let o = s
-        .release(
-            &keys("lic"),
-            &guard("lic", "someone-else"),
-            &SessionArgs {
-                session: "someone-else",
-            },
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    let o = direct(&settings, "lic", "someone-else").release(&mut con).await;
     assert_eq!((o.status, o.seats_used), (Status::SessionNotFound, 1));
-    let o = s
-        .release(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-        .run(&mut con)
+    let o = direct(&settings, "lic", "s1").release(&mut con).await;
+    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
+    let record: Option<String> = con
+        .hget(license_keys(&settings, "lic").sessions, "s1")
         .await
         .unwrap();
-    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
-    let record: Option<String> = con.hget(&keys("lic").sessions, "s1").await.unwrap();
     assert_eq!(record, None, "metadata removed with the seat");
     assert_eq!(
-        acquire(&mut con, "lic", "s2").await.status,
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
         Status::Acquired,
         "the seat is free again"
     );
@@ -119,46 +115,36 @@ async fn release_frees_only_the_sessions_own_seat() {
 
 #[tokio::test]
 async fn heartbeat_moves_the_clock_and_counts() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 3).await;
-    let mut con = redis.con().await;
-    let s = Scripts::get();
-    let o = s
-        .heartbeat(
-            &keys("lic"),
-            &guard("lic", "ghost"),
-            &SessionArgs { session: "ghost" },
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 3).await;
+    let mut con = db(&settings).await;
+    let o = direct(&settings, "lic", "ghost").heartbeat(&mut con).await;
     assert_eq!(o.status, Status::SessionNotActive);
 
-    acquire(&mut con, "lic", "s1").await;
-    let before: i64 = con.zscore(&keys("lic").holders, "s1").await.unwrap();
+    let s1 = direct(&settings, "lic", "s1");
+    s1.acquire(&mut con).await;
+    let k = license_keys(&settings, "lic");
+    let before: i64 = con.zscore(&k.holders, "s1").await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     for n in 1..=2 {
-        let o = s
-            .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-            .run(&mut con)
-            .await
-            .unwrap();
+        let o = s1.heartbeat(&mut con).await;
         assert_eq!(
             (o.status, o.heartbeats, o.seats_used),
             (Status::HeartbeatUpdated, Some(n), 1)
         );
     }
-    let after: i64 = con.zscore(&keys("lic").holders, "s1").await.unwrap();
+    let after: i64 = con.zscore(&k.holders, "s1").await.unwrap();
     assert!(after > before, "last heartbeat {after} should be after {before}");
-    let record: String = con.hget(&keys("lic").sessions, "s1").await.unwrap();
+    let record: String = con.hget(&k.sessions, "s1").await.unwrap();
     assert!(record.starts_with(&format!("{before}:2:")), "{record}");
 }
 
 #[tokio::test]
 async fn license_state_is_checked_inside_the_script() {
-    let redis = RedisServer::start_with(&[]);
-    let mut con = redis.con().await;
-    let ks = Keys::new("seat");
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    let mut con = db(&settings).await;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -179,14 +165,14 @@ async fn license_state_is_checked_inside_the_script() {
     ];
     for (id, provisioning, expected) in table {
         if let Some(spec) = provisioning {
-            license::put(&mut con, &ks, id, &spec).await.unwrap();
+            provision(&settings, id, &spec).await;
         }
-        let before = crate::support::holders(&redis, id).await;
-        let o = acquire(&mut con, id, "s1").await;
+        let before = holders(&settings, id).await;
+        let o = direct(&settings, id, "s1").acquire(&mut con).await;
         assert_eq!(o.status, expected, "license {id}");
         if expected != Status::Acquired {
             assert_eq!(
-                crate::support::holders(&redis, id).await,
+                holders(&settings, id).await,
                 before,
                 "{id}: refusal changed state"
             );
@@ -196,46 +182,40 @@ async fn license_state_is_checked_inside_the_script() {
 
 #[tokio::test]
 async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 3).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 3).await;
+    let mut con = db(&settings).await;
     for s in ["a", "b", "c"] {
-        acquire(&mut con, "lic", s).await;
+        direct(&settings, "lic", s).acquire(&mut con).await;
     }
-    put_license(&redis, "lic", 2).await;
-    assert_eq!(
-        crate::support::holders(&redis, "lic").await.len(),
-        3,
-        "nobody evicted"
-    );
-    let o = acquire(&mut con, "lic", "d").await;
+    put_license(&settings, "lic", 2).await;
+    assert_eq!(holders(&settings, "lic").await.len(), 3, "nobody evicted");
+    let o = direct(&settings, "lic", "d").acquire(&mut con).await;
     assert_eq!(
         (o.status, o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 3, 2)
     );
-    let s = Scripts::get();
-    s.release(&keys("lic"), &guard("lic", "a"), &SessionArgs { session: "a" })
-        .run(&mut con)
-        .await
-        .unwrap();
+    direct(&settings, "lic", "a").release(&mut con).await;
     assert_eq!(
-        acquire(&mut con, "lic", "d").await.status,
+        direct(&settings, "lic", "d").acquire(&mut con).await.status,
         Status::NoSeatsAvailable,
         "2 of 2 still held"
     );
-    s.release(&keys("lic"), &guard("lic", "b"), &SessionArgs { session: "b" })
-        .run(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(acquire(&mut con, "lic", "d").await.status, Status::Acquired);
+    direct(&settings, "lic", "b").release(&mut con).await;
+    assert_eq!(
+        direct(&settings, "lic", "d").acquire(&mut con).await.status,
+        Status::Acquired
+    );
 }
 
 #[tokio::test]
 async fn scripts_reload_after_script_flush() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
-    acquire(&mut con, "lic", "s1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
+    direct(&settings, "lic", "s1").acquire(&mut con).await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut con)
@@ -249,29 +229,28 @@ async fn scripts_reload_after_script_flush() {
         .unwrap();
     assert!(exists.iter().all(|e| !e), "flush removed the scripts");
     // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
-    assert_eq!(acquire(&mut con, "lic", "s2").await.status, Status::Acquired);
-    let o = Scripts::get()
-        .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-        .run(&mut con)
-        .await
-        .unwrap();
+    assert_eq!(
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let o = direct(&settings, "lic", "s1").heartbeat(&mut con).await;
     assert_eq!(o.status, Status::HeartbeatUpdated);
 }
 
 #[tokio::test]
 async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "load", 10).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "load", 10).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
-        let url = redis.url();
+        let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
-            let mut con = redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
+            let mut con = db(&settings).await;
+            direct(&settings, "load", &format!("session-{i}"))
+                .acquire(&mut con)
                 .await
-                .unwrap();
-            acquire(&mut con, "load", &format!("session-{i}")).await.status
+                .status
         }));
     }
     let mut acquired = 0;
@@ -284,27 +263,30 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
         }
     }
     assert_eq!((acquired, refused), (10, 90));
-    assert_eq!(crate::support::holders(&redis, "load").await.len(), 10);
+    assert_eq!(holders(&settings, "load").await.len(), 10);
 }
 
 #[tokio::test]
 async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
-    let spec = LicenseSpec {
-        seats_total: 2,
-        expires_at_ms: 0,
-        active: false,
-        heartbeat_timeout_ms: None,
-    };
-    license::put(&mut con, &Keys::new("seat"), "lic", &spec)
-        .await
-        .unwrap();
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::AlreadyActive);
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     assert_eq!(
-        acquire(&mut con, "lic", "s2").await.status,
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let inactive = LicenseSpec {
+        active: false,
+        ..seats(2)
+    };
+    provision(&settings, "lic", &inactive).await;
+    assert_eq!(
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::AlreadyActive
+    );
+    assert_eq!(
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
         Status::LicenseInactive
     );
 }
