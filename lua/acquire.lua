@@ -1,7 +1,7 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..11] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
+  KEYS[1..14] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
   ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[8]  metadata, a JSON object (validated by the worker)
@@ -9,21 +9,37 @@
   ARGV[10] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
   ARGV[11] reply_to of the request ('' = none)
   ARGV[12] queue length limit when the license sets no queue_max
+  ARGV[13] user the seat counts for ('' = none; validated like a session id)
+  ARGV[14] group the seat counts for ('' = none; validated like a session id)
+  ARGV[15] priority in the queue, 0-9 (capped by the license's max_priority)
+  ARGV[16] borrow_ms: 0 = a seat kept by heartbeats; > 0 = held that long
+           without them (at most the license's max_borrow_ms)
 
   Returns an outcome (includes/outcome.lua) with status
-    ACQUIRED            seat taken, heartbeat clock started
+    ACQUIRED            seat taken, heartbeat clock started; detail = the
+                        borrow's end (ms) for a borrowed seat, else 0. Also
+                        the answer of a session taking back its own
+                        lingering seat (includes/policy.lua)
     ALREADY_ACTIVE      the session already holds a seat; nothing changed
-    QUEUED              detail = 1-based queue position; changed = 0 when the
-                        session was already waiting (same place, no second event)
+    QUEUED              detail = 1-based queue position, or {position,
+                        priority} for a priority above 0; changed = 0 when
+                        the session was already waiting (same place, no
+                        second event)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
-                        detail = 'queue_full' when the queue is full
+                        detail = 'queue_full' when the queue is full,
+                        'reserved' when the free seats are reserved for
+                        other groups
+    LIMIT_REACHED       detail = the limit: 'max_per_user' or 'group_max'
+                        (without wait_ms; with it, the session queues and is
+                        granted once under its limits), or 'max_borrow_ms'
+                        (a borrow the license does not allow); nothing changed
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
-  expiry or `active` can never race with an acquire.
+  expiry, `active` or a policy can never race with an acquire.
   Emits no events: the worker publishes them from the outcome.
 ]]
 local rcall = redis.call
@@ -33,11 +49,14 @@ local rcall = redis.call
 --- @include "outcome"
 --- @include "session_record"
 --- @include "queue"
+--- @include "owners"
+--- @include "policy"
 --- @include "prologue"
 
 local session, meta = ARGV[7], ARGV[8]
 local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
 local default_queue_max = tonumber(ARGV[12])
+local asker = {user = ARGV[13], group = ARGV[14], priority = tonumber(ARGV[15]), borrow_ms = tonumber(ARGV[16])}
 
 local now = now_ms()
 local early = prologue(now, true)
@@ -48,39 +67,73 @@ end
 local function decide()
   local notes = {}
   expire_waiters(now, notes, 100)
-  local refusal, total = check_license(now)
+  local refusal, total, policy_on = check_license(now)
 
   -- A retried acquire gets the answer the first one got, whatever happened to
   -- the license since: the session holds its seat until it releases or is reaped.
-  if rcall('ZSCORE', K.holders, session) then
+  local score = rcall('ZSCORE', K.holders, session)
+  if score then
+    if lingers(score) then
+      -- Released, its seat still lingers with it: taken back at once.
+      reclaim_seat(session, now)
+      start_session(session, now, meta)
+      return outcome('ACQUIRED', rcall('ZCARD', K.holders), total, 0, now, notes)
+    end
     return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes)
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
-    return outcome('QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0)
+    local priority = score_priority(rcall('ZSCORE', K.queue, session))
+    return outcome('QUEUED', rcall('ZCARD', K.holders), total, queued_detail(rank + 1, priority), now, notes, 0)
   end
   if refusal then
     return outcome(refusal, rcall('ZCARD', K.holders), total, 0, now, notes)
   end
 
-  local used = promote(now, total, notes, 100)
-  if used < total and rcall('ZCARD', K.queue) == 0 then
-    -- A free seat and nobody waiting for it: take it.
+  local P = policy_on and read_policy() or nil
+  if asker.borrow_ms > 0 and not (P and P.max_borrow_ms and asker.borrow_ms <= P.max_borrow_ms) then
+    return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
+  end
+  local used, clear = grant_waiters(now, total, notes, 100, P)
+  local why = nil
+  if P and P.limits then
+    why = seat_refusal(P, asker, used, total)
+  elseif used >= total then
+    why = 'full'
+  end
+  local owner = owner_record(asker.user, asker.group, asker.borrow_ms)
+  if not why and clear then
+    -- A free seat that nobody waiting could take: take it.
     rcall('ZADD', K.holders, now, session)
     start_session(session, now, meta)
-    return outcome('ACQUIRED', used + 1, total, 0, now, notes)
+    local borrowed_until = 0
+    if owner then
+      rcall('HSET', K.owners, 's:' .. session, owner)
+      borrowed_until = seat_taken(session, now, asker)
+    end
+    return outcome('ACQUIRED', used + 1, total, borrowed_until, now, notes)
   end
 
   if wait_ms <= 0 then
-    return outcome('NO_SEATS_AVAILABLE', used, total, 0, now, notes)
+    if why == 'max_per_user' or why == 'group_max' then
+      return outcome('LIMIT_REACHED', used, total, why, now, notes)
+    end
+    return outcome('NO_SEATS_AVAILABLE', used, total, why == 'reserved' and 'reserved' or 0, now, notes)
   end
   local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
   local depth = rcall('ZCARD', K.queue)
   if depth >= queue_max then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
-  enqueue(session, now, wait_ms, request_id, reply_to, meta)
+  local priority = math.min(asker.priority, P and P.max_priority or TOP_PRIORITY)
+  enqueue(session, now, wait_ms, request_id, reply_to, meta, priority)
+  if owner then
+    rcall('HSET', K.owners, 's:' .. session, owner)
+  end
+  if priority > 0 then
+    return outcome('QUEUED', used, total, queued_detail(rcall('ZRANK', K.queue, session) + 1, priority), now, notes)
+  end
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 

@@ -1,16 +1,19 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..11] the license keys, the dedupe bucket and the rate windows
+  KEYS[1..14] the license keys, the dedupe bucket and the rate windows
               (includes/keys.lua); the queue keys are not touched
   ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
-                        detail = the heartbeat count
+                        detail = the heartbeat count. A borrowed seat
+                        (includes/owners.lua) keeps its borrow's end as its
+                        score: ZADD GT never lowers it
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
-                        evicted, or still queued): acquire again
+                        evicted, or still queued; a lingering seat was
+                        released): acquire again
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   Emits no events.
@@ -21,6 +24,7 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "session_record"
+--- @include "owners"
 --- @include "prologue"
 
 local session = ARGV[7]
@@ -33,10 +37,11 @@ end
 
 local function decide()
   local total = seats_total()
-  if not rcall('ZSCORE', K.holders, session) then
+  local score = rcall('ZSCORE', K.holders, session)
+  if not score or lingers(score) then
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
-  rcall('ZADD', K.holders, 'XX', now, session)
+  rcall('ZADD', K.holders, 'XX', 'GT', now, session)
   local count = count_heartbeat(session, now)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end

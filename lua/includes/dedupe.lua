@@ -1,5 +1,5 @@
 --[=[
-  dedupe: the reply each stream entry got, in KEYS[9] (done:<bucket>), so a
+  dedupe: the reply each stream entry got, in KEYS[12] (done:<bucket>), so a
   redelivered entry gets it again and changes nothing.
 
   The dedupe record, the value of field <entry id>: the first six slots of

@@ -1,8 +1,8 @@
 --[[
   prologue: what acquire, release and heartbeat do before deciding. They
-  take KEYS[1..11] (keys.lua) and share their first six ARGV:
+  take KEYS[1..14] (keys.lua) and share their first six ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
-    ARGV[2]  unix ms at which KEYS[9] may expire
+    ARGV[2]  unix ms at which KEYS[12] may expire
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)
     ARGV[5]  rate window, ms

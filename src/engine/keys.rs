@@ -32,12 +32,19 @@ pub struct LicenseKeys {
     pub queue_seq: String,
     /// HASH: note id -> GRANTED / QUEUE_TIMEOUT reply not yet delivered.
     pub outbox: String,
+    /// HASH: seats held per user (`u:<user>`) and group (`g:<group>`), and
+    /// the owner record of a session (`s:<session>`), for the policies.
+    pub owners: String,
+    /// ZSET: released session whose seat lingers -> when the linger ends (ms).
+    pub lingering: String,
+    /// ZSET: session holding a borrowed seat -> when the borrow ends (ms).
+    pub borrowed: String,
 }
 
 impl LicenseKeys {
     /// Every key of the license, in the KEYS order every seat script takes
     /// (lua/includes/keys.lua).
-    pub fn all(&self) -> [&str; 8] {
+    pub fn all(&self) -> [&str; 11] {
         [
             &self.license,
             &self.holders,
@@ -47,6 +54,9 @@ impl LicenseKeys {
             &self.deadlines,
             &self.queue_seq,
             &self.outbox,
+            &self.owners,
+            &self.lingering,
+            &self.borrowed,
         ]
     }
 }
@@ -76,6 +86,9 @@ impl Keys {
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),
+            owners: format!("{p}:{{{license}}}:owners"),
+            lingering: format!("{p}:{{{license}}}:lingering"),
+            borrowed: format!("{p}:{{{license}}}:borrowed"),
         }
     }
 

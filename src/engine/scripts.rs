@@ -20,6 +20,7 @@ use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
 use crate::engine::keys::LicenseKeys;
+use crate::engine::policy::RequestPolicy;
 use crate::error::Error;
 
 use includes::IncludeError;
@@ -80,19 +81,19 @@ impl Scripts {
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
-/// Redelivery dedupe and rate limiting for one request: `KEYS[9..11]` and
+/// Redelivery dedupe and rate limiting for one request: `KEYS[12..14]` and
 /// `ARGV[1..6]` of the request scripts (lua/includes/prologue.lua).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
     pub entry_id: String,
-    /// `KEYS[9]`: the dedupe bucket of the entry.
+    /// `KEYS[12]`: the dedupe bucket of the entry.
     pub done_key: String,
     /// When that bucket may expire, unix ms.
     pub done_until_ms: u64,
-    /// `KEYS[10]`: the session's rate window.
+    /// `KEYS[13]`: the session's rate window.
     pub session_rate_key: String,
-    /// `KEYS[11]`: the license's rate window.
+    /// `KEYS[14]`: the license's rate window.
     pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,
@@ -166,7 +167,8 @@ impl Guard {
     }
 }
 
-/// `ARGV[7..12]` of lua/acquire.lua.
+/// `ARGV[7..12]` of lua/acquire.lua (`ARGV[13..16]`, who asks, come from a
+/// [`RequestPolicy`]: see [`Scripts::acquire_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The session asking for a seat (validated by the caller).
@@ -244,7 +246,7 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds `KEYS[1..8]`, the license's keys, in the order of lua/includes/keys.lua.
+/// Binds `KEYS[1..11]`, the license's keys, in the order of lua/includes/keys.lua.
 fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(&keys.license) // KEYS[1]
@@ -254,17 +256,20 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
         .key(&keys.waiters) // KEYS[5]
         .key(&keys.deadlines) // KEYS[6]
         .key(&keys.queue_seq) // KEYS[7]
-        .key(&keys.outbox); // KEYS[8]
+        .key(&keys.outbox) // KEYS[8]
+        .key(&keys.owners) // KEYS[9]
+        .key(&keys.lingering) // KEYS[10]
+        .key(&keys.borrowed); // KEYS[11]
     call
 }
 
-/// Binds what acquire, release and heartbeat share: `KEYS[1..11]` and `ARGV[1..6]`
+/// Binds what acquire, release and heartbeat share: `KEYS[1..14]` and `ARGV[1..6]`
 /// (lua/includes/prologue.lua).
 fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
-    call.key(&guard.done_key) // KEYS[9]
-        .key(&guard.session_rate_key) // KEYS[10]
-        .key(&guard.license_rate_key) // KEYS[11]
+    call.key(&guard.done_key) // KEYS[12]
+        .key(&guard.session_rate_key) // KEYS[13]
+        .key(&guard.license_rate_key) // KEYS[14]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
@@ -306,15 +311,31 @@ impl Scripts {
     }
 
     /// lua/acquire.lua: take a seat for `args.session`, or queue it for up
-    /// to `args.wait_ms` when none is free.
+    /// to `args.wait_ms` when none is free; asked by nobody in particular.
     pub fn acquire(&self, keys: &LicenseKeys, guard: &Guard, args: &AcquireArgs<'_>) -> SeatCall<'_> {
+        self.acquire_as(keys, guard, args, &RequestPolicy::NONE)
+    }
+
+    /// lua/acquire.lua asked by `who`: its user and group (the per-user and
+    /// per-group policies), its priority in the queue and its borrow.
+    pub fn acquire_as(
+        &self,
+        keys: &LicenseKeys,
+        guard: &Guard,
+        args: &AcquireArgs<'_>,
+        who: &RequestPolicy,
+    ) -> SeatCall<'_> {
         let mut call = request_call(&self.acquire, keys, guard);
         call.arg(args.session) // ARGV[7]
             .arg(args.meta) // ARGV[8]
             .arg(args.wait_ms) // ARGV[9]
             .arg(args.request_id) // ARGV[10]
             .arg(args.reply_to) // ARGV[11]
-            .arg(args.default_queue_max); // ARGV[12]
+            .arg(args.default_queue_max) // ARGV[12]
+            .arg(who.user.as_deref().unwrap_or("")) // ARGV[13]
+            .arg(who.group.as_deref().unwrap_or("")) // ARGV[14]
+            .arg(who.priority) // ARGV[15]
+            .arg(who.borrow_ms); // ARGV[16]
         ScriptCall {
             name: "acquire",
             invocation: call,

@@ -56,6 +56,10 @@ pub enum Status {
     /// The request was well formed but could not be carried out (for example
     /// a Redis error that persisted); the `error` field says why.
     Error,
+    /// A license policy's limit keeps the session from a seat: its user's
+    /// `max_per_user`, its group's `group_max:<group>`, or a borrow the
+    /// license does not allow; the `error` field says which. Nothing changed.
+    LimitReached,
 }
 
 impl Status {
@@ -90,7 +94,8 @@ impl Status {
             | Status::QueueTimeout
             | Status::RateLimited
             | Status::InvalidRequest
-            | Status::Error => false,
+            | Status::Error
+            | Status::LimitReached => false,
         }
     }
 
@@ -111,6 +116,7 @@ impl Status {
             Status::RateLimited => {
                 Some("too many requests from this session or license; slow down and retry")
             }
+            Status::LimitReached => Some("limit reached: a per-user or per-group limit of the license"),
             Status::Acquired
             | Status::AlreadyActive
             | Status::Released
@@ -168,6 +174,7 @@ mod tests {
             Status::RateLimited => ("RATE_LIMITED", false),
             Status::InvalidRequest => ("INVALID_REQUEST", false),
             Status::Error => ("ERROR", false),
+            Status::LimitReached => ("LIMIT_REACHED", false),
         }
     }
 

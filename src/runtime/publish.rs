@@ -72,7 +72,8 @@ impl EventType {
             | Status::LicenseExpired
             | Status::RateLimited
             | Status::InvalidRequest
-            | Status::Error => None,
+            | Status::Error
+            | Status::LimitReached => None,
         }
     }
 }
@@ -92,8 +93,22 @@ pub struct Event<'a> {
     pub seats_total: i64,
     /// When, on the Redis server's clock (ms).
     pub at_ms: i64,
-    /// Why, where it applies (`heartbeat_timeout` for evictions).
+    /// Why, where it applies (`heartbeat_timeout`, `borrow_ended` or
+    /// `linger_ended` for evictions).
     pub reason: Option<&'a str>,
+    /// What the license's policies add to it.
+    pub detail: EventDetail,
+}
+
+/// The policy fields an event may carry (docs/protocol.md, "Events").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventDetail {
+    /// `queued`: the waiter's priority in the queue.
+    pub priority: Option<i64>,
+    /// `released`: how long the seat lingers with the session, ms.
+    pub linger_ms: Option<i64>,
+    /// `acquired`: when the borrowed seat comes back, ms.
+    pub borrowed_until_ms: Option<i64>,
 }
 
 /// Writes events and deferred replies.
@@ -273,6 +288,16 @@ impl Publisher {
         if let Some(reason) = event.reason {
             xadd.arg("reason").arg(reason);
         }
+        let d = &event.detail;
+        for (field, value) in [
+            ("priority", d.priority),
+            ("linger_ms", d.linger_ms),
+            ("borrowed_until_ms", d.borrowed_until_ms),
+        ] {
+            if let Some(v) = value {
+                xadd.arg(field).arg(v);
+            }
+        }
         xadd
     }
 
@@ -443,6 +468,7 @@ impl Publisher {
                 seats_total,
                 at_ms,
                 reason: None,
+                detail: EventDetail::default(),
             };
             self.event(con, &event).await;
         }

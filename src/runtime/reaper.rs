@@ -27,15 +27,17 @@ use crate::engine::keys::Keys;
 use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
 use crate::error::Error;
 use crate::runtime::metrics::{self, LicenseSeats, StreamHealth};
-use crate::runtime::publish::{Event, EventType, Publisher};
+use crate::runtime::publish::{Event, EventDetail, EventType, Publisher};
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
     /// Licenses visited.
     pub licenses: usize,
-    /// Sessions evicted.
+    /// Sessions evicted (stale heartbeat).
     pub evicted: usize,
+    /// Lingering and borrowed seats freed because their linger or borrow ended.
+    pub ended: usize,
     /// Waiters granted a seat.
     pub granted: usize,
     /// Waiters timed out.
@@ -204,6 +206,7 @@ impl Reaper {
             match result {
                 Ok(one) => {
                     report.evicted += one.evicted;
+                    report.ended += one.ended;
                     report.granted += one.granted;
                     report.timed_out += one.timed_out;
                     if one.queues.first().is_some_and(|(_, d)| *d > 0) {
@@ -220,7 +223,7 @@ impl Reaper {
         drop(results);
         metrics::reaper_pass(started.elapsed());
         match first_error {
-            Some(e) if report.licenses > 0 && report.evicted + report.granted + report.timed_out == 0 => {
+            Some(e) if report.licenses > 0 && report.evicted + report.ended + report.granted + report.timed_out == 0 => {
                 Err(e)
             }
             _ => Ok(report),
@@ -272,20 +275,36 @@ impl Reaper {
                 started.elapsed(),
             );
             let step = step?;
-            for session in &step.evicted {
-                metrics::evicted();
-                info!(%license, %session, "evicted stale session");
-                let event = Event {
-                    kind: EventType::Evicted,
-                    license,
-                    session,
-                    seats_used: step.seats_used,
-                    seats_total: step.seats_total,
-                    at_ms: step.now_ms,
-                    reason: Some("heartbeat_timeout"),
-                };
-                self.publisher.event(&mut con, &event).await;
+            // Seat-freed events: stale sessions, then seats whose borrow or
+            // linger ended (counted apart: nobody stopped heartbeating).
+            let freed = [
+                ("heartbeat_timeout", &step.evicted),
+                ("borrow_ended", &step.borrow_ended),
+                ("linger_ended", &step.linger_ended),
+            ];
+            for (reason, sessions) in freed {
+                for session in sessions {
+                    if reason == "heartbeat_timeout" {
+                        metrics::evicted();
+                        info!(%license, %session, "evicted stale session");
+                    } else {
+                        metrics::policy_seat_freed(reason);
+                        info!(%license, %session, reason, "freed a seat held without heartbeats");
+                    }
+                    let event = Event {
+                        kind: EventType::Evicted,
+                        license,
+                        session,
+                        seats_used: step.seats_used,
+                        seats_total: step.seats_total,
+                        at_ms: step.now_ms,
+                        reason: Some(reason),
+                        detail: EventDetail::default(),
+                    };
+                    self.publisher.event(&mut con, &event).await;
+                }
             }
+            report.ended += step.borrow_ended.len() + step.linger_ended.len();
             // New notes count once; redelivered ones (left in the outbox by a
             // deliverer that died) are only delivered again.
             let redelivered = step.redeliver.iter().map(|n| (n, false));
@@ -322,6 +341,8 @@ impl Reaper {
                     used: step.seats_used,
                     total: step.seats_total,
                     queued: step.queue_depth,
+                    lingering: step.seats_lingering,
+                    borrowed: step.seats_borrowed,
                 }];
                 return Ok(report);
             }
@@ -355,10 +376,11 @@ impl Reaper {
         let seats = match self.pass().await {
             Ok(r) => {
                 metrics::reaper_succeeded();
-                if r.evicted + r.granted + r.timed_out > 0 {
+                if r.evicted + r.ended + r.granted + r.timed_out > 0 {
                     info!(
                         licenses = r.licenses,
                         evicted = r.evicted,
+                        ended = r.ended,
                         granted = r.granted,
                         timed_out = r.timed_out,
                         "reaper pass"

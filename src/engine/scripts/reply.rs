@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::engine::policy::PolicyRefusal;
 use crate::engine::status::Status;
 use crate::error::Error;
 
@@ -40,6 +41,17 @@ pub struct Outcome {
     pub position: Option<i64>,
     /// NO_SEATS_AVAILABLE because the queue is full.
     pub queue_full: bool,
+    /// Which policy refused: the limit of a LIMIT_REACHED, or `Reserved`
+    /// for a NO_SEATS_AVAILABLE whose free seats are others' reservations.
+    pub policy_refusal: Option<PolicyRefusal>,
+    /// The queue priority the session got (QUEUED only; capped by the
+    /// license's `max_priority`).
+    pub priority: Option<i64>,
+    /// How long the released seat lingers with the session, ms (RELEASED
+    /// under a license's `linger_ms` only).
+    pub linger_ms: Option<i64>,
+    /// When a borrowed seat comes back, ms (ACQUIRED with `borrow_ms` only).
+    pub borrowed_until_ms: Option<i64>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -61,6 +73,10 @@ impl Outcome {
             heartbeats: None,
             position: None,
             queue_full: false,
+            policy_refusal: None,
+            priority: None,
+            linger_ms: None,
+            borrowed_until_ms: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -118,6 +134,14 @@ pub struct Reaped {
     pub redeliver: Vec<Note>,
     /// Where the next step of this pass goes on in the outbox.
     pub outbox: OutboxCursor,
+    /// Sessions whose borrowed seat was freed: the borrow ended.
+    pub borrow_ended: Vec<String>,
+    /// Sessions whose lingering seat was freed: the linger ended.
+    pub linger_ended: Vec<String>,
+    /// Of `seats_used`, the seats lingering after a release.
+    pub seats_lingering: i64,
+    /// Of `seats_used`, the seats borrowed (held without heartbeats).
+    pub seats_borrowed: i64,
 }
 
 fn bad(script: &'static str, detail: String) -> Error {
@@ -194,28 +218,20 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
-    let detail = &items[3];
-    let count = match detail {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    };
-    let queue_full = match text(detail).as_deref() {
-        Some("queue_full") => true,
-        _ if count.is_some() => false,
-        _ => {
-            return Err(bad(
-                script,
-                format!("detail is neither a number nor queue_full: {detail:?}"),
-            ))
-        }
-    };
+    let detail = Detail::decode(script, status, &items[3])?;
+    let count = detail.count;
+    let for_status = |wanted: Status| count.filter(|n| status == wanted && *n > 0);
     Ok(Outcome {
         status,
         seats_used: int(script, items.get(1), "seats_used")?,
         seats_total: int(script, items.get(2), "seats_total")?,
         heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
         position: count.filter(|_| status == Status::Queued),
-        queue_full,
+        queue_full: detail.queue_full,
+        policy_refusal: detail.refusal,
+        priority: detail.priority.or(Some(0)).filter(|_| status == Status::Queued),
+        linger_ms: for_status(Status::Released),
+        borrowed_until_ms: for_status(Status::Acquired),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes")?,
         changed: flag(script, items.get(6), "changed")?,
@@ -223,16 +239,73 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     })
 }
 
+/// An outcome's detail slot, taken apart (lua/includes/outcome.lua).
+#[derive(Debug, Default)]
+struct Detail {
+    /// The number it carries: a count, a position, a time.
+    count: Option<i64>,
+    /// NO_SEATS_AVAILABLE: 'queue_full'.
+    queue_full: bool,
+    /// LIMIT_REACHED: the limit; NO_SEATS_AVAILABLE: 'reserved'.
+    refusal: Option<PolicyRefusal>,
+    /// QUEUED: {position, priority}.
+    priority: Option<i64>,
+}
+
+impl Detail {
+    fn decode(script: &'static str, status: Status, detail: &Value) -> Result<Detail, Error> {
+        let refuse = || {
+            bad(
+                script,
+                format!("{status} detail is not one the scripts return: {detail:?}"),
+            )
+        };
+        match detail {
+            Value::Int(n) if status != Status::LimitReached => Ok(Detail {
+                count: Some(*n),
+                ..Detail::default()
+            }),
+            Value::Array(pair) if status == Status::Queued => match pair.as_slice() {
+                [Value::Int(position), Value::Int(priority)] => Ok(Detail {
+                    count: Some(*position),
+                    priority: Some(*priority),
+                    ..Detail::default()
+                }),
+                _ => Err(refuse()),
+            },
+            other => match (status, text(other).as_deref()) {
+                (Status::NoSeatsAvailable, Some("queue_full")) => Ok(Detail {
+                    queue_full: true,
+                    ..Detail::default()
+                }),
+                (Status::NoSeatsAvailable, Some("reserved")) => Ok(Detail {
+                    refusal: Some(PolicyRefusal::Reserved),
+                    ..Detail::default()
+                }),
+                (Status::LimitReached, Some(limit)) => match PolicyRefusal::parse(limit) {
+                    Some(r) if r != PolicyRefusal::Reserved => Ok(Detail {
+                        refusal: Some(r),
+                        ..Detail::default()
+                    }),
+                    _ => Err(refuse()),
+                },
+                _ => Err(refuse()),
+            },
+        }
+    }
+}
+
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
-/// more, queue_depth, redeliver, outbox_cursor, outbox_pending}` (lua/reap.lua).
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, borrow_ended,
+/// linger_ended, seats_lingering, seats_borrowed}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 10 {
+    if items.len() != 14 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 10", items.len()),
+            format!("reap step has {} slots, not 14", items.len()),
         ));
     }
     let strings = |v: &Value, what: &str| match v {
@@ -252,6 +325,10 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
             cursor: string(script, items.get(8), "outbox_cursor")?,
             pending: strings(&items[9], "outbox_pending")?,
         },
+        borrow_ended: strings(&items[10], "borrow_ended")?,
+        linger_ended: strings(&items[11], "linger_ended")?,
+        seats_lingering: int(script, items.get(12), "seats_lingering")?,
+        seats_borrowed: int(script, items.get(13), "seats_borrowed")?,
     })
 }
 
@@ -288,6 +365,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+    }
+
+    #[test]
+    fn policy_details_decode_per_status() {
+        let o = decode_outcome(
+            "acquire",
+            outcome("QUEUED", Value::Array(vec![Value::Int(2), Value::Int(7)]), vec![]),
+        )
+        .unwrap();
+        assert_eq!((o.position, o.priority), (Some(2), Some(7)));
+        let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(4), vec![])).unwrap();
+        assert_eq!((o.position, o.priority), (Some(4), Some(0)));
+        let o = decode_outcome("acquire", outcome("LIMIT_REACHED", bulk("group_max"), vec![])).unwrap();
+        assert_eq!(o.policy_refusal, Some(PolicyRefusal::GroupMax));
+        let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", bulk("reserved"), vec![])).unwrap();
+        assert_eq!((o.policy_refusal, o.queue_full), (Some(PolicyRefusal::Reserved), false));
+        let o = decode_outcome("release", outcome("RELEASED", Value::Int(30_000), vec![])).unwrap();
+        assert_eq!((o.linger_ms, o.borrowed_until_ms), (Some(30_000), None));
+        let o = decode_outcome("release", outcome("RELEASED", Value::Int(0), vec![])).unwrap();
+        assert_eq!(o.linger_ms, None);
+        let o = decode_outcome("acquire", outcome("ACQUIRED", Value::Int(1_800_000_000_000), vec![])).unwrap();
+        assert_eq!(o.borrowed_until_ms, Some(1_800_000_000_000));
+        for (status, detail) in [
+            ("LIMIT_REACHED", Value::Int(1)),
+            ("LIMIT_REACHED", bulk("reserved")),
+            ("LIMIT_REACHED", bulk("max_seats")),
+            ("ACQUIRED", bulk("reserved")),
+            ("RELEASED", Value::Array(vec![Value::Int(1), Value::Int(2)])),
+        ] {
+            assert!(decode_outcome("acquire", outcome(status, detail, vec![])).is_err(), "{status}");
+        }
     }
 
     #[test]

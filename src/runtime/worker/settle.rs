@@ -12,7 +12,7 @@ use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::metrics;
-use crate::runtime::publish::{Event, EventType};
+use crate::runtime::publish::{Event, EventDetail, EventType};
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -277,6 +277,11 @@ impl Item {
             seats_total: outcome.seats_total,
             at_ms: outcome.now_ms,
             reason: None,
+            detail: EventDetail {
+                priority: outcome.priority,
+                linger_ms: outcome.linger_ms,
+                borrowed_until_ms: outcome.borrowed_until_ms,
+            },
         })
     }
 }
