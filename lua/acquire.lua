@@ -95,7 +95,7 @@ local function decide()
   if asker.borrow_ms > 0 and not (P and P.max_borrow_ms and asker.borrow_ms <= P.max_borrow_ms) then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
   end
-  local used, clear = grant_waiters(now, total, notes, 100, P)
+  local used, _, clear = grant_waiters(now, total, notes, 100, P)
   local why = nil
   if P and P.limits then
     why = seat_refusal(P, asker, used, total)

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::policy::RequestPolicy;
 use crate::engine::protocol::Op;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -31,6 +32,9 @@ pub struct Call {
     pub meta: Option<String>,
     /// How long to wait in the queue (acquire), ms.
     pub wait_ms: u64,
+    /// Who asks (acquire): user, group, priority and borrow, for the
+    /// license's policies; [`RequestPolicy::NONE`] sends none of them.
+    pub policy: RequestPolicy,
 }
 
 impl Call {
@@ -42,6 +46,7 @@ impl Call {
             session: session.into(),
             meta: None,
             wait_ms: 0,
+            policy: RequestPolicy::NONE,
         }
     }
 
@@ -54,6 +59,13 @@ impl Call {
     /// The same request willing to wait `wait_ms` in the queue.
     pub fn with_wait(mut self, wait_ms: u64) -> Call {
         self.wait_ms = wait_ms;
+        self
+    }
+
+    /// The same request asked by `policy`'s user and group, at its priority,
+    /// borrowing as it says.
+    pub fn with_policy(mut self, policy: RequestPolicy) -> Call {
+        self.policy = policy;
         self
     }
 }
@@ -266,6 +278,19 @@ impl Client {
         }
         if call.wait_ms > 0 {
             xadd.arg("wait_ms").arg(call.wait_ms);
+        }
+        let p = &call.policy;
+        if let Some(user) = &p.user {
+            xadd.arg("user").arg(user);
+        }
+        if let Some(group) = &p.group {
+            xadd.arg("group").arg(group);
+        }
+        if p.priority > 0 {
+            xadd.arg("priority").arg(p.priority);
+        }
+        if p.borrow_ms > 0 {
+            xadd.arg("borrow_ms").arg(p.borrow_ms);
         }
         (id, xadd)
     }

@@ -1,12 +1,14 @@
 //! License records, the provisioning contract: HASH `seat:{<license>}:license`
 //! with `seats_total`, `expires_at_ms` (0 = never), `active` (1/0) and optional
-//! `heartbeat_timeout_ms`, plus the license index SET. Billing systems may
-//! write the same hash directly; this module is what `seatgate license` does.
+//! `heartbeat_timeout_ms`, and the policy fields (engine::policy), plus the
+//! license index SET. Billing systems may write the same hash directly; this
+//! module is what `seatgate license` does.
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
 use crate::engine::keys::Keys;
+use crate::engine::policy::LicensePolicy;
 use crate::engine::protocol::valid_id;
 use crate::error::Error;
 
@@ -33,6 +35,13 @@ pub struct LicenseInfo {
     pub spec: LicenseSpec,
     /// Seats held now.
     pub seats_used: u64,
+    /// Its policies, as the scripts apply them (none while the record's
+    /// `policy` flag is off).
+    pub policy: LicensePolicy,
+    /// The record has policy fields, but its `policy` flag is off: the
+    /// scripts ignore them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub policy_ignored: bool,
 }
 
 fn check_id(license: &str) -> Result<(), Error> {
@@ -89,6 +98,45 @@ pub async fn put<C: ConnectionLike>(
     Ok(())
 }
 
+/// Provisions `license`'s policies: writes the fields of `policy` with the
+/// `policy` flag and removes every policy field it does not set, in one
+/// transaction (an empty policy removes them all, the flag too). Refuses a
+/// policy that does not fit the record's `seats_total`
+/// ([`LicensePolicy::validate`]).
+pub async fn put_policy<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    policy: &LicensePolicy,
+) -> Result<(), Error> {
+    check_id(license)?;
+    let k = keys.license(license);
+    let record: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&k.license).query_async(con).await?;
+    let seats_total = record
+        .get("seats_total")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    policy
+        .validate(seats_total)
+        .map_err(|e| Error::Usage(format!("license {license} policy: {e}")))?;
+    let fields = policy.fields();
+    let stale: Vec<&String> = record
+        .keys()
+        .filter(|f| LicensePolicy::is_policy_field(f) && !fields.iter().any(|(name, _)| name == *f))
+        .collect();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    if !stale.is_empty() {
+        pipe.cmd("HDEL").arg(&k.license).arg(stale).ignore();
+    }
+    if !fields.is_empty() {
+        pipe.cmd("HSET").arg(&k.license).arg(fields).ignore();
+    }
+    pipe.query_async::<()>(con).await?;
+    Ok(())
+}
+
 /// Reads one license; `None` when it does not exist.
 pub async fn show<C: ConnectionLike>(
     con: &mut C,
@@ -97,14 +145,18 @@ pub async fn show<C: ConnectionLike>(
 ) -> Result<Option<LicenseInfo>, Error> {
     check_id(license)?;
     let k = keys.license(license);
-    let (fields, used): (Vec<Option<String>>, u64) = redis::pipe()
+    type Read = (Vec<Option<String>>, u64, std::collections::HashMap<String, String>);
+    let (fields, used, record): Read = redis::pipe()
         .cmd("HMGET")
         .arg(&k.license)
         .arg(&["seats_total", "expires_at_ms", "active", "heartbeat_timeout_ms"])
         .cmd("ZCARD")
         .arg(&k.holders)
+        .cmd("HGETALL")
+        .arg(&k.license)
         .query_async(con)
         .await?;
+    let (policy, policy_ignored) = LicensePolicy::from_record(&record);
     let num = |i: usize| {
         fields
             .get(i)
@@ -124,6 +176,8 @@ pub async fn show<C: ConnectionLike>(
             heartbeat_timeout_ms: num(3),
         },
         seats_used: used,
+        policy,
+        policy_ignored,
     }))
 }
 

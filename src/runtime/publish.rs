@@ -428,6 +428,9 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
+                priority: None,
+                linger_ms: None,
+                borrowed_until_ms: None,
                 error: (note.status == Status::QueueTimeout)
                     .then(|| format!("waited {} ms without a seat", note.waited_ms)),
             };

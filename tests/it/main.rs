@@ -8,6 +8,7 @@ mod faults;
 mod invalid;
 mod metrics;
 mod page;
+mod policy;
 mod prometheus;
 mod queue;
 mod scripts;

@@ -299,9 +299,14 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeats: outcome.heartbeats,
         position: outcome.position,
         waited_ms: None,
+        priority: outcome.priority.filter(|p| *p > 0),
+        linger_ms: outcome.linger_ms,
+        borrowed_until_ms: outcome.borrowed_until_ms,
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
+            } else if let Some(refusal) = outcome.policy_refusal {
+                Some(refusal.reason(&req.policy))
             } else {
                 outcome.status.refusal_reason().map(str::to_owned)
             }

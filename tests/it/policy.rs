@@ -1,0 +1,752 @@
+//! License policies (docs/protocol.md, "Policies"): per-user and per-group
+//! limits, reservations, priority, linger and borrowing, each alone and
+//! with the queue, through the worker and the reaper, under concurrency
+//! and on a Redis Cluster. Every test runs against a real redis-server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use seatgate::client::{Call, ReplyMsg};
+use seatgate::config::Settings;
+use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
+use seatgate::engine::protocol::Op;
+use seatgate::engine::records::OwnerRecord;
+use seatgate::engine::status::Status;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{
+    acquire, client, db, direct, events, holders, license_keys, provision, provision_policy, reaper,
+    seats_with_timeout, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt, T,
+};
+
+/// An acquire asked by `user` of `group` ("" = none), at `priority`.
+fn ask(user: &str, group: &str, priority: u8) -> RequestPolicy {
+    let id = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
+    RequestPolicy {
+        user: id(user),
+        group: id(group),
+        priority,
+        borrow_ms: 0,
+    }
+}
+
+/// An acquire of `session` asked by `user` of `group`, waiting up to `wait_ms`.
+fn acquire_as(license: &str, session: &str, user: &str, group: &str, wait_ms: u64) -> Call {
+    acquire(license, session, wait_ms).with_policy(ask(user, group, 0))
+}
+
+fn release(license: &str, session: &str) -> Call {
+    Call::new(Op::Release, license, session)
+}
+
+fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// The `granted` events' sessions in grant order (grant time, then stream position).
+fn grant_order(events: &[Entry]) -> Vec<String> {
+    let mut granted = of_type(events, "granted");
+    granted.sort_by_key(|e| (e["at_ms"].parse::<i64>().expect("at_ms"), e.position()));
+    granted.iter().map(|e| e["session"].clone()).collect()
+}
+
+/// The seats held per user and per group, computed from the holders and
+/// their owner records: what the scripts' counts must equal.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Held {
+    /// Seats held.
+    total: usize,
+    /// Per user.
+    users: BTreeMap<String, i64>,
+    /// Per group.
+    groups: BTreeMap<String, i64>,
+}
+
+/// One consistent read (MULTI) of `license`'s holders and owners hash:
+/// the seats held per user and group as the holders say, the counts the
+/// scripts keep, and the owner records of sessions neither holding nor waiting.
+async fn read_owners(s: &Settings, license: &str) -> (Held, Held, Vec<String>) {
+    let k = license_keys(s, license);
+    let (holders, waiting, owners): (Vec<String>, Vec<String>, HashMap<String, String>) = redis::pipe()
+        .atomic()
+        .cmd("ZRANGE")
+        .arg(&k.holders)
+        .arg(0)
+        .arg(-1)
+        .cmd("ZRANGE")
+        .arg(&k.queue)
+        .arg(0)
+        .arg(-1)
+        .cmd("HGETALL")
+        .arg(&k.owners)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    let mut truth = Held {
+        total: holders.len(),
+        ..Held::default()
+    };
+    for h in &holders {
+        if let Some(o) = owners.get(&format!("s:{h}")).and_then(|r| OwnerRecord::parse(r)) {
+            if let Some(u) = o.user {
+                *truth.users.entry(u).or_default() += 1;
+            }
+            if let Some(g) = o.group {
+                *truth.groups.entry(g).or_default() += 1;
+            }
+        }
+    }
+    let counted = |prefix: &str| -> BTreeMap<String, i64> {
+        owners
+            .iter()
+            .filter_map(|(f, n)| Some((f.strip_prefix(prefix)?.to_owned(), n.parse().unwrap())))
+            .collect()
+    };
+    let kept = Held {
+        total: holders.len(),
+        users: counted("u:"),
+        groups: counted("g:"),
+    };
+    let orphans = owners
+        .keys()
+        .filter_map(|f| f.strip_prefix("s:"))
+        .filter(|s| !holders.iter().any(|h| h == s) && !waiting.iter().any(|w| w == s))
+        .map(str::to_owned)
+        .collect();
+    (truth, kept, orphans)
+}
+
+/// The scripts' per-user and per-group counts equal what the holders say,
+/// and no owner record outlives its session's seat or wait.
+async fn assert_counts_match_holders(s: &Settings, license: &str) {
+    let (truth, kept, orphans) = read_owners(s, license).await;
+    assert_eq!(kept, truth, "{license}: the counts drifted from the holders");
+    assert!(orphans.is_empty(), "{license}: owner records left behind: {orphans:?}");
+}
+
+/// A worker's reply to `call`, from a client of its own.
+async fn call(s: &Settings, c: Call) -> ReplyMsg {
+    client(s).await.call(&c, T).await.unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// Each policy alone, through the worker.
+
+#[tokio::test]
+async fn max_per_user_alone_with_and_without_wait() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        max_per_user: Some(2),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 5, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+
+    for session in ["a1", "a2"] {
+        let r = call(&s, acquire_as("cad", session, "ada", "", 0)).await;
+        assert_eq!(r.status(), Status::Acquired, "{session}");
+    }
+    let r = call(&s, acquire_as("cad", "a3", "ada", "", 0)).await;
+    assert_eq!((r.status(), r.get("ok")), (Status::LimitReached, "0"));
+    assert!(r.get("error").contains("user ada") && r.get("error").contains("max_per_user"), "{r:?}");
+    assert_eq!(r.int("seats_used"), 2);
+    // Another user, and a request without a user, are not held back.
+    assert_eq!(call(&s, acquire_as("cad", "b1", "bob", "", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, acquire("cad", "anon", 0)).await.status(), Status::Acquired);
+
+    // With wait_ms the third queues although a seat is free, and is granted
+    // once ada is under her limit.
+    let mut waiter = client(&s).await;
+    let id = waiter.send(&acquire_as("cad", "a3", "ada", "", 30_000)).await.unwrap();
+    let first = waiter.wait_for(&id, T).await.unwrap();
+    assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
+    assert_eq!(holders(&s, "cad").await.len(), 4, "the free seat stays free");
+    assert_eq!(call(&s, release("cad", "a1")).await.status(), Status::Released);
+    let granted = waiter.wait_for(&id, T).await.unwrap();
+    assert_eq!((granted.status(), granted.get("session")), (Status::Granted, "a3"));
+    assert_eq!(holders(&s, "cad").await, ["a2", "a3", "anon", "b1"]);
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn group_max_alone_with_and_without_wait() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        group_max: [("eng".to_owned(), 2)].into(),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 4, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+
+    assert_eq!(call(&s, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(), Status::Acquired);
+    let r = call(&s, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
+    assert_eq!(r.status(), Status::LimitReached);
+    assert!(r.get("error").contains("group eng") && r.get("error").contains("group_max:eng"), "{r:?}");
+    assert_eq!(call(&s, acquire_as("cad", "o1", "dan", "ops", 0)).await.status(), Status::Acquired);
+
+    let mut waiter = client(&s).await;
+    let id = waiter.send(&acquire_as("cad", "e3", "cyd", "eng", 30_000)).await.unwrap();
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    // A free seat the group may not take goes to someone else outside it.
+    assert_eq!(call(&s, acquire_as("cad", "o2", "eve", "ops", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, release("cad", "e1")).await.status(), Status::Released);
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    assert_eq!(holders(&s, "cad").await, ["e2", "e3", "o1", "o2"]);
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_reservation_alone_and_with_a_queue() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        group_reserve: [("eng".to_owned(), 1)].into(),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 3, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+
+    assert_eq!(call(&s, acquire_as("cad", "x1", "xi", "ops", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, acquire("cad", "x2", 0)).await.status(), Status::Acquired);
+    // One seat is free, but it is eng's.
+    let r = call(&s, acquire_as("cad", "x3", "xu", "ops", 0)).await;
+    assert_eq!(r.status(), Status::NoSeatsAvailable);
+    assert!(r.get("error").contains("reserved"), "{r:?}");
+    assert_eq!(r.int("seats_used"), 2);
+
+    // Queued behind the reservation: x3 waits, and an eng acquire that
+    // arrives later takes the reserved seat past it (x3 could not have).
+    let mut waiter = client(&s).await;
+    let id = waiter.send(&acquire_as("cad", "x3", "xu", "ops", 30_000)).await.unwrap();
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    assert_eq!(call(&s, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(), Status::Acquired);
+    // Once eng uses its reservation, a freed seat is anybody's: x3's.
+    assert_eq!(call(&s, release("cad", "x1")).await.status(), Status::Released);
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    assert_eq!(holders(&s, "cad").await, ["e1", "x2", "x3"]);
+
+    // A reservation used beyond its size leaves no seat reserved: eng's
+    // second seat is an ordinary one, and others take what eng frees.
+    assert_eq!(call(&s, release("cad", "x2")).await.status(), Status::Released);
+    assert_eq!(call(&s, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, release("cad", "e2")).await.status(), Status::Released);
+    assert_eq!(call(&s, acquire("cad", "x4", 0)).await.status(), Status::Acquired);
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        max_priority: Some(7),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 1, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    assert_eq!(call(&s, acquire("cad", "holder", 0)).await.status(), Status::Acquired);
+
+    // Arrivals: low, mid-1, top (asks 9, gets 7), mid-2, low-2.
+    let arrivals = [("low", 0), ("mid-1", 5), ("top", 9), ("mid-2", 5), ("low-2", 0)];
+    let mut waiting = Vec::new();
+    let mut positions = Vec::new();
+    for (session, priority) in arrivals {
+        let mut c = client(&s).await;
+        let id = c
+            .send(&acquire("cad", session, 30_000).with_policy(ask("", "", priority)))
+            .await
+            .unwrap();
+        let r = c.wait_for(&id, T).await.unwrap();
+        assert_eq!(r.status(), Status::Queued, "{session}");
+        positions.push((session, r.int("position"), r.get("priority").to_owned()));
+        waiting.push((session, id, c));
+    }
+    assert_eq!(
+        positions,
+        [
+            ("low", 1, String::new()),
+            ("mid-1", 1, "5".to_owned()),
+            ("top", 1, "7".to_owned()),
+            ("mid-2", 3, "5".to_owned()),
+            ("low-2", 5, String::new()),
+        ]
+    );
+    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+        .await
+        .unwrap();
+    let queue: Vec<(&str, u8)> = status.queue.iter().map(|w| (w.session.as_str(), w.priority)).collect();
+    assert_eq!(queue, [("top", 7), ("mid-1", 5), ("mid-2", 5), ("low", 0), ("low-2", 0)]);
+
+    // One seat handed on five times: granted in queue order.
+    let order = ["holder", "top", "mid-1", "mid-2", "low"];
+    for session in order {
+        assert_eq!(call(&s, release("cad", session)).await.status(), Status::Released);
+    }
+    for (session, id, c) in &mut waiting {
+        let r = c.wait_for(id, T).await.unwrap();
+        assert_eq!(r.status(), Status::Granted, "{session}");
+    }
+    let ev = events(&s, "cad").await;
+    assert_eq!(grant_order(&ev), ["top", "mid-1", "mid-2", "low", "low-2"]);
+    let queued: Vec<(&str, &str)> = of_type(&ev, "queued")
+        .iter()
+        .map(|e| (e["session"].as_str(), e["priority"].as_str()))
+        .collect();
+    assert_eq!(
+        queued,
+        [("low", "0"), ("mid-1", "5"), ("top", "7"), ("mid-2", "5"), ("low-2", "0")]
+    );
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        linger_ms: Some(400),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 1, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+
+    assert_eq!(call(&s, acquire_as("cad", "a", "ada", "", 0)).await.status(), Status::Acquired);
+    let r = call(&s, release("cad", "a")).await;
+    assert_eq!(
+        (r.status(), r.get("linger_ms"), r.int("seats_used")),
+        (Status::Released, "400", 1)
+    );
+    // Nobody else takes it; its own session takes it back at once.
+    assert_eq!(call(&s, acquire("cad", "b", 0)).await.status(), Status::NoSeatsAvailable);
+    assert_eq!(call(&s, acquire("cad", "a", 0)).await.status(), Status::Acquired);
+    assert_eq!(
+        call(&s, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        Status::HeartbeatUpdated
+    );
+    let r = call(&s, release("cad", "a")).await;
+    assert_eq!(r.get("linger_ms"), "400");
+    // Released, it is the session's no more: no heartbeat, no second release.
+    assert_eq!(
+        call(&s, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        Status::SessionNotActive
+    );
+    assert_eq!(call(&s, release("cad", "a")).await.status(), Status::SessionNotFound);
+
+    // A waiter gets it from the reaper once the linger ends, not before.
+    let mut waiter = client(&s).await;
+    let id = waiter.send(&acquire("cad", "b", 30_000)).await.unwrap();
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+        .await
+        .unwrap();
+    assert_eq!((status.seats_used, status.seats_lingering), (1, 1));
+    assert!(status.holders[0].lingering_until_ms.is_some());
+    let r = reaper(&s).await;
+    assert_eq!(r.pass().await.unwrap().ended, 0, "the linger has not ended");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let report = r.pass().await.unwrap();
+    assert_eq!((report.ended, report.granted), (1, 1));
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    assert_eq!(holders(&s, "cad").await, ["b"]);
+    let ev = events(&s, "cad").await;
+    let ended: Vec<(&str, &str)> = of_type(&ev, "evicted")
+        .iter()
+        .map(|e| (e["session"].as_str(), e["reason"].as_str()))
+        .collect();
+    assert_eq!(ended, [("a", "linger_ended")]);
+    let released: Vec<&str> = of_type(&ev, "released")
+        .iter()
+        .map(|e| e["linger_ms"].as_str())
+        .collect();
+    assert_eq!(released, ["400", "400"]);
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    provision(&s, "plain", &seats_with_timeout(1, 200)).await;
+    provision(&s, "cad", &seats_with_timeout(2, 200)).await;
+    let policy = LicensePolicy {
+        max_borrow_ms: Some(700),
+        ..LicensePolicy::default()
+    };
+    seatgate::engine::license::put_policy(&mut db(&s).await, &crate::support::keys(&s), "cad", &policy)
+        .await
+        .unwrap();
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let borrow = |license: &str, session: &str, ms: u64| {
+        acquire(license, session, 0).with_policy(RequestPolicy {
+            borrow_ms: ms,
+            ..ask("ada", "", 0)
+        })
+    };
+
+    // No borrowing without max_borrow_ms, nor longer than it.
+    let r = call(&s, borrow("plain", "p", 500)).await;
+    assert_eq!(r.status(), Status::LimitReached);
+    assert!(r.get("error").contains("max_borrow_ms"), "{r:?}");
+    assert_eq!(call(&s, borrow("cad", "long", 701)).await.status(), Status::LimitReached);
+
+    let started = crate::support::redis_ms(&mut db(&s).await).await;
+    let r = call(&s, borrow("cad", "laptop", 700)).await;
+    assert_eq!(r.status(), Status::Acquired);
+    let until = r.int("borrowed_until_ms");
+    assert!((started + 700..started + 800).contains(&until), "{until} vs {started}");
+    let r2 = call(&s, borrow("cad", "early", 600)).await;
+    assert_eq!(r2.status(), Status::Acquired);
+    // An early release returns it at once.
+    assert_eq!(call(&s, release("cad", "early")).await.status(), Status::Released);
+
+    // Past the heartbeat timeout without a heartbeat: still held.
+    let reap = reaper(&s).await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let report = reap.pass().await.unwrap();
+    assert_eq!((report.evicted, report.ended), (0, 0));
+    assert_eq!(holders(&s, "cad").await, ["laptop"]);
+    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+        .await
+        .unwrap();
+    assert_eq!((status.seats_borrowed, status.holders[0].borrowed_until_ms), (1, Some(until)));
+    // A heartbeat does not shorten the borrow.
+    assert_eq!(
+        call(&s, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
+        Status::HeartbeatUpdated
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = reap.pass().await.unwrap();
+    assert_eq!((report.evicted, report.ended), (0, 1));
+    assert!(holders(&s, "cad").await.is_empty());
+    let ev = events(&s, "cad").await;
+    let evicted: Vec<(&str, &str)> = of_type(&ev, "evicted")
+        .iter()
+        .map(|e| (e["session"].as_str(), e["reason"].as_str()))
+        .collect();
+    assert_eq!(evicted, [("laptop", "borrow_ended")]);
+    let acquired = of_type(&ev, "acquired");
+    assert_eq!(acquired[0]["borrowed_until_ms"], until.to_string());
+    assert_eq!(
+        call(&s, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
+        Status::SessionNotActive
+    );
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Interactions.
+
+/// Fair skipping: waiters over their user's limit keep their place but do
+/// not block those behind them; FIFO holds among those who can be granted.
+#[tokio::test]
+async fn a_per_user_limit_with_a_queue_skips_fairly() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 2, &policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    assert_eq!(call(&s, acquire_as("cad", "a1", "ada", "", 0)).await.status(), Status::Acquired);
+    assert_eq!(call(&s, acquire("cad", "x1", 0)).await.status(), Status::Acquired);
+
+    let mut waiting = HashMap::new();
+    for (session, user) in [("a2", "ada"), ("b1", "bob"), ("a3", "ada"), ("c1", "cyd")] {
+        let mut c = client(&s).await;
+        let id = c.send(&acquire_as("cad", session, user, "", 30_000)).await.unwrap();
+        assert_eq!(c.wait_for(&id, T).await.unwrap().status(), Status::Queued, "{session}");
+        waiting.insert(session, (id, c));
+    }
+    let mut granted = |session: &'static str| {
+        let (id, mut c) = waiting.remove(session).unwrap();
+        async move {
+            let r = c.wait_for(&id, T).await.unwrap();
+            assert_eq!(r.status(), Status::Granted, "{session}");
+        }
+    };
+    // A freed seat skips a2 (ada holds her one seat) and goes to b1.
+    call(&s, release("cad", "x1")).await;
+    granted("b1").await;
+    // Then past a2 and a3 to c1.
+    call(&s, release("cad", "b1")).await;
+    granted("c1").await;
+    // ada's own release lets her first waiter in: a2 before a3.
+    call(&s, release("cad", "a1")).await;
+    granted("a2").await;
+    call(&s, release("cad", "c1")).await;
+    // a3 still waits: ada holds a2; the free seat stays free.
+    assert_eq!(holders(&s, "cad").await, ["a2"]);
+    call(&s, release("cad", "a2")).await;
+    granted("a3").await;
+    assert_eq!(grant_order(&events(&s, "cad").await), ["b1", "c1", "a2", "a3"]);
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}
+
+/// A grant step looks past at most SKIP_LIMIT blocked waiters: a waiter
+/// behind more of them waits for a step that reaches it, and a direct
+/// acquire does not jump a queue the step could not see to its end.
+#[tokio::test]
+async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
+    use seatgate::engine::policy::SKIP_LIMIT;
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 2, &policy).await;
+    let mut con = db(&s).await;
+    let ada = |session: &str| direct(&s, "cad", session).with_policy(ask("ada", "", 0));
+    assert_eq!(ada("a0").acquire(&mut con).await.status, Status::Acquired);
+    for i in 0..SKIP_LIMIT + 1 {
+        let o = ada(&format!("a{}", i + 1)).queue(&mut con, 30_000, "", "").await;
+        assert_eq!(o.status, Status::Queued);
+    }
+    let bob = direct(&s, "cad", "b1").with_policy(ask("bob", "", 0));
+    assert_eq!(bob.queue(&mut con, 30_000, "", "").await.status, Status::Queued);
+    // One seat is free, but bob is behind SKIP_LIMIT + 1 blocked waiters:
+    // not granted, and nobody without a wait takes the seat past him.
+    let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
+    assert_eq!((o.status, o.seats_used), (Status::NoSeatsAvailable, 1));
+    assert!(o.notes.is_empty());
+    // One ada waiter leaves: bob is now within reach.
+    assert_eq!(ada("a1").release(&mut con).await.status, Status::LeftQueue);
+    let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
+    assert_eq!(o.status, Status::NoSeatsAvailable, "the seat went to bob first");
+    let granted: Vec<&str> = o.notes.iter().map(|n| n.session.as_str()).collect();
+    assert_eq!(granted, ["b1"]);
+    assert_counts_match_holders(&s, "cad").await;
+}
+
+/// Every holder change keeps the counts: direct acquires, grants, releases,
+/// stale evictions, queue timeouts and leaving the queue, with and without
+/// the license's policy flag.
+#[tokio::test]
+async fn counts_follow_every_holder_change_in_the_scripts() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    provision(&s, "plain", &seats_with_timeout(2, 150)).await;
+    let mut con = db(&s).await;
+    let who = |session: &str, user: &str, group: &str| direct(&s, "plain", session).with_policy(ask(user, group, 0));
+    assert_eq!(who("s1", "ada", "eng").acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(who("s2", "ada", "").acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(who("s3", "bob", "eng").queue(&mut con, 60_000, "", "").await.status, Status::Queued);
+    assert_eq!(who("s4", "cyd", "ops").queue(&mut con, 100, "", "").await.status, Status::Queued);
+    assert_eq!(who("s5", "dan", "ops").queue(&mut con, 60_000, "", "").await.status, Status::Queued);
+    assert_counts_match_holders(&s, "plain").await;
+    let (_, kept, _) = read_owners(&s, "plain").await;
+    assert_eq!(kept.users, [("ada".to_owned(), 2)].into());
+
+    assert_eq!(who("s5", "", "").release(&mut con).await.status, Status::LeftQueue);
+    assert_eq!(who("s1", "", "").release(&mut con).await.status, Status::Released);
+    // s4's wait ran out: s3 got s1's seat, then the reaper evicts both
+    // silent holders and ends s4's wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_counts_match_holders(&s, "plain").await;
+    let report = reaper(&s).await.pass().await.unwrap();
+    assert_eq!((report.evicted, report.timed_out), (2, 1));
+    assert_counts_match_holders(&s, "plain").await;
+    let (_, kept, _) = read_owners(&s, "plain").await;
+    assert_eq!(kept, Held::default(), "nothing left counted");
+}
+
+// ---------------------------------------------------------------------------
+// Under concurrency.
+
+/// The burst's license: 8 seats, one user holds at most 2, group eng at most
+/// 4 and 2 kept for group ops.
+fn burst_policy() -> LicensePolicy {
+    LicensePolicy {
+        max_per_user: Some(2),
+        group_max: [("eng".to_owned(), 4)].into(),
+        group_reserve: [("ops".to_owned(), 2)].into(),
+        ..LicensePolicy::default()
+    }
+}
+
+/// Samples `license`'s holders and owner records (one MULTI each time) until
+/// `stop`; returns the violations seen and how many samples were taken.
+fn watch_policy(s: &Settings, license: &str, seats: usize, stop: CancellationToken) -> tokio::task::JoinHandle<(Vec<String>, usize)> {
+    let s = s.clone();
+    let license = license.to_owned();
+    tokio::spawn(async move {
+        let (mut bad, mut samples) = (Vec::new(), 0);
+        let policy = burst_policy();
+        while !stop.is_cancelled() {
+            let (held, _, _) = read_owners(&s, &license).await;
+            samples += 1;
+            if held.total > seats {
+                bad.push(format!("{} seats held of {seats}", held.total));
+            }
+            for (user, n) in &held.users {
+                if *n > 2 {
+                    bad.push(format!("user {user} holds {n}"));
+                }
+            }
+            let eng = held.groups.get("eng").copied().unwrap_or(0);
+            if eng > 4 {
+                bad.push(format!("group eng holds {eng}"));
+            }
+            // Others never take ops's unused reservation.
+            let ops = held.groups.get("ops").copied().unwrap_or(0);
+            let reserve = policy.group_reserve["ops"] as i64;
+            if held.total as i64 - ops + ops.max(reserve) > seats as i64 {
+                bad.push(format!("{} held, ops holds {ops} of its {reserve} reserved", held.total));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        (bad, samples)
+    })
+}
+
+/// A few hundred acquires from a handful of users in three groups, over two
+/// workers, each holder releasing after a moment: no user above its limit,
+/// no group above its max, reserved seats never taken by others, never more
+/// seats than seats_total (sampled throughout), and the counts equal the
+/// holders afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_keeps_every_limit_and_the_counts() {
+    let redis = RedisServer::start_with(&[]).await;
+    let mut s = redis.settings();
+    s.limits.session_requests = 0;
+    provision_policy(&s, "burst", 8, &burst_policy()).await;
+    let w1 = spawn_worker(s.clone(), "w1").await;
+    let w2 = spawn_worker(s.clone(), "w2").await;
+    let stop = CancellationToken::new();
+    let watch = watch_policy(&s, "burst", 8, stop.clone());
+
+    let users = [("ada", "eng"), ("bob", "eng"), ("cyd", "eng"), ("dan", "ops"), ("eve", "ops"), ("fay", "sales"), ("gus", "sales"), ("hal", "")];
+    let mut tasks = Vec::new();
+    for i in 0..240 {
+        let s = s.clone();
+        let (user, group) = users[i % users.len()];
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&s).await;
+            let session = format!("s{i}");
+            let wait = if i % 3 == 0 { 0 } else { 2_000 };
+            let id = c.send(&acquire_as("burst", &session, user, group, wait)).await.unwrap();
+            let mut r = c.wait_for(&id, T).await.unwrap();
+            if r.status() == Status::Queued {
+                r = c.wait_for(&id, Duration::from_secs(15)).await.unwrap();
+            }
+            let status = r.status();
+            if status.is_ok() {
+                tokio::time::sleep(Duration::from_millis(5 + (i as u64 % 7) * 3)).await;
+                let released = c.call(&release("burst", &session), T).await.unwrap();
+                assert_eq!(released.status(), Status::Released, "{session}");
+            }
+            status
+        }));
+    }
+    // The reaper ends the waits that run out meanwhile.
+    let reaper = reaper(&s).await;
+    let mut outcomes: HashMap<Status, usize> = HashMap::new();
+    let mut pending = tasks;
+    while !pending.is_empty() {
+        reaper.pass().await.unwrap();
+        let (done, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|t| t.is_finished());
+        for t in done {
+            *outcomes.entry(t.await.unwrap()).or_default() += 1;
+        }
+        pending = rest;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    let (violations, samples) = watch.await.unwrap();
+    w1.stop().await;
+    w2.stop().await;
+    eprintln!("policy burst: {outcomes:?}, {samples} samples");
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(samples > 50, "the sampler ran ({samples} samples)");
+    let served = outcomes.get(&Status::Acquired).unwrap_or(&0) + outcomes.get(&Status::Granted).unwrap_or(&0);
+    assert!(served >= 100, "{outcomes:?}");
+    assert!(outcomes.get(&Status::LimitReached).is_some(), "{outcomes:?}");
+    assert!(holders(&s, "burst").await.is_empty());
+    assert_counts_match_holders(&s, "burst").await;
+    let (_, kept, _) = read_owners(&s, "burst").await;
+    assert_eq!(kept, Held::default());
+}
+
+// ---------------------------------------------------------------------------
+// Redis Cluster.
+
+/// The same policies on a license on each master of a local cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_on_a_license_on_each_master_of_a_cluster() {
+    let cluster = LocalCluster::start(3).await.expect("cluster");
+    let mut s = Settings::load(None).expect("defaults");
+    s.redis.cluster_urls = cluster.urls();
+    s.keys.prefix = "pol".into();
+    s.stream.requests = "pol:requests".into();
+    s.stream.dead_letter = "pol:requests:dead".into();
+    s.events.stream = "pol:events".into();
+    s.stream.shards = 3;
+    s.stream.block_ms = 100;
+    s.metrics.listen = String::new();
+    s.limits.session_requests = 0;
+
+    // One license per master.
+    let mut by_master: BTreeMap<u16, String> = BTreeMap::new();
+    for i in 0..60 {
+        let l = format!("pl-{i}");
+        let master = cluster.master_of(&license_keys(&s, &l).holders).await.expect("a master");
+        by_master.entry(master).or_insert(l);
+        if by_master.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(by_master.len(), 3, "a license on every master");
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        group_reserve: [("ops".to_owned(), 1)].into(),
+        max_priority: Some(5),
+        linger_ms: Some(300),
+        max_borrow_ms: Some(60_000),
+        ..LicensePolicy::default()
+    };
+    for l in by_master.values() {
+        provision_policy(&s, l, 3, &policy).await;
+    }
+    let w = spawn_worker(s.clone(), "w1").await;
+    for l in by_master.values() {
+        let l = l.as_str();
+        assert_eq!(call(&s, acquire_as(l, "a1", "ada", "", 0)).await.status(), Status::Acquired);
+        assert_eq!(call(&s, acquire_as(l, "a2", "ada", "", 0)).await.status(), Status::LimitReached);
+        let borrowed = acquire(l, "b1", 0).with_policy(RequestPolicy {
+            borrow_ms: 30_000,
+            ..ask("bob", "", 0)
+        });
+        let r = call(&s, borrowed).await;
+        assert_eq!(r.status(), Status::Acquired);
+        assert!(r.int("borrowed_until_ms") > 0);
+        // The last seat is ops's.
+        assert_eq!(call(&s, acquire_as(l, "c1", "cyd", "", 0)).await.status(), Status::NoSeatsAvailable);
+        let mut waiter = client(&s).await;
+        let id = waiter
+            .send(&acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9)))
+            .await
+            .unwrap();
+        let q = waiter.wait_for(&id, T).await.unwrap();
+        assert_eq!((q.status(), q.get("priority")), (Status::Queued, "5"));
+        assert_eq!(call(&s, acquire_as(l, "o1", "olga", "ops", 0)).await.status(), Status::Acquired);
+        // ada's release lingers; the reaper then grants the seat to cyd.
+        assert_eq!(call(&s, release(l, "a1")).await.get("linger_ms"), "300");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let report = reaper(&s).await.reap_license(l).await.unwrap();
+        assert_eq!((report.ended, report.granted), (1, 1), "{l}");
+        assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+        assert_eq!(holders(&s, l).await, ["b1", "c1", "o1"]);
+        assert_counts_match_holders(&s, l).await;
+    }
+    w.stop().await;
+}
