@@ -4,22 +4,10 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::support::{free_port, http_get, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN};
-
-/// `seatgate --redis <url> <args>`, logging warnings only.
-fn seatgate_cmd(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--redis").arg(url).args(args).env("RUST_LOG", "warn");
-    cmd
-}
-
-/// Runs `cmd` to its end, off the runtime's threads.
-async fn output(mut cmd: Command) -> Output {
-    tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .expect("run seatgate")
-}
+use crate::support::{
+    free_port, http_get, metric, output, seatgate_cmd, RedisServer, RedisServerExt, Spawned, WorkerProcess,
+    BIN,
+};
 
 /// `seatgate <args>` against `redis`, to its end.
 async fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
@@ -28,13 +16,6 @@ async fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The value of one exact series line in a Prometheus exposition.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -88,6 +69,7 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
             &text,
             &format!("license_lua_script_executions_total{{script_name=\"{script}\",result=\"{result}\"}}"),
         )
+        .unwrap_or(0.0)
     };
     assert_eq!(exec("acquire", "success"), 3.0, "{text}");
     assert_eq!(exec("acquire", "failure"), 2.0);
@@ -98,6 +80,7 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
             &text,
             &format!("license_lua_script_latency_seconds_count{{script_name=\"{script}\"}}"),
         )
+        .unwrap_or(0.0)
     };
     assert_eq!(
         (
@@ -111,7 +94,8 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
         metric(
             &text,
             "seatgate_requests_total{op=\"acquire\",status=\"NO_SEATS_AVAILABLE\"}"
-        ),
+        )
+        .unwrap_or(0.0),
         2.0
     );
     assert_eq!(worker.status("/live").await, Some(200));
@@ -266,36 +250,41 @@ async fn sharded_streams_and_following_every_events_shard() {
     assert!(used.iter().filter(|n| **n > 0).count() >= 2, "{used:?}");
 }
 
-#[test]
-fn json_logs_are_one_object_per_line() {
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
     use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
 
-    let redis = RedisServer::start_with(&[]);
-    let mut worker = Command::new(BIN)
-        .arg("--redis")
-        .arg(redis.url())
-        .arg("run")
-        .env("SEATGATE__LOG__FORMAT", "json")
-        .env("SEATGATE__METRICS__LISTEN", "")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start seatgate run");
-    let stderr = worker.stderr.take().expect("piped stderr");
-    // Read until the worker says it started (or its stderr closes), then stop it.
-    let mut lines = Vec::new();
-    for line in BufReader::new(stderr).lines() {
-        let line = line.expect("read stderr");
-        let started = line.contains("worker started");
-        lines.push(line);
-        if started {
-            break;
+    let redis = RedisServer::start_with(&[]).await;
+    let mut worker = Spawned(
+        seatgate_cmd(&redis.url(), &["run"])
+            .env("SEATGATE__LOG__FORMAT", "json")
+            .env("SEATGATE__METRICS__LISTEN", "")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start seatgate run"),
+    );
+    let stderr = worker.0.stderr.take().expect("piped stderr");
+    // Read until the worker says it started (or its stderr closes), off the
+    // runtime's threads; then stop it.
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.expect("read stderr");
+            let started = line.contains("worker started");
+            lines.push(line);
+            if started {
+                break;
+            }
         }
-    }
-    let _ = worker.kill();
-    let _ = worker.wait();
+        lines
+    });
+    // A worker that never says so fails the test instead of hanging it;
+    // stopping it (through its handle) also ends a reader still waiting.
+    let lines = tokio::time::timeout(Duration::from_secs(20), reader).await;
+    drop(worker);
+    let lines = lines.expect("the worker logged its start within 20 s").unwrap();
     assert!(
         lines.iter().any(|l| l.contains("worker started")),
         "no start line in {lines:?}"
@@ -308,11 +297,9 @@ fn json_logs_are_one_object_per_line() {
     }
 
     // An unknown format is refused at startup, naming the key.
-    let o = Command::new(BIN)
-        .args(["license", "list"])
-        .env("SEATGATE__LOG__FORMAT", "xml")
-        .output()
-        .expect("run seatgate");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["license", "list"]).env("SEATGATE__LOG__FORMAT", "xml");
+    let o = output(cmd).await;
     assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("format"));
 }
@@ -320,22 +307,24 @@ fn json_logs_are_one_object_per_line() {
 /// `seatgate status` prints what callers stored: control characters in it
 /// are shown escaped, so a session's metadata cannot drive the operator's
 /// terminal; `--json` keeps the exact value.
-#[test]
-fn status_escapes_control_characters_and_json_keeps_them() {
-    let redis = RedisServer::start_with(&[]);
+#[tokio::test]
+async fn status_escapes_control_characters_and_json_keeps_them() {
+    let redis = RedisServer::start_with(&[]).await;
     assert!(seatgate(&redis, &["license", "put", "cad", "--seats", "2"])
+        .await
         .status
         .success());
-    let _worker = WorkerProcess::start(&redis.url(), &[]);
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
     let hostile = "\u{1b}[2J\u{1b}[Hadmin@corp\rOK";
     let meta = serde_json::json!({ "user_email": hostile, "hardware_id": "hw\u{7}" }).to_string();
     let o = seatgate(
         &redis,
         &["acquire", "--license", "cad", "--session", "s1", "--meta", &meta],
-    );
+    )
+    .await;
     assert_eq!(o.status.code(), Some(0), "{o:?}");
 
-    let text = stdout(&seatgate(&redis, &["status"]));
+    let text = stdout(&seatgate(&redis, &["status"]).await);
     assert!(
         !text.chars().any(|c| c.is_control() && c != '\n'),
         "raw control characters reach the terminal: {text:?}"
@@ -344,6 +333,6 @@ fn status_escapes_control_characters_and_json_keeps_them() {
     assert!(text.contains(r"hw\u{7}"), "{text}");
 
     let json: serde_json::Value =
-        serde_json::from_slice(&seatgate(&redis, &["status", "--json"]).stdout).unwrap();
+        serde_json::from_slice(&seatgate(&redis, &["status", "--json"]).await.stdout).unwrap();
     assert_eq!(json["licenses"][0]["holders"][0]["user"], hostile);
 }

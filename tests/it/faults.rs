@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{
     add_request, client, consumers, create_group, db, direct, events, holders, license_keys, pending,
-    put_license, reaper, request_xadd, spawn_worker, stream_entries, watch_holders, Direct, RedisServer,
-    RedisServerExt, WorkerProcess, T,
+    put_license, reaper, reply_stream, request_xadd, spawn_worker, stream_entries, watch_holders, Direct,
+    RedisServer, RedisServerExt, WorkerProcess, T,
 };
 
 /// `XREADGROUP` of up to `count` new requests as `consumer`, without acknowledging them.
@@ -43,6 +43,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     let mut con = db(&settings).await;
     // The group exists, and a consumer that will "crash" takes two entries.
     create_group(&settings).await;
+    let replies = reply_stream(&settings, "t");
     let acquire_id = add_request(
         &mut con,
         &settings,
@@ -51,7 +52,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
             ("id", "a1"),
             ("license", "lic"),
             ("session", "s1"),
-            ("reply_to", "seat:reply:t"),
+            ("reply_to", &replies),
         ],
     )
     .await;
@@ -63,7 +64,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
             ("id", "r1"),
             ("license", "lic"),
             ("session", "held"),
-            ("reply_to", "seat:reply:t"),
+            ("reply_to", &replies),
         ],
     )
     .await;
@@ -89,7 +90,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     worker.stop().await;
-    let got = stream_entries(&mut con, "seat:reply:t").await;
+    let got = stream_entries(&mut con, &replies).await;
     let by_id: HashMap<&str, &str> = got
         .iter()
         .map(|r| (r["id"].as_str(), r["status"].as_str()))
@@ -125,6 +126,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
         .await
         .unwrap();
     let worker = spawn_worker(settings.clone(), "w1").await;
+    let replies = reply_stream(&settings, "p");
     add_request(
         &mut con,
         &settings,
@@ -133,7 +135,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
             ("id", "p1"),
             ("license", "poison"),
             ("session", "x"),
-            ("reply_to", "seat:reply:p"),
+            ("reply_to", &replies),
         ],
     )
     .await;
@@ -167,7 +169,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
         "{:?}",
         dead[0]["dead_reason"]
     );
-    let answer = stream_entries(&mut con, "seat:reply:p").await;
+    let answer = stream_entries(&mut con, &replies).await;
     assert_eq!(answer.len(), 1);
     assert_eq!(
         (answer[0]["status"].as_str(), answer[0]["id"].as_str()),
@@ -310,7 +312,7 @@ async fn burst_with_fault(s: &Settings, n: usize, fault: impl Future<Output = ()
         put_license(s, l, SEATS as u64).await;
     }
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let reply_streams: Vec<String> = (0..4).map(|i| format!("seat:reply:burst:{i}")).collect();
+    let reply_streams: Vec<String> = (0..4).map(|i| reply_stream(s, &format!("burst:{i}"))).collect();
     let stop = CancellationToken::new();
     let collector = collect(
         s.redis.url.clone(),
@@ -484,10 +486,7 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
         left_pending = victim_pending().await;
     })
     .await;
-    let metrics = crate::support::http_get(&survivor.metrics, "/metrics")
-        .await
-        .map(|(_, body)| body)
-        .unwrap_or_default();
+    let metrics = survivor.scrape().await;
     let claimed = metrics
         .lines()
         .find(|l| l.starts_with("seatgate_claimed_requests_total"))

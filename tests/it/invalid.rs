@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
-use seatgate::client::{Call, Client};
+use seatgate::client::Call;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    client, db, holders, license_keys, pending, put_license, request_xadd, snapshot, spawn_worker,
-    stream_entries, RedisServer, RedisServerExt, T,
+    client, db, holders, http_get, license_keys, metric, pending, put_license, reply_stream, request_xadd,
+    snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt, WorkerProcess, T,
 };
 
 // Generated hostile entries; the parser's own property test over them lives
@@ -209,8 +209,9 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut con = db(&settings).await;
+    let not_a_stream = reply_stream(&settings, "not-a-stream");
     let _: () = redis::cmd("SET")
-        .arg("seat:reply:not-a-stream")
+        .arg(&not_a_stream)
         .arg("x")
         .query_async(&mut con)
         .await
@@ -223,7 +224,7 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("seat:reply:not-a-stream")
+        .arg(&not_a_stream)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -242,8 +243,9 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut con = db(&settings).await;
+    let victim = reply_stream(&settings, "victim");
     let _: () = redis::cmd("SET")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .arg("important")
         .query_async(&mut con)
         .await
@@ -256,7 +258,7 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -271,12 +273,12 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         "acknowledged although its reply could not be written"
     );
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
     let value: String = redis::cmd("GET")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -299,15 +301,19 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     settings.limits.session_requests = 0;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut con = db(&settings).await;
+    let fuzz_replies = reply_stream(&settings, "fuzz");
     let mut runner = TestRunner::deterministic();
     let n = 300;
     for i in 0..n {
-        let fields = hostile::entry().new_tree(&mut runner).expect("generate").current();
+        let fields = hostile::entry()
+            .new_tree(&mut runner)
+            .expect("generate")
+            .current();
         let mut xadd = request_xadd(&settings);
         xadd.arg("id")
             .arg(format!("g{i}"))
             .arg("reply_to")
-            .arg("seat:reply:fuzz");
+            .arg(&fuzz_replies);
         for (k, v) in fields
             .iter()
             .filter(|(k, _)| k != "id" && k != "reply_to" && !k.is_empty())
@@ -318,7 +324,7 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let replies = loop {
-        let read = stream_entries(&mut con, "seat:reply:fuzz").await;
+        let read = stream_entries(&mut con, &fuzz_replies).await;
         if read.len() >= n || std::time::Instant::now() > deadline {
             break read;
         }
@@ -362,10 +368,10 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
 /// stream with a reason naming `reply_to`, and the refusal is counted.
 #[tokio::test]
 async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_untouched() {
-    use crate::support::{http_get, stream_entries, WorkerProcess};
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     let mut pipe = redis::pipe();
     for i in 0..1_000 {
         pipe.cmd("XADD")
@@ -376,7 +382,7 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
             .ignore();
     }
     let _: () = pipe.query_async(&mut con).await.unwrap();
-    let dump = |con: &mut redis::aio::MultiplexedConnection| {
+    let dump = |con: &mut seatgate::db::Db| {
         let mut con = con.clone();
         async move {
             let dump: Vec<u8> = redis::cmd("DUMP")
@@ -395,11 +401,9 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
     let before = dump(&mut con).await;
     assert_eq!(before.1, -1);
 
-    let worker = WorkerProcess::start(&redis.url(), &[]);
+    let worker = WorkerProcess::start(&redis.url(), &[]).await;
     for op in ["acquire", "release"] {
-        let _: String = redis::cmd("XADD")
-            .arg("seat:requests")
-            .arg("*")
+        let _: String = request_xadd(&settings)
             .arg("op")
             .arg(op)
             .arg("id")
@@ -416,8 +420,8 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let dead = loop {
-        let dead = stream_entries(&mut con, "seat:requests:dead").await;
-        if dead.len() >= 2 && pending(&redis).await == 0 {
+        let dead = stream_entries(&mut con, &settings.stream.dead_letter).await;
+        if dead.len() >= 2 && pending(&settings).await == 0 {
             break dead;
         }
         assert!(
@@ -427,10 +431,7 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(dump(&mut con).await, before, "orders:jobs byte-identical, no TTL");
-    assert!(
-        crate::support::holders(&redis, "lic").await.is_empty(),
-        "not decided"
-    );
+    assert!(holders(&settings, "lic").await.is_empty(), "not decided");
     let mut ids: Vec<&str> = dead.iter().map(|e| e["id"].as_str()).collect();
     ids.sort();
     assert_eq!(ids, ["hostile-acquire", "hostile-release"]);
@@ -438,16 +439,14 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
         assert_eq!(entry["reply_to"], "orders:jobs");
         let reason = &entry["dead_reason"];
         assert!(
-            reason.contains("reply_to") && reason.contains("orders:jobs") && reason.contains("seat:reply:"),
+            reason.contains("reply_to")
+                && reason.contains("orders:jobs")
+                && reason.contains(&settings.replies.prefix),
             "{reason}"
         );
     }
-    let (_, text) = http_get(&worker.metrics, "/metrics").expect("metrics");
-    let count = |series: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse::<f64>().ok()))
-            .unwrap_or(0.0)
-    };
+    let (_, text) = http_get(&worker.metrics, "/metrics").await.expect("metrics");
+    let count = |series: &str| metric(&text, series).unwrap_or(0.0);
     assert_eq!(count("seatgate_refused_reply_to_total "), 2.0, "{text}");
     assert_eq!(count("seatgate_dead_lettered_total "), 2.0, "{text}");
 }

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use seatgate::client::Call;
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts};
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
     acquire, client, db, direct, events, holders, license_keys, provision, put_license, queue_up, reaper,
-    seats_with_timeout, spawn_worker, watch_holders, Entry, RedisServer, RedisServerExt, T,
+    reply_stream, seats_with_timeout, spawn_worker, stream_entries, watch_holders, Entry, RedisServer,
+    RedisServerExt, T,
 };
 
 fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
@@ -429,51 +429,28 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
 /// step's limit are all delivered by one reaper pass, over several bounded steps.
 #[tokio::test]
 async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_one_pass() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 0, None).await;
-    let mut con = redis.con().await;
-    let ks = Keys::new("seat");
-    let keys = ks.license("lic");
-    let scripts = Scripts::get();
+    let redis = RedisServer::start_with(&[]).await;
+    let mut settings = redis.settings();
+    put_license(&settings, "lic", 0).await;
+    let mut con = db(&settings).await;
     for i in 0..20 {
         let (session, request_id) = (format!("w{i:02}"), format!("r{i:02}"));
-        let reply_to = format!("seat:reply:{session}");
-        let args = AcquireArgs {
-            session: &session,
-            meta: "{}",
-            wait_ms: 200,
-            request_id: &request_id,
-            reply_to: &reply_to,
-            default_queue_max: 100,
-        };
-        let guard = Guard::none(&ks, "lic", &session);
-        let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+        let o = direct(&settings, "lic", &session)
+            .queue(&mut con, 200, &request_id, &reply_stream(&settings, &session))
+            .await;
         assert_eq!(o.status, Status::Queued);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
     // A script ends all 20 waits and its worker dies before delivering.
-    let args = AcquireArgs {
-        session: "late",
-        meta: "{}",
-        wait_ms: 0,
-        request_id: "x",
-        reply_to: "",
-        default_queue_max: 100,
-    };
-    let guard = Guard::none(&ks, "lic", "late");
-    let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+    let o = direct(&settings, "lic", "late").acquire(&mut con).await;
     assert_eq!(o.notes.len(), 20);
 
-    let mut settings = redis.settings();
     settings.reaper.batch = 7;
     settings.reaper.redeliver_after_ms = 1;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings)
-        .pass()
-        .await
-        .unwrap();
+    reaper(&settings).await.pass().await.unwrap();
     for i in 0..20 {
-        let replies = crate::support::stream_entries(&mut con, &format!("seat:reply:w{i:02}")).await;
+        let replies = stream_entries(&mut con, &reply_stream(&settings, &format!("w{i:02}"))).await;
         assert_eq!(replies.len(), 1, "w{i:02}: {replies:?}");
         assert_eq!(
             (replies[0]["id"].as_str(), replies[0]["status"].as_str()),
@@ -481,7 +458,7 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         );
     }
     let left: i64 = redis::cmd("HLEN")
-        .arg(&keys.outbox)
+        .arg(license_keys(&settings, "lic").outbox)
         .query_async(&mut con)
         .await
         .unwrap();

@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use seatgate::client::Call;
+use seatgate::config::Settings;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, consumers, db, holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt,
-    T,
+    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_worker, RedisServer,
+    RedisServerExt, T,
 };
 
 #[tokio::test]
@@ -70,12 +71,13 @@ async fn reply_streams_expire_after_their_last_reply() {
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut client = client(&settings).await;
-    assert!(
-        client.reply_to().starts_with("seat:reply:seatgate:"),
-        "{}",
-        client.reply_to()
-    );
-    client.call(&Call::new(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    // <replies.prefix><client.name>:<unique>
+    let own = reply_stream(&settings, &format!("{}:", settings.client.name));
+    assert!(client.reply_to().starts_with(&own), "{}", client.reply_to());
+    client
+        .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
+        .await
+        .unwrap();
     let mut con = db(&settings).await;
     let ttl: i64 = redis::cmd("PTTL")
         .arg(client.reply_to())
@@ -150,7 +152,7 @@ async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
     for i in 0..5_000 {
         // Releases are never rate limited; each is answered SESSION_NOT_FOUND.
         let id = client
-            .send(&Call::new(Op::Release, "lic", &format!("s{i}")))
+            .send(&Call::new(Op::Release, "lic", format!("s{i}")))
             .await
             .unwrap();
         sent.insert(id);
@@ -175,7 +177,7 @@ async fn replies_older_than_the_ttl_are_trimmed() {
     let mut client = client(&settings).await;
     for i in 0..1_000 {
         client
-            .send(&Call::new(Op::Release, "lic", &format!("old{i}")))
+            .send(&Call::new(Op::Release, "lic", format!("old{i}")))
             .await
             .unwrap();
     }
@@ -185,7 +187,7 @@ async fn replies_older_than_the_ttl_are_trimmed() {
     for i in 0..300 {
         young.push(
             client
-                .send(&Call::new(Op::Release, "lic", &format!("young{i}")))
+                .send(&Call::new(Op::Release, "lic", format!("young{i}")))
                 .await
                 .unwrap(),
         );

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -20,7 +20,7 @@ use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{Guard, Outcome, Scripts};
+use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
 use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
@@ -69,9 +69,19 @@ pub async fn db(s: &Settings) -> Db {
     Db::connect(&s.redis).await.expect("connect to test redis")
 }
 
+/// Every key name under `s`'s prefix.
+pub fn keys(s: &Settings) -> Keys {
+    Keys::new(s.keys.prefix.clone())
+}
+
 /// The keys of `license` under `s`'s prefix.
 pub fn license_keys(s: &Settings, license: &str) -> LicenseKeys {
-    Keys::new(s.keys.prefix.clone()).license(license)
+    keys(s).license(license)
+}
+
+/// The reply stream `<replies.prefix><name>`: one a worker agrees to write to.
+pub fn reply_stream(s: &Settings, name: &str) -> String {
+    format!("{}{name}", s.replies.prefix)
 }
 
 // ---------------------------------------------------------------------------
@@ -97,8 +107,7 @@ pub fn seats_with_timeout(n: u64, heartbeat_timeout_ms: u64) -> LicenseSpec {
 
 /// Creates or replaces `license` as `spec` says.
 pub async fn provision(s: &Settings, license: &str, spec: &LicenseSpec) {
-    let keys = Keys::new(s.keys.prefix.clone());
-    license::put(&mut db(s).await, &keys, license, spec)
+    license::put(&mut db(s).await, &keys(s), license, spec)
         .await
         .expect("put license");
 }
@@ -197,52 +206,75 @@ pub fn watch_holders(
 // The seat scripts called directly.
 
 /// One session of one license, its seat scripts called directly (the seed's
-/// path). Every test calls the scripts through here, so a change of the
+/// path). Every test calls the seat scripts through here, so a change of the
 /// script API lands in this one place.
 pub struct Direct {
     /// The license's keys.
     keys: LicenseKeys,
-    /// Dedupe and rate limits (none, or those of a stream entry).
+    /// Dedupe and rate limits (none, those of a stream entry, or the test's own).
     guard: Guard,
     /// The session id.
     session: String,
+    /// The metadata an acquire stores with the seat ([`META`] unless the test sets its own).
+    meta: String,
+    /// The queue limit for a license without its own `queue_max`, as a worker passes it.
+    default_queue_max: u64,
 }
 
 /// `session` of `license` called directly: no redelivery dedupe, no rate limits.
 pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
     Direct {
         keys: license_keys(s, license),
-        guard: Guard::none(&Keys::new(s.keys.prefix.clone()), license, session),
+        guard: Guard::none(&keys(s), license, session),
         session: session.to_owned(),
+        meta: META.to_owned(),
+        default_queue_max: s.queue.max_length,
     }
 }
 
 impl Direct {
     /// Guarded as a worker guards stream entry `entry_id` (dedupe, limits).
     pub fn for_entry(s: &Settings, entry_id: &str, license: &str, session: &str) -> Direct {
-        let keys = Keys::new(s.keys.prefix.clone());
         Direct {
-            keys: keys.license(license),
-            guard: Guard::for_entry(&s.guard_policy(), &keys, entry_id, license, session),
-            session: session.to_owned(),
+            guard: Guard::for_entry(&s.guard_policy(), &keys(s), entry_id, license, session),
+            ..direct(s, license, session)
         }
     }
 
-    /// lua/acquire.lua with [`META`], without waiting.
+    /// The same session under `guard` (a test's own limits or dedupe policy).
+    pub fn with_guard(self, guard: Guard) -> Direct {
+        Direct { guard, ..self }
+    }
+
+    /// The same session, its acquires storing `meta` instead of [`META`].
+    pub fn with_meta(self, meta: impl Into<String>) -> Direct {
+        Direct {
+            meta: meta.into(),
+            ..self
+        }
+    }
+
+    /// lua/acquire.lua, without waiting.
     pub async fn acquire(&self, con: &mut impl ConnectionLike) -> Outcome {
         self.queue(con, 0, "", "").await
     }
 
-    /// lua/acquire.lua with [`META`], waiting up to `wait_ms` in the queue
-    /// as request `request_id` answered on `reply_to`.
-    pub async fn queue(&self, con: &mut impl ConnectionLike, wait_ms: u64, request_id: &str, reply_to: &str) -> Outcome {
+    /// lua/acquire.lua, waiting up to `wait_ms` in the queue as request
+    /// `request_id` whose later reply goes to `reply_to`.
+    pub async fn queue(
+        &self,
+        con: &mut impl ConnectionLike,
+        wait_ms: u64,
+        request_id: &str,
+        reply_to: &str,
+    ) -> Outcome {
         let args = AcquireArgs {
             session: &self.session,
-            meta: META,
+            meta: &self.meta,
             wait_ms,
             request_id,
             reply_to,
-            default_queue_max: 10,
+            default_queue_max: self.default_queue_max,
         };
         Scripts::get()
             .acquire(&self.keys, &self.guard, &args)
@@ -253,7 +285,9 @@ impl Direct {
 
     /// lua/release.lua.
     pub async fn release(&self, con: &mut impl ConnectionLike) -> Outcome {
-        let args = SessionArgs { session: &self.session };
+        let args = SessionArgs {
+            session: &self.session,
+        };
         Scripts::get()
             .release(&self.keys, &self.guard, &args)
             .run(con)
@@ -263,13 +297,21 @@ impl Direct {
 
     /// lua/heartbeat.lua.
     pub async fn heartbeat(&self, con: &mut impl ConnectionLike) -> Outcome {
-        let args = SessionArgs { session: &self.session };
+        let args = SessionArgs {
+            session: &self.session,
+        };
         Scripts::get()
             .heartbeat(&self.keys, &self.guard, &args)
             .run(con)
             .await
             .expect("heartbeat.lua")
     }
+}
+
+/// The Redis clock (TIME), ms: the clock the scripts read.
+pub async fn redis_ms(con: &mut impl ConnectionLike) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1000 + micros / 1000
 }
 
 // ---------------------------------------------------------------------------
@@ -469,6 +511,21 @@ pub async fn spawn_worker(mut settings: Settings, consumer: &str) -> WorkerHandl
 /// The `seatgate` binary built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
 
+/// `seatgate --redis <url> <args>`, logging warnings only.
+pub fn seatgate_cmd(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--redis").arg(url).args(args).env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs `cmd` to its end, off the runtime's threads.
+pub async fn output(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .expect("run the command")
+}
+
 /// A child process, killed and reaped on drop so that a failing test leaves
 /// nothing running. Signals go through the handle: a child's pid stays its
 /// own until it is reaped, so they can never reach an unrelated process.
@@ -522,6 +579,14 @@ impl WorkerProcess {
         http_get(&self.metrics, path).await.map(|(code, _)| code)
     }
 
+    /// Its `/metrics` response ("" when it does not answer).
+    pub async fn scrape(&self) -> String {
+        http_get(&self.metrics, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill9(&mut self) {
         let _ = self.child.0.kill();
@@ -565,4 +630,11 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     })
     .await
     .expect("http_get task")
+}
+
+/// The value of one exact series (name and labels as rendered) in a
+/// Prometheus exposition, if present.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }

@@ -198,6 +198,8 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
             "memory: expected 10 holders of m0, found {used}"
         )));
     }
+    // A reply stream as a client names one: inside the reply namespace.
+    let reply_to = format!("{}client-0001", settings.replies.prefix);
     let mut pipe = redis::pipe();
     for w in 0..10_000 {
         let session = format!("wait-{w}");
@@ -206,7 +208,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
             meta: &meta,
             wait_ms: 3_600_000,
             request_id: "req-1796011839633-0",
-            reply_to: "seat:reply:client-0001",
+            reply_to: &reply_to,
         };
         pipe.add_command(Seat::new(&keys, "waitlist", &session).cmd(queue))
             .ignore();

@@ -72,7 +72,11 @@ impl Seat {
                 wait_ms,
                 request_id,
                 reply_to,
-            } => s.acquire(&self.keys, &self.guard, &acquire(meta, wait_ms, request_id, reply_to)),
+            } => s.acquire(
+                &self.keys,
+                &self.guard,
+                &acquire(meta, wait_ms, request_id, reply_to),
+            ),
             Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session }),
         }
     }
