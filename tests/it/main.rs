@@ -4,6 +4,7 @@
 mod cli;
 mod cluster;
 mod faults;
+mod hardening;
 mod invalid;
 mod queue;
 mod scripts;

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use self::decide::Decider;
-use self::read::{Entry, Source};
+use self::read::{Entry, Source, SWEEP_START};
 use self::schedule::Schedule;
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
@@ -120,6 +120,8 @@ struct ShardWorker {
     /// with nobody reading it. It is also never shared, so a blocked read
     /// cannot delay a script.
     reader: Option<Db>,
+    /// Where the next XAUTOCLAIM continues its sweep of the pending list.
+    claim_cursor: String,
     /// Setup (group, scripts) failed at startup: not ready until it succeeds.
     unprepared: bool,
     /// Health flag for `/ready`.
@@ -146,6 +148,7 @@ impl ShardWorker {
             ready,
             decider,
             settings,
+            claim_cursor: SWEEP_START.to_owned(),
             unprepared: false,
         };
         match worker.prepare().await {
@@ -163,6 +166,8 @@ impl ShardWorker {
 
     /// Group creation and script loading: safe to repeat after Redis comes back.
     async fn prepare(&mut self) -> Result<(), Error> {
+        // A group created again has a pending list of its own.
+        self.claim_cursor = SWEEP_START.to_owned();
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&self.stream)
@@ -290,7 +295,7 @@ impl ShardWorker {
         }
         match source {
             Source::Claimed => {
-                schedule.claimed(batch.len(), Instant::now());
+                schedule.claimed(batch.len(), self.sweep_done(), Instant::now());
                 if !batch.is_empty() {
                     info!(
                         count = batch.len(),
