@@ -32,6 +32,7 @@ pub struct Scripts {
     heartbeat: Script,
     reap: Script,
     reply: Script,
+    remove_consumer: Script,
     unlock: Script,
 }
 
@@ -42,6 +43,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reap: Script::new(lua!("reap")),
     // Not a seat script: no common helpers, no seat metrics.
     reply: Script::new(include_str!("../../lua/reply.lua")),
+    remove_consumer: Script::new(include_str!("../../lua/remove_consumer.lua")),
     unlock: Script::new(include_str!("../../lua/unlock.lua")),
 });
 
@@ -427,6 +429,23 @@ impl Scripts {
             call.arg(*field).arg(value); // ARGV[3..]
         }
         call.invoke_async::<Value>(con).await.map(|_| ())
+    }
+
+    /// lua/remove_consumer.lua: remove `consumer` from `group` of `stream`
+    /// unless it holds pending entries. Returns whether it is gone.
+    pub async fn remove_consumer<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> redis::RedisResult<bool> {
+        self.remove_consumer
+            .key(stream) // KEYS[1]
+            .arg(group) // ARGV[1]
+            .arg(consumer) // ARGV[2]
+            .invoke_async(con)
+            .await
     }
 }
 

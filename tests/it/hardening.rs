@@ -10,18 +10,38 @@
 //!   latency figure, and the stream recovers from an id pushed to the maximum
 //!   (the runbook of docs/operations.md) without losing a pending entry.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use seatgate::client::{Call, Client};
+use seatgate::engine::keys::consumer_alive;
 use seatgate::engine::protocol::Op;
+use seatgate::engine::scripts::Scripts;
 use seatgate::engine::status::Status;
+use seatgate::runtime::reaper::Reaper;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{create_group, holders, put_license, spawn_worker, RedisServer, RedisServerExt};
 
 const REQUESTS: &str = "seat:requests";
 const GROUP: &str = "seatgate";
+const T: Duration = Duration::from_secs(5);
+
+/// XADD `fields` to `stream` under `id` (`*` for a new id from Redis).
+async fn xadd(
+    con: &mut MultiplexedConnection,
+    stream: &str,
+    id: &str,
+    fields: &[(&str, &str)],
+) -> redis::RedisResult<String> {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg(id);
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    cmd.query_async(con).await
+}
 
 /// Delivers up to `count` new entries of the requests stream to `consumer`,
 /// which then never acknowledges them (a worker that died); their ids.
@@ -39,6 +59,40 @@ async fn take(con: &mut MultiplexedConnection, consumer: &str, count: usize) -> 
         .await
         .unwrap();
     read.keys.into_iter().flat_map(|k| k.ids).map(|e| e.id).collect()
+}
+
+/// Names of the consumers of the group on `stream`.
+async fn consumers(con: &mut MultiplexedConnection, stream: &str) -> Vec<String> {
+    consumer_info(con, stream).await.into_keys().collect()
+}
+
+/// Consumer name → (pending, idle ms) of the group on `stream`.
+async fn consumer_info(con: &mut MultiplexedConnection, stream: &str) -> HashMap<String, (u64, u64)> {
+    let rows: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg(GROUP)
+        .query_async(con)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|c| {
+            let int = |k: &str| redis::from_redis_value::<u64>(c[k].clone()).unwrap();
+            let name = redis::from_redis_value::<String>(c["name"].clone()).unwrap();
+            (name, (int("pending"), int("idle")))
+        })
+        .collect()
+}
+
+/// Entries of the group on `stream` still pending.
+async fn pending_on(con: &mut MultiplexedConnection, stream: &str) -> i64 {
+    let summary: (i64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(GROUP)
+        .query_async(con)
+        .await
+        .unwrap();
+    summary.0
 }
 
 /// XAUTOCLAIM looks at no more than ten times COUNT pending entries per call.
@@ -112,4 +166,116 @@ async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
         "claimed {waited:?} after it was delivered: more than claim_idle_ms and a couple of claim periods"
     );
     assert_eq!(holders(&redis, "lic").await, ["behind"]);
+}
+
+/// On Redis 7.0 a read that finds nothing does not reset a consumer's idle
+/// time, so a live worker on a quiet stream looks idle. Its liveness key
+/// keeps the reaper from removing it; a consumer without one, and with
+/// nothing pending, is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_removed() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let settings = redis.settings();
+    let worker = spawn_worker(settings.clone(), "live").await;
+    let mut client = Client::connect(&redis.url(), REQUESTS).await.unwrap();
+    let r = client
+        .call(&Call::new(Op::Heartbeat, "lic", "s0"), T)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Status::SessionNotActive);
+    let mut con = redis.con().await;
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("CREATECONSUMER")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("gone")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let alive: bool = redis::cmd("EXISTS")
+        .arg(consumer_alive(REQUESTS, GROUP, "live"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(alive, "the worker keeps its liveness key");
+
+    let mut tiny = settings.clone();
+    tiny.stream.consumer_idle_ms = 20;
+    let reaper = Reaper::new(seatgate::connect(&tiny).await.unwrap(), &tiny);
+    let mut looked_idle = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let before = consumer_info(&mut con, REQUESTS).await;
+        reaper.maintain_stream().await.unwrap();
+        assert!(
+            consumers(&mut con, REQUESTS).await.contains(&"live".to_owned()),
+            "the reaper removed a live worker's consumer (it was {:?})",
+            before.get("live")
+        );
+        looked_idle = looked_idle.max(before.get("live").map_or(0, |(_, idle)| *idle));
+    }
+    assert!(
+        looked_idle > tiny.stream.consumer_idle_ms,
+        "the live consumer looked idle ({looked_idle} ms): the quiet stream really tested the cleanup"
+    );
+    assert!(
+        !consumers(&mut con, REQUESTS).await.contains(&"gone".to_owned()),
+        "a consumer without a worker and with nothing pending is removed"
+    );
+    let r = client
+        .call(&Call::new(Op::Acquire, "lic", "later"), T)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Status::Acquired, "an entry added later is answered");
+    worker.stop().await;
+    assert_eq!(pending_on(&mut con, REQUESTS).await, 0);
+}
+
+/// The removal is one script: it refuses while the consumer holds pending
+/// entries, so a read landing between the reaper's look and its delete
+/// cannot lose them from the pending list.
+#[tokio::test]
+async fn removing_a_consumer_refuses_while_it_holds_entries() {
+    let redis = RedisServer::start_with(&[]);
+    let mut con = redis.con().await;
+    create_group(&mut con).await;
+    xadd(
+        &mut con,
+        REQUESTS,
+        "*",
+        &[("op", "heartbeat"), ("license", "l"), ("session", "s")],
+    )
+    .await
+    .unwrap();
+    let held = take(&mut con, "holder", 10).await;
+    let scripts = Scripts::get();
+    let gone = scripts
+        .remove_consumer(&mut con, REQUESTS, GROUP, "holder")
+        .await
+        .unwrap();
+    assert!(!gone, "refused while an entry is pending");
+    assert_eq!(
+        consumer_info(&mut con, REQUESTS).await["holder"].0,
+        1,
+        "its entry is still pending"
+    );
+    let _: i64 = redis::cmd("XACK")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg(&held)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let gone = scripts
+        .remove_consumer(&mut con, REQUESTS, GROUP, "holder")
+        .await
+        .unwrap();
+    assert!(gone, "removed once it holds nothing");
+    assert!(consumers(&mut con, REQUESTS).await.is_empty());
+    let gone = scripts
+        .remove_consumer(&mut con, REQUESTS, GROUP, "never-was")
+        .await
+        .unwrap();
+    assert!(gone, "a consumer that does not exist is gone already");
 }
