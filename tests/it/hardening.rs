@@ -279,3 +279,131 @@ async fn removing_a_consumer_refuses_while_it_holds_entries() {
         .unwrap();
     assert!(gone, "a consumer that does not exist is gone already");
 }
+
+/// An entry that crashed or stalled its workers comes back again and again.
+/// Once delivered more than `stream.max_deliveries` times it is dead-lettered
+/// and answered ERROR without its script running again: the acquire below
+/// would succeed, and no seat is taken.
+#[tokio::test]
+async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_deciding_it() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    create_group(&mut con).await;
+    let mut client = Client::connect(&redis.url(), REQUESTS).await.unwrap();
+    let id = client.send(&Call::new(Op::Acquire, "lic", "s1")).await.unwrap();
+    let entry = take(&mut con, "crashed", 10).await;
+    // Nine deliveries so far, each ending in a crash.
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("crashed")
+        .arg(0)
+        .arg(&entry)
+        .arg("RETRYCOUNT")
+        .arg(9)
+        .arg("JUSTID")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut settings = redis.settings();
+    settings.stream.max_deliveries = 3;
+    settings.stream.claim_idle_ms = 200;
+    let worker = spawn_worker(settings, "w1").await;
+    let r = client.wait_for(&id, T).await.unwrap();
+    worker.stop().await;
+
+    assert_eq!(r.status(), Status::Error);
+    assert!(
+        r.get("error").contains("delivered 10 times without an answer"),
+        "{:?}",
+        r.get("error")
+    );
+    assert!(
+        holders(&redis, "lic").await.is_empty(),
+        "its script did not run again"
+    );
+    let dead = crate::support::stream_entries(&mut con, "seat:requests:dead").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (
+            dead[0]["dead_entry_id"].as_str(),
+            dead[0]["dead_deliveries"].as_str(),
+            dead[0]["dead_reason"].as_str(),
+            dead[0]["session"].as_str(),
+        ),
+        (
+            entry[0].as_str(),
+            "10",
+            "delivered 10 times without an answer",
+            "s1"
+        )
+    );
+    assert_eq!(pending_on(&mut con, REQUESTS).await, 0);
+}
+
+/// A refusal by Redis is not the entry's fault: however many times the
+/// worker re-reads an entry while Redis is out of memory, the delivery is
+/// handed back each time, and the request is decided once memory is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    create_group(&mut con).await;
+    let mut client = Client::connect(&redis.url(), REQUESTS).await.unwrap();
+    let id = client
+        .send(&Call::new(Op::Acquire, "lic", "patient"))
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg("ballast")
+        .arg(8 * 1024 * 1024)
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut settings = redis.settings();
+    settings.stream.max_deliveries = 2;
+    let worker = spawn_worker(settings, "w1").await;
+    // Re-read with a backoff of 50 ms doubling to 1 s: about six retries in 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pel: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(REQUESTS)
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(pel.len(), 1, "still pending while Redis refuses");
+    let _: () = redis::cmd("DEL")
+        .arg("ballast")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let r = client.wait_for(&id, Duration::from_secs(10)).await.unwrap();
+    worker.stop().await;
+    assert_eq!(
+        r.status(),
+        Status::Acquired,
+        "decided once memory was freed: {r:?}"
+    );
+    let seen = pel[0].3;
+    assert!(seen <= 2, "refused deliveries are handed back ({seen} seen)");
+    assert_eq!(holders(&redis, "lic").await, ["patient"]);
+    let dead: i64 = redis::cmd("XLEN")
+        .arg("seat:requests:dead")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0);
+}

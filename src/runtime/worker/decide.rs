@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::read::{Entry, Source};
 use crate::config::Settings;
-use crate::db::Db;
+use crate::db::{is_transient, Db};
 use crate::engine::keys::Keys;
 use crate::engine::protocol::{self, Op, Reply, Request};
 use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall};
@@ -25,6 +25,8 @@ pub(super) struct Decider {
     pub(super) keys: Keys,
     /// The managed, multiplexed connection for scripts, replies and acks.
     pub(super) con: Db,
+    /// This process's consumer name, which owns every entry it decides.
+    pub(super) consumer: String,
     /// Events and replies.
     pub(super) publisher: Publisher,
     /// Health flag for `/ready`: cleared while Redis refuses our writes.
@@ -55,20 +57,55 @@ pub(super) struct Item {
 pub(super) enum Handled {
     /// Answered (or unanswerable, such as a deleted entry): acknowledge it.
     Done,
-    /// Not answered: leave it pending and try again. `permanent` errors count
-    /// towards dead-lettering; transient ones (Redis down) are simply retried.
+    /// Not answered: leave it pending and try again.
     Retry {
         /// Why it was not answered: logged, and the reason a dead letter carries.
         error: String,
-        /// Whether a retry would fail the same way.
-        permanent: bool,
+        /// What the failed delivery counts for.
+        cause: Cause,
     },
+    /// Delivered more than `stream.max_deliveries` times without an answer:
+    /// dead-letter it and answer ERROR, without deciding it again.
+    DeadLetter {
+        /// The reason the dead letter carries.
+        reason: String,
+    },
+}
+
+/// Why an entry was left pending, which decides what its delivery counts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// A retry would fail the same way (the script failed): the delivery
+    /// counts, and the failure on the `stream.max_deliveries`-th delivery
+    /// dead-letters the entry.
+    Permanent,
+    /// Redis answered with a refusal for now (`OOM`, `LOADING`, `BUSY`, ...):
+    /// not the entry's fault, so the delivery is handed back (its count set
+    /// one lower again) and the entry waits as long as the refusal lasts.
+    Refused,
+    /// The connection failed or timed out, so the entry may be what stalls
+    /// Redis or the worker: the delivery counts.
+    Lost,
+}
+
+impl Cause {
+    /// The cause of a failed script or reply call.
+    pub(super) fn of(e: &Error) -> Cause {
+        match e {
+            Error::Redis(r) if !is_transient(r) => Cause::Permanent,
+            // A server error reply has a code; a lost connection or a timeout has none.
+            Error::Redis(r) if r.code().is_some() && !r.is_timeout() => Cause::Refused,
+            Error::Redis(_) => Cause::Lost,
+            _ => Cause::Permanent,
+        }
+    }
 }
 
 impl Decider {
     /// A decider over the managed connection `con`.
     pub(super) fn new(settings: Settings, con: Db, ready: Readiness) -> Decider {
         Decider {
+            consumer: settings.consumer_name(),
             keys: Keys::new(settings.keys.prefix.clone()),
             publisher: Publisher::new(&settings),
             settings,
@@ -92,19 +129,34 @@ impl Decider {
         self.settle(&mut con, stream, &mut items, source).await
     }
 
-    /// Parses every entry of the batch.
+    /// Parses every entry of the batch, except those delivered more than
+    /// `stream.max_deliveries` times already: every one of those deliveries
+    /// ended without an answer, so the entry itself may be what crashed or
+    /// stalled the workers (a giant entry, a script that times out). It is
+    /// dead-lettered without another attempt at deciding it.
     fn plan(&self, batch: Vec<Entry>) -> Vec<Item> {
+        let max = self.settings.stream.max_deliveries;
         batch
             .into_iter()
-            .map(|entry| Item {
-                request: entry
-                    .fields
-                    .as_ref()
-                    .map(|f| protocol::parse_request(&entry.id, f, |k| self.keys.is_reserved(k))),
-                entry,
-                outcome: None,
-                reply: None,
-                handled: None,
+            .map(|entry| {
+                let exhausted = entry.deliveries > max && entry.fields.is_some();
+                let (request, handled) = if exhausted {
+                    let reason = format!("delivered {} times without an answer", entry.deliveries);
+                    (None, Some(Handled::DeadLetter { reason }))
+                } else {
+                    let request = entry
+                        .fields
+                        .as_ref()
+                        .map(|f| protocol::parse_request(&entry.id, f, |k| self.keys.is_reserved(k)));
+                    (request, None)
+                };
+                Item {
+                    request,
+                    entry,
+                    outcome: None,
+                    reply: None,
+                    handled,
+                }
             })
             .collect()
     }
@@ -192,5 +244,34 @@ impl Decider {
             Op::Release => scripts.release_call(&keys, &guard, &req.session),
             Op::Heartbeat => scripts.heartbeat_call(&keys, &guard, &req.session),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_handed_back_a_lost_connection_counts_a_script_error_is_permanent() {
+        let server = |code: &str| Error::Redis(redis::make_extension_error(code.to_owned(), None));
+        for code in ["OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN"] {
+            assert_eq!(Cause::of(&server(code)), Cause::Refused, "{code}");
+        }
+        assert_eq!(Cause::of(&server("WRONGTYPE")), Cause::Permanent);
+        let io = Error::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        )));
+        assert_eq!(Cause::of(&io), Cause::Lost);
+        let timeout = Error::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "timed out",
+        )));
+        assert_eq!(Cause::of(&timeout), Cause::Lost);
+        let reply = Error::ScriptReply {
+            script: "acquire",
+            detail: "garbage".into(),
+        };
+        assert_eq!(Cause::of(&reply), Cause::Permanent);
     }
 }
