@@ -197,7 +197,7 @@ impl Guard {
         Guard {
             entry_id: entry_id.to_owned(),
             done_key: keys.dedupe(license, bucket),
-            done_until_ms: (bucket + 2) * window,
+            done_until_ms: bucket.saturating_add(2).saturating_mul(window),
             session_rate_key: keys.session_rate(license, session),
             license_rate_key: keys.license_rate(license),
             session_limit: policy.session_limit,

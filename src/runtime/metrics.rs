@@ -52,6 +52,9 @@ pub const DEAD_LETTERED: &str = "seatgate_dead_lettered_total";
 pub const REPLAYED: &str = "seatgate_replayed_requests_total";
 /// Events that could not be appended to the events stream.
 pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
+/// Requests whose stream entry id was ahead of the Redis clock by more than
+/// the dedupe window (a caller chose it: docs/operations.md).
+pub const FUTURE_ENTRY_IDS: &str = "seatgate_future_entry_ids_total";
 
 /// Records one seat-script call, the seed's two metrics: its round trip (for
 /// a pipelined call, the round trip of its pipeline) and its result:
@@ -156,6 +159,11 @@ pub fn dead_lettered() {
 /// Counts one replayed (redelivered, deduplicated) entry.
 pub fn replayed() {
     counter!(REPLAYED).increment(1);
+}
+
+/// Counts one request whose entry id was ahead of the Redis clock.
+pub fn future_entry_id() {
+    counter!(FUTURE_ENTRY_IDS).increment(1);
 }
 
 #[cfg(test)]

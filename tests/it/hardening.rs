@@ -15,18 +15,22 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use seatgate::client::{Call, Client};
-use seatgate::engine::keys::consumer_alive;
+use seatgate::engine::keys::{consumer_alive, Keys};
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::Scripts;
+use seatgate::engine::scripts::{Guard, GuardPolicy, Scripts};
 use seatgate::engine::status::Status;
 use seatgate::runtime::reaper::Reaper;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{create_group, holders, put_license, spawn_worker, RedisServer, RedisServerExt};
+use crate::support::{
+    create_group, holders, http_get, put_license, spawn_worker, RedisServer, RedisServerExt, WorkerProcess,
+};
 
 const REQUESTS: &str = "seat:requests";
 const GROUP: &str = "seatgate";
 const T: Duration = Duration::from_secs(5);
+/// The largest stream entry id Redis accepts.
+const MAX_ID: &str = "18446744073709551615-18446744073709551615";
 
 /// XADD `fields` to `stream` under `id` (`*` for a new id from Redis).
 async fn xadd(
@@ -93,6 +97,32 @@ async fn pending_on(con: &mut MultiplexedConnection, stream: &str) -> i64 {
         .await
         .unwrap();
     summary.0
+}
+
+/// The reply to request `id` on `reply_to`, waiting up to `within` for it.
+async fn reply(
+    con: &mut MultiplexedConnection,
+    reply_to: &str,
+    id: &str,
+    within: Duration,
+) -> Option<HashMap<String, String>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let found = crate::support::stream_entries(con, reply_to)
+            .await
+            .into_iter()
+            .find(|r| r.get("id").map(String::as_str) == Some(id));
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The Redis server's clock, ms.
+async fn redis_now_ms(con: &mut MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1000 + micros / 1000
 }
 
 /// XAUTOCLAIM looks at no more than ten times COUNT pending entries per call.
@@ -406,4 +436,182 @@ async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
         .await
         .unwrap();
     assert_eq!(dead, 0);
+}
+
+/// Entry-id arithmetic saturates: the largest id Redis accepts used to
+/// overflow the dedupe expiry (a panic in a debug build, a wrapped time in
+/// a release one).
+#[test]
+fn the_guard_of_the_largest_entry_id_saturates() {
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 10_000,
+    };
+    let keys = Keys::new("seat");
+    let guard = Guard::for_entry(&policy, &keys, MAX_ID, "lic", "s");
+    assert_eq!(guard.done_until_ms, u64::MAX);
+    let bucket = u64::MAX / 60_000;
+    assert_eq!(guard.done_key, keys.dedupe("lic", bucket));
+}
+
+/// A request whose entry id a caller set an hour ahead of the Redis clock
+/// is answered like any other, and counted (and logged) as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 1).await;
+    let mut con = redis.con().await;
+    create_group(&mut con).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]);
+    let mut client = Client::connect(&redis.url(), REQUESTS).await.unwrap();
+    let ahead = redis_now_ms(&mut con).await + 3_600_000;
+    xadd(
+        &mut con,
+        REQUESTS,
+        &format!("{ahead}-0"),
+        &[
+            ("op", "acquire"),
+            ("id", "ahead-1"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", client.reply_to()),
+        ],
+    )
+    .await
+    .unwrap();
+    let r = client.wait_for("ahead-1", T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    let (_, text) = http_get(&worker.metrics, "/metrics").expect("metrics endpoint");
+    let counted = text
+        .lines()
+        .find(|l| l.starts_with("seatgate_future_entry_ids_total"))
+        .unwrap_or_else(|| panic!("no seatgate_future_entry_ids_total in\n{text}"));
+    assert_eq!(counted.split_whitespace().last(), Some("1"), "{counted}");
+}
+
+/// The runbook of docs/operations.md, "Entry ids ahead of the clock": a
+/// caller pushed the stream's last id to the maximum, so every `XADD *`
+/// fails. The stream is renamed aside, the workers carry on with a fresh
+/// one at once, and a drain worker answers what the old one still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runbook_recovers_a_stream_pushed_to_the_last_id_and_loses_no_pending_entry() {
+    let redis = RedisServer::start_with(&[]);
+    put_license(&redis, "lic", 10).await;
+    let mut con = redis.con().await;
+    create_group(&mut con).await;
+    let mut client = Client::connect(&redis.url(), REQUESTS).await.unwrap();
+    // Two requests held by a worker that died, and one nobody has read yet.
+    let mut held = Vec::new();
+    for session in ["held-1", "held-2"] {
+        held.push(
+            client
+                .send(&Call::new(Op::Acquire, "lic", session))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(take(&mut con, "died", 10).await.len(), 2);
+    let unread = client
+        .send(&Call::new(Op::Acquire, "lic", "unread"))
+        .await
+        .unwrap();
+    // The hostile caller.
+    xadd(
+        &mut con,
+        REQUESTS,
+        MAX_ID,
+        &[("op", "heartbeat"), ("license", "lic"), ("session", "x")],
+    )
+    .await
+    .unwrap();
+    let refused = client
+        .send(&Call::new(Op::Acquire, "lic", "refused"))
+        .await
+        .expect_err("XADD * after the last possible id");
+    assert!(
+        refused.to_string().contains("exhausted the last possible ID"),
+        "{refused}"
+    );
+    // A worker was serving all along (claim_idle_ms 15 s: it claims nothing here).
+    let worker = spawn_worker(redis.settings(), "w1").await;
+    let r = client.wait_for(&unread, T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired, "undelivered entries are still read");
+
+    // Step 1: rename the stream aside; the next XADD makes a fresh one, and
+    // the workers create the group on it by themselves.
+    let _: () = redis::cmd("RENAME")
+        .arg(REQUESTS)
+        .arg("seat:requests:old")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let r = client
+        .call(&Call::new(Op::Acquire, "lic", "after-1"), T)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Status::Acquired, "new requests are served at once");
+
+    // Step 2: a drain worker on the old stream claims what dead consumers
+    // held and reads what nobody read, then leaves.
+    let mut drain = WorkerProcess::start(
+        &redis.url(),
+        &[
+            ("SEATGATE__STREAM__REQUESTS", "seat:requests:old".to_owned()),
+            ("SEATGATE__STREAM__SHARDS", "1".to_owned()),
+            ("SEATGATE__STREAM__CLAIM_IDLE_MS", "1000".to_owned()),
+            ("SEATGATE__REAPER__ENABLED", "false".to_owned()),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg("seat:requests:old")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let info: HashMap<String, redis::Value> = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg("seat:requests:old")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let text = |v: &redis::Value| redis::from_redis_value::<String>(v.clone()).unwrap();
+        let drained = groups[0]["pending"] == redis::Value::Int(0)
+            && text(&groups[0]["last-delivered-id"]) == text(&info["last-generated-id"]);
+        if drained {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old stream was not drained: {groups:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(drain.terminate(T).success());
+    let _: i64 = redis::cmd("DEL")
+        .arg("seat:requests:old")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    for id in &held {
+        let r = reply(&mut con, client.reply_to(), id, T)
+            .await
+            .unwrap_or_else(|| panic!("pending request {id} was never answered"));
+        assert_eq!(r["status"], "ACQUIRED", "{r:?}");
+    }
+    let r = client
+        .call(&Call::new(Op::Acquire, "lic", "after-2"), T)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Status::Acquired, "XADD * works again");
+    worker.stop().await;
+    assert_eq!(
+        holders(&redis, "lic").await,
+        ["after-1", "after-2", "held-1", "held-2", "unread"]
+    );
+    assert_eq!(pending_on(&mut con, REQUESTS).await, 0);
 }

@@ -2,7 +2,8 @@
 //! script in one pipeline (send), then settles the batch (settle.rs).
 
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
@@ -34,6 +35,9 @@ pub(super) struct Decider {
     /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
     /// so the state change is logged once rather than once per batch.
     pub(super) degraded: AtomicBool,
+    /// Entry ids ahead of the Redis clock are counted each, but logged at
+    /// most once a minute: a caller choosing such ids must not flood the log.
+    pub(super) future_ids: Mutex<Throttle>,
 }
 
 /// One entry of a batch on its way from the stream to its acknowledgement:
@@ -112,6 +116,7 @@ impl Decider {
             con,
             ready,
             degraded: AtomicBool::default(),
+            future_ids: Mutex::new(Throttle::new(Duration::from_secs(60))),
         }
     }
 
@@ -247,9 +252,60 @@ impl Decider {
     }
 }
 
+/// Lets a log line through at most once per period and counts the ones it
+/// held back, so a flood of one kind of event costs one line a minute.
+#[derive(Debug)]
+pub(super) struct Throttle {
+    /// The shortest time between two lines.
+    every: Duration,
+    /// When the last line went through.
+    last: Option<Instant>,
+    /// Events held back since then.
+    held_back: u64,
+}
+
+impl Throttle {
+    /// A throttle letting one line through per `every`.
+    pub(super) fn new(every: Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            held_back: 0,
+        }
+    }
+
+    /// An event at `now`: `Some(n)` when it may be logged, `n` being the
+    /// events held back since the last line; `None` when it is held back.
+    pub(super) fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now < last + self.every) {
+            self.held_back += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held_back))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throttle_lets_one_line_through_per_period_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let mut t = Throttle::new(minute);
+        assert_eq!(t.allow(t0), Some(0), "the first line goes through");
+        assert_eq!(t.allow(t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.allow(t0 + Duration::from_secs(59)), None);
+        assert_eq!(
+            t.allow(t0 + minute),
+            Some(2),
+            "a minute later, with the two held back"
+        );
+        assert_eq!(t.allow(t0 + minute), None);
+        assert_eq!(t.allow(t0 + 3 * minute), Some(1));
+    }
 
     #[test]
     fn a_refusal_is_handed_back_a_lost_connection_counts_a_script_error_is_permanent() {

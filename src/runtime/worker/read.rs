@@ -37,18 +37,27 @@ pub(super) struct Entry {
 pub(super) const SWEEP_START: &str = "0-0";
 
 impl Entry {
-    /// Time since the entry was added (its id's ms part, the Redis clock).
+    /// The time part of the entry id: the Redis clock at XADD, or whatever
+    /// the caller chose (any u64, up to 18446744073709551615).
+    pub(super) fn id_ms(&self) -> Option<u64> {
+        self.id.split('-').next()?.parse().ok()
+    }
+
+    /// Time since the entry was added; zero for an id ahead of the clock.
     pub(super) fn age(&self) -> Option<Duration> {
-        let ms: u64 = self.id.split('-').next()?.parse().ok()?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+        let ms = self.id_ms()?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis();
+        let now = u64::try_from(now).unwrap_or(u64::MAX);
         Some(Duration::from_millis(now.saturating_sub(ms)))
     }
 }
 
-/// Whether a read failed because the stream or its group is gone (the
-/// stream was deleted): the group is created again and reading goes on.
+/// Whether a read failed because the stream or its group is gone (deleted,
+/// or renamed aside as in the runbook of docs/operations.md): the group is
+/// created again and reading goes on, with no outage reported.
 fn stream_gone(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOGROUP")
+    // A blocked XREADGROUP whose key is deleted or renamed is answered UNBLOCKED.
+    matches!(e.code(), Some("NOGROUP" | "UNBLOCKED"))
 }
 
 impl ShardWorker {

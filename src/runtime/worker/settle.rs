@@ -2,6 +2,7 @@
 //! notes, dead letters, one XACK.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use redis::Value;
 use tracing::{debug, error, info, warn};
@@ -28,6 +29,9 @@ impl Decider {
     ) -> bool {
         for item in items.iter_mut() {
             item.triage();
+            if let Some(Ok(outcome)) = &item.outcome {
+                self.check_clock(&item.entry, outcome.now_ms);
+            }
         }
         self.write_replies(con, items).await;
         self.answered(con, items).await;
@@ -190,6 +194,32 @@ impl Decider {
             if let Err(e) = handed {
                 debug!(error = %e, count = ids.len(), "cannot hand back refused deliveries");
             }
+        }
+    }
+
+    /// Counts (and now and then logs) an entry whose id time is ahead of the
+    /// Redis clock `now_ms` by more than the dedupe window. Only a caller
+    /// choosing its entry ids (`XADD` with an explicit id) makes one; every
+    /// later `XADD *` of the stream then gets an id at least as far ahead, so
+    /// one is worth an operator's look (docs/operations.md, "Entry ids ahead
+    /// of the clock").
+    fn check_clock(&self, entry: &Entry, now_ms: i64) {
+        let (Some(id_ms), Ok(now_ms)) = (entry.id_ms(), u64::try_from(now_ms)) else {
+            return;
+        };
+        let ahead_ms = id_ms.saturating_sub(now_ms);
+        if ahead_ms <= self.settings.dedupe.window_ms {
+            return;
+        }
+        metrics::future_entry_id();
+        let allowed = self.future_ids.lock().map(|mut t| t.allow(Instant::now()));
+        if let Ok(Some(held_back)) = allowed {
+            warn!(
+                entry = %entry.id,
+                ahead_ms,
+                held_back,
+                "a request's stream entry id is ahead of the Redis clock by more than the dedupe window; see docs/operations.md, \"Entry ids ahead of the clock\" (logged at most once a minute)"
+            );
         }
     }
 
