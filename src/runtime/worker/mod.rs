@@ -131,7 +131,7 @@ struct ShardWorker {
     unprepared: bool,
     /// This consumer's liveness key on this shard.
     alive_key: String,
-    /// When the liveness key was last set; `None` before the first time.
+    /// When the liveness key was last set (or tried); `None` before the first time.
     alive_set_at: Option<Instant>,
     /// Health flag for `/ready`.
     ready: Readiness,
@@ -328,8 +328,8 @@ impl ShardWorker {
     /// 3 s), so it outlives any pause of a loop that still runs. A loop stuck
     /// longer has entries in flight, so its consumer holds pending entries,
     /// which the cleanup never removes either. A failed SET (Redis down or
-    /// out of memory) is only retried: the key is a courtesy, the atomic
-    /// check in lua/remove_consumer.lua is what keeps entries safe.
+    /// out of memory) is retried at the next period: the key is a courtesy,
+    /// the atomic check in lua/remove_consumer.lua is what keeps entries safe.
     async fn keep_alive(&mut self, now: Instant) {
         let ttl_ms = self.settings.stream.block_ms.saturating_mul(3).max(3_000);
         if self
@@ -345,9 +345,11 @@ impl ShardWorker {
             .arg(ttl_ms)
             .query_async(&mut self.con)
             .await;
-        match set {
-            Ok(()) => self.alive_set_at = Some(now),
-            Err(e) => debug!(error = %e, key = %self.alive_key, "cannot set the liveness key"),
+        // Tried again a period later even when it failed: during an outage
+        // the read loop must not wait on one more call per turn.
+        self.alive_set_at = Some(now);
+        if let Err(e) = set {
+            debug!(error = %e, key = %self.alive_key, "cannot set the liveness key");
         }
     }
 
