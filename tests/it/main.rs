@@ -5,6 +5,7 @@ mod acl;
 mod cli;
 mod cluster;
 mod faults;
+mod hardening;
 mod invalid;
 mod metrics;
 mod page;
