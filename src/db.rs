@@ -7,13 +7,16 @@
 //! `XREAD BLOCK`) get their own connection from [`Db::connect_blocking`], whose
 //! response timeout is longer than any block: a timeout shorter than the block
 //! would drop a reply the server still sends, leaving its entry pending unread.
+//!
+//! rediss:// URLs (one node or cluster seeds) use TLS through rustls, with the
+//! CA and client certificate of `[redis]` ([`RedisSettings::tls_certificates`]).
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 
 use crate::config::RedisSettings;
 use crate::error::Error;
@@ -35,36 +38,50 @@ impl Db {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         let response = Duration::from_millis(redis.response_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::builder(redis.cluster_nodes())
+            let client = cluster_builder(redis)?
                 .connection_timeout(connect)
                 .response_timeout(response)
                 .build()?;
-            return Ok(Db::Cluster(client.get_async_connection().await?));
+            let con = client.get_async_connection().await;
+            return Ok(Db::Cluster(con.map_err(|e| connect_error(redis, e))?));
         }
-        let client = redis::Client::open(redis.url.as_str())?;
+        let client = node_client(&redis.url, redis.tls_certificates()?)?;
+        // The manager retries its first connection with backoff (about 10 s)
+        // whatever the error. One plain attempt first turns a mistake in the
+        // settings (a plain URL against a TLS port, an untrusted certificate)
+        // into an error at once; an unreachable Redis still gets the retries.
+        let probe = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(response));
+        if let Err(e) = client.get_multiplexed_async_connection_with_config(&probe).await {
+            if let err @ Error::Connect { .. } = connect_error(redis, e) {
+                return Err(err);
+            }
+        }
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(response));
-        Ok(Db::Managed(client.get_connection_manager_with_config(cfg).await?))
+        let con = client.get_connection_manager_with_config(cfg).await;
+        Ok(Db::Managed(con.map_err(|e| connect_error(redis, e))?))
     }
 
     /// A dedicated connection for blocking reads of up to `block`.
     pub async fn connect_blocking(redis: &RedisSettings, block: Duration) -> Result<Db, Error> {
         let connect = Duration::from_millis(redis.connect_timeout_ms);
         if redis.is_cluster() {
-            let client = ClusterClient::new(redis.cluster_nodes())?;
+            let client = cluster_builder(redis)?.build()?;
             let cfg = ClusterConfig::new()
                 .set_connection_timeout(connect)
                 .set_response_timeout(block + Duration::from_secs(10));
-            return Ok(Db::Cluster(client.get_async_connection_with_config(cfg).await?));
+            let con = client.get_async_connection_with_config(cfg).await;
+            return Ok(Db::Cluster(con.map_err(|e| connect_error(redis, e))?));
         }
-        let client = redis::Client::open(redis.url.as_str())?;
+        let client = node_client(&redis.url, redis.tls_certificates()?)?;
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(None);
-        Ok(Db::Plain(
-            client.get_multiplexed_async_connection_with_config(&cfg).await?,
-        ))
+        let con = client.get_multiplexed_async_connection_with_config(&cfg).await;
+        Ok(Db::Plain(con.map_err(|e| connect_error(redis, e))?))
     }
 
     /// Runs `cmds` and returns each one's result, in order. On one node they
@@ -96,6 +113,119 @@ impl Db {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Db::Cluster(_))
     }
+}
+
+/// A redis-rs client for one node at `url`; with `tls` (a CA, a client
+/// certificate) when given, which needs a rediss:// URL.
+pub fn node_client(url: &str, tls: Option<TlsCertificates>) -> Result<redis::Client, Error> {
+    if is_tls_url(url) {
+        use_ring_for_tls();
+    }
+    match tls {
+        None => Ok(redis::Client::open(url)?),
+        Some(_) if !is_tls_url(url) => Err(tls_files_need_rediss("redis.url")),
+        Some(certs) => Ok(redis::Client::build_with_tls(url, certs)?),
+    }
+}
+
+/// The cluster client's builder for the seed URLs, with the TLS files when set.
+fn cluster_builder(redis: &RedisSettings) -> Result<ClusterClientBuilder, Error> {
+    let nodes = redis.cluster_nodes();
+    if nodes.iter().any(|u| is_tls_url(u)) {
+        use_ring_for_tls();
+    }
+    let builder = ClusterClient::builder(nodes.clone());
+    match redis.tls_certificates()? {
+        None => Ok(builder),
+        Some(_) if !nodes.iter().all(|u| is_tls_url(u)) => Err(tls_files_need_rediss("redis.cluster_urls")),
+        Some(certs) => Ok(builder.certs(certs)),
+    }
+}
+
+fn is_tls_url(url: &str) -> bool {
+    url.trim_start().starts_with("rediss://")
+}
+
+fn tls_files_need_rediss(key: &str) -> Error {
+    Error::Config(format!(
+        "redis.tls_* files are set but {key} is not a rediss:// URL; use rediss:// for TLS, or unset the files"
+    ))
+}
+
+/// Makes `ring` rustls's process-wide crypto provider, once, before the first
+/// TLS client is built. rustls would pick it by itself from its crate features
+/// while ring is the only one enabled; saying so here keeps TLS working if
+/// another dependency ever enables aws-lc-rs too (rustls then refuses to
+/// guess). A provider the embedding program installed first is kept.
+fn use_ring_for_tls() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The connection error, with a hint when its cause is a likely mismatch of
+/// TLS settings, so that one line tells a person what to change.
+fn connect_error(redis: &RedisSettings, e: redis::RedisError) -> Error {
+    let urls = if redis.is_cluster() {
+        redis.cluster_nodes()
+    } else {
+        vec![redis.url.clone()]
+    };
+    let tls = urls.iter().any(|u| is_tls_url(u));
+    match tls_hint(&e, tls) {
+        Some(hint) => Error::Connect { source: e, hint },
+        None => Error::Redis(e),
+    }
+}
+
+fn tls_hint(e: &redis::RedisError, tls: bool) -> Option<&'static str> {
+    use rustls::{AlertDescription, CertificateError};
+    if !tls {
+        // A TLS-only port resets a connection whose first bytes are not a TLS
+        // handshake; a plain server would have answered, or refused the TCP
+        // connection.
+        let reset = e.is_connection_dropped() && !e.is_connection_refusal();
+        return reset
+            .then_some("the server closed the connection at once: is it TLS-only? use a rediss:// URL");
+    }
+    if e.is_timeout() {
+        // A plain server reads a TLS ClientHello as the start of an inline
+        // command and waits for its end, so the handshake hangs until the
+        // connect timeout; so does an unreachable host, hence both questions.
+        return Some("no answer in time: is Redis reachable, and does this port speak TLS? a plain port needs a redis:// URL");
+    }
+    match rustls_error(e)? {
+        rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        ) => Some("the server's certificate is not signed by a trusted CA: set redis.tls_ca_file to the CA that signed it"),
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => Some("the server's certificate does not name the host in the URL: connect by a name or IP it lists"),
+        rustls::Error::AlertReceived(
+            AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnknownCA
+            | AlertDescription::HandshakeFailure,
+        ) => Some("the server requires a client certificate it trusts: set redis.tls_cert_file and redis.tls_key_file"),
+        rustls::Error::InvalidMessage(_) => {
+            Some("the server does not speak TLS on this port: is it a plain port? use a redis:// URL")
+        }
+        _ => None,
+    }
+}
+
+/// The rustls error under a failed TLS connection: redis-rs keeps the I/O
+/// error (behind an `Arc`, which is what `source()` hands out), and the I/O
+/// error wraps what rustls reported through tokio-rustls.
+fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let source = std::error::Error::source(e)?;
+    let io = match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref::<std::io::Error>()?,
+        None => source.downcast_ref::<std::io::Error>()?,
+    };
+    io.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
 impl ConnectionLike for Db {
