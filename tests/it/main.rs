@@ -9,3 +9,4 @@ mod queue;
 mod scripts;
 mod stream;
 mod support;
+mod tls;

@@ -41,8 +41,8 @@ impl RedisServerExt for RedisServer {
     }
 
     async fn con(&self) -> MultiplexedConnection {
-        redis::Client::open(self.url())
-            .expect("url")
+        self.client()
+            .expect("client")
             .get_multiplexed_async_connection()
             .await
             .expect("connect to test redis")
@@ -51,6 +51,9 @@ impl RedisServerExt for RedisServer {
     fn settings(&self) -> Settings {
         let mut s = Settings::load(None).expect("default settings");
         s.redis.url = self.url();
+        if let Some(tls) = self.tls() {
+            tls.apply(&mut s.redis);
+        }
         s.metrics.listen = String::new();
         s.stream.block_ms = 100;
         s
