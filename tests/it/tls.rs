@@ -141,7 +141,9 @@ fn both_fail_fast_saying(env: &[(&str, String)], expected: &str) {
 /// that says what to change, instead of hanging or timing out vaguely.
 #[test]
 fn mismatched_tls_settings_fail_fast_with_a_hint() {
-    let tls_server = RedisServer::start_tls(ClientAuth::No, &[]).expect("start a TLS redis-server");
+    // Also on 127.0.0.2, an address its certificate does not name.
+    let tls_server = RedisServer::start_tls(ClientAuth::No, &["--bind", "127.0.0.1", "127.0.0.2"])
+        .expect("start a TLS redis-server");
     let plain_server = RedisServer::start_with(&[]);
     let acquire = ["acquire", "--license", "x", "--session", "y"];
 
@@ -151,6 +153,11 @@ fn mismatched_tls_settings_fail_fast_with_a_hint() {
 
     // rediss:// without the private CA: the system's roots do not know it.
     both_fail_fast_saying(&[("SEATGATE__REDIS__URL", tls_server.url())], "redis.tls_ca_file");
+
+    // A host the server's certificate does not name.
+    let mut env = ca_only(&tls_server);
+    env[0].1 = tls_server.url().replace("127.0.0.1", "127.0.0.2");
+    both_fail_fast_saying(&env, "does not name the host in the URL");
 
     // rediss:// against a plain server, which waits for the end of a line
     // that never comes: the connect timeout ends it.
