@@ -42,27 +42,32 @@ impl Db {
                 .connection_timeout(connect)
                 .response_timeout(response)
                 .build()?;
-            let con = client.get_async_connection().await;
-            return Ok(Db::Cluster(con.map_err(|e| connect_error(redis, e))?));
+            return match client.get_async_connection().await {
+                Ok(con) => Ok(Db::Cluster(con)),
+                Err(e) => Err(connect_error(redis, e).await),
+            };
         }
         let client = node_client(&redis.url, redis.tls_certificates()?)?;
         // The manager retries its first connection with backoff (about 10 s)
-        // whatever the error. One plain attempt first turns a mistake in the
-        // settings (a plain URL against a TLS port, an untrusted certificate)
-        // into an error at once; an unreachable Redis still gets the retries.
-        let probe = AsyncConnectionConfig::new()
+        // whatever the error. One attempt without retries first turns a
+        // mistake in the settings (a plain URL against a TLS port, an
+        // untrusted certificate) into an error at once; an unreachable Redis
+        // still gets the retries.
+        let once = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(response));
-        if let Err(e) = client.get_multiplexed_async_connection_with_config(&probe).await {
-            if let err @ Error::Connect { .. } = connect_error(redis, e) {
+        if let Err(e) = client.get_multiplexed_async_connection_with_config(&once).await {
+            if let err @ Error::Connect { .. } = connect_error(redis, e).await {
                 return Err(err);
             }
         }
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(response));
-        let con = client.get_connection_manager_with_config(cfg).await;
-        Ok(Db::Managed(con.map_err(|e| connect_error(redis, e))?))
+        match client.get_connection_manager_with_config(cfg).await {
+            Ok(con) => Ok(Db::Managed(con)),
+            Err(e) => Err(connect_error(redis, e).await),
+        }
     }
 
     /// A dedicated connection for blocking reads of up to `block`.
@@ -73,15 +78,19 @@ impl Db {
             let cfg = ClusterConfig::new()
                 .set_connection_timeout(connect)
                 .set_response_timeout(block + Duration::from_secs(10));
-            let con = client.get_async_connection_with_config(cfg).await;
-            return Ok(Db::Cluster(con.map_err(|e| connect_error(redis, e))?));
+            return match client.get_async_connection_with_config(cfg).await {
+                Ok(con) => Ok(Db::Cluster(con)),
+                Err(e) => Err(connect_error(redis, e).await),
+            };
         }
         let client = node_client(&redis.url, redis.tls_certificates()?)?;
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect))
             .set_response_timeout(None);
-        let con = client.get_multiplexed_async_connection_with_config(&cfg).await;
-        Ok(Db::Plain(con.map_err(|e| connect_error(redis, e))?))
+        match client.get_multiplexed_async_connection_with_config(&cfg).await {
+            Ok(con) => Ok(Db::Plain(con)),
+            Err(e) => Err(connect_error(redis, e).await),
+        }
     }
 
     /// Runs `cmds` and returns each one's result, in order. On one node they
@@ -166,14 +175,31 @@ fn use_ring_for_tls() {
 
 /// The connection error, with a hint when its cause is a likely mismatch of
 /// TLS settings, so that one line tells a person what to change.
-fn connect_error(redis: &RedisSettings, e: redis::RedisError) -> Error {
-    let urls = if redis.is_cluster() {
-        redis.cluster_nodes()
-    } else {
-        vec![redis.url.clone()]
+///
+/// The cluster client reports a failed first connection as text only, so
+/// there one seed is tried on its own (once, within the connect timeout), and
+/// that error, which keeps its cause, gives the hint.
+async fn connect_error(redis: &RedisSettings, e: redis::RedisError) -> Error {
+    let url = match redis.cluster_nodes().first() {
+        Some(seed) => seed.clone(),
+        None => redis.url.clone(),
     };
-    let tls = urls.iter().any(|u| is_tls_url(u));
-    match tls_hint(&e, tls) {
+    let tls = is_tls_url(&url);
+    let mut hint = tls_hint(&e, tls);
+    if hint.is_none() && redis.is_cluster() {
+        let once = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(redis.connect_timeout_ms)))
+            .set_response_timeout(Some(Duration::from_millis(redis.response_timeout_ms)));
+        if let Ok(Some(client)) = redis
+            .tls_certificates()
+            .map(|certs| node_client(&url, certs).ok())
+        {
+            if let Err(seed_error) = client.get_multiplexed_async_connection_with_config(&once).await {
+                hint = tls_hint(&seed_error, tls);
+            }
+        }
+    }
+    match hint {
         Some(hint) => Error::Connect { source: e, hint },
         None => Error::Redis(e),
     }
@@ -181,12 +207,16 @@ fn connect_error(redis: &RedisSettings, e: redis::RedisError) -> Error {
 
 fn tls_hint(e: &redis::RedisError, tls: bool) -> Option<&'static str> {
     use rustls::{AlertDescription, CertificateError};
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
     if !tls {
-        // A TLS-only port resets a connection whose first bytes are not a TLS
+        // A TLS-only port drops a connection whose first bytes are not a TLS
         // handshake; a plain server would have answered, or refused the TCP
         // connection.
-        let reset = e.is_connection_dropped() && !e.is_connection_refusal();
-        return reset
+        let dropped = matches!(
+            io_error(e)?.kind(),
+            ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe
+        );
+        return dropped
             .then_some("the server closed the connection at once: is it TLS-only? use a rediss:// URL");
     }
     if e.is_timeout() {
@@ -195,7 +225,7 @@ fn tls_hint(e: &redis::RedisError, tls: bool) -> Option<&'static str> {
         // connect timeout; so does an unreachable host, hence both questions.
         return Some("no answer in time: is Redis reachable, and does this port speak TLS? a plain port needs a redis:// URL");
     }
-    match rustls_error(e)? {
+    match io_error(e)?.get_ref()?.downcast_ref::<rustls::Error>()? {
         rustls::Error::InvalidCertificate(
             CertificateError::UnknownIssuer | CertificateError::BadSignature,
         ) => Some("the server's certificate is not signed by a trusted CA: set redis.tls_ca_file to the CA that signed it"),
@@ -215,17 +245,16 @@ fn tls_hint(e: &redis::RedisError, tls: bool) -> Option<&'static str> {
     }
 }
 
-/// The rustls error under a failed TLS connection: redis-rs keeps the I/O
-/// error (behind an `Arc`, which is what `source()` hands out), and the I/O
-/// error wraps what rustls reported through tokio-rustls.
-fn rustls_error(e: &redis::RedisError) -> Option<&rustls::Error> {
+/// The I/O error under a redis-rs error, if it kept one (behind an `Arc`,
+/// which is what its `source()` hands out). Under a failed TLS connection it
+/// wraps what rustls reported through tokio-rustls.
+fn io_error(e: &redis::RedisError) -> Option<&std::io::Error> {
     type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let source = std::error::Error::source(e)?;
-    let io = match source.downcast_ref::<Shared>() {
-        Some(shared) => shared.downcast_ref::<std::io::Error>()?,
-        None => source.downcast_ref::<std::io::Error>()?,
-    };
-    io.get_ref()?.downcast_ref::<rustls::Error>()
+    match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref::<std::io::Error>(),
+        None => source.downcast_ref::<std::io::Error>(),
+    }
 }
 
 impl ConnectionLike for Db {

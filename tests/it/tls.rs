@@ -265,6 +265,15 @@ async fn a_tls_cluster() {
         "after {:?}",
         started.elapsed()
     );
+    // And so does leaving out the client certificate these nodes require.
+    let mut no_cert = s.clone();
+    no_cert.redis.tls_cert_file.clear();
+    no_cert.redis.tls_key_file.clear();
+    let err = Db::connect(&no_cert.redis)
+        .await
+        .err()
+        .expect("no client certificate");
+    assert!(err.to_string().contains("set redis.tls_cert_file"), "{err}");
 
     let env2 = env.clone();
     let l0 = licenses[0].clone();
