@@ -14,3 +14,4 @@ mod queue;
 mod scripts;
 mod stream;
 mod support;
+mod tls;
