@@ -9,11 +9,15 @@
   ARGV[10] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
   ARGV[11] reply_to of the request ('' = none)
   ARGV[12] queue length limit when the license sets no queue_max
-  ARGV[13] user the seat counts for ('' = none; validated like a session id)
-  ARGV[14] group the seat counts for ('' = none; validated like a session id)
-  ARGV[15] priority in the queue, 0-9 (capped by the license's max_priority)
-  ARGV[16] borrow_ms: 0 = a seat kept by heartbeats; > 0 = held that long
-           without them (at most the license's max_borrow_ms)
+  ARGV[13] who asks, for the license's policies (includes/policy.lua): ''
+           for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
+             user, group  the ids the seat counts for ('' = none; validated
+                          like session ids, so never containing '|')
+             priority     place in the queue, 0-9 (capped by max_priority)
+             borrow_ms    0 = a seat kept by heartbeats; > 0 = held that long
+                          without them (at most the license's max_borrow_ms)
+           One argument rather than four: the common acquire, asked by
+           nobody in particular, then costs Redis nothing more.
 
   Returns an outcome (includes/outcome.lua) with status
     ACQUIRED            seat taken, heartbeat clock started; detail = the
@@ -56,7 +60,12 @@ local rcall = redis.call
 local session, meta = ARGV[7], ARGV[8]
 local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
 local default_queue_max = tonumber(ARGV[12])
-local asker = {user = ARGV[13], group = ARGV[14], priority = tonumber(ARGV[15]), borrow_ms = tonumber(ARGV[16])}
+-- Who asks: nil for nobody in particular.
+local asker = nil
+if ARGV[13] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[13], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+  asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
+end
 
 local now = now_ms()
 local early = prologue(now, true)
@@ -73,9 +82,9 @@ local function decide()
   -- the license since: the session holds its seat until it releases or is reaped.
   local score = rcall('ZSCORE', K.holders, session)
   if score then
-    if lingers(score) then
+    if score == LINGERING then
       -- Released, its seat still lingers with it: taken back at once.
-      reclaim_seat(session, now)
+      owners().reclaim(session, now)
       start_session(session, now, meta)
       return outcome('ACQUIRED', rcall('ZCARD', K.holders), total, 0, now, notes)
     end
@@ -84,33 +93,37 @@ local function decide()
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
-    local priority = score_priority(rcall('ZSCORE', K.queue, session))
-    return outcome('QUEUED', rcall('ZCARD', K.holders), total, queued_detail(rank + 1, priority), now, notes, 0)
+    local M = policy()
+    local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
+    return outcome('QUEUED', rcall('ZCARD', K.holders), total, M.queued_detail(rank + 1, priority), now, notes, 0)
   end
   if refusal then
     return outcome(refusal, rcall('ZCARD', K.holders), total, 0, now, notes)
   end
 
-  local P = policy_on and read_policy() or nil
-  if asker.borrow_ms > 0 and not (P and P.max_borrow_ms and asker.borrow_ms <= P.max_borrow_ms) then
+  local P = policy_on and policy().read() or nil
+  local borrow_ms = asker and asker.borrow_ms or 0
+  if borrow_ms > 0 and not (P and P.max_borrow_ms and borrow_ms <= P.max_borrow_ms) then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
   end
   local used, _, clear = grant_waiters(now, total, notes, 100, P)
   local why = nil
   if P and P.limits then
-    why = seat_refusal(P, asker, used, total)
+    why = policy().seat_refusal(P, asker or {user = '', group = ''}, used, total)
   elseif used >= total then
     why = 'full'
   end
-  local owner = owner_record(asker.user, asker.group, asker.borrow_ms)
+  -- Whether the seat (or place) has an owner record (includes/owners.lua).
+  local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
     rcall('ZADD', K.holders, now, session)
     start_session(session, now, meta)
     local borrowed_until = 0
-    if owner then
-      rcall('HSET', K.owners, 's:' .. session, owner)
-      borrowed_until = seat_taken(session, now, asker)
+    if owned then
+      local O = owners()
+      rcall('HSET', K.owners, 's:' .. session, O.record(asker.user, asker.group, asker.borrow_ms))
+      borrowed_until = O.taken(session, now, asker)
     end
     return outcome('ACQUIRED', used + 1, total, borrowed_until, now, notes)
   end
@@ -126,13 +139,14 @@ local function decide()
   if depth >= queue_max then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
-  local priority = math.min(asker.priority, P and P.max_priority or TOP_PRIORITY)
+  local priority = math.min(asker and asker.priority or 0, P and P.max_priority or TOP_PRIORITY)
   enqueue(session, now, wait_ms, request_id, reply_to, meta, priority)
-  if owner then
-    rcall('HSET', K.owners, 's:' .. session, owner)
+  if owned then
+    rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, asker.borrow_ms))
   end
   if priority > 0 then
-    return outcome('QUEUED', used, total, queued_detail(rcall('ZRANK', K.queue, session) + 1, priority), now, notes)
+    local position = rcall('ZRANK', K.queue, session) + 1
+    return outcome('QUEUED', used, total, policy().queued_detail(position, priority), now, notes)
   end
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end

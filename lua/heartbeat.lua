@@ -38,7 +38,7 @@ end
 local function decide()
   local total = seats_total()
   local score = rcall('ZSCORE', K.holders, session)
-  if not score or lingers(score) then
+  if not score or score == LINGERING then
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
   rcall('ZADD', K.holders, 'XX', 'GT', now, session)

@@ -114,21 +114,24 @@ local timeout = tonumber(rcall('HGET', K.license, 'heartbeat_timeout_ms')) or de
 
 -- Ended first: a borrowed seat is scored with its end, and must be freed
 -- as borrow_ended, not found stale a timeout later.
-local borrow_ended = end_seats(K.borrowed, now, limit)
-local linger_ended = end_seats(K.lingering, now, limit)
+local borrow_ended = owners().end_seats(K.borrowed, now, limit)
+local linger_ended = owners().end_seats(K.lingering, now, limit)
 -- Stale: last heartbeat strictly older than now - timeout.
 local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. (now - timeout), 'LIMIT', 0, limit)
 for _, session in ipairs(stale) do
   rcall('ZREM', K.holders, session)
   rcall('HDEL', K.sessions, session)
-  seat_gone(session)
+  local owner = owner_of(session)
+  if owner then
+    owners().gone(session, owner)
+  end
 end
 local expired = expire_waiters(now, notes, limit)
 
 local refusal, total, policy_on = check_license(now)
 local used, granted = rcall('ZCARD', K.holders), 0
 if not refusal then
-  used, granted = grant_waiters(now, total, notes, limit, policy_on and read_policy() or nil)
+  used, granted = grant_waiters(now, total, notes, limit, policy_on and policy().read() or nil)
 end
 
 local fresh = {}

@@ -42,13 +42,13 @@ local function decide()
   local notes = {}
   local refusal, total, policy_on = check_license(now)
   local owner = owner_of(session)
-  local P = policy_on and read_policy() or nil
+  local P = policy_on and policy().read() or nil
 
   if P and (P.linger_ms or 0) > 0 then
     local score = rcall('ZSCORE', K.holders, session)
-    if score and not lingers(score) then
+    if score and score ~= LINGERING then
       -- Released, yet the seat stays the session's for linger_ms.
-      linger_seat(session, now, P.linger_ms, owner)
+      owners().linger(session, now, P.linger_ms, owner)
       expire_waiters(now, notes, 100)
       return outcome('RELEASED', rcall('ZCARD', K.holders), total, P.linger_ms, now, notes)
     end
@@ -59,7 +59,9 @@ local function decide()
   end
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)
-    seat_gone(session, owner or false)
+    if owner then
+      owners().gone(session, owner)
+    end
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
     if not refusal then
@@ -69,7 +71,9 @@ local function decide()
   end
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
-    waiter_gone(session)
+    if owner then
+      owners().forget(session)
+    end
     return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes)
   end
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)

@@ -126,7 +126,7 @@ struct BenchArgs {
     /// Unmeasured warm-up before each scenario.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
+    /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, policy, reaper, memory;
     /// soak and cluster run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,

@@ -28,20 +28,17 @@
   scan never takes it, and acquire, release and heartbeat tell it from a
   live seat by that score alone), a borrowed one scored with its end (which
   a heartbeat, ZADD XX GT, never lowers).
+
+  Cost: a Lua function costs its closure on every run of a script, so only
+  owner_of is defined on every run; the other helpers are built by owners()
+  the first time a run needs them.
 ]]
 --- @include "keys"
 
--- The owner record of an acquire, or nil when it carries nothing to record.
-local function owner_record(user, group, borrow_ms)
-  if user == '' and group == '' and borrow_ms == 0 then
-    return nil
-  end
-  return user .. '|' .. group .. '|' .. borrow_ms
-end
-
--- {user, group, borrow_ms} of owner record `raw`; nil for none (or a
+-- {user, group, borrow_ms} of `session`'s owner record; nil for none (or a
 -- record of another form).
-local function parse_owner(raw)
+local function owner_of(session)
+  local raw = rcall('HGET', K.owners, 's:' .. session)
   if not raw then
     return nil
   end
@@ -52,103 +49,119 @@ local function parse_owner(raw)
   return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
 end
 
-local function owner_of(session)
-  return parse_owner(rcall('HGET', K.owners, 's:' .. session))
-end
+-- A lingering seat's holders score, as ZSCORE returns it.
+local LINGERING = 'inf'
 
-local function bump(field, delta)
-  if rcall('HINCRBY', K.owners, field, delta) <= 0 then
-    rcall('HDEL', K.owners, field)
+local owners_built
+-- The other owner helpers.
+local function owners()
+  if owners_built then
+    return owners_built
   end
-end
+  local O = {}
 
--- Adds `delta` seats to the counts of `owner`'s user and group.
-local function count_owner(owner, delta)
-  if owner.user ~= '' then
-    bump('u:' .. owner.user, delta)
+  -- The owner record of an acquire, or nil when it carries nothing to record.
+  function O.record(user, group, borrow_ms)
+    if user == '' and group == '' and borrow_ms == 0 then
+      return nil
+    end
+    return user .. '|' .. group .. '|' .. borrow_ms
   end
-  if owner.group ~= '' then
-    bump('g:' .. owner.group, delta)
+
+  -- {user, group, borrow_ms} of owner record `raw` (from an HMGET); nil for none.
+  function O.parse(raw)
+    if not raw then
+      return nil
+    end
+    local user, group, borrow_ms = string.match(raw, '^([^|]*)|([^|]*)|(%d+)$')
+    if not user then
+      return nil
+    end
+    return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
   end
-end
 
--- Holds the seat `session` holds until `now + borrow_ms` without heartbeats.
--- Returns the borrow's end.
-local function borrow_seat(session, now, borrow_ms)
-  local until_ms = now + borrow_ms
-  rcall('ZADD', K.holders, until_ms, session)
-  rcall('ZADD', K.borrowed, until_ms, session)
-  return until_ms
-end
+  local function bump(field, delta)
+    if rcall('HINCRBY', K.owners, field, delta) <= 0 then
+      rcall('HDEL', K.owners, field)
+    end
+  end
 
--- Counts the seat `session` was just given (taken or granted) for `owner`
--- (nil: nobody to count) and starts the borrow it asked for. Returns the
--- borrow's end, or 0.
-local function seat_taken(session, now, owner)
-  if not owner then
+  -- Adds `delta` seats to the counts of `owner`'s user and group.
+  local function count(owner, delta)
+    if owner.user ~= '' then
+      bump('u:' .. owner.user, delta)
+    end
+    if owner.group ~= '' then
+      bump('g:' .. owner.group, delta)
+    end
+  end
+
+  -- Holds the seat `session` holds until `now + borrow_ms` without
+  -- heartbeats. Returns the borrow's end.
+  local function borrow(session, now, borrow_ms)
+    local until_ms = now + borrow_ms
+    rcall('ZADD', K.holders, until_ms, session)
+    rcall('ZADD', K.borrowed, until_ms, session)
+    return until_ms
+  end
+
+  -- Counts the seat `session` was just given (taken or granted) for `owner`
+  -- and starts the borrow it asked for. Returns the borrow's end, or 0.
+  function O.taken(session, now, owner)
+    count(owner, 1)
+    if owner.borrow_ms > 0 then
+      return borrow(session, now, owner.borrow_ms)
+    end
     return 0
   end
-  count_owner(owner, 1)
-  if owner.borrow_ms > 0 then
-    return borrow_seat(session, now, owner.borrow_ms)
+
+  -- Forgets `session`'s owner record `owner` and its counts once its seat
+  -- is gone (released, evicted, its linger or borrow ended).
+  function O.gone(session, owner)
+    count(owner, -1)
+    rcall('HDEL', K.owners, 's:' .. session)
+    rcall('ZREM', K.lingering, session)
+    rcall('ZREM', K.borrowed, session)
   end
-  return 0
-end
 
--- Forgets `session`'s owner record and counts once its seat is gone
--- (released, evicted, its linger or borrow ended). `owner` is the record
--- when the caller read it already (false: it read none); nil: read it here.
-local function seat_gone(session, owner)
-  if owner == nil then
-    owner = owner_of(session)
+  -- Keeps the seat `session` released with it for `linger_ms`: the seat
+  -- stays in holders (at +inf) and in the counts until the reaper frees it.
+  function O.linger(session, now, linger_ms, owner)
+    rcall('ZADD', K.holders, 'XX', '+inf', session)
+    rcall('ZADD', K.lingering, now + linger_ms, session)
+    rcall('ZREM', K.borrowed, session)
+    if not owner then
+      rcall('HSET', K.owners, 's:' .. session, '||0')
+    end
   end
-  if not owner then
-    return
+
+  -- Gives `session` its lingering seat back at `now`, heartbeat clock restarted.
+  function O.reclaim(session, now)
+    rcall('ZREM', K.lingering, session)
+    rcall('ZADD', K.holders, now, session)
   end
-  count_owner(owner, -1)
-  rcall('HDEL', K.owners, 's:' .. session)
-  rcall('ZREM', K.lingering, session)
-  rcall('ZREM', K.borrowed, session)
-end
 
--- Forgets a waiter's owner record (its wait ended without a seat).
-local function waiter_gone(session)
-  rcall('HDEL', K.owners, 's:' .. session)
-end
-
--- Keeps the seat `session` released with it for `linger_ms`: the seat stays
--- in holders (at +inf) and in the counts until the reaper frees it.
--- Returns the linger's end.
-local function linger_seat(session, now, linger_ms, owner)
-  local until_ms = now + linger_ms
-  rcall('ZADD', K.holders, 'XX', '+inf', session)
-  rcall('ZADD', K.lingering, until_ms, session)
-  rcall('ZREM', K.borrowed, session)
-  if not owner then
-    rcall('HSET', K.owners, 's:' .. session, '||0')
+  -- Forgets a waiter's owner record: its wait ended without a seat.
+  function O.forget(session)
+    rcall('HDEL', K.owners, 's:' .. session)
   end
-  return until_ms
-end
 
--- Whether a holders score `score` (as ZSCORE returns it) is a lingering seat's.
-local function lingers(score)
-  return score == 'inf'
-end
-
--- Gives `session` its lingering seat back at `now`, heartbeat clock restarted.
-local function reclaim_seat(session, now)
-  rcall('ZREM', K.lingering, session)
-  rcall('ZADD', K.holders, now, session)
-end
-
--- Frees up to `limit` seats of `zset` (lingering or borrowed) whose end has
--- come. Returns their sessions.
-local function end_seats(zset, now, limit)
-  local due = rcall('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
-  for _, session in ipairs(due) do
-    rcall('ZREM', K.holders, session)
-    rcall('HDEL', K.sessions, session)
-    seat_gone(session)
+  -- Frees up to `limit` seats of `zset` (lingering or borrowed) whose end
+  -- has come. Returns their sessions.
+  function O.end_seats(zset, now, limit)
+    local due = rcall('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
+    for _, session in ipairs(due) do
+      rcall('ZREM', zset, session)
+      rcall('ZREM', K.holders, session)
+      rcall('HDEL', K.sessions, session)
+      local owner = owner_of(session)
+      if owner then
+        O.gone(session, owner)
+      end
+    end
+    return due
   end
-  return due
+
+  owners_built = O
+  return O
 end

@@ -29,6 +29,11 @@
   SKIP_LIMIT such waiters, so its cost stays bounded however long the queue;
   a direct acquire takes a free seat while others wait only when the step
   found every one of them unable to take it.
+
+  Cost: a license without policies pays for none of this but the `policy`
+  field of check_license's HMGET and one call of grant_waiters: the helpers
+  are built by policy() the first time a script run needs them (a Lua
+  function costs its closure on every run).
 ]]
 --- @include "keys"
 --- @include "owners"
@@ -40,137 +45,149 @@ local SKIP_LIMIT = 50
 -- The highest priority.
 local TOP_PRIORITY = 9
 
--- A policy field's value: plain digits (at most 15, below 2^53), else 0.
-local function policy_number(raw)
-  if #raw <= 15 and string.find(raw, '^%d+$') then
-    return tonumber(raw)
+local policy_built
+-- The policy helpers.
+local function policy()
+  if policy_built then
+    return policy_built
   end
-  return 0
-end
+  local M = {}
 
--- The license's policies, read from its whole record. `limits` says whether
--- any of them can keep a waiter from a free seat; `counts` caches the seats
--- held per owners field for this script.
-local function read_policy()
-  local flat = rcall('HGETALL', K.license)
-  local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
-  for i = 1, #flat, 2 do
-    local field, raw = flat[i], flat[i + 1]
-    if field == 'max_per_user' or field == 'max_priority' or field == 'linger_ms' or field == 'max_borrow_ms' then
-      P[field] = policy_number(raw)
-    else
-      local kind, group = string.match(field, '^group_(%a+):(.+)$')
-      if kind == 'max' or kind == 'reserve' then
-        P['group_' .. kind][group] = policy_number(raw)
+  -- A policy field's value: plain digits (at most 15, below 2^53), else 0.
+  local function number(raw)
+    if #raw <= 15 and string.find(raw, '^%d+$') then
+      return tonumber(raw)
+    end
+    return 0
+  end
+
+  -- The license's policies, read from its whole record. `limits` says
+  -- whether any of them can keep a waiter from a free seat; `counts` caches
+  -- the seats held per owners field for this script run.
+  function M.read()
+    local flat = rcall('HGETALL', K.license)
+    local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
+    for i = 1, #flat, 2 do
+      local field, raw = flat[i], flat[i + 1]
+      if field == 'max_per_user' or field == 'max_priority' or field == 'linger_ms' or field == 'max_borrow_ms' then
+        P[field] = number(raw)
+      else
+        local kind, group = string.match(field, '^group_(%a+):(.+)$')
+        if kind == 'max' or kind == 'reserve' then
+          P['group_' .. kind][group] = number(raw)
+        end
       end
     end
+    P.limits = P.max_per_user ~= nil or next(P.group_max) ~= nil or next(P.group_reserve) ~= nil
+    return P
   end
-  P.limits = P.max_per_user ~= nil or next(P.group_max) ~= nil or next(P.group_reserve) ~= nil
-  return P
-end
 
--- Seats held under owners field `field` (u:<user>, g:<group>).
-local function held(P, field)
-  local n = P.counts[field]
-  if n == nil then
-    n = tonumber(rcall('HGET', K.owners, field)) or 0
-    P.counts[field] = n
+  -- Seats held under owners field `field` (u:<user>, g:<group>).
+  local function held(P, field)
+    local n = P.counts[field]
+    if n == nil then
+      n = tonumber(rcall('HGET', K.owners, field)) or 0
+      P.counts[field] = n
+    end
+    return n
   end
-  return n
-end
 
--- Seats reserved for groups other than `group` that they do not use.
-local function reserved_for_others(P, group)
-  local n = 0
-  for g, reserve in pairs(P.group_reserve) do
-    if g ~= group then
-      local used = held(P, 'g:' .. g)
-      if used < reserve then
-        n = n + reserve - used
+  -- Seats reserved for groups other than `group` that they do not use.
+  local function reserved_for_others(P, group)
+    local n = 0
+    for g, reserve in pairs(P.group_reserve) do
+      if g ~= group then
+        local used = held(P, 'g:' .. g)
+        if used < reserve then
+          n = n + reserve - used
+        end
       end
     end
+    return n
   end
-  return n
-end
 
--- Why `who` ({user, group}) may not take a seat now, with `used` of `total`
--- held: 'max_per_user' or 'group_max' (its own limit), 'full', or
--- 'reserved' (the free seats are others'); nil when it may.
-local function seat_refusal(P, who, used, total)
-  if P.max_per_user and who.user ~= '' and held(P, 'u:' .. who.user) >= P.max_per_user then
-    return 'max_per_user'
-  end
-  local group_max = who.group ~= '' and P.group_max[who.group]
-  if group_max and held(P, 'g:' .. who.group) >= group_max then
-    return 'group_max'
-  end
-  if used >= total then
-    return 'full'
-  end
-  if total - used - reserved_for_others(P, who.group) < 1 then
-    return 'reserved'
-  end
-  return nil
-end
-
-local NOBODY = {user = '', group = '', borrow_ms = 0}
-
--- Hands free seats to waiters in queue order under the limits, looking past
--- at most SKIP_LIMIT waiters that cannot take one. Returns the seats in use
--- afterwards, the grants made, and whether it looked at every waiter.
-local function fair_promote(now, total, notes, max, P)
-  local used = rcall('ZCARD', K.holders)
-  if used >= total then
-    return used, 0, false
-  end
-  local window = rcall('ZRANGE', K.queue, 0, SKIP_LIMIT + max - 1)
-  if #window == 0 then
-    return used, 0, true
-  end
-  local fields = {}
-  for i, session in ipairs(window) do
-    fields[i] = 's:' .. session
-  end
-  local owners = rcall('HMGET', K.owners, unpack(fields))
-  local granted, skipped = 0, 0
-  for i, session in ipairs(window) do
-    if used >= total or granted >= max then
-      return used, granted, false
+  -- Why `who` ({user, group}) may not take a seat now, with `used` of
+  -- `total` held: 'max_per_user' or 'group_max' (its own limit), 'full',
+  -- or 'reserved' (the free seats are others'); nil when it may.
+  function M.seat_refusal(P, who, used, total)
+    if P.max_per_user and who.user ~= '' and held(P, 'u:' .. who.user) >= P.max_per_user then
+      return 'max_per_user'
     end
-    local who = parse_owner(owners[i]) or NOBODY
-    if seat_refusal(P, who, used, total) then
-      skipped = skipped + 1
-      if skipped > SKIP_LIMIT then
+    local group_max = who.group ~= '' and P.group_max[who.group]
+    if group_max and held(P, 'g:' .. who.group) >= group_max then
+      return 'group_max'
+    end
+    if used >= total then
+      return 'full'
+    end
+    if total - used - reserved_for_others(P, who.group) < 1 then
+      return 'reserved'
+    end
+    return nil
+  end
+
+  local NOBODY = {user = '', group = '', borrow_ms = 0}
+
+  -- Hands free seats to waiters in queue order under the limits, looking
+  -- past at most SKIP_LIMIT waiters that cannot take one. Returns the seats
+  -- in use afterwards, the grants made, and whether it looked at every waiter.
+  function M.fair_promote(now, total, notes, max, P)
+    local used = rcall('ZCARD', K.holders)
+    if used >= total then
+      return used, 0, false
+    end
+    local window = rcall('ZRANGE', K.queue, 0, SKIP_LIMIT + max - 1)
+    if #window == 0 then
+      return used, 0, true
+    end
+    local fields = {}
+    for i, session in ipairs(window) do
+      fields[i] = 's:' .. session
+    end
+    local records = rcall('HMGET', K.owners, unpack(fields))
+    local granted, skipped = 0, 0
+    for i, session in ipairs(window) do
+      if used >= total or granted >= max then
         return used, granted, false
       end
-    elseif grant(session, now, notes) then
-      used, granted = used + 1, granted + 1
-      P.counts['u:' .. who.user], P.counts['g:' .. who.group] = nil, nil
+      local who = owners().parse(records[i]) or NOBODY
+      if M.seat_refusal(P, who, used, total) then
+        skipped = skipped + 1
+        if skipped > SKIP_LIMIT then
+          return used, granted, false
+        end
+      elseif grant(session, now, notes) then
+        used, granted = used + 1, granted + 1
+        P.counts['u:' .. who.user], P.counts['g:' .. who.group] = nil, nil
+      end
     end
+    return used, granted, #window < SKIP_LIMIT + max
   end
-  return used, granted, #window < SKIP_LIMIT + max
+
+  -- The priority a waiter's queue score stands for (queue.lua).
+  function M.score_priority(score)
+    return math.floor((PRIORITY_STEP - tonumber(score) - 1) / PRIORITY_STEP)
+  end
+
+  -- A QUEUED outcome's detail: the position, or {position, priority} above 0.
+  function M.queued_detail(position, priority)
+    if priority > 0 then
+      return {position, priority}
+    end
+    return position
+  end
+
+  policy_built = M
+  return M
 end
 
--- Hands free seats to the queue under policies `P` (nil: none), at most
--- `max`. Only call it when the license may hand out seats. Returns the seats
--- in use afterwards, the grants made, and whether nobody is left waiting
--- who could take a free seat.
+-- Hands free seats to the queue under policies `P` (nil: none; from
+-- policy().read()), at most `max`. Only call it when the license may hand
+-- out seats. Returns the seats in use afterwards, the grants made, and
+-- whether nobody is left waiting who could take a free seat.
 local function grant_waiters(now, total, notes, max, P)
   if P and P.limits then
-    return fair_promote(now, total, notes, max, P)
+    return policy().fair_promote(now, total, notes, max, P)
   end
   return promote(now, total, notes, max)
-end
-
--- The priority a waiter's queue score stands for (queue.lua).
-local function score_priority(score)
-  return math.floor((PRIORITY_STEP - tonumber(score) - 1) / PRIORITY_STEP)
-end
-
--- A QUEUED outcome's detail: the position, or {position, priority} above 0.
-local function queued_detail(position, priority)
-  if priority > 0 then
-    return {position, priority}
-  end
-  return position
 end

@@ -43,7 +43,7 @@ local function expire_waiters(now, notes, limit)
   for _, session in ipairs(due) do
     local raw = rcall('HGET', K.waiters, session)
     remove_waiter(session)
-    waiter_gone(session)
+    owners().forget(session)
     if raw then
       note(notes, now, 'QUEUE_TIMEOUT', session, cjson.decode(raw))
     end
@@ -62,7 +62,10 @@ local function grant(session, now, notes)
   local w = cjson.decode(raw)
   rcall('ZADD', K.holders, now, session)
   start_session(session, now, w.meta)
-  seat_taken(session, now, owner_of(session))
+  local owner = owner_of(session)
+  if owner then
+    owners().taken(session, now, owner)
+  end
   note(notes, now, 'GRANTED', session, w)
   return true
 end

@@ -56,6 +56,21 @@ impl RequestPolicy {
         priority: 0,
         borrow_ms: 0,
     };
+
+    /// `ARGV[13]` of lua/acquire.lua: "" for [`RequestPolicy::NONE`], else
+    /// `<user>|<group>|<priority>|<borrow_ms>` (ids never contain `|`).
+    pub fn script_arg(&self) -> String {
+        if *self == RequestPolicy::NONE {
+            return String::new();
+        }
+        format!(
+            "{}|{}|{}|{}",
+            self.user.as_deref().unwrap_or(""),
+            self.group.as_deref().unwrap_or(""),
+            self.priority.min(MAX_PRIORITY),
+            self.borrow_ms
+        )
+    }
 }
 
 /// The policies a license provisions; every field is optional.
@@ -348,6 +363,18 @@ mod tests {
             ..policy
         };
         assert!(wide.validate(5).is_err(), "a reservation above the group's max");
+    }
+
+    #[test]
+    fn who_asks_goes_to_the_script_as_one_argument() {
+        assert_eq!(RequestPolicy::NONE.script_arg(), "");
+        let who = RequestPolicy {
+            user: Some("ada@example.com".into()),
+            group: None,
+            priority: 3,
+            borrow_ms: 60_000,
+        };
+        assert_eq!(who.script_arg(), "ada@example.com||3|60000");
     }
 
     #[test]

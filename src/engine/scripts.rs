@@ -170,7 +170,7 @@ impl Guard {
     }
 }
 
-/// `ARGV[7..12]` of lua/acquire.lua (`ARGV[13..16]`, who asks, come from a
+/// `ARGV[7..12]` of lua/acquire.lua (`ARGV[13]`, who asks, comes from a
 /// [`RequestPolicy`]: see [`Scripts::acquire_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
@@ -336,10 +336,7 @@ impl Scripts {
             .arg(args.request_id) // ARGV[10]
             .arg(args.reply_to) // ARGV[11]
             .arg(args.default_queue_max) // ARGV[12]
-            .arg(who.user.as_deref().unwrap_or("")) // ARGV[13]
-            .arg(who.group.as_deref().unwrap_or("")) // ARGV[14]
-            .arg(who.priority) // ARGV[15]
-            .arg(who.borrow_ms); // ARGV[16]
+            .arg(who.script_arg()); // ARGV[13]
         ScriptCall {
             name: "acquire",
             invocation: call,
