@@ -113,6 +113,8 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LicenseInvalid,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::Error,
         ],
@@ -124,6 +126,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::SessionNotFound,
             Status::LeftQueue,
             Status::LicenseNotFound,
+            Status::LeaseMismatch,
             Status::Error,
         ],
     ),
@@ -135,6 +138,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::Error,
         ],
@@ -146,18 +150,19 @@ const SCRIPTS: [&str; 4] = ["acquire", "release", "heartbeat", "reap"];
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 8] = [
-    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms",
+const INVALID_FIELDS: [&str; 9] = [
+    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms", "lease",
 ];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
 /// The statuses counted as denials: a request refused a seat (or its keep).
-const DENIAL_REASONS: [Status; 6] = [
+const DENIAL_REASONS: [Status; 7] = [
     Status::NoSeatsAvailable,
     Status::QueueTimeout,
     Status::LicenseNotFound,
     Status::LicenseInactive,
     Status::LicenseExpired,
+    Status::LicenseInvalid,
     Status::RateLimited,
 ];
 

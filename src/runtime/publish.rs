@@ -70,6 +70,8 @@ impl EventType {
             | Status::LicenseNotFound
             | Status::LicenseInactive
             | Status::LicenseExpired
+            | Status::LicenseInvalid
+            | Status::LeaseMismatch
             | Status::RateLimited
             | Status::InvalidRequest
             | Status::Error => None,

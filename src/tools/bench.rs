@@ -90,6 +90,7 @@ const META: &str = r#"{"user_email":"user1234@example.com","hardware_id":"hw-5f3
 fn acquire_now<'a>(session: &'a str, meta: &'a str) -> AcquireArgs<'a> {
     AcquireArgs {
         session,
+        lease: None,
         meta,
         wait_ms: 0,
         request_id: "",
@@ -378,7 +379,11 @@ async fn ceiling_run(settings: &Settings, keys: &Keys, warmup: Duration, d: Dura
                             .acquire(lk, guard, &acquire_now(session, META))
                             .cmd(),
                     );
-                    pipe.add_command(Scripts::get().release(lk, guard, &SessionArgs { session }).cmd());
+                    pipe.add_command(
+                        Scripts::get()
+                            .release(lk, guard, &SessionArgs { session, lease: None })
+                            .cmd(),
+                    );
                 }
                 let _: Vec<redis::Value> = pipe.query_async(&mut con).await?;
                 if Instant::now() >= measure_from {
@@ -443,9 +448,16 @@ async fn closed_loop(
                                 .run(con)
                                 .await?
                         } else {
-                            s.release(&lk, &guard, &SessionArgs { session: &session })
-                                .run(con)
-                                .await?
+                            s.release(
+                                &lk,
+                                &guard,
+                                &SessionArgs {
+                                    session: &session,
+                                    lease: None,
+                                },
+                            )
+                            .run(con)
+                            .await?
                         };
                         o.status
                     }
@@ -824,6 +836,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
         let meta = format!(r#"{{"user_email":"user{w:04}@example.com","hardware_id":"hw-{w:06x}"}}"#);
         let args = AcquireArgs {
             session: &session,
+            lease: None,
             meta: &meta,
             wait_ms: 3_600_000,
             request_id: "req-1796011839633-0",
@@ -968,13 +981,7 @@ async fn soak_run(
                 let license = format!("soak-{}", (u + cycle as usize) % 20);
                 let session = format!("u{u}-s{cycle}");
                 let mut client = Client::connect_with(&settings).await?;
-                let mut call = Call {
-                    op: Op::Acquire,
-                    license,
-                    session,
-                    meta: Some(META.into()),
-                    wait_ms: 0,
-                };
+                let mut call = Call::new(Op::Acquire, license, session).with_meta(META);
                 let got = client.call(&call, Duration::from_secs(10)).await?;
                 ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let abandon = cycle % 10 == 9;
