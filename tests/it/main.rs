@@ -6,6 +6,7 @@ mod cli;
 mod cluster;
 mod faults;
 mod invalid;
+mod lease;
 mod metrics;
 mod page;
 mod prometheus;

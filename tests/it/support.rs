@@ -522,6 +522,17 @@ pub async fn spawn_worker(mut settings: Settings, consumer: &str) -> WorkerHandl
     WorkerHandle { token, task, ready }
 }
 
+/// The lease `seatgate acquire` printed (`… lease=<lease>`) on its last
+/// line: what its heartbeats and release must pass as `--lease`.
+pub fn printed_lease(stdout: &str) -> String {
+    stdout
+        .lines()
+        .last()
+        .and_then(|line| line.split_whitespace().find_map(|w| w.strip_prefix("lease=")))
+        .unwrap_or_else(|| panic!("no lease= in {stdout:?}"))
+        .to_owned()
+}
+
 /// The `seatgate` binary built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
 
