@@ -173,6 +173,11 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
     assert_eq!(r["status"], "HEARTBEAT_UPDATED", "a holder keeps its seat alive");
     let r = ask(&mut con, &s, &op("release", "cad", "goes")).await;
     assert_eq!(r["status"], "RELEASED", "a seat can always be given back");
+    assert_eq!(
+        crate::support::holders(&s, "cad").await,
+        ["stays"],
+        "the freed seat went to nobody"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     let pass = reaper(&s).await.pass().await.unwrap();
     assert_eq!(
