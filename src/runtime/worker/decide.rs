@@ -50,14 +50,19 @@ pub(super) struct RedisClock {
 
 impl RedisClock {
     /// Redis read `now_ms` a moment ago; kept when it is later than the
-    /// current estimate (concurrent batches report out of order).
+    /// current estimate (concurrent batches report a few ms out of order),
+    /// or far earlier (the Redis clock was set back, or another master's
+    /// answers).
     pub(super) fn observe(&self, now_ms: i64) {
+        /// An estimate this far ahead of what Redis says is wrong, not late news.
+        const STEPPED_BACK_MS: u64 = 1_000;
         let Ok(now_ms) = u64::try_from(now_ms) else { return };
         if now_ms == 0 {
             return;
         }
         if let Ok(mut seen) = self.seen.lock() {
-            if self.estimate(seen.as_ref()).is_none_or(|est| now_ms > est) {
+            let newer = |est: u64| now_ms > est || est - now_ms > STEPPED_BACK_MS;
+            if self.estimate(seen.as_ref()).is_none_or(newer) {
                 *seen = Some((now_ms, Instant::now()));
             }
         }
