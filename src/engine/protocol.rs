@@ -1098,6 +1098,7 @@ mod tests {
                     prop_assert!(valid_id(&req.session));
                     prop_assert!(req.meta.len() <= MAX_META_LEN);
                     prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                    prop_assert!(req.lease.as_ref().is_none_or(|l| valid_lease(l.as_str())));
                 }
                 Err(bad) => {
                     prop_assert!(!bad.reason.is_empty());

@@ -459,10 +459,7 @@ async fn a_lease_adds_about_16_bytes_per_held_seat() {
     // 17 bytes more per record (`<16 hex digits>:`), in the allocator's size
     // classes: measured 16 B per seat on Redis 7.0.15 (144 B -> 160 B).
     let per_session = (leased - plain) as f64 / 1_000.0;
-    assert!(
-        (8.0..=32.0).contains(&per_session),
-        "{per_session} B per session"
-    );
+    assert!((8.0..=32.0).contains(&per_session), "{per_session} B per session");
 }
 
 #[tokio::test]
