@@ -223,6 +223,10 @@ pub fn init(license_series_limit: usize) {
         "Events that could not be appended to the events stream."
     );
     describe_counter!(
+        REFUSED_REPLY_TO,
+        "Requests not decided because their reply_to lies outside replies.prefix (or is malformed): dead-lettered and acknowledged."
+    );
+    describe_counter!(
         FUTURE_ENTRY_IDS,
         "Requests whose stream entry id was ahead of the Redis clock by more than the dedupe window (a caller chose the id; see docs/operations.md)."
     );
@@ -269,6 +273,7 @@ pub fn init(license_series_limit: usize) {
         DEAD_LETTERED,
         REPLAYED,
         EVENT_ERRORS,
+        REFUSED_REPLY_TO,
         FUTURE_ENTRY_IDS,
     ] {
         counter!(name).absolute(0);
@@ -790,5 +795,36 @@ mod tests {
             SHARED.lock().unwrap().is_none(),
             "a process that stops leading exports none"
         );
+    }
+
+    /// Every metric name declared in this file has HELP text: a new metric
+    /// without a `describe_*!` line fails here, not on an operator's dashboard.
+    #[test]
+    fn every_metric_name_is_described() {
+        let source = include_str!("metrics.rs");
+        // The first argument of every `describe_*!(NAME, …)` call.
+        let described: Vec<&str> = source
+            .split("describe_")
+            .skip(1)
+            .filter_map(|call| {
+                let args = call.split_once("!(")?.1;
+                let name = args.split_once(',')?.0.trim();
+                name.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_')
+                    .then_some(name)
+            })
+            .collect();
+        for line in source.lines() {
+            let Some(rest) = line.strip_prefix("pub const ") else {
+                continue;
+            };
+            let Some((name, value)) = rest.split_once(": &str = ") else {
+                continue;
+            };
+            if !value.starts_with("\"seatgate_") && !value.starts_with("\"license_lua_script") {
+                continue;
+            }
+            assert!(described.contains(&name), "{name} has no describe_*! call");
+        }
     }
 }
