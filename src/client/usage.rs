@@ -336,7 +336,9 @@ impl Aggregate {
             for (_, fields) in &page {
                 self.push(fields);
             }
-            self.drain(read_to_ms.map(|ms| ms - REORDER_MS));
+            if let Some(ms) = read_to_ms {
+                self.drain(Some(ms - REORDER_MS));
+            }
             if !full {
                 break;
             }
@@ -392,7 +394,13 @@ impl Aggregate {
         self.first_ms = Some(self.first_ms.map_or(e.at_ms, |f| f.min(e.at_ms)));
         self.last_ms = Some(self.last_ms.map_or(e.at_ms, |l| l.max(e.at_ms)));
         let since = self.since_ms;
-        let lic = self.licenses.entry(e.license.clone()).or_default();
+        // Looked up before inserting: no copy of the id per event.
+        if !self.licenses.contains_key(&e.license) {
+            self.licenses.insert(e.license.clone(), LicenseAgg::default());
+        }
+        let Some(lic) = self.licenses.get_mut(&e.license) else {
+            return;
+        };
         if e.seats_total > 0 {
             lic.seats_total = e.seats_total;
         }
@@ -668,6 +676,10 @@ fn wait(ms: i64) -> String {
     }
 }
 
+fn seats(n: i64) -> String {
+    format!("{n} seat{}", if n == 1 { "" } else { "s" })
+}
+
 /// The terminal rendering; every value read from Redis goes through [`printable`].
 pub fn render_table(report: &UsageReport) -> String {
     let mut out = String::new();
@@ -692,12 +704,12 @@ pub fn render_table(report: &UsageReport) -> String {
     for l in &report.licenses {
         let _ = writeln!(
             out,
-            "\nlicense {} ({} seats)",
+            "\nlicense {} ({})",
             printable(&l.license),
-            l.seats_total
+            seats(l.seats_total)
         );
         let peak_at = l.peak_at_ms.map(rfc3339).unwrap_or_default();
-        let _ = writeln!(out, "  peak          {} seats at {peak_at}", l.peak_seats);
+        let _ = writeln!(out, "  peak          {} at {peak_at}", seats(l.peak_seats));
         let _ = writeln!(out, "  seat-hours    {:.2}", l.seat_ms as f64 / HOUR_MS);
         let denials = if l.denials.is_empty() {
             "none".to_owned()
