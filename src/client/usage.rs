@@ -760,7 +760,8 @@ pub fn render_csv(report: &UsageReport) -> Result<String, Error> {
     let mut row = |license: &str, metric: &str, key: &str, value: String| {
         w.write_record([license, metric, key, value.as_str()])
     };
-    let csv_error = |e: csv::Error| Error::Usage(format!("cannot write CSV: {e}"));
+    // Written to memory: only a bug could make it fail.
+    let csv_error = |e: csv::Error| Error::Io(std::io::Error::other(e));
     row("license", "metric", "key", "value".to_owned()).map_err(csv_error)?;
     for l in &report.licenses {
         let id = l.license.as_str();
@@ -782,10 +783,8 @@ pub fn render_csv(report: &UsageReport) -> Result<String, Error> {
             row(id, "user_seat_hours", user, format!("{:.3}", u.seat_hours)).map_err(csv_error)?;
         }
     }
-    let bytes = w
-        .into_inner()
-        .map_err(|e| Error::Usage(format!("cannot write CSV: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| Error::Usage(format!("cannot write CSV: {e}")))
+    let bytes = w.into_inner().map_err(|e| Error::Io(e.into_error()))?;
+    String::from_utf8(bytes).map_err(|e| Error::Io(std::io::Error::other(e)))
 }
 
 #[cfg(test)]
