@@ -154,15 +154,35 @@ const INVALID_FIELDS: [&str; 8] = [
 ];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
-/// The statuses counted as denials: a request refused a seat (or its keep).
-const DENIAL_REASONS: [Status; 6] = [
-    Status::NoSeatsAvailable,
-    Status::QueueTimeout,
-    Status::LicenseNotFound,
-    Status::LicenseInactive,
-    Status::LicenseExpired,
-    Status::RateLimited,
-];
+/// The statuses counted as denials: a request refused a seat
+/// ([`Status::is_denial`], the one home of that list; usage reports count
+/// the same from the events), in declaration order.
+const DENIAL_REASONS: [Status; denial_count()] = denial_reasons();
+
+const fn denial_count() -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < Status::ALL.len() {
+        if Status::ALL[i].is_denial() {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+const fn denial_reasons() -> [Status; denial_count()] {
+    let mut out = [Status::Error; denial_count()];
+    let (mut i, mut n) = (0, 0);
+    while i < Status::ALL.len() {
+        if Status::ALL[i].is_denial() {
+            out[n] = Status::ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+}
 
 /// Describes every metric (the `# HELP` lines) and creates the series whose
 /// label sets are closed at 0, so a dashboard shows 0 rather than "no data"
