@@ -12,6 +12,7 @@ mod metrics;
 mod page;
 mod prometheus;
 mod queue;
+mod report;
 mod scripts;
 mod stream;
 mod support;

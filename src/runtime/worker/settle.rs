@@ -15,7 +15,7 @@ use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::metrics;
-use crate::runtime::publish::{Event, EventType};
+use crate::runtime::publish::Event;
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -353,22 +353,24 @@ impl Item {
         }
     }
 
-    /// The event this request's own decision emits: only a decision that
-    /// changed something, and only the first time it is made.
+    /// The event this request's own decision emits (a change, or a denial):
+    /// only the first time it is made, with or without a `reply_to`.
     fn event(&self) -> Option<Event<'_>> {
         let (Some(Ok(req)), Some(Ok(outcome))) = (&self.request, &self.outcome) else {
             return None;
         };
-        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed)?;
-        Some(Event {
-            kind,
-            license: &req.license,
-            session: &req.session,
-            seats_used: outcome.seats_used,
-            seats_total: outcome.seats_total,
-            at_ms: outcome.now_ms,
-            reason: None,
-        })
+        if !outcome.changed || outcome.replayed {
+            return None;
+        }
+        Event::of_decision(
+            outcome.status,
+            &req.license,
+            &req.session,
+            &req.meta,
+            outcome.seats_used,
+            outcome.seats_total,
+            outcome.now_ms,
+        )
     }
 }
 
