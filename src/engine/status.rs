@@ -283,6 +283,7 @@ mod tests {
                 "LICENSE_NOT_FOUND",
                 "LICENSE_INACTIVE",
                 "LICENSE_EXPIRED",
+                "LICENSE_INVALID",
                 "QUEUE_TIMEOUT",
                 "RATE_LIMITED"
             ]
