@@ -116,6 +116,8 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LicenseInvalid,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::Error,
         ],
@@ -127,6 +129,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::SessionNotFound,
             Status::LeftQueue,
             Status::LicenseNotFound,
+            Status::LeaseMismatch,
             Status::Error,
         ],
     ),
@@ -138,6 +141,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::Error,
         ],
@@ -149,8 +153,8 @@ const SCRIPTS: [&str; 4] = ["acquire", "release", "heartbeat", "reap"];
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 8] = [
-    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms",
+const INVALID_FIELDS: [&str; 9] = [
+    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms", "lease",
 ];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
