@@ -1,15 +1,17 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..14] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
-  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
-  ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
-  ARGV[8]  metadata, a JSON object (validated by the worker)
-  ARGV[9]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[10] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[11] reply_to of the request ('' = none)
-  ARGV[12] queue length limit when the license sets no queue_max
-  ARGV[13] who asks, for the license's policies (includes/policy.lua): ''
+  KEYS[1..15] the license keys, the dedupe buckets and the rate windows (includes/keys.lua)
+  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
+  ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
+  ARGV[9]  lease the seat or place is bound to ('' = none; validated by the
+           worker: [A-Za-z0-9_-]{16,128}); stored as a hash (includes/lease.lua)
+  ARGV[10] metadata, a JSON object (validated by the worker)
+  ARGV[11] wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[12] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[13] reply_to of the request ('' = none)
+  ARGV[14] queue length limit when the license sets no queue_max
+  ARGV[15] who asks, for the license's policies (includes/policy.lua): ''
            for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
              user, group  the ids the seat counts for ('' = none; validated
                           like session ids, so never containing '|')
@@ -24,7 +26,8 @@
                         borrow's end (ms) for a borrowed seat, else 0. Also
                         the answer of a session taking back its own
                         lingering seat (includes/policy.lua)
-    ALREADY_ACTIVE      the session already holds a seat; nothing changed
+    ALREADY_ACTIVE      the session already holds a seat, bound to this lease
+                        or to none; nothing changed
     QUEUED              detail = 1-based queue position, or {position,
                         priority} for a priority above 0; changed = 0 when
                         the session was already waiting (same place, no
@@ -37,13 +40,19 @@
                         (without wait_ms; with it, the session queues and is
                         granted once under its limits), or 'max_borrow_ms'
                         (a borrow the license does not allow); nothing changed
+    LEASE_MISMATCH      the session holds a seat or waits, bound to another
+                        lease than this one (or this one carries none); nothing changed
+    LICENSE_INVALID     the license record breaks its rules (includes/license.lua,
+                        the policy fields' too when its `policy` flag is on);
+                        detail = {field, value}; nothing changed, not even a
+                        retried acquire of a holder is answered ALREADY_ACTIVE
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
-  expiry, `active` or a policy can never race with an acquire.
+  expiry or `active` can never race with an acquire.
   Emits no events: the worker publishes them from the outcome.
 ]]
 local rcall = redis.call
@@ -55,53 +64,69 @@ local rcall = redis.call
 --- @include "queue"
 --- @include "owners"
 --- @include "policy"
+--- @include "lease"
 --- @include "prologue"
 
-local session, meta = ARGV[7], ARGV[8]
-local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
-local default_queue_max = tonumber(ARGV[12])
+local session, lease = ARGV[8], lease_hash(ARGV[9])
+local meta = ARGV[10]
+local wait_ms, request_id, reply_to = tonumber(ARGV[11]), ARGV[12], ARGV[13]
+local default_queue_max = tonumber(ARGV[14])
 -- Who asks: nil for nobody in particular.
 local asker = nil
-if ARGV[13] ~= '' then
-  local user, group, priority, borrow_ms = string.match(ARGV[13], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+if ARGV[15] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[15], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
 end
 
 local now = now_ms()
-local early = prologue(now, true)
+local early = prologue(now, true, function()
+  local bound = holder_lease(session)
+  if bound == nil then
+    bound = waiter_lease(session)
+  end
+  return lease_refusal(now, bound, lease)
+end)
 if early then
   return early
 end
 
 local function decide()
+  local license = license_state(now)
+  local P, invalid = nil, license.invalid
+  if license.policy and not license.refusal then
+    P, invalid = policy().read()
+  end
+  if invalid then
+    return outcome('LICENSE_INVALID', rcall('ZCARD', K.holders), license.total, invalid, now, {})
+  end
   local notes = {}
   expire_waiters(now, notes, 100)
-  local refusal, total, policy_on = check_license(now)
 
   -- A retried acquire gets the answer the first one got, whatever happened to
-  -- the license since: the session holds its seat until it releases or is reaped.
+  -- the license since: the session holds its seat until it releases or is
+  -- reaped. (Its lease was checked in the prologue.)
   local score = rcall('ZSCORE', K.holders, session)
   if score then
     if score == LINGERING then
       -- Released, its seat still lingers with it: taken back at once.
       owners().reclaim(session, now)
-      start_session(session, now, meta)
-      return outcome('ACQUIRED', rcall('ZCARD', K.holders), total, 0, now, notes)
+      start_session(session, now, meta, lease)
+      return outcome('ACQUIRED', rcall('ZCARD', K.holders), license.total, 0, now, notes)
     end
-    return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, notes)
+    return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
     local M = policy()
     local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
-    return outcome('QUEUED', rcall('ZCARD', K.holders), total, M.queued_detail(rank + 1, priority), now, notes, 0)
+    return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
   end
-  if refusal then
-    return outcome(refusal, rcall('ZCARD', K.holders), total, 0, now, notes)
+  if license.refusal then
+    return outcome(license.refusal, rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
 
-  local P = policy_on and policy().read() or nil
+  local total = license.total
   local borrow_ms = asker and asker.borrow_ms or 0
   if borrow_ms > 0 and not (P and P.max_borrow_ms and borrow_ms <= P.max_borrow_ms) then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
@@ -118,11 +143,11 @@ local function decide()
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
     rcall('ZADD', K.holders, now, session)
-    start_session(session, now, meta)
+    start_session(session, now, meta, lease)
     local borrowed_until = 0
     if owned then
       local O = owners()
-      rcall('HSET', K.owners, 's:' .. session, O.record(asker.user, asker.group, asker.borrow_ms))
+      rcall('HSET', K.owners, 's:' .. session, O.record(asker.user, asker.group, borrow_ms))
       borrowed_until = O.taken(session, now, asker)
     end
     return outcome('ACQUIRED', used + 1, total, borrowed_until, now, notes)
@@ -134,15 +159,15 @@ local function decide()
     end
     return outcome('NO_SEATS_AVAILABLE', used, total, why == 'reserved' and 'reserved' or 0, now, notes)
   end
-  local queue_max = tonumber(rcall('HGET', K.license, 'queue_max')) or default_queue_max
+  local queue_max = license.queue_max or default_queue_max
   local depth = rcall('ZCARD', K.queue)
   if depth >= queue_max then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or TOP_PRIORITY)
-  enqueue(session, now, wait_ms, request_id, reply_to, meta, priority)
+  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   if owned then
-    rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, asker.borrow_ms))
+    rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, borrow_ms))
   end
   if priority > 0 then
     local position = rcall('ZRANK', K.queue, session) + 1

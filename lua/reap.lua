@@ -1,10 +1,14 @@
 --[[
   reap: one reaper step for one license. Evicts sessions whose last heartbeat
-  is older than the heartbeat timeout, drops waiters whose wait ran out, hands
+  is older than the heartbeat timeout, frees lingering and borrowed seats
+  whose linger or borrow ended (includes/owners.lua), drops waiters whose
+  wait ran out, hands
   free seats to the queue (self-healing: a seat freed by any path, even one
   whose event was lost, goes to the next waiter within one reaper period),
   and hands out again outbox notes whose deliverer died (or lost Redis)
-  before delivering them.
+  before delivering them. Seats go to the queue only while the license may
+  hand them out: never from a record that breaks its rules
+  (includes/license.lua), whose stale sessions and waits are still ended.
 
   Every part is bounded by ARGV[2], the limit: at most that many stale
   sessions, ended lingers, ended borrows and expired waiters, read off the
@@ -110,7 +114,10 @@ end
 
 local now = now_ms()
 local notes = {}
-local timeout = tonumber(rcall('HGET', K.license, 'heartbeat_timeout_ms')) or default_timeout
+local license = license_state(now)
+-- The license's own timeout when it is valid; else the default (a record
+-- that breaks its rules still has its stale sessions evicted).
+local timeout = license.heartbeat_timeout_ms or default_timeout
 
 -- Ended first: a borrowed seat is scored with its end, and must be freed
 -- as borrow_ended, not found stale a timeout later.
@@ -128,10 +135,17 @@ for _, session in ipairs(stale) do
 end
 local expired = expire_waiters(now, notes, limit)
 
-local refusal, total, policy_on = check_license(now)
+local total = license.total
 local used, granted = rcall('ZCARD', K.holders), 0
-if not refusal then
-  used, granted = grant_waiters(now, total, notes, limit, policy_on and policy().read() or nil)
+if not license.refusal then
+  -- A policy field that breaks its rule grants nothing, as a record that does.
+  local P, invalid = nil, nil
+  if license.policy then
+    P, invalid = policy().read()
+  end
+  if not invalid then
+    used, granted = grant_waiters(now, total, notes, limit, P)
+  end
 end
 
 local fresh = {}

@@ -1,11 +1,13 @@
 --[[
   release: free the seat that `session` holds, or take it out of the queue.
-  Only the session's own id releases it; nothing else is touched.
+  Only the session's own id releases it, and only with its lease when the
+  seat or place is bound to one; nothing else is touched.
 
-  KEYS[1..14] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
-  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua); release
+  KEYS[1..15] the license keys, the dedupe buckets and the rate windows (includes/keys.lua)
+  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua); release
               is never rate limited
-  ARGV[7]  session id
+  ARGV[8]  session id
+  ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
 
   Returns an outcome (includes/outcome.lua) with status
     RELEASED           the seat is free; it went straight to the head of the
@@ -16,8 +18,12 @@
     LEFT_QUEUE         the session was waiting; it no longer does
     SESSION_NOT_FOUND  the session neither holds a seat nor waits (a
                        lingering seat was released already)
+    LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Release works whatever the license's state: a user can always give a seat back.
+  Release works whatever the license's state, even when its record breaks
+  the rules: a user can always give a seat back (its policy fields then do
+  not apply: no linger). A freed seat goes to the queue only while the
+  license may hand out seats.
   Emits no events: the worker publishes them from the outcome.
 ]]
 local rcall = redis.call
@@ -25,24 +31,36 @@ local rcall = redis.call
 --- @include "clock"
 --- @include "license"
 --- @include "outcome"
+--- @include "session_record"
 --- @include "queue"
 --- @include "owners"
 --- @include "policy"
+--- @include "lease"
 --- @include "prologue"
 
-local session = ARGV[7]
+local session, lease = ARGV[8], lease_hash(ARGV[9])
 
 local now = now_ms()
-local early = prologue(now, false)
+local early = prologue(now, false, function()
+  local bound = holder_lease(session)
+  if bound == nil then
+    bound = waiter_lease(session)
+  end
+  return lease_refusal(now, bound, lease)
+end)
 if early then
   return early
 end
 
 local function decide()
   local notes = {}
-  local refusal, total, policy_on = check_license(now)
+  local license = license_state(now)
+  local P, invalid = nil, nil
+  if license.policy and not license.refusal then
+    P, invalid = policy().read()
+  end
+  local total = license.total
   local owner = owner_of(session)
-  local P = policy_on and policy().read() or nil
 
   if P and (P.linger_ms or 0) > 0 then
     local score = rcall('ZSCORE', K.holders, session)
@@ -64,7 +82,7 @@ local function decide()
     end
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
-    if not refusal then
+    if not license.refusal and not invalid then
       used = grant_waiters(now, total, notes, 100, P)
     end
     return outcome('RELEASED', used, total, 0, now, notes)

@@ -22,14 +22,17 @@
     KEYS[11] seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
   acquire, release and heartbeat also take
     KEYS[12] seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
-                                       for entries added in time bucket b (expires)
+                                       for entries placed in time bucket b (expires)
     KEYS[13] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
     KEYS[14] seat:{L}:rate       ZSET  the license's recent requests (expires)
+    KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
+                                       earlier delivery may have stored the
+                                       entry's reply; KEYS[12] again when none can
   reap takes only KEYS[1..11]; the other names are then nil.
 ]]
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
   owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
-  done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14],
+  done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
 }

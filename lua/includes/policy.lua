@@ -13,8 +13,9 @@
     linger_ms          a released seat stays with its session that long
     max_borrow_ms      the longest borrow an acquire may ask for (absent:
                        borrowing is off)
-  Each is a whole number in plain digits; one that is not counts as 0,
-  which refuses rather than grants (a borrow then is off).
+  Each is a whole number in plain digits, under the rules license.lua lists
+  (policy().read() checks them): a record breaking one hands out no seat,
+  LICENSE_INVALID naming the field, as for the other fields.
   Who asks comes with the acquire: user, group, priority, borrow_ms. An
   acquire without a user is under no per-user limit, one without a group
   under no per-group limit (and takes no reserved seat).
@@ -36,6 +37,7 @@
   function costs its closure on every run).
 ]]
 --- @include "keys"
+--- @include "license"
 --- @include "owners"
 --- @include "queue"
 
@@ -53,33 +55,54 @@ local function policy()
   end
   local M = {}
 
-  -- A policy field's value: plain digits (at most 15, below 2^53), else 0.
-  local function number(raw)
-    if #raw <= 15 and string.find(raw, '^%d+$') then
-      return tonumber(raw)
-    end
-    return 0
-  end
+  -- The policy fields' rules, as license.lua lists them: its
+  -- license_number checks them, so one rule holds each field everywhere.
+  LICENSE_RULES.max_per_user = {0, 999999999999999, 15}
+  LICENSE_RULES.max_priority = {0, 9, 1}
+  LICENSE_RULES.linger_ms = {0, 999999999999999, 15}
+  LICENSE_RULES.max_borrow_ms = {0, 31536000000, 11}
+  LICENSE_RULES.group_max = {0, 1000000, 7}
+  LICENSE_RULES.group_reserve = {0, 1000000, 7}
+  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms'}
 
-  -- The license's policies, read from its whole record. `limits` says
-  -- whether any of them can keep a waiter from a free seat; `counts` caches
-  -- the seats held per owners field for this script run.
+  -- The license's policies, read from its whole record, and the first field
+  -- that breaks its rule ({field, value}, as license_state reports one:
+  -- the scalars in the order above, then group fields by name), or nil.
+  -- `limits` says whether any policy can keep a waiter from a free seat;
+  -- `counts` caches the seats held per owners field for this script run.
   function M.read()
     local flat = rcall('HGETALL', K.license)
     local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
+    local raw, bad_group = {}, nil
     for i = 1, #flat, 2 do
-      local field, raw = flat[i], flat[i + 1]
-      if field == 'max_per_user' or field == 'max_priority' or field == 'linger_ms' or field == 'max_borrow_ms' then
-        P[field] = number(raw)
+      local field, value = flat[i], flat[i + 1]
+      local kind, group = string.match(field, '^(group_%a+):(.*)$')
+      if kind == 'group_max' or kind == 'group_reserve' then
+        local n = license_number(kind, value)
+        if n and #group <= 128 and string.find(group, '^[A-Za-z0-9._:@-]+$') then
+          P[kind][group] = n
+        elseif not bad_group or field < bad_group[1] then
+          bad_group = {field, string.sub(value, 1, 64)}
+        end
       else
-        local kind, group = string.match(field, '^group_(%a+):(.+)$')
-        if kind == 'max' or kind == 'reserve' then
-          P['group_' .. kind][group] = number(raw)
+        raw[field] = value
+      end
+    end
+    for _, field in ipairs(SCALARS) do
+      local value = raw[field]
+      if value then
+        P[field] = license_number(field, value)
+        if P[field] == nil then
+          return nil, {field, string.sub(value, 1, 64)}
         end
       end
     end
+    if bad_group then
+      return nil, bad_group
+    end
+    P.max_priority = P.max_priority or TOP_PRIORITY
     P.limits = P.max_per_user ~= nil or next(P.group_max) ~= nil or next(P.group_reserve) ~= nil
-    return P
+    return P, nil
   end
 
   -- Seats held under owners field `field` (u:<user>, g:<group>).

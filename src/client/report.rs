@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 
 use crate::engine::keys::Keys;
+use crate::engine::license::{InvalidField, StoredRecord};
 use crate::engine::policy::{score_priority, LicensePolicy};
 use crate::engine::records::{OwnerRecord, SessionRecord, WaiterRecord};
 use crate::error::Error;
@@ -30,6 +31,9 @@ pub struct Holder {
     pub last_heartbeat_ms: i64,
     /// Heartbeats received.
     pub heartbeats: i64,
+    /// Whether the seat is bound to a lease (the lease itself, and its hash,
+    /// are never shown).
+    pub leased: bool,
     /// The session's metadata.
     pub meta: serde_json::Value,
     /// The user the seat counts for (the acquire's `user`), if any.
@@ -88,6 +92,11 @@ pub struct LicenseStatus {
     pub active: bool,
     /// Expiry (ms), 0 = never.
     pub expires_at_ms: i64,
+    /// The field that breaks the record's rules, if one does (engine::license):
+    /// acquires get LICENSE_INVALID until it is fixed. The seat fields then
+    /// read it as absent. Absent from JSON when the record is valid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<InvalidField>,
     /// Holders, longest-held first.
     pub holders: Vec<Holder>,
     /// Waiters in queue order.
@@ -115,23 +124,21 @@ pub async fn license_status<C: ConnectionLike>(
 ) -> Result<LicenseStatus, Error> {
     let k = keys.license(license);
     type Snapshot = (
-        Vec<Option<String>>,
+        HashMap<String, String>,
         Vec<(String, f64)>,
         HashMap<String, String>,
         Vec<(String, i64)>,
         HashMap<String, String>,
         Vec<(String, i64)>,
         HashMap<String, String>,
-        HashMap<String, String>,
         HashMap<String, i64>,
         HashMap<String, i64>,
     );
-    let (lic, holders, sessions, queue, waiters, deadlines, record, owners, lingering, borrowed): Snapshot =
+    let (fields, holders, sessions, queue, waiters, deadlines, owners, lingering, borrowed): Snapshot =
         redis::pipe()
             .atomic()
-            .cmd("HMGET")
+            .cmd("HGETALL")
             .arg(&k.license)
-            .arg(&["seats_total", "expires_at_ms", "active"])
             .cmd("ZRANGE")
             .arg(&k.holders)
             .arg(0)
@@ -152,8 +159,6 @@ pub async fn license_status<C: ConnectionLike>(
             .arg(-1)
             .arg("WITHSCORES")
             .cmd("HGETALL")
-            .arg(&k.license)
-            .cmd("HGETALL")
             .arg(&k.owners)
             .cmd("ZRANGE")
             .arg(&k.lingering)
@@ -168,8 +173,13 @@ pub async fn license_status<C: ConnectionLike>(
             .query_async(con)
             .await?;
     let deadlines: HashMap<String, i64> = deadlines.into_iter().collect();
-    let num = |i: usize| lic.get(i).cloned().flatten().and_then(|s| s.parse::<i64>().ok());
-    let owner = |session: &str| owners.get(&format!("s:{session}")).and_then(|r| OwnerRecord::parse(r));
+    let record = StoredRecord::from_map(&fields);
+    let spec = record.spec();
+    let owner = |session: &str| {
+        owners
+            .get(&format!("s:{session}"))
+            .and_then(|r| OwnerRecord::parse(r))
+    };
     let counts = |prefix: &str| -> BTreeMap<String, i64> {
         owners
             .iter()
@@ -188,6 +198,7 @@ pub async fn license_status<C: ConnectionLike>(
             let last = score as i64;
             let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
             let heartbeats = record.as_ref().map_or(0, |r| r.heartbeats);
+            let leased = record.as_ref().is_some_and(|r| r.lease_hash.is_some());
             let meta = record
                 .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
@@ -196,8 +207,13 @@ pub async fn license_status<C: ConnectionLike>(
                 user: meta_field(&meta, "user_email"),
                 hardware_id: meta_field(&meta, "hardware_id"),
                 acquired_at_ms,
-                last_heartbeat_ms: if held_without_heartbeats { acquired_at_ms } else { last },
+                last_heartbeat_ms: if held_without_heartbeats {
+                    acquired_at_ms
+                } else {
+                    last
+                },
                 heartbeats,
+                leased,
                 meta,
                 user_id: who.as_ref().and_then(|o| o.user.clone()),
                 group: who.and_then(|o| o.group),
@@ -237,10 +253,15 @@ pub async fn license_status<C: ConnectionLike>(
         seats_used: holders.len(),
         seats_lingering: holders.iter().filter(|h| h.lingering_until_ms.is_some()).count(),
         seats_borrowed: holders.iter().filter(|h| h.borrowed_until_ms.is_some()).count(),
-        seats_total: num(0).unwrap_or(0),
-        active: lic.get(2).cloned().flatten().as_deref() != Some("0"),
-        expires_at_ms: num(1).unwrap_or(0),
-        policy: LicensePolicy::from_record(&record).0,
+        seats_total: i64::try_from(spec.seats_total).unwrap_or(0),
+        active: spec.active,
+        expires_at_ms: i64::try_from(spec.expires_at_ms).unwrap_or(0),
+        invalid: if record.exists() {
+            record.validate().err()
+        } else {
+            None
+        },
+        policy: LicensePolicy::from_record(&fields).0,
         held_by_user: counts("u:"),
         held_by_group: counts("g:"),
         holders,
@@ -358,6 +379,9 @@ pub fn render(status: &Status) -> String {
         if l.expires_at_ms > 0 && l.expires_at_ms <= now {
             out.push_str("  [EXPIRED]");
         }
+        if let Some(bad) = &l.invalid {
+            let _ = write!(out, "  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value());
+        }
         out.push('\n');
         if !l.policy.is_empty() {
             let _ = writeln!(out, "  policy: {}", printable(&l.policy.describe()));
@@ -422,6 +446,7 @@ pub fn render(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::license::Field;
 
     fn holder(session: &str, meta: serde_json::Value) -> Holder {
         Holder {
@@ -431,6 +456,7 @@ mod tests {
             acquired_at_ms: 1_000,
             last_heartbeat_ms: 2_000,
             heartbeats: 1,
+            leased: true,
             meta,
             user_id: None,
             group: None,
@@ -455,6 +481,11 @@ mod tests {
                 seats_total: 2,
                 active: true,
                 expires_at_ms: 0,
+                invalid: Some(InvalidField {
+                    field: Field::SeatsTotal,
+                    group: None,
+                    value: "5\u{1b}[2J".into(),
+                }),
                 policy: LicensePolicy::default(),
                 held_by_user: [("u\u{1b}[2J".to_owned(), 1)].into(),
                 held_by_group: BTreeMap::new(),
@@ -485,6 +516,7 @@ mod tests {
         assert!(text.contains(r"\u{1b}[2J\u{1b}[Hroot@evil"), "{text}");
         assert!(text.contains(r"hw\r\nFAKE LINE\u{7}\u{202e}gnp.exe"), "{text}");
         assert!(text.contains(r"bell\u{7}"), "{text}");
+        assert!(text.contains(r#"[INVALID: seats_total="5\u{1b}[2J"]"#), "{text}");
         // JSON keeps the exact values.
         let json: serde_json::Value = serde_json::to_value(&status).unwrap();
         assert_eq!(json["licenses"][0]["holders"][0]["meta"], meta);

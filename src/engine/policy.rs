@@ -351,11 +351,18 @@ mod tests {
         record.insert("seats_total".into(), "5".into());
         assert_eq!(LicensePolicy::from_record(&record), (policy.clone(), false));
         record.remove(FLAG_FIELD);
-        assert_eq!(LicensePolicy::from_record(&record), (LicensePolicy::default(), true));
+        assert_eq!(
+            LicensePolicy::from_record(&record),
+            (LicensePolicy::default(), true)
+        );
         assert!(LicensePolicy::default().fields().is_empty());
         record.insert(FLAG_FIELD.into(), "1".into());
         record.insert("max_per_user".into(), "2.5".into());
-        assert_eq!(LicensePolicy::from_record(&record).0.max_per_user, Some(0), "fails closed");
+        assert_eq!(
+            LicensePolicy::from_record(&record).0.max_per_user,
+            Some(0),
+            "fails closed"
+        );
         assert!(policy.validate(5).is_ok());
         assert!(policy.validate(0).is_err(), "reservations beyond the seats");
         let wide = LicensePolicy {

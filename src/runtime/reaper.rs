@@ -27,7 +27,7 @@ use crate::engine::keys::Keys;
 use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
 use crate::error::Error;
 use crate::runtime::metrics::{self, LicenseSeats, StreamHealth};
-use crate::runtime::publish::{Event, EventDetail, EventType, Publisher};
+use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -244,7 +244,10 @@ impl Reaper {
         drop(results);
         metrics::reaper_pass(started.elapsed());
         match first_error {
-            Some(e) if report.licenses > 0 && report.evicted + report.ended + report.granted + report.timed_out == 0 => {
+            Some(e)
+                if report.licenses > 0
+                    && report.evicted + report.ended + report.granted + report.timed_out == 0 =>
+            {
                 Err(e)
             }
             _ => Ok(report),
@@ -312,16 +315,15 @@ impl Reaper {
                         metrics::policy_seat_freed(reason);
                         info!(%license, %session, reason, "freed a seat held without heartbeats");
                     }
-                    let event = Event {
-                        kind: EventType::Evicted,
+                    let mut event = Event::new(
+                        EventType::Evicted,
                         license,
                         session,
-                        seats_used: step.seats_used,
-                        seats_total: step.seats_total,
-                        at_ms: step.now_ms,
-                        reason: Some(reason),
-                        detail: EventDetail::default(),
-                    };
+                        step.seats_used,
+                        step.seats_total,
+                        step.now_ms,
+                    );
+                    event.reason = Some(reason);
                     self.publisher.event(&mut con, &event).await;
                 }
             }

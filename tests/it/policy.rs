@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use seatgate::client::{Call, ReplyMsg};
+use seatgate::client::{Call, Client, ReplyMsg};
 use seatgate::config::Settings;
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
 use seatgate::engine::protocol::Op;
@@ -121,12 +121,16 @@ async fn read_owners(s: &Settings, license: &str) -> (Held, Held, Vec<String>) {
 async fn assert_counts_match_holders(s: &Settings, license: &str) {
     let (truth, kept, orphans) = read_owners(s, license).await;
     assert_eq!(kept, truth, "{license}: the counts drifted from the holders");
-    assert!(orphans.is_empty(), "{license}: owner records left behind: {orphans:?}");
+    assert!(
+        orphans.is_empty(),
+        "{license}: owner records left behind: {orphans:?}"
+    );
 }
 
-/// A worker's reply to `call`, from a client of its own.
-async fn call(s: &Settings, c: Call) -> ReplyMsg {
-    client(s).await.call(&c, T).await.unwrap()
+/// The reply to `request` sent by client `c` (which remembers the lease of
+/// each seat it acquired, for the heartbeats and releases it sends later).
+async fn call(c: &mut Client, request: Call) -> ReplyMsg {
+    c.call(&request, T).await.unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -142,29 +146,48 @@ async fn max_per_user_alone_with_and_without_wait() {
     };
     provision_policy(&s, "cad", 5, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
 
     for session in ["a1", "a2"] {
-        let r = call(&s, acquire_as("cad", session, "ada", "", 0)).await;
+        let r = call(&mut c, acquire_as("cad", session, "ada", "", 0)).await;
         assert_eq!(r.status(), Status::Acquired, "{session}");
     }
-    let r = call(&s, acquire_as("cad", "a3", "ada", "", 0)).await;
+    let r = call(&mut c, acquire_as("cad", "a3", "ada", "", 0)).await;
     assert_eq!((r.status(), r.get("ok")), (Status::LimitReached, "0"));
-    assert!(r.get("error").contains("user ada") && r.get("error").contains("max_per_user"), "{r:?}");
+    assert!(
+        r.get("error").contains("user ada") && r.get("error").contains("max_per_user"),
+        "{r:?}"
+    );
     assert_eq!(r.int("seats_used"), 2);
     // Another user, and a request without a user, are not held back.
-    assert_eq!(call(&s, acquire_as("cad", "b1", "bob", "", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, acquire("cad", "anon", 0)).await.status(), Status::Acquired);
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "b1", "bob", "", 0)).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, acquire("cad", "anon", 0)).await.status(),
+        Status::Acquired
+    );
 
     // With wait_ms the third queues although a seat is free, and is granted
     // once ada is under her limit.
     let mut waiter = client(&s).await;
-    let id = waiter.send(&acquire_as("cad", "a3", "ada", "", 30_000)).await.unwrap();
+    let id = waiter
+        .send(&acquire_as("cad", "a3", "ada", "", 30_000))
+        .await
+        .unwrap();
     let first = waiter.wait_for(&id, T).await.unwrap();
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
     assert_eq!(holders(&s, "cad").await.len(), 4, "the free seat stays free");
-    assert_eq!(call(&s, release("cad", "a1")).await.status(), Status::Released);
+    assert_eq!(
+        call(&mut c, release("cad", "a1")).await.status(),
+        Status::Released
+    );
     let granted = waiter.wait_for(&id, T).await.unwrap();
-    assert_eq!((granted.status(), granted.get("session")), (Status::Granted, "a3"));
+    assert_eq!(
+        (granted.status(), granted.get("session")),
+        (Status::Granted, "a3")
+    );
     assert_eq!(holders(&s, "cad").await, ["a2", "a3", "anon", "b1"]);
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
@@ -180,20 +203,50 @@ async fn group_max_alone_with_and_without_wait() {
     };
     provision_policy(&s, "cad", 4, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
 
-    assert_eq!(call(&s, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(), Status::Acquired);
-    let r = call(&s, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "e1", "ada", "eng", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "e2", "bob", "eng", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    let r = call(&mut c, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
     assert_eq!(r.status(), Status::LimitReached);
-    assert!(r.get("error").contains("group eng") && r.get("error").contains("group_max:eng"), "{r:?}");
-    assert_eq!(call(&s, acquire_as("cad", "o1", "dan", "ops", 0)).await.status(), Status::Acquired);
+    assert!(
+        r.get("error").contains("group eng") && r.get("error").contains("group_max:eng"),
+        "{r:?}"
+    );
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "o1", "dan", "ops", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
 
     let mut waiter = client(&s).await;
-    let id = waiter.send(&acquire_as("cad", "e3", "cyd", "eng", 30_000)).await.unwrap();
+    let id = waiter
+        .send(&acquire_as("cad", "e3", "cyd", "eng", 30_000))
+        .await
+        .unwrap();
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
     // A free seat the group may not take goes to someone else outside it.
-    assert_eq!(call(&s, acquire_as("cad", "o2", "eve", "ops", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, release("cad", "e1")).await.status(), Status::Released);
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "o2", "eve", "ops", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, release("cad", "e1")).await.status(),
+        Status::Released
+    );
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&s, "cad").await, ["e2", "e3", "o1", "o2"]);
     assert_counts_match_holders(&s, "cad").await;
@@ -210,11 +263,20 @@ async fn a_reservation_alone_and_with_a_queue() {
     };
     provision_policy(&s, "cad", 3, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
 
-    assert_eq!(call(&s, acquire_as("cad", "x1", "xi", "ops", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, acquire("cad", "x2", 0)).await.status(), Status::Acquired);
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "x1", "xi", "ops", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, acquire("cad", "x2", 0)).await.status(),
+        Status::Acquired
+    );
     // One seat is free, but it is eng's.
-    let r = call(&s, acquire_as("cad", "x3", "xu", "ops", 0)).await;
+    let r = call(&mut c, acquire_as("cad", "x3", "xu", "ops", 0)).await;
     assert_eq!(r.status(), Status::NoSeatsAvailable);
     assert!(r.get("error").contains("reserved"), "{r:?}");
     assert_eq!(r.int("seats_used"), 2);
@@ -222,20 +284,45 @@ async fn a_reservation_alone_and_with_a_queue() {
     // Queued behind the reservation: x3 waits, and an eng acquire that
     // arrives later takes the reserved seat past it (x3 could not have).
     let mut waiter = client(&s).await;
-    let id = waiter.send(&acquire_as("cad", "x3", "xu", "ops", 30_000)).await.unwrap();
+    let id = waiter
+        .send(&acquire_as("cad", "x3", "xu", "ops", 30_000))
+        .await
+        .unwrap();
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
-    assert_eq!(call(&s, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(), Status::Acquired);
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "e1", "ada", "eng", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
     // Once eng uses its reservation, a freed seat is anybody's: x3's.
-    assert_eq!(call(&s, release("cad", "x1")).await.status(), Status::Released);
+    assert_eq!(
+        call(&mut c, release("cad", "x1")).await.status(),
+        Status::Released
+    );
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&s, "cad").await, ["e1", "x2", "x3"]);
 
     // A reservation used beyond its size leaves no seat reserved: eng's
     // second seat is an ordinary one, and others take what eng frees.
-    assert_eq!(call(&s, release("cad", "x2")).await.status(), Status::Released);
-    assert_eq!(call(&s, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, release("cad", "e2")).await.status(), Status::Released);
-    assert_eq!(call(&s, acquire("cad", "x4", 0)).await.status(), Status::Acquired);
+    assert_eq!(
+        call(&mut c, release("cad", "x2")).await.status(),
+        Status::Released
+    );
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "e2", "bob", "eng", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, release("cad", "e2")).await.status(),
+        Status::Released
+    );
+    assert_eq!(
+        call(&mut c, acquire("cad", "x4", 0)).await.status(),
+        Status::Acquired
+    );
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
 }
@@ -250,7 +337,11 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     };
     provision_policy(&s, "cad", 1, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    assert_eq!(call(&s, acquire("cad", "holder", 0)).await.status(), Status::Acquired);
+    let mut c = client(&s).await;
+    assert_eq!(
+        call(&mut c, acquire("cad", "holder", 0)).await.status(),
+        Status::Acquired
+    );
 
     // Arrivals: low, mid-1, top (asks 9, gets 7), mid-2, low-2.
     let arrivals = [("low", 0), ("mid-1", 5), ("top", 9), ("mid-2", 5), ("low-2", 0)];
@@ -277,20 +368,35 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
             ("low-2", 5, String::new()),
         ]
     );
-    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-        .await
-        .unwrap();
-    let queue: Vec<(&str, u8)> = status.queue.iter().map(|w| (w.session.as_str(), w.priority)).collect();
-    assert_eq!(queue, [("top", 7), ("mid-1", 5), ("mid-2", 5), ("low", 0), ("low-2", 0)]);
+    let status =
+        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+            .await
+            .unwrap();
+    let queue: Vec<(&str, u8)> = status
+        .queue
+        .iter()
+        .map(|w| (w.session.as_str(), w.priority))
+        .collect();
+    assert_eq!(
+        queue,
+        [("top", 7), ("mid-1", 5), ("mid-2", 5), ("low", 0), ("low-2", 0)]
+    );
 
-    // One seat handed on five times: granted in queue order.
-    let order = ["holder", "top", "mid-1", "mid-2", "low"];
-    for session in order {
-        assert_eq!(call(&s, release("cad", session)).await.status(), Status::Released);
-    }
+    // One seat handed on five times: granted in queue order, each waiter
+    // releasing it (with the lease its client holds) once granted.
+    assert_eq!(
+        call(&mut c, release("cad", "holder")).await.status(),
+        Status::Released
+    );
+    waiting.sort_by_key(|(session, _, _)| {
+        ["top", "mid-1", "mid-2", "low", "low-2"]
+            .iter()
+            .position(|s| s == session)
+    });
     for (session, id, c) in &mut waiting {
         let r = c.wait_for(id, T).await.unwrap();
         assert_eq!(r.status(), Status::Granted, "{session}");
+        assert_eq!(call(c, release("cad", session)).await.status(), Status::Released);
     }
     let ev = events(&s, "cad").await;
     assert_eq!(grant_order(&ev), ["top", "mid-1", "mid-2", "low", "low-2"]);
@@ -300,7 +406,13 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
         .collect();
     assert_eq!(
         queued,
-        [("low", "0"), ("mid-1", "5"), ("top", "7"), ("mid-2", "5"), ("low-2", "0")]
+        [
+            ("low", "0"),
+            ("mid-1", "5"),
+            ("top", "7"),
+            ("mid-2", "5"),
+            ("low-2", "0")
+        ]
     );
     worker.stop().await;
 }
@@ -315,36 +427,50 @@ async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it(
     };
     provision_policy(&s, "cad", 1, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
 
-    assert_eq!(call(&s, acquire_as("cad", "a", "ada", "", 0)).await.status(), Status::Acquired);
-    let r = call(&s, release("cad", "a")).await;
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "a", "ada", "", 0)).await.status(),
+        Status::Acquired
+    );
+    let r = call(&mut c, release("cad", "a")).await;
     assert_eq!(
         (r.status(), r.get("linger_ms"), r.int("seats_used")),
         (Status::Released, "400", 1)
     );
     // Nobody else takes it; its own session takes it back at once.
-    assert_eq!(call(&s, acquire("cad", "b", 0)).await.status(), Status::NoSeatsAvailable);
-    assert_eq!(call(&s, acquire("cad", "a", 0)).await.status(), Status::Acquired);
     assert_eq!(
-        call(&s, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        call(&mut c, acquire("cad", "b", 0)).await.status(),
+        Status::NoSeatsAvailable
+    );
+    assert_eq!(
+        call(&mut c, acquire("cad", "a", 0)).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
         Status::HeartbeatUpdated
     );
-    let r = call(&s, release("cad", "a")).await;
+    let r = call(&mut c, release("cad", "a")).await;
     assert_eq!(r.get("linger_ms"), "400");
     // Released, it is the session's no more: no heartbeat, no second release.
     assert_eq!(
-        call(&s, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        call(&mut c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
         Status::SessionNotActive
     );
-    assert_eq!(call(&s, release("cad", "a")).await.status(), Status::SessionNotFound);
+    assert_eq!(
+        call(&mut c, release("cad", "a")).await.status(),
+        Status::SessionNotFound
+    );
 
     // A waiter gets it from the reaper once the linger ends, not before.
     let mut waiter = client(&s).await;
     let id = waiter.send(&acquire("cad", "b", 30_000)).await.unwrap();
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
-    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-        .await
-        .unwrap();
+    let status =
+        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+            .await
+            .unwrap();
     assert_eq!((status.seats_used, status.seats_lingering), (1, 1));
     assert!(status.holders[0].lingering_until_ms.is_some());
     let r = reaper(&s).await;
@@ -383,6 +509,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
         .await
         .unwrap();
     let worker = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
     let borrow = |license: &str, session: &str, ms: u64| {
         acquire(license, session, 0).with_policy(RequestPolicy {
             borrow_ms: ms,
@@ -391,20 +518,29 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     };
 
     // No borrowing without max_borrow_ms, nor longer than it.
-    let r = call(&s, borrow("plain", "p", 500)).await;
+    let r = call(&mut c, borrow("plain", "p", 500)).await;
     assert_eq!(r.status(), Status::LimitReached);
     assert!(r.get("error").contains("max_borrow_ms"), "{r:?}");
-    assert_eq!(call(&s, borrow("cad", "long", 701)).await.status(), Status::LimitReached);
+    assert_eq!(
+        call(&mut c, borrow("cad", "long", 701)).await.status(),
+        Status::LimitReached
+    );
 
     let started = crate::support::redis_ms(&mut db(&s).await).await;
-    let r = call(&s, borrow("cad", "laptop", 700)).await;
+    let r = call(&mut c, borrow("cad", "laptop", 700)).await;
     assert_eq!(r.status(), Status::Acquired);
     let until = r.int("borrowed_until_ms");
-    assert!((started + 700..started + 800).contains(&until), "{until} vs {started}");
-    let r2 = call(&s, borrow("cad", "early", 600)).await;
+    assert!(
+        (started + 700..started + 800).contains(&until),
+        "{until} vs {started}"
+    );
+    let r2 = call(&mut c, borrow("cad", "early", 600)).await;
     assert_eq!(r2.status(), Status::Acquired);
     // An early release returns it at once.
-    assert_eq!(call(&s, release("cad", "early")).await.status(), Status::Released);
+    assert_eq!(
+        call(&mut c, release("cad", "early")).await.status(),
+        Status::Released
+    );
 
     // Past the heartbeat timeout without a heartbeat: still held.
     let reap = reaper(&s).await;
@@ -412,13 +548,19 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     let report = reap.pass().await.unwrap();
     assert_eq!((report.evicted, report.ended), (0, 0));
     assert_eq!(holders(&s, "cad").await, ["laptop"]);
-    let status = seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-        .await
-        .unwrap();
-    assert_eq!((status.seats_borrowed, status.holders[0].borrowed_until_ms), (1, Some(until)));
+    let status =
+        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.seats_borrowed, status.holders[0].borrowed_until_ms),
+        (1, Some(until))
+    );
     // A heartbeat does not shorten the borrow.
     assert_eq!(
-        call(&s, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
+        call(&mut c, Call::new(Op::Heartbeat, "cad", "laptop"))
+            .await
+            .status(),
         Status::HeartbeatUpdated
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -434,7 +576,9 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     let acquired = of_type(&ev, "acquired");
     assert_eq!(acquired[0]["borrowed_until_ms"], until.to_string());
     assert_eq!(
-        call(&s, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
+        call(&mut c, Call::new(Op::Heartbeat, "cad", "laptop"))
+            .await
+            .status(),
         Status::SessionNotActive
     );
     assert_counts_match_holders(&s, "cad").await;
@@ -456,37 +600,58 @@ async fn a_per_user_limit_with_a_queue_skips_fairly() {
     };
     provision_policy(&s, "cad", 2, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    assert_eq!(call(&s, acquire_as("cad", "a1", "ada", "", 0)).await.status(), Status::Acquired);
-    assert_eq!(call(&s, acquire("cad", "x1", 0)).await.status(), Status::Acquired);
+    let mut c = client(&s).await;
+    assert_eq!(
+        call(&mut c, acquire_as("cad", "a1", "ada", "", 0)).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, acquire("cad", "x1", 0)).await.status(),
+        Status::Acquired
+    );
 
     let mut waiting = HashMap::new();
     for (session, user) in [("a2", "ada"), ("b1", "bob"), ("a3", "ada"), ("c1", "cyd")] {
         let mut c = client(&s).await;
-        let id = c.send(&acquire_as("cad", session, user, "", 30_000)).await.unwrap();
-        assert_eq!(c.wait_for(&id, T).await.unwrap().status(), Status::Queued, "{session}");
+        let id = c
+            .send(&acquire_as("cad", session, user, "", 30_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            c.wait_for(&id, T).await.unwrap().status(),
+            Status::Queued,
+            "{session}"
+        );
         waiting.insert(session, (id, c));
     }
-    let mut granted = |session: &'static str| {
-        let (id, mut c) = waiting.remove(session).unwrap();
-        async move {
-            let r = c.wait_for(&id, T).await.unwrap();
-            assert_eq!(r.status(), Status::Granted, "{session}");
-        }
-    };
+    // Waits for `session`'s GRANTED on its client, which then holds its lease.
+    async fn granted(waiting: &mut HashMap<&str, (String, Client)>, session: &str) {
+        let (id, c) = waiting.get_mut(session).unwrap();
+        let r = c.wait_for(id, T).await.unwrap();
+        assert_eq!(r.status(), Status::Granted, "{session}");
+    }
+    async fn give_back(waiting: &mut HashMap<&str, (String, Client)>, session: &str) {
+        let (_, c) = waiting.get_mut(session).unwrap();
+        assert_eq!(
+            call(c, release("cad", session)).await.status(),
+            Status::Released,
+            "{session}"
+        );
+    }
     // A freed seat skips a2 (ada holds her one seat) and goes to b1.
-    call(&s, release("cad", "x1")).await;
-    granted("b1").await;
+    call(&mut c, release("cad", "x1")).await;
+    granted(&mut waiting, "b1").await;
     // Then past a2 and a3 to c1.
-    call(&s, release("cad", "b1")).await;
-    granted("c1").await;
+    give_back(&mut waiting, "b1").await;
+    granted(&mut waiting, "c1").await;
     // ada's own release lets her first waiter in: a2 before a3.
-    call(&s, release("cad", "a1")).await;
-    granted("a2").await;
-    call(&s, release("cad", "c1")).await;
+    call(&mut c, release("cad", "a1")).await;
+    granted(&mut waiting, "a2").await;
+    give_back(&mut waiting, "c1").await;
     // a3 still waits: ada holds a2; the free seat stays free.
     assert_eq!(holders(&s, "cad").await, ["a2"]);
-    call(&s, release("cad", "a2")).await;
-    granted("a3").await;
+    give_back(&mut waiting, "a2").await;
+    granted(&mut waiting, "a3").await;
     assert_eq!(grant_order(&events(&s, "cad").await), ["b1", "c1", "a2", "a3"]);
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
@@ -537,17 +702,43 @@ async fn counts_follow_every_holder_change_in_the_scripts() {
     let s = redis.settings();
     provision(&s, "plain", &seats_with_timeout(2, 150)).await;
     let mut con = db(&s).await;
-    let who = |session: &str, user: &str, group: &str| direct(&s, "plain", session).with_policy(ask(user, group, 0));
-    assert_eq!(who("s1", "ada", "eng").acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(who("s2", "ada", "").acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(who("s3", "bob", "eng").queue(&mut con, 60_000, "", "").await.status, Status::Queued);
-    assert_eq!(who("s4", "cyd", "ops").queue(&mut con, 100, "", "").await.status, Status::Queued);
-    assert_eq!(who("s5", "dan", "ops").queue(&mut con, 60_000, "", "").await.status, Status::Queued);
+    let who = |session: &str, user: &str, group: &str| {
+        direct(&s, "plain", session).with_policy(ask(user, group, 0))
+    };
+    assert_eq!(
+        who("s1", "ada", "eng").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    assert_eq!(
+        who("s2", "ada", "").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    assert_eq!(
+        who("s3", "bob", "eng")
+            .queue(&mut con, 60_000, "", "")
+            .await
+            .status,
+        Status::Queued
+    );
+    assert_eq!(
+        who("s4", "cyd", "ops").queue(&mut con, 100, "", "").await.status,
+        Status::Queued
+    );
+    assert_eq!(
+        who("s5", "dan", "ops")
+            .queue(&mut con, 60_000, "", "")
+            .await
+            .status,
+        Status::Queued
+    );
     assert_counts_match_holders(&s, "plain").await;
     let (_, kept, _) = read_owners(&s, "plain").await;
     assert_eq!(kept.users, [("ada".to_owned(), 2)].into());
 
-    assert_eq!(who("s5", "", "").release(&mut con).await.status, Status::LeftQueue);
+    assert_eq!(
+        who("s5", "", "").release(&mut con).await.status,
+        Status::LeftQueue
+    );
     assert_eq!(who("s1", "", "").release(&mut con).await.status, Status::Released);
     // s4's wait ran out: s3 got s1's seat, then the reaper evicts both
     // silent holders and ends s4's wait.
@@ -576,7 +767,12 @@ fn burst_policy() -> LicensePolicy {
 
 /// Samples `license`'s holders and owner records (one MULTI each time) until
 /// `stop`; returns the violations seen and how many samples were taken.
-fn watch_policy(s: &Settings, license: &str, seats: usize, stop: CancellationToken) -> tokio::task::JoinHandle<(Vec<String>, usize)> {
+fn watch_policy(
+    s: &Settings,
+    license: &str,
+    seats: usize,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<(Vec<String>, usize)> {
     let s = s.clone();
     let license = license.to_owned();
     tokio::spawn(async move {
@@ -601,7 +797,10 @@ fn watch_policy(s: &Settings, license: &str, seats: usize, stop: CancellationTok
             let ops = held.groups.get("ops").copied().unwrap_or(0);
             let reserve = policy.group_reserve["ops"] as i64;
             if held.total as i64 - ops + ops.max(reserve) > seats as i64 {
-                bad.push(format!("{} held, ops holds {ops} of its {reserve} reserved", held.total));
+                bad.push(format!(
+                    "{} held, ops holds {ops} of its {reserve} reserved",
+                    held.total
+                ));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -625,7 +824,16 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     let stop = CancellationToken::new();
     let watch = watch_policy(&s, "burst", 8, stop.clone());
 
-    let users = [("ada", "eng"), ("bob", "eng"), ("cyd", "eng"), ("dan", "ops"), ("eve", "ops"), ("fay", "sales"), ("gus", "sales"), ("hal", "")];
+    let users = [
+        ("ada", "eng"),
+        ("bob", "eng"),
+        ("cyd", "eng"),
+        ("dan", "ops"),
+        ("eve", "ops"),
+        ("fay", "sales"),
+        ("gus", "sales"),
+        ("hal", ""),
+    ];
     let mut tasks = Vec::new();
     for i in 0..240 {
         let s = s.clone();
@@ -634,7 +842,10 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
             let mut c = client(&s).await;
             let session = format!("s{i}");
             let wait = if i % 3 == 0 { 0 } else { 2_000 };
-            let id = c.send(&acquire_as("burst", &session, user, group, wait)).await.unwrap();
+            let id = c
+                .send(&acquire_as("burst", &session, user, group, wait))
+                .await
+                .unwrap();
             let mut r = c.wait_for(&id, T).await.unwrap();
             if r.status() == Status::Queued {
                 r = c.wait_for(&id, Duration::from_secs(15)).await.unwrap();
@@ -699,7 +910,10 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
     let mut by_master: BTreeMap<u16, String> = BTreeMap::new();
     for i in 0..60 {
         let l = format!("pl-{i}");
-        let master = cluster.master_of(&license_keys(&s, &l).holders).await.expect("a master");
+        let master = cluster
+            .master_of(&license_keys(&s, &l).holders)
+            .await
+            .expect("a master");
         by_master.entry(master).or_insert(l);
         if by_master.len() == 3 {
             break;
@@ -718,19 +932,29 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
         provision_policy(&s, l, 3, &policy).await;
     }
     let w = spawn_worker(s.clone(), "w1").await;
+    let mut c = client(&s).await;
     for l in by_master.values() {
         let l = l.as_str();
-        assert_eq!(call(&s, acquire_as(l, "a1", "ada", "", 0)).await.status(), Status::Acquired);
-        assert_eq!(call(&s, acquire_as(l, "a2", "ada", "", 0)).await.status(), Status::LimitReached);
+        assert_eq!(
+            call(&mut c, acquire_as(l, "a1", "ada", "", 0)).await.status(),
+            Status::Acquired
+        );
+        assert_eq!(
+            call(&mut c, acquire_as(l, "a2", "ada", "", 0)).await.status(),
+            Status::LimitReached
+        );
         let borrowed = acquire(l, "b1", 0).with_policy(RequestPolicy {
             borrow_ms: 30_000,
             ..ask("bob", "", 0)
         });
-        let r = call(&s, borrowed).await;
+        let r = call(&mut c, borrowed).await;
         assert_eq!(r.status(), Status::Acquired);
         assert!(r.int("borrowed_until_ms") > 0);
         // The last seat is ops's.
-        assert_eq!(call(&s, acquire_as(l, "c1", "cyd", "", 0)).await.status(), Status::NoSeatsAvailable);
+        assert_eq!(
+            call(&mut c, acquire_as(l, "c1", "cyd", "", 0)).await.status(),
+            Status::NoSeatsAvailable
+        );
         let mut waiter = client(&s).await;
         let id = waiter
             .send(&acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9)))
@@ -738,9 +962,12 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
             .unwrap();
         let q = waiter.wait_for(&id, T).await.unwrap();
         assert_eq!((q.status(), q.get("priority")), (Status::Queued, "5"));
-        assert_eq!(call(&s, acquire_as(l, "o1", "olga", "ops", 0)).await.status(), Status::Acquired);
+        assert_eq!(
+            call(&mut c, acquire_as(l, "o1", "olga", "ops", 0)).await.status(),
+            Status::Acquired
+        );
         // ada's release lingers; the reaper then grants the seat to cyd.
-        assert_eq!(call(&s, release(l, "a1")).await.get("linger_ms"), "300");
+        assert_eq!(call(&mut c, release(l, "a1")).await.get("linger_ms"), "300");
         tokio::time::sleep(Duration::from_millis(350)).await;
         let report = reaper(&s).await.reap_license(l).await.unwrap();
         assert_eq!((report.ended, report.granted), (1, 1), "{l}");

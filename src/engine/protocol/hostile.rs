@@ -10,8 +10,19 @@ use proptest::prelude::*;
 fn field_name() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
-            "op", "license", "session", "meta", "wait_ms", "id", "x", "OP", "op ", "user", "group",
-            "priority", "borrow_ms"
+            "op",
+            "license",
+            "session",
+            "meta",
+            "wait_ms",
+            "id",
+            "x",
+            "OP",
+            "op ",
+            "user",
+            "group",
+            "priority",
+            "borrow_ms"
         ])
         .prop_map(str::to_owned),
         "[a-z_]{1,12}",

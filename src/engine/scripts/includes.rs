@@ -21,6 +21,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("owners", include_str!("../../../lua/includes/owners.lua")),
     ("queue", include_str!("../../../lua/includes/queue.lua")),
     ("policy", include_str!("../../../lua/includes/policy.lua")),
+    ("lease", include_str!("../../../lua/includes/lease.lua")),
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
     ("prologue", include_str!("../../../lua/includes/prologue.lua")),

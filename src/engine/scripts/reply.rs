@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::engine::license::{Field, InvalidField};
 use crate::engine::policy::PolicyRefusal;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -52,6 +53,8 @@ pub struct Outcome {
     pub linger_ms: Option<i64>,
     /// When a borrowed seat comes back, ms (ACQUIRED with `borrow_ms` only).
     pub borrowed_until_ms: Option<i64>,
+    /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
+    pub invalid: Option<InvalidField>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -77,6 +80,7 @@ impl Outcome {
             priority: None,
             linger_ms: None,
             borrowed_until_ms: None,
+            invalid: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -206,6 +210,31 @@ fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note
         .collect()
 }
 
+/// Decodes the detail of LICENSE_INVALID, `{field, value}`
+/// (lua/includes/license.lua). The value is what Redis stored, cut to 64
+/// bytes, perhaps mid-character: read leniently.
+fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, Error> {
+    let parts = match detail {
+        Value::Array(parts) if parts.len() == 2 => parts,
+        other => {
+            return Err(bad(
+                script,
+                format!("LICENSE_INVALID detail is not {{field, value}}: {other:?}"),
+            ))
+        }
+    };
+    let name = string(script, parts.first(), "invalid field")?;
+    let (field, group) =
+        Field::parse_name(&name).ok_or_else(|| bad(script, format!("unknown license field {name:?}")))?;
+    let value = match &parts[1] {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => {
+            text(other).ok_or_else(|| bad(script, format!("invalid value is not a string: {other:?}")))?
+        }
+    };
+    Ok(InvalidField { field, group, value })
+}
+
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
 /// notes, changed, replayed}` (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
@@ -232,6 +261,7 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         priority: detail.priority.or(Some(0)).filter(|_| status == Status::Queued),
         linger_ms: for_status(Status::Released),
         borrowed_until_ms: for_status(Status::Acquired),
+        invalid: detail.invalid,
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes")?,
         changed: flag(script, items.get(6), "changed")?,
@@ -250,6 +280,8 @@ struct Detail {
     refusal: Option<PolicyRefusal>,
     /// QUEUED: {position, priority}.
     priority: Option<i64>,
+    /// LICENSE_INVALID: {field, value}.
+    invalid: Option<InvalidField>,
 }
 
 impl Detail {
@@ -261,6 +293,10 @@ impl Detail {
             )
         };
         match detail {
+            _ if status == Status::LicenseInvalid => Ok(Detail {
+                invalid: Some(invalid_field(script, detail)?),
+                ..Detail::default()
+            }),
             Value::Int(n) if status != Status::LimitReached => Ok(Detail {
                 count: Some(*n),
                 ..Detail::default()
@@ -380,12 +416,19 @@ mod tests {
         let o = decode_outcome("acquire", outcome("LIMIT_REACHED", bulk("group_max"), vec![])).unwrap();
         assert_eq!(o.policy_refusal, Some(PolicyRefusal::GroupMax));
         let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", bulk("reserved"), vec![])).unwrap();
-        assert_eq!((o.policy_refusal, o.queue_full), (Some(PolicyRefusal::Reserved), false));
+        assert_eq!(
+            (o.policy_refusal, o.queue_full),
+            (Some(PolicyRefusal::Reserved), false)
+        );
         let o = decode_outcome("release", outcome("RELEASED", Value::Int(30_000), vec![])).unwrap();
         assert_eq!((o.linger_ms, o.borrowed_until_ms), (Some(30_000), None));
         let o = decode_outcome("release", outcome("RELEASED", Value::Int(0), vec![])).unwrap();
         assert_eq!(o.linger_ms, None);
-        let o = decode_outcome("acquire", outcome("ACQUIRED", Value::Int(1_800_000_000_000), vec![])).unwrap();
+        let o = decode_outcome(
+            "acquire",
+            outcome("ACQUIRED", Value::Int(1_800_000_000_000), vec![]),
+        )
+        .unwrap();
         assert_eq!(o.borrowed_until_ms, Some(1_800_000_000_000));
         for (status, detail) in [
             ("LIMIT_REACHED", Value::Int(1)),
@@ -394,8 +437,25 @@ mod tests {
             ("ACQUIRED", bulk("reserved")),
             ("RELEASED", Value::Array(vec![Value::Int(1), Value::Int(2)])),
         ] {
-            assert!(decode_outcome("acquire", outcome(status, detail, vec![])).is_err(), "{status}");
+            assert!(
+                decode_outcome("acquire", outcome(status, detail, vec![])).is_err(),
+                "{status}"
+            );
         }
+    }
+
+    #[test]
+    fn license_invalid_carries_the_field_and_its_value() {
+        let detail = Value::Array(vec![bulk("seats_total"), Value::BulkString(b"5.5\xff".to_vec())]);
+        let o = decode_outcome("acquire", outcome("LICENSE_INVALID", detail, vec![])).unwrap();
+        let invalid = o.invalid.unwrap();
+        assert_eq!(
+            (invalid.field, invalid.value.as_str()),
+            (Field::SeatsTotal, "5.5\u{fffd}")
+        );
+        assert!(decode_outcome("acquire", outcome("LICENSE_INVALID", Value::Int(0), vec![])).is_err());
+        let unknown = Value::Array(vec![bulk("colour"), bulk("red")]);
+        assert!(decode_outcome("acquire", outcome("LICENSE_INVALID", unknown, vec![])).is_err());
     }
 
     #[test]

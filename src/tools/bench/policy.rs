@@ -53,7 +53,11 @@ fn asker(i: usize) -> RequestPolicy {
 const VARIANTS: [(&str, bool, bool); 3] = [
     ("acquire, no policy set", false, false),
     ("acquire, no policy set, user and group sent", false, true),
-    ("acquire, every policy set, user, group and priority sent", true, true),
+    (
+        "acquire, every policy set, user, group and priority sent",
+        true,
+        true,
+    ),
 ];
 
 /// `policy`: one row per variant, the acquire script's Redis time in the
@@ -91,11 +95,17 @@ pub(super) async fn run(b: &mut Bench<'_>) -> Result<(), Error> {
             for i in sent..sent + BATCH {
                 let who = if with_asker { asker(i) } else { RequestPolicy::NONE };
                 let seat = Seat::new(&b.keys, &license, &format!("s{i}"));
-                pipe.add_command(seat.cmd(Step::AcquireAs { meta: META, who: &who }));
+                pipe.add_command(seat.cmd(Step::AcquireAs {
+                    meta: META,
+                    who: &who,
+                }));
             }
             let answers: Vec<redis::Value> = pipe.query_async(&mut b.con).await?;
             if answers.len() != BATCH {
-                return Err(bench_err(format!("policy: {} answers for {BATCH} acquires", answers.len())));
+                return Err(bench_err(format!(
+                    "policy: {} answers for {BATCH} acquires",
+                    answers.len()
+                )));
             }
             sent += BATCH;
             if measuring {
@@ -113,7 +123,9 @@ pub(super) async fn run(b: &mut Bench<'_>) -> Result<(), Error> {
             .query_async(&mut b.con)
             .await?;
         if held != sent as u64 {
-            return Err(bench_err(format!("policy: {held} seats held after {sent} acquires")));
+            return Err(bench_err(format!(
+                "policy: {held} seats held after {sent} acquires"
+            )));
         }
         let note = match (us, base_us) {
             (Some(us), None) => format!("acquire script: {us:.1} µs of Redis time per call"),

@@ -68,6 +68,7 @@ impl Seat {
         let session = self.session.as_str();
         let acquire = |meta, wait_ms, request_id, reply_to| AcquireArgs {
             session,
+            lease: None,
             meta,
             wait_ms,
             request_id,
@@ -89,7 +90,7 @@ impl Seat {
             Step::AcquireAs { meta, who } => {
                 s.acquire_as(&self.keys, &self.guard, &acquire(meta, 0, "", ""), who)
             }
-            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session }),
+            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session, lease: None }),
         }
     }
 
