@@ -94,6 +94,12 @@ impl Status {
         }
     }
 
+    /// Whether this is the last reply to its request. Only QUEUED is
+    /// followed by another (GRANTED or QUEUE_TIMEOUT, with the same id).
+    pub fn is_final(self) -> bool {
+        self != Status::Queued
+    }
+
     /// The reply's `error` text for a refusal whose script gives none; `None`
     /// for successes, for QUEUED (not an answer yet) and for the statuses
     /// whose producer writes a reason of its own.
