@@ -402,8 +402,21 @@ impl Client {
             xadd.arg(field).arg(value);
         }
         let mut con = self.inner.con.clone();
-        let _: String = xadd.query_async(&mut con).await?;
-        Ok(())
+        match xadd.query_async::<String>(&mut con).await {
+            Ok(_) => Ok(()),
+            // The managed connection learns that Redis went away (a restart)
+            // only when a command fails on the dead socket, and reconnects
+            // then: the request goes once more, on the new connection. Should
+            // the first one have reached Redis after all, the request is
+            // decided twice, which is harmless (acquire is idempotent per
+            // session, release frees nothing twice), and its waiter takes the
+            // first reply.
+            Err(e) if e.is_connection_dropped() => {
+                let _: String = xadd.query_async(&mut con).await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
