@@ -78,7 +78,7 @@ async fn soak_run(
             while !stop.is_cancelled() {
                 let license = format!("soak-{}", (u + cycle as usize) % 20);
                 let session = format!("u{u}-s{cycle}");
-                let mut client = Client::connect_with(&settings).await?;
+                let client = Client::connect_with(&settings).await?;
                 let mut call = Call {
                     op: Op::Acquire,
                     license,
