@@ -129,11 +129,13 @@ enum Caller {
     /// Its own connection and session (boxed: the session's keys and guard
     /// would make every caller as large).
     Direct(Db, Box<Seat>),
-    /// A request/reply client.
+    /// A clone of the request/reply client every caller shares.
     Seatgate(Client),
 }
 
 /// Closed loop: `clients` each run acquire → release as fast as answers come.
+/// On the seatgate path they share one [`Client`] (one connection, one reply
+/// stream), as the callers in one service process would.
 pub(super) async fn closed_loop(
     settings: &Settings,
     clients: usize,
@@ -145,23 +147,28 @@ pub(super) async fn closed_loop(
     let measure_from = start + warmup;
     let stop_at = measure_from + d;
     let shared = Arc::new(Mutex::new(hist()));
+    let one_client = match path {
+        Path::Direct => None,
+        Path::Seatgate => Some(Client::connect_with(settings).await?),
+    };
     let mut tasks = Vec::new();
     for c in 0..clients {
         let settings = settings.clone();
         let shared = shared.clone();
+        let client = one_client.clone();
         tasks.push(tokio::spawn(async move {
             let mut h = hist();
             let mut ops = 0u64;
             let (license, session) = session_of(c);
-            let mut caller = match path {
-                Path::Direct => {
+            let mut caller = match client {
+                Some(client) => Caller::Seatgate(client),
+                None => {
                     let keys = Keys::new(settings.keys.prefix.clone());
                     Caller::Direct(
                         Db::connect(&settings.redis).await?,
                         Box::new(Seat::new(&keys, &license, &session)),
                     )
                 }
-                Path::Seatgate => Caller::Seatgate(Client::connect_with(&settings).await?),
             };
             let mut acquire = true;
             while Instant::now() < stop_at {
@@ -189,9 +196,6 @@ pub(super) async fn closed_loop(
                 }
                 acquire = !acquire;
             }
-            if let Caller::Seatgate(cl) = caller {
-                let _ = cl.close().await;
-            }
             shared.lock().await.add(&h).map_err(bench_err)?;
             Ok::<u64, Error>(ops)
         }));
@@ -199,6 +203,9 @@ pub(super) async fn closed_loop(
     let mut ops = 0;
     for t in tasks {
         ops += t.await.map_err(bench_err)??;
+    }
+    if let Some(client) = one_client {
+        let _ = client.close().await;
     }
     let h = shared.lock().await;
     let name = match path {
