@@ -386,6 +386,11 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
                         .unwrap();
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                // Waiters granted in the same millisecond release apart: two
+                // releases decided in concurrent batches within one
+                // millisecond may publish their grants in either order, which
+                // no event field tells apart (see `grant_order`).
+                tokio::time::sleep(Duration::from_millis(40 * i as u64)).await;
                 c.call(&Call::new(Op::Release, "e2e", format!("w{i}")), T)
                     .await
                     .unwrap();
