@@ -19,6 +19,9 @@ seatgate's own Rust client does:
   waiter and is dropped (and counted).
 - A failed read is retried, with backoff, from the last reply id read; waiters
   keep waiting until their own timeouts.
+- Every acquire carries a lease (docs/protocol.md, "Leases"), a random secret
+  the seat is bound to, kept per session and sent with its heartbeats and
+  release, so that nobody without it can release or keep alive the seat.
 
 The __main__ below runs 200 concurrent acquire/release pairs from one client
 and prints a summary. Run it against a Redis with a `seatgate run` worker and
@@ -42,6 +45,8 @@ import collections
 import json
 import logging
 import os
+import re
+import secrets
 import sys
 import time
 import uuid
@@ -62,6 +67,10 @@ WRITE_BATCH = 512
 # A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
 # wait ran out, later still if its first delivery failed: allow for it.
 QUEUE_MARGIN_S = 30.0
+# What the service takes as a lease.
+LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# Replies after which the session's seat or place is given back (or was never held).
+GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
 
 log = logging.getLogger("seatgate.async_client")
 
@@ -144,6 +153,8 @@ class SeatClient:
         self._waiters = {}
         self._outbox = asyncio.Queue()
         self._tasks = []
+        # The lease each (license, session) is bound to, sent with its later requests.
+        self.leases = {}
         # Counters for the curious: replies without a waiter, read retries,
         # pipelines written, and the most requests in flight at once.
         self.stats = collections.Counter()
@@ -198,11 +209,22 @@ class SeatClient:
         except asyncio.TimeoutError:
             raise ReplyTimeout(f"no reply to {op} {license}/{session} within {timeout:.1f} s") from None
 
-    async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None):
+    def lease(self, license, session):
+        """The lease this client holds for the session, or None."""
+        return self.leases.get((license, session))
+
+    async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
         """Takes a seat, waiting up to `wait_s` seconds in the license's queue
-        when none is free. Returns the final reply; `on_queued(reply)` is
-        called with the QUEUED reply, if any."""
-        fields = {}
+        when none is free, bound to `lease` (default: the one held for the
+        session, else a new random one). Returns the final reply;
+        `on_queued(reply)` is called with the QUEUED reply, if any."""
+        if lease is None:
+            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
+            lease = self.lease(license, session) or secrets.token_urlsafe(24)
+        if not LEASE_RE.fullmatch(lease):
+            raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
+        self.leases[(license, session)] = lease
+        fields = {"lease": lease}
         if meta is not None:
             fields["meta"] = json.dumps(meta, separators=(",", ":"))
         if wait_s > 0:
@@ -216,12 +238,19 @@ class SeatClient:
             return await pending.final_reply(wait_s + timeout + QUEUE_MARGIN_S)
 
     async def heartbeat(self, license, session, timeout=5.0):
-        """Keeps the session's seat alive."""
-        return await self.call("heartbeat", license, session, timeout)
+        """Keeps the session's seat alive, with the lease it was acquired with."""
+        return await self.call("heartbeat", license, session, timeout, **self._lease_field(license, session))
 
     async def release(self, license, session, timeout=5.0):
-        """Gives the session's seat back (or leaves the queue)."""
-        return await self.call("release", license, session, timeout)
+        """Gives the session's seat back (or leaves the queue), with its lease."""
+        reply = await self.call("release", license, session, timeout, **self._lease_field(license, session))
+        if reply.get("status") in GIVEN_BACK:
+            self.leases.pop((license, session), None)
+        return reply
+
+    def _lease_field(self, license, session):
+        lease = self.lease(license, session)
+        return {"lease": lease} if lease else {}
 
     def in_flight(self):
         """Requests sent (or about to be) and not answered yet."""

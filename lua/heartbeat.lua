@@ -1,18 +1,23 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..11] the license keys, the dedupe bucket and the rate windows
+  KEYS[1..12] the license keys, the dedupe buckets and the rate windows
               (includes/keys.lua); the queue keys are not touched
-  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
-  ARGV[7]  session id
+  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
+  ARGV[8]  session id
+  ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
                         detail = the heartbeat count
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted, or still queued): acquire again
+    LEASE_MISMATCH      the seat is bound to another lease; nothing changed,
+                        and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Heartbeats work whatever the license record says, even when it breaks its
+  rules: a holder keeps its seat alive.
   Emits no events.
 ]]
 local rcall = redis.call
@@ -21,12 +26,15 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "session_record"
+--- @include "lease"
 --- @include "prologue"
 
-local session = ARGV[7]
+local session, lease = ARGV[8], lease_hash(ARGV[9])
 
 local now = now_ms()
-local early = prologue(now, true)
+local early = prologue(now, true, function()
+  return lease_refusal(now, holder_lease(session), lease)
+end)
 if early then
   return early
 end

@@ -1,5 +1,6 @@
 //! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
-//! client, and `license` provisioning. Errors come out as one line.
+//! client, `license` provisioning, and the `status`, `events` and `report`
+//! views. Errors come out as one line.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,11 +10,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::report::printable;
+use crate::client::usage::{self, When};
 use crate::client::{Call, Client, ReplyMsg};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseInfo, LicenseSpec};
-use crate::engine::protocol::Op;
+use crate::engine::protocol::{Lease, Op};
+use crate::engine::status::Status;
 use crate::error::Error;
 use crate::ops::{service, telemetry};
 
@@ -63,6 +66,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Usage per license over a period, from the events: peak seats and when,
+    /// seat-hours, denials by reason, queue waits, seat-hours per user.
+    Report {
+        /// Only this license.
+        #[arg(long)]
+        license: Option<String>,
+        /// Start of the period: a duration ago (7d, 12h), a UTC date or time
+        /// (2026-11-01, 2026-11-01T08:00:00Z) or unix ms. Default: everything
+        /// kept (events.retention ago).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<When>,
+        /// End of the period (exclusive), the same forms. Default: now.
+        #[arg(long, value_name = "WHEN")]
+        until: Option<When>,
+        /// Output: a table for people, CSV (one row per figure) or JSON.
+        #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+        format: ReportFormat,
+    },
     /// Show seats in use, holders and queues per license (like lmstat).
     Status {
         /// Only this license.
@@ -72,6 +93,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `seatgate report --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ReportFormat {
+    /// A block per license, for people.
+    Table,
+    /// `license,metric,key,value` rows, for spreadsheets.
+    Csv,
+    /// The whole report as one JSON object.
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +120,11 @@ struct ClientArgs {
     /// Wait this long in the license's queue when no seat is free (acquire only), e.g. 30s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
+    /// The lease the seat is bound to, as `acquire` printed it (`lease=…`):
+    /// heartbeat and release must send it. With acquire: bind the seat to
+    /// this one instead of a new random one (to re-send an acquire).
+    #[arg(long, value_name = "LEASE")]
+    lease: Option<String>,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -189,7 +226,7 @@ pub fn main() -> ExitCode {
 fn fail(e: &Error) -> ExitCode {
     eprintln!("seatgate: error: {e}");
     ExitCode::from(match e {
-        Error::Usage(_) | Error::InvalidId { .. } => 2,
+        Error::Usage(_) | Error::InvalidId { .. } | Error::InvalidLicense(_) => 2,
         _ => EXIT_ERROR,
     })
 }
@@ -215,6 +252,31 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         }
         #[cfg(feature = "tools")]
         Command::Bench(args) => bench(args).await,
+        Command::Report {
+            license,
+            since,
+            until,
+            format,
+        } => {
+            if let Some(l) = &license {
+                if !crate::engine::protocol::valid_id(l) {
+                    return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
+                }
+            }
+            let mut con = crate::connect(&settings).await?;
+            let query = usage::Query {
+                license,
+                since,
+                until,
+            };
+            let report = usage::usage(&mut con, &settings, &query).await?;
+            match format {
+                ReportFormat::Table => print!("{}", usage::render_table(&report)),
+                ReportFormat::Csv => print!("{}", usage::render_csv(&report)?),
+                ReportFormat::Json => println!("{}", serde_json::to_string(&report).unwrap_or_default()),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { license, json } => {
             if let Some(l) = &license {
                 if !crate::engine::protocol::valid_id(l) {
@@ -286,6 +348,14 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
             ));
         }
     }
+    let lease = match &args.lease {
+        Some(text) => Some(Lease::parse(text).ok_or_else(|| {
+            Error::Usage(
+                "--lease must be 16 to 128 characters of A-Z a-z 0-9 _ -, as acquire printed it".into(),
+            )
+        })?),
+        None => None,
+    };
     let wait_ms = args.wait.map(|d| d.as_millis() as u64).unwrap_or(0);
     let call = Call {
         op,
@@ -293,6 +363,7 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         session: args.session,
         meta: args.meta,
         wait_ms,
+        lease,
     };
     let client = Client::connect_with(settings).await?;
     let result = async {
@@ -339,6 +410,15 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         if reply.fields.contains_key(field) {
             line.push_str(&format!(" {field}={}", get(field)));
         }
+    }
+    // The seat (or place) is bound to the lease: later heartbeats and the
+    // release need it (`--lease`). A lease is A-Z a-z 0-9 _ -, safe to print.
+    let holds = matches!(
+        reply.status(),
+        Status::Acquired | Status::AlreadyActive | Status::Queued | Status::Granted
+    );
+    if let (true, Some(lease)) = (holds, reply.lease()) {
+        line.push_str(&format!(" lease={}", lease.as_str()));
     }
     if reply.fields.contains_key("error") {
         line.push_str(&format!("  ({})", get("error")));
@@ -470,6 +550,10 @@ async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Res
 fn describe(info: &LicenseInfo) -> String {
     let s = &info.spec;
     let mut line = format!("{}  seats {}/{}", info.license, info.seats_used, s.seats_total);
+    if let Some(bad) = &info.invalid {
+        // The value as stored, escaped: it may hold anything.
+        line.push_str(&format!("  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value()));
+    }
     if !s.active {
         line.push_str("  INACTIVE");
     }

@@ -18,6 +18,10 @@ use crate::error::Error;
 /// The defaults, also the documentation of every key.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
+/// The smallest `limits.max_entry_bytes`: a request with every field at its
+/// longest but `meta` still fits (ids, `reply_to`, `lease`, names).
+const MIN_ENTRY_BYTES: usize = 1024;
+
 /// All settings of one seatgate process.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Settings {
@@ -269,6 +273,9 @@ pub struct LimitSettings {
     pub license_requests: u64,
     /// Window, ms.
     pub window_ms: u64,
+    /// Most bytes of field names and values in one request entry: a bigger
+    /// one is refused before any of it is parsed.
+    pub max_entry_bytes: usize,
 }
 
 /// `[replies]`
@@ -305,8 +312,23 @@ pub struct ClientSettings {
 pub struct EventSettings {
     /// Events stream key.
     pub stream: String,
-    /// Approximate cap of the events stream.
-    pub maxlen: usize,
+    /// How long events are kept at least (`"30d"`): the stream is trimmed by
+    /// age on the Redis clock, so usage reports can cover a fixed period
+    /// whatever the event rate.
+    #[serde(deserialize_with = "duration_text")]
+    pub retention: Duration,
+    /// No longer used (the events stream was capped by count); still
+    /// accepted so that an old settings file loads, with a warning.
+    #[serde(default)]
+    pub maxlen: Option<usize>,
+}
+
+/// A duration written for people, like `"30d"` or `"12h 30m"` (humantime).
+fn duration_text<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(de)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!("{text:?} is not a duration like \"30d\" or \"12h\": {e}"))
+    })
 }
 
 /// `[sessions]`
@@ -314,6 +336,9 @@ pub struct EventSettings {
 pub struct SessionSettings {
     /// Default heartbeat timeout, ms.
     pub heartbeat_timeout_ms: u64,
+    /// Every acquire, heartbeat and release must carry a `lease`, so that
+    /// every seat is bound to its holder's secret (recommended in production).
+    pub require_lease: bool,
 }
 
 /// `[queue]`
@@ -413,6 +438,9 @@ impl Settings {
         if settings.replies.maxlen.is_some() {
             tracing::warn!("replies.maxlen is no longer used: reply streams are trimmed by age (replies.ttl_ms); remove it from your settings");
         }
+        if settings.events.maxlen.is_some() {
+            tracing::warn!("events.maxlen is no longer used: the events stream is trimmed by age (events.retention); remove it from your settings");
+        }
         Ok(settings)
     }
 
@@ -429,6 +457,9 @@ impl Settings {
         }
         if self.replies.ttl_ms == 0 {
             return bad("replies.ttl_ms must be positive");
+        }
+        if self.events.retention < Duration::from_secs(60) {
+            return bad("events.retention must be at least 1m (usage reports read the events it keeps)");
         }
         let inside = format!("{}:", self.keys.prefix);
         let reply_prefix = &self.replies.prefix;
@@ -494,6 +525,11 @@ impl Settings {
         if self.sessions.heartbeat_timeout_ms == 0 {
             return bad("sessions.heartbeat_timeout_ms must be positive");
         }
+        if self.limits.max_entry_bytes < MIN_ENTRY_BYTES {
+            return Err(Error::Config(format!(
+                "limits.max_entry_bytes must be at least {MIN_ENTRY_BYTES}, room for a full request"
+            )));
+        }
         if self.reaper.batch == 0 || self.reaper.concurrency == 0 || self.reaper.lock_ms == 0 {
             return bad("reaper.batch, reaper.concurrency and reaper.lock_ms must be positive");
         }
@@ -550,6 +586,16 @@ impl Settings {
         })
     }
 
+    /// The rules the request parser obeys: the reply namespace, whether a
+    /// lease is required, the entry size limit.
+    pub fn parse_rules(&self) -> crate::engine::protocol::Rules<'_> {
+        crate::engine::protocol::Rules {
+            reply_prefix: &self.replies.prefix,
+            require_lease: self.sessions.require_lease,
+            max_entry_bytes: self.limits.max_entry_bytes,
+        }
+    }
+
     /// The dedupe window and rate limits requests are decided under.
     pub fn guard_policy(&self) -> crate::engine::scripts::GuardPolicy {
         crate::engine::scripts::GuardPolicy {
@@ -588,6 +634,10 @@ mod tests {
     #[test]
     fn defaults_load_and_validate() {
         let s = Settings::load(None).unwrap();
+        assert_eq!(
+            s.parse_rules(),
+            crate::engine::protocol::Rules::new("seat:reply:")
+        );
         assert_eq!(s.stream.requests, "seat:requests");
         assert_eq!(s.keys.prefix, "seat");
         assert!(s.metrics_addr().unwrap().is_some());
@@ -673,6 +723,23 @@ mod tests {
         std::fs::write(&path, "[replies]\nmaxlen = 100\nttl_ms = 1000\n").unwrap();
         let s = Settings::load(Some(&path)).unwrap();
         assert_eq!((s.replies.maxlen, s.replies.ttl_ms), (Some(100), 1000));
+    }
+
+    #[test]
+    fn events_are_kept_by_age_and_an_old_maxlen_still_loads() {
+        let s = Settings::load(None).unwrap();
+        assert_eq!(s.events.retention, Duration::from_secs(30 * 24 * 3600));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[events]\nmaxlen = 100\nretention = \"7d 12h\"\n").unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!(s.events.maxlen, Some(100));
+        assert_eq!(s.events.retention, Duration::from_secs(7 * 24 * 3600 + 12 * 3600));
+        for (value, word) in [("\"30\"", "not a duration"), ("\"10s\"", "at least 1m")] {
+            std::fs::write(&path, format!("[events]\nretention = {value}\n")).unwrap();
+            let err = Settings::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(word), "{value}: {err}");
+        }
     }
 
     #[test]

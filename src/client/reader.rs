@@ -146,6 +146,8 @@ fn reply_of(entry: StreamId) -> ReplyMsg {
             .into_iter()
             .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
             .collect(),
+        // The client adds the lease when it hands the reply to its caller.
+        lease: None,
     }
 }
 

@@ -9,13 +9,18 @@
 //! bounded (`client.max_in_flight`): past it, callers wait for a slot. The
 //! CLI's `acquire`, `release` and `heartbeat` use it, and so do the tests
 //! and the benchmark.
+//!
+//! Every acquire carries a lease, a random secret the seat is bound to
+//! (docs/protocol.md, "Leases"): the client makes one per session (or takes
+//! the caller's, [`Call::with_lease`]), remembers it per license and session
+//! for all its clones, and sends it with that session's heartbeats, releases
+//! and re-sent acquires, so that no other caller can keep alive or free the
+//! seat.
 
-use std::collections::hash_map::RandomState;
-use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -27,7 +32,7 @@ use super::waiters::{Waiters, Waiting};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::shard_name;
-use crate::engine::protocol::Op;
+use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
 
@@ -44,6 +49,9 @@ pub struct Call {
     pub meta: Option<String>,
     /// How long to wait in the queue (acquire), ms.
     pub wait_ms: u64,
+    /// The lease to send; `None` = the one the client holds for this
+    /// session, or (acquire) a new random one.
+    pub lease: Option<Lease>,
 }
 
 impl Call {
@@ -55,6 +63,7 @@ impl Call {
             session: session.into(),
             meta: None,
             wait_ms: 0,
+            lease: None,
         }
     }
 
@@ -70,8 +79,17 @@ impl Call {
         self
     }
 
+    /// The same request carrying `lease`: an acquire binds the seat to it
+    /// (re-using one, say after a restart), a heartbeat or release proves
+    /// the seat is the caller's. The client remembers it for the session.
+    pub fn with_lease(mut self, lease: Lease) -> Call {
+        self.lease = Some(lease);
+        self
+    }
+
     /// The request's own fields as they go on the wire, in order; the
-    /// client adds `id` and `reply_to`. A new request field goes here only.
+    /// client adds `id` and `reply_to` (and fills in the lease). A new
+    /// request field goes here only.
     pub fn fields(&self) -> Vec<(&'static str, String)> {
         let mut fields = vec![
             ("op", self.op.as_str().to_owned()),
@@ -84,19 +102,48 @@ impl Call {
         if self.wait_ms > 0 {
             fields.push(("wait_ms", self.wait_ms.to_string()));
         }
+        if let Some(lease) = &self.lease {
+            fields.push(("lease", lease.as_str().to_owned()));
+        }
         fields
     }
 }
 
-/// A reply as received: every field, plus typed accessors for the common ones.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
+/// A reply as received: every field, plus typed accessors for the common
+/// ones, and the lease the client sent the request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyMsg {
     /// The reply entry's fields.
     pub fields: BTreeMap<String, String>,
+    /// The lease this client sent with the request (the reply never carries
+    /// it): what the session's heartbeats and release must send.
+    pub lease: Option<Lease>,
+}
+
+/// The reply's fields, and `lease` when the request carried one: the CLI's
+/// `--json` output, so a script can pick up the lease it must send later.
+impl Serialize for ReplyMsg {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (k, v) in &self.fields {
+            if k != "lease" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        if let Some(lease) = &self.lease {
+            map.serialize_entry("lease", lease.as_str())?;
+        }
+        map.end()
+    }
 }
 
 impl ReplyMsg {
+    /// The lease the request was sent with, if any.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
     /// A field's value, or "" when absent.
     pub fn get(&self, field: &str) -> &str {
         self.fields.get(field).map(String::as_str).unwrap_or("")
@@ -159,6 +206,10 @@ struct Inner {
     max_in_flight: usize,
     /// The reader's counters.
     counters: Arc<ReaderCounters>,
+    /// The lease each (license, session) this client acquired is bound to,
+    /// sent again with its heartbeats, releases and re-sent acquires by
+    /// any clone; forgotten once the seat or place is given back.
+    leases: Mutex<HashMap<(String, String), Lease>>,
     /// The reader task, for [`Client::close`] to wait on.
     reader: Mutex<Option<JoinHandle<Result<(), Error>>>>,
     /// Stops the reader when the last clone is dropped. (The reader holds
@@ -188,8 +239,9 @@ pub struct Stats {
 pub struct Pending {
     /// The registered waiter.
     waiting: Waiting,
-    /// Keeps the client, and so its reply reader, alive while waiting.
-    _client: Client,
+    /// Its client: kept alive (and its reply reader with it) while waiting,
+    /// and asked for the lease each reply was sent with.
+    client: Client,
 }
 
 impl Pending {
@@ -202,7 +254,7 @@ impl Pending {
     /// registered: its reply may still be waited for.
     pub async fn reply(&mut self, timeout: Duration) -> Result<ReplyMsg, Error> {
         match tokio::time::timeout(timeout, self.waiting.next()).await {
-            Ok(Some(reply)) => Ok(reply),
+            Ok(Some(reply)) => Ok(self.client.with_lease(reply)),
             Ok(None) => Err(stopped()),
             Err(_) => Err(Error::ReplyTimeout(timeout)),
         }
@@ -250,7 +302,10 @@ impl Client {
     pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
         let con = Db::connect(&settings.redis).await?;
         let reading = Db::connect_blocking(&settings.redis, READ_BLOCK).await?;
-        let id_prefix = unique_prefix();
+        // A random id makes the reply stream's name and the request ids
+        // unguessable: another caller (who may not list keys) cannot aim a
+        // request's reply at this stream, nor pass one off as an answer here.
+        let id_prefix = uuid::Uuid::new_v4().simple().to_string();
         let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
         let waiters = Waiters::new(Duration::from_millis(settings.replies.ttl_ms));
         let counters = Arc::new(ReaderCounters::default());
@@ -275,10 +330,19 @@ impl Client {
                 slots: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
                 counters,
+                leases: Mutex::new(HashMap::new()),
                 reader: Mutex::new(Some(reader)),
                 _stop: stop.drop_guard(),
             }),
         })
+    }
+
+    /// The lease this client holds for `session` of `license`: the one its
+    /// last acquire (or any call given one) carried.
+    pub fn lease(&self, license: &str, session: &str) -> Option<Lease> {
+        self.leases()
+            .get(&(license.to_owned(), session.to_owned()))
+            .cloned()
     }
 
     /// This client's reply stream key.
@@ -294,7 +358,7 @@ impl Client {
         tokio::time::timeout(timeout, async {
             let mut pending = self.request(call).await?;
             match pending.waiting.next().await {
-                Some(reply) => Ok(reply),
+                Some(reply) => Ok(self.with_lease(reply)),
                 None => Err(stopped()),
             }
         })
@@ -322,7 +386,7 @@ impl Client {
         self.xadd(&id, call).await?;
         Ok(Pending {
             waiting,
-            _client: self.clone(),
+            client: self.clone(),
         })
     }
 
@@ -346,7 +410,7 @@ impl Client {
             .register(id, None, true)
             .ok_or_else(|| Error::Client(format!("request {id} is already being waited for")))?;
         match tokio::time::timeout(timeout, waiting.next()).await {
-            Ok(Some(reply)) => Ok(reply),
+            Ok(Some(reply)) => Ok(self.with_lease(reply)),
             Ok(None) => Err(stopped()),
             Err(_) => Err(Error::ReplyTimeout(timeout)),
         }
@@ -389,8 +453,47 @@ impl Client {
         )
     }
 
-    /// XADDs `call` as request `id` to its license's shard.
+    fn leases(&self) -> MutexGuard<'_, HashMap<(String, String), Lease>> {
+        // Every use is one map operation: a poisoned lock is used as is.
+        self.inner
+            .leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lease `call` goes with: its own, else the one held for its
+    /// session, else (acquire) a new one; remembered for the session.
+    fn lease_for(&self, call: &Call) -> Option<Lease> {
+        let key = (call.license.clone(), call.session.clone());
+        let mut leases = self.leases();
+        let lease = call
+            .lease
+            .clone()
+            .or_else(|| leases.get(&key).cloned())
+            .or_else(|| (call.op == Op::Acquire).then(new_lease).flatten())?;
+        leases.insert(key, lease.clone());
+        Some(lease)
+    }
+
+    /// `reply` with the lease its session's request was sent with; a lease
+    /// whose seat or place is now given back is forgotten.
+    fn with_lease(&self, mut reply: ReplyMsg) -> ReplyMsg {
+        let key = (reply.get("license").to_owned(), reply.get("session").to_owned());
+        let mut leases = self.leases();
+        reply.lease = match reply.status() {
+            // Given back, or never held: nothing left to bind.
+            Status::Released | Status::LeftQueue | Status::SessionNotFound => leases.remove(&key),
+            _ => leases.get(&key).cloned(),
+        };
+        reply
+    }
+
+    /// XADDs `call` as request `id` to its license's shard, with its lease.
     async fn xadd(&self, id: &str, call: &Call) -> Result<(), Error> {
+        let call = Call {
+            lease: self.lease_for(call),
+            ..call.clone()
+        };
         let mut xadd = redis::cmd("XADD");
         xadd.arg(shard_name(&self.inner.requests, self.inner.shards, &call.license))
             .arg("*")
@@ -420,29 +523,11 @@ impl Client {
     }
 }
 
-static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
-
-/// A prefix for one client's reply stream and request ids, unique per client.
-///
-/// A random part makes them unguessable: another caller (who may not list
-/// keys) cannot aim a request's reply at this stream, nor pass one off as an
-/// answer here. std's RandomState is keyed from the operating system's
-/// randomness.
-fn unique_prefix() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let random = {
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u128(nanos);
-        hasher.finish()
-    };
-    format!(
-        "{nanos:x}-{}-{}-{random:016x}",
-        std::process::id(),
-        NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
-    )
+/// A new random lease: a UUID v4 in its 32-hex-digit form, 122 random bits
+/// from the operating system's generator.
+/// (32 hex digits always form a lease; `None` cannot happen.)
+fn new_lease() -> Option<Lease> {
+    Lease::parse(&uuid::Uuid::new_v4().simple().to_string())
 }
 
 #[cfg(test)]
@@ -460,17 +545,38 @@ mod tests {
                 ("session", "s1".to_owned())
             ]
         );
-        let full = Call::new(Op::Acquire, "lic", "s1").with_meta("{}").with_wait(500);
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let full = Call::new(Op::Acquire, "lic", "s1")
+            .with_meta("{}")
+            .with_wait(500)
+            .with_lease(lease);
         let names: Vec<&str> = full.fields().iter().map(|(k, _)| *k).collect();
-        assert_eq!(names, ["op", "license", "session", "meta", "wait_ms"]);
-        assert_eq!(full.fields()[4].1, "500");
+        assert_eq!(names, ["op", "license", "session", "meta", "wait_ms", "lease"]);
+        assert_eq!(
+            (full.fields()[4].1.as_str(), full.fields()[5].1.as_str()),
+            ("500", "abcdefghijklmnop")
+        );
     }
 
     #[test]
-    fn prefixes_differ_per_client() {
-        let (a, b) = (unique_prefix(), unique_prefix());
+    fn new_leases_are_valid_and_differ() {
+        let a = new_lease().unwrap();
+        let b = new_lease().unwrap();
         assert_ne!(a, b);
-        // With a sequence number appended, ids stay within the protocol's limit.
-        assert!(format!("{a}-{}", u64::MAX).len() <= crate::engine::protocol::MAX_REQUEST_ID_LEN);
+        assert_eq!(a.as_str().len(), 32);
+        assert_eq!(format!("{a:?}"), "Lease(<redacted>)");
+    }
+
+    #[test]
+    fn a_reply_serialises_with_the_lease_it_was_sent_with() {
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let reply = ReplyMsg {
+            fields: BTreeMap::from([("status".to_owned(), "ACQUIRED".to_owned())]),
+            lease: Some(lease),
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"status":"ACQUIRED","lease":"abcdefghijklmnop"}"#
+        );
     }
 }

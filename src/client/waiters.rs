@@ -242,7 +242,7 @@ mod tests {
         let mut fields = BTreeMap::new();
         fields.insert("id".to_owned(), id.to_owned());
         fields.insert("status".to_owned(), status.to_owned());
-        ReplyMsg { fields }
+        ReplyMsg { fields, lease: None }
     }
 
     #[tokio::test]

@@ -176,7 +176,7 @@ mod tests {
                 ("session".to_owned(), b"s1".to_vec()),
                 ("reply_to".to_owned(), key.into_bytes()),
             ],
-            "seat:reply:",
+            &crate::engine::protocol::Rules::new("seat:reply:"),
         );
         assert_eq!(
             refused.err().map(|i| i.field),

@@ -41,6 +41,14 @@ pub enum Status {
     LicenseInactive,
     /// The license record's `expires_at_ms` has passed.
     LicenseExpired,
+    /// The license record breaks the provisioning rules (a field that is not
+    /// a whole number in range, an `active` other than 0 or 1): no seat is
+    /// handed out from it until it is fixed; the `error` field names the
+    /// field and its value.
+    LicenseInvalid,
+    /// The session's seat (or its place in the queue) is bound to a lease
+    /// and the request carried another one, or none: nothing changed.
+    LeaseMismatch,
     /// No seat was free; the session waits in the license's queue (`position`).
     Queued,
     /// A queued session now holds a seat (sent later, with the original request id).
@@ -86,6 +94,8 @@ impl Status {
             | Status::LicenseNotFound
             | Status::LicenseInactive
             | Status::LicenseExpired
+            | Status::LicenseInvalid
+            | Status::LeaseMismatch
             | Status::Queued
             | Status::QueueTimeout
             | Status::RateLimited
@@ -98,6 +108,39 @@ impl Status {
     /// followed by another (GRANTED or QUEUE_TIMEOUT, with the same id).
     pub fn is_final(self) -> bool {
         self != Status::Queued
+    }
+
+    /// Whether the status refuses someone a seat: what usage reports and the
+    /// `seatgate_denials_total` metric count, and what `denied` events (and
+    /// `queue_timeout`, for a wait that ran out) record. Not a refusal of a
+    /// seat: a release or heartbeat of a session that holds none (it has
+    /// nothing to refuse), and invalid requests and errors (nothing was
+    /// decided). `const`, so the metric's reason list is derived from it.
+    pub const fn is_denial(self) -> bool {
+        // No wildcard: a new status must say whether it denies a seat.
+        match self {
+            Status::NoSeatsAvailable
+            | Status::QueueTimeout
+            | Status::LicenseNotFound
+            | Status::LicenseInactive
+            | Status::LicenseExpired
+            | Status::LicenseInvalid
+            | Status::RateLimited => true,
+            // A lease mismatch refuses the request, not a seat: the seat
+            // asked about is held (or awaited) under another lease.
+            Status::LeaseMismatch
+            | Status::Acquired
+            | Status::AlreadyActive
+            | Status::Released
+            | Status::SessionNotFound
+            | Status::HeartbeatUpdated
+            | Status::SessionNotActive
+            | Status::Queued
+            | Status::Granted
+            | Status::LeftQueue
+            | Status::InvalidRequest
+            | Status::Error => false,
+        }
     }
 
     /// The reply's `error` text for a refusal whose script gives none; `None`
@@ -114,6 +157,9 @@ impl Status {
             Status::LicenseNotFound => Some("no such license"),
             Status::LicenseInactive => Some("the license is deactivated"),
             Status::LicenseExpired => Some("the license has expired"),
+            Status::LeaseMismatch => Some(
+                "the session's seat or place in the queue is bound to another lease; send the lease it was acquired with",
+            ),
             Status::RateLimited => {
                 Some("too many requests from this session or license; slow down and retry")
             }
@@ -125,8 +171,9 @@ impl Status {
             | Status::LeftQueue
             | Status::Queued => None,
             // Their reason is written where they are produced: the wait's
-            // length, the parser's complaint, the dead letter's cause.
-            Status::QueueTimeout | Status::InvalidRequest | Status::Error => None,
+            // length, the parser's complaint, the dead letter's cause, the
+            // license field that breaks the rules.
+            Status::QueueTimeout | Status::InvalidRequest | Status::Error | Status::LicenseInvalid => None,
         }
     }
 }
@@ -167,6 +214,8 @@ mod tests {
             Status::LicenseNotFound => ("LICENSE_NOT_FOUND", false),
             Status::LicenseInactive => ("LICENSE_INACTIVE", false),
             Status::LicenseExpired => ("LICENSE_EXPIRED", false),
+            Status::LicenseInvalid => ("LICENSE_INVALID", false),
+            Status::LeaseMismatch => ("LEASE_MISMATCH", false),
             Status::Queued => ("QUEUED", false),
             Status::Granted => ("GRANTED", true),
             Status::QueueTimeout => ("QUEUE_TIMEOUT", false),
@@ -219,6 +268,32 @@ mod tests {
             }
         }
         assert_eq!(Status::LicenseNotFound.refusal_reason(), Some("no such license"));
+    }
+
+    #[test]
+    fn denials_are_refusals() {
+        for &status in Status::ALL {
+            if status.is_denial() {
+                assert!(!status.is_ok(), "{status}");
+            }
+        }
+        let denials: Vec<_> = Status::ALL
+            .iter()
+            .filter(|s| s.is_denial())
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(
+            denials,
+            [
+                "NO_SEATS_AVAILABLE",
+                "LICENSE_NOT_FOUND",
+                "LICENSE_INACTIVE",
+                "LICENSE_EXPIRED",
+                "LICENSE_INVALID",
+                "QUEUE_TIMEOUT",
+                "RATE_LIMITED"
+            ]
+        );
     }
 
     #[test]

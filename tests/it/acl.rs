@@ -251,13 +251,41 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
             "{kind} not in {seen}"
         );
     }
+    // The dashboard user reads usage reports too (XRANGE, XREVRANGE, TIME).
+    let report = redis
+        .seatgate(DASHBOARD, &["report", "--license", "cad", "--format", "csv"])
+        .await;
+    assert!(stdout(&report).contains("cad,peak_seats,,1"), "{report:?}");
 
+    let lease = crate::support::printed_lease(&stdout(&bob));
     let hb = redis
-        .seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"])
+        .seatgate(
+            CLIENT,
+            &[
+                "heartbeat",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--lease",
+                &lease,
+            ],
+        )
         .await;
     assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
     let rel = redis
-        .seatgate(CLIENT, &["release", "--license", "cad", "--session", "bob"])
+        .seatgate(
+            CLIENT,
+            &[
+                "release",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--lease",
+                &lease,
+            ],
+        )
         .await;
     assert!(stdout(&rel).starts_with("RELEASED"), "{rel:?}");
 

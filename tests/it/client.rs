@@ -341,7 +341,8 @@ async fn the_last_clone_stops_the_reader_and_deletes_the_reply_stream() {
     first.call(&acquire("lic", "a", 0), T).await.unwrap();
     assert!(exists(reply_to.clone()).await);
 
-    // A clone keeps the stream and the reader.
+    // A clone keeps the stream and the reader, and knows the lease the seat
+    // was acquired with (a release without it would be LEASE_MISMATCH).
     let second = first.clone();
     drop(first);
     let r = second.call(&Call::new(Op::Release, "lic", "a"), T).await.unwrap();

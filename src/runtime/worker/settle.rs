@@ -15,7 +15,7 @@ use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::metrics;
-use crate::runtime::publish::{Event, EventType};
+use crate::runtime::publish::Event;
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -274,7 +274,11 @@ impl Decider {
             .arg("dead_reason")
             .arg(reason);
         for (k, v) in entry.fields.iter().flatten() {
-            xadd.arg(k.as_str()).arg(v.as_slice());
+            // A copy of the request, but never of its lease: a secret that
+            // whoever reads dead letters could replay. Re-submitting a dead
+            // letter needs its owner's lease again.
+            let v = if k == "lease" { REDACTED } else { v.as_slice() };
+            xadd.arg(k.as_str()).arg(v);
         }
         if let Err(e) = xadd.query_async::<Value>(&mut con).await {
             metrics::redis_error("dead_letter");
@@ -284,7 +288,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
-            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.replies.prefix) {
+            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.parse_rules()) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let reply = reply_for(&req, &failed, Some(answer.to_owned()));
@@ -349,24 +353,29 @@ impl Item {
         }
     }
 
-    /// The event this request's own decision emits: only a decision that
-    /// changed something, and only the first time it is made.
+    /// The event this request's own decision emits (a change, or a denial):
+    /// only the first time it is made, with or without a `reply_to`.
     fn event(&self) -> Option<Event<'_>> {
         let (Some(Ok(req)), Some(Ok(outcome))) = (&self.request, &self.outcome) else {
             return None;
         };
-        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed)?;
-        Some(Event {
-            kind,
-            license: &req.license,
-            session: &req.session,
-            seats_used: outcome.seats_used,
-            seats_total: outcome.seats_total,
-            at_ms: outcome.now_ms,
-            reason: None,
-        })
+        if !outcome.changed || outcome.replayed {
+            return None;
+        }
+        Event::of_decision(
+            outcome.status,
+            &req.license,
+            &req.session,
+            &req.meta,
+            outcome.seats_used,
+            outcome.seats_total,
+            outcome.now_ms,
+        )
     }
 }
+
+/// What a dead letter carries in place of the request's `lease`.
+const REDACTED: &[u8] = b"redacted";
 
 /// Builds the reply for a decided request.
 fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
@@ -384,6 +393,8 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
+            } else if let Some(invalid) = &outcome.invalid {
+                Some(invalid.to_string())
             } else {
                 outcome.status.refusal_reason().map(str::to_owned)
             }

@@ -61,6 +61,10 @@ async fn soak_run(
     let mut s = settings.clone();
     s.limits = limits;
     s.reaper.schedule = "*/2 * * * * *".into();
+    // Events are kept by age: with the default 30 days they would grow all
+    // through the soak. Five minutes, like the reply streams, lets the run
+    // show the steady state of trimming by age.
+    s.events.retention = Duration::from_secs(300);
     let fleet = Fleet::start(&s, 2).await?;
     let reaper = Reaper::new(con.clone(), &s);
     let mut scheduler =
@@ -79,13 +83,7 @@ async fn soak_run(
                 let license = format!("soak-{}", (u + cycle as usize) % 20);
                 let session = format!("u{u}-s{cycle}");
                 let client = Client::connect_with(&settings).await?;
-                let mut call = Call {
-                    op: Op::Acquire,
-                    license,
-                    session,
-                    meta: Some(META.into()),
-                    wait_ms: 0,
-                };
+                let mut call = Call::new(Op::Acquire, license, session).with_meta(META);
                 let got = client.call(&call, Duration::from_secs(10)).await?;
                 ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let abandon = cycle % 10 == 9;
