@@ -129,7 +129,7 @@ async fn assert_counts_match_holders(s: &Settings, license: &str) {
 
 /// The reply to `request` sent by client `c` (which remembers the lease of
 /// each seat it acquired, for the heartbeats and releases it sends later).
-async fn call(c: &mut Client, request: Call) -> ReplyMsg {
+async fn call(c: &Client, request: Call) -> ReplyMsg {
     c.call(&request, T).await.unwrap()
 }
 
@@ -146,13 +146,13 @@ async fn max_per_user_alone_with_and_without_wait() {
     };
     provision_policy(&s, "cad", 5, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
 
     for session in ["a1", "a2"] {
-        let r = call(&mut c, acquire_as("cad", session, "ada", "", 0)).await;
+        let r = call(&c, acquire_as("cad", session, "ada", "", 0)).await;
         assert_eq!(r.status(), Status::Acquired, "{session}");
     }
-    let r = call(&mut c, acquire_as("cad", "a3", "ada", "", 0)).await;
+    let r = call(&c, acquire_as("cad", "a3", "ada", "", 0)).await;
     assert_eq!((r.status(), r.get("ok")), (Status::LimitReached, "0"));
     assert!(
         r.get("error").contains("user ada") && r.get("error").contains("max_per_user"),
@@ -161,17 +161,17 @@ async fn max_per_user_alone_with_and_without_wait() {
     assert_eq!(r.int("seats_used"), 2);
     // Another user, and a request without a user, are not held back.
     assert_eq!(
-        call(&mut c, acquire_as("cad", "b1", "bob", "", 0)).await.status(),
+        call(&c, acquire_as("cad", "b1", "bob", "", 0)).await.status(),
         Status::Acquired
     );
     assert_eq!(
-        call(&mut c, acquire("cad", "anon", 0)).await.status(),
+        call(&c, acquire("cad", "anon", 0)).await.status(),
         Status::Acquired
     );
 
     // With wait_ms the third queues although a seat is free, and is granted
     // once ada is under her limit.
-    let mut waiter = client(&s).await;
+    let waiter = client(&s).await;
     let id = waiter
         .send(&acquire_as("cad", "a3", "ada", "", 30_000))
         .await
@@ -179,10 +179,7 @@ async fn max_per_user_alone_with_and_without_wait() {
     let first = waiter.wait_for(&id, T).await.unwrap();
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
     assert_eq!(holders(&s, "cad").await.len(), 4, "the free seat stays free");
-    assert_eq!(
-        call(&mut c, release("cad", "a1")).await.status(),
-        Status::Released
-    );
+    assert_eq!(call(&c, release("cad", "a1")).await.status(), Status::Released);
     let granted = waiter.wait_for(&id, T).await.unwrap();
     assert_eq!(
         (granted.status(), granted.get("session")),
@@ -203,34 +200,28 @@ async fn group_max_alone_with_and_without_wait() {
     };
     provision_policy(&s, "cad", 4, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
 
     assert_eq!(
-        call(&mut c, acquire_as("cad", "e1", "ada", "eng", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(),
         Status::Acquired
     );
     assert_eq!(
-        call(&mut c, acquire_as("cad", "e2", "bob", "eng", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(),
         Status::Acquired
     );
-    let r = call(&mut c, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
+    let r = call(&c, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
     assert_eq!(r.status(), Status::LimitReached);
     assert!(
         r.get("error").contains("group eng") && r.get("error").contains("group_max:eng"),
         "{r:?}"
     );
     assert_eq!(
-        call(&mut c, acquire_as("cad", "o1", "dan", "ops", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "o1", "dan", "ops", 0)).await.status(),
         Status::Acquired
     );
 
-    let mut waiter = client(&s).await;
+    let waiter = client(&s).await;
     let id = waiter
         .send(&acquire_as("cad", "e3", "cyd", "eng", 30_000))
         .await
@@ -238,15 +229,10 @@ async fn group_max_alone_with_and_without_wait() {
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
     // A free seat the group may not take goes to someone else outside it.
     assert_eq!(
-        call(&mut c, acquire_as("cad", "o2", "eve", "ops", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "o2", "eve", "ops", 0)).await.status(),
         Status::Acquired
     );
-    assert_eq!(
-        call(&mut c, release("cad", "e1")).await.status(),
-        Status::Released
-    );
+    assert_eq!(call(&c, release("cad", "e1")).await.status(), Status::Released);
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&s, "cad").await, ["e2", "e3", "o1", "o2"]);
     assert_counts_match_holders(&s, "cad").await;
@@ -263,66 +249,45 @@ async fn a_reservation_alone_and_with_a_queue() {
     };
     provision_policy(&s, "cad", 3, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
 
     assert_eq!(
-        call(&mut c, acquire_as("cad", "x1", "xi", "ops", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "x1", "xi", "ops", 0)).await.status(),
         Status::Acquired
     );
-    assert_eq!(
-        call(&mut c, acquire("cad", "x2", 0)).await.status(),
-        Status::Acquired
-    );
+    assert_eq!(call(&c, acquire("cad", "x2", 0)).await.status(), Status::Acquired);
     // One seat is free, but it is eng's.
-    let r = call(&mut c, acquire_as("cad", "x3", "xu", "ops", 0)).await;
+    let r = call(&c, acquire_as("cad", "x3", "xu", "ops", 0)).await;
     assert_eq!(r.status(), Status::NoSeatsAvailable);
     assert!(r.get("error").contains("reserved"), "{r:?}");
     assert_eq!(r.int("seats_used"), 2);
 
     // Queued behind the reservation: x3 waits, and an eng acquire that
     // arrives later takes the reserved seat past it (x3 could not have).
-    let mut waiter = client(&s).await;
+    let waiter = client(&s).await;
     let id = waiter
         .send(&acquire_as("cad", "x3", "xu", "ops", 30_000))
         .await
         .unwrap();
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
     assert_eq!(
-        call(&mut c, acquire_as("cad", "e1", "ada", "eng", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(),
         Status::Acquired
     );
     // Once eng uses its reservation, a freed seat is anybody's: x3's.
-    assert_eq!(
-        call(&mut c, release("cad", "x1")).await.status(),
-        Status::Released
-    );
+    assert_eq!(call(&c, release("cad", "x1")).await.status(), Status::Released);
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&s, "cad").await, ["e1", "x2", "x3"]);
 
     // A reservation used beyond its size leaves no seat reserved: eng's
     // second seat is an ordinary one, and others take what eng frees.
+    assert_eq!(call(&c, release("cad", "x2")).await.status(), Status::Released);
     assert_eq!(
-        call(&mut c, release("cad", "x2")).await.status(),
-        Status::Released
-    );
-    assert_eq!(
-        call(&mut c, acquire_as("cad", "e2", "bob", "eng", 0))
-            .await
-            .status(),
+        call(&c, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(),
         Status::Acquired
     );
-    assert_eq!(
-        call(&mut c, release("cad", "e2")).await.status(),
-        Status::Released
-    );
-    assert_eq!(
-        call(&mut c, acquire("cad", "x4", 0)).await.status(),
-        Status::Acquired
-    );
+    assert_eq!(call(&c, release("cad", "e2")).await.status(), Status::Released);
+    assert_eq!(call(&c, acquire("cad", "x4", 0)).await.status(), Status::Acquired);
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
 }
@@ -337,9 +302,9 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     };
     provision_policy(&s, "cad", 1, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     assert_eq!(
-        call(&mut c, acquire("cad", "holder", 0)).await.status(),
+        call(&c, acquire("cad", "holder", 0)).await.status(),
         Status::Acquired
     );
 
@@ -348,7 +313,7 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     let mut waiting = Vec::new();
     let mut positions = Vec::new();
     for (session, priority) in arrivals {
-        let mut c = client(&s).await;
+        let c = client(&s).await;
         let id = c
             .send(&acquire("cad", session, 30_000).with_policy(ask("", "", priority)))
             .await
@@ -385,7 +350,7 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     // One seat handed on five times: granted in queue order, each waiter
     // releasing it (with the lease its client holds) once granted.
     assert_eq!(
-        call(&mut c, release("cad", "holder")).await.status(),
+        call(&c, release("cad", "holder")).await.status(),
         Status::Released
     );
     waiting.sort_by_key(|(session, _, _)| {
@@ -427,44 +392,41 @@ async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it(
     };
     provision_policy(&s, "cad", 1, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
 
     assert_eq!(
-        call(&mut c, acquire_as("cad", "a", "ada", "", 0)).await.status(),
+        call(&c, acquire_as("cad", "a", "ada", "", 0)).await.status(),
         Status::Acquired
     );
-    let r = call(&mut c, release("cad", "a")).await;
+    let r = call(&c, release("cad", "a")).await;
     assert_eq!(
         (r.status(), r.get("linger_ms"), r.int("seats_used")),
         (Status::Released, "400", 1)
     );
     // Nobody else takes it; its own session takes it back at once.
     assert_eq!(
-        call(&mut c, acquire("cad", "b", 0)).await.status(),
+        call(&c, acquire("cad", "b", 0)).await.status(),
         Status::NoSeatsAvailable
     );
+    assert_eq!(call(&c, acquire("cad", "a", 0)).await.status(), Status::Acquired);
     assert_eq!(
-        call(&mut c, acquire("cad", "a", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(
-        call(&mut c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        call(&c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
         Status::HeartbeatUpdated
     );
-    let r = call(&mut c, release("cad", "a")).await;
+    let r = call(&c, release("cad", "a")).await;
     assert_eq!(r.get("linger_ms"), "400");
     // Released, it is the session's no more: no heartbeat, no second release.
     assert_eq!(
-        call(&mut c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
+        call(&c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
         Status::SessionNotActive
     );
     assert_eq!(
-        call(&mut c, release("cad", "a")).await.status(),
+        call(&c, release("cad", "a")).await.status(),
         Status::SessionNotFound
     );
 
     // A waiter gets it from the reaper once the linger ends, not before.
-    let mut waiter = client(&s).await;
+    let waiter = client(&s).await;
     let id = waiter.send(&acquire("cad", "b", 30_000)).await.unwrap();
     assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
     let status =
@@ -509,7 +471,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
         .await
         .unwrap();
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     let borrow = |license: &str, session: &str, ms: u64| {
         acquire(license, session, 0).with_policy(RequestPolicy {
             borrow_ms: ms,
@@ -518,29 +480,26 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     };
 
     // No borrowing without max_borrow_ms, nor longer than it.
-    let r = call(&mut c, borrow("plain", "p", 500)).await;
+    let r = call(&c, borrow("plain", "p", 500)).await;
     assert_eq!(r.status(), Status::LimitReached);
     assert!(r.get("error").contains("max_borrow_ms"), "{r:?}");
     assert_eq!(
-        call(&mut c, borrow("cad", "long", 701)).await.status(),
+        call(&c, borrow("cad", "long", 701)).await.status(),
         Status::LimitReached
     );
 
     let started = crate::support::redis_ms(&mut db(&s).await).await;
-    let r = call(&mut c, borrow("cad", "laptop", 700)).await;
+    let r = call(&c, borrow("cad", "laptop", 700)).await;
     assert_eq!(r.status(), Status::Acquired);
     let until = r.int("borrowed_until_ms");
     assert!(
         (started + 700..started + 800).contains(&until),
         "{until} vs {started}"
     );
-    let r2 = call(&mut c, borrow("cad", "early", 600)).await;
+    let r2 = call(&c, borrow("cad", "early", 600)).await;
     assert_eq!(r2.status(), Status::Acquired);
     // An early release returns it at once.
-    assert_eq!(
-        call(&mut c, release("cad", "early")).await.status(),
-        Status::Released
-    );
+    assert_eq!(call(&c, release("cad", "early")).await.status(), Status::Released);
 
     // Past the heartbeat timeout without a heartbeat: still held.
     let reap = reaper(&s).await;
@@ -558,9 +517,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     );
     // A heartbeat does not shorten the borrow.
     assert_eq!(
-        call(&mut c, Call::new(Op::Heartbeat, "cad", "laptop"))
-            .await
-            .status(),
+        call(&c, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
         Status::HeartbeatUpdated
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -576,9 +533,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     let acquired = of_type(&ev, "acquired");
     assert_eq!(acquired[0]["borrowed_until_ms"], until.to_string());
     assert_eq!(
-        call(&mut c, Call::new(Op::Heartbeat, "cad", "laptop"))
-            .await
-            .status(),
+        call(&c, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
         Status::SessionNotActive
     );
     assert_counts_match_holders(&s, "cad").await;
@@ -600,19 +555,16 @@ async fn a_per_user_limit_with_a_queue_skips_fairly() {
     };
     provision_policy(&s, "cad", 2, &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     assert_eq!(
-        call(&mut c, acquire_as("cad", "a1", "ada", "", 0)).await.status(),
+        call(&c, acquire_as("cad", "a1", "ada", "", 0)).await.status(),
         Status::Acquired
     );
-    assert_eq!(
-        call(&mut c, acquire("cad", "x1", 0)).await.status(),
-        Status::Acquired
-    );
+    assert_eq!(call(&c, acquire("cad", "x1", 0)).await.status(), Status::Acquired);
 
     let mut waiting = HashMap::new();
     for (session, user) in [("a2", "ada"), ("b1", "bob"), ("a3", "ada"), ("c1", "cyd")] {
-        let mut c = client(&s).await;
+        let c = client(&s).await;
         let id = c
             .send(&acquire_as("cad", session, user, "", 30_000))
             .await
@@ -639,13 +591,13 @@ async fn a_per_user_limit_with_a_queue_skips_fairly() {
         );
     }
     // A freed seat skips a2 (ada holds her one seat) and goes to b1.
-    call(&mut c, release("cad", "x1")).await;
+    call(&c, release("cad", "x1")).await;
     granted(&mut waiting, "b1").await;
     // Then past a2 and a3 to c1.
     give_back(&mut waiting, "b1").await;
     granted(&mut waiting, "c1").await;
     // ada's own release lets her first waiter in: a2 before a3.
-    call(&mut c, release("cad", "a1")).await;
+    call(&c, release("cad", "a1")).await;
     granted(&mut waiting, "a2").await;
     give_back(&mut waiting, "c1").await;
     // a3 still waits: ada holds a2; the free seat stays free.
@@ -839,7 +791,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
         let s = s.clone();
         let (user, group) = users[i % users.len()];
         tasks.push(tokio::spawn(async move {
-            let mut c = client(&s).await;
+            let c = client(&s).await;
             let session = format!("s{i}");
             let wait = if i % 3 == 0 { 0 } else { 2_000 };
             let id = c
@@ -932,30 +884,30 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
         provision_policy(&s, l, 3, &policy).await;
     }
     let w = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     for l in by_master.values() {
         let l = l.as_str();
         assert_eq!(
-            call(&mut c, acquire_as(l, "a1", "ada", "", 0)).await.status(),
+            call(&c, acquire_as(l, "a1", "ada", "", 0)).await.status(),
             Status::Acquired
         );
         assert_eq!(
-            call(&mut c, acquire_as(l, "a2", "ada", "", 0)).await.status(),
+            call(&c, acquire_as(l, "a2", "ada", "", 0)).await.status(),
             Status::LimitReached
         );
         let borrowed = acquire(l, "b1", 0).with_policy(RequestPolicy {
             borrow_ms: 30_000,
             ..ask("bob", "", 0)
         });
-        let r = call(&mut c, borrowed).await;
+        let r = call(&c, borrowed).await;
         assert_eq!(r.status(), Status::Acquired);
         assert!(r.int("borrowed_until_ms") > 0);
         // The last seat is ops's.
         assert_eq!(
-            call(&mut c, acquire_as(l, "c1", "cyd", "", 0)).await.status(),
+            call(&c, acquire_as(l, "c1", "cyd", "", 0)).await.status(),
             Status::NoSeatsAvailable
         );
-        let mut waiter = client(&s).await;
+        let waiter = client(&s).await;
         let id = waiter
             .send(&acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9)))
             .await
@@ -963,11 +915,11 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
         let q = waiter.wait_for(&id, T).await.unwrap();
         assert_eq!((q.status(), q.get("priority")), (Status::Queued, "5"));
         assert_eq!(
-            call(&mut c, acquire_as(l, "o1", "olga", "ops", 0)).await.status(),
+            call(&c, acquire_as(l, "o1", "olga", "ops", 0)).await.status(),
             Status::Acquired
         );
         // ada's release lingers; the reaper then grants the seat to cyd.
-        assert_eq!(call(&mut c, release(l, "a1")).await.get("linger_ms"), "300");
+        assert_eq!(call(&c, release(l, "a1")).await.get("linger_ms"), "300");
         tokio::time::sleep(Duration::from_millis(350)).await;
         let report = reaper(&s).await.reap_license(l).await.unwrap();
         assert_eq!((report.ended, report.granted), (1, 1), "{l}");
