@@ -15,8 +15,9 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, license_keys, provision, provision_policy, reaper,
-    seats_with_timeout, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt, T,
+    acquire, client, db, direct, events, holders, license_keys, metric, output, provision, provision_policy,
+    reaper, seatgate_cmd, seats_with_timeout, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt,
+    WorkerProcess, T,
 };
 
 /// An acquire asked by `user` of `group` ("" = none), at `priority`.
@@ -66,6 +67,15 @@ struct Held {
 /// the seats held per user and group as the holders say, the counts the
 /// scripts keep, and the owner records of sessions neither holding nor waiting.
 async fn read_owners(s: &Settings, license: &str) -> (Held, Held, Vec<String>) {
+    read_owners_on(&mut db(s).await, s, license).await
+}
+
+/// [`read_owners`] on connection `con`.
+async fn read_owners_on(
+    con: &mut seatgate::db::Db,
+    s: &Settings,
+    license: &str,
+) -> (Held, Held, Vec<String>) {
     let k = license_keys(s, license);
     let (holders, waiting, owners): (Vec<String>, Vec<String>, HashMap<String, String>) = redis::pipe()
         .atomic()
@@ -79,7 +89,7 @@ async fn read_owners(s: &Settings, license: &str) -> (Held, Held, Vec<String>) {
         .arg(-1)
         .cmd("HGETALL")
         .arg(&k.owners)
-        .query_async(&mut db(s).await)
+        .query_async(con)
         .await
         .unwrap();
     let mut truth = Held {
@@ -541,6 +551,243 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
 }
 
 // ---------------------------------------------------------------------------
+// Provisioning, the rules, and what shows the policies.
+
+/// `seatgate license put` sets every policy field with its flag and
+/// removes them without; `license show`, `status` (text and JSON) and the
+/// metrics show the policies, the counts and the lingering and borrowed seats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn license_put_status_and_metrics_show_the_policies() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let url = redis.url();
+    let run = |args: &[&str]| output(seatgate_cmd(&url, args));
+    let put = run(&[
+        "license",
+        "put",
+        "cad",
+        "--seats",
+        "5",
+        "--max-per-user",
+        "2",
+        "--group-max",
+        "eng=3",
+        "--group-reserve",
+        "ops=1",
+        "--max-priority",
+        "5",
+        "--linger",
+        "10m",
+        "--max-borrow",
+        "7d",
+    ])
+    .await;
+    assert!(put.status.success(), "{put:?}");
+    let show = run(&["license", "show", "cad", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        json["policy"],
+        serde_json::json!({
+            "max_per_user": 2, "group_max": {"eng": 3}, "group_reserve": {"ops": 1},
+            "max_priority": 5, "linger_ms": 600_000, "max_borrow_ms": 604_800_000u64,
+        })
+    );
+    let text = String::from_utf8_lossy(&run(&["license", "show", "cad"]).await.stdout).into_owned();
+    assert!(
+        text.contains("policy: max_per_user 2, group eng max 3, group ops reserve 1, max_priority 5, linger 10m, max_borrow 7days"),
+        "{text}"
+    );
+    // A policy that does not fit is refused before anything is written.
+    let bad = run(&[
+        "license",
+        "put",
+        "cad",
+        "--seats",
+        "5",
+        "--group-reserve",
+        "ops=6",
+    ])
+    .await;
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("reservations add up to 6"),
+        "{bad:?}"
+    );
+
+    // ada holds two seats (one borrowed), bob's released seat lingers.
+    let mut con = db(&s).await;
+    let ada = |session: &str, borrow_ms| {
+        direct(&s, "cad", session).with_policy(RequestPolicy {
+            borrow_ms,
+            ..ask("ada", "eng", 0)
+        })
+    };
+    assert_eq!(ada("a1", 0).acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(
+        ada("a2", 3_600_000).acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let bob = direct(&s, "cad", "b1").with_policy(ask("bob", "", 0));
+    assert_eq!(bob.acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(bob.release(&mut con).await.linger_ms, Some(600_000));
+
+    let status = run(&["status", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let l = &json["licenses"][0];
+    assert_eq!(
+        (&l["seats_used"], &l["seats_lingering"], &l["seats_borrowed"]),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        )
+    );
+    assert_eq!(l["held_by_user"], serde_json::json!({"ada": 2, "bob": 1}));
+    assert_eq!(l["held_by_group"], serde_json::json!({"eng": 2}));
+    assert_eq!(l["policy"]["max_per_user"], 2);
+    let by_session = |name: &str| {
+        l["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["session"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        (
+            by_session("a1")["user_id"].as_str(),
+            by_session("a1")["group"].as_str()
+        ),
+        (Some("ada"), Some("eng"))
+    );
+    assert!(by_session("a2")["borrowed_until_ms"].is_i64());
+    assert!(by_session("b1")["lingering_until_ms"].is_i64());
+    let text = String::from_utf8_lossy(&run(&["status"]).await.stdout).into_owned();
+    for expected in [
+        "cad: 3 of 5 seats in use (1 lingering, 1 borrowed)",
+        "  policy: max_per_user 2",
+        "  held: user ada 2, user bob 1, group eng 2",
+        "lingers 9m5",
+        "borrowed 59m5",
+        "user=ada  group=eng",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+
+    // The reaper leader exports the lingering and borrowed seats.
+    let every_second = [("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned())];
+    let worker = WorkerProcess::start(&url, &every_second).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = worker.scrape().await;
+        let lingering = metric(&page, "seatgate_seats_lingering{license=\"cad\"}");
+        let borrowed = metric(&page, "seatgate_seats_borrowed{license=\"cad\"}");
+        if (lingering, borrowed) == (Some(1.0), Some(1.0)) {
+            assert_eq!(metric(&page, "seatgate_fleet_seats_lingering"), Some(1.0));
+            assert_eq!(metric(&page, "seatgate_fleet_seats_borrowed"), Some(1.0));
+            assert_eq!(metric(&page, "seatgate_seats_used{license=\"cad\"}"), Some(3.0));
+            assert_eq!(
+                metric(
+                    &page,
+                    "seatgate_policy_seats_freed_total{reason=\"linger_ended\"}"
+                ),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no policy gauges:\n{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // `license put` without policy flags removes every policy field.
+    assert!(run(&["license", "put", "cad", "--seats", "5"])
+        .await
+        .status
+        .success());
+    let record: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(license_keys(&s, "cad").license)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut fields: Vec<&str> = record.keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(fields, ["active", "expires_at_ms", "seats_total"]);
+}
+
+/// The policy fields keep the license rules, checked the same way by the
+/// scripts (lua/includes/license.lua and policy.lua) and by Rust
+/// (engine::license::StoredRecord), and only while `policy` is 1.
+#[tokio::test]
+async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
+    use seatgate::engine::license::StoredRecord;
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let mut con = db(&s).await;
+    let refused = [
+        ("max_per_user", "2.5"),
+        ("max_per_user", "-1"),
+        ("max_priority", "10"),
+        ("linger_ms", "10m"),
+        ("max_borrow_ms", "31536000001"),
+        ("group_max:cad", "x"),
+        ("group_reserve:cad", "1e3"),
+        ("group_max:{bad}", "1"),
+        ("policy", "yes"),
+    ];
+    let policy = LicensePolicy {
+        max_per_user: Some(3),
+        ..LicensePolicy::default()
+    };
+    for (i, (field, value)) in refused.into_iter().enumerate() {
+        let license = format!("rules-{i}");
+        provision_policy(&s, &license, 5, &policy).await;
+        let key = license_keys(&s, &license).license;
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(field)
+            .arg(value)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let record: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let rust = StoredRecord::from_map(&record).validate().expect_err(field);
+        let o = direct(&s, &license, "probe").acquire(&mut con).await;
+        assert_eq!(o.status, Status::LicenseInvalid, "{field} = {value:?}");
+        let lua = o.invalid.expect("the script names the field");
+        assert_eq!(lua, rust, "{field} = {value:?}");
+        assert_eq!(lua.name(), field);
+        assert!(holders(&s, &license).await.is_empty());
+        // With the flag off the scripts read no policy field, and neither does Rust.
+        if field != "policy" {
+            let _: () = redis::cmd("HSET")
+                .arg(&key)
+                .arg("policy")
+                .arg("0")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let record: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert_eq!(StoredRecord::from_map(&record).validate(), Ok(()), "{field}");
+            let o = direct(&s, &license, "probe").acquire(&mut con).await;
+            assert_eq!(
+                o.status,
+                Status::Acquired,
+                "{field} = {value:?} with the flag off"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Interactions.
 
 /// Fair skipping: waiters over their user's limit keep their place but do
@@ -730,8 +977,9 @@ fn watch_policy(
     tokio::spawn(async move {
         let (mut bad, mut samples) = (Vec::new(), 0);
         let policy = burst_policy();
+        let mut con = db(&s).await;
         while !stop.is_cancelled() {
-            let (held, _, _) = read_owners(&s, &license).await;
+            let (held, _, _) = read_owners_on(&mut con, &s, &license).await;
             samples += 1;
             if held.total > seats {
                 bad.push(format!("{} seats held of {seats}", held.total));
