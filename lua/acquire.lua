@@ -134,7 +134,9 @@ local function decide()
   local used, _, clear = grant_waiters(now, total, notes, 100, P)
   local why = nil
   if P and P.limits then
-    why = policy().seat_refusal(P, asker or {user = '', group = ''}, used, total)
+    local M, who = policy(), asker or {user = '', group = ''}
+    M.prefetch(P, who)
+    why = M.seat_refusal(P, who, used, total)
   elseif used >= total then
     why = 'full'
   end

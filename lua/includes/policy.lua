@@ -115,6 +115,33 @@ local function policy()
     return n
   end
 
+  -- Reads in one HMGET the counts seat_refusal may need for `who` that
+  -- this run has not read yet: its user's, its group's and every reserved
+  -- group's.
+  function M.prefetch(P, who)
+    local wanted = {}
+    local function want(field)
+      if P.counts[field] == nil then
+        wanted[#wanted + 1] = field
+      end
+    end
+    if P.max_per_user and who.user ~= '' then
+      want('u:' .. who.user)
+    end
+    if who.group ~= '' and P.group_max[who.group] then
+      want('g:' .. who.group)
+    end
+    for group in pairs(P.group_reserve) do
+      want('g:' .. group)
+    end
+    if #wanted > 0 then
+      local counts = rcall('HMGET', K.owners, unpack(wanted))
+      for i, field in ipairs(wanted) do
+        P.counts[field] = tonumber(counts[i]) or 0
+      end
+    end
+  end
+
   -- Seats reserved for groups other than `group` that they do not use.
   local function reserved_for_others(P, group)
     local n = 0
@@ -168,6 +195,7 @@ local function policy()
       fields[i] = 's:' .. session
     end
     local records = rcall('HMGET', K.owners, unpack(fields))
+    M.prefetch(P, NOBODY)
     local granted, skipped = 0, 0
     for i, session in ipairs(window) do
       if used >= total or granted >= max then
