@@ -1,7 +1,8 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..11] the license keys, the dedupe bucket and the rate windows (includes/keys.lua)
+  KEYS[1..13] the license keys, the dedupe bucket, the rate windows and the
+              revocation keys (includes/keys.lua)
   ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[8]  metadata, a JSON object (validated by the worker)
@@ -19,6 +20,9 @@
                         detail = 'queue_full' when the queue is full
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
+    SESSION_REVOKED     an administrator revoked the session with a cooldown
+                        that still lasts; detail = the revocation record
+                        (includes/revoked.lua)
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
@@ -33,6 +37,7 @@ local rcall = redis.call
 --- @include "outcome"
 --- @include "session_record"
 --- @include "queue"
+--- @include "revoked"
 --- @include "prologue"
 
 local session, meta = ARGV[7], ARGV[8]
@@ -59,6 +64,10 @@ local function decide()
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
     return outcome('QUEUED', rcall('ZCARD', K.holders), total, rank + 1, now, notes, 0)
+  end
+  local revoked = cooldown_of(session, now)
+  if revoked then
+    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, notes)
   end
   if refusal then
     return outcome(refusal, rcall('ZCARD', K.holders), total, 0, now, notes)

@@ -1,8 +1,8 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..11] the license keys, the dedupe bucket and the rate windows
-              (includes/keys.lua); the queue keys are not touched
+  KEYS[1..13] the license keys, the dedupe bucket, the rate windows and the
+              revocation keys (includes/keys.lua); the queue keys are not touched
   ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[7]  session id
 
@@ -11,6 +11,9 @@
                         detail = the heartbeat count
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted, or still queued): acquire again
+    SESSION_REVOKED     the session holds no seat because an administrator
+                        revoked it (remembered for a bounded time);
+                        detail = the revocation record (includes/revoked.lua)
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   Emits no events.
@@ -21,6 +24,7 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "session_record"
+--- @include "revoked"
 --- @include "prologue"
 
 local session = ARGV[7]
@@ -34,6 +38,10 @@ end
 local function decide()
   local total = seats_total()
   if not rcall('ZSCORE', K.holders, session) then
+    local revoked = revocation_of(session, now)
+    if revoked then
+      return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, {})
+    end
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
   rcall('ZADD', K.holders, 'XX', now, session)

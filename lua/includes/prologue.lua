@@ -1,6 +1,6 @@
 --[[
-  prologue: what acquire, release and heartbeat do before deciding. They
-  take KEYS[1..11] (keys.lua) and share their first six ARGV:
+  prologue: what acquire, release, heartbeat and revoke do before deciding.
+  They take KEYS[1..13] (keys.lua) and share their first six ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
     ARGV[2]  unix ms at which KEYS[9] may expire
     ARGV[3]  most requests per session per window (0 = no limit)
@@ -19,7 +19,7 @@
 
 -- A replayed outcome, or RATE_LIMITED, or nil to go on deciding. `limited`
 -- says whether this op is rate limited at all (release is not: giving a seat
--- back always works).
+-- back always works; nor is an administrator's revoke).
 local function prologue(now, limited)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then

@@ -27,10 +27,11 @@ pub(crate) use reply::decode_outcome;
 pub use reply::{Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 8] = [
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),
     ("heartbeat", include_str!("../../lua/heartbeat.lua")),
+    ("revoke", include_str!("../../lua/revoke.lua")),
     ("reap", include_str!("../../lua/reap.lua")),
     ("reply", include_str!("../../lua/reply.lua")),
     ("unlock", include_str!("../../lua/unlock.lua")),
@@ -54,6 +55,7 @@ pub struct Scripts {
     acquire: Script,
     release: Script,
     heartbeat: Script,
+    revoke: Script,
     reap: Script,
     reply: Script,
     unlock: Script,
@@ -67,6 +69,7 @@ impl Scripts {
             acquire: script("acquire")?,
             release: script("release")?,
             heartbeat: script("heartbeat")?,
+            revoke: script("revoke")?,
             reap: script("reap")?,
             reply: script("reply")?,
             unlock: script("unlock")?,
@@ -81,7 +84,8 @@ static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
 /// Redelivery dedupe and rate limiting for one request: `KEYS[9..11]` and
-/// `ARGV[1..6]` of the request scripts (lua/includes/prologue.lua).
+/// `ARGV[1..6]` of the request scripts (lua/includes/prologue.lua; revoke
+/// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
@@ -190,6 +194,23 @@ pub struct SessionArgs<'a> {
     pub session: &'a str,
 }
 
+/// `ARGV[7..12]` of lua/revoke.lua: an administrator's revoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RevokeArgs<'a> {
+    /// The session whose seat (or place in the queue) is taken away.
+    pub session: &'a str,
+    /// Why (validated by the caller), told to the session and published.
+    pub reason: &'a str,
+    /// Who revokes (validated by the caller), told and published likewise.
+    pub actor: &'a str,
+    /// How long the session's acquires are refused, ms (0 = not at all).
+    pub cooldown_ms: u64,
+    /// How long the revocation is remembered at least, ms (`revoke.remember_ms`).
+    pub remember_ms: u64,
+    /// Most revocations remembered per license (`revoke.max_per_license`).
+    pub max_remembered: u64,
+}
+
 /// `ARGV[1..4]` and `ARGV[5..]` of lua/reap.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReapArgs<'a> {
@@ -213,7 +234,7 @@ pub struct ScriptCall<'a, T> {
     decoder: fn(&'static str, Value) -> Result<T, Error>,
 }
 
-/// A call of acquire, release or heartbeat.
+/// A call of acquire, release, heartbeat or revoke.
 pub type SeatCall<'a> = ScriptCall<'a, Outcome>;
 
 /// A call of reap.
@@ -258,13 +279,15 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release and heartbeat share: `KEYS[1..11]` and `ARGV[1..6]`
-/// (lua/includes/prologue.lua).
+/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..13]`
+/// and `ARGV[1..6]` (lua/includes/prologue.lua).
 fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
     call.key(&guard.done_key) // KEYS[9]
         .key(&guard.session_rate_key) // KEYS[10]
         .key(&guard.license_rate_key) // KEYS[11]
+        .key(&keys.revoked) // KEYS[12]
+        .key(&keys.revocations) // KEYS[13]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
@@ -280,11 +303,12 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 7] {
+    fn all(&self) -> [&Script; 8] {
         [
             &self.acquire,
             &self.release,
             &self.heartbeat,
+            &self.revoke,
             &self.reap,
             &self.reply,
             &self.unlock,
@@ -340,6 +364,23 @@ impl Scripts {
         call.arg(args.session); // ARGV[7]
         ScriptCall {
             name: "heartbeat",
+            invocation: call,
+            decoder: reply::decode_outcome,
+        }
+    }
+
+    /// lua/revoke.lua: take the session's seat away (granting it to the next
+    /// waiter) or its place in the queue, and remember why.
+    pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
+        let mut call = request_call(&self.revoke, keys, guard);
+        call.arg(args.session) // ARGV[7]
+            .arg(args.reason) // ARGV[8]
+            .arg(args.actor) // ARGV[9]
+            .arg(args.cooldown_ms) // ARGV[10]
+            .arg(args.remember_ms) // ARGV[11]
+            .arg(args.max_remembered); // ARGV[12]
+        ScriptCall {
+            name: "revoke",
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -444,15 +485,20 @@ mod tests {
             assert!(!reap.contains(helper), "reap.lua carries {helper}");
         }
         assert!(reap.contains("local function promote"));
+        assert!(
+            !reap.contains("local function forget_revocation"),
+            "reap takes no revocation keys"
+        );
         let heartbeat = source("heartbeat").unwrap();
         assert!(
             !heartbeat.contains("local function promote"),
             "heartbeat touches no queue"
         );
         assert!(heartbeat.contains("local function count_heartbeat"));
-        for name in ["acquire", "release", "heartbeat"] {
+        for name in ["acquire", "release", "heartbeat", "revoke"] {
             let text = source(name).unwrap();
             assert!(text.contains("local function prologue"), "{name}");
+            assert!(text.contains("local function forget_revocation"), "{name}");
             assert_eq!(
                 text.matches("local function now_ms").count(),
                 1,

@@ -5,13 +5,15 @@
 
 use redis::Value;
 
+use crate::engine::revocation::Revocation;
 use crate::engine::status::Status;
 use crate::error::Error;
 
-/// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
+/// Follow-up work a script reports: a waiter to tell about its seat, its
+/// timeout, or its place revoked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
-    /// GRANTED or QUEUE_TIMEOUT.
+    /// GRANTED, QUEUE_TIMEOUT or SESSION_REVOKED.
     pub status: Status,
     /// The waiting session.
     pub session: String,
@@ -40,6 +42,9 @@ pub struct Outcome {
     pub position: Option<i64>,
     /// NO_SEATS_AVAILABLE because the queue is full.
     pub queue_full: bool,
+    /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
+    /// only; `None` too when the stored record is not of the scripts' form).
+    pub revocation: Option<Revocation>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -61,6 +66,7 @@ impl Outcome {
             heartbeats: None,
             position: None,
             queue_full: false,
+            revocation: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -199,13 +205,17 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         Value::Int(n) => Some(*n),
         _ => None,
     };
+    let revocation = match text(detail) {
+        Some(raw) if status == Status::SessionRevoked => Revocation::parse(&raw),
+        _ => None,
+    };
     let queue_full = match text(detail).as_deref() {
         Some("queue_full") => true,
-        _ if count.is_some() => false,
+        _ if count.is_some() || status == Status::SessionRevoked => false,
         _ => {
             return Err(bad(
                 script,
-                format!("detail is neither a number nor queue_full: {detail:?}"),
+                format!("detail is neither a number, queue_full nor a revocation: {detail:?}"),
             ))
         }
     };
@@ -216,6 +226,7 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
         position: count.filter(|_| status == Status::Queued),
         queue_full,
+        revocation,
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes")?,
         changed: flag(script, items.get(6), "changed")?,
@@ -288,6 +299,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+        let record = r#"{"reason":"audit","actor":"ada","at":1,"cooldown_until":0}"#;
+        let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
+        assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
+        assert!(!o.queue_full);
     }
 
     #[test]
