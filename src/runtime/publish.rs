@@ -40,6 +40,9 @@ pub enum EventType {
     QueueTimeout,
     /// A waiting session left the queue by releasing.
     LeftQueue,
+    /// An administrator took a session's seat (a seat-freed event) or its
+    /// place in the queue away; carries `actor` and `reason`.
+    Revoked,
 }
 
 impl EventType {
@@ -62,6 +65,10 @@ impl EventType {
             Status::LeftQueue => Some(EventType::LeftQueue),
             Status::Granted => Some(EventType::Granted),
             Status::QueueTimeout => Some(EventType::QueueTimeout),
+            Status::Revoked => Some(EventType::Revoked),
+            // The revocation published its own event; telling the session
+            // (its heartbeat, or a waiter's final reply) changes nothing.
+            Status::SessionRevoked => None,
             Status::AlreadyActive
             | Status::NoSeatsAvailable
             | Status::SessionNotFound
@@ -92,8 +99,11 @@ pub struct Event<'a> {
     pub seats_total: i64,
     /// When, on the Redis server's clock (ms).
     pub at_ms: i64,
-    /// Why, where it applies (`heartbeat_timeout` for evictions).
+    /// Why, where it applies (`heartbeat_timeout` for evictions, the
+    /// administrator's text for revocations).
     pub reason: Option<&'a str>,
+    /// Who did it, where a person did (revocations).
+    pub actor: Option<&'a str>,
 }
 
 /// Writes events and deferred replies.
@@ -273,6 +283,9 @@ impl Publisher {
         if let Some(reason) = event.reason {
             xadd.arg("reason").arg(reason);
         }
+        if let Some(actor) = event.actor {
+            xadd.arg("actor").arg(actor);
+        }
         xadd
     }
 
@@ -372,7 +385,8 @@ impl Publisher {
         }
     }
 
-    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT) and, when
+    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT /
+    /// SESSION_REVOKED) and, when
     /// `first_time`, publishes the matching event and counts it (a replayed
     /// note is only re-delivered). Returns the reply error, if any.
     #[allow(clippy::too_many_arguments)]
@@ -403,8 +417,10 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
-                error: (note.status == Status::QueueTimeout)
-                    .then(|| format!("waited {} ms without a seat", note.waited_ms)),
+                error: match note.status {
+                    Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
+                    other => other.refusal_reason().map(str::to_owned),
+                },
             };
             result = self.reply_at(con, &note.reply_to, &reply, Some(at_ms)).await;
             match &result {
@@ -443,6 +459,7 @@ impl Publisher {
                 seats_total,
                 at_ms,
                 reason: None,
+                actor: None,
             };
             self.event(con, &event).await;
         }
@@ -465,6 +482,7 @@ mod tests {
             EventType::Granted => "granted",
             EventType::QueueTimeout => "queue_timeout",
             EventType::LeftQueue => "left_queue",
+            EventType::Revoked => "revoked",
         }
     }
 

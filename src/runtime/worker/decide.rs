@@ -10,8 +10,8 @@ use super::read::{Entry, Source};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
-use crate::engine::protocol::{self, Op, Reply, Request};
-use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
+use crate::engine::protocol::{self, Lane, Op, Reply, Request};
+use crate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SeatCall, SessionArgs};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
@@ -91,22 +91,22 @@ impl Decider {
     /// seat scripts, one of replies and events, one XACK. Per request that
     /// is far fewer reads and writes for Redis and for this process than
     /// sending each command on its own.
-    pub(super) async fn process(&self, stream: &str, batch: Vec<Entry>, source: Source) -> bool {
+    pub(super) async fn process(&self, stream: &str, lane: Lane, batch: Vec<Entry>, source: Source) -> bool {
         let mut con = self.con.clone();
-        let mut items = self.plan(batch);
+        let mut items = self.plan(lane, batch);
         self.send(&mut con, &mut items).await;
         self.settle(&mut con, stream, &mut items, source).await
     }
 
-    /// Parses every entry of the batch.
-    fn plan(&self, batch: Vec<Entry>) -> Vec<Item> {
+    /// Parses every entry of the batch, read from a stream of `lane`.
+    fn plan(&self, lane: Lane, batch: Vec<Entry>) -> Vec<Item> {
         batch
             .into_iter()
             .map(|entry| Item {
                 request: entry
                     .fields
                     .as_ref()
-                    .map(|f| protocol::parse_request(&entry.id, f, &self.settings.replies.prefix)),
+                    .map(|f| protocol::parse_entry(lane, &entry.id, f, &self.settings.replies.prefix)),
                 entry,
                 outcome: None,
                 reply: None,
@@ -211,6 +211,29 @@ impl Decider {
                     session: &req.session,
                 },
             ),
+            Op::Revoke => {
+                // Entry ids are per stream: an admin entry may carry the id of
+                // a request entry of the same license, and must not find its
+                // dedupe record (nor leave one that request would find).
+                guard.entry_id = format!("admin:{}", entry.id);
+                let (reason, actor, cooldown_ms) = match &req.revoke {
+                    Some(r) => (r.reason.as_str(), r.actor.as_str(), r.cooldown_ms),
+                    // The parser always fills them for a revoke.
+                    None => ("", protocol::UNKNOWN_ACTOR, 0),
+                };
+                scripts.revoke(
+                    &keys,
+                    &guard,
+                    &RevokeArgs {
+                        session: &req.session,
+                        reason,
+                        actor,
+                        cooldown_ms,
+                        remember_ms: self.settings.revoke.remember_ms,
+                        max_remembered: self.settings.revoke.max_per_license,
+                    },
+                )
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use tracing::{debug, error, info, warn};
 use super::decide::{Decider, Handled, Item};
 use super::read::{Entry, Source};
 use crate::db::{is_transient, Db};
-use crate::engine::protocol::{self, Reply, Request};
+use crate::engine::protocol::{Reply, Request};
 use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -75,6 +75,8 @@ impl Decider {
                 (Some(Ok(req)), Some(Ok(outcome))) => {
                     if outcome.replayed {
                         metrics::replayed();
+                    } else if outcome.status == Status::Revoked {
+                        metrics::revoked();
                     }
                     metrics::request_answered(req.op.as_str(), outcome.status.as_str(), item.entry.age());
                     // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
@@ -110,11 +112,18 @@ impl Decider {
         let mut done = Vec::with_capacity(items.len());
         let mut retry = false;
         let mut transient = None;
-        for Item { entry, handled, .. } in items {
+        for Item {
+            entry,
+            request,
+            handled,
+            ..
+        } in items
+        {
+            let request = request.as_ref().and_then(|r| r.as_ref().ok());
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::DeadLetter { reason }) => {
-                    if self.dead_letter(entry, reason).await {
+                    if self.dead_letter(entry, request, reason).await {
                         metrics::refused_reply_to();
                         done.push(entry.id.as_str());
                     } else {
@@ -126,7 +135,7 @@ impl Decider {
                         transient.get_or_insert_with(|| error.clone());
                     }
                     let exhausted = *permanent && entry.deliveries >= self.settings.stream.max_deliveries;
-                    if exhausted && self.dead_letter(entry, error).await {
+                    if exhausted && self.dead_letter(entry, request, error).await {
                         done.push(entry.id.as_str());
                         continue;
                     }
@@ -168,9 +177,10 @@ impl Decider {
         }
     }
 
-    /// Moves a poison entry to the dead-letter stream and answers it ERROR.
-    /// Returns whether it may now be acknowledged.
-    async fn dead_letter(&self, entry: &Entry, reason: &str) -> bool {
+    /// Moves a poison entry to the dead-letter stream and answers it ERROR
+    /// when it is a valid `request` with a `reply_to`. Returns whether it may
+    /// now be acknowledged.
+    async fn dead_letter(&self, entry: &Entry, request: Option<&Request>, reason: &str) -> bool {
         let s = &self.settings.stream;
         let mut con = self.con.clone();
         let mut xadd = redis::cmd("XADD");
@@ -195,20 +205,18 @@ impl Decider {
         }
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
-        if let Some(fields) = &entry.fields {
-            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.replies.prefix) {
-                if let Some(stream) = &req.reply_to {
-                    let failed = Outcome::failed(Status::Error);
-                    let msg = format!(
-                        "request failed {} times and was dead-lettered: {reason}",
-                        entry.deliveries
-                    );
-                    let reply = reply_for(&req, &failed, Some(msg));
-                    if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
-                        warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
-                    }
-                    metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
+        if let Some(req) = request {
+            if let Some(stream) = &req.reply_to {
+                let failed = Outcome::failed(Status::Error);
+                let msg = format!(
+                    "request failed {} times and was dead-lettered: {reason}",
+                    entry.deliveries
+                );
+                let reply = reply_for(req, &failed, Some(msg));
+                if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
+                    warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
                 }
+                metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
             }
         }
         true
@@ -269,6 +277,8 @@ impl Item {
             return None;
         };
         let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed)?;
+        // A revocation's audit trail: who and why, as the admin sent them.
+        let revoke = req.revoke.as_ref().filter(|_| kind == EventType::Revoked);
         Some(Event {
             kind,
             license: &req.license,
@@ -276,7 +286,8 @@ impl Item {
             seats_used: outcome.seats_used,
             seats_total: outcome.seats_total,
             at_ms: outcome.now_ms,
-            reason: None,
+            reason: revoke.map(|r| r.reason.as_str()),
+            actor: revoke.map(|r| r.actor.as_str()),
         })
     }
 }
@@ -297,6 +308,8 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
+            } else if let Some(revocation) = &outcome.revocation {
+                Some(revocation.describe(outcome.now_ms))
             } else {
                 outcome.status.refusal_reason().map(str::to_owned)
             }
