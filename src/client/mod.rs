@@ -4,4 +4,4 @@
 pub mod report;
 mod request;
 
-pub use request::{Call, Client, ReplyMsg};
+pub use request::{Call, Client, ReplyMsg, Revoke, ADMIN_CLIENT_NAME};

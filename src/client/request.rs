@@ -2,7 +2,9 @@
 //!
 //! It XADDs a request to the requests stream and XREADs its own reply stream
 //! until the reply carrying its request id arrives. The CLI's `acquire`,
-//! `release` and `heartbeat` use it, and so do the tests and the benchmark.
+//! `release` and `heartbeat` use it, and so do the tests and the benchmark;
+//! `seatgate revoke` uses an admin client ([`Client::connect_admin`]), which
+//! sends to the admin stream instead.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -57,6 +59,26 @@ impl Call {
         self
     }
 }
+
+/// An administrator's revoke (sent on the admin stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoke {
+    /// License id.
+    pub license: String,
+    /// The session whose seat (or place in the queue) is taken away.
+    pub session: String,
+    /// Why: told to the session and published in the `revoked` event.
+    pub reason: String,
+    /// Who revokes.
+    pub actor: String,
+    /// How long the session's acquires are refused afterwards, ms (0 = not at all).
+    pub cooldown_ms: u64,
+}
+
+/// The application name in an admin client's reply streams,
+/// `<replies.prefix>admin:<unique>`: one ACL pattern (`seat:reply:admin:*`)
+/// lets the admin user read its replies, whatever `client.name` says.
+pub const ADMIN_CLIENT_NAME: &str = "admin";
 
 /// A reply as received: every field, plus typed accessors for the common ones.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -127,9 +149,37 @@ impl Client {
 
     /// Connects as `settings` say: one node or a cluster, sharded or not.
     pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
+        Self::connect_to(
+            settings,
+            settings.stream.requests.clone(),
+            settings.stream.shards,
+            &settings.client.name,
+        )
+        .await
+    }
+
+    /// Connects as `settings` say, as an administrator: requests go to the
+    /// admin stream (`stream.admin_requests`, never sharded), replies come
+    /// back on `<replies.prefix>admin:<unique>`.
+    pub async fn connect_admin(settings: &Settings) -> Result<Client, Error> {
+        Self::connect_to(
+            settings,
+            settings.stream.admin_requests.clone(),
+            1,
+            ADMIN_CLIENT_NAME,
+        )
+        .await
+    }
+
+    /// A client sending to `requests` (in `shards` shards), its replies on a
+    /// stream of its own under `name`.
+    async fn connect_to(
+        settings: &Settings,
+        requests: String,
+        shards: usize,
+        name: &str,
+    ) -> Result<Client, Error> {
         let con = Db::connect_blocking(&settings.redis, LONGEST_WAIT).await?;
-        let requests = settings.stream.requests.clone();
-        let shards = settings.stream.shards;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -148,7 +198,7 @@ impl Client {
             std::process::id(),
             NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
         );
-        let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
+        let reply_to = format!("{}{name}:{id_prefix}", settings.replies.prefix);
         Ok(Client {
             con,
             requests,
@@ -171,12 +221,33 @@ impl Client {
     /// (Redis runs a connection's commands in order, so the XREAD starts
     /// after the request is on the stream.)
     pub async fn call(&mut self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let (id, xadd) = self.request(call);
+        self.exchange(id, xadd, timeout).await
+    }
+
+    /// Sends `revoke` (on the admin stream: connect with
+    /// [`Client::connect_admin`]) and waits up to `timeout` for its reply.
+    pub async fn revoke(&mut self, revoke: &Revoke, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let (id, mut xadd) = self.xadd(&revoke.license, "revoke", &revoke.session);
+        xadd.arg("reason")
+            .arg(&revoke.reason)
+            .arg("actor")
+            .arg(&revoke.actor);
+        if revoke.cooldown_ms > 0 {
+            xadd.arg("cooldown_ms").arg(revoke.cooldown_ms);
+        }
+        self.exchange(id, xadd, timeout).await
+    }
+
+    /// Sends `xadd` (request `id`) and waits up to `timeout` for its reply:
+    /// in one pipeline with the first read on one node, one after the other
+    /// on a cluster.
+    async fn exchange(&mut self, id: String, xadd: redis::Cmd, timeout: Duration) -> Result<ReplyMsg, Error> {
         if self.con.is_cluster() {
             // The request stream and the reply stream live in different slots.
-            let id = self.send(call).await?;
+            let _: String = xadd.query_async(&mut self.con).await?;
             return self.wait_for(&id, timeout).await;
         }
-        let (id, xadd) = self.request(call);
         let deadline = Instant::now() + timeout;
         let (_, read): (String, redis::streams::StreamReadReply) = redis::pipe()
             .add_command(xadd)
@@ -239,6 +310,20 @@ impl Client {
 
     /// A new request id and the XADD that sends `call` under it.
     fn request(&self, call: &Call) -> (String, redis::Cmd) {
+        let (id, mut xadd) = self.xadd(&call.license, call.op.as_str(), &call.session);
+        if let Some(meta) = &call.meta {
+            xadd.arg("meta").arg(meta);
+        }
+        if call.wait_ms > 0 {
+            xadd.arg("wait_ms").arg(call.wait_ms);
+        }
+        (id, xadd)
+    }
+
+    /// A new request id and the XADD of request `op` for `session` of
+    /// `license` under it, to the license's shard, with this client's
+    /// `reply_to`; the op's own fields follow.
+    fn xadd(&self, license: &str, op: &str, session: &str) -> (String, redis::Cmd) {
         let id = format!(
             "{}-{}",
             self.id_prefix,
@@ -248,25 +333,19 @@ impl Client {
         xadd.arg(crate::engine::keys::shard_name(
             &self.requests,
             self.shards,
-            &call.license,
+            license,
         ))
         .arg("*")
         .arg("op")
-        .arg(call.op.as_str())
+        .arg(op)
         .arg("id")
         .arg(&id)
         .arg("license")
-        .arg(&call.license)
+        .arg(license)
         .arg("session")
-        .arg(&call.session)
+        .arg(session)
         .arg("reply_to")
         .arg(&self.reply_to);
-        if let Some(meta) = &call.meta {
-            xadd.arg("meta").arg(meta);
-        }
-        if call.wait_ms > 0 {
-            xadd.arg("wait_ms").arg(call.wait_ms);
-        }
         (id, xadd)
     }
 
