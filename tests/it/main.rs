@@ -10,6 +10,7 @@ mod metrics;
 mod page;
 mod prometheus;
 mod queue;
+mod revoke;
 mod scripts;
 mod stream;
 mod support;
