@@ -1,18 +1,31 @@
 //! A private redis-server: started on a free loopback port with its own temp
-//! dir, stopped on drop. The benchmark uses it, and so do the tests.
+//! dir, stopped on drop; and private Redis Clusters made of them. The
+//! benchmark uses them, and so do the tests.
+//!
+//! Every wait here is async (tokio's timer, async connections): the callers
+//! are tokio tasks, and a blocking sleep would stall the runtime thread that
+//! also drives their workers and clients.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use redis::aio::MultiplexedConnection;
+
 use crate::error::Error;
+
+/// How often a wait polls.
+const POLL: Duration = Duration::from_millis(20);
 
 /// A redis-server child process, killed on drop. Its log is printed when the
 /// thread that owns it panics (a failing test).
 pub struct LocalRedis {
+    /// The server process; killed and reaped on drop.
     child: Child,
+    /// Its loopback port.
     port: u16,
+    /// Its data directory (log, AOF), removed on drop.
     dir: tempfile::TempDir,
     /// Extra arguments, kept for restarts.
     extra: Vec<String>,
@@ -41,21 +54,19 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, Error> {
         })
 }
 
+/// A fresh connection to the node at `url`, or None while it does not answer.
+async fn connect(url: &str) -> Option<MultiplexedConnection> {
+    let client = redis::Client::open(url).ok()?;
+    client.get_multiplexed_async_connection().await.ok()
+}
+
 impl LocalRedis {
     /// Starts a server with no persistence, plus `extra` `--name value` arguments.
-    pub fn start(extra: &[&str]) -> Result<LocalRedis, Error> {
+    pub async fn start(extra: &[&str]) -> Result<LocalRedis, Error> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _attempt in 0..5 {
-            let dir = tempfile::tempdir()?;
-            let port = free_port()?;
-            let child = spawn(port, dir.path(), &extra)?;
-            let mut server = LocalRedis {
-                child,
-                port,
-                dir,
-                extra: extra.clone(),
-            };
-            if server.wait_ready(Duration::from_secs(5)) {
+            let mut server = Self::spawn_at(free_port()?, extra.clone())?;
+            if server.wait_ready(Duration::from_secs(5)).await {
                 return Ok(server);
             }
             // Lost the port to someone else, or failed to start: try another port.
@@ -67,24 +78,35 @@ impl LocalRedis {
         ))
     }
 
-    fn wait_ready(&mut self, within: Duration) -> bool {
+    /// Spawns a server on `port` in a new temp dir, without waiting for it.
+    fn spawn_at(port: u16, extra: Vec<String>) -> Result<LocalRedis, Error> {
+        let dir = tempfile::tempdir()?;
+        let child = spawn(port, dir.path(), &extra)?;
+        Ok(LocalRedis {
+            child,
+            port,
+            dir,
+            extra,
+        })
+    }
+
+    /// Waits until the server answers PING; false if it exits or `within` passes.
+    async fn wait_ready(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
-        let Ok(client) = redis::Client::open(self.url()) else {
-            return false;
-        };
+        let url = self.url();
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(mut con) = client.get_connection() {
-                match redis::cmd("PING").query::<String>(&mut con) {
+            if let Some(mut con) = connect(&url).await {
+                match redis::cmd("PING").query_async::<String>(&mut con).await {
                     Ok(_) => return true,
                     // Up, and asking for a login (an ACL file or requirepass).
                     Err(e) if e.code() == Some("NOAUTH") => return true,
                     Err(_) => {}
                 }
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(POLL).await;
         }
         false
     }
@@ -106,28 +128,36 @@ impl LocalRedis {
 
     /// Stops the server the way an operator does (SHUTDOWN: the AOF, if on,
     /// is flushed) and waits for the process to end.
-    pub fn shutdown(&mut self) {
-        if let Ok(mut con) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
-            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut con);
+    pub async fn shutdown(&mut self) {
+        if let Some(mut con) = connect(&self.url()).await {
+            // The server closes the connection instead of answering.
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query_async(&mut con).await;
         }
-        let _ = self.child.wait();
+        while let Ok(None) = self.child.try_wait() {
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Starts the server again on the same port with the same data directory.
-    pub fn restart(&mut self) -> Result<(), Error> {
+    pub async fn restart(&mut self) -> Result<(), Error> {
         self.child = spawn(self.port, self.dir.path(), &self.extra)?;
-        if self.wait_ready(Duration::from_secs(10)) {
+        if self.wait_ready(Duration::from_secs(10)).await {
             Ok(())
         } else {
             Err(Error::LocalRedis("redis-server did not restart".into()))
         }
     }
+
+    /// SIGKILL (no chance to hand over anything), and reaps the process.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for LocalRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill9();
         if std::thread::panicking() {
             if let Ok(log) = std::fs::read_to_string(self.dir.path().join("redis.log")) {
                 eprintln!("--- redis-server log (port {}) ---\n{log}", self.port);
@@ -158,17 +188,15 @@ fn free_cluster_port() -> Result<u16, Error> {
 
 impl LocalCluster {
     /// Starts `masters` masters and as many replicas, and creates the cluster.
-    pub fn start(masters: usize) -> Result<LocalCluster, Error> {
-        Self::start_with(masters, 1)
+    pub async fn start(masters: usize) -> Result<LocalCluster, Error> {
+        Self::start_with(masters, 1).await
     }
 
     /// Starts `masters` masters (at least 3: `redis-cli --cluster create`'s
     /// minimum) with `replicas` replicas each.
-    pub fn start_with(masters: usize, replicas: usize) -> Result<LocalCluster, Error> {
+    pub async fn start_with(masters: usize, replicas: usize) -> Result<LocalCluster, Error> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            let dir = tempfile::tempdir()?;
-            let port = free_cluster_port()?;
             let extra: Vec<String> = [
                 "--cluster-enabled",
                 "yes",
@@ -188,28 +216,26 @@ impl LocalCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            let child = spawn(port, dir.path(), &extra)?;
-            let mut node = LocalRedis {
-                child,
-                port,
-                dir,
-                extra,
-            };
-            if !node.wait_ready(Duration::from_secs(5)) {
+            let port = free_cluster_port()?;
+            let mut node = LocalRedis::spawn_at(port, extra)?;
+            if !node.wait_ready(Duration::from_secs(5)).await {
                 return Err(Error::LocalRedis(format!(
                     "cluster node on port {port} did not start"
                 )));
             }
             nodes.push(node);
         }
-        let created = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        create
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
+            .stderr(Stdio::piped());
+        // redis-cli waits for the nodes to agree: seconds, off the runtime's threads.
+        let created = tokio::task::spawn_blocking(move || create.output())
+            .await?
             .map_err(|e| Error::LocalRedis(format!("cannot run redis-cli --cluster create: {e}")))?;
         if !created.status.success() {
             return Err(Error::LocalRedis(format!(
@@ -218,29 +244,33 @@ impl LocalCluster {
             )));
         }
         let cluster = LocalCluster { nodes };
-        cluster.wait_ok(Duration::from_secs(30))?;
+        cluster.wait_ok(Duration::from_secs(30)).await?;
         // Replicas attach a moment after the slots are assigned.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while cluster.master_ports().len() != masters {
+        while cluster.master_ports().await.len() != masters {
             if Instant::now() > deadline {
                 return Err(Error::LocalRedis("the cluster's replicas did not attach".into()));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(cluster)
     }
 
     /// Waits until every live node reports `cluster_state:ok`.
-    pub fn wait_ok(&self, within: Duration) -> Result<(), Error> {
+    pub async fn wait_ok(&self, within: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + within;
         loop {
-            let ok = self.nodes.iter().all(|n| {
-                redis::Client::open(n.url())
-                    .and_then(|c| c.get_connection())
-                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
-                    .map(|info| info.contains("cluster_state:ok"))
-                    .unwrap_or(true) // a stopped node does not vote
-            });
+            let mut ok = true;
+            for n in &self.nodes {
+                let Some(mut con) = connect(&n.url()).await else {
+                    continue; // a stopped node does not vote
+                };
+                let info: redis::RedisResult<String> =
+                    redis::cmd("CLUSTER").arg("INFO").query_async(&mut con).await;
+                if let Ok(info) = info {
+                    ok &= info.contains("cluster_state:ok");
+                }
+            }
             if ok {
                 return Ok(());
             }
@@ -249,7 +279,7 @@ impl LocalCluster {
                     "the cluster did not reach cluster_state:ok".into(),
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -259,11 +289,13 @@ impl LocalCluster {
     }
 
     /// Ports of the current masters (asks the first live node).
-    pub fn master_ports(&self) -> Vec<u16> {
+    pub async fn master_ports(&self) -> Vec<u16> {
         for n in &self.nodes {
-            let nodes: redis::RedisResult<String> = redis::Client::open(n.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
+            let Some(mut con) = connect(&n.url()).await else {
+                continue;
+            };
+            let nodes: redis::RedisResult<String> =
+                redis::cmd("CLUSTER").arg("NODES").query_async(&mut con).await;
             if let Ok(text) = nodes {
                 return text
                     .lines()
@@ -280,20 +312,21 @@ impl LocalCluster {
     }
 
     /// The port of the master that owns `key`'s slot.
-    pub fn master_of(&self, key: &str) -> Option<u16> {
+    pub async fn master_of(&self, key: &str) -> Option<u16> {
         for n in &self.nodes {
-            let Ok(mut con) = redis::Client::open(n.url()).and_then(|c| c.get_connection()) else {
+            let Some(mut con) = connect(&n.url()).await else {
                 continue;
             };
             let Ok(slot) = redis::cmd("CLUSTER")
                 .arg("KEYSLOT")
                 .arg(key)
-                .query::<i64>(&mut con)
+                .query_async::<i64>(&mut con)
+                .await
             else {
                 continue;
             };
             let slots: redis::RedisResult<Vec<Vec<redis::Value>>> =
-                redis::cmd("CLUSTER").arg("SLOTS").query(&mut con);
+                redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut con).await;
             if let Ok(ranges) = slots {
                 for r in ranges {
                     let int = |i: usize| {
@@ -320,8 +353,7 @@ impl LocalCluster {
     /// SIGKILLs the node on `port` (no chance to hand over anything).
     pub fn kill9(&mut self, port: u16) {
         if let Some(n) = self.nodes.iter_mut().find(|n| n.port == port) {
-            let _ = n.child.kill();
-            let _ = n.child.wait();
+            n.kill9();
         }
     }
 }

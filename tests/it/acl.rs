@@ -9,7 +9,12 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{http_get, RedisServer, RedisServerExt, WorkerProcess, BIN};
+use seatgate::config::Settings;
+
+use crate::support::{
+    free_port, http_get, license_keys, output, reply_stream, seatgate_cmd, RedisServer, RedisServerExt,
+    Spawned, WorkerProcess, BIN,
+};
 
 const WORKER: &str = "seatgate-worker";
 const ADMIN: &str = "seatgate-admin";
@@ -35,7 +40,7 @@ struct AclRedis {
 }
 
 impl AclRedis {
-    fn start() -> AclRedis {
+    async fn start() -> AclRedis {
         let mut acl = String::new();
         for line in shipped_acl().lines() {
             let user = line.split_whitespace().nth(1).unwrap_or_default();
@@ -56,13 +61,19 @@ impl AclRedis {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("users.acl");
         std::fs::write(&path, acl).unwrap();
-        let server = RedisServer::start_with(&["--aclfile", path.to_str().unwrap()]);
+        let server = RedisServer::start_with(&["--aclfile", path.to_str().unwrap()]).await;
         AclRedis { server, _dir: dir }
     }
 
     /// The URL without credentials, as a process is given it.
     fn url(&self) -> String {
         self.server.url()
+    }
+
+    /// The settings every process here runs with (but for the login): the
+    /// key and stream names the ACL file's patterns must cover.
+    fn settings(&self) -> Settings {
+        self.server.settings()
     }
 
     /// The environment that logs a process in as `user`.
@@ -74,17 +85,13 @@ impl AclRedis {
         ]
     }
 
-    /// `seatgate <args>` logged in as `user`.
-    fn seatgate(&self, user: &str, args: &[&str]) -> Output {
-        self.command(user, args).output().expect("run seatgate")
+    /// `seatgate <args>` logged in as `user`, to its end.
+    async fn seatgate(&self, user: &str, args: &[&str]) -> Output {
+        output(self.command(user, args)).await
     }
 
     fn command(&self, user: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--redis")
-            .arg(self.url())
-            .args(args)
-            .env("RUST_LOG", "warn");
+        let mut cmd = seatgate_cmd(&self.url(), args);
         for (k, v) in self.login(user) {
             cmd.env(k, v);
         }
@@ -159,28 +166,33 @@ fn the_shipped_file_refuses_to_load_until_its_passwords_are_set() {
 /// and Redis's ACL LOG shows no denial but those provoked on purpose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_works_as_its_own_user_and_nothing_more() {
-    let redis = AclRedis::start();
-    let put = redis.seatgate(
-        ADMIN,
-        &[
-            "license",
-            "put",
-            "cad",
-            "--seats",
-            "1",
-            "--heartbeat-timeout",
-            "2s",
-        ],
-    );
+    let redis = AclRedis::start().await;
+    let settings = redis.settings();
+    let put = redis
+        .seatgate(
+            ADMIN,
+            &[
+                "license",
+                "put",
+                "cad",
+                "--seats",
+                "1",
+                "--heartbeat-timeout",
+                "2s",
+            ],
+        )
+        .await;
     assert!(put.status.success(), "admin provisions: {put:?}");
-    let show = redis.seatgate(ADMIN, &["license", "show", "cad", "--json"]);
+    let show = redis.seatgate(ADMIN, &["license", "show", "cad", "--json"]).await;
     assert!(show.status.success(), "{show:?}");
 
     let mut env = redis.login(WORKER);
     env.push(("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned()));
-    let worker = WorkerProcess::start(&redis.url(), &env);
+    let worker = WorkerProcess::start(&redis.url(), &env).await;
 
-    let alice = redis.seatgate(CLIENT, &["acquire", "--license", "cad", "--session", "alice"]);
+    let alice = redis
+        .seatgate(CLIENT, &["acquire", "--license", "cad", "--session", "alice"])
+        .await;
     assert_eq!(alice.status.code(), Some(0), "{alice:?}");
     assert!(stdout(&alice).starts_with("ACQUIRED"), "{}", stdout(&alice));
 
@@ -204,17 +216,19 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     assert!(lines[0].starts_with("QUEUED"), "{lines:?}");
     assert!(lines.last().unwrap().starts_with("GRANTED"), "{lines:?}");
 
-    let status = stdout(&redis.seatgate(DASHBOARD, &["status"]));
+    let status = stdout(&redis.seatgate(DASHBOARD, &["status"]).await);
     assert!(
         status.contains("cad: 1 of 1 seats in use") && status.contains("bob"),
         "{status}"
     );
-    let mut events = redis
-        .command(DASHBOARD, &["events", "--from-start", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = events.stdout.take().unwrap();
+    let mut events = Spawned(
+        redis
+            .command(DASHBOARD, &["events", "--from-start", "--json"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = events.0.stdout.take().unwrap();
     let seen = tokio::task::spawn_blocking(move || {
         let mut text = String::new();
         let mut buf = [0u8; 4096];
@@ -228,8 +242,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         text
     });
     let seen = tokio::time::timeout(Duration::from_secs(15), seen).await;
-    let _ = events.kill();
-    let _ = events.wait();
+    drop(events);
     let seen = seen.expect("events stalled").unwrap();
     for kind in ["acquired", "queued", "evicted", "granted"] {
         assert!(
@@ -238,26 +251,29 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         );
     }
 
-    let hb = redis.seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"]);
+    let hb = redis
+        .seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"])
+        .await;
     assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
-    let rel = redis.seatgate(CLIENT, &["release", "--license", "cad", "--session", "bob"]);
+    let rel = redis
+        .seatgate(CLIENT, &["release", "--license", "cad", "--session", "bob"])
+        .await;
     assert!(stdout(&rel).starts_with("RELEASED"), "{rel:?}");
 
     // What each user may not do.
+    let license_key = license_keys(&settings, "cad").license;
+    let other_apps_replies = reply_stream(&settings, "other-app:1");
     let mut client = redis.con_as(CLIENT).await;
     let refused = [
         refusal(
             &mut client,
-            redis::cmd("HSET")
-                .arg("seat:{cad}:license")
-                .arg("seats_total")
-                .arg(100),
+            redis::cmd("HSET").arg(&license_key).arg("seats_total").arg(100),
         )
         .await,
         refusal(
             &mut client,
             redis::cmd("XADD")
-                .arg("seat:events")
+                .arg(&settings.events.stream)
                 .arg("*")
                 .arg("type")
                 .arg("acquired"),
@@ -267,14 +283,14 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
             &mut client,
             redis::cmd("XREAD")
                 .arg("STREAMS")
-                .arg("seat:reply:other-app:1")
+                .arg(&other_apps_replies)
                 .arg("0"),
         )
         .await,
         refusal(
             &mut client,
             redis::cmd("XADD")
-                .arg("seat:requests:dead")
+                .arg(&settings.stream.dead_letter)
                 .arg("*")
                 .arg("x")
                 .arg("y"),
@@ -282,7 +298,10 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         .await,
         refusal(
             &mut client,
-            redis::cmd("XRANGE").arg("seat:requests").arg("-").arg("+"),
+            redis::cmd("XRANGE")
+                .arg(&settings.stream.requests)
+                .arg("-")
+                .arg("+"),
         )
         .await,
     ];
@@ -290,7 +309,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let mut dashboard = redis.con_as(DASHBOARD).await;
     let code = refusal(
         &mut dashboard,
-        redis::cmd("HSET").arg("seat:{cad}:license").arg("active").arg(0),
+        redis::cmd("HSET").arg(&license_key).arg("active").arg(0),
     )
     .await;
     assert_eq!(code, "NOPERM");
@@ -298,7 +317,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let code = refusal(
         &mut admin,
         redis::cmd("XADD")
-            .arg("seat:requests")
+            .arg(&settings.stream.requests)
             .arg("*")
             .arg("op")
             .arg("acquire"),
@@ -314,7 +333,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     assert_eq!(code, "NOPERM", "the worker cannot write outside seat:");
 
     // The reaper's stream upkeep has run by now; nothing of the flow was denied.
-    let (_, metrics) = http_get(&worker.metrics, "/metrics").unwrap();
+    let (_, metrics) = http_get(&worker.metrics, "/metrics").await.unwrap();
     assert!(metrics.contains("seatgate_evictions_total 1"), "{metrics}");
     let mut root = redis.con_as(ROOT).await;
     let log: Vec<HashMap<String, redis::Value>> = redis::cmd("ACL")
@@ -339,9 +358,9 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let mut provoked: Vec<(String, String)> = [
         (ADMIN, "xadd"),
         (CLIENT, "hset"),
-        (CLIENT, "seat:events"),
-        (CLIENT, "seat:reply:other-app:1"),
-        (CLIENT, "seat:requests:dead"),
+        (CLIENT, settings.events.stream.as_str()),
+        (CLIENT, other_apps_replies.as_str()),
+        (CLIENT, settings.stream.dead_letter.as_str()),
         (CLIENT, "xrange"),
         (DASHBOARD, "hset"),
         (WORKER, "orders:jobs"),
@@ -358,22 +377,18 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
 /// ops/run-local.sh against a password-protected Redis: the password reaches
 /// seatgate and redis-cli through the environment only, and the URL it
 /// prints is masked.
-#[test]
-fn run_local_keeps_the_password_off_command_lines_and_output() {
+#[tokio::test]
+async fn run_local_keeps_the_password_off_command_lines_and_output() {
     let secret = "s3cret-Pw";
-    let redis = RedisServer::start_with(&["--requirepass", secret]);
+    let redis = RedisServer::start_with(&["--requirepass", secret]).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("argv.log");
-    let real_cli = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v redis-cli"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
+    let mut which = Command::new("sh");
+    which.args(["-c", "command -v redis-cli"]);
+    let real_cli = String::from_utf8(output(which).await.stdout)
+        .unwrap()
+        .trim()
+        .to_owned();
     let wrapper = |name: &str, target: &str| {
         let path = dir.path().join(name);
         std::fs::write(
@@ -390,12 +405,7 @@ fn run_local_keeps_the_password_off_command_lines_and_output() {
     wrapper("redis-cli", &real_cli);
     wrapper("cargo", "false");
     let bin = wrapper("seatgate", BIN);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let metrics = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/run-local.sh"))
         .env(
@@ -415,13 +425,13 @@ fn run_local_keeps_the_password_off_command_lines_and_output() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let output = Arc::new(Mutex::new(String::new()));
+    let printed = Arc::new(Mutex::new(String::new()));
     let mut readers = Vec::new();
     for pipe in [
         Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
         Box::new(child.stderr.take().unwrap()),
     ] {
-        let output = output.clone();
+        let printed = printed.clone();
         readers.push(std::thread::spawn(move || {
             let mut pipe = pipe;
             let mut buf = [0u8; 4096];
@@ -429,7 +439,7 @@ fn run_local_keeps_the_password_off_command_lines_and_output() {
                 if n == 0 {
                     break;
                 }
-                output
+                printed
                     .lock()
                     .unwrap()
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
@@ -439,23 +449,28 @@ fn run_local_keeps_the_password_off_command_lines_and_output() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut ready = false;
     while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
-        if http_get(&metrics, "/ready").map(|(c, _)| c) == Some(200) {
+        if http_get(&metrics, "/ready").await.map(|(c, _)| c) == Some(200) {
             ready = true;
             break;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The running worker's own command line, while it runs.
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
-    let _ = child.wait();
-    for r in readers {
-        let _ = r.join();
-    }
-    let output = output.lock().unwrap().clone();
+    // SIGTERM, then wait for the script and the end of its output, off the runtime's threads.
+    tokio::task::spawn_blocking(move || {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let _ = child.wait();
+        for r in readers {
+            let _ = r.join();
+        }
+    })
+    .await
+    .unwrap();
+    let output = printed.lock().unwrap().clone();
     let argv = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!argv.contains(secret), "a password on a command line: {argv}");
     assert!(!String::from_utf8_lossy(&cmdline).contains(secret));

@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
-use seatgate::db::Db;
-use seatgate::engine::keys::Keys;
-use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
-use seatgate::runtime::reaper::Reaper;
-use seatgate::tools::local_redis::LocalCluster;
+use tokio_util::sync::CancellationToken;
 
-use crate::support::spawn_worker;
+use crate::support::{
+    acquire, client, db, events, holders, license_keys, provision, put_license, reaper, seats_with_timeout,
+    spawn_worker, watch_holders, LocalCluster,
+};
 
+/// How long a test waits for a reply (a cluster answers slower while failing over).
 const T: Duration = Duration::from_secs(10);
 
 /// Settings for `cluster` under their own key prefix, 4 shards.
@@ -35,53 +35,13 @@ fn settings(cluster: &LocalCluster, prefix: &str) -> Settings {
     s
 }
 
-async fn provision(s: &Settings, license: &str, seats: u64, heartbeat_timeout_ms: Option<u64>) {
-    let mut con = Db::connect(&s.redis).await.unwrap();
-    let spec = LicenseSpec {
-        seats_total: seats,
-        expires_at_ms: 0,
-        active: true,
-        heartbeat_timeout_ms,
-    };
-    license::put(&mut con, &Keys::new(s.keys.prefix.clone()), license, &spec)
-        .await
-        .unwrap();
-}
-
-async fn holders(s: &Settings, license: &str) -> Vec<String> {
-    let mut con = Db::connect(&s.redis).await.unwrap();
-    let key = Keys::new(s.keys.prefix.clone()).license(license).holders;
-    let mut v: Vec<String> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    v.sort();
-    v
-}
-
-fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
-    Call::new(Op::Acquire, license, session)
-        .with_meta(r#"{"user_email":"dev@example.com"}"#)
-        .with_wait(wait_ms)
-}
-
-fn op(op: Op, license: &str, session: &str) -> Call {
-    Call::new(op, license, session)
-}
-
 /// One cluster for the scenarios below, run one after the other with their
 /// own key prefixes (starting a cluster costs seconds; the failover test
 /// has its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
-    let cluster = tokio::task::spawn_blocking(|| LocalCluster::start(3))
-        .await
-        .unwrap()
-        .expect("cluster");
-    assert_eq!(cluster.master_ports().len(), 3);
+    let cluster = LocalCluster::start(3).await.expect("cluster");
+    assert_eq!(cluster.master_ports().await.len(), 3);
     hundred_acquires_over_sharded_streams(&cluster).await;
     round_trip_idempotency_release_heartbeat(&cluster).await;
     queue_reaper_and_self_healing(&cluster).await;
@@ -90,14 +50,14 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
 
 async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
     let s = settings(cluster, "c1");
-    provision(&s, "load", 10, None).await;
+    put_license(&s, "load", 10).await;
     let w1 = spawn_worker(s.clone(), "w1").await;
     let w2 = spawn_worker(s.clone(), "w2").await;
     let mut tasks = Vec::new();
     for i in 0..100 {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect_with(&s).await.unwrap();
+            let mut c = client(&s).await;
             c.call(&acquire("load", &format!("s{i}"), 0), T)
                 .await
                 .unwrap()
@@ -117,9 +77,9 @@ async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
 
 async fn round_trip_idempotency_release_heartbeat(cluster: &LocalCluster) {
     let s = settings(cluster, "c2");
-    provision(&s, "lic", 1, None).await;
+    put_license(&s, "lic", 1).await;
     let w = spawn_worker(s.clone(), "w1").await;
-    let mut c = Client::connect_with(&s).await.unwrap();
+    let mut c = client(&s).await;
     assert_eq!(
         c.call(&acquire("lic", "a", 0), T).await.unwrap().status(),
         Status::Acquired
@@ -132,56 +92,63 @@ async fn round_trip_idempotency_release_heartbeat(cluster: &LocalCluster) {
         c.call(&acquire("lic", "b", 0), T).await.unwrap().status(),
         Status::NoSeatsAvailable
     );
-    let hb = c.call(&op(Op::Heartbeat, "lic", "a"), T).await.unwrap();
+    let hb = c.call(&Call::new(Op::Heartbeat, "lic", "a"), T).await.unwrap();
     assert_eq!((hb.status(), hb.int("heartbeats")), (Status::HeartbeatUpdated, 1));
     assert_eq!(
-        c.call(&op(Op::Release, "lic", "a"), T).await.unwrap().status(),
+        c.call(&Call::new(Op::Release, "lic", "a"), T)
+            .await
+            .unwrap()
+            .status(),
         Status::Released
     );
     assert_eq!(
-        c.call(&op(Op::Release, "lic", "a"), T).await.unwrap().status(),
+        c.call(&Call::new(Op::Release, "lic", "a"), T)
+            .await
+            .unwrap()
+            .status(),
         Status::SessionNotFound
     );
     // Events went to the license's events shard.
-    let mut con = Db::connect(&s.redis).await.unwrap();
-    let n: i64 = redis::cmd("XLEN")
-        .arg(s.events_stream_for("lic"))
-        .query_async(&mut con)
+    let kinds: Vec<String> = events(&s, "lic")
         .await
-        .unwrap();
-    assert_eq!(n, 2, "acquired + released on the license's events shard");
+        .iter()
+        .map(|e| e["type"].clone())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["acquired", "released"],
+        "acquired + released on the license's events shard"
+    );
     w.stop().await;
 }
 
 async fn queue_reaper_and_self_healing(cluster: &LocalCluster) {
     let s = settings(cluster, "c3");
-    provision(&s, "q", 1, Some(300)).await;
+    provision(&s, "q", &seats_with_timeout(1, 300)).await;
     let w = spawn_worker(s.clone(), "w1").await;
-    let mut c = Client::connect_with(&s).await.unwrap();
+    let mut c = client(&s).await;
     assert_eq!(
         c.call(&acquire("q", "first", 0), T).await.unwrap().status(),
         Status::Acquired
     );
-    let mut w2 = Client::connect_with(&s).await.unwrap();
+    let mut w2 = client(&s).await;
     let id2 = w2.send(&acquire("q", "second", 30_000)).await.unwrap();
     assert_eq!(w2.wait_for(&id2, T).await.unwrap().status(), Status::Queued);
-    let mut w3 = Client::connect_with(&s).await.unwrap();
+    let mut w3 = client(&s).await;
     let id3 = w3.send(&acquire("q", "third", 30_000)).await.unwrap();
     assert_eq!(w3.wait_for(&id3, T).await.unwrap().int("position"), 2);
 
-    let reaper = Reaper::new(Db::connect(&s.redis).await.unwrap(), &s);
+    let reaper = reaper(&s).await;
     // Eviction: "first" never heartbeats; FIFO: "second" gets the seat.
     tokio::time::sleep(Duration::from_millis(350)).await;
     let report = reaper.pass().await.unwrap();
     assert_eq!((report.evicted, report.granted), (1, 1));
     assert_eq!(w2.wait_for(&id2, T).await.unwrap().status(), Status::Granted);
     // Self-healing: free the seat behind seatgate's back; the next pass grants "third".
-    let mut con = Db::connect(&s.redis).await.unwrap();
-    let key = Keys::new(s.keys.prefix.clone()).license("q").holders;
     let _: i64 = redis::cmd("ZREM")
-        .arg(&key)
+        .arg(license_keys(&s, "q").holders)
         .arg("second")
-        .query_async(&mut con)
+        .query_async(&mut db(&s).await)
         .await
         .unwrap();
     let report = reaper.pass().await.unwrap();
@@ -193,25 +160,23 @@ async fn queue_reaper_and_self_healing(cluster: &LocalCluster) {
 
 async fn licenses_on_every_master_served_by_two_workers(cluster: &LocalCluster) {
     let s = settings(cluster, "c4");
-    let keys = Keys::new(s.keys.prefix.clone());
     let licenses: Vec<String> = (0..30).map(|i| format!("org-{i}")).collect();
-    let masters: HashSet<u16> = licenses
-        .iter()
-        .filter_map(|l| cluster.master_of(&keys.license(l).holders))
-        .collect();
+    let mut masters = HashSet::new();
+    for l in &licenses {
+        masters.extend(cluster.master_of(&license_keys(&s, l).holders).await);
+    }
     assert_eq!(masters.len(), 3, "the licenses' slots land on all three masters");
-    let shard_masters: HashSet<u16> = s
-        .request_streams()
-        .iter()
-        .filter_map(|k| cluster.master_of(k))
-        .collect();
+    let mut shard_masters = HashSet::new();
+    for k in s.request_streams() {
+        shard_masters.extend(cluster.master_of(&k).await);
+    }
     eprintln!(
         "cluster: 30 licenses on {} masters; 4 request shards on {} masters",
         masters.len(),
         shard_masters.len()
     );
     for l in &licenses {
-        provision(&s, l, 3, None).await;
+        put_license(&s, l, 3).await;
     }
     let w1 = spawn_worker(s.clone(), "w1").await;
     let w2 = spawn_worker(s.clone(), "w2").await;
@@ -219,7 +184,7 @@ async fn licenses_on_every_master_served_by_two_workers(cluster: &LocalCluster) 
     for l in licenses.clone() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = Client::connect_with(&s).await.unwrap();
+            let mut c = client(&s).await;
             let mut got = Vec::new();
             for i in 0..5 {
                 got.push(
@@ -257,15 +222,11 @@ async fn licenses_on_every_master_served_by_two_workers(cluster: &LocalCluster) 
 /// seats are never exceeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
-    let mut cluster = tokio::task::spawn_blocking(|| LocalCluster::start(3))
-        .await
-        .unwrap()
-        .expect("cluster");
+    let mut cluster = LocalCluster::start(3).await.expect("cluster");
     let s = settings(&cluster, "fo");
-    let keys = Keys::new(s.keys.prefix.clone());
     let licenses: Vec<String> = (0..12).map(|i| format!("fo-{i}")).collect();
     for l in &licenses {
-        provision(&s, l, 5, None).await;
+        put_license(&s, l, 5).await;
     }
     let w1 = spawn_worker(s.clone(), "w1").await;
     let w2 = spawn_worker(s.clone(), "w2").await;
@@ -308,44 +269,24 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
     );
 
     // Sample every license's holders throughout (reads fail while a master is down).
-    let stop = tokio_util::sync::CancellationToken::new();
-    let sampler = {
-        let (s, stop, licenses) = (s.clone(), stop.clone(), licenses.clone());
-        tokio::spawn(async move {
-            let mut most = 0usize;
-            let mut samples = 0usize;
-            let mut con = Db::connect(&s.redis).await.unwrap();
-            let keys = Keys::new(s.keys.prefix.clone());
-            while !stop.is_cancelled() {
-                for l in &licenses {
-                    let n: redis::RedisResult<usize> = redis::cmd("ZCARD")
-                        .arg(keys.license(l).holders)
-                        .query_async(&mut con)
-                        .await;
-                    if let Ok(n) = n {
-                        most = most.max(n);
-                        samples += 1;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            (most, samples)
-        })
-    };
+    let stop = CancellationToken::new();
+    let watched: Vec<&str> = licenses.iter().map(String::as_str).collect();
+    let sampler = watch_holders(&s, &watched, stop.clone());
     // A burst in flight when the master dies.
     let during = tokio::spawn(burst("during", 40, Duration::from_millis(10)));
     tokio::time::sleep(Duration::from_millis(30)).await;
 
     let victim = cluster
-        .master_of(&keys.license(&licenses[0]).holders)
+        .master_of(&license_keys(&s, &licenses[0]).holders)
+        .await
         .expect("a master");
     cluster.kill9(victim);
     let promoted = Instant::now();
     loop {
-        let masters = cluster.master_ports();
+        let masters = cluster.master_ports().await;
         if masters.len() == 3
             && !masters.contains(&victim)
-            && cluster.wait_ok(Duration::from_millis(100)).is_ok()
+            && cluster.wait_ok(Duration::from_millis(100)).await.is_ok()
         {
             break;
         }
@@ -373,11 +314,12 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
         during.len()
     );
     stop.cancel();
-    let (most, samples) = sampler.await.unwrap();
-    assert!(samples > 0, "the sampler ran");
+    let watch = sampler.await.unwrap();
+    assert!(watch.samples > 0, "the sampler ran");
     assert!(
-        most <= 5,
-        "a license was overbooked during the failover: {most} holders of 5"
+        watch.most.0 <= 5,
+        "a license was overbooked during the failover: {:?} holders of 5",
+        watch.most
     );
     for l in &licenses {
         let n = holders(&s, l).await.len();

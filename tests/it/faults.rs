@@ -4,126 +4,93 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use seatgate::client::{Call, Client};
-use seatgate::engine::keys::Keys;
+use std::future::Future;
+
+use seatgate::client::Call;
+use seatgate::config::Settings;
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts, SessionArgs};
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt, WorkerProcess,
+    add_request, client, consumers, create_group, db, direct, events, holders, license_keys, pending,
+    put_license, reaper, reply_stream, request_xadd, spawn_worker, stream_entries, watch_holders, Direct,
+    RedisServer, RedisServerExt, WorkerProcess, T,
 };
 
-const T: Duration = Duration::from_secs(5);
-
-fn call(op: Op, license: &str, session: &str) -> Call {
-    Call::new(op, license, session)
-}
-
-async fn xadd(con: &mut redis::aio::MultiplexedConnection, fields: &[(&str, &str)]) -> String {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg("seat:requests").arg("*");
-    for (k, v) in fields {
-        cmd.arg(*k).arg(*v);
-    }
-    cmd.query_async(con).await.unwrap()
-}
-
-async fn replies(con: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<HashMap<String, String>> {
-    crate::support::stream_entries(con, stream).await
+/// `XREADGROUP` of up to `count` new requests as `consumer`, without acknowledging them.
+fn read_as(s: &Settings, consumer: &str, count: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(&s.stream.group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(&s.stream.requests)
+        .arg(">");
+    cmd
 }
 
 /// A worker crashed after its script ran but before it replied: another
 /// worker claims the entry, and the redelivery has the effect of one.
 #[tokio::test]
 async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
     settings.stream.claim_idle_ms = 200;
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     // The group exists, and a consumer that will "crash" takes two entries.
-    crate::support::create_group(&mut con).await;
-    let acquire_id = xadd(
+    create_group(&settings).await;
+    let replies = reply_stream(&settings, "t");
+    let acquire_id = add_request(
         &mut con,
+        &settings,
         &[
             ("op", "acquire"),
             ("id", "a1"),
             ("license", "lic"),
             ("session", "s1"),
-            ("reply_to", "seat:reply:t"),
+            ("reply_to", &replies),
         ],
     )
     .await;
-    let release_id = xadd(
+    let release_id = add_request(
         &mut con,
+        &settings,
         &[
             ("op", "release"),
             ("id", "r1"),
             ("license", "lic"),
             ("session", "held"),
-            ("reply_to", "seat:reply:t"),
+            ("reply_to", &replies),
         ],
     )
     .await;
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg("seatgate")
-        .arg("crashed")
-        .arg("COUNT")
-        .arg(10)
-        .arg("STREAMS")
-        .arg("seat:requests")
-        .arg(">")
+    let _: redis::Value = read_as(&settings, "crashed", 10)
         .query_async(&mut con)
         .await
         .unwrap();
     // "held" already has a seat; the crashed worker ran both scripts, then died.
-    let keys = Keys::new("seat");
-    let lk = keys.license("lic");
-    let s = Scripts::get();
-    let args = |session, request_id, reply_to| AcquireArgs {
-        session,
-        meta: "{}",
-        wait_ms: 0,
-        request_id,
-        reply_to,
-        default_queue_max: 10,
-    };
-    s.acquire(&lk, &Guard::none(&keys, "lic", "held"), &args("held", "x", ""))
-        .run(&mut con)
-        .await
-        .unwrap();
-    let first = s
-        .acquire(
-            &lk,
-            &Guard::for_entry(&settings.guard_policy(), &keys, &acquire_id, "lic", "s1"),
-            &args("s1", "a1", "seat:reply:t"),
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    direct(&settings, "lic", "held").acquire(&mut con).await;
+    let first = Direct::for_entry(&settings, &acquire_id, "lic", "s1")
+        .acquire(&mut con)
+        .await;
     assert_eq!(first.status, Status::Acquired);
-    let first_release = s
-        .release(
-            &lk,
-            &Guard::for_entry(&settings.guard_policy(), &keys, &release_id, "lic", "held"),
-            &SessionArgs { session: "held" },
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    let first_release = Direct::for_entry(&settings, &release_id, "lic", "held")
+        .release(&mut con)
+        .await;
     assert_eq!(first_release.status, Status::Released);
 
-    let worker = spawn_worker(settings, "survivor").await;
+    let worker = spawn_worker(settings.clone(), "survivor").await;
     let deadline = Instant::now() + T;
-    while pending(&redis).await > 0 {
+    while pending(&settings).await > 0 {
         assert!(Instant::now() < deadline, "claimed entries were not answered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     worker.stop().await;
-    let got = replies(&mut con, "seat:reply:t").await;
+    let got = stream_entries(&mut con, &replies).await;
     let by_id: HashMap<&str, &str> = got
         .iter()
         .map(|r| (r["id"].as_str(), r["status"].as_str()))
@@ -131,61 +98,60 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     assert_eq!(by_id["a1"], "ACQUIRED", "the same outcome, not ALREADY_ACTIVE");
     assert_eq!(by_id["r1"], "RELEASED", "the same outcome, not SESSION_NOT_FOUND");
     assert_eq!(
-        holders(&redis, "lic").await,
+        holders(&settings, "lic").await,
         ["s1"],
         "one seat taken, one freed, once each"
     );
-    let events: i64 = redis::cmd("XLEN")
-        .arg("seat:events")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(events, 0, "a replay publishes no second event");
+    assert_eq!(
+        events(&settings, "lic").await,
+        [],
+        "a replay publishes no second event"
+    );
 }
 
 /// A request whose script fails on every delivery is dead-lettered after
 /// max_deliveries, answered ERROR, and never holds back the requests behind it.
 #[tokio::test]
 async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "good", 100).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let mut settings = redis.settings();
+    settings.stream.max_deliveries = 3;
+    put_license(&settings, "good", 100).await;
+    let mut con = db(&settings).await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
     let _: () = redis::cmd("SET")
-        .arg("seat:{poison}:holders")
+        .arg(license_keys(&settings, "poison").holders)
         .arg("oops")
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut settings = redis.settings();
-    settings.stream.max_deliveries = 3;
-    let worker = spawn_worker(settings, "w1").await;
-    xadd(
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let replies = reply_stream(&settings, "p");
+    add_request(
         &mut con,
+        &settings,
         &[
             ("op", "acquire"),
             ("id", "p1"),
             ("license", "poison"),
             ("session", "x"),
-            ("reply_to", "seat:reply:p"),
+            ("reply_to", &replies),
         ],
     )
     .await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut client = client(&settings).await;
     let started = Instant::now();
     for i in 0..20 {
         let r = client
-            .call(&call(Op::Acquire, "good", &format!("s{i}")), T)
+            .call(&Call::new(Op::Acquire, "good", format!("s{i}")), T)
             .await
             .unwrap();
         assert_eq!(r.status(), Status::Acquired);
     }
     let flowing = started.elapsed();
-    let mut reader = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let _ = &mut reader;
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {
-        let dead = replies(&mut con, "seat:requests:dead").await;
+        let dead = stream_entries(&mut con, &settings.stream.dead_letter).await;
         if !dead.is_empty() {
             break dead;
         }
@@ -203,13 +169,13 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
         "{:?}",
         dead[0]["dead_reason"]
     );
-    let answer = replies(&mut con, "seat:reply:p").await;
+    let answer = stream_entries(&mut con, &replies).await;
     assert_eq!(answer.len(), 1);
     assert_eq!(
         (answer[0]["status"].as_str(), answer[0]["id"].as_str()),
         ("ERROR", "p1")
     );
-    assert_eq!(pending(&redis).await, 0);
+    assert_eq!(pending(&settings).await, 0);
     assert!(
         flowing < Duration::from_secs(3),
         "good requests were held back for {flowing:?}"
@@ -218,16 +184,16 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
 
 #[tokio::test]
 async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 5).await;
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
     settings.limits.session_requests = 5;
-    let worker = spawn_worker(settings, "w1").await;
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    put_license(&settings, "lic", 5).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut c = client(&settings).await;
     let mut statuses = Vec::new();
     for _ in 0..8 {
         statuses.push(
-            c.call(&call(Op::Acquire, "lic", "loop"), T)
+            c.call(&Call::new(Op::Acquire, "lic", "loop"), T)
                 .await
                 .unwrap()
                 .status(),
@@ -243,7 +209,7 @@ async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
         "{statuses:?}"
     );
     assert_eq!(
-        c.call(&call(Op::Acquire, "lic", "polite"), T)
+        c.call(&Call::new(Op::Acquire, "lic", "polite"), T)
             .await
             .unwrap()
             .status(),
@@ -251,7 +217,7 @@ async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
     );
     // Giving a seat back is never limited.
     assert_eq!(
-        c.call(&call(Op::Release, "lic", "loop"), T)
+        c.call(&Call::new(Op::Release, "lic", "loop"), T)
             .await
             .unwrap()
             .status(),
@@ -336,74 +302,40 @@ fn collect(
     })
 }
 
-/// Samples every license's holders until stopped; panics on overbooking.
-fn sample_seats(url: String, stop: CancellationToken) -> tokio::task::JoinHandle<usize> {
-    tokio::spawn(async move {
-        let client = redis::Client::open(url).unwrap();
-        let mut samples = 0;
-        while !stop.is_cancelled() {
-            if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                while !stop.is_cancelled() {
-                    let mut pipe = redis::pipe();
-                    for l in LICENSES {
-                        pipe.cmd("ZCARD").arg(format!("seat:{{{l}}}:holders"));
-                    }
-                    let Ok(counts) = pipe.query_async::<Vec<usize>>(&mut con).await else {
-                        break;
-                    };
-                    for (l, n) in LICENSES.iter().zip(&counts) {
-                        assert!(*n <= SEATS, "license {l} overbooked: {n} holders of {SEATS}");
-                    }
-                    samples += 1;
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        samples
-    })
-}
-
 /// Sends a burst of `n` mixed requests (acquire, queued acquire, heartbeat,
-/// release) over the three licenses, runs `fault` once a third of them are
+/// release) over the three licenses, runs `fault` once a tenth of them are
 /// answered, waits until every request has a final reply, and checks that
 /// the final state is the one the replies imply.
-async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
-    let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+async fn burst_with_fault(s: &Settings, n: usize, fault: impl Future<Output = ()>) {
+    let mut con = db(s).await;
     for l in LICENSES {
-        let spec = seatgate::engine::license::LicenseSpec {
-            seats_total: SEATS as u64,
-            expires_at_ms: 0,
-            active: true,
-            heartbeat_timeout_ms: None,
-        };
-        seatgate::engine::license::put(&mut con, &Keys::new("seat"), l, &spec)
-            .await
-            .unwrap();
+        put_license(s, l, SEATS as u64).await;
     }
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let reply_streams: Vec<String> = (0..4).map(|i| format!("seat:reply:burst:{i}")).collect();
+    let reply_streams: Vec<String> = (0..4).map(|i| reply_stream(s, &format!("burst:{i}"))).collect();
     let stop = CancellationToken::new();
     let collector = collect(
-        url.to_owned(),
+        s.redis.url.clone(),
         reply_streams.clone(),
         ledger.clone(),
         stop.clone(),
     );
-    let sampler = sample_seats(url.to_owned(), stop.clone());
+    let sampler = watch_holders(s, &LICENSES, stop.clone());
 
     // Ten holders per license before the burst; the burst releases or heartbeats them.
-    let mut c = Client::connect(url, "seat:requests").await.unwrap();
+    let mut c = client(s).await;
     let mut held: HashSet<(String, String)> = HashSet::new();
     for l in LICENSES {
         for i in 0..10 {
-            let s = format!("pre-{i}");
+            let session = format!("pre-{i}");
             assert_eq!(
-                c.call(&call(Op::Acquire, l, &s), T).await.unwrap().status(),
+                c.call(&Call::new(Op::Acquire, l, &session), T)
+                    .await
+                    .unwrap()
+                    .status(),
                 Status::Acquired
             );
-            held.insert((l.to_owned(), s));
+            held.insert((l.to_owned(), session));
         }
     }
 
@@ -419,10 +351,8 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
                 _ => ("acquire", format!("n-{i}"), 0),
             };
             let id = format!("req-{i}");
-            pipe.cmd("XADD")
-                .arg("seat:requests")
-                .arg("*")
-                .arg("op")
+            let mut xadd = request_xadd(s);
+            xadd.arg("op")
                 .arg(op)
                 .arg("id")
                 .arg(&id)
@@ -433,8 +363,8 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
                 .arg("reply_to")
                 .arg(&reply_streams[i % 4])
                 .arg("wait_ms")
-                .arg(wait)
-                .ignore();
+                .arg(wait);
+            pipe.add_command(xadd).ignore();
             ledger
                 .sent
                 .insert(id, (license.to_owned(), session, op.to_owned()));
@@ -460,12 +390,17 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
         }
     };
     wait_for(n / 10, Duration::from_secs(30)).await;
-    fault();
+    fault.await;
     wait_for(n, Duration::from_secs(60)).await;
     stop.cancel();
     collector.await.unwrap();
-    let samples = sampler.await.unwrap();
-    assert!(samples > 10, "the sampler ran ({samples})");
+    let watch = sampler.await.unwrap();
+    assert!(watch.samples > 10, "the sampler ran ({})", watch.samples);
+    assert!(
+        watch.most.0 <= SEATS,
+        "overbooked: {:?} holders of {SEATS}",
+        watch.most
+    );
 
     // Every request answered; a repeated reply (a redelivery) repeats the outcome.
     let (sent, got) = {
@@ -494,7 +429,6 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
             other => panic!("{id} ({op}): unexpected {other}"),
         }
     }
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
     for l in LICENSES {
         let mut want: Vec<String> = implied
             .iter()
@@ -502,14 +436,7 @@ async fn burst_with_fault(url: &str, n: usize, fault: impl FnOnce()) {
             .map(|(_, s)| s.clone())
             .collect();
         want.sort();
-        let mut have: Vec<String> = redis::cmd("ZRANGE")
-            .arg(format!("seat:{{{l}}}:holders"))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        have.sort();
+        let have = holders(s, l).await;
         assert_eq!(have, want, "license {l}: Redis disagrees with the replies");
         assert!(want.len() <= SEATS);
     }
@@ -527,43 +454,39 @@ fn burst_env() -> Vec<(&'static str, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
-    let redis = RedisServer::start_with(&["--appendonly", "yes"]);
+    let redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
+    let settings = redis.settings();
     let mut env = burst_env();
     env.push(("SEATGATE__STREAM__CONSUMER", "victim".into()));
-    let mut victim = WorkerProcess::start(&redis.url(), &env);
+    let mut victim = WorkerProcess::start(&redis.url(), &env).await;
     env.pop();
     env.push(("SEATGATE__STREAM__CONSUMER", "survivor".into()));
-    let survivor = WorkerProcess::start(&redis.url(), &env);
-    let url = redis.url();
+    let survivor = WorkerProcess::start(&redis.url(), &env).await;
     let mut left_pending = 0;
-    burst_with_fault(&url, 4000, || {
+    burst_with_fault(&settings, 4000, async {
         // Kill the victim while it holds unacknowledged entries, so that the
         // survivor must claim and answer them.
-        let mut con = redis::Client::open(url.as_str())
-            .unwrap()
-            .get_connection()
-            .unwrap();
-        let victim_pending = |con: &mut redis::Connection| -> usize {
+        let mut con = db(&settings).await;
+        let mut victim_pending = async || -> usize {
             redis::cmd("XPENDING")
-                .arg("seat:requests")
-                .arg("seatgate")
+                .arg(&settings.stream.requests)
+                .arg(&settings.stream.group)
                 .arg("-")
                 .arg("+")
                 .arg(1000)
                 .arg("victim")
-                .query::<Vec<redis::Value>>(con)
+                .query_async::<Vec<redis::Value>>(&mut con)
+                .await
                 .map(|v| v.len())
                 .unwrap_or(0)
         };
         let deadline = Instant::now() + Duration::from_secs(5);
-        while victim_pending(&mut con) == 0 && Instant::now() < deadline {}
+        while victim_pending().await == 0 && Instant::now() < deadline {}
         victim.kill9();
-        left_pending = victim_pending(&mut con);
+        left_pending = victim_pending().await;
     })
     .await;
-    let metrics = crate::support::http_get(&survivor.metrics, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default();
+    let metrics = survivor.scrape().await;
     let claimed = metrics
         .lines()
         .find(|l| l.starts_with("seatgate_claimed_requests_total"))
@@ -571,7 +494,7 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
     eprintln!("kill -9: the victim left {left_pending} entries pending; survivor: {claimed}");
     assert!(left_pending > 0, "the kill was meant to leave work behind");
     assert_eq!(
-        pending(&redis).await,
+        pending(&settings).await,
         0,
         "the victim's pending entries were claimed and answered"
     );
@@ -579,89 +502,77 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]);
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
+    let settings = redis.settings();
     let env = burst_env();
-    let _a = WorkerProcess::start(&redis.url(), &env);
-    let _b = WorkerProcess::start(&redis.url(), &env);
-    let url = redis.url();
-    burst_with_fault(&url, 4000, || {
-        redis.shutdown();
-        std::thread::sleep(Duration::from_secs(2));
-        redis.restart().expect("restart redis");
+    let _a = WorkerProcess::start(&redis.url(), &env).await;
+    let _b = WorkerProcess::start(&redis.url(), &env).await;
+    burst_with_fault(&settings, 4000, async {
+        redis.shutdown().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        redis.restart().await.expect("restart redis");
     })
     .await;
-    assert_eq!(pending(&redis).await, 0);
+    assert_eq!(pending(&settings).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
-    let redis = RedisServer::start_with(&[]);
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
     let mut env = burst_env();
     env.push(("SEATGATE__STREAM__CONSUMER", "leaving".into()));
-    let mut leaving = WorkerProcess::start(&redis.url(), &env);
+    let mut leaving = WorkerProcess::start(&redis.url(), &env).await;
     env.pop();
     env.push(("SEATGATE__STREAM__CONSUMER", "staying".into()));
-    let _staying = WorkerProcess::start(&redis.url(), &env);
+    let _staying = WorkerProcess::start(&redis.url(), &env).await;
     let mut exit = None;
-    burst_with_fault(&redis.url(), 4000, || {
-        exit = Some(leaving.terminate(Duration::from_secs(10)))
+    burst_with_fault(&settings, 4000, async {
+        exit = Some(leaving.terminate(Duration::from_secs(10)).await)
     })
     .await;
     let status = exit.expect("fault ran");
     assert!(status.success(), "SIGTERM exit status {status:?}");
     // Nothing of the stopped worker is left pending: it finished its batch and left the group.
-    let mut con = redis.con().await;
-    let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    for c in consumers {
-        let name: String = redis::from_redis_value(c["name"].clone()).unwrap();
-        let pending: i64 = redis::from_redis_value(c["pending"].clone()).unwrap();
+    for (name, pending) in consumers(&settings).await {
         assert!(
             name != "leaving" || pending == 0,
             "the stopped worker left {pending} entries pending"
         );
     }
-    assert_eq!(pending(&redis).await, 0);
+    assert_eq!(pending(&settings).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns() {
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]);
-    put_license(&redis, "lic", 1).await;
-    let worker = WorkerProcess::start(&redis.url(), &[]);
-    let ready = |w: &WorkerProcess| crate::support::http_get(&w.metrics, "/ready").map(|(c, _)| c);
-    assert_eq!(ready(&worker), Some(200));
+    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]).await;
+    assert_eq!(worker.status("/ready").await, Some(200));
 
-    redis.shutdown();
+    redis.shutdown().await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ready(&worker) != Some(503) {
+    while worker.status("/ready").await != Some(503) {
         assert!(
             Instant::now() < deadline,
             "/ready did not turn 503 while Redis was down"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        crate::support::http_get(&worker.metrics, "/live").map(|(c, _)| c),
-        Some(200)
-    );
+    assert_eq!(worker.status("/live").await, Some(200));
 
-    redis.restart().expect("restart redis");
+    redis.restart().await.expect("restart redis");
     let back = Instant::now();
-    while ready(&worker) != Some(200) {
+    while worker.status("/ready").await != Some(200) {
         assert!(back.elapsed() < Duration::from_secs(5), "/ready did not recover");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let r = c.call(&call(Op::Acquire, "lic", "after"), T).await.unwrap();
+    let ready_after = back.elapsed();
+    let mut c = client(&settings).await;
+    let r = c.call(&Call::new(Op::Acquire, "lic", "after"), T).await.unwrap();
     eprintln!(
-        "redis outage: ready again {:?} after restart; first request served {:?} after restart",
-        back.elapsed(),
+        "redis outage: ready again {ready_after:?} after restart; first request served {:?} after restart",
         back.elapsed()
     );
     assert_eq!(r.status(), Status::Acquired);
@@ -672,13 +583,14 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
 /// evicted, and once memory is freed it is answered, with its effect applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_out_of_memory_is_not_ready_and_recovers() {
-    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     // The group and a request exist before memory runs out (under OOM even an XADD is refused).
-    crate::support::create_group(&mut con).await;
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let id = c.send(&call(Op::Acquire, "lic", "patient")).await.unwrap();
+    create_group(&settings).await;
+    let mut c = client(&settings).await;
+    let id = c.send(&Call::new(Op::Acquire, "lic", "patient")).await.unwrap();
     let _: i64 = redis::cmd("SETRANGE")
         .arg("ballast")
         .arg(8 * 1024 * 1024)
@@ -693,7 +605,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let worker = spawn_worker(redis.settings(), "w1").await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while worker.ready.get() {
         assert!(Instant::now() < deadline, "the worker did not report the OOM");
@@ -712,7 +624,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
         .unwrap();
     let r = c.wait_for(&id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(r.status(), Status::Acquired, "served once memory was freed");
-    assert_eq!(holders(&redis, "lic").await, ["patient"]);
+    assert_eq!(holders(&settings, "lic").await, ["patient"]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !worker.ready.get() {
         assert!(Instant::now() < deadline, "the worker did not recover");
@@ -725,74 +637,41 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
 /// what is pending or undelivered) and removes long-idle empty consumers.
 #[tokio::test]
 async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
-    let redis = RedisServer::start_with(&[]);
-    let mut con = redis.con().await;
-    crate::support::create_group(&mut con).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let mut settings = redis.settings();
+    settings.stream.consumer_idle_ms = 20;
+    let mut con = db(&settings).await;
+    create_group(&settings).await;
     let mut ids = Vec::new();
     for i in 0..10 {
-        ids.push(
-            xadd(
-                &mut con,
-                &[
-                    ("op", "heartbeat"),
-                    ("license", "l"),
-                    ("session", &format!("s{i}")),
-                ],
-            )
-            .await,
-        );
+        let session = format!("s{i}");
+        let fields = [("op", "heartbeat"), ("license", "l"), ("session", &session)];
+        ids.push(add_request(&mut con, &settings, &fields).await);
     }
     // "gone" reads 6 and acknowledges them; "busy" reads 2 and holds them; 2 stay undelivered.
-    let read = |consumer: &'static str, count: usize| {
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg("seatgate")
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count);
-        cmd.arg("STREAMS").arg("seat:requests").arg(">");
-        cmd
-    };
-    let _: redis::Value = read("gone", 6).query_async(&mut con).await.unwrap();
+    let _: redis::Value = read_as(&settings, "gone", 6).query_async(&mut con).await.unwrap();
     let _: i64 = redis::cmd("XACK")
-        .arg("seat:requests")
-        .arg("seatgate")
+        .arg(&settings.stream.requests)
+        .arg(&settings.stream.group)
         .arg(&ids[..6])
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: redis::Value = read("busy", 2).query_async(&mut con).await.unwrap();
+    let _: redis::Value = read_as(&settings, "busy", 2).query_async(&mut con).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
 
-    let mut settings = redis.settings();
-    settings.stream.consumer_idle_ms = 20;
-    let reaper =
-        seatgate::runtime::reaper::Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
-    reaper.maintain_stream().await.unwrap();
+    reaper(&settings).await.maintain_stream().await.unwrap();
 
-    let left: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
-        .arg("seat:requests")
-        .arg("-")
-        .arg("+")
-        .query_async(&mut con)
+    let left: Vec<String> = stream_entries(&mut con, &settings.stream.requests)
         .await
-        .unwrap();
-    let left: Vec<&str> = left.iter().map(|(id, _)| id.as_str()).collect();
-    assert_eq!(
-        left,
-        ids[6..].iter().map(String::as_str).collect::<Vec<_>>(),
-        "only acknowledged entries trimmed"
-    );
-    let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .query_async(&mut con)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(left, ids[6..], "only acknowledged entries trimmed");
+    let names: Vec<String> = consumers(&settings)
         .await
-        .unwrap();
-    let names: Vec<String> = consumers
-        .iter()
-        .map(|c| redis::from_redis_value(c["name"].clone()).unwrap())
+        .into_iter()
+        .map(|(name, _)| name)
         .collect();
     assert_eq!(
         names,

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
-use seatgate::client::{Call, Client};
+use seatgate::client::Call;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
-use crate::support::{pending, put_license, snapshot, spawn_worker, RedisServer, RedisServerExt};
+use crate::support::{
+    client, db, holders, http_get, license_keys, metric, pending, put_license, reply_stream, request_xadd,
+    snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt, WorkerProcess, T,
+};
 
 // Generated hostile entries; the parser's own property test over them lives
 // next to the parser (src/engine/protocol.rs), this file sends them through a worker.
@@ -143,40 +146,27 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test]
 async fn every_malformed_request_is_answered_and_changes_nothing() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let good = |session: &str| Call {
-        op: Op::Acquire,
-        license: "lic".into(),
-        session: session.into(),
-        meta: None,
-        wait_ms: 0,
-    };
-    let r = client
-        .call(&good("holder"), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut client = client(&settings).await;
+    let good = |session: &str| Call::new(Op::Acquire, "lic", session);
+    let r = client.call(&good("holder"), T).await.unwrap();
     assert_eq!(r.status(), Status::Acquired);
-    let before = snapshot(&redis).await;
+    let before = snapshot(&settings).await;
 
-    let mut con = redis.con().await;
+    let mut con = db(&settings).await;
     for (i, (what, fields, mention)) in cases().into_iter().enumerate() {
         let id = format!("bad-{i}");
-        let mut xadd = redis::cmd("XADD");
-        xadd.arg("seat:requests")
-            .arg("*")
-            .arg("id")
-            .arg(&id)
-            .arg("reply_to")
-            .arg(client.reply_to());
+        let mut xadd = request_xadd(&settings);
+        xadd.arg("id").arg(&id).arg("reply_to").arg(client.reply_to());
         for (k, v) in &fields {
             xadd.arg(*k).arg(v.as_slice());
         }
         let _: String = xadd.query_async(&mut con).await.unwrap();
         let r = client
-            .wait_for(&id, Duration::from_secs(5))
+            .wait_for(&id, T)
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(r.status(), Status::InvalidRequest, "{what}");
@@ -188,50 +178,45 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
         );
     }
     assert_eq!(
-        snapshot(&redis).await,
+        snapshot(&settings).await,
         before,
         "invalid requests changed seat state"
     );
 
     // A request without a usable reply address is still acknowledged; the worker lives on.
-    let _: String = redis::cmd("XADD")
-        .arg("seat:requests")
-        .arg("*")
+    let _: String = request_xadd(&settings)
         .arg("op")
         .arg("acquire")
         .arg("reply_to")
-        .arg("seat:{lic}:holders")
+        .arg(license_keys(&settings, "lic").holders)
         .query_async(&mut con)
         .await
         .unwrap();
-    let r = client
-        .call(&good("second"), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let r = client.call(&good("second"), T).await.unwrap();
     assert_eq!(
         r.status(),
         Status::Acquired,
         "requests after the bad ones are served"
     );
     worker.stop().await;
-    assert_eq!(pending(&redis).await, 0, "every entry acknowledged");
+    assert_eq!(pending(&settings).await, 0, "every entry acknowledged");
 }
 
 #[tokio::test]
 async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut con = db(&settings).await;
+    let not_a_stream = reply_stream(&settings, "not-a-stream");
     let _: () = redis::cmd("SET")
-        .arg("seat:reply:not-a-stream")
+        .arg(&not_a_stream)
         .arg("x")
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg("seat:requests")
-        .arg("*")
+    let _: String = request_xadd(&settings)
         .arg("op")
         .arg("acquire")
         .arg("license")
@@ -239,39 +224,33 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("seat:reply:not-a-stream")
+        .arg(&not_a_stream)
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let call = Call {
-        op: Op::Acquire,
-        license: "lic".into(),
-        session: "s2".into(),
-        meta: None,
-        wait_ms: 0,
-    };
-    let r = client.call(&call, Duration::from_secs(5)).await.unwrap();
+    let mut client = client(&settings).await;
+    let call = Call::new(Op::Acquire, "lic", "s2");
+    let r = client.call(&call, T).await.unwrap();
     assert_eq!(r.status(), Status::Acquired);
     worker.stop().await;
-    assert_eq!(pending(&redis).await, 0);
+    assert_eq!(pending(&settings).await, 0);
 }
 
 #[tokio::test]
 async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut con = db(&settings).await;
+    let victim = reply_stream(&settings, "victim");
     let _: () = redis::cmd("SET")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .arg("important")
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg("seat:requests")
-        .arg("*")
+    let _: String = request_xadd(&settings)
         .arg("op")
         .arg("heartbeat")
         .arg("license")
@@ -279,36 +258,27 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .arg("session")
         .arg("s1")
         .arg("reply_to")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
     // A request sent after it is answered: the bad one has been read too.
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let call = Call {
-        op: Op::Acquire,
-        license: "lic".into(),
-        session: "s2".into(),
-        meta: None,
-        wait_ms: 0,
-    };
-    assert_eq!(
-        client.call(&call, Duration::from_secs(5)).await.unwrap().status(),
-        Status::Acquired
-    );
+    let mut client = client(&settings).await;
+    let call = Call::new(Op::Acquire, "lic", "s2");
+    assert_eq!(client.call(&call, T).await.unwrap().status(), Status::Acquired);
     worker.stop().await;
     assert_eq!(
-        pending(&redis).await,
+        pending(&settings).await,
         0,
         "acknowledged although its reply could not be written"
     );
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
     let value: String = redis::cmd("GET")
-        .arg("seat:reply:victim")
+        .arg(&victim)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -323,14 +293,15 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
 /// status, and every seat in Redis is one that some reply says was acquired.
 #[tokio::test]
 async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_unasked() {
-    let redis = RedisServer::start_with(&[]);
-    for l in ["s-1", "fuzz", "acquire"] {
-        put_license(&redis, l, 3).await;
-    }
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
+    for l in ["s-1", "fuzz", "acquire"] {
+        put_license(&settings, l, 3).await;
+    }
     settings.limits.session_requests = 0;
-    let worker = spawn_worker(settings, "w1").await;
-    let mut con = redis.con().await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut con = db(&settings).await;
+    let fuzz_replies = reply_stream(&settings, "fuzz");
     let mut runner = TestRunner::deterministic();
     let n = 300;
     for i in 0..n {
@@ -338,13 +309,11 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
             .new_tree(&mut runner)
             .expect("generate")
             .current();
-        let mut xadd = redis::cmd("XADD");
-        xadd.arg("seat:requests")
-            .arg("*")
-            .arg("id")
+        let mut xadd = request_xadd(&settings);
+        xadd.arg("id")
             .arg(format!("g{i}"))
             .arg("reply_to")
-            .arg("seat:reply:fuzz");
+            .arg(&fuzz_replies);
         for (k, v) in fields
             .iter()
             .filter(|(k, _)| k != "id" && k != "reply_to" && !k.is_empty())
@@ -355,25 +324,19 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let replies = loop {
-        let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg("seat:reply:fuzz")
-            .arg("-")
-            .arg("+")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        if read.ids.len() >= n || std::time::Instant::now() > deadline {
-            break read.ids;
+        let read = stream_entries(&mut con, &fuzz_replies).await;
+        if read.len() >= n || std::time::Instant::now() > deadline {
+            break read;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     worker.stop().await;
-    assert_eq!(pending(&redis).await, 0, "every entry acknowledged");
+    assert_eq!(pending(&settings).await, 0, "every entry acknowledged");
     let mut answered = std::collections::HashSet::new();
     let mut acquired = std::collections::HashSet::new();
     let mut invalid = 0;
     for r in &replies {
-        let get = |k: &str| r.get::<String>(k).unwrap_or_default();
+        let get = |k: &str| r.fields.get(k).cloned().unwrap_or_default();
         let status: Status = get("status").parse().expect("a documented status");
         answered.insert(get("id"));
         match status {
@@ -390,7 +353,7 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
         "the generator mostly produces invalid requests ({invalid} of {n})"
     );
     for l in ["s-1", "fuzz", "acquire"] {
-        for s in crate::support::holders(&redis, l).await {
+        for s in holders(&settings, l).await {
             assert!(
                 acquired.contains(&(l.to_owned(), s.clone())),
                 "{l}/{s} holds a seat no reply granted"
@@ -405,10 +368,10 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
 /// stream with a reason naming `reply_to`, and the refusal is counted.
 #[tokio::test]
 async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_untouched() {
-    use crate::support::{http_get, stream_entries, WorkerProcess};
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     let mut pipe = redis::pipe();
     for i in 0..1_000 {
         pipe.cmd("XADD")
@@ -419,7 +382,7 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
             .ignore();
     }
     let _: () = pipe.query_async(&mut con).await.unwrap();
-    let dump = |con: &mut redis::aio::MultiplexedConnection| {
+    let dump = |con: &mut seatgate::db::Db| {
         let mut con = con.clone();
         async move {
             let dump: Vec<u8> = redis::cmd("DUMP")
@@ -438,11 +401,9 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
     let before = dump(&mut con).await;
     assert_eq!(before.1, -1);
 
-    let worker = WorkerProcess::start(&redis.url(), &[]);
+    let worker = WorkerProcess::start(&redis.url(), &[]).await;
     for op in ["acquire", "release"] {
-        let _: String = redis::cmd("XADD")
-            .arg("seat:requests")
-            .arg("*")
+        let _: String = request_xadd(&settings)
             .arg("op")
             .arg(op)
             .arg("id")
@@ -459,8 +420,8 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let dead = loop {
-        let dead = stream_entries(&mut con, "seat:requests:dead").await;
-        if dead.len() >= 2 && pending(&redis).await == 0 {
+        let dead = stream_entries(&mut con, &settings.stream.dead_letter).await;
+        if dead.len() >= 2 && pending(&settings).await == 0 {
             break dead;
         }
         assert!(
@@ -470,10 +431,7 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(dump(&mut con).await, before, "orders:jobs byte-identical, no TTL");
-    assert!(
-        crate::support::holders(&redis, "lic").await.is_empty(),
-        "not decided"
-    );
+    assert!(holders(&settings, "lic").await.is_empty(), "not decided");
     let mut ids: Vec<&str> = dead.iter().map(|e| e["id"].as_str()).collect();
     ids.sort();
     assert_eq!(ids, ["hostile-acquire", "hostile-release"]);
@@ -481,16 +439,14 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
         assert_eq!(entry["reply_to"], "orders:jobs");
         let reason = &entry["dead_reason"];
         assert!(
-            reason.contains("reply_to") && reason.contains("orders:jobs") && reason.contains("seat:reply:"),
+            reason.contains("reply_to")
+                && reason.contains("orders:jobs")
+                && reason.contains(&settings.replies.prefix),
             "{reason}"
         );
     }
-    let (_, text) = http_get(&worker.metrics, "/metrics").expect("metrics");
-    let count = |series: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse::<f64>().ok()))
-            .unwrap_or(0.0)
-    };
+    let (_, text) = http_get(&worker.metrics, "/metrics").await.expect("metrics");
+    let count = |series: &str| metric(&text, series).unwrap_or(0.0);
     assert_eq!(count("seatgate_refused_reply_to_total "), 2.0, "{text}");
     assert_eq!(count("seatgate_dead_lettered_total "), 2.0, "{text}");
 }

@@ -8,41 +8,23 @@ use seatgate::client::{Call, Client};
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
-use crate::support::{http_get, put_license, RedisServer, RedisServerExt, WorkerProcess};
-
-const T: Duration = Duration::from_secs(5);
-
-fn scrape(worker: &WorkerProcess) -> String {
-    http_get(&worker.metrics, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default()
-}
-
-/// The value of one exact series (name and labels as rendered), if present.
-fn value(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-}
+use crate::support::{acquire, client, metric, put_license, RedisServer, RedisServerExt, WorkerProcess, T};
 
 /// Scrapes until `check` holds, at most `within`; returns the last page.
-fn until(worker: &WorkerProcess, within: Duration, what: &str, check: impl Fn(&str) -> bool) -> String {
+async fn until(worker: &WorkerProcess, within: Duration, what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + within;
     loop {
-        let page = scrape(worker);
+        let page = worker.scrape().await;
         if check(&page) {
             return page;
         }
         assert!(Instant::now() < deadline, "{what}; last scrape:\n{page}");
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 async fn status(client: &mut Client, call: Call) -> Status {
     client.call(&call, T).await.expect("answered").status()
-}
-
-fn acquire(license: &str, session: &str) -> Call {
-    Call::new(Op::Acquire, license, session).with_meta(r#"{"user_email":"ops@example.com"}"#)
 }
 
 fn every_second(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
@@ -53,80 +35,90 @@ fn every_second(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
 
 #[tokio::test]
 async fn per_license_series_follow_the_top_n_and_denials_stay_bounded() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "a", 1).await;
-    put_license(&redis, "b", 2).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "a", 1).await;
+    put_license(&settings, "b", 2).await;
     let worker = WorkerProcess::start(
         &redis.url(),
         &every_second(&[("SEATGATE__METRICS__LICENSE_SERIES_LIMIT", "1")]),
-    );
+    )
+    .await;
 
-    let page = scrape(&worker);
+    let page = worker.scrape().await;
     for line in page.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
         let name = line.split_whitespace().next().unwrap_or_default();
         assert!(page.contains(&format!("# HELP {name} ")), "{name} has no HELP");
     }
-    assert_eq!(value(&page, "seatgate_build_info{version=\"0.1.0\"}"), Some(1.0));
+    assert_eq!(metric(&page, "seatgate_build_info{version=\"0.1.0\"}"), Some(1.0));
     assert_eq!(
-        value(&page, "seatgate_invalid_requests_total{field=\"meta\"}"),
+        metric(&page, "seatgate_invalid_requests_total{field=\"meta\"}"),
         Some(0.0)
     );
     assert_eq!(
-        value(
+        metric(
             &page,
             "seatgate_requests_total{op=\"acquire\",status=\"NO_SEATS_AVAILABLE\"}"
         ),
         Some(0.0)
     );
     assert_eq!(
-        value(
+        metric(
             &page,
             "seatgate_denials_total{license=\"_other\",reason=\"RATE_LIMITED\"}"
         ),
         Some(0.0)
     );
-    assert_eq!(value(&page, "seatgate_ready"), Some(1.0));
+    assert_eq!(metric(&page, "seatgate_ready"), Some(1.0));
 
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    assert_eq!(status(&mut c, acquire("a", "s1")).await, Status::Acquired);
-    assert_eq!(status(&mut c, acquire("a", "s2")).await, Status::NoSeatsAvailable);
+    let mut c = client(&settings).await;
+    assert_eq!(status(&mut c, acquire("a", "s1", 0)).await, Status::Acquired);
+    assert_eq!(
+        status(&mut c, acquire("a", "s2", 0)).await,
+        Status::NoSeatsAvailable
+    );
     // a (1/1) is the top license; b (0/2) is summed into _other.
     until(
         &worker,
         Duration::from_secs(5),
         "a has series, b is in _other",
         |p| {
-            value(p, "seatgate_seats_used{license=\"a\"}") == Some(1.0)
-                && value(p, "seatgate_seats_total{license=\"_other\"}") == Some(2.0)
+            metric(p, "seatgate_seats_used{license=\"a\"}") == Some(1.0)
+                && metric(p, "seatgate_seats_total{license=\"_other\"}") == Some(2.0)
                 && !p.contains("license=\"b\"")
         },
-    );
+    )
+    .await;
 
     // b fills up and a empties: b takes the place, a goes to _other.
-    assert_eq!(status(&mut c, acquire("b", "x1")).await, Status::Acquired);
-    assert_eq!(status(&mut c, acquire("b", "x2")).await, Status::Acquired);
-    assert_eq!(status(&mut c, acquire("b", "x3")).await, Status::NoSeatsAvailable);
+    assert_eq!(status(&mut c, acquire("b", "x1", 0)).await, Status::Acquired);
+    assert_eq!(status(&mut c, acquire("b", "x2", 0)).await, Status::Acquired);
+    assert_eq!(
+        status(&mut c, acquire("b", "x3", 0)).await,
+        Status::NoSeatsAvailable
+    );
     let release = Call::new(Op::Release, "a", "s1");
     assert_eq!(status(&mut c, release).await, Status::Released);
     let page = until(&worker, Duration::from_secs(5), "b replaced a", |p| {
-        value(p, "seatgate_seats_used{license=\"b\"}") == Some(2.0)
-            && value(p, "seatgate_seats_total{license=\"_other\"}") == Some(1.0)
+        metric(p, "seatgate_seats_used{license=\"b\"}") == Some(2.0)
+            && metric(p, "seatgate_seats_total{license=\"_other\"}") == Some(1.0)
             && !p.contains("seatgate_seats_used{license=\"a\"}")
-    });
-    assert_eq!(value(&page, "seatgate_fleet_seats_used"), Some(2.0));
-    assert_eq!(value(&page, "seatgate_fleet_seats_total"), Some(3.0));
-    assert_eq!(value(&page, "seatgate_licenses"), Some(2.0));
+    })
+    .await;
+    assert_eq!(metric(&page, "seatgate_fleet_seats_used"), Some(2.0));
+    assert_eq!(metric(&page, "seatgate_fleet_seats_total"), Some(3.0));
+    assert_eq!(metric(&page, "seatgate_licenses"), Some(2.0));
 
     // Denials: a was denied first and keeps its place; b's denial is under _other.
     assert_eq!(
-        value(
+        metric(
             &page,
             "seatgate_denials_total{license=\"a\",reason=\"NO_SEATS_AVAILABLE\"}"
         ),
         Some(1.0)
     );
     assert_eq!(
-        value(
+        metric(
             &page,
             "seatgate_denials_total{license=\"_other\",reason=\"NO_SEATS_AVAILABLE\"}"
         ),
@@ -137,20 +129,23 @@ async fn per_license_series_follow_the_top_n_and_denials_stay_bounded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
+    let redis = RedisServer::start_with(&[]).await;
+    put_license(&redis.settings(), "lic", 2).await;
     let env = every_second(&[("SEATGATE__REAPER__LOCK_MS", "5000")]);
     let mut workers = vec![
-        WorkerProcess::start(&redis.url(), &env),
-        WorkerProcess::start(&redis.url(), &env),
+        WorkerProcess::start(&redis.url(), &env).await,
+        WorkerProcess::start(&redis.url(), &env).await,
     ];
-    let exports = |p: &str| value(p, "seatgate_seats_total{license=\"lic\"}") == Some(2.0);
-    let leads = |p: &str| value(p, "seatgate_reaper_leader") == Some(1.0);
+    let exports = |p: &str| metric(p, "seatgate_seats_total{license=\"lic\"}") == Some(2.0);
+    let leads = |p: &str| metric(p, "seatgate_reaper_leader") == Some(1.0);
 
     // One leader, which exports the shared state; the other exports none of it.
     let deadline = Instant::now() + Duration::from_secs(5);
     let leader = loop {
-        let pages: Vec<String> = workers.iter().map(scrape).collect();
+        let mut pages = Vec::new();
+        for w in &workers {
+            pages.push(w.scrape().await);
+        }
         if let Some(i) = pages.iter().position(|p| leads(p) && exports(p)) {
             let other = &pages[1 - i];
             assert!(!leads(other), "two leaders:\n{other}");
@@ -164,7 +159,7 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
             break i;
         }
         assert!(Instant::now() < deadline, "no leader exported the shared state");
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
 
     // The leader dies: the other takes over once the lock expires.
@@ -176,15 +171,16 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
         Duration::from_secs(10),
         "the survivor did not take over",
         |p| leads(p) && exports(p),
-    );
+    )
+    .await;
     let took = killed.elapsed();
     eprintln!("took over {took:?} after the leader's kill -9");
 
     // A leader that stops cleanly hands over at once, not after the lock expires.
     let mut next = survivor;
-    let successor = WorkerProcess::start(&redis.url(), &env);
-    assert!(!leads(&scrape(&successor)));
-    let status = next.terminate(Duration::from_secs(10));
+    let successor = WorkerProcess::start(&redis.url(), &env).await;
+    assert!(!leads(&successor.scrape().await));
+    let status = next.terminate(Duration::from_secs(10)).await;
     assert!(status.success());
     let stopped = Instant::now();
     until(
@@ -192,7 +188,8 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
         Duration::from_secs(10),
         "the successor did not take over",
         |p| leads(p) && exports(p),
-    );
+    )
+    .await;
     let handover = stopped.elapsed();
     eprintln!("took over {handover:?} after SIGTERM to the leader");
     assert!(

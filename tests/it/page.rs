@@ -7,6 +7,10 @@
 //! Chromium comes from Debian's `chromium` package, which `ops/test.sh`
 //! installs (ops/ensure-chromium.sh). It runs with a throwaway profile, in its
 //! own process group so that the guard can kill every process it forked.
+//!
+//! The DevTools connection is a blocking websocket (tungstenite): every call
+//! on it runs off the runtime's threads, and every wait between calls is
+//! tokio's, so the test's own tasks (a client heartbeating) keep running.
 
 use std::fs::File;
 use std::net::TcpStream;
@@ -16,20 +20,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
-use seatgate::engine::keys::Keys;
-use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};
 
-use crate::support::{http_get, RedisServer, RedisServerExt, WorkerProcess, BIN};
+use crate::support::{
+    acquire, client, http_get, output, provision, seatgate_cmd, seats, seats_with_timeout, RedisServer,
+    RedisServerExt, WorkerProcess, T,
+};
 
 /// How long the page gets to show each new state: a poll every second, plus
 /// the reaper's one-second schedule where an eviction is involved.
 const SHOWS_WITHIN: Duration = Duration::from_secs(8);
-/// A client call's reply timeout.
-const T: Duration = Duration::from_secs(5);
 
 /// A headless Chromium with a temporary profile; kills its process group on drop.
 struct Browser {
@@ -43,7 +47,7 @@ struct Browser {
 
 impl Browser {
     /// Starts Chromium and waits until its DevTools endpoint is announced.
-    fn launch() -> Browser {
+    async fn launch() -> Browser {
         let profile = tempfile::tempdir().expect("chromium profile dir");
         let log = File::create(profile.path().join("chromium.log")).expect("chromium log file");
         let child = Command::new("chromium")
@@ -107,7 +111,7 @@ impl Browser {
                 "chromium did not open its DevTools port within 30 s:\n{}",
                 browser.log()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -117,48 +121,58 @@ impl Browser {
     }
 
     /// A new tab on `url` with a DevTools session attached to it.
-    fn open(&self, url: &str) -> Page {
-        let request = self.ws_url.as_str();
-        let addr = request
-            .trim_start_matches("ws://")
-            .split('/')
-            .next()
-            .expect("host:port in the DevTools URL");
-        let stream = TcpStream::connect(addr).expect("connect to chromium's DevTools port");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(15)))
-            .expect("read timeout");
-        let (ws, _) = tungstenite::client(request, stream).expect("DevTools websocket handshake");
+    async fn open(&self, url: &str) -> Page {
+        let request = self.ws_url.clone();
+        let devtools = tokio::task::spawn_blocking(move || {
+            let addr = request
+                .trim_start_matches("ws://")
+                .split('/')
+                .next()
+                .expect("host:port in the DevTools URL");
+            let stream = TcpStream::connect(addr).expect("connect to chromium's DevTools port");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(15)))
+                .expect("read timeout");
+            let (ws, _) =
+                tungstenite::client(request.as_str(), stream).expect("DevTools websocket handshake");
+            DevTools {
+                ws,
+                next_id: 0,
+                session: None,
+            }
+        });
         let mut page = Page {
-            ws,
-            next_id: 0,
-            session: None,
+            devtools: Some(off_runtime(devtools).await),
         };
-        let target = page.call("Target.createTarget", json!({ "url": "about:blank" }));
+        let target = page
+            .call("Target.createTarget", json!({ "url": "about:blank" }))
+            .await;
         let target_id = target["targetId"].as_str().expect("targetId").to_owned();
-        let attached = page.call(
-            "Target.attachToTarget",
-            json!({ "targetId": target_id, "flatten": true }),
-        );
-        page.session = Some(attached["sessionId"].as_str().expect("sessionId").to_owned());
-        page.call("Page.enable", json!({}));
-        page.call("Runtime.enable", json!({}));
-        page.call("Page.navigate", json!({ "url": url }));
+        let attached = page
+            .call(
+                "Target.attachToTarget",
+                json!({ "targetId": target_id, "flatten": true }),
+            )
+            .await;
+        let session = attached["sessionId"].as_str().expect("sessionId").to_owned();
+        page.devtools.as_mut().expect("no call in flight").session = Some(session);
+        page.call("Page.enable", json!({})).await;
+        page.call("Runtime.enable", json!({})).await;
+        page.call("Page.navigate", json!({ "url": url })).await;
         page.wait_until(
             "the page has loaded",
             "document.readyState === 'complete' && location.href !== 'about:blank'",
             Duration::from_secs(15),
-        );
+        )
+        .await;
         page
     }
-}
 
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // SIGTERM first: Chromium then stops and reaps its renderer, GPU and
-        // crashpad processes itself (killed children would be orphans, left
-        // for an init that may not reap them). Then SIGKILL whatever of its
-        // process group is still there.
+    /// SIGTERM first: Chromium then stops and reaps its renderer, GPU and
+    /// crashpad processes itself (killed children would be orphans, left for
+    /// an init that may not reap them). Then SIGKILL whatever of its process
+    /// group is still there.
+    fn stop(&mut self) {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -171,14 +185,42 @@ impl Drop for Browser {
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Drop cannot await. On a multi-threaded runtime, block_in_place
+        // hands this thread's other tasks to another worker while Chromium
+        // shuts down; elsewhere (no runtime, or a current-thread one, where
+        // block_in_place is not allowed) the wait simply blocks.
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread {
+            tokio::task::block_in_place(|| self.stop());
+        } else {
+            self.stop();
+        }
         if std::thread::panicking() {
             eprintln!("--- chromium log ---\n{}", self.log());
         }
     }
 }
 
-/// One tab, spoken to over the browser's DevTools websocket (flat sessions).
-struct Page {
+/// Waits for blocking work handed to `spawn_blocking`; its panic (a failed
+/// assertion about the page) fails the test as it is.
+async fn off_runtime<R>(task: tokio::task::JoinHandle<R>) -> R {
+    match task.await {
+        Ok(r) => r,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("DevTools task: {e}"),
+        },
+    }
+}
+
+/// The browser's DevTools websocket (flat sessions), spoken to blocking.
+struct DevTools {
     /// The browser-wide DevTools connection.
     ws: WebSocket<TcpStream>,
     /// Id of the next command; answers carry it back.
@@ -187,7 +229,13 @@ struct Page {
     session: Option<String>,
 }
 
-impl Page {
+/// One tab. Its DevTools connection is lent to a blocking task for each call.
+struct Page {
+    /// The connection; `None` only while a call is in flight.
+    devtools: Option<DevTools>,
+}
+
+impl DevTools {
     /// Sends a DevTools command and returns its `result`; events are skipped.
     fn call(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
@@ -215,13 +263,30 @@ impl Page {
             return answer["result"].clone();
         }
     }
+}
+
+impl Page {
+    /// Sends a DevTools command (off the runtime's threads) and returns its `result`.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let mut devtools = self.devtools.take().expect("one DevTools call at a time");
+        let method = method.to_owned();
+        let task = tokio::task::spawn_blocking(move || {
+            let result = devtools.call(&method, params);
+            (devtools, result)
+        });
+        let (devtools, result) = off_runtime(task).await;
+        self.devtools = Some(devtools);
+        result
+    }
 
     /// Evaluates `expr` in the page and returns its value.
-    fn eval(&mut self, expr: &str) -> Value {
-        let out = self.call(
-            "Runtime.evaluate",
-            json!({ "expression": expr, "returnByValue": true }),
-        );
+    async fn eval(&mut self, expr: &str) -> Value {
+        let out = self
+            .call(
+                "Runtime.evaluate",
+                json!({ "expression": expr, "returnByValue": true }),
+            )
+            .await;
         if let Some(e) = out.get("exceptionDetails") {
             panic!("`{expr}` threw: {e}");
         }
@@ -229,92 +294,80 @@ impl Page {
     }
 
     /// The page's visible text.
-    fn text(&mut self) -> String {
+    async fn text(&mut self) -> String {
         self.eval("document.body.innerText")
+            .await
             .as_str()
             .unwrap_or_default()
             .to_owned()
     }
 
     /// The visible text of one license's holders or queue table.
-    fn part(&mut self, license: &str, part: &str) -> String {
+    async fn part(&mut self, license: &str, part: &str) -> String {
         let expr = format!(
             "(document.querySelector('[data-license=\"{license}\"] .{part}') || {{}}).innerText || ''"
         );
-        self.eval(&expr).as_str().unwrap_or_default().to_owned()
+        self.eval(&expr).await.as_str().unwrap_or_default().to_owned()
     }
 
     /// Polls until `expr` is true; fails naming `what` and showing the page.
-    fn wait_until(&mut self, what: &str, expr: &str, within: Duration) {
+    async fn wait_until(&mut self, what: &str, expr: &str, within: Duration) {
         let deadline = Instant::now() + within;
-        while self.eval(expr) != json!(true) {
+        while self.eval(expr).await != json!(true) {
             if Instant::now() >= deadline {
-                let text = self.text();
+                let text = self.text().await;
                 panic!("the page did not show that {what} within {within:?}; it reads:\n{text}");
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// Waits until one license's `part` (`holders` or `queue`) satisfies `ok`.
-    fn wait_part(&mut self, what: &str, license: &str, part: &str, ok: impl Fn(&str) -> bool) {
+    async fn wait_part(&mut self, what: &str, license: &str, part: &str, ok: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + SHOWS_WITHIN;
         loop {
-            let text = self.part(license, part);
+            let text = self.part(license, part).await;
             if ok(&text) {
                 return;
             }
             if Instant::now() >= deadline {
                 panic!("the page did not show that {what} within {SHOWS_WITHIN:?}; {license} {part} reads:\n{text}");
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// A PNG of the whole page, `width` pixels wide.
-    fn screenshot(&mut self, width: u64) -> Vec<u8> {
+    async fn screenshot(&mut self, width: u64) -> Vec<u8> {
         use base64::Engine as _;
         let height = self
             .eval("Math.ceil(document.documentElement.scrollHeight)")
+            .await
             .as_u64()
             .expect("page height");
         self.call(
             "Emulation.setDeviceMetricsOverride",
             json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false }),
-        );
-        let shot = self.call("Page.captureScreenshot", json!({ "format": "png" }));
+        )
+        .await;
+        let shot = self
+            .call("Page.captureScreenshot", json!({ "format": "png" }))
+            .await;
         base64::engine::general_purpose::STANDARD
             .decode(shot["data"].as_str().expect("screenshot data"))
             .expect("screenshot is base64")
     }
 }
 
-fn spec(seats: u64, heartbeat_timeout_ms: Option<u64>, active: bool, expires_at_ms: u64) -> LicenseSpec {
-    LicenseSpec {
-        seats_total: seats,
-        expires_at_ms,
-        active,
-        heartbeat_timeout_ms,
-    }
-}
-
-async fn provision(redis: &RedisServer, license_id: &str, spec: LicenseSpec) {
-    let mut con = redis.con().await;
-    license::put(&mut con, &Keys::new("seat"), license_id, &spec)
-        .await
-        .expect("put license");
-}
-
-async fn acquire(
+/// Sends an acquire with `meta` from `client`; its request id and first answer.
+async fn acquire_as(
     client: &mut Client,
     license: &str,
     session: &str,
     meta: Value,
     wait_ms: u64,
 ) -> (String, Status) {
-    let call = Call::new(Op::Acquire, license, session)
-        .with_meta(meta.to_string())
-        .with_wait(wait_ms);
+    let call = acquire(license, session, wait_ms).with_meta(meta.to_string());
     let id = client.send(&call).await.expect("send acquire");
     let reply = client.wait_for(&id, T).await.expect("acquire reply");
     (id, reply.status())
@@ -339,23 +392,25 @@ fn without_time(mut status: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     let started = Instant::now();
-    let mut redis = RedisServer::start_with(&[]);
+    let mut redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
     // Two-second heartbeats and a reaper every second: an abandoned seat
     // changes hands within about three seconds.
-    provision(&redis, "cad", spec(1, None, true, 0)).await;
+    provision(&settings, "cad", &seats(1)).await;
     // The hostile metadata's seat must stay put while the page is read.
-    provision(&redis, "xss", spec(1, Some(600_000), true, 0)).await;
+    provision(&settings, "xss", &seats_with_timeout(1, 600_000)).await;
     let worker = WorkerProcess::start(
         &redis.url(),
         &[
             ("SEATGATE__SESSIONS__HEARTBEAT_TIMEOUT_MS", "2000".into()),
             ("SEATGATE__REAPER__SCHEDULE", "* * * * * *".into()),
         ],
-    );
+    )
+    .await;
 
     // The page and its script come with the headers that keep data inert.
     for path in ["/", "/status.js", "/status.css", "/status.json"] {
-        let (code, raw) = http_get(&worker.metrics, path).expect("GET");
+        let (code, raw) = http_get(&worker.metrics, path).await.expect("GET");
         let (head, _) = split_http(&raw);
         assert_eq!(code, 200, "{path}: {raw}");
         assert!(
@@ -365,20 +420,22 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
         assert!(head.contains("x-content-type-options: nosniff"), "{path}: {head}");
     }
 
-    let browser = Browser::launch();
-    let mut page = browser.open(&format!("http://{}/", worker.metrics));
-    page.eval("window.__loaded = 'page-test-marker'");
+    let browser = Browser::launch().await;
+    let mut page = browser.open(&format!("http://{}/", worker.metrics)).await;
+    page.eval("window.__loaded = 'page-test-marker'").await;
     page.wait_until(
         "both licenses, unused",
         "document.body.innerText.includes('0 / 1 seats') && !!document.querySelector('[data-license=\"xss\"]')",
         SHOWS_WITHIN,
-    );
-    assert!(page.text().contains("Live · last updated"), "{}", page.text());
+    )
+    .await;
+    let text = page.text().await;
+    assert!(text.contains("Live · last updated"), "{text}");
 
     // Metadata is whatever a client sent: it must show as text, not markup.
-    let mut mallory = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut mallory = client(&settings).await;
     let hostile = "<img src=x onerror=alert(1)>";
-    let (_, status) = acquire(
+    let (_, status) = acquire_as(
         &mut mallory,
         "xss",
         "mallory",
@@ -387,27 +444,33 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     )
     .await;
     assert_eq!(status, Status::Acquired);
-    page.wait_part("the hostile holder", "xss", "holders", |t| t.contains(hostile));
-    assert!(page.text().contains("<script>window.__pwned = 1</script>"));
-    assert_eq!(page.eval("document.querySelectorAll('img').length"), json!(0));
-    assert_eq!(page.eval("document.querySelectorAll('script').length"), json!(1));
-    assert_eq!(page.eval("typeof window.__pwned"), json!("undefined"));
+    page.wait_part("the hostile holder", "xss", "holders", |t| t.contains(hostile))
+        .await;
+    assert!(page.text().await.contains("<script>window.__pwned = 1</script>"));
+    assert_eq!(
+        page.eval("document.querySelectorAll('img').length").await,
+        json!(0)
+    );
+    assert_eq!(
+        page.eval("document.querySelectorAll('script').length").await,
+        json!(1)
+    );
+    assert_eq!(page.eval("typeof window.__pwned").await, json!("undefined"));
 
     // /status.json is `seatgate status --json`, to the byte but for the clock.
-    let (code, raw) = http_get(&worker.metrics, "/status.json").expect("GET /status.json");
+    let (code, raw) = http_get(&worker.metrics, "/status.json")
+        .await
+        .expect("GET /status.json");
     assert_eq!(code, 200);
     let served: Value = serde_json::from_str(split_http(&raw).1).expect("status.json is JSON");
-    let cli = Command::new(BIN)
-        .args(["--redis", &redis.url(), "status", "--json"])
-        .output()
-        .expect("run seatgate status");
+    let cli = output(seatgate_cmd(&redis.url(), &["status", "--json"])).await;
     assert!(cli.status.success(), "{cli:?}");
     let printed: Value = serde_json::from_slice(&cli.stdout).expect("status --json is JSON");
     assert_eq!(without_time(served), without_time(printed));
 
     // Alice takes cad's only seat and keeps it alive.
-    let mut alice = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let (_, status) = acquire(
+    let mut alice = client(&settings).await;
+    let (_, status) = acquire_as(
         &mut alice,
         "cad",
         "alice",
@@ -435,12 +498,13 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     });
     page.wait_part("alice holds cad", "cad", "holders", |t| {
         t.contains("alice@example.com") && t.contains("LAPTOP-7F3A")
-    });
-    assert!(page.text().contains("1 / 1 seats"));
+    })
+    .await;
+    assert!(page.text().await.contains("1 / 1 seats"));
 
     // Bob queues for it.
-    let mut bob = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let (bob_id, status) = acquire(
+    let mut bob = client(&settings).await;
+    let (bob_id, status) = acquire_as(
         &mut bob,
         "cad",
         "bob",
@@ -451,8 +515,9 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     assert_eq!(status, Status::Queued);
     page.wait_part("bob waits for cad", "cad", "queue", |t| {
         t.to_lowercase().contains("waiting (1)") && t.contains("bob@example.com")
-    });
-    assert!(page.part("cad", "holders").contains("alice@example.com"));
+    })
+    .await;
+    assert!(page.part("cad", "holders").await.contains("alice@example.com"));
 
     // Alice goes silent: the reaper evicts her and hands the seat to bob.
     stop_heartbeats.cancel();
@@ -461,15 +526,19 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     assert_eq!(granted.status(), Status::Granted);
     page.wait_part("bob holds cad", "cad", "holders", |t| {
         t.contains("bob@example.com") && !t.contains("alice")
-    });
+    })
+    .await;
     page.wait_part("cad's queue is empty", "cad", "queue", |t| {
         t.to_lowercase().contains("waiting (0)")
-    });
+    })
+    .await;
 
     // Redis goes away: /status.json says so in one line of JSON, and the page
     // shows the banner; when Redis is back, the banner goes.
-    redis.shutdown();
-    let (code, raw) = http_get(&worker.metrics, "/status.json").expect("GET /status.json");
+    redis.shutdown().await;
+    let (code, raw) = http_get(&worker.metrics, "/status.json")
+        .await
+        .expect("GET /status.json");
     assert_eq!(code, 503, "{raw}");
     let body = split_http(&raw).1.to_owned();
     let error: Value = serde_json::from_str(&body).expect("the 503 is JSON");
@@ -480,16 +549,18 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
         "!document.getElementById('banner').hidden && \
          document.body.innerText.includes('Cannot reach seatgate/Redis')",
         SHOWS_WITHIN,
-    );
-    redis.restart().expect("restart redis");
+    )
+    .await;
+    redis.restart().await.expect("restart redis");
     page.wait_until(
         "Redis is back",
         "document.getElementById('banner').hidden && document.body.innerText.includes('Live ·')",
         SHOWS_WITHIN,
-    );
+    )
+    .await;
 
     // All of it happened in the one page load.
-    assert_eq!(page.eval("window.__loaded"), json!("page-test-marker"));
+    assert_eq!(page.eval("window.__loaded").await, json!("page-test-marker"));
     eprintln!("status page test took {:?}", started.elapsed());
 }
 
@@ -498,13 +569,22 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
 /// cargo test --features tools page::`), else only checks that it is one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_screenshot_of_the_page_under_load() {
-    let redis = RedisServer::start_with(&[]);
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
     let expires = 1_801_353_600_000; // 2027-01-31 00:00 UTC
-    provision(&redis, "cad-suite", spec(4, None, true, 0)).await;
-    provision(&redis, "sim-pro", spec(10, None, true, expires)).await;
-    provision(&redis, "render-farm", spec(16, None, true, 0)).await;
-    provision(&redis, "legacy-cam", spec(2, None, false, 0)).await;
-    let worker = WorkerProcess::start(&redis.url(), &[]);
+    provision(&settings, "cad-suite", &seats(4)).await;
+    let sim_pro = LicenseSpec {
+        expires_at_ms: expires,
+        ..seats(10)
+    };
+    provision(&settings, "sim-pro", &sim_pro).await;
+    provision(&settings, "render-farm", &seats(16)).await;
+    let legacy_cam = LicenseSpec {
+        active: false,
+        ..seats(2)
+    };
+    provision(&settings, "legacy-cam", &legacy_cam).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]).await;
 
     let people = [
         ("alice", "alice@example.com", "LAPTOP-7F3A"),
@@ -524,12 +604,12 @@ async fn a_screenshot_of_the_page_under_load() {
         ("sim-pro", &[6, 7, 8, 9, 1, 2, 4], 0),
         ("render-farm", &[3, 0, 5], 0),
     ];
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut client = client(&settings).await;
     for (license, who, wait_ms) in plan {
         for &i in who {
             let (session, email, hardware) = people[i];
             let meta = json!({ "user_email": email, "hardware_id": hardware });
-            let (_, status) = acquire(&mut client, license, session, meta, wait_ms).await;
+            let (_, status) = acquire_as(&mut client, license, session, meta, wait_ms).await;
             assert!(
                 matches!(status, Status::Acquired | Status::Queued),
                 "{license} {session}: {status:?}"
@@ -539,15 +619,16 @@ async fn a_screenshot_of_the_page_under_load() {
         }
     }
 
-    let browser = Browser::launch();
-    let mut page = browser.open(&format!("http://{}/", worker.metrics));
+    let browser = Browser::launch().await;
+    let mut page = browser.open(&format!("http://{}/", worker.metrics)).await;
     page.wait_until(
         "every license",
         "document.querySelectorAll('section.license').length === 4 && \
          document.body.innerText.includes('14 / 32 seats in use')",
         SHOWS_WITHIN,
-    );
-    let png = page.screenshot(1440);
+    )
+    .await;
+    let png = page.screenshot(1440).await;
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
     assert_eq!(width, 1440);

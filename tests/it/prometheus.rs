@@ -7,16 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use seatgate::client::{Call, Client};
-use seatgate::engine::keys::Keys;
-use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::client::Call;
+use seatgate::config::Settings;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 use serde_json::Value;
 
-use crate::support::{free_port, http_get, RedisServer, RedisServerExt, WorkerProcess};
-
-const T: Duration = Duration::from_secs(5);
+use crate::support::{
+    acquire, client, db, free_port, holders, http_get, license_keys, provision, seats, seats_with_timeout,
+    RedisServer, RedisServerExt, WorkerProcess, T,
+};
 /// What `$__rate_interval` stands for: the whole test fits in it.
 const RATE_INTERVAL: &str = "1m";
 /// The license the dashboard's `$license` is set to: it has seats, denials and a queue.
@@ -26,13 +26,16 @@ const LICENSE: &str = "full";
 /// `targets` every second as job "seatgate" and loading the alert rules;
 /// killed on drop (its log is printed when the test failed).
 struct Prometheus {
+    /// The server process; killed and reaped on drop.
     child: Child,
+    /// host:port of its HTTP API.
     addr: String,
+    /// Its configuration, storage and log.
     dir: tempfile::TempDir,
 }
 
 impl Prometheus {
-    fn start(targets: &[&str]) -> Prometheus {
+    async fn start(targets: &[&str]) -> Prometheus {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
@@ -61,16 +64,16 @@ impl Prometheus {
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(15);
-        while http_get(&prometheus.addr, "/-/ready").map(|(code, _)| code) != Some(200) {
+        while http_get(&prometheus.addr, "/-/ready").await.map(|(code, _)| code) != Some(200) {
             assert!(Instant::now() < deadline, "prometheus did not become ready");
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         prometheus
     }
 
     /// GET `path` of the HTTP API; the JSON body, or why not.
-    fn api(&self, path: &str) -> Result<Value, String> {
-        let (code, response) = http_get(&self.addr, path).ok_or("no answer")?;
+    async fn api(&self, path: &str) -> Result<Value, String> {
+        let (code, response) = http_get(&self.addr, path).await.ok_or("no answer")?;
         let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         let json: Value = serde_json::from_str(body).map_err(|e| format!("HTTP {code}: {e}: {body}"))?;
         if json["status"] != "success" {
@@ -80,8 +83,10 @@ impl Prometheus {
     }
 
     /// An instant query: the number of results, or the error.
-    fn query(&self, expr: &str) -> Result<usize, String> {
-        let data = self.api(&format!("/api/v1/query?query={}", percent_encode(expr)))?;
+    async fn query(&self, expr: &str) -> Result<usize, String> {
+        let data = self
+            .api(&format!("/api/v1/query?query={}", percent_encode(expr)))
+            .await?;
         Ok(match &data["result"] {
             Value::Array(series) => series.len(),
             Value::Null => 0,
@@ -199,8 +204,8 @@ fn bool_form_of_rule_expressions() {
 /// Every rule of the loaded alert rules, as (name, expression), read back
 /// from Prometheus's `/api/v1/rules`: the file Prometheus loaded, parsed by
 /// Prometheus itself.
-fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
-    let data = prometheus.api("/api/v1/rules").expect("rules API");
+async fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
+    let data = prometheus.api("/api/v1/rules").await.expect("rules API");
     let mut out = Vec::new();
     for group in data["groups"].as_array().into_iter().flatten() {
         for rule in group["rules"].as_array().into_iter().flatten() {
@@ -211,40 +216,22 @@ fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
     out
 }
 
-async fn provision(redis: &RedisServer, license: &str, seats: u64, heartbeat_timeout_ms: Option<u64>) {
-    let spec = LicenseSpec {
-        seats_total: seats,
-        expires_at_ms: 0,
-        active: true,
-        heartbeat_timeout_ms,
-    };
-    license::put(&mut redis.con().await, &Keys::new("seat"), license, &spec)
-        .await
-        .unwrap();
-}
-
-fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
-    Call::new(Op::Acquire, license, session)
-        .with_meta(r#"{"user_email":"ops@example.com"}"#)
-        .with_wait(wait_ms)
-}
-
 /// Acquires (granted, refused, queued then granted, queued then timed out),
 /// heartbeats, releases, an eviction and a dead letter.
-async fn mixed_load(redis: &RedisServer) {
-    provision(redis, LICENSE, 2, None).await;
-    provision(redis, "short", 1, Some(1_000)).await;
-    provision(redis, "spare", 10, None).await;
-    let mut con = redis.con().await;
+async fn mixed_load(settings: &Settings) {
+    provision(settings, LICENSE, &seats(2)).await;
+    provision(settings, "short", &seats_with_timeout(1, 1_000)).await;
+    provision(settings, "spare", &seats(10)).await;
+    let mut con = db(settings).await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
     let _: () = redis::cmd("SET")
-        .arg("seat:{poison}:holders")
+        .arg(license_keys(settings, "poison").holders)
         .arg("oops")
         .query_async(&mut con)
         .await
         .unwrap();
 
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut c = client(settings).await;
     let status = |r: seatgate::client::ReplyMsg| r.status();
     assert_eq!(
         status(c.call(&acquire(LICENSE, "s1", 0), T).await.unwrap()),
@@ -272,16 +259,16 @@ async fn mixed_load(redis: &RedisServer) {
         Status::Acquired
     );
     // A client of its own: `call` on `c` would skip (consume) its late reply.
-    let mut doomed = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut doomed = client(settings).await;
     let poison = doomed.send(&acquire("poison", "x", 0)).await.unwrap();
 
-    let mut waiter = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut waiter = client(settings).await;
     let granted = waiter.send(&acquire(LICENSE, "w1", 60_000)).await.unwrap();
     assert_eq!(
         waiter.wait_for(&granted, T).await.unwrap().status(),
         Status::Queued
     );
-    let mut impatient = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut impatient = client(settings).await;
     let timed_out = impatient.send(&acquire(LICENSE, "w2", 500)).await.unwrap();
     assert_eq!(
         impatient.wait_for(&timed_out, T).await.unwrap().status(),
@@ -310,7 +297,7 @@ async fn mixed_load(redis: &RedisServer) {
     let dead = doomed.wait_for(&poison, Duration::from_secs(15)).await.unwrap();
     assert_eq!(dead.status(), Status::Error);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !crate::support::holders(redis, "short").await.is_empty() {
+    while !holders(settings, "short").await.is_empty() {
         assert!(Instant::now() < deadline, "the stale session was not evicted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -319,19 +306,19 @@ async fn mixed_load(redis: &RedisServer) {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_workers() {
     let started = Instant::now();
-    let redis = RedisServer::start_with(&[]);
+    let redis = RedisServer::start_with(&[]).await;
     let env = [
         ("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned()),
         ("SEATGATE__STREAM__MAX_DELIVERIES", "2".to_owned()),
         ("SEATGATE__STREAM__CLAIM_IDLE_MS", "1000".to_owned()),
     ];
-    let w1 = WorkerProcess::start(&redis.url(), &env);
-    let w2 = WorkerProcess::start(&redis.url(), &env);
-    let prometheus = Prometheus::start(&[&w1.metrics, &w2.metrics]);
+    let w1 = WorkerProcess::start(&redis.url(), &env).await;
+    let w2 = WorkerProcess::start(&redis.url(), &env).await;
+    let prometheus = Prometheus::start(&[&w1.metrics, &w2.metrics]).await;
 
-    mixed_load(&redis).await;
+    mixed_load(&redis.settings()).await;
 
-    let rules = rule_exprs(&prometheus);
+    let rules = rule_exprs(&prometheus).await;
     let alerts_in_file = std::fs::read_to_string(repo_file("ops/prometheus/alerts.yml"))
         .unwrap()
         .lines()
@@ -355,6 +342,7 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
         // The rule as written must be valid; its bool form must return data.
         prometheus
             .query(expr)
+            .await
             .unwrap_or_else(|e| panic!("alert {name}: invalid expression {expr}: {e}"));
         checks.push((format!("alert {name}"), with_bool(expr)));
     }
@@ -362,14 +350,14 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
     // Rates need two scrapes after the load: retry until every expression has data.
     let deadline = Instant::now() + Duration::from_secs(20);
     let failing = loop {
-        let failing: Vec<String> = checks
-            .iter()
-            .filter_map(|(source, expr)| match prometheus.query(expr) {
-                Ok(0) => Some(format!("{source}: no data: {expr}")),
-                Ok(_) => None,
-                Err(e) => Some(format!("{source}: invalid: {expr}: {e}")),
-            })
-            .collect();
+        let mut failing = Vec::new();
+        for (source, expr) in &checks {
+            match prometheus.query(expr).await {
+                Ok(0) => failing.push(format!("{source}: no data: {expr}")),
+                Ok(_) => {}
+                Err(e) => failing.push(format!("{source}: invalid: {expr}: {e}")),
+            }
+        }
         if failing.is_empty() || Instant::now() > deadline {
             break failing;
         }
@@ -385,13 +373,18 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
     );
 
     // Shared-state gauges come from the reaper leader alone, so sums are right.
-    assert_eq!(prometheus.query("sum(seatgate_reaper_leader) == 1"), Ok(1));
-    assert_eq!(prometheus.query("count(seatgate_fleet_seats_total) == 1"), Ok(1));
-    assert_eq!(prometheus.query("sum(seatgate_seats_total) == 13"), Ok(1));
+    assert_eq!(prometheus.query("sum(seatgate_reaper_leader) == 1").await, Ok(1));
     assert_eq!(
-        prometheus.query(&format!(
-            "sum(seatgate_denials_total{{license=\"{LICENSE}\"}}) == 2"
-        )),
+        prometheus.query("count(seatgate_fleet_seats_total) == 1").await,
+        Ok(1)
+    );
+    assert_eq!(prometheus.query("sum(seatgate_seats_total) == 13").await, Ok(1));
+    assert_eq!(
+        prometheus
+            .query(&format!(
+                "sum(seatgate_denials_total{{license=\"{LICENSE}\"}}) == 2"
+            ))
+            .await,
         Ok(1),
         "one NO_SEATS_AVAILABLE and one QUEUE_TIMEOUT"
     );

@@ -3,107 +3,93 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use seatgate::client::{Call, Client, ReplyMsg};
-use seatgate::engine::keys::Keys;
-use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::client::Call;
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{AcquireArgs, Guard, Scripts};
 use seatgate::engine::status::Status;
-use seatgate::runtime::reaper::Reaper;
+use tokio_util::sync::CancellationToken;
 
-use crate::support::{holders, spawn_worker, RedisServer, RedisServerExt};
+use crate::support::{
+    acquire, client, db, direct, events, holders, license_keys, provision, put_license, queue_up, reaper,
+    reply_stream, seats_with_timeout, spawn_worker, stream_entries, watch_holders, Entry, RedisServer,
+    RedisServerExt, T,
+};
 
-const T: Duration = Duration::from_secs(5);
-
-fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
-    Call::new(Op::Acquire, license, session)
-        .with_meta(format!(r#"{{"user_email":"{session}@example.com"}}"#))
-        .with_wait(wait_ms)
-}
-
-fn op(op: Op, license: &str, session: &str) -> Call {
-    Call::new(op, license, session)
-}
-
-async fn provision(redis: &RedisServer, license: &str, seats: u64, heartbeat_timeout_ms: Option<u64>) {
-    let mut con = redis.con().await;
-    let spec = LicenseSpec {
-        seats_total: seats,
-        expires_at_ms: 0,
-        active: true,
-        heartbeat_timeout_ms,
-    };
-    license::put(&mut con, &Keys::new("seat"), license, &spec)
-        .await
-        .unwrap();
-}
-
-async fn reaper(redis: &RedisServer) -> Reaper {
-    reaper_with_batch(redis, 500).await
-}
-
-async fn reaper_with_batch(redis: &RedisServer, batch: usize) -> Reaper {
-    let mut settings = redis.settings();
-    settings.reaper.batch = batch;
-    Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings)
-}
-
-/// Every event on the events stream, oldest first.
-async fn events(redis: &RedisServer) -> Vec<HashMap<String, String>> {
-    crate::support::stream_entries(&mut redis.con().await, "seat:events").await
-}
-
-fn of_type<'a>(events: &'a [HashMap<String, String>], kind: &str) -> Vec<&'a HashMap<String, String>> {
+fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
     events.iter().filter(|e| e["type"] == kind).collect()
 }
 
-/// The `granted` events name exactly `queue_order`, and their grant times
-/// (the Redis clock when the script granted) follow it. The events of
-/// concurrently decided batches may be appended in another order, so the
-/// stream order itself is not the test.
-fn assert_granted_in_order(events: &[HashMap<String, String>], queue_order: &[&str]) {
-    let at: HashMap<&str, i64> = of_type(events, "granted")
-        .iter()
-        .map(|e| (e["session"].as_str(), e["at_ms"].parse().unwrap()))
-        .collect();
-    let mut names: Vec<&str> = at.keys().copied().collect();
-    names.sort();
-    let mut want = queue_order.to_vec();
-    want.sort();
-    assert_eq!(names, want, "granted sessions");
-    for pair in queue_order.windows(2) {
-        assert!(
-            at[pair[0]] <= at[pair[1]],
-            "{} granted after {}: {at:?}",
-            pair[0],
-            pair[1]
-        );
+/// The sessions of the `granted` events in the order the grants were made:
+/// by grant time (the Redis clock of the script that granted), and within
+/// one millisecond by position on the events stream, so two grants of one
+/// millisecond in the wrong order are caught too. The stream order alone is
+/// not the grant order: batches decided concurrently may publish in another
+/// order. Within a millisecond it is for the grants of one script or one
+/// batch (their events are published one after another, in order); two
+/// concurrent batches (or a batch and the reaper) granting in the same
+/// millisecond could still publish the other way round, and no event field
+/// tells those apart.
+fn grant_order(events: &[Entry]) -> Vec<&str> {
+    let mut granted = of_type(events, "granted");
+    granted.sort_by_key(|e| (e["at_ms"].parse::<i64>().expect("at_ms"), e.position()));
+    granted.iter().map(|e| e["session"].as_str()).collect()
+}
+
+/// Exactly `queue_order` were granted, in that order.
+fn assert_granted_in_order(events: &[Entry], queue_order: &[&str]) {
+    assert_eq!(
+        grant_order(events),
+        queue_order,
+        "granted out of queue order: {:?}",
+        of_type(events, "granted")
+    );
+}
+
+fn granted_event(id: &str, session: &str, at_ms: i64) -> Entry {
+    let fields = [
+        ("type", "granted"),
+        ("session", session),
+        ("at_ms", &at_ms.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    Entry {
+        id: id.to_owned(),
+        fields,
     }
 }
 
-async fn client(redis: &RedisServer) -> Client {
-    Client::connect(&redis.url(), "seat:requests").await.unwrap()
+#[test]
+fn grant_order_follows_the_grant_time_then_the_stream() {
+    // Published out of time order (concurrent batches): time decides.
+    let ev = [granted_event("1000-0", "b", 7), granted_event("1000-1", "a", 5)];
+    assert_granted_in_order(&ev, &["a", "b"]);
+    // Within one millisecond the stream decides.
+    let ev = [granted_event("1000-0", "a", 5), granted_event("1000-1", "b", 5)];
+    assert_granted_in_order(&ev, &["a", "b"]);
 }
 
-/// Sends an acquire that may queue and returns (first reply, request id, client).
-async fn queue_up(
-    redis: &RedisServer,
-    license: &str,
-    session: &str,
-    wait_ms: u64,
-) -> (ReplyMsg, String, Client) {
-    let mut c = client(redis).await;
-    let id = c.send(&acquire(license, session, wait_ms)).await.unwrap();
-    let first = c.wait_for(&id, T).await.unwrap();
-    (first, id, c)
+#[test]
+#[should_panic(expected = "granted out of queue order")]
+fn a_swap_within_one_millisecond_is_caught() {
+    let ev = [granted_event("1000-0", "b", 5), granted_event("1000-1", "a", 5)];
+    assert_granted_in_order(&ev, &["a", "b"]);
+}
+
+#[test]
+#[should_panic(expected = "granted out of queue order")]
+fn a_missing_grant_is_caught() {
+    let ev = [granted_event("1000-0", "a", 5)];
+    assert_granted_in_order(&ev, &["a", "b"]);
 }
 
 #[tokio::test]
 async fn stale_sessions_are_evicted_and_live_ones_kept() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 3, Some(300)).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut c = client(&redis).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "lic", &seats_with_timeout(3, 300)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut c = client(&settings).await;
     for s in ["dead", "alive"] {
         assert_eq!(
             c.call(&acquire("lic", s, 0), T).await.unwrap().status(),
@@ -112,12 +98,14 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
     }
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        c.call(&op(Op::Heartbeat, "lic", "alive"), T).await.unwrap();
+        c.call(&Call::new(Op::Heartbeat, "lic", "alive"), T)
+            .await
+            .unwrap();
     }
-    let report = reaper(&redis).await.pass().await.unwrap();
+    let report = reaper(&settings).await.pass().await.unwrap();
     assert_eq!(report.evicted, 1);
-    assert_eq!(holders(&redis, "lic").await, ["alive"]);
-    let ev = events(&redis).await;
+    assert_eq!(holders(&settings, "lic").await, ["alive"]);
+    let ev = events(&settings, "lic").await;
     let evicted = of_type(&ev, "evicted");
     assert_eq!(evicted.len(), 1);
     assert_eq!(
@@ -125,7 +113,7 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
         ("dead", "heartbeat_timeout")
     );
     assert_eq!(evicted[0]["seats_used"], "1");
-    let r = c.call(&op(Op::Heartbeat, "lic", "dead"), T).await.unwrap();
+    let r = c.call(&Call::new(Op::Heartbeat, "lic", "dead"), T).await.unwrap();
     assert_eq!(
         r.status(),
         Status::SessionNotActive,
@@ -136,51 +124,40 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reapers_evict_each_session_once() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 200, Some(100)).await;
-    let mut con = redis.con().await;
-    let keys = Keys::new("seat").license("lic");
-    let scripts = Scripts::get();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "lic", &seats_with_timeout(200, 100)).await;
+    let mut con = db(&settings).await;
     for i in 0..150 {
-        let session = format!("s{i}");
-        let guard = Guard::none(&Keys::new("seat"), "lic", &session);
-        let args = AcquireArgs {
-            session: &session,
-            meta: "{}",
-            wait_ms: 0,
-            request_id: "r",
-            reply_to: "",
-            default_queue_max: 10,
-        };
-        scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+        direct(&settings, "lic", &format!("s{i}")).acquire(&mut con).await;
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     // Small steps, so the two passes interleave on the same license.
-    let (a, b) = (
-        reaper_with_batch(&redis, 7).await,
-        reaper_with_batch(&redis, 7).await,
-    );
+    let mut small_steps = settings.clone();
+    small_steps.reaper.batch = 7;
+    let (a, b) = (reaper(&small_steps).await, reaper(&small_steps).await);
     let (ra, rb) = tokio::join!(a.pass(), b.pass());
     assert_eq!(ra.unwrap().evicted + rb.unwrap().evicted, 150);
-    let ev = events(&redis).await;
+    let ev = events(&settings, "lic").await;
     let evicted = of_type(&ev, "evicted");
     assert_eq!(evicted.len(), 150, "one event per eviction");
     let mut sessions: Vec<&str> = evicted.iter().map(|e| e["session"].as_str()).collect();
     sessions.sort();
     sessions.dedup();
     assert_eq!(sessions.len(), 150, "no session evicted twice");
-    assert!(holders(&redis, "lic").await.is_empty());
+    assert!(holders(&settings, "lic").await.is_empty());
 }
 
 #[tokio::test]
 async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 2, None).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
 
     let mut waiting = Vec::new();
     for (i, s) in ["u1", "u2", "u3", "u4", "u5"].into_iter().enumerate() {
-        let (first, id, c) = queue_up(&redis, "lic", s, 30_000).await;
+        let (first, id, c) = queue_up(&settings, "lic", s, 30_000).await;
         if i < 2 {
             assert_eq!(first.status(), Status::Acquired, "{s}");
         } else {
@@ -189,18 +166,18 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
             assert_eq!(first.get("ok"), "0");
             waiting.push((s, id, c));
         }
-        assert!(holders(&redis, "lic").await.len() <= 2);
+        assert!(holders(&settings, "lic").await.len() <= 2);
     }
 
     // No queue jumping: a newcomer without a wait is refused while others wait.
-    let mut other = client(&redis).await;
+    let mut other = client(&settings).await;
     let r = other.call(&acquire("lic", "newcomer", 0), T).await.unwrap();
     assert_eq!(r.status(), Status::NoSeatsAvailable);
     // A newcomer that waits goes to the back.
     let r = other.call(&acquire("lic", "u6", 30_000), T).await.unwrap();
     assert_eq!((r.status(), r.int("position")), (Status::Queued, 4));
 
-    let r = other.call(&op(Op::Release, "lic", "u1"), T).await.unwrap();
+    let r = other.call(&Call::new(Op::Release, "lic", "u1"), T).await.unwrap();
     assert_eq!(r.status(), Status::Released);
     let (_, id3, c3) = &mut waiting[0];
     let granted = c3.wait_for(id3, T).await.unwrap();
@@ -210,18 +187,18 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
         (id3.as_str(), "u3", "1")
     );
     assert_eq!(granted.int("seats_used"), 2);
-    assert_eq!(holders(&redis, "lic").await, ["u2", "u3"]);
+    assert_eq!(holders(&settings, "lic").await, ["u2", "u3"]);
 
     // Two freed seats grant the next two, in order.
-    other.call(&op(Op::Release, "lic", "u2"), T).await.unwrap();
-    other.call(&op(Op::Release, "lic", "u3"), T).await.unwrap();
+    other.call(&Call::new(Op::Release, "lic", "u2"), T).await.unwrap();
+    other.call(&Call::new(Op::Release, "lic", "u3"), T).await.unwrap();
     for (session, id, c) in waiting.iter_mut().skip(1) {
         let g = c.wait_for(id, T).await.unwrap();
         assert_eq!((g.status(), g.get("session")), (Status::Granted, *session));
     }
-    assert_eq!(holders(&redis, "lic").await, ["u4", "u5"]);
+    assert_eq!(holders(&settings, "lic").await, ["u4", "u5"]);
 
-    let ev = events(&redis).await;
+    let ev = events(&settings, "lic").await;
     assert_granted_in_order(&ev, &["u3", "u4", "u5"]);
     assert_eq!(of_type(&ev, "queued").len(), 4);
     assert_eq!(of_type(&ev, "released").len(), 3);
@@ -233,24 +210,25 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
 
 #[tokio::test]
 async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 1, None).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
     let _: () = redis::cmd("HSET")
-        .arg("seat:{lic}:license")
+        .arg(license_keys(&settings, "lic").license)
         .arg("queue_max")
         .arg(2)
         .query_async(&mut con)
         .await
         .unwrap();
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut c = client(&redis).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut c = client(&settings).await;
     c.call(&acquire("lic", "holder", 0), T).await.unwrap();
 
     // Idempotent re-queue: same place, one queued event.
-    let (first, _, _) = queue_up(&redis, "lic", "patient", 30_000).await;
+    let (first, _, _) = queue_up(&settings, "lic", "patient", 30_000).await;
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
-    let (short, short_id, mut short_client) = queue_up(&redis, "lic", "hasty", 300).await;
+    let (short, short_id, mut short_client) = queue_up(&settings, "lic", "hasty", 300).await;
     assert_eq!((short.status(), short.int("position")), (Status::Queued, 2));
     let again = c.call(&acquire("lic", "patient", 30_000), T).await.unwrap();
     assert_eq!((again.status(), again.int("position")), (Status::Queued, 1));
@@ -266,16 +244,19 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
 
     // Timeout: the reaper drops the waiter and tells it.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let report = reaper(&redis).await.pass().await.unwrap();
+    let report = reaper(&settings).await.pass().await.unwrap();
     assert_eq!(report.timed_out, 1);
     let timeout = short_client.wait_for(&short_id, T).await.unwrap();
     assert_eq!((timeout.status(), timeout.get("ok")), (Status::QueueTimeout, "0"));
     assert!(timeout.int("waited_ms") >= 300);
 
     // Leaving the queue.
-    let left = c.call(&op(Op::Release, "lic", "patient"), T).await.unwrap();
+    let left = c
+        .call(&Call::new(Op::Release, "lic", "patient"), T)
+        .await
+        .unwrap();
     assert_eq!(left.status(), Status::LeftQueue);
-    let ev = events(&redis).await;
+    let ev = events(&settings, "lic").await;
     assert_eq!(
         of_type(&ev, "queued").len(),
         2,
@@ -283,9 +264,9 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
     );
     assert_eq!(of_type(&ev, "queue_timeout").len(), 1);
     assert_eq!(of_type(&ev, "left_queue").len(), 1);
-    let mut con = redis.con().await;
+    let mut con = db(&settings).await;
     let depth: i64 = redis::cmd("ZCARD")
-        .arg("seat:{lic}:queue")
+        .arg(license_keys(&settings, "lic").queue)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -295,40 +276,42 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
 
 #[tokio::test]
 async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 1, None).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut c = client(&redis).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut c = client(&settings).await;
     c.call(&acquire("lic", "holder", 0), T).await.unwrap();
-    let (first, id, mut waiter) = queue_up(&redis, "lic", "waiter", 30_000).await;
+    let (first, id, mut waiter) = queue_up(&settings, "lic", "waiter", 30_000).await;
     assert_eq!(first.status(), Status::Queued);
 
     // Free the seat behind seatgate's back: no event, no grant.
-    let mut con = redis.con().await;
+    let mut con = db(&settings).await;
     let _: () = redis::cmd("ZREM")
-        .arg("seat:{lic}:holders")
+        .arg(license_keys(&settings, "lic").holders)
         .arg("holder")
         .query_async(&mut con)
         .await
         .unwrap();
-    let report = reaper(&redis).await.pass().await.unwrap();
+    let report = reaper(&settings).await.pass().await.unwrap();
     assert_eq!(report.granted, 1);
     let g = waiter.wait_for(&id, T).await.unwrap();
     assert_eq!(g.status(), Status::Granted);
-    assert_eq!(holders(&redis, "lic").await, ["waiter"]);
+    assert_eq!(holders(&settings, "lic").await, ["waiter"]);
     worker.stop().await;
 }
 
 #[tokio::test]
 async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 1, Some(300)).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut c = client(&redis).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "lic", &seats_with_timeout(1, 300)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut c = client(&settings).await;
     c.call(&acquire("lic", "first", 0), T).await.unwrap();
-    let (_, id2, mut c2) = queue_up(&redis, "lic", "second", 30_000).await;
-    let (_, id3, mut c3) = queue_up(&redis, "lic", "third", 30_000).await;
-    let r = reaper(&redis).await;
+    let (_, id2, mut c2) = queue_up(&settings, "lic", "second", 30_000).await;
+    let (_, id3, mut c3) = queue_up(&settings, "lic", "third", 30_000).await;
+    let r = reaper(&settings).await;
 
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // first is stale: second gets the seat
@@ -336,7 +319,7 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // second never heartbeated: third gets it
     assert_eq!(c3.wait_for(&id3, T).await.unwrap().status(), Status::Granted);
-    assert_eq!(holders(&redis, "lic").await, ["third"]);
+    assert_eq!(holders(&settings, "lic").await, ["third"]);
     worker.stop().await;
 }
 
@@ -345,39 +328,22 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
 /// the seats are never exceeded (sampled throughout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "e2e", 3, Some(400)).await;
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
+    provision(&settings, "e2e", &seats_with_timeout(3, 400)).await;
     settings.reaper.schedule = "* * * * * *".into(); // every second
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let scheduled = Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings);
+    let scheduled = reaper(&settings).await;
     let mut scheduler = seatgate::runtime::reaper::start(scheduled, &settings.reaper.schedule, 5_000)
         .await
         .unwrap();
 
     // The sampler: seats used never exceed 3.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let sampler = {
-        let stop = stop.clone();
-        let mut con = redis.con().await;
-        tokio::spawn(async move {
-            let mut samples = 0;
-            while !stop.is_cancelled() {
-                let n: i64 = redis::cmd("ZCARD")
-                    .arg("seat:{e2e}:holders")
-                    .query_async(&mut con)
-                    .await
-                    .unwrap();
-                assert!(n <= 3, "overbooked: {n} holders");
-                samples += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            samples
-        })
-    };
+    let stop = CancellationToken::new();
+    let sampler = watch_holders(&settings, &["e2e"], stop.clone());
 
     // Three holders: one heartbeats for a while then releases, two die silently.
-    let mut c = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let mut c = client(&settings).await;
     for s in ["steady", "dies-1", "dies-2"] {
         assert_eq!(
             c.call(&acquire("e2e", s, 0), T).await.unwrap().status(),
@@ -388,37 +354,39 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     let mut waiters = Vec::new();
     for i in 0..6 {
         let wait = if i == 4 { 200 } else { 20_000 };
-        let (first, id, cl) = queue_up(&redis, "e2e", &format!("w{i}"), wait).await;
+        let (first, id, cl) = queue_up(&settings, "e2e", &format!("w{i}"), wait).await;
         assert_eq!((first.status(), first.int("position")), (Status::Queued, i + 1));
         waiters.push((i, id, cl));
     }
     let steady = tokio::spawn({
-        let url = redis.url();
+        let settings = settings.clone();
         async move {
-            let mut c = Client::connect(&url, "seat:requests").await.unwrap();
+            let mut c = client(&settings).await;
             for _ in 0..10 {
-                c.call(&op(Op::Heartbeat, "e2e", "steady"), T).await.unwrap();
+                c.call(&Call::new(Op::Heartbeat, "e2e", "steady"), T)
+                    .await
+                    .unwrap();
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            c.call(&op(Op::Release, "e2e", "steady"), T).await.unwrap();
+            c.call(&Call::new(Op::Release, "e2e", "steady"), T).await.unwrap();
         }
     });
     // Granted waiters heartbeat until they release, so they are not reaped.
     let mut outcomes = Vec::new();
     let mut tasks = Vec::new();
     for (i, id, mut cl) in waiters {
-        let url = redis.url();
+        let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
             let r = cl.wait_for(&id, Duration::from_secs(15)).await.unwrap();
             if r.status() == Status::Granted {
-                let mut c = Client::connect(&url, "seat:requests").await.unwrap();
+                let mut c = client(&settings).await;
                 for _ in 0..3 {
-                    c.call(&op(Op::Heartbeat, "e2e", &format!("w{i}")), T)
+                    c.call(&Call::new(Op::Heartbeat, "e2e", format!("w{i}")), T)
                         .await
                         .unwrap();
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                c.call(&op(Op::Release, "e2e", &format!("w{i}")), T)
+                c.call(&Call::new(Op::Release, "e2e", format!("w{i}")), T)
                     .await
                     .unwrap();
             }
@@ -430,7 +398,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     }
     steady.await.unwrap();
     stop.cancel();
-    let samples = sampler.await.unwrap();
+    let watch = sampler.await.unwrap();
     scheduler.shutdown().await.unwrap();
     worker.stop().await;
 
@@ -443,7 +411,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     for i in [0, 1, 2, 3, 5] {
         assert_eq!(by_waiter[&i], Status::Granted, "w{i}");
     }
-    let ev = events(&redis).await;
+    let ev = events(&settings, "e2e").await;
     assert_granted_in_order(&ev, &["w0", "w1", "w2", "w3", "w5"]);
     let evicted: Vec<&str> = of_type(&ev, "evicted")
         .iter()
@@ -453,58 +421,36 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
         evicted.contains(&"dies-1") && evicted.contains(&"dies-2"),
         "{evicted:?}"
     );
-    assert!(samples > 50, "the sampler ran ({samples} samples)");
+    assert!(watch.most.0 <= 3, "overbooked: {:?} holders", watch.most);
+    assert!(watch.samples > 50, "the sampler ran ({} samples)", watch.samples);
 }
 
 /// Queue replies left in the outbox (their deliverer died) beyond one reap
 /// step's limit are all delivered by one reaper pass, over several bounded steps.
 #[tokio::test]
 async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_one_pass() {
-    let redis = RedisServer::start_with(&[]);
-    provision(&redis, "lic", 0, None).await;
-    let mut con = redis.con().await;
-    let ks = Keys::new("seat");
-    let keys = ks.license("lic");
-    let scripts = Scripts::get();
+    let redis = RedisServer::start_with(&[]).await;
+    let mut settings = redis.settings();
+    put_license(&settings, "lic", 0).await;
+    let mut con = db(&settings).await;
     for i in 0..20 {
         let (session, request_id) = (format!("w{i:02}"), format!("r{i:02}"));
-        let reply_to = format!("seat:reply:{session}");
-        let args = AcquireArgs {
-            session: &session,
-            meta: "{}",
-            wait_ms: 200,
-            request_id: &request_id,
-            reply_to: &reply_to,
-            default_queue_max: 100,
-        };
-        let guard = Guard::none(&ks, "lic", &session);
-        let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+        let o = direct(&settings, "lic", &session)
+            .queue(&mut con, 200, &request_id, &reply_stream(&settings, &session))
+            .await;
         assert_eq!(o.status, Status::Queued);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
     // A script ends all 20 waits and its worker dies before delivering.
-    let args = AcquireArgs {
-        session: "late",
-        meta: "{}",
-        wait_ms: 0,
-        request_id: "x",
-        reply_to: "",
-        default_queue_max: 100,
-    };
-    let guard = Guard::none(&ks, "lic", "late");
-    let o = scripts.acquire(&keys, &guard, &args).run(&mut con).await.unwrap();
+    let o = direct(&settings, "lic", "late").acquire(&mut con).await;
     assert_eq!(o.notes.len(), 20);
 
-    let mut settings = redis.settings();
     settings.reaper.batch = 7;
     settings.reaper.redeliver_after_ms = 1;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    Reaper::new(seatgate::connect(&settings).await.unwrap(), &settings)
-        .pass()
-        .await
-        .unwrap();
+    reaper(&settings).await.pass().await.unwrap();
     for i in 0..20 {
-        let replies = crate::support::stream_entries(&mut con, &format!("seat:reply:w{i:02}")).await;
+        let replies = stream_entries(&mut con, &reply_stream(&settings, &format!("w{i:02}"))).await;
         assert_eq!(replies.len(), 1, "w{i:02}: {replies:?}");
         assert_eq!(
             (replies[0]["id"].as_str(), replies[0]["status"].as_str()),
@@ -512,7 +458,7 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         );
     }
     let left: i64 = redis::cmd("HLEN")
-        .arg(&keys.outbox)
+        .arg(license_keys(&settings, "lic").outbox)
         .query_async(&mut con)
         .await
         .unwrap();

@@ -2,116 +2,88 @@
 //! Redis, and the contracts of their replies and records.
 
 use redis::AsyncCommands;
-use seatgate::engine::keys::Keys;
-use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::config::Settings;
+use seatgate::db::Db;
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
-use seatgate::engine::scripts::{
-    AcquireArgs, Guard, GuardPolicy, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts, SessionArgs,
-};
+use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts};
 use seatgate::engine::status::Status;
 
-use crate::support::{put_license, RedisServer, RedisServerExt};
-
-fn keys(license: &str) -> seatgate::engine::keys::LicenseKeys {
-    Keys::new("seat").license(license)
-}
-
-/// The seed's direct path: no redelivery dedupe, no rate limits.
-fn guard(license: &str, session: &str) -> Guard {
-    Guard::none(&Keys::new("seat"), license, session)
-}
-
-async fn acquire(con: &mut redis::aio::MultiplexedConnection, license: &str, session: &str) -> Outcome {
-    let args = AcquireArgs {
-        session,
-        meta: r#"{"user_email":"dev@example.com"}"#,
-        wait_ms: 0,
-        request_id: "req",
-        reply_to: "",
-        default_queue_max: 1000,
-    };
-    Scripts::get()
-        .acquire(&keys(license), &guard(license, session), &args)
-        .run(con)
-        .await
-        .unwrap()
-}
+use crate::support::{
+    db, direct, holders, keys, license_keys, provision, put_license, redis_ms, reply_stream, seats,
+    seats_with_timeout, Direct, RedisServer, RedisServerExt, META,
+};
 
 #[tokio::test]
 async fn acquire_takes_a_seat_and_records_the_session() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 5).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 5).await;
+    let mut con = db(&settings).await;
 
-    let o = acquire(&mut con, "lic", "s1").await;
+    let o = direct(&settings, "lic", "s1").acquire(&mut con).await;
     assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Acquired, 1, 5));
 
-    let k = keys("lic");
+    let k = license_keys(&settings, "lic");
     let beat: Option<i64> = con.zscore(&k.holders, "s1").await.unwrap();
     let record: String = con.hget(&k.sessions, "s1").await.unwrap();
     let acquired_at = beat.expect("holder has a heartbeat score");
-    assert_eq!(
-        record,
-        format!(r#"{acquired_at}:0:{{"user_email":"dev@example.com"}}"#)
-    );
+    assert_eq!(record, format!("{acquired_at}:0:{META}"));
 }
 
 #[tokio::test]
 async fn acquire_is_idempotent_per_session() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 5).await;
-    let mut con = redis.con().await;
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
-    let again = acquire(&mut con, "lic", "s1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 5).await;
+    let mut con = db(&settings).await;
+    assert_eq!(
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let again = direct(&settings, "lic", "s1").acquire(&mut con).await;
     assert_eq!((again.status, again.seats_used), (Status::AlreadyActive, 1));
 }
 
 #[tokio::test]
 async fn no_seats_available_when_all_are_held() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     for s in ["a", "b"] {
-        assert_eq!(acquire(&mut con, "lic", s).await.status, Status::Acquired);
+        assert_eq!(
+            direct(&settings, "lic", s).acquire(&mut con).await.status,
+            Status::Acquired
+        );
     }
-    let o = acquire(&mut con, "lic", "c").await;
+    let o = direct(&settings, "lic", "c").acquire(&mut con).await;
     assert_eq!(
         (o.status, o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 2, 2)
     );
-    assert_eq!(crate::support::holders(&redis, "lic").await, ["a", "b"]);
+    assert_eq!(holders(&settings, "lic").await, ["a", "b"]);
 }
 
 #[tokio::test]
 async fn release_frees_only_the_sessions_own_seat() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let mut con = redis.con().await;
-    acquire(&mut con, "lic", "s1").await;
-    let s = Scripts::get();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    direct(&settings, "lic", "s1").acquire(&mut con).await;
 
-    let o = s
-        .release(
-            &keys("lic"),
-            &guard("lic", "someone-else"),
-            &SessionArgs {
-                session: "someone-else",
-            },
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    let o = direct(&settings, "lic", "someone-else").release(&mut con).await;
     assert_eq!((o.status, o.seats_used), (Status::SessionNotFound, 1));
-    let o = s
-        .release(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-        .run(&mut con)
+    let o = direct(&settings, "lic", "s1").release(&mut con).await;
+    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
+    let record: Option<String> = con
+        .hget(license_keys(&settings, "lic").sessions, "s1")
         .await
         .unwrap();
-    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
-    let record: Option<String> = con.hget(&keys("lic").sessions, "s1").await.unwrap();
     assert_eq!(record, None, "metadata removed with the seat");
     assert_eq!(
-        acquire(&mut con, "lic", "s2").await.status,
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
         Status::Acquired,
         "the seat is free again"
     );
@@ -119,46 +91,36 @@ async fn release_frees_only_the_sessions_own_seat() {
 
 #[tokio::test]
 async fn heartbeat_moves_the_clock_and_counts() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 3).await;
-    let mut con = redis.con().await;
-    let s = Scripts::get();
-    let o = s
-        .heartbeat(
-            &keys("lic"),
-            &guard("lic", "ghost"),
-            &SessionArgs { session: "ghost" },
-        )
-        .run(&mut con)
-        .await
-        .unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 3).await;
+    let mut con = db(&settings).await;
+    let o = direct(&settings, "lic", "ghost").heartbeat(&mut con).await;
     assert_eq!(o.status, Status::SessionNotActive);
 
-    acquire(&mut con, "lic", "s1").await;
-    let before: i64 = con.zscore(&keys("lic").holders, "s1").await.unwrap();
+    let s1 = direct(&settings, "lic", "s1");
+    s1.acquire(&mut con).await;
+    let k = license_keys(&settings, "lic");
+    let before: i64 = con.zscore(&k.holders, "s1").await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     for n in 1..=2 {
-        let o = s
-            .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-            .run(&mut con)
-            .await
-            .unwrap();
+        let o = s1.heartbeat(&mut con).await;
         assert_eq!(
             (o.status, o.heartbeats, o.seats_used),
             (Status::HeartbeatUpdated, Some(n), 1)
         );
     }
-    let after: i64 = con.zscore(&keys("lic").holders, "s1").await.unwrap();
+    let after: i64 = con.zscore(&k.holders, "s1").await.unwrap();
     assert!(after > before, "last heartbeat {after} should be after {before}");
-    let record: String = con.hget(&keys("lic").sessions, "s1").await.unwrap();
+    let record: String = con.hget(&k.sessions, "s1").await.unwrap();
     assert!(record.starts_with(&format!("{before}:2:")), "{record}");
 }
 
 #[tokio::test]
 async fn license_state_is_checked_inside_the_script() {
-    let redis = RedisServer::start_with(&[]);
-    let mut con = redis.con().await;
-    let ks = Keys::new("seat");
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    let mut con = db(&settings).await;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -179,14 +141,14 @@ async fn license_state_is_checked_inside_the_script() {
     ];
     for (id, provisioning, expected) in table {
         if let Some(spec) = provisioning {
-            license::put(&mut con, &ks, id, &spec).await.unwrap();
+            provision(&settings, id, &spec).await;
         }
-        let before = crate::support::holders(&redis, id).await;
-        let o = acquire(&mut con, id, "s1").await;
+        let before = holders(&settings, id).await;
+        let o = direct(&settings, id, "s1").acquire(&mut con).await;
         assert_eq!(o.status, expected, "license {id}");
         if expected != Status::Acquired {
             assert_eq!(
-                crate::support::holders(&redis, id).await,
+                holders(&settings, id).await,
                 before,
                 "{id}: refusal changed state"
             );
@@ -196,46 +158,40 @@ async fn license_state_is_checked_inside_the_script() {
 
 #[tokio::test]
 async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 3).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 3).await;
+    let mut con = db(&settings).await;
     for s in ["a", "b", "c"] {
-        acquire(&mut con, "lic", s).await;
+        direct(&settings, "lic", s).acquire(&mut con).await;
     }
-    put_license(&redis, "lic", 2).await;
-    assert_eq!(
-        crate::support::holders(&redis, "lic").await.len(),
-        3,
-        "nobody evicted"
-    );
-    let o = acquire(&mut con, "lic", "d").await;
+    put_license(&settings, "lic", 2).await;
+    assert_eq!(holders(&settings, "lic").await.len(), 3, "nobody evicted");
+    let o = direct(&settings, "lic", "d").acquire(&mut con).await;
     assert_eq!(
         (o.status, o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 3, 2)
     );
-    let s = Scripts::get();
-    s.release(&keys("lic"), &guard("lic", "a"), &SessionArgs { session: "a" })
-        .run(&mut con)
-        .await
-        .unwrap();
+    direct(&settings, "lic", "a").release(&mut con).await;
     assert_eq!(
-        acquire(&mut con, "lic", "d").await.status,
+        direct(&settings, "lic", "d").acquire(&mut con).await.status,
         Status::NoSeatsAvailable,
         "2 of 2 still held"
     );
-    s.release(&keys("lic"), &guard("lic", "b"), &SessionArgs { session: "b" })
-        .run(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(acquire(&mut con, "lic", "d").await.status, Status::Acquired);
+    direct(&settings, "lic", "b").release(&mut con).await;
+    assert_eq!(
+        direct(&settings, "lic", "d").acquire(&mut con).await.status,
+        Status::Acquired
+    );
 }
 
 #[tokio::test]
 async fn scripts_reload_after_script_flush() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
-    acquire(&mut con, "lic", "s1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
+    direct(&settings, "lic", "s1").acquire(&mut con).await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut con)
@@ -249,29 +205,28 @@ async fn scripts_reload_after_script_flush() {
         .unwrap();
     assert!(exists.iter().all(|e| !e), "flush removed the scripts");
     // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
-    assert_eq!(acquire(&mut con, "lic", "s2").await.status, Status::Acquired);
-    let o = Scripts::get()
-        .heartbeat(&keys("lic"), &guard("lic", "s1"), &SessionArgs { session: "s1" })
-        .run(&mut con)
-        .await
-        .unwrap();
+    assert_eq!(
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let o = direct(&settings, "lic", "s1").heartbeat(&mut con).await;
     assert_eq!(o.status, Status::HeartbeatUpdated);
 }
 
 #[tokio::test]
 async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "load", 10).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "load", 10).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
-        let url = redis.url();
+        let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
-            let mut con = redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
+            let mut con = db(&settings).await;
+            direct(&settings, "load", &format!("session-{i}"))
+                .acquire(&mut con)
                 .await
-                .unwrap();
-            acquire(&mut con, "load", &format!("session-{i}")).await.status
+                .status
         }));
     }
     let mut acquired = 0;
@@ -284,27 +239,30 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
         }
     }
     assert_eq!((acquired, refused), (10, 90));
-    assert_eq!(crate::support::holders(&redis, "load").await.len(), 10);
+    assert_eq!(holders(&settings, "load").await.len(), 10);
 }
 
 #[tokio::test]
 async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::Acquired);
-    let spec = LicenseSpec {
-        seats_total: 2,
-        expires_at_ms: 0,
-        active: false,
-        heartbeat_timeout_ms: None,
-    };
-    license::put(&mut con, &Keys::new("seat"), "lic", &spec)
-        .await
-        .unwrap();
-    assert_eq!(acquire(&mut con, "lic", "s1").await.status, Status::AlreadyActive);
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
     assert_eq!(
-        acquire(&mut con, "lic", "s2").await.status,
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    let inactive = LicenseSpec {
+        active: false,
+        ..seats(2)
+    };
+    provision(&settings, "lic", &inactive).await;
+    assert_eq!(
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        Status::AlreadyActive
+    );
+    assert_eq!(
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
         Status::LicenseInactive
     );
 }
@@ -312,12 +270,6 @@ async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
 // The script contracts: each seat script run on a real Redis, its reply and
 // the records it stores decoded by the library's one decoder of each, so a
 // change on either side fails here.
-
-/// The Redis clock, ms.
-async fn redis_ms(con: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
-    secs * 1000 + micros / 1000
-}
 
 fn meta_of(session: &str) -> String {
     format!(r#"{{"user_email":"{session}@example.com","note":"a:b"}}"#)
@@ -340,36 +292,25 @@ impl Req<'_> {
     }
 }
 
-/// Runs `req` on `license` under `guard`; an acquire carries the metadata
-/// [`meta_of`] its session, request id `req-<session>` and reply_to
-/// `reply:<session>`.
-async fn run(
-    con: &mut redis::aio::MultiplexedConnection,
-    license: &str,
-    req: Req<'_>,
-    guard: &Guard,
-) -> Outcome {
-    let s = Scripts::get();
-    let k = keys(license);
-    let call = match req {
-        Req::Acquire(session, wait_ms) => {
-            let meta = meta_of(session);
-            let request_id = format!("req-{session}");
-            let reply_to = format!("seat:reply:{session}");
-            let args = AcquireArgs {
-                session,
-                meta: &meta,
-                wait_ms,
-                request_id: &request_id,
-                reply_to: &reply_to,
-                default_queue_max: 1000,
-            };
-            return s.acquire(&k, guard, &args).run(con).await.unwrap();
+/// Runs `req` on `license`, called directly (no dedupe, no rate limits).
+async fn run(con: &mut Db, s: &Settings, license: &str, req: Req<'_>) -> Outcome {
+    run_as(con, s, direct(s, license, req.session()), req).await
+}
+
+/// Runs `req` as `session`; an acquire carries the metadata [`meta_of`] its
+/// session, request id `req-<session>` and reply_to [`reply_stream`]
+/// `<session>`.
+async fn run_as(con: &mut Db, s: &Settings, session: Direct, req: Req<'_>) -> Outcome {
+    let session = session.with_meta(meta_of(req.session()));
+    match req {
+        Req::Acquire(name, wait_ms) => {
+            session
+                .queue(con, wait_ms, &format!("req-{name}"), &reply_stream(s, name))
+                .await
         }
-        Req::Release(session) => s.release(&k, guard, &SessionArgs { session }),
-        Req::Heartbeat(session) => s.heartbeat(&k, guard, &SessionArgs { session }),
-    };
-    call.run(con).await.unwrap()
+        Req::Release(_) => session.release(con).await,
+        Req::Heartbeat(_) => session.heartbeat(con).await,
+    }
 }
 
 /// What a contract table expects of an outcome (seats_total is 1 throughout).
@@ -397,10 +338,12 @@ fn want(status: Status, seats_used: i64) -> Want {
 
 #[tokio::test]
 async fn every_seat_script_answers_the_documented_outcome() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let mut con = redis.con().await;
-    let _: () = con.hset(&keys("lic").license, "queue_max", 1).await.unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    let k = license_keys(&settings, "lic");
+    let _: () = con.hset(&k.license, "queue_max", 1).await.unwrap();
     use Req::{Acquire, Heartbeat, Release};
     // Run in order: each row starts from the state the rows above left.
     let table = [
@@ -456,7 +399,7 @@ async fn every_seat_script_answers_the_documented_outcome() {
     ];
     for (req, want) in table {
         let before = redis_ms(&mut con).await;
-        let o = run(&mut con, "lic", req, &guard("lic", req.session())).await;
+        let o = run(&mut con, &settings, "lic", req).await;
         let after = redis_ms(&mut con).await;
         assert_eq!(
             (o.status, o.seats_used, o.seats_total),
@@ -479,10 +422,10 @@ async fn every_seat_script_answers_the_documented_outcome() {
         for n in &o.notes {
             assert_eq!(n.status, Status::Granted);
             assert_eq!(n.request_id, format!("req-{}", n.session));
-            assert_eq!(n.reply_to, format!("seat:reply:{}", n.session));
+            assert_eq!(n.reply_to, reply_stream(&settings, &n.session));
             assert_eq!(n.note_id, format!("GRANTED:{}:{}", n.session, o.now_ms));
             assert!(n.waited_ms >= 0 && n.waited_ms <= after - before + 60_000);
-            let kept: bool = con.hexists(&keys("lic").outbox, &n.note_id).await.unwrap();
+            let kept: bool = con.hexists(&k.outbox, &n.note_id).await.unwrap();
             assert!(kept, "a note stays in the outbox until delivered");
         }
     }
@@ -490,23 +433,30 @@ async fn every_seat_script_answers_the_documented_outcome() {
 
 #[tokio::test]
 async fn a_rate_limited_request_gets_the_documented_outcome() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut con = redis.con().await;
-    let mut limited = guard("lic", "a");
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut con = db(&settings).await;
+    let mut limited = Guard::none(&keys(&settings), "lic", "a");
     limited.session_limit = 1;
     limited.window_ms = 60_000;
+    let a = || direct(&settings, "lic", "a").with_guard(limited.clone());
     assert_eq!(
-        run(&mut con, "lic", Req::Acquire("a", 0), &limited).await.status,
+        run_as(&mut con, &settings, a(), Req::Acquire("a", 0))
+            .await
+            .status,
         Status::Acquired
     );
-    let o = run(&mut con, "lic", Req::Heartbeat("a"), &limited).await;
+    let o = run_as(&mut con, &settings, a(), Req::Heartbeat("a")).await;
     assert_eq!(
         (o.status, o.seats_used, o.seats_total, o.heartbeats, o.replayed),
         (Status::RateLimited, 1, 2, None, false)
     );
     assert!(o.notes.is_empty());
-    let record: String = con.hget(&keys("lic").sessions, "a").await.unwrap();
+    let record: String = con
+        .hget(license_keys(&settings, "lic").sessions, "a")
+        .await
+        .unwrap();
     assert_eq!(
         SessionRecord::parse(&record).unwrap().heartbeats,
         0,
@@ -516,9 +466,10 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
 
 #[tokio::test]
 async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
     let policy = GuardPolicy {
         dedupe_window_ms: 60_000,
         session_limit: 0,
@@ -528,7 +479,7 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
     let now = redis_ms(&mut con).await;
     let entry = |n: u32, session: &str| {
         let id = format!("{now}-{n}");
-        let mut g = Guard::for_entry(&policy, &Keys::new("seat"), &id, "lic", session);
+        let mut g = Guard::for_entry(&policy, &keys(&settings), &id, "lic", session);
         g.redelivery = true;
         g
     };
@@ -543,33 +494,35 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
     let mut notes = 0;
     for (n, req, status) in table {
         let g = entry(n, req.session());
-        let first = run(&mut con, "lic", req, &g).await;
+        let guarded = || direct(&settings, "lic", req.session()).with_guard(g.clone());
+        let first = run_as(&mut con, &settings, guarded(), req).await;
         assert_eq!(first.status, status);
         let replayed = Outcome {
             changed: false,
             replayed: true,
             ..first.clone()
         };
-        assert_eq!(run(&mut con, "lic", req, &g).await, replayed, "{req:?}");
+        assert_eq!(
+            run_as(&mut con, &settings, guarded(), req).await,
+            replayed,
+            "{req:?}"
+        );
         let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
         assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{req:?}: {raw}");
         notes += first.notes.len();
     }
     assert_eq!(notes, 1, "the release granted b");
-    assert_eq!(
-        crate::support::holders(&redis, "lic").await,
-        ["b"],
-        "replays changed nothing"
-    );
+    assert_eq!(holders(&settings, "lic").await, ["b"], "replays changed nothing");
 }
 
 #[tokio::test]
 async fn the_session_and_waiter_records_decode_in_rust() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let mut con = redis.con().await;
-    let k = keys("lic");
-    let took = run(&mut con, "lic", Req::Acquire("a", 0), &guard("lic", "a")).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    let k = license_keys(&settings, "lic");
+    let took = run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
     let raw: String = con.hget(&k.sessions, "a").await.unwrap();
     let record = SessionRecord {
         acquired_at_ms: took.now_ms,
@@ -579,7 +532,7 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     assert_eq!(SessionRecord::parse(&raw), Some(record.clone()), "{raw}");
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     for _ in 0..2 {
-        run(&mut con, "lic", Req::Heartbeat("a"), &guard("lic", "a")).await;
+        run(&mut con, &settings, "lic", Req::Heartbeat("a")).await;
     }
     let raw: String = con.hget(&k.sessions, "a").await.unwrap();
     let beaten = SessionRecord {
@@ -588,18 +541,18 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     };
     assert_eq!(SessionRecord::parse(&raw), Some(beaten), "{raw}");
 
-    let queued = run(&mut con, "lic", Req::Acquire("b", 60_000), &guard("lic", "b")).await;
+    let queued = run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;
     let raw: String = con.hget(&k.waiters, "b").await.unwrap();
     let waiter = WaiterRecord {
         id: "req-b".into(),
-        reply_to: "seat:reply:b".into(),
+        reply_to: reply_stream(&settings, "b"),
         meta: meta_of("b"),
         queued_at: queued.now_ms,
     };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
     // `seatgate status` reads them through the same types.
-    let status = seatgate::client::report::license_status(&mut con, &Keys::new("seat"), "lic")
+    let status = seatgate::client::report::license_status(&mut con, &keys(&settings), "lic")
         .await
         .unwrap();
     let h = &status.holders[0];
@@ -619,8 +572,10 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     );
 }
 
+/// One step of lua/reap.lua on `license`.
 async fn reap(
-    con: &mut redis::aio::MultiplexedConnection,
+    con: &mut Db,
+    s: &Settings,
     license: &str,
     limit: usize,
     redeliver_after_ms: u64,
@@ -632,31 +587,30 @@ async fn reap(
         redeliver_after_ms,
         outbox,
     };
-    Scripts::get().reap(&keys(license), &args).run(con).await.unwrap()
+    Scripts::get()
+        .reap(&license_keys(s, license), &args)
+        .run(con)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn reap_answers_the_documented_step() {
-    let redis = RedisServer::start_with(&[]);
-    let mut con = redis.con().await;
-    let spec = |seats_total| LicenseSpec {
-        seats_total,
-        expires_at_ms: 0,
-        active: true,
-        heartbeat_timeout_ms: Some(50),
-    };
-    let ks = Keys::new("seat");
-    license::put(&mut con, &ks, "lic", &spec(1)).await.unwrap();
-    run(&mut con, "lic", Req::Acquire("a", 0), &guard("lic", "a")).await;
-    run(&mut con, "lic", Req::Acquire("b", 60_000), &guard("lic", "b")).await;
-    run(&mut con, "lic", Req::Acquire("c", 1), &guard("lic", "c")).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    let mut con = db(&settings).await;
+    provision(&settings, "lic", &seats_with_timeout(1, 50)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("c", 1)).await;
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
     let before = redis_ms(&mut con).await;
-    let step = reap(&mut con, "lic", 10, 3_600_000, &OutboxCursor::start()).await;
+    let step = reap(&mut con, &settings, "lic", 10, 3_600_000, &OutboxCursor::start()).await;
     let after = redis_ms(&mut con).await;
     assert!((before..=after).contains(&step.now_ms));
     assert_eq!(step.evicted, ["a"]);
+    let (reply_b, reply_c) = (reply_stream(&settings, "b"), reply_stream(&settings, "c"));
     let notes: Vec<(Status, &str, &str, &str)> = step
         .notes
         .iter()
@@ -672,8 +626,8 @@ async fn reap_answers_the_documented_step() {
     assert_eq!(
         notes,
         [
-            (Status::QueueTimeout, "c", "req-c", "seat:reply:c"),
-            (Status::Granted, "b", "req-b", "seat:reply:b")
+            (Status::QueueTimeout, "c", "req-c", reply_c.as_str()),
+            (Status::Granted, "b", "req-b", reply_b.as_str())
         ],
         "the timeout first, then the grant"
     );
@@ -689,7 +643,7 @@ async fn reap_answers_the_documented_step() {
     assert!(step.outbox.is_done());
 
     // Nobody delivered them: once due, a step hands both out again, as notes.
-    let again = reap(&mut con, "lic", 10, 0, &OutboxCursor::start()).await;
+    let again = reap(&mut con, &settings, "lic", 10, 0, &OutboxCursor::start()).await;
     assert!(again.evicted.is_empty() && again.notes.is_empty());
     let mut redelivered = again.redeliver.clone();
     redelivered.sort_by(|x, y| x.note_id.cmp(&y.note_id));
@@ -698,18 +652,18 @@ async fn reap_answers_the_documented_step() {
     assert_eq!(redelivered, made);
     assert!(!again.more && again.outbox.is_done());
     // A pass that has scanned the outbox through skips it.
-    let through = reap(&mut con, "lic", 10, 0, &again.outbox).await;
+    let through = reap(&mut con, &settings, "lic", 10, 0, &again.outbox).await;
     assert!(through.redeliver.is_empty());
 
     // More stale sessions than the limit: `more` until all are gone.
-    license::put(&mut con, &ks, "big", &spec(3)).await.unwrap();
+    provision(&settings, "big", &seats_with_timeout(3, 50)).await;
     for s in ["x", "y", "z"] {
-        run(&mut con, "big", Req::Acquire(s, 0), &guard("big", s)).await;
+        run(&mut con, &settings, "big", Req::Acquire(s, 0)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let first = reap(&mut con, "big", 2, 3_600_000, &OutboxCursor::start()).await;
+    let first = reap(&mut con, &settings, "big", 2, 3_600_000, &OutboxCursor::start()).await;
     assert_eq!((first.evicted.len(), first.more, first.seats_used), (2, true, 1));
-    let second = reap(&mut con, "big", 2, 3_600_000, &first.outbox).await;
+    let second = reap(&mut con, &settings, "big", 2, 3_600_000, &first.outbox).await;
     assert_eq!(
         (second.evicted.len(), second.more, second.seats_used),
         (1, false, 0)
@@ -727,19 +681,20 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
     let mut cases = Vec::new();
     for extra in [&[][..], &["--hash-max-listpack-value", "256"][..]] {
         for delivered in [true, false] {
-            let redis = RedisServer::start_with(extra);
-            put_license(&redis, "lic", 0).await;
-            let mut con = redis.con().await;
-            let outbox_key = keys("lic").outbox;
+            let redis = RedisServer::start_with(extra).await;
+            let settings = redis.settings();
+            put_license(&settings, "lic", 0).await;
+            let mut con = db(&settings).await;
+            let outbox_key = license_keys(&settings, "lic").outbox;
             let sessions: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
             for s in &sessions {
-                let o = run(&mut con, "lic", Req::Acquire(s, 1), &guard("lic", s)).await;
+                let o = run(&mut con, &settings, "lic", Req::Acquire(s, 1)).await;
                 assert_eq!(o.status, Status::Queued);
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             // The waits ran out (seen by later acquires or by this step) and
             // nobody delivered the timeouts: all 20 stay in the outbox.
-            reap(&mut con, "lic", 100, 3_600_000, &OutboxCursor::start()).await;
+            reap(&mut con, &settings, "lic", 100, 3_600_000, &OutboxCursor::start()).await;
             let mut want: Vec<String> = con.hkeys(&outbox_key).await.unwrap();
             assert_eq!(want.len(), 20);
             let encoding: String = redis::cmd("OBJECT")
@@ -754,7 +709,7 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
             let mut seen = Vec::new();
             let mut steps = 0;
             loop {
-                let step = reap(&mut con, "lic", 7, 0, &outbox).await;
+                let step = reap(&mut con, &settings, "lic", 7, 0, &outbox).await;
                 steps += 1;
                 let n = step.redeliver.len();
                 assert!(n <= 7, "{case}: {n} in one step");

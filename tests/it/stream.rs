@@ -2,26 +2,26 @@
 
 use std::time::Duration;
 
-use seatgate::client::{Call, Client};
+use redis::AsyncCommands;
+use seatgate::client::Call;
+use seatgate::config::Settings;
 use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
-use crate::support::{holders, pending, put_license, spawn_worker, RedisServer, RedisServerExt};
-
-const T: Duration = Duration::from_secs(5);
-
-fn call(op: Op, license: &str, session: &str) -> Call {
-    Call::new(op, license, session).with_meta(r#"{"user_email":"dev@example.com","hardware_id":"hw-1"}"#)
-}
+use crate::support::{
+    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_worker, RedisServer,
+    RedisServerExt, T,
+};
 
 #[tokio::test]
 async fn acquire_heartbeat_release_round_trip() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut client = client(&settings).await;
 
-    let r = client.call(&call(Op::Acquire, "lic", "s1"), T).await.unwrap();
+    let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
     assert_eq!(
         (r.status(), r.ok(), r.int("seats_used"), r.int("seats_total")),
         (Status::Acquired, true, 1, 1)
@@ -31,40 +31,54 @@ async fn acquire_heartbeat_release_round_trip() {
         ("acquire", "lic", "s1")
     );
 
-    let r = client.call(&call(Op::Acquire, "lic", "s1"), T).await.unwrap();
+    let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
     assert_eq!(r.status(), Status::AlreadyActive);
-    let r = client.call(&call(Op::Acquire, "lic", "s2"), T).await.unwrap();
+    let r = client.call(&acquire("lic", "s2", 0), T).await.unwrap();
     assert_eq!((r.status(), r.ok()), (Status::NoSeatsAvailable, false));
     assert!(!r.get("error").is_empty());
 
-    let r = client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    let r = client
+        .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
+        .await
+        .unwrap();
     assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
-    let r = client.call(&call(Op::Release, "lic", "s1"), T).await.unwrap();
+    let r = client
+        .call(&Call::new(Op::Release, "lic", "s1"), T)
+        .await
+        .unwrap();
     assert_eq!((r.status(), r.int("seats_used")), (Status::Released, 0));
-    let r = client.call(&call(Op::Release, "lic", "s1"), T).await.unwrap();
+    let r = client
+        .call(&Call::new(Op::Release, "lic", "s1"), T)
+        .await
+        .unwrap();
     assert_eq!(r.status(), Status::SessionNotFound);
-    let r = client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
+    let r = client
+        .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
+        .await
+        .unwrap();
     assert_eq!(r.status(), Status::SessionNotActive);
-    let r = client.call(&call(Op::Acquire, "nope", "s1"), T).await.unwrap();
+    let r = client.call(&acquire("nope", "s1", 0), T).await.unwrap();
     assert_eq!(r.status(), Status::LicenseNotFound);
 
     worker.stop().await;
-    assert_eq!(pending(&redis).await, 0, "every request acknowledged");
+    assert_eq!(pending(&settings).await, 0, "every request acknowledged");
 }
 
 #[tokio::test]
 async fn reply_streams_expire_after_their_last_reply() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    assert!(
-        client.reply_to().starts_with("seat:reply:seatgate:"),
-        "{}",
-        client.reply_to()
-    );
-    client.call(&call(Op::Heartbeat, "lic", "s1"), T).await.unwrap();
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut client = client(&settings).await;
+    // <replies.prefix><client.name>:<unique>
+    let own = reply_stream(&settings, &format!("{}:", settings.client.name));
+    assert!(client.reply_to().starts_with(&own), "{}", client.reply_to());
+    client
+        .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
+        .await
+        .unwrap();
+    let mut con = db(&settings).await;
     let ttl: i64 = redis::cmd("PTTL")
         .arg(client.reply_to())
         .query_async(&mut con)
@@ -79,13 +93,13 @@ async fn reply_streams_expire_after_their_last_reply() {
 }
 
 /// Waits until every request on the stream has been read and acknowledged.
-async fn drained(redis: &RedisServer) {
-    let mut con = redis.con().await;
+async fn drained(settings: &Settings) {
+    let mut con = db(settings).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
             .arg("GROUPS")
-            .arg("seat:requests")
+            .arg(&settings.stream.requests)
             .query_async(&mut con)
             .await
             .unwrap();
@@ -104,8 +118,8 @@ async fn drained(redis: &RedisServer) {
 /// The request ids of every reply on `stream`, read in pages (one read of
 /// thousands of entries could outlast the connection's response timeout on a
 /// busy machine).
-async fn reply_ids(redis: &RedisServer, stream: &str) -> Vec<String> {
-    let mut con = redis.con().await;
+async fn reply_ids(settings: &Settings, stream: &str) -> Vec<String> {
+    let mut con = db(settings).await;
     let mut ids = Vec::new();
     let mut from = "-".to_owned();
     loop {
@@ -129,21 +143,22 @@ async fn reply_ids(redis: &RedisServer, stream: &str) -> Vec<String> {
 /// `replies.maxlen` = 100 kept about the last 100).
 #[tokio::test]
 async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
-    let worker = spawn_worker(redis.settings(), "w1").await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut client = client(&settings).await;
     let mut sent = std::collections::HashSet::new();
     for i in 0..5_000 {
         // Releases are never rate limited; each is answered SESSION_NOT_FOUND.
         let id = client
-            .send(&call(Op::Release, "lic", &format!("s{i}")))
+            .send(&Call::new(Op::Release, "lic", format!("s{i}")))
             .await
             .unwrap();
         sent.insert(id);
     }
-    drained(&redis).await;
-    let replies = reply_ids(&redis, client.reply_to()).await;
+    drained(&settings).await;
+    let replies = reply_ids(&settings, client.reply_to()).await;
     assert_eq!(replies.len(), 5_000, "one reply per request, none trimmed");
     let received: std::collections::HashSet<String> = replies.into_iter().collect();
     assert_eq!(received, sent);
@@ -154,31 +169,31 @@ async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
 /// later replies come; younger ones never are.
 #[tokio::test]
 async fn replies_older_than_the_ttl_are_trimmed() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 1).await;
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
     settings.replies.ttl_ms = 1_000;
-    let worker = spawn_worker(settings, "w1").await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut client = client(&settings).await;
     for i in 0..1_000 {
         client
-            .send(&call(Op::Release, "lic", &format!("old{i}")))
+            .send(&Call::new(Op::Release, "lic", format!("old{i}")))
             .await
             .unwrap();
     }
-    drained(&redis).await;
+    drained(&settings).await;
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let mut young = Vec::new();
     for i in 0..300 {
         young.push(
             client
-                .send(&call(Op::Release, "lic", &format!("young{i}")))
+                .send(&Call::new(Op::Release, "lic", format!("young{i}")))
                 .await
                 .unwrap(),
         );
     }
-    drained(&redis).await;
-    let replies = reply_ids(&redis, client.reply_to()).await;
+    drained(&settings).await;
+    let replies = reply_ids(&settings, client.reply_to()).await;
     let ids: std::collections::HashSet<&str> = replies.iter().map(String::as_str).collect();
     assert!(
         young.iter().all(|id| ids.contains(id.as_str())),
@@ -194,11 +209,12 @@ async fn replies_older_than_the_ttl_are_trimmed() {
 
 #[tokio::test]
 async fn requests_written_before_any_worker_are_served() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "lic", 2).await;
-    let mut client = Client::connect(&redis.url(), "seat:requests").await.unwrap();
-    let early = client.send(&call(Op::Acquire, "lic", "early")).await.unwrap();
-    let worker = spawn_worker(redis.settings(), "w1").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 2).await;
+    let mut client = client(&settings).await;
+    let early = client.send(&acquire("lic", "early", 0)).await.unwrap();
+    let worker = spawn_worker(settings.clone(), "w1").await;
     let r = client.wait_for(&early, T).await.unwrap();
     assert_eq!(r.status(), Status::Acquired);
     worker.stop().await;
@@ -207,34 +223,25 @@ async fn requests_written_before_any_worker_are_served() {
 /// The seed's load test, through the stream: 100 concurrent acquirers, 10 seats, two workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_acquires_over_the_stream_with_two_workers() {
-    let redis = RedisServer::start_with(&[]);
-    put_license(&redis, "load", 10).await;
+    let redis = RedisServer::start_with(&[]).await;
     let mut settings = redis.settings();
+    put_license(&settings, "load", 10).await;
     settings.stream.batch_size = 8; // several batches per worker, so both take part
     let w1 = spawn_worker(settings.clone(), "w1").await;
-    let w2 = spawn_worker(settings, "w2").await;
+    let w2 = spawn_worker(settings.clone(), "w2").await;
 
     let mut tasks = Vec::new();
     for i in 0..100 {
-        let url = redis.url();
+        let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&url, "seat:requests").await.unwrap();
+            let mut client = client(&settings).await;
             let id = client
-                .send(&call(Op::Acquire, "load", &format!("session-{i}")))
+                .send(&acquire("load", &format!("session-{i}"), 0))
                 .await
                 .unwrap();
             let reply = client.wait_for(&id, Duration::from_secs(20)).await.unwrap();
             // Exactly one reply per request on this client's stream.
-            let mut con = redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            let replies: i64 = redis::cmd("XLEN")
-                .arg(client.reply_to())
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            let replies: i64 = db(&settings).await.xlen(client.reply_to()).await.unwrap();
             (reply.status(), replies)
         }));
     }
@@ -249,19 +256,11 @@ async fn hundred_acquires_over_the_stream_with_two_workers() {
         }
     }
     assert_eq!((acquired, refused), (10, 90));
-    assert_eq!(holders(&redis, "load").await.len(), 10, "10 holders in Redis");
+    assert_eq!(holders(&settings, "load").await.len(), 10, "10 holders in Redis");
 
-    // Both consumers served part of the load.
-    let mut con = redis.con().await;
-    let consumers: Vec<redis::Value> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(consumers.len(), 2);
+    // Both workers joined the group (each consumer is created by its first read).
+    assert_eq!(consumers(&settings).await.len(), 2);
     w1.stop().await;
     w2.stop().await;
-    assert_eq!(pending(&redis).await, 0);
+    assert_eq!(pending(&settings).await, 0);
 }

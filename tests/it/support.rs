@@ -1,24 +1,40 @@
 //! Test support: a real `redis-server` per test on a free loopback port with
-//! its own temp dir, and in-process workers with their own shutdown tokens.
-
-#![allow(dead_code)]
+//! its own temp dir, in-process workers and `seatgate run` processes, and the
+//! one copy of every helper the test modules share.
+//!
+//! Key, stream and group names come from the test's [`Settings`] (see
+//! [`RedisServerExt::settings`]), never from literals, so a test under its
+//! own prefix (the cluster tests) uses the same helpers. Every wait is async:
+//! a blocking sleep would stall the runtime thread that also drives the
+//! test's workers and clients.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
+use seatgate::client::{Call, Client, ReplyMsg};
 use seatgate::config::Settings;
-use seatgate::engine::keys::Keys;
+use seatgate::db::Db;
+use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::protocol::Op;
+use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
+use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
-pub use seatgate::tools::local_redis::LocalRedis as RedisServer;
+pub use seatgate::tools::local_redis::{LocalCluster, LocalRedis as RedisServer};
 
-/// A loopback port nobody listens on now.
+/// How long a test waits for a reply.
+pub const T: Duration = Duration::from_secs(5);
+
+/// Session metadata the tests' acquires carry.
+pub const META: &str = r#"{"user_email":"dev@example.com"}"#;
+
+/// A loopback port nobody listens on (at the time of asking).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -29,24 +45,14 @@ pub fn free_port() -> u16 {
 /// Conveniences for tests on top of the library's private Redis.
 pub trait RedisServerExt {
     /// Starts a server with extra `--name value` arguments.
-    fn start_with(extra: &[&str]) -> RedisServer;
-    /// A fresh async connection.
-    async fn con(&self) -> MultiplexedConnection;
+    async fn start_with(extra: &[&str]) -> RedisServer;
     /// Settings pointing at this server: no metrics endpoint, short blocks.
     fn settings(&self) -> Settings;
 }
 
 impl RedisServerExt for RedisServer {
-    fn start_with(extra: &[&str]) -> RedisServer {
-        RedisServer::start(extra).expect("start redis-server")
-    }
-
-    async fn con(&self) -> MultiplexedConnection {
-        redis::Client::open(self.url())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to test redis")
+    async fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start(extra).await.expect("start redis-server")
     }
 
     fn settings(&self) -> Settings {
@@ -58,9 +64,422 @@ impl RedisServerExt for RedisServer {
     }
 }
 
+/// A connection as seatgate makes one from `s` (one node or a cluster).
+pub async fn db(s: &Settings) -> Db {
+    Db::connect(&s.redis).await.expect("connect to test redis")
+}
+
+/// Every key name under `s`'s prefix.
+pub fn keys(s: &Settings) -> Keys {
+    Keys::new(s.keys.prefix.clone())
+}
+
+/// The keys of `license` under `s`'s prefix.
+pub fn license_keys(s: &Settings, license: &str) -> LicenseKeys {
+    keys(s).license(license)
+}
+
+/// The reply stream `<replies.prefix><name>`: one a worker agrees to write to.
+pub fn reply_stream(s: &Settings, name: &str) -> String {
+    format!("{}{name}", s.replies.prefix)
+}
+
+// ---------------------------------------------------------------------------
+// Licenses and seats.
+
+/// `seats` seats, active, never expiring, the default heartbeat timeout.
+pub fn seats(seats: u64) -> LicenseSpec {
+    LicenseSpec {
+        seats_total: seats,
+        expires_at_ms: 0,
+        active: true,
+        heartbeat_timeout_ms: None,
+    }
+}
+
+/// `n` seats whose holders are evicted after `heartbeat_timeout_ms` without a heartbeat.
+pub fn seats_with_timeout(n: u64, heartbeat_timeout_ms: u64) -> LicenseSpec {
+    LicenseSpec {
+        heartbeat_timeout_ms: Some(heartbeat_timeout_ms),
+        ..seats(n)
+    }
+}
+
+/// Creates or replaces `license` as `spec` says.
+pub async fn provision(s: &Settings, license: &str, spec: &LicenseSpec) {
+    license::put(&mut db(s).await, &keys(s), license, spec)
+        .await
+        .expect("put license");
+}
+
+/// Provisions `license` with `n` seats, active, never expiring.
+pub async fn put_license(s: &Settings, license: &str, n: u64) {
+    provision(s, license, &seats(n)).await;
+}
+
+/// Sessions holding a seat of `license`, sorted.
+pub async fn holders(s: &Settings, license: &str) -> Vec<String> {
+    let mut v: Vec<String> = redis::cmd("ZRANGE")
+        .arg(license_keys(s, license).holders)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    v.sort();
+    v
+}
+
+/// Every license key and its DUMP, to show that something changed nothing.
+pub async fn snapshot(s: &Settings) -> Vec<(String, Vec<u8>)> {
+    let mut con = db(s).await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:{{*", s.keys.prefix))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    keys.sort();
+    let mut out = Vec::new();
+    for k in keys {
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut con).await.unwrap();
+        out.push((k, dump));
+    }
+    out
+}
+
+/// The most holders any watched license had in one sample, and how many
+/// samples were taken.
+#[derive(Debug, Default)]
+pub struct HolderWatch {
+    /// Most holders seen at once, and of which license.
+    pub most: (usize, String),
+    /// Sweeps over the licenses that read at least one of them.
+    pub samples: usize,
+}
+
+/// Samples the holders of every license in `licenses` until `stop`, for
+/// "never overbooked" checks while things happen. Reads that fail (Redis
+/// restarting, a master failing over) are skipped, not fatal.
+pub fn watch_holders(
+    s: &Settings,
+    licenses: &[&str],
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<HolderWatch> {
+    let s = s.clone();
+    let licenses: Vec<String> = licenses.iter().map(|l| l.to_string()).collect();
+    tokio::spawn(async move {
+        let mut watch = HolderWatch::default();
+        let mut con = None;
+        while !stop.is_cancelled() {
+            let Some(c) = con.as_mut() else {
+                con = Db::connect(&s.redis).await.ok();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let zcards = licenses
+                .iter()
+                .map(|l| {
+                    let mut zcard = redis::cmd("ZCARD");
+                    zcard.arg(license_keys(&s, l).holders);
+                    zcard
+                })
+                .collect();
+            if let Ok(counts) = c.query_all(zcards).await {
+                let mut read = false;
+                for (l, n) in licenses.iter().zip(counts) {
+                    if let Ok(redis::Value::Int(n)) = n {
+                        read = true;
+                        if n as usize > watch.most.0 {
+                            watch.most = (n as usize, l.clone());
+                        }
+                    }
+                }
+                watch.samples += usize::from(read);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        watch
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The seat scripts called directly.
+
+/// One session of one license, its seat scripts called directly (the seed's
+/// path). Every test calls the seat scripts through here, so a change of the
+/// script API lands in this one place.
+pub struct Direct {
+    /// The license's keys.
+    keys: LicenseKeys,
+    /// Dedupe and rate limits (none, those of a stream entry, or the test's own).
+    guard: Guard,
+    /// The session id.
+    session: String,
+    /// The metadata an acquire stores with the seat ([`META`] unless the test sets its own).
+    meta: String,
+    /// The queue limit for a license without its own `queue_max`, as a worker passes it.
+    default_queue_max: u64,
+}
+
+/// `session` of `license` called directly: no redelivery dedupe, no rate limits.
+pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
+    Direct {
+        keys: license_keys(s, license),
+        guard: Guard::none(&keys(s), license, session),
+        session: session.to_owned(),
+        meta: META.to_owned(),
+        default_queue_max: s.queue.max_length,
+    }
+}
+
+impl Direct {
+    /// Guarded as a worker guards stream entry `entry_id` (dedupe, limits).
+    pub fn for_entry(s: &Settings, entry_id: &str, license: &str, session: &str) -> Direct {
+        Direct {
+            guard: Guard::for_entry(&s.guard_policy(), &keys(s), entry_id, license, session),
+            ..direct(s, license, session)
+        }
+    }
+
+    /// The same session under `guard` (a test's own limits or dedupe policy).
+    pub fn with_guard(self, guard: Guard) -> Direct {
+        Direct { guard, ..self }
+    }
+
+    /// The same session, its acquires storing `meta` instead of [`META`].
+    pub fn with_meta(self, meta: impl Into<String>) -> Direct {
+        Direct {
+            meta: meta.into(),
+            ..self
+        }
+    }
+
+    /// lua/acquire.lua, without waiting.
+    pub async fn acquire(&self, con: &mut impl ConnectionLike) -> Outcome {
+        self.queue(con, 0, "", "").await
+    }
+
+    /// lua/acquire.lua, waiting up to `wait_ms` in the queue as request
+    /// `request_id` whose later reply goes to `reply_to`.
+    pub async fn queue(
+        &self,
+        con: &mut impl ConnectionLike,
+        wait_ms: u64,
+        request_id: &str,
+        reply_to: &str,
+    ) -> Outcome {
+        let args = AcquireArgs {
+            session: &self.session,
+            meta: &self.meta,
+            wait_ms,
+            request_id,
+            reply_to,
+            default_queue_max: self.default_queue_max,
+        };
+        Scripts::get()
+            .acquire(&self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .expect("acquire.lua")
+    }
+
+    /// lua/release.lua.
+    pub async fn release(&self, con: &mut impl ConnectionLike) -> Outcome {
+        let args = SessionArgs {
+            session: &self.session,
+        };
+        Scripts::get()
+            .release(&self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .expect("release.lua")
+    }
+
+    /// lua/heartbeat.lua.
+    pub async fn heartbeat(&self, con: &mut impl ConnectionLike) -> Outcome {
+        let args = SessionArgs {
+            session: &self.session,
+        };
+        Scripts::get()
+            .heartbeat(&self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .expect("heartbeat.lua")
+    }
+}
+
+/// The Redis clock (TIME), ms: the clock the scripts read.
+pub async fn redis_ms(con: &mut impl ConnectionLike) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+// ---------------------------------------------------------------------------
+// Streams: requests, replies, events.
+
+/// `XADD <requests stream> *`, for the caller to add fields to.
+pub fn request_xadd(s: &Settings) -> redis::Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(&s.stream.requests).arg("*");
+    cmd
+}
+
+/// Adds a raw request entry with `fields`; its entry id.
+pub async fn add_request(con: &mut impl ConnectionLike, s: &Settings, fields: &[(&str, &str)]) -> String {
+    let mut cmd = request_xadd(s);
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    cmd.query_async(con).await.unwrap()
+}
+
+/// Creates the requests stream and its consumer group, as a worker would.
+pub async fn create_group(s: &Settings) {
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&s.stream.requests)
+        .arg(&s.stream.group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+}
+
+/// Entries of the requests stream still pending in the group.
+pub async fn pending(s: &Settings) -> i64 {
+    let v: redis::Value = redis::cmd("XPENDING")
+        .arg(&s.stream.requests)
+        .arg(&s.stream.group)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The consumers of the group, with the entries each holds pending.
+pub async fn consumers(s: &Settings) -> Vec<(String, i64)> {
+    let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(&s.stream.requests)
+        .arg(&s.stream.group)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    consumers
+        .into_iter()
+        .map(|c| {
+            (
+                redis::from_redis_value(c["name"].clone()).unwrap(),
+                redis::from_redis_value(c["pending"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// One stream entry: its id and its fields. Indexing by field name panics
+/// with the whole entry when the field is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The entry id, `<ms>-<seq>`.
+    pub id: String,
+    /// Its fields, as text.
+    pub fields: HashMap<String, String>,
+}
+
+impl Entry {
+    /// The id as numbers, the order of the entries of one stream.
+    pub fn position(&self) -> (u64, u64) {
+        let (ms, seq) = self.id.split_once('-').expect("a stream entry id");
+        (ms.parse().expect("ms"), seq.parse().expect("seq"))
+    }
+}
+
+impl std::ops::Index<&str> for Entry {
+    type Output = String;
+
+    fn index(&self, field: &str) -> &String {
+        self.fields
+            .get(field)
+            .unwrap_or_else(|| panic!("entry {} has no field {field}: {:?}", self.id, self.fields))
+    }
+}
+
+/// Every entry of `stream`, oldest first.
+pub async fn stream_entries(con: &mut impl ConnectionLike, stream: &str) -> Vec<Entry> {
+    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(con)
+        .await
+        .unwrap();
+    read.ids
+        .into_iter()
+        .map(|e| Entry {
+            fields: e
+                .map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
+                .collect(),
+            id: e.id,
+        })
+        .collect()
+}
+
+/// Every seat event of `license` (on its events shard), oldest first.
+pub async fn events(s: &Settings, license: &str) -> Vec<Entry> {
+    stream_entries(&mut db(s).await, &s.events_stream_for(license)).await
+}
+
+// ---------------------------------------------------------------------------
+// Requests through seatgate.
+
+/// A request/reply client sending where `s` says.
+pub async fn client(s: &Settings) -> Client {
+    Client::connect_with(s).await.expect("client connects")
+}
+
+/// An acquire with [`META`], queueing up to `wait_ms` (0 = answer at once).
+pub fn acquire(license: &str, session: &str, wait_ms: u64) -> Call {
+    Call::new(Op::Acquire, license, session)
+        .with_meta(META)
+        .with_wait(wait_ms)
+}
+
+/// Sends an acquire that may queue, from a client of its own; returns the
+/// first reply, the request id (a later GRANTED carries it) and the client.
+pub async fn queue_up(
+    s: &Settings,
+    license: &str,
+    session: &str,
+    wait_ms: u64,
+) -> (ReplyMsg, String, Client) {
+    let mut c = client(s).await;
+    let id = c.send(&acquire(license, session, wait_ms)).await.unwrap();
+    let first = c.wait_for(&id, T).await.unwrap();
+    (first, id, c)
+}
+
+/// A reaper as `s` configures it, on its own connection.
+pub async fn reaper(s: &Settings) -> Reaper {
+    Reaper::new(db(s).await, s)
+}
+
+// ---------------------------------------------------------------------------
+// Workers: in-process and as processes.
+
 /// An in-process worker; stopped (and awaited) by [`WorkerHandle::stop`].
 pub struct WorkerHandle {
+    /// Cancels its run loop.
     token: CancellationToken,
+    /// The run loop, awaited on stop.
     task: tokio::task::JoinHandle<seatgate::Result<()>>,
     /// Its readiness flag, as `/ready` would report it.
     pub ready: Readiness,
@@ -89,76 +508,40 @@ pub async fn spawn_worker(mut settings: Settings, consumer: &str) -> WorkerHandl
     WorkerHandle { token, task, ready }
 }
 
-/// Provisions `license` with `seats` seats, active, never expiring.
-pub async fn put_license(server: &RedisServer, license: &str, seats: u64) {
-    let mut con = server.con().await;
-    let spec = LicenseSpec {
-        seats_total: seats,
-        expires_at_ms: 0,
-        active: true,
-        heartbeat_timeout_ms: None,
-    };
-    license::put(&mut con, &Keys::new("seat"), license, &spec)
-        .await
-        .expect("put license");
-}
-
-/// Sessions holding a seat of `license`, sorted.
-pub async fn holders(server: &RedisServer, license: &str) -> Vec<String> {
-    let mut con = server.con().await;
-    let key = Keys::new("seat").license(license).holders;
-    let mut v: Vec<String> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    v.sort();
-    v
-}
-
-/// Every key and its DUMP, to show that something changed nothing.
-pub async fn snapshot(server: &RedisServer) -> Vec<(String, Vec<u8>)> {
-    let mut con = server.con().await;
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("seat:{*")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    keys.sort();
-    let mut out = Vec::new();
-    for k in keys {
-        let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(&mut con).await.unwrap();
-        out.push((k, dump));
-    }
-    out
-}
-
-/// Entries of the requests stream still pending in the group.
-pub async fn pending(server: &RedisServer) -> i64 {
-    let mut con = server.con().await;
-    let v: redis::Value = redis::cmd("XPENDING")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    match v {
-        redis::Value::Array(items) => match items.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
 /// The `seatgate` binary built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_seatgate");
 
+/// `seatgate --redis <url> <args>`, logging warnings only.
+pub fn seatgate_cmd(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--redis").arg(url).args(args).env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs `cmd` to its end, off the runtime's threads.
+pub async fn output(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .expect("run the command")
+}
+
+/// A child process, killed and reaped on drop so that a failing test leaves
+/// nothing running. Signals go through the handle: a child's pid stays its
+/// own until it is reaped, so they can never reach an unrelated process.
+pub struct Spawned(pub Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A `seatgate run` child process with its own metrics port, killed on drop.
 pub struct WorkerProcess {
-    child: Child,
+    /// The process.
+    child: Spawned,
     /// host:port of its /metrics, /live and /ready.
     pub metrics: String,
 }
@@ -166,7 +549,7 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Starts `seatgate run` against `url` with extra `SEATGATE__*` variables
     /// and waits until /ready answers 200.
-    pub fn start(url: &str, env: &[(&str, String)]) -> WorkerProcess {
+    pub async fn start(url: &str, env: &[(&str, String)]) -> WorkerProcess {
         let port = free_port();
         let mut cmd = Command::new(BIN);
         cmd.arg("--redis")
@@ -179,93 +562,79 @@ impl WorkerProcess {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("start seatgate run");
         let worker = WorkerProcess {
-            child,
+            child: Spawned(cmd.spawn().expect("start seatgate run")),
             metrics: format!("127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(&worker.metrics, "/ready").map(|(code, _)| code) != Some(200) {
+        while worker.status("/ready").await != Some(200) {
             assert!(Instant::now() < deadline, "worker did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         worker
     }
 
+    /// The status code of `path` on its HTTP endpoint (None: no answer).
+    pub async fn status(&self, path: &str) -> Option<u16> {
+        http_get(&self.metrics, path).await.map(|(code, _)| code)
+    }
+
+    /// Its `/metrics` response ("" when it does not answer).
+    pub async fn scrape(&self) -> String {
+        http_get(&self.metrics, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
     }
 
     /// SIGTERM, then waits (at most `within`) for the exit status.
-    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+    pub async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self.child.0.id().to_string();
+        tokio::task::spawn_blocking(move || Command::new("kill").arg("-TERM").arg(pid).status())
+            .await
+            .unwrap()
+            .expect("run kill");
         let deadline = Instant::now() + within;
         loop {
-            if let Some(status) = self.child.try_wait().expect("wait for worker") {
+            if let Some(status) = self.child.0.try_wait().expect("wait for worker") {
                 return status;
             }
             assert!(
                 Instant::now() < deadline,
                 "worker did not stop on SIGTERM within {within:?}"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
 
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A minimal HTTP/1.0 GET, enough for /metrics and /ready on loopback.
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+/// A minimal HTTP/1.0 GET, enough for /metrics and /ready on loopback; the
+/// status code and the whole response. It runs off the runtime's threads.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    let code = body.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body))
+    let (addr, path) = (addr.to_owned(), path.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let code = body.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, body))
+    })
+    .await
+    .expect("http_get task")
 }
 
-/// Every entry of `stream`, oldest first, as field maps.
-pub async fn stream_entries(con: &mut MultiplexedConnection, stream: &str) -> Vec<HashMap<String, String>> {
-    let read: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(con)
-        .await
-        .unwrap();
-    read.ids
-        .into_iter()
-        .map(|e| {
-            e.map
-                .into_iter()
-                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap()))
-                .collect()
-        })
-        .collect()
-}
-
-/// Creates the requests stream and its consumer group, as a worker would.
-pub async fn create_group(con: &mut MultiplexedConnection) {
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("seat:requests")
-        .arg("seatgate")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(con)
-        .await
-        .unwrap();
+/// The value of one exact series (name and labels as rendered) in a
+/// Prometheus exposition, if present.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }

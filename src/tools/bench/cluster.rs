@@ -1,0 +1,67 @@
+//! The cluster scenario: seatgate and the direct path on private Redis
+//! Clusters of each master count, beside a single node.
+
+use std::time::Duration;
+
+use super::harness::{provision, Fleet};
+use super::throughput::{closed_loop, Path};
+use super::{Bench, Row};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::error::Error;
+use crate::tools::local_redis::{LocalCluster, LocalRedis};
+
+/// `cluster`: it brings its own servers; the measured Redis is not used.
+pub(super) async fn run(b: &mut Bench<'_>) -> Result<(), Error> {
+    let masters = b.opts.cluster_masters.clone();
+    for r in cluster_run(&b.settings, &masters, b.opts.warmup, b.opts.duration).await? {
+        b.emit(r);
+    }
+    Ok(())
+}
+
+/// seatgate end to end (64 clients, 2 workers) and the direct path on Redis
+/// Cluster with each master count (no replicas: a benchmark of masters), with
+/// 4 request shards per master; a single node beside them for reference.
+/// `base` gives everything but where Redis is and the shards.
+async fn cluster_run(
+    base: &Settings,
+    masters: &[usize],
+    warmup: Duration,
+    d: Duration,
+) -> Result<Vec<Row>, Error> {
+    let mut rows = Vec::new();
+    let single = LocalRedis::start(&["--hash-max-listpack-value", "256"]).await?;
+    let mut runs: Vec<(String, Settings, Option<LocalCluster>)> = Vec::new();
+    let mut s = base.clone();
+    s.redis.url = single.url();
+    runs.push(("1 node (not a cluster)".into(), s, None));
+    for &m in masters {
+        let cluster = LocalCluster::start_with(m, 0).await?;
+        let mut s = base.clone();
+        s.redis.cluster_urls = cluster.urls();
+        s.stream.shards = 4 * m;
+        runs.push((
+            format!("cluster, {m} masters, {} shards", 4 * m),
+            s,
+            Some(cluster),
+        ));
+    }
+    for (label, s, cluster) in runs {
+        let mut con = Db::connect(&s.redis).await?;
+        provision(&mut con, &Keys::new(s.keys.prefix.clone())).await?;
+        let mut direct = closed_loop(&s, 64, warmup, d, Path::Direct).await?;
+        direct.scenario = "cluster".into();
+        direct.variant = format!("{label}: direct, clients=64");
+        rows.push(direct);
+        let fleet = Fleet::start(&s, 2).await?;
+        let mut r = closed_loop(&s, 64, warmup, d, Path::Seatgate).await?;
+        fleet.stop().await;
+        r.scenario = "cluster".into();
+        r.variant = format!("{label}: seatgate, clients=64 workers=2");
+        rows.push(r);
+        drop(cluster);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,232 @@
+//! What the seat data costs Redis: the reaper's passes over many sessions
+//! (wall time, Redis CPU, longest blocking call) and memory per session and
+//! per queued waiter. Both build their own data set on a wiped Redis.
+
+use std::time::Instant;
+
+use super::harness::{bench_err, note_row, redis_cpu, row, used_memory, wipe, META};
+use super::seat::{Seat, Step};
+use super::{Bench, Row};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::license::{self, LicenseSpec};
+use crate::error::Error;
+use crate::runtime::reaper::Reaper;
+
+/// `reaper`: one pass each with 1%, 0.1% and no stale sessions.
+pub(super) async fn reaper(b: &mut Bench<'_>) -> Result<(), Error> {
+    for r in reaper_run(&b.settings, &mut b.con, b.opts.reaper_sessions).await? {
+        b.emit(r);
+    }
+    Ok(())
+}
+
+/// `memory`: bytes per active session and per queued waiter.
+pub(super) async fn memory(b: &mut Bench<'_>) -> Result<(), Error> {
+    for r in memory_run(&b.settings, &mut b.con).await? {
+        b.emit(r);
+    }
+    Ok(())
+}
+
+/// The reaper over `total` sessions in 10,000 licenses: passes with 1%,
+/// 0.1% and no stale sessions, timing each and Redis's CPU for it.
+async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<Vec<Row>, Error> {
+    const LICENSES: usize = 10_000;
+    wipe(con).await?;
+    let keys = Keys::new(settings.keys.prefix.clone());
+    let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+    let now_ms = secs * 1000;
+    let per = total / LICENSES;
+    let stale_every = 100; // 1%
+    let mut pipe = redis::pipe();
+    let mut queued = 0;
+    for l in 0..LICENSES {
+        let lic = format!("r{l}");
+        let lk = keys.license(&lic);
+        pipe.cmd("HSET")
+            .arg(&lk.license)
+            .arg("seats_total")
+            .arg(per * 2)
+            .arg("expires_at_ms")
+            .arg(0)
+            .arg("active")
+            .arg(1)
+            .ignore();
+        pipe.cmd("SADD").arg(keys.license_index()).arg(&lic).ignore();
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&lk.holders);
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&lk.sessions);
+        for s in 0..per {
+            let stale = (l * per + s) % stale_every == 0;
+            let beat = if stale { now_ms - 600_000 } else { now_ms };
+            zadd.arg(beat).arg(format!("s{s}"));
+            hset.arg(format!("s{s}")).arg(format!("{now_ms}:0:{META}"));
+        }
+        pipe.add_command(zadd).ignore();
+        pipe.add_command(hset).ignore();
+        queued += 1;
+        if queued == 200 {
+            pipe.query_async::<()>(con).await?;
+            pipe = redis::pipe();
+            queued = 0;
+        }
+    }
+    if !pipe.is_empty() {
+        pipe.query_async::<()>(con).await?;
+    }
+    let reaper = Reaper::new(con.clone(), settings);
+    let mut rows = Vec::new();
+    for (label, mark) in [
+        ("1% stale", 0usize),
+        ("0.1% stale", total / 1_000),
+        ("none stale", 0),
+    ] {
+        if mark > 0 {
+            // Age `mark` sessions, spread over the licenses; not s0 where a
+            // license has others (the first pass evicted some s0s).
+            let mut pipe = redis::pipe();
+            for i in 0..mark {
+                let lk = keys.license(&format!("r{}", (i * 7) % LICENSES));
+                pipe.cmd("ZADD")
+                    .arg(&lk.holders)
+                    .arg("XX")
+                    .arg(now_ms - 600_000)
+                    .arg(format!("s{}", if per > 1 { 1 + i % (per - 1) } else { 0 }))
+                    .ignore();
+            }
+            pipe.query_async::<()>(con).await?;
+        }
+        // Redis's latency monitor records any command that blocked it >= 1 ms.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("latency-monitor-threshold")
+            .arg(1)
+            .query_async(con)
+            .await?;
+        let _: i64 = redis::cmd("LATENCY").arg("RESET").query_async(con).await?;
+        let cpu0 = redis_cpu(con).await?;
+        let started = Instant::now();
+        let report = reaper.pass().await?;
+        let elapsed = started.elapsed();
+        let cpu = redis_cpu(con).await? - cpu0;
+        let latest: Vec<(String, i64, i64, i64)> =
+            redis::cmd("LATENCY").arg("LATEST").query_async(con).await?;
+        let longest_call = latest.iter().filter(|l| l.0 == "command").map(|l| l.3).max();
+        let mut r = row(
+            "reaper",
+            format!("{total} sessions, {LICENSES} licenses, {label}"),
+            report.evicted as u64,
+            elapsed,
+            None,
+            format!(
+                "one pass: {:.0} ms wall, {:.0} ms Redis CPU, {} evicted, longest call {}",
+                elapsed.as_secs_f64() * 1000.0,
+                cpu * 1000.0,
+                report.evicted,
+                longest_call
+                    .map(|ms| format!("{ms} ms"))
+                    .unwrap_or_else(|| "< 1 ms".into())
+            ),
+        );
+        r.ops_per_sec = report.evicted as f64 / elapsed.as_secs_f64();
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+/// Bytes of Redis memory per active session (10,000 licenses × 10 sessions,
+/// ~60-byte metadata) and per queued waiter.
+async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error> {
+    wipe(con).await?;
+    let keys = Keys::new(settings.keys.prefix.clone());
+    for l in 0..10_000 {
+        let spec = LicenseSpec {
+            seats_total: 10,
+            expires_at_ms: 0,
+            active: true,
+            heartbeat_timeout_ms: None,
+        };
+        license::put(con, &keys, &format!("m{l}"), &spec).await?;
+    }
+    let spec = LicenseSpec {
+        seats_total: 0,
+        expires_at_ms: 0,
+        active: true,
+        heartbeat_timeout_ms: None,
+    };
+    license::put(con, &keys, "waitlist", &spec).await?;
+    let _: () = redis::cmd("HSET")
+        .arg(keys.license("waitlist").license)
+        .arg("queue_max")
+        .arg(100_000)
+        .query_async(con)
+        .await?;
+    let before = used_memory(con).await?;
+    let mut pipe = redis::pipe();
+    let mut n = 0;
+    for l in 0..10_000 {
+        let lic = format!("m{l}");
+        for s in 0..10 {
+            let session = format!("sess-{l}-{s}");
+            let meta = format!(
+                r#"{{"user_email":"user{:04}@example.com","hardware_id":"hw-{:06x}"}}"#,
+                s, l
+            );
+            pipe.add_command(Seat::new(&keys, &lic, &session).cmd(Step::Acquire { meta: &meta }))
+                .ignore();
+            n += 1;
+        }
+        if n >= 2_000 {
+            pipe.query_async::<()>(con).await?;
+            pipe = redis::pipe();
+            n = 0;
+        }
+    }
+    if !pipe.is_empty() {
+        pipe.query_async::<()>(con).await?;
+    }
+    let after_sessions = used_memory(con).await?;
+    let used: i64 = redis::cmd("ZCARD")
+        .arg(keys.license("m0").holders)
+        .query_async(con)
+        .await?;
+    if used != 10 {
+        return Err(bench_err(format!(
+            "memory: expected 10 holders of m0, found {used}"
+        )));
+    }
+    // A reply stream as a client names one: inside the reply namespace.
+    let reply_to = format!("{}client-0001", settings.replies.prefix);
+    let mut pipe = redis::pipe();
+    for w in 0..10_000 {
+        let session = format!("wait-{w}");
+        let meta = format!(r#"{{"user_email":"user{w:04}@example.com","hardware_id":"hw-{w:06x}"}}"#);
+        let queue = Step::Queue {
+            meta: &meta,
+            wait_ms: 3_600_000,
+            request_id: "req-1796011839633-0",
+            reply_to: &reply_to,
+        };
+        pipe.add_command(Seat::new(&keys, "waitlist", &session).cmd(queue))
+            .ignore();
+    }
+    pipe.query_async::<()>(con).await?;
+    let after_waiters = used_memory(con).await?;
+    let per_session = (after_sessions - before) as f64 / 100_000.0;
+    let per_waiter = (after_waiters - after_sessions) as f64 / 10_000.0;
+    Ok(vec![
+        note_row(
+            "memory",
+            "10,000 licenses x 10 sessions, ~60 B meta".into(),
+            format!("{per_session:.0} bytes per active session"),
+        ),
+        note_row(
+            "memory",
+            "10,000 queued waiters on one license".into(),
+            format!("{per_waiter:.0} bytes per queued waiter"),
+        ),
+    ])
+}

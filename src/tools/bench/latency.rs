@@ -1,0 +1,192 @@
+//! Latency under load: requests at a fixed rate (open loop, so queueing
+//! shows), and many users contending for a few seats through the queue.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use super::harness::{bench_err, cycle_call, hist, row, session_of, Fleet, META};
+use super::{Bench, Row};
+use crate::client::{Call, Client};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::engine::keys::Keys;
+use crate::engine::license::{self, LicenseSpec};
+use crate::engine::protocol::Op;
+use crate::engine::status::Status;
+use crate::error::Error;
+
+/// `fixed-rate`: 1000/s, and half and 80% of the best seatgate rate so far
+/// (of 10,000/s when the seatgate scenario did not run), on 2 workers.
+pub(super) async fn fixed_rate(b: &mut Bench<'_>) -> Result<(), Error> {
+    let max = if b.seatgate_max > 0.0 {
+        b.seatgate_max
+    } else {
+        10_000.0
+    };
+    for (label, rate) in [
+        ("1000/s", 1000.0),
+        ("50% of max", 0.5 * max),
+        ("80% of max", 0.8 * max),
+    ] {
+        b.reset().await?;
+        let fleet = Fleet::start(&b.settings, 2).await?;
+        let r = open_loop(&b.settings, rate, b.opts.warmup, b.opts.duration, label).await?;
+        fleet.stop().await;
+        b.emit(r);
+    }
+    Ok(())
+}
+
+/// `contention`: queueing for a seat, on 2 workers.
+pub(super) async fn contention(b: &mut Bench<'_>) -> Result<(), Error> {
+    b.reset().await?;
+    let fleet = Fleet::start(&b.settings, 2).await?;
+    let r = contention_run(&b.settings, &mut b.con, &b.keys, b.opts.warmup, b.opts.duration).await?;
+    fleet.stop().await;
+    b.emit(r);
+    Ok(())
+}
+
+/// Open loop: requests sent on a fixed schedule at `rate`/s over 64
+/// connections; latency counts from the scheduled time, so queueing shows.
+async fn open_loop(
+    settings: &Settings,
+    rate: f64,
+    warmup: Duration,
+    d: Duration,
+    label: &str,
+) -> Result<Row, Error> {
+    const CLIENTS: usize = 64;
+    let start = Instant::now() + Duration::from_millis(200);
+    let measure_from = start + warmup;
+    let stop_at = measure_from + d;
+    let interval = Duration::from_secs_f64(CLIENTS as f64 / rate.max(1.0));
+    let shared = Arc::new(Mutex::new(hist()));
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let settings = settings.clone();
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect_with(&settings).await?;
+            let (license, session) = session_of(c);
+            let mut h = hist();
+            let mut ops = 0u64;
+            let mut due = start + interval.mul_f64(c as f64 / CLIENTS as f64);
+            let mut acquire = true;
+            while due < stop_at {
+                // Late because the previous request was slow: that delay is the
+                // system's and counts (no coordinated omission). Late only
+                // because the timer woke us late (tokio's timer has 1 ms
+                // granularity): that is the load generator's error, not counted.
+                let busy_past_due = Instant::now() > due;
+                tokio::time::sleep_until(due.into()).await;
+                let start = if busy_past_due { due } else { Instant::now() };
+                client
+                    .call(&cycle_call(acquire, &license, &session), Duration::from_secs(10))
+                    .await?;
+                if due >= measure_from {
+                    let _ = h.record(start.elapsed().as_micros() as u64);
+                    ops += 1;
+                }
+                acquire = !acquire;
+                due += interval;
+            }
+            let _ = client.close().await;
+            shared.lock().await.add(&h).map_err(bench_err)?;
+            Ok::<u64, Error>(ops)
+        }));
+    }
+    let mut ops = 0;
+    for t in tasks {
+        ops += t.await.map_err(bench_err)??;
+    }
+    let h = shared.lock().await;
+    Ok(row(
+        "fixed-rate",
+        format!("{label} (target {rate:.0}/s)"),
+        ops,
+        d,
+        Some(&h),
+        "open loop, latency from the scheduled send time (timer lateness of an idle client excluded)".into(),
+    ))
+}
+
+/// One license, 10 seats, 120 users who queue, hold a seat 2 ms and release.
+async fn contention_run(
+    settings: &Settings,
+    con: &mut Db,
+    keys: &Keys,
+    warmup: Duration,
+    d: Duration,
+) -> Result<Row, Error> {
+    const USERS: usize = 120;
+    let spec = LicenseSpec {
+        seats_total: 10,
+        expires_at_ms: 0,
+        active: true,
+        heartbeat_timeout_ms: None,
+    };
+    license::put(con, keys, "contended", &spec).await?;
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let stop_at = measure_from + d;
+    let shared = Arc::new(Mutex::new(hist()));
+    let mut tasks = Vec::new();
+    for u in 0..USERS {
+        let settings = settings.clone();
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect_with(&settings).await?;
+            let session = format!("user-{u}");
+            let mut h = hist();
+            let (mut grants, mut queued) = (0u64, 0u64);
+            while Instant::now() < stop_at {
+                let asked = Instant::now();
+                let call = Call::new(Op::Acquire, "contended", session.as_str())
+                    .with_meta(META)
+                    .with_wait(30_000);
+                let id = client.send(&call).await?;
+                let mut r = client.wait_for(&id, Duration::from_secs(30)).await?;
+                if r.status() == Status::Queued {
+                    queued += 1;
+                    r = client.wait_for(&id, Duration::from_secs(35)).await?;
+                }
+                if !r.ok() {
+                    return Err(bench_err(format!("contention: unexpected {}", r.status())));
+                }
+                if asked >= measure_from {
+                    let _ = h.record(asked.elapsed().as_micros() as u64);
+                    grants += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let release = Call {
+                    op: Op::Release,
+                    meta: None,
+                    wait_ms: 0,
+                    ..call
+                };
+                client.call(&release, Duration::from_secs(10)).await?;
+            }
+            let _ = client.close().await;
+            shared.lock().await.add(&h).map_err(bench_err)?;
+            Ok::<(u64, u64), Error>((grants, queued))
+        }));
+    }
+    let (mut grants, mut queued) = (0, 0);
+    for t in tasks {
+        let (g, q) = t.await.map_err(bench_err)??;
+        grants += g;
+        queued += q;
+    }
+    let h = shared.lock().await;
+    Ok(row(
+        "contention",
+        format!("1 license, 10 seats, {USERS} users"),
+        grants,
+        d,
+        Some(&h),
+        format!("seats granted/s; latency = wait for a seat; {queued} waits were queued"),
+    ))
+}

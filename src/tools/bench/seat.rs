@@ -1,0 +1,94 @@
+//! The benchmark's direct calls of the seat scripts: the seed's path, with
+//! no stream, no redelivery dedupe and no rate limits. Every script call of
+//! the benchmark goes through [`Seat::cmd`] or [`Seat::run`], so a change of
+//! the script API lands here only.
+
+use crate::db::Db;
+use crate::engine::keys::{Keys, LicenseKeys};
+use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
+use crate::error::Error;
+
+/// The queue limit a direct acquire passes for licenses without their own
+/// `queue_max`: none of its own (only read when the acquire waits).
+const DEFAULT_QUEUE_MAX: u64 = u64::MAX;
+
+/// One session of one license, called directly.
+pub(super) struct Seat {
+    /// The license's keys.
+    keys: LicenseKeys,
+    /// No dedupe, no limits.
+    guard: Guard,
+    /// The session id.
+    session: String,
+}
+
+/// What to ask of a [`Seat`].
+pub(super) enum Step<'a> {
+    /// lua/acquire.lua without waiting, storing `meta`.
+    Acquire {
+        /// Session metadata (JSON object).
+        meta: &'a str,
+    },
+    /// lua/acquire.lua queueing for up to `wait_ms` when no seat is free.
+    Queue {
+        /// Session metadata (JSON object).
+        meta: &'a str,
+        /// Longest wait in the queue, ms.
+        wait_ms: u64,
+        /// The request id a later GRANTED would carry.
+        request_id: &'a str,
+        /// The reply stream a later GRANTED would go to.
+        reply_to: &'a str,
+    },
+    /// lua/release.lua.
+    Release,
+}
+
+impl Seat {
+    pub(super) fn new(keys: &Keys, license: &str, session: &str) -> Seat {
+        Seat {
+            keys: keys.license(license),
+            guard: Guard::none(keys, license, session),
+            session: session.to_owned(),
+        }
+    }
+
+    /// The script call `step` makes: the one place the benchmark binds script arguments.
+    fn call(&self, step: Step<'_>) -> SeatCall<'static> {
+        let s = Scripts::get();
+        let session = self.session.as_str();
+        let acquire = |meta, wait_ms, request_id, reply_to| AcquireArgs {
+            session,
+            meta,
+            wait_ms,
+            request_id,
+            reply_to,
+            default_queue_max: DEFAULT_QUEUE_MAX,
+        };
+        match step {
+            Step::Acquire { meta } => s.acquire(&self.keys, &self.guard, &acquire(meta, 0, "", "")),
+            Step::Queue {
+                meta,
+                wait_ms,
+                request_id,
+                reply_to,
+            } => s.acquire(
+                &self.keys,
+                &self.guard,
+                &acquire(meta, wait_ms, request_id, reply_to),
+            ),
+            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session }),
+        }
+    }
+
+    /// `step` as one EVALSHA command, for a pipeline. Pipelines do not
+    /// re-load scripts on NOSCRIPT: load them first (`Scripts::load_all`).
+    pub(super) fn cmd(&self, step: Step<'_>) -> redis::Cmd {
+        self.call(step).cmd()
+    }
+
+    /// `step` on its own (re-loading the script on NOSCRIPT), decoded.
+    pub(super) async fn run(&self, con: &mut Db, step: Step<'_>) -> Result<Outcome, Error> {
+        self.call(step).run(con).await
+    }
+}
