@@ -1,27 +1,25 @@
-//! An administrator's revoke: over the admin stream, through a real worker
-//! and as the `seatgate revoke` process; what the revoked session hears
-//! after it, cooldowns, waiters, and what the requests stream refuses.
+//! An administrator's revoke: lua/revoke.lua against its documented
+//! outcomes, over the admin stream through a real worker, and as the
+//! `seatgate revoke` process; what the revoked session hears after it,
+//! cooldowns, waiters, bounded memory, and what each stream refuses.
 
-use std::collections::HashMap;
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client, ReplyMsg, Revoke};
 use seatgate::config::Settings;
-use seatgate::engine::keys::Keys;
 use seatgate::engine::protocol::Op;
+use seatgate::engine::records::parse_dedupe_record;
+use seatgate::engine::scripts::{Guard, Outcome};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    holders, http_get, put_license, snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt,
-    WorkerProcess, BIN,
+    client, db, direct, events, holders, keys, license_keys, metric, output, put_license, queue_up, redis_ms,
+    seatgate_cmd, snapshot, spawn_worker, Entry, RedisServer, RedisServerExt, WorkerHandle, WorkerProcess, T,
 };
 
-const T: Duration = Duration::from_secs(5);
-
-fn revoke(license: &str, session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
+fn revoke(session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
     Revoke {
-        license: license.into(),
+        license: "lic".into(),
         session: session.into(),
         reason: reason.into(),
         actor: "ada".into(),
@@ -29,45 +27,174 @@ fn revoke(license: &str, session: &str, reason: &str, cooldown_ms: u64) -> Revok
     }
 }
 
-async fn call(client: &mut Client, op: Op, license: &str, session: &str) -> ReplyMsg {
-    client.call(&Call::new(op, license, session), T).await.unwrap()
+async fn call(client: &mut Client, op: Op, session: &str) -> ReplyMsg {
+    client.call(&Call::new(op, "lic", session), T).await.unwrap()
 }
 
-async fn events(redis: &RedisServer) -> Vec<HashMap<String, String>> {
-    stream_entries(&mut redis.con().await, "seat:events").await
+fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
+    events.iter().filter(|e| e["type"] == kind).collect()
 }
 
-/// A worker, a client and an admin client on a fresh server with a
-/// `seats`-seat license `lic`.
-async fn setup(
-    redis: &RedisServer,
-    settings: Settings,
-    seats: u64,
-) -> (crate::support::WorkerHandle, Client, Client) {
-    put_license(redis, "lic", seats).await;
-    let worker = spawn_worker(settings.clone(), "w1").await;
-    let client = Client::connect_with(&settings).await.unwrap();
-    let admin = Client::connect_admin(&settings).await.unwrap();
-    (worker, client, admin)
+/// A worker, a client and an admin client for a `seats`-seat license `lic`.
+async fn serve(s: &Settings, seats: u64) -> (WorkerHandle, Client, Client) {
+    put_license(s, "lic", seats).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let admin = Client::connect_admin(s).await.unwrap();
+    (worker, client(s).await, admin)
+}
+
+/// Every outcome lua/revoke.lua documents, and SESSION_REVOKED from the
+/// other scripts with the record decoded, called directly.
+#[tokio::test]
+async fn revoke_answers_the_documented_outcomes() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    put_license(&s, "lic", 1).await;
+    let mut con = db(&s).await;
+    let (a, b, c) = (
+        direct(&s, "lic", "a"),
+        direct(&s, "lic", "b"),
+        direct(&s, "lic", "c"),
+    );
+    assert_eq!(a.acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(
+        b.queue(&mut con, 60_000, "req-b", "seat:reply:b").await.status,
+        Status::Queued
+    );
+
+    // A holder: its seat goes to the head of the queue in the same script.
+    let o = a.revoke(&mut con, "audit", "ada", 0).await;
+    assert_eq!(
+        (o.status, o.seats_used, o.seats_total, o.changed, o.replayed),
+        (Status::Revoked, 1, 1, true, false)
+    );
+    let notes: Vec<(Status, &str)> = o.notes.iter().map(|n| (n.status, n.session.as_str())).collect();
+    assert_eq!(notes, [(Status::Granted, "b")]);
+    assert_eq!(holders(&s, "lic").await, ["b"]);
+    for heard in [a.heartbeat(&mut con).await, a.release(&mut con).await] {
+        assert_eq!(heard.status, Status::SessionRevoked);
+        let r = heard.revocation.expect("the record comes back");
+        assert_eq!(
+            (r.reason.as_str(), r.actor.as_str(), r.cooldown_until),
+            ("audit", "ada", 0)
+        );
+        assert!(r.at <= heard.now_ms);
+    }
+
+    // A waiter: out of the queue, its acquire answered through the outbox.
+    assert_eq!(
+        c.queue(&mut con, 60_000, "req-c", "seat:reply:c").await.status,
+        Status::Queued
+    );
+    let o = c.revoke(&mut con, "not entitled", "ada", 60_000).await;
+    assert_eq!((o.status, o.seats_used), (Status::Revoked, 1));
+    let [n] = &o.notes[..] else {
+        panic!("{:?}", o.notes)
+    };
+    assert_eq!(
+        (
+            n.status,
+            n.session.as_str(),
+            n.request_id.as_str(),
+            n.reply_to.as_str()
+        ),
+        (Status::SessionRevoked, "c", "req-c", "seat:reply:c")
+    );
+    assert_eq!(n.note_id, format!("SESSION_REVOKED:c:{}", o.now_ms));
+    let k = license_keys(&s, "lic");
+    let kept: bool = redis::cmd("HEXISTS")
+        .arg(&k.outbox)
+        .arg(&n.note_id)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(kept, "the note waits in the outbox until delivered");
+    let queued: i64 = redis::cmd("ZCARD")
+        .arg(&k.queue)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0);
+    let refused = c.acquire(&mut con).await;
+    assert_eq!(refused.status, Status::SessionRevoked, "in its cooldown");
+    let until = refused.revocation.unwrap().cooldown_until;
+    assert!(until > refused.now_ms && until <= o.now_ms + 60_000, "{until}");
+
+    // Neither: nothing changes, nothing is remembered.
+    let before = snapshot(&s).await;
+    let ghost = direct(&s, "lic", "ghost");
+    assert_eq!(
+        ghost.revoke(&mut con, "typo", "ada", 60_000).await.status,
+        Status::SessionNotFound
+    );
+    assert_eq!(snapshot(&s).await, before);
+    assert_eq!(ghost.heartbeat(&mut con).await.status, Status::SessionNotActive);
+}
+
+/// A redelivered revoke (and a redelivered SESSION_REVOKED) answers its
+/// stored outcome, and the dedupe record decodes to it, record and all.
+#[tokio::test]
+async fn a_replayed_revoke_answers_its_stored_outcome() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    put_license(&s, "lic", 1).await;
+    let mut con = db(&s).await;
+    direct(&s, "lic", "a").acquire(&mut con).await;
+    // Entry ids of now: their dedupe bucket lives a window or two from now.
+    let now = redis_ms(&mut con).await;
+    let (revoke_id, heartbeat_id) = (format!("{now}-0"), format!("{now}-1"));
+    // As a worker guards an entry: it always asks for the earlier reply.
+    let guard = |id: &str| Guard {
+        redelivery: true,
+        ..Guard::for_entry(&s.guard_policy(), &keys(&s), id, "lic", "a")
+    };
+    let entry = |id: &str| direct(&s, "lic", "a").with_guard(guard(id));
+    let revoked = entry(&revoke_id).revoke(&mut con, "audit", "ada", 0).await;
+    let heard = entry(&heartbeat_id).heartbeat(&mut con).await;
+    assert_eq!(
+        (revoked.status, heard.status),
+        (Status::Revoked, Status::SessionRevoked)
+    );
+    assert!(heard.revocation.is_some());
+    let again = [
+        entry(&revoke_id).revoke(&mut con, "other", "eve", 0).await,
+        entry(&heartbeat_id).heartbeat(&mut con).await,
+    ];
+    for ((id, first), again) in [(&revoke_id, revoked), (&heartbeat_id, heard)]
+        .into_iter()
+        .zip(again)
+    {
+        let replayed = Outcome {
+            changed: false,
+            replayed: true,
+            ..first
+        };
+        assert_eq!(again, replayed, "{id}");
+        let done = guard(id).done_key;
+        let raw: String = redis::cmd("HGET")
+            .arg(&done)
+            .arg(id)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{raw}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, mut client, mut admin) = setup(&redis, redis.settings(), 1).await;
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut alice, mut admin) = serve(&s, 1).await;
     assert_eq!(
-        call(&mut client, Op::Acquire, "lic", "alice").await.status(),
+        call(&mut alice, Op::Acquire, "alice").await.status(),
         Status::Acquired
     );
-    let mut bob = Client::connect_with(&redis.settings()).await.unwrap();
-    let bob_id = bob
-        .send(&Call::new(Op::Acquire, "lic", "bob").with_wait(30_000))
-        .await
-        .unwrap();
-    assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Queued);
+    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    assert_eq!(queued.status(), Status::Queued);
 
     let reply = admin
-        .revoke(&revoke("lic", "alice", "seat shared outside the team", 0), T)
+        .revoke(&revoke("alice", "seat shared outside the team", 0), T)
         .await
         .unwrap();
     assert_eq!(
@@ -76,16 +203,15 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
         "{reply:?}"
     );
     assert_eq!(
-        (reply.int("seats_used"), reply.int("seats_total")),
-        (1, 1),
-        "bob got it"
+        (reply.get("op"), reply.int("seats_used"), reply.int("seats_total")),
+        ("revoke", 1, 1),
+        "bob got the seat in the same script"
     );
-    let granted = bob.wait_for(&bob_id, T).await.unwrap();
-    assert_eq!(granted.status(), Status::Granted);
-    assert_eq!(holders(&redis, "lic").await, ["bob"]);
+    assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Granted);
+    assert_eq!(holders(&s, "lic").await, ["bob"]);
 
-    let all = events(&redis).await;
-    let revoked: Vec<_> = all.iter().filter(|e| e["type"] == "revoked").collect();
+    let all = events(&s, "lic").await;
+    let revoked = of_type(&all, "revoked");
     assert_eq!(revoked.len(), 1, "{all:?}");
     let e = revoked[0];
     assert_eq!(
@@ -93,13 +219,16 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
         ("alice", "ada", "seat shared outside the team")
     );
     assert_eq!((e["seats_used"].as_str(), e["seats_total"].as_str()), ("1", "1"));
-    assert!(all
-        .iter()
-        .any(|e| e["type"] == "granted" && e["session"] == "bob"));
+    let granted = of_type(&all, "granted");
+    assert_eq!(granted.len(), 1);
+    assert_eq!(
+        (granted[0]["session"].as_str(), granted[0]["at_ms"].as_str()),
+        ("bob", e["at_ms"].as_str())
+    );
 
     // The revoked session is told why, on its heartbeat and on its release.
     for op in [Op::Heartbeat, Op::Release] {
-        let r = call(&mut client, op, "lic", "alice").await;
+        let r = call(&mut alice, op, "alice").await;
         assert_eq!(
             (r.status(), r.get("ok")),
             (Status::SessionRevoked, "0"),
@@ -111,30 +240,32 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
             "{op}"
         );
     }
-    // No cooldown: alice may queue again at once, and the revocation is forgotten.
-    let again = call(&mut client, Op::Acquire, "lic", "alice").await;
+    // No cooldown: alice may acquire again at once (bob holds the only
+    // seat), and that acquire forgets the revocation.
     assert_eq!(
-        again.status(),
-        Status::NoSeatsAvailable,
-        "bob holds the only seat"
+        call(&mut alice, Op::Acquire, "alice").await.status(),
+        Status::NoSeatsAvailable
     );
-    let r = call(&mut client, Op::Heartbeat, "lic", "alice").await;
-    assert_eq!(r.status(), Status::SessionNotActive, "{r:?}");
+    assert_eq!(
+        call(&mut alice, Op::Heartbeat, "alice").await.status(),
+        Status::SessionNotActive
+    );
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cooldown_refuses_acquires_until_it_ends() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, mut client, mut admin) = setup(&redis, redis.settings(), 2).await;
-    call(&mut client, Op::Acquire, "lic", "alice").await;
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut c, mut admin) = serve(&s, 2).await;
+    call(&mut c, Op::Acquire, "alice").await;
     let reply = admin
-        .revoke(&revoke("lic", "alice", "licence audit", 1_500), T)
+        .revoke(&revoke("alice", "licence audit", 1_500), T)
         .await
         .unwrap();
     assert_eq!(reply.status(), Status::Revoked);
     let started = Instant::now();
-    let refused = call(&mut client, Op::Acquire, "lic", "alice").await;
+    let refused = call(&mut c, Op::Acquire, "alice").await;
     assert_eq!(
         (refused.status(), refused.get("ok")),
         (Status::SessionRevoked, "0")
@@ -145,25 +276,27 @@ async fn a_cooldown_refuses_acquires_until_it_ends() {
             .starts_with("revoked by ada: licence audit; acquires refused for another "),
         "{refused:?}"
     );
-    assert!(holders(&redis, "lic").await.is_empty());
-    // Another session is not concerned.
+    assert!(holders(&s, "lic").await.is_empty());
     assert_eq!(
-        call(&mut client, Op::Acquire, "lic", "carol").await.status(),
-        Status::Acquired
+        call(&mut c, Op::Acquire, "carol").await.status(),
+        Status::Acquired,
+        "other sessions are not concerned"
     );
     tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
-    let after = call(&mut client, Op::Acquire, "lic", "alice").await;
-    assert_eq!(after.status(), Status::Acquired, "{after:?}");
     assert_eq!(
-        call(&mut client, Op::Heartbeat, "lic", "alice").await.status(),
+        call(&mut c, Op::Acquire, "alice").await.status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        call(&mut c, Op::Heartbeat, "alice").await.status(),
         Status::HeartbeatUpdated
     );
     assert_eq!(
-        call(&mut client, Op::Release, "lic", "alice").await.status(),
+        call(&mut c, Op::Release, "alice").await.status(),
         Status::Released
     );
     assert_eq!(
-        call(&mut client, Op::Heartbeat, "lic", "alice").await.status(),
+        call(&mut c, Op::Heartbeat, "alice").await.status(),
         Status::SessionNotActive,
         "the acquire after the cooldown forgot the revocation"
     );
@@ -172,20 +305,14 @@ async fn a_cooldown_refuses_acquires_until_it_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, mut client, mut admin) = setup(&redis, redis.settings(), 1).await;
-    call(&mut client, Op::Acquire, "lic", "alice").await;
-    let mut bob = Client::connect_with(&redis.settings()).await.unwrap();
-    let bob_id = bob
-        .send(&Call::new(Op::Acquire, "lic", "bob").with_wait(30_000))
-        .await
-        .unwrap();
-    assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Queued);
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut c, mut admin) = serve(&s, 1).await;
+    call(&mut c, Op::Acquire, "alice").await;
+    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    assert_eq!(queued.status(), Status::Queued);
 
-    let reply = admin
-        .revoke(&revoke("lic", "bob", "not entitled", 0), T)
-        .await
-        .unwrap();
+    let reply = admin.revoke(&revoke("bob", "not entitled", 0), T).await.unwrap();
     assert_eq!((reply.status(), reply.int("seats_used")), (Status::Revoked, 1));
     let last = bob.wait_for(&bob_id, T).await.unwrap();
     assert_eq!(
@@ -193,68 +320,67 @@ async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
         (Status::SessionRevoked, "acquire"),
         "{last:?}"
     );
+    assert_eq!(last.get("error"), "the session was revoked by an administrator");
     assert!(last.fields.contains_key("waited_ms"));
-    let mut con = redis.con().await;
-    let k = Keys::new("seat").license("lic");
+    let k = license_keys(&s, "lic");
+    let mut con = db(&s).await;
     for key in [&k.queue, &k.waiters, &k.deadlines, &k.outbox] {
         let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut con).await.unwrap();
         assert_eq!(n, 0, "{key} left behind");
     }
+    assert_eq!(holders(&s, "lic").await, ["alice"], "the holder keeps its seat");
+    let all = events(&s, "lic").await;
+    let revoked = of_type(&all, "revoked");
+    assert_eq!(revoked.len(), 1, "{all:?}");
     assert_eq!(
-        holders(&redis, "lic").await,
-        ["alice"],
-        "the holder keeps its seat"
-    );
-    let e = events(&redis).await;
-    assert!(
-        e.iter()
-            .any(|e| e["type"] == "revoked" && e["session"] == "bob" && e["reason"] == "not entitled"),
-        "{e:?}"
+        (revoked[0]["session"].as_str(), revoked[0]["reason"].as_str()),
+        ("bob", "not entitled")
     );
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_session_is_not_found_and_nothing_changes() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, mut client, mut admin) = setup(&redis, redis.settings(), 1).await;
-    call(&mut client, Op::Acquire, "lic", "alice").await;
-    let before = snapshot(&redis).await;
-    let reply = admin
-        .revoke(&revoke("lic", "nobody", "typo", 60_000), T)
-        .await
-        .unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut c, mut admin) = serve(&s, 1).await;
+    call(&mut c, Op::Acquire, "alice").await;
+    let not_dedupe = |snap: Vec<(String, Vec<u8>)>| -> Vec<(String, Vec<u8>)> {
+        snap.into_iter().filter(|(k, _)| !k.contains(":done:")).collect()
+    };
+    let before = not_dedupe(snapshot(&s).await);
+    let reply = admin.revoke(&revoke("nobody", "typo", 60_000), T).await.unwrap();
     assert_eq!((reply.status(), reply.get("ok")), (Status::SessionNotFound, "0"));
-    let after: Vec<_> = snapshot(&redis)
-        .await
-        .into_iter()
-        .filter(|(k, _)| !k.contains(":done:"))
-        .collect();
-    let before: Vec<_> = before
-        .into_iter()
-        .filter(|(k, _)| !k.contains(":done:"))
-        .collect();
-    assert_eq!(before, after, "nothing but the dedupe record changed");
-    assert!(events(&redis).await.iter().all(|e| e["type"] != "revoked"));
-    // Nothing remembered: its release is not found, not revoked.
     assert_eq!(
-        call(&mut client, Op::Release, "lic", "nobody").await.status(),
-        Status::SessionNotFound
+        reply.get("error"),
+        "the session neither holds a seat nor waits for one"
+    );
+    assert_eq!(
+        not_dedupe(snapshot(&s).await),
+        before,
+        "only the dedupe record is new"
+    );
+    assert!(of_type(&events(&s, "lic").await, "revoked").is_empty());
+    assert_eq!(
+        call(&mut c, Op::Release, "nobody").await.status(),
+        Status::SessionNotFound,
+        "nothing remembered"
     );
     worker.stop().await;
 }
 
-/// The requests stream refuses `op revoke` (any caller may write it), and the
-/// admin stream every other op.
+/// The requests stream refuses `op revoke` (any service may write it), and
+/// the admin stream every other op.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_stream_takes_its_own_ops_only() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, mut client, mut admin) = setup(&redis, redis.settings(), 1).await;
-    call(&mut client, Op::Acquire, "lic", "alice").await;
-    let before = snapshot(&redis).await;
-    let mut con = redis.con().await;
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut c, mut admin) = serve(&s, 1).await;
+    call(&mut c, Op::Acquire, "alice").await;
+    let before = snapshot(&s).await;
+    let mut con = db(&s).await;
     let _: String = redis::cmd("XADD")
-        .arg("seat:requests")
+        .arg(&s.stream.requests)
         .arg("*")
         .arg("op")
         .arg("revoke")
@@ -267,21 +393,20 @@ async fn each_stream_takes_its_own_ops_only() {
         .arg("reason")
         .arg("I want it")
         .arg("reply_to")
-        .arg(client.reply_to())
+        .arg(c.reply_to())
         .query_async(&mut con)
         .await
         .unwrap();
-    let refused = client.wait_for("sneaky", T).await.unwrap();
+    let refused = c.wait_for("sneaky", T).await.unwrap();
     assert_eq!(
         (refused.status(), refused.get("op")),
         (Status::InvalidRequest, "revoke")
     );
-    assert!(
-        refused.get("error").contains("only on the admin stream"),
-        "{refused:?}"
+    assert_eq!(
+        refused.get("error"),
+        "op `revoke` is not accepted on the requests stream (stream.requests), only on the admin stream (stream.admin_requests)"
     );
-    assert_eq!(snapshot(&redis).await, before, "nothing changed");
-    assert_eq!(holders(&redis, "lic").await, ["alice"]);
+    assert_eq!(snapshot(&s).await, before, "nothing changed");
 
     let wrong = admin
         .call(&Call::new(Op::Release, "lic", "alice"), T)
@@ -292,7 +417,7 @@ async fn each_stream_takes_its_own_ops_only() {
         wrong.get("error").contains("only on the requests stream"),
         "{wrong:?}"
     );
-    assert_eq!(holders(&redis, "lic").await, ["alice"]);
+    assert_eq!(snapshot(&s).await, before, "nothing changed");
     worker.stop().await;
 }
 
@@ -300,12 +425,14 @@ async fn each_stream_takes_its_own_ops_only() {
 /// (ids are per stream): neither must be taken for a redelivery of the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
-    let redis = RedisServer::start_with(&[]);
-    let (worker, client, mut admin) = setup(&redis, redis.settings(), 1).await;
-    let mut con = redis.con().await;
-    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
-    let id = format!("{}-0", now.0 * 1000 + 1_000);
-    let xadd = |stream: &str, op: &str, reply_to: &str, rid: &str| {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let (worker, mut c, mut admin) = serve(&s, 1).await;
+    let mut con = db(&s).await;
+    // One id for both, a second ahead of the server's clock so neither
+    // stream has passed it.
+    let id = format!("{}-0", redis_ms(&mut con).await + 1_000);
+    let add = |stream: &str, op: &str, rid: &str, reply_to: &str| {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(stream)
             .arg(&id)
@@ -323,39 +450,35 @@ async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
             .arg(reply_to);
         cmd
     };
-    let _: String = xadd("seat:requests", "acquire", client.reply_to(), "a-1")
+    let _: String = add(&s.stream.requests, "acquire", "a-1", c.reply_to())
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut client = client;
-    assert_eq!(
-        client.wait_for("a-1", T).await.unwrap().status(),
-        Status::Acquired
-    );
-    let _: String = xadd("seat:admin:requests", "revoke", admin.reply_to(), "r-1")
+    assert_eq!(c.wait_for("a-1", T).await.unwrap().status(), Status::Acquired);
+    let _: String = add(&s.stream.admin_requests, "revoke", "r-1", admin.reply_to())
         .query_async(&mut con)
         .await
         .unwrap();
     let r = admin.wait_for("r-1", T).await.unwrap();
     assert_eq!(r.status(), Status::Revoked, "{r:?}");
-    assert!(holders(&redis, "lic").await.is_empty());
+    assert!(holders(&s, "lic").await.is_empty());
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
-    let redis = RedisServer::start_with(&[]);
-    let mut settings = redis.settings();
-    settings.revoke.remember_ms = 800;
-    settings.revoke.max_per_license = 2;
-    let (worker, mut client, mut admin) = setup(&redis, settings, 5).await;
-    for s in ["s1", "s2", "s3"] {
-        call(&mut client, Op::Acquire, "lic", s).await;
-        let r = admin.revoke(&revoke("lic", s, "cleanup", 0), T).await.unwrap();
+    let redis = RedisServer::start_with(&[]).await;
+    let mut s = redis.settings();
+    s.revoke.remember_ms = 800;
+    s.revoke.max_per_license = 2;
+    let (worker, mut c, mut admin) = serve(&s, 5).await;
+    for session in ["s1", "s2", "s3"] {
+        call(&mut c, Op::Acquire, session).await;
+        let r = admin.revoke(&revoke(session, "cleanup", 0), T).await.unwrap();
         assert_eq!(r.status(), Status::Revoked);
     }
-    let k = Keys::new("seat").license("lic");
-    let mut con = redis.con().await;
+    let k = license_keys(&s, "lic");
+    let mut con = db(&s).await;
     let remembered: Vec<String> = redis::cmd("ZRANGE")
         .arg(&k.revoked)
         .arg(0)
@@ -382,17 +505,17 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
         );
     }
     assert_eq!(
-        call(&mut client, Op::Heartbeat, "lic", "s1").await.status(),
+        call(&mut c, Op::Heartbeat, "s1").await.status(),
         Status::SessionNotActive,
         "dropped past the bound"
     );
     assert_eq!(
-        call(&mut client, Op::Heartbeat, "lic", "s3").await.status(),
+        call(&mut c, Op::Heartbeat, "s3").await.status(),
         Status::SessionRevoked
     );
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(
-        call(&mut client, Op::Heartbeat, "lic", "s3").await.status(),
+        call(&mut c, Op::Heartbeat, "s3").await.status(),
         Status::SessionNotActive,
         "forgotten after revoke.remember_ms"
     );
@@ -403,31 +526,24 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
     worker.stop().await;
 }
 
-fn seatgate(redis: &RedisServer, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--redis")
-        .arg(redis.url())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run seatgate")
-}
-
 /// `seatgate revoke` as a process against `seatgate run`: exit codes, the
-/// default actor, the event and the metric.
+/// default actor, the event, the metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_revokes_through_a_running_worker() {
-    let redis = RedisServer::start_with(&[]);
-    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "1"]);
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let url = redis.url();
+    let run = |args: &[&str]| output(seatgate_cmd(&url, args));
+    let put = run(&["license", "put", "lic", "--seats", "1"]).await;
     assert!(put.status.success(), "{put:?}");
-    let worker = WorkerProcess::start(&redis.url(), &[]);
-    let acquired = seatgate(&redis, &["acquire", "--license", "cad", "--session", "alice"]);
+    let worker = WorkerProcess::start(&url, &[]).await;
+    let acquired = run(&["acquire", "--license", "lic", "--session", "alice"]).await;
     assert_eq!(acquired.status.code(), Some(0), "{acquired:?}");
 
     let args = [
         "revoke",
         "--license",
-        "cad",
+        "lic",
         "--session",
         "alice",
         "--reason",
@@ -435,45 +551,45 @@ async fn the_cli_revokes_through_a_running_worker() {
         "--cooldown",
         "1m",
     ];
-    let out = seatgate(&redis, &args);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = run(&args).await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(
-        text.starts_with("REVOKED  license=cad session=alice seats=0/1"),
-        "{text}"
-    );
+    assert_eq!(text, "REVOKED  license=lic session=alice seats=0/1\n");
 
-    let again = seatgate(&redis, &args);
+    let again = run(&args).await;
     assert_eq!(again.status.code(), Some(1), "{again:?}");
     assert!(String::from_utf8_lossy(&again.stdout).starts_with("SESSION_NOT_FOUND"));
 
-    let refused = seatgate(&redis, &["acquire", "--license", "cad", "--session", "alice"]);
+    let refused = run(&["acquire", "--license", "lic", "--session", "alice"]).await;
     assert_eq!(refused.status.code(), Some(1));
-    let line = String::from_utf8_lossy(&refused.stdout);
-    assert!(line.starts_with("SESSION_REVOKED"), "{line}");
+    let line = String::from_utf8_lossy(&refused.stdout).into_owned();
     let me = whoami::username().unwrap();
     assert!(
-        line.contains(&format!(
-            "(revoked by {me}: left the company; acquires refused for another "
+        line.starts_with(&format!(
+            "SESSION_REVOKED  license=lic session=alice seats=0/1  (revoked by {me}: left the company; acquires refused for another "
         )),
         "{line}"
     );
 
-    let e = events(&redis).await;
-    let revoked: Vec<_> = e.iter().filter(|e| e["type"] == "revoked").collect();
+    let all = events(&s, "lic").await;
+    let revoked = of_type(&all, "revoked");
     assert_eq!(revoked.len(), 1);
     assert_eq!(
         (revoked[0]["actor"].as_str(), revoked[0]["reason"].as_str()),
-        (me.as_str(), "left the company")
+        (me.as_str(), "left the company"),
+        "the actor defaults to the OS user"
     );
 
-    let (_, metrics) = http_get(&worker.metrics, "/metrics").unwrap();
-    assert!(metrics.contains("\nseatgate_revocations_total 1\n"), "{metrics}");
-    assert!(metrics.contains("# HELP seatgate_revocations_total "));
-    let no_reason = seatgate(&redis, &["revoke", "--license", "cad", "--session", "alice"]);
+    let page = worker.scrape().await;
+    assert_eq!(metric(&page, "seatgate_revocations_total"), Some(1.0), "{page}");
+    assert!(page.contains("# HELP seatgate_revocations_total "), "{page}");
     assert_eq!(
-        no_reason.status.code(),
-        Some(2),
-        "clap refuses a revoke without --reason"
+        metric(
+            &page,
+            r#"seatgate_requests_total{op="revoke",status="SESSION_NOT_FOUND"}"#
+        ),
+        Some(1.0)
     );
+    let no_reason = run(&["revoke", "--license", "lic", "--session", "alice"]).await;
+    assert_eq!(no_reason.status.code(), Some(2), "a revoke must say why");
 }
