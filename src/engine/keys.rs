@@ -16,7 +16,7 @@ pub struct Keys {
 /// The keys of one license: `KEYS[1..8]` of every seat script, in that
 /// order, then the two revocation keys, `KEYS[12..13]` of the request
 /// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
-/// per request, see [`crate::engine::scripts::Guard`]).
+/// per request: the scripts module's `Guard`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LicenseKeys {
     /// HASH: the license record (`seats_total`, `expires_at_ms`, `active`, ...).
