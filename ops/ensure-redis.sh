@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Installs redis-server (Debian's package) when it is missing. Sourced by the
-# other ops scripts and by .ci/run.
+# Installs redis-server (Debian's package, built with TLS) and the openssl CLI
+# (the TLS tests make their own CA with it) when they are missing. Sourced by
+# the other ops scripts and by .ci/run.
+missing=()
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "redis-server not found: installing Debian's redis-server package" >&2
+  missing+=(redis-server redis-tools)
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  missing+=(openssl)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing Debian's ${missing[*]} package(s)" >&2
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
-  # The package starts a system service on 6379; seatgate's tests never use it.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # redis-server's package starts a system service on 6379; seatgate's tests never use it.
 fi
+unset missing

@@ -143,7 +143,7 @@ struct BenchArgs {
     /// Unmeasured warm-up before each scenario.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Only these scenarios (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
+    /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
     /// soak and cluster run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -159,6 +159,10 @@ struct BenchArgs {
     /// Print the report as JSON (the table still goes to stderr as it runs).
     #[arg(long)]
     json: bool,
+    /// An earlier `seatgate bench --json` output: print each figure's change
+    /// against it (to stderr with --json, so stdout stays a report).
+    #[arg(long, value_name = "FILE.json")]
+    baseline: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -265,6 +269,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
 
 #[cfg(feature = "tools")]
 async fn bench(args: BenchArgs) -> Result<ExitCode, Error> {
+    // Read before the run, so a wrong path fails now and not minutes later.
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(crate::tools::bench::load_baseline)
+        .transpose()?;
     let opts = crate::tools::bench::BenchOptions {
         redis_url: args.bench_redis,
         flush: args.flush,
@@ -282,10 +292,19 @@ async fn bench(args: BenchArgs) -> Result<ExitCode, Error> {
         )
     })
     .await?;
+    let against = baseline
+        .as_ref()
+        .map(|b| crate::tools::bench::render_against(&report, b));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        if let Some(text) = against {
+            eprint!("\n{text}");
+        }
     } else {
         print!("{}", crate::tools::bench::render(&report));
+        if let Some(text) = against {
+            print!("\n{text}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -54,7 +56,7 @@ pub struct Settings {
 /// `[redis]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct RedisSettings {
-    /// redis:// URL.
+    /// redis:// URL, or rediss:// for TLS.
     pub url: String,
     /// Timeout of one non-blocking command, ms.
     pub response_timeout_ms: u64,
@@ -74,6 +76,17 @@ pub struct RedisSettings {
     /// File whose first line is the password; wins over `password`.
     #[serde(default)]
     pub password_file: String,
+    /// PEM CA certificate(s) a rediss:// server's certificate must chain to,
+    /// for a private CA; empty = the system's trusted roots.
+    #[serde(default)]
+    pub tls_ca_file: String,
+    /// PEM client certificate chain, for servers that require one
+    /// (`--tls-auth-clients yes`); empty = none. Goes with `tls_key_file`.
+    #[serde(default)]
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`; empty = none.
+    #[serde(default)]
+    pub tls_key_file: String,
 }
 
 impl RedisSettings {
@@ -113,6 +126,97 @@ impl RedisSettings {
             .filter(|u| !u.is_empty())
             .collect()
     }
+
+    /// Whether any TLS file is configured.
+    pub fn has_tls_files(&self) -> bool {
+        [&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file]
+            .iter()
+            .any(|f| !f.trim().is_empty())
+    }
+
+    /// Reads and checks the configured TLS files, the way rustls will use
+    /// them: the CA file must hold trust anchors, the client certificate and
+    /// key go together and must match. `None` when no file is configured (a
+    /// rediss:// URL then trusts the system's roots). Every error names the
+    /// setting, so a person knows which file to fix.
+    pub fn tls_certificates(&self) -> Result<Option<redis::TlsCertificates>, Error> {
+        if !self.has_tls_files() {
+            return Ok(None);
+        }
+        let (cert, key) = (self.tls_cert_file.trim(), self.tls_key_file.trim());
+        if cert.is_empty() != key.is_empty() {
+            let (set, unset) = if cert.is_empty() {
+                ("redis.tls_key_file", "redis.tls_cert_file")
+            } else {
+                ("redis.tls_cert_file", "redis.tls_key_file")
+            };
+            return Err(Error::Config(format!(
+                "{set} is set but {unset} is not: a client certificate needs both, or neither"
+            )));
+        }
+        let root_cert = match self.tls_ca_file.trim() {
+            "" => None,
+            path => {
+                let (pem, certs) = read_certificates("redis.tls_ca_file", path)?;
+                let mut roots = rustls::RootCertStore::empty();
+                for c in certs {
+                    roots.add(c).map_err(|e| {
+                        Error::Config(format!(
+                            "redis.tls_ca_file {path:?} holds an unusable CA certificate: {e}"
+                        ))
+                    })?;
+                }
+                Some(pem)
+            }
+        };
+        let client_tls = if cert.is_empty() {
+            None
+        } else {
+            let (client_cert, chain) = read_certificates("redis.tls_cert_file", cert)?;
+            let (client_key, key_der) = read_private_key("redis.tls_key_file", key)?;
+            let provider = rustls::crypto::ring::default_provider();
+            rustls::sign::CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| {
+                Error::Config(format!(
+                    "redis.tls_cert_file {cert:?} and redis.tls_key_file {key:?} are not a usable pair: {e}"
+                ))
+            })?;
+            Some(redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            })
+        };
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+}
+
+fn read_pem(key: &str, path: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("{key} {path:?} cannot be read: {e}")))
+}
+
+/// The PEM file at `path` (redis-rs takes PEM) and the certificates in it:
+/// at least one, none malformed.
+fn read_certificates(key: &str, path: &str) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), Error> {
+    let pem = read_pem(key, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Config(format!("{key} {path:?} holds a malformed PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::Config(format!(
+            "{key} {path:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        )));
+    }
+    Ok((pem, certs))
+}
+
+/// The PEM file at `path` and the private key in it (PKCS#8, PKCS#1 or SEC1).
+fn read_private_key(key: &str, path: &str) -> Result<(Vec<u8>, PrivateKeyDer<'static>), Error> {
+    let pem = read_pem(key, path)?;
+    let der = PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| Error::Config(format!("{key} {path:?} holds no usable PEM private key: {e}")))?;
+    Ok((pem, der))
 }
 
 /// `[keys]`
@@ -423,6 +527,7 @@ impl Settings {
             return bad("reaper.schedule needs a seconds field: 6 fields, e.g. \"*/5 * * * * *\"");
         }
         self.metrics_addr()?;
+        self.redis.tls_certificates()?;
         Ok(())
     }
 
@@ -642,6 +747,77 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("password_file"));
+    }
+
+    #[test]
+    fn tls_files_are_checked_at_load_and_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |redis: &str| {
+            let path = dir.path().join("s.toml");
+            std::fs::write(&path, format!("[redis]\n{redis}\n")).unwrap();
+            Settings::load(Some(&path)).map(|s| s.redis)
+        };
+        let none = load("").unwrap();
+        assert!(!none.has_tls_files() && none.tls_certificates().unwrap().is_none());
+
+        let err = load("tls_cert_file = \"/c.pem\"").unwrap_err().to_string();
+        assert!(err.contains("redis.tls_key_file is not"), "{err}");
+        let err = load("tls_key_file = \"/k.pem\"").unwrap_err().to_string();
+        assert!(err.contains("redis.tls_cert_file is not"), "{err}");
+
+        let err = load("tls_ca_file = \"/nonexistent/ca.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("redis.tls_ca_file \"/nonexistent/ca.pem\" cannot be read"),
+            "{err}"
+        );
+
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "just text\n").unwrap();
+        let err = load(&format!("tls_ca_file = {:?}", not_pem))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("redis.tls_ca_file") && err.contains("no PEM certificate"),
+            "{err}"
+        );
+
+        let broken = dir.path().join("broken.pem");
+        std::fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let err = load(&format!("tls_ca_file = {:?}", broken))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("redis.tls_ca_file") && err.contains("malformed"),
+            "{err}"
+        );
+
+        // PEM around bytes that are no certificate.
+        let cert = dir.path().join("c.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let err = load(&format!("tls_ca_file = {cert:?}")).unwrap_err().to_string();
+        assert!(
+            err.contains("redis.tls_ca_file") && err.contains("unusable CA certificate"),
+            "{err}"
+        );
+
+        // A certificate file is no key file.
+        let err = load(&format!("tls_cert_file = {cert:?}\ntls_key_file = {cert:?}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("redis.tls_key_file") && err.contains("no usable PEM private key"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -17,6 +17,16 @@ pub enum Error {
     /// Redis could not be reached or answered with an error.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Redis could not be reached in a way that points at a setting: a plain
+    /// URL against a TLS-only server, an untrusted certificate, a missing
+    /// client certificate. The hint says what to change.
+    #[error("redis error: {source}; {hint}")]
+    Connect {
+        /// What redis-rs reported.
+        source: redis::RedisError,
+        /// What to check or change, in a few words.
+        hint: &'static str,
+    },
     /// A script answered something its header does not promise.
     #[error("unexpected reply from the {script} script: {detail}")]
     ScriptReply {

@@ -145,6 +145,15 @@ pub fn shard_names(base: &str, shards: usize) -> Vec<String> {
     (0..shards).map(|i| format!("{base}:{{{i}}}")).collect()
 }
 
+/// STRING that says consumer `consumer` of `group` is alive on requests
+/// stream (shard) `stream`: its read loop keeps it with a short PX, and the
+/// reaper never removes a consumer whose key exists. A shard's key carries the
+/// shard's hash tag; either way it is read by a command of its own, never
+/// inside a script, so on a cluster it may live in any slot.
+pub fn consumer_alive(stream: &str, group: &str, consumer: &str) -> String {
+    format!("{stream}:alive:{group}:{consumer}")
+}
+
 /// The shard of stream `base` (sharded `shards` ways) that carries `license`.
 pub fn shard_name(base: &str, shards: usize, license: &str) -> String {
     if shards <= 1 {
@@ -166,5 +175,26 @@ mod tests {
         assert_eq!(k.license, "seat:{acme-pro}:license");
         assert_eq!(k.holders, "seat:{acme-pro}:holders");
         assert_eq!(k.sessions, "seat:{acme-pro}:sessions");
+    }
+
+    #[test]
+    fn a_liveness_key_lies_under_its_shard_and_its_hash_tag() {
+        let key = consumer_alive("seat:requests:{3}", "seatgate", "host-42");
+        assert_eq!(key, "seat:requests:{3}:alive:seatgate:host-42");
+        let refused = crate::engine::protocol::parse_request(
+            "1-0",
+            &[
+                ("op".to_owned(), b"release".to_vec()),
+                ("license".to_owned(), b"acme".to_vec()),
+                ("session".to_owned(), b"s1".to_vec()),
+                ("reply_to".to_owned(), key.into_bytes()),
+            ],
+            "seat:reply:",
+        );
+        assert_eq!(
+            refused.err().map(|i| i.field),
+            Some("reply_to"),
+            "no reply_to can name it: it lies outside the reply namespace"
+        );
     }
 }

@@ -27,13 +27,14 @@ pub(crate) use reply::decode_outcome;
 pub use reply::{Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 9] = [
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),
     ("heartbeat", include_str!("../../lua/heartbeat.lua")),
     ("revoke", include_str!("../../lua/revoke.lua")),
     ("reap", include_str!("../../lua/reap.lua")),
     ("reply", include_str!("../../lua/reply.lua")),
+    ("remove_consumer", include_str!("../../lua/remove_consumer.lua")),
     ("unlock", include_str!("../../lua/unlock.lua")),
     ("renew", include_str!("../../lua/renew.lua")),
 ];
@@ -58,6 +59,7 @@ pub struct Scripts {
     revoke: Script,
     reap: Script,
     reply: Script,
+    remove_consumer: Script,
     unlock: Script,
     renew: Script,
 }
@@ -72,6 +74,7 @@ impl Scripts {
             revoke: script("revoke")?,
             reap: script("reap")?,
             reply: script("reply")?,
+            remove_consumer: script("remove_consumer")?,
             unlock: script("unlock")?,
             renew: script("renew")?,
         })
@@ -144,7 +147,7 @@ impl Guard {
         Guard {
             entry_id: entry_id.to_owned(),
             done_key: keys.dedupe(license, bucket),
-            done_until_ms: (bucket + 2) * window,
+            done_until_ms: bucket.saturating_add(2).saturating_mul(window),
             session_rate_key: keys.session_rate(license, session),
             license_rate_key: keys.license_rate(license),
             session_limit: policy.session_limit,
@@ -303,7 +306,7 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 8] {
+    fn all(&self) -> [&Script; 9] {
         [
             &self.acquire,
             &self.release,
@@ -311,6 +314,7 @@ impl Scripts {
             &self.revoke,
             &self.reap,
             &self.reply,
+            &self.remove_consumer,
             &self.unlock,
             &self.renew,
         ]
@@ -422,6 +426,23 @@ impl Scripts {
             call.arg(*field).arg(value); // ARGV[3..]
         }
         call.invoke_async::<Value>(con).await.map(|_| ())
+    }
+
+    /// lua/remove_consumer.lua: remove `consumer` from `group` of `stream`
+    /// unless it holds pending entries. Returns whether it is gone.
+    pub async fn remove_consumer<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> redis::RedisResult<bool> {
+        self.remove_consumer
+            .key(stream) // KEYS[1]
+            .arg(group) // ARGV[1]
+            .arg(consumer) // ARGV[2]
+            .invoke_async(con)
+            .await
     }
 
     /// lua/unlock.lua: delete `lock` only while it still holds `token`.

@@ -64,6 +64,9 @@ pub const REFUSED_REPLY_TO: &str = "seatgate_refused_reply_to_total";
 pub const REPLAYED: &str = "seatgate_replayed_requests_total";
 /// Events that could not be appended to the events stream.
 pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
+/// Requests whose stream entry id was ahead of the Redis clock by more than
+/// the dedupe window (a caller chose it: docs/operations.md).
+pub const FUTURE_ENTRY_IDS: &str = "seatgate_future_entry_ids_total";
 /// Always 1, labelled with the `version`: which build each process runs.
 pub const BUILD_INFO: &str = "seatgate_build_info";
 /// 1 while `/ready` answers 200.
@@ -242,6 +245,10 @@ pub fn init(license_series_limit: usize) {
         EVENT_ERRORS,
         "Events that could not be appended to the events stream."
     );
+    describe_counter!(
+        FUTURE_ENTRY_IDS,
+        "Requests whose stream entry id was ahead of the Redis clock by more than the dedupe window (a caller chose the id; see docs/operations.md)."
+    );
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the version label says which build this process runs."
@@ -286,6 +293,7 @@ pub fn init(license_series_limit: usize) {
         DEAD_LETTERED,
         REPLAYED,
         EVENT_ERRORS,
+        FUTURE_ENTRY_IDS,
     ] {
         counter!(name).absolute(0);
     }
@@ -425,6 +433,11 @@ pub fn refused_reply_to() {
 /// Counts one replayed (redelivered, deduplicated) entry.
 pub fn replayed() {
     counter!(REPLAYED).increment(1);
+}
+
+/// Counts one request whose entry id was ahead of the Redis clock.
+pub fn future_entry_id() {
+    counter!(FUTURE_ENTRY_IDS).increment(1);
 }
 
 /// Most licenses with series of their own, per per-license metric.

@@ -113,7 +113,6 @@ impl Reaper {
 
     async fn maintain_shard(&self, requests: &str) -> Result<(), Error> {
         let mut con = self.con.clone();
-        let s = &self.stream;
         // A stream no worker has created yet (XINFO would fail on it) has nothing to trim.
         let kind: String = redis::cmd("TYPE").arg(requests).query_async(&mut con).await?;
         if kind == "none" {
@@ -165,11 +164,25 @@ impl Reaper {
                 debug!(trimmed, "trimmed acknowledged requests");
             }
         }
+        self.remove_idle_consumers(&mut con, requests).await
+    }
+
+    /// Removes the consumers of `requests` left over by workers that are
+    /// gone: idle for `stream.consumer_idle_ms`, nothing pending, and no
+    /// liveness key. Idle time alone cannot tell: on Redis 7.0 a read that
+    /// finds nothing does not reset it, so a live worker on a quiet stream
+    /// looks idle. Its read loop keeps its liveness key
+    /// ([`crate::engine::keys::consumer_alive`]), and that is checked first.
+    /// The removal itself (lua/remove_consumer.lua) checks the pending list
+    /// again in the same step, so a read that lands after XINFO CONSUMERS
+    /// cannot have its entries dropped from the pending list.
+    async fn remove_idle_consumers(&self, con: &mut Db, requests: &str) -> Result<(), Error> {
+        let group = &self.stream.group;
         let consumers: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
             .arg("CONSUMERS")
             .arg(requests)
-            .arg(&s.group)
-            .query_async(&mut con)
+            .arg(group)
+            .query_async(con)
             .await?;
         for c in consumers {
             let int = |k: &str| {
@@ -180,15 +193,23 @@ impl Reaper {
             let name = c
                 .get("name")
                 .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
-            if let (Some(name), 0, true) = (name, int("pending"), int("idle") > s.consumer_idle_ms) {
-                let _: i64 = redis::cmd("XGROUP")
-                    .arg("DELCONSUMER")
-                    .arg(requests)
-                    .arg(&s.group)
-                    .arg(&name)
-                    .query_async(&mut con)
-                    .await?;
+            let (Some(name), 0, true) = (name, int("pending"), int("idle") > self.stream.consumer_idle_ms)
+            else {
+                continue;
+            };
+            let alive = crate::engine::keys::consumer_alive(requests, group, &name);
+            let alive: bool = redis::cmd("EXISTS").arg(&alive).query_async(con).await?;
+            if alive {
+                debug!(consumer = %name, "idle consumer of a live worker kept");
+                continue;
+            }
+            if Scripts::get()
+                .remove_consumer(con, requests, group, &name)
+                .await?
+            {
                 info!(consumer = %name, "removed idle consumer from the group");
+            } else {
+                debug!(consumer = %name, "idle consumer took entries meanwhile; kept");
             }
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! A private redis-server: started on a free loopback port with its own temp
-//! dir, stopped on drop; and private Redis Clusters made of them. The
-//! benchmark uses them, and so do the tests.
+//! dir, stopped on drop, optionally TLS-only with a throwaway CA; and private
+//! Redis Clusters made of them. The benchmark uses them, and so do the tests.
 //!
 //! Every wait here is async (tokio's timer, async connections): the callers
 //! are tokio tasks, and a blocking sleep would stall the runtime thread that
@@ -9,10 +9,12 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
+use crate::config::RedisSettings;
 use crate::error::Error;
 
 /// How often a wait polls.
@@ -29,15 +31,251 @@ pub struct LocalRedis {
     dir: tempfile::TempDir,
     /// Extra arguments, kept for restarts.
     extra: Vec<String>,
+    /// The certificates of a TLS-only server (`port` is then its TLS port);
+    /// shared by the nodes of a cluster, which trust one CA.
+    tls: Option<TlsServer>,
 }
+
+/// Whether a TLS server asks clients for a certificate (`--tls-auth-clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    No,
+    /// A client may present one; if it does, it must be valid.
+    Optional,
+    /// A client without a valid certificate is refused.
+    Required,
+}
+
+impl ClientAuth {
+    fn flag(self) -> &'static str {
+        match self {
+            ClientAuth::No => "no",
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "yes",
+        }
+    }
+}
+
+/// A throwaway CA, a server certificate for 127.0.0.1 and localhost, and a
+/// client certificate, all PEM, made with the `openssl` CLI in their own temp
+/// dir (the files outlive any one server, so restarts keep them).
+pub struct TlsFiles {
+    /// Holds every key and certificate; removed on drop.
+    dir: tempfile::TempDir,
+}
+
+impl TlsFiles {
+    /// Makes a CA and the two certificates it signs (ECDSA P-256, valid a
+    /// week). The openssl runs take a moment: off the runtime's threads.
+    pub async fn generate() -> Result<TlsFiles, Error> {
+        tokio::task::spawn_blocking(Self::generate_blocking).await?
+    }
+
+    fn generate_blocking() -> Result<TlsFiles, Error> {
+        let files = TlsFiles {
+            dir: tempfile::tempdir()?,
+        };
+        std::fs::write(files.dir.path().join("openssl.cnf"), OPENSSL_CNF)?;
+        for name in ["ca", "server", "client"] {
+            files.openssl(&[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                &format!("{name}.key"),
+            ])?;
+        }
+        files.openssl(&[
+            "req",
+            "-config",
+            "openssl.cnf",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=seatgate test CA",
+            "-extensions",
+            "ca",
+            "-days",
+            "7",
+            "-out",
+            "ca.crt",
+        ])?;
+        for (name, cn) in [("server", "localhost"), ("client", "seatgate test client")] {
+            files.openssl(&[
+                "req",
+                "-config",
+                "openssl.cnf",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                &format!("/CN={cn}"),
+                "-out",
+                &format!("{name}.csr"),
+            ])?;
+            files.openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "7",
+                "-extfile",
+                "openssl.cnf",
+                "-extensions",
+                name,
+                "-out",
+                &format!("{name}.crt"),
+            ])?;
+        }
+        Ok(files)
+    }
+
+    fn openssl(&self, args: &[&str]) -> Result<(), Error> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| {
+                Error::LocalRedis(format!(
+                    "cannot run openssl ({e}); install it: apt-get install openssl"
+                ))
+            })?;
+        if !out.status.success() {
+            return Err(Error::LocalRedis(format!(
+                "openssl {} failed: {}",
+                args.first().unwrap_or(&""),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The CA certificate (PEM): what clients set as `redis.tls_ca_file`.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// The server's certificate (PEM), for 127.0.0.1 and localhost.
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.path().join("server.crt")
+    }
+
+    /// The server's private key (PEM).
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.path().join("server.key")
+    }
+
+    /// A client certificate (PEM) the CA signed: `redis.tls_cert_file`.
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.path().join("client.crt")
+    }
+
+    /// The client certificate's private key (PEM): `redis.tls_key_file`.
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.path().join("client.key")
+    }
+
+    /// Points `redis`'s TLS settings at these files (the CA and the client
+    /// certificate, which a server also accepts when it does not ask for one).
+    pub fn apply(&self, redis: &mut RedisSettings) {
+        redis.tls_ca_file = self.ca_cert().to_string_lossy().into_owned();
+        redis.tls_cert_file = self.client_cert().to_string_lossy().into_owned();
+        redis.tls_key_file = self.client_key().to_string_lossy().into_owned();
+    }
+
+    /// The same files as `SEATGATE__REDIS__TLS_*` variables, for a child process.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        vec![
+            ("SEATGATE__REDIS__TLS_CA_FILE", path(self.ca_cert())),
+            ("SEATGATE__REDIS__TLS_CERT_FILE", path(self.client_cert())),
+            ("SEATGATE__REDIS__TLS_KEY_FILE", path(self.client_key())),
+        ]
+    }
+
+    /// What a client of these files presents: the CA and the client certificate.
+    fn certificates(&self) -> Result<redis::TlsCertificates, Error> {
+        Ok(redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: std::fs::read(self.client_cert())?,
+                client_key: std::fs::read(self.client_key())?,
+            }),
+            root_cert: Some(std::fs::read(self.ca_cert())?),
+        })
+    }
+}
+
+/// How a TLS-only server is set up; kept for restarts.
+#[derive(Clone)]
+struct TlsServer {
+    /// Its certificates and the CA clients trust.
+    files: Arc<TlsFiles>,
+    /// Whether it asks clients for a certificate.
+    auth: ClientAuth,
+}
+
+/// Extensions of the test certificates: a CA that may sign, a server
+/// certificate for loopback (rustls checks the IP or name in the URL against
+/// subjectAltName, never the CN), and a client certificate. The server's is
+/// for client authentication too: cluster nodes and replicas present it when
+/// they connect to each other, and a node that checks client certificates
+/// refuses one that is for servers only.
+const OPENSSL_CNF: &str = "\
+[req]
+distinguished_name = dn
+[dn]
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+[client]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+";
 
 fn free_port() -> Result<u16, Error> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, Error> {
+/// Starts redis-server on `port`: plain, or with `tls` TLS-only (no plain port).
+fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TlsServer>) -> Result<Child, Error> {
+    let mut listen: Vec<std::ffi::OsString> = Vec::new();
+    match tls {
+        None => listen.extend(["--port".into(), port.to_string().into()]),
+        Some(TlsServer { files, auth }) => {
+            listen.extend([
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string().into(),
+            ]);
+            listen.extend(["--tls-cert-file".into(), files.server_cert().into()]);
+            listen.extend(["--tls-key-file".into(), files.server_key().into()]);
+            listen.extend(["--tls-ca-cert-file".into(), files.ca_cert().into()]);
+            listen.extend(["--tls-auth-clients".into(), auth.flag().into()]);
+        }
+    }
     Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(listen)
+        .args(["--bind", "127.0.0.1", "--save", ""])
         .args(["--appendonly", "no", "--protected-mode", "yes"])
         .arg("--dir")
         .arg(dir)
@@ -54,18 +292,24 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, Error> {
         })
 }
 
-/// A fresh connection to the node at `url`, or None while it does not answer.
-async fn connect(url: &str) -> Option<MultiplexedConnection> {
-    let client = redis::Client::open(url).ok()?;
-    client.get_multiplexed_async_connection().await.ok()
-}
-
 impl LocalRedis {
     /// Starts a server with no persistence, plus `extra` `--name value` arguments.
     pub async fn start(extra: &[&str]) -> Result<LocalRedis, Error> {
+        Self::start_inner(extra, None).await
+    }
+
+    /// Starts a TLS-only server (no plain port) with a fresh throwaway CA
+    /// ([`TlsFiles`]); `auth` says whether it asks clients for a certificate.
+    /// Its [`url`](Self::url) is rediss://.
+    pub async fn start_tls(auth: ClientAuth, extra: &[&str]) -> Result<LocalRedis, Error> {
+        let files = Arc::new(TlsFiles::generate().await?);
+        Self::start_inner(extra, Some(TlsServer { files, auth })).await
+    }
+
+    async fn start_inner(extra: &[&str], tls: Option<TlsServer>) -> Result<LocalRedis, Error> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _attempt in 0..5 {
-            let mut server = Self::spawn_at(free_port()?, extra.clone())?;
+            let mut server = Self::spawn_at(free_port()?, extra.clone(), tls.clone())?;
             if server.wait_ready(Duration::from_secs(5)).await {
                 return Ok(server);
             }
@@ -79,26 +323,26 @@ impl LocalRedis {
     }
 
     /// Spawns a server on `port` in a new temp dir, without waiting for it.
-    fn spawn_at(port: u16, extra: Vec<String>) -> Result<LocalRedis, Error> {
+    fn spawn_at(port: u16, extra: Vec<String>, tls: Option<TlsServer>) -> Result<LocalRedis, Error> {
         let dir = tempfile::tempdir()?;
-        let child = spawn(port, dir.path(), &extra)?;
+        let child = spawn(port, dir.path(), &extra, tls.as_ref())?;
         Ok(LocalRedis {
             child,
             port,
             dir,
             extra,
+            tls,
         })
     }
 
     /// Waits until the server answers PING; false if it exits or `within` passes.
     async fn wait_ready(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
-        let url = self.url();
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Some(mut con) = connect(&url).await {
+            if let Some(mut con) = self.con().await {
                 match redis::cmd("PING").query_async::<String>(&mut con).await {
                     Ok(_) => return true,
                     // Up, and asking for a login (an ACL file or requirepass).
@@ -111,9 +355,28 @@ impl LocalRedis {
         false
     }
 
-    /// The server's redis:// URL.
+    /// The server's URL: redis://, or rediss:// for a TLS-only server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS files of a TLS-only server: the CA to trust, a client certificate.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|t| &*t.files)
+    }
+
+    /// A redis-rs client for this server; over TLS it trusts the server's CA
+    /// and presents the client certificate.
+    pub fn client(&self) -> Result<redis::Client, Error> {
+        let certs = self.tls().map(TlsFiles::certificates).transpose()?;
+        crate::db::node_client(self.url(), certs)
+    }
+
+    /// A fresh connection for the harness's own commands, or None while the
+    /// server does not answer.
+    async fn con(&self) -> Option<MultiplexedConnection> {
+        self.client().ok()?.get_multiplexed_async_connection().await.ok()
     }
 
     /// The server's port.
@@ -129,7 +392,7 @@ impl LocalRedis {
     /// Stops the server the way an operator does (SHUTDOWN: the AOF, if on,
     /// is flushed) and waits for the process to end.
     pub async fn shutdown(&mut self) {
-        if let Some(mut con) = connect(&self.url()).await {
+        if let Some(mut con) = self.con().await {
             // The server closes the connection instead of answering.
             let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query_async(&mut con).await;
         }
@@ -140,7 +403,7 @@ impl LocalRedis {
 
     /// Starts the server again on the same port with the same data directory.
     pub async fn restart(&mut self) -> Result<(), Error> {
-        self.child = spawn(self.port, self.dir.path(), &self.extra)?;
+        self.child = spawn(self.port, self.dir.path(), &self.extra, self.tls.as_ref())?;
         if self.wait_ready(Duration::from_secs(10)).await {
             Ok(())
         } else {
@@ -195,29 +458,54 @@ impl LocalCluster {
     /// Starts `masters` masters (at least 3: `redis-cli --cluster create`'s
     /// minimum) with `replicas` replicas each.
     pub async fn start_with(masters: usize, replicas: usize) -> Result<LocalCluster, Error> {
+        Self::start_inner(masters, replicas, None).await
+    }
+
+    /// Like [`start_with`](Self::start_with), but every node is TLS-only,
+    /// for clients, replication and the cluster bus, with one throwaway CA
+    /// ([`TlsFiles`]); the nodes announce their TLS ports, so clients
+    /// discover rediss:// nodes.
+    pub async fn start_tls(masters: usize, replicas: usize, auth: ClientAuth) -> Result<LocalCluster, Error> {
+        let files = Arc::new(TlsFiles::generate().await?);
+        Self::start_inner(masters, replicas, Some(TlsServer { files, auth })).await
+    }
+
+    async fn start_inner(
+        masters: usize,
+        replicas: usize,
+        tls: Option<TlsServer>,
+    ) -> Result<LocalCluster, Error> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            let extra: Vec<String> = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-                // A test cluster is young: let a replica take over however
-                // recently it synced.
-                "--cluster-replica-validity-factor",
-                "0",
-                "--appendonly",
-                "yes",
-                "--hash-max-listpack-value",
-                "256",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let tls_flags: &[&str] = match tls {
+                Some(_) => &["--tls-cluster", "yes", "--tls-replication", "yes"],
+                None => &[],
+            };
+            let extra: Vec<String> = tls_flags
+                .iter()
+                .chain(
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                        // A test cluster is young: let a replica take over however
+                        // recently it synced.
+                        "--cluster-replica-validity-factor",
+                        "0",
+                        "--appendonly",
+                        "yes",
+                        "--hash-max-listpack-value",
+                        "256",
+                    ]
+                    .iter(),
+                )
+                .map(|s| s.to_string())
+                .collect();
             let port = free_cluster_port()?;
-            let mut node = LocalRedis::spawn_at(port, extra)?;
+            let mut node = LocalRedis::spawn_at(port, extra, tls.clone())?;
             if !node.wait_ready(Duration::from_secs(5)).await {
                 return Err(Error::LocalRedis(format!(
                     "cluster node on port {port} did not start"
@@ -226,6 +514,11 @@ impl LocalCluster {
             nodes.push(node);
         }
         let mut create = Command::new("redis-cli");
+        if let Some(TlsServer { files, .. }) = &tls {
+            create.arg("--tls").arg("--cacert").arg(files.ca_cert());
+            create.arg("--cert").arg(files.client_cert());
+            create.arg("--key").arg(files.client_key());
+        }
         create
             .arg("--cluster")
             .arg("create")
@@ -262,7 +555,7 @@ impl LocalCluster {
         loop {
             let mut ok = true;
             for n in &self.nodes {
-                let Some(mut con) = connect(&n.url()).await else {
+                let Some(mut con) = n.con().await else {
                     continue; // a stopped node does not vote
                 };
                 let info: redis::RedisResult<String> =
@@ -291,7 +584,7 @@ impl LocalCluster {
     /// Ports of the current masters (asks the first live node).
     pub async fn master_ports(&self) -> Vec<u16> {
         for n in &self.nodes {
-            let Some(mut con) = connect(&n.url()).await else {
+            let Some(mut con) = n.con().await else {
                 continue;
             };
             let nodes: redis::RedisResult<String> =
@@ -314,7 +607,7 @@ impl LocalCluster {
     /// The port of the master that owns `key`'s slot.
     pub async fn master_of(&self, key: &str) -> Option<u16> {
         for n in &self.nodes {
-            let Some(mut con) = connect(&n.url()).await else {
+            let Some(mut con) = n.con().await else {
                 continue;
             };
             let Ok(slot) = redis::cmd("CLUSTER")

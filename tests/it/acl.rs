@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use seatgate::config::Settings;
+use seatgate::engine::keys::consumer_alive;
 
 use crate::support::{
     free_port, http_get, license_keys, output, reply_stream, seatgate_cmd, RedisServer, RedisServerExt,
@@ -400,6 +401,23 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     )
     .await;
     assert_eq!(code, "NOPERM", "the worker cannot write outside seat:");
+    // What the worker does on rarer paths than the flow above: the consumer
+    // cleanup's liveness check, and handing back deliveries Redis refused.
+    let alive = consumer_alive(&settings.stream.requests, &settings.stream.group, "gone");
+    let exists: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(&alive).query_async(&mut as_worker).await;
+    assert_eq!(exists.ok(), Some(false), "the worker may check a liveness key");
+    let handed: redis::RedisResult<Vec<String>> = redis::cmd("XCLAIM")
+        .arg(&settings.stream.requests)
+        .arg(&settings.stream.group)
+        .arg("gone")
+        .arg(0)
+        .arg("0-1")
+        .arg("RETRYCOUNT")
+        .arg(0)
+        .arg("JUSTID")
+        .query_async(&mut as_worker)
+        .await;
+    assert_eq!(handed.ok(), Some(Vec::new()), "the worker may XCLAIM");
 
     // The reaper's stream upkeep has run by now; nothing of the flow was denied.
     let (_, metrics) = http_get(&worker.metrics, "/metrics").await.unwrap();

@@ -46,7 +46,8 @@ pub fn free_port() -> u16 {
 pub trait RedisServerExt {
     /// Starts a server with extra `--name value` arguments.
     async fn start_with(extra: &[&str]) -> RedisServer;
-    /// Settings pointing at this server: no metrics endpoint, short blocks.
+    /// Settings pointing at this server: no metrics endpoint, short blocks;
+    /// for a TLS-only server, its CA and a client certificate.
     fn settings(&self) -> Settings;
 }
 
@@ -58,6 +59,9 @@ impl RedisServerExt for RedisServer {
     fn settings(&self) -> Settings {
         let mut s = Settings::load(None).expect("default settings");
         s.redis.url = self.url();
+        if let Some(tls) = self.tls() {
+            tls.apply(&mut s.redis);
+        }
         s.metrics.listen = String::new();
         s.stream.block_ms = 100;
         s

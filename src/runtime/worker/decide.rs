@@ -2,13 +2,14 @@
 //! script in one pipeline (send), then settles the batch (settle.rs).
 
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
 use super::read::{Entry, Source};
 use crate::config::Settings;
-use crate::db::Db;
+use crate::db::{is_transient, Db};
 use crate::engine::keys::Keys;
 use crate::engine::protocol::{self, Lane, Op, Reply, Request};
 use crate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SeatCall, SessionArgs};
@@ -25,6 +26,8 @@ pub(super) struct Decider {
     pub(super) keys: Keys,
     /// The managed, multiplexed connection for scripts, replies and acks.
     pub(super) con: Db,
+    /// This process's consumer name, which owns every entry it decides.
+    pub(super) consumer: String,
     /// Events and replies.
     pub(super) publisher: Publisher,
     /// Health flag for `/ready`: cleared while Redis refuses our writes.
@@ -32,6 +35,9 @@ pub(super) struct Decider {
     /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
     /// so the state change is logged once rather than once per batch.
     pub(super) degraded: AtomicBool,
+    /// Entry ids ahead of the Redis clock are counted each, but logged at
+    /// most once a minute: a caller choosing such ids must not flood the log.
+    pub(super) future_ids: Mutex<Throttle>,
 }
 
 /// One entry of a batch on its way from the stream to its acknowledgement:
@@ -39,6 +45,9 @@ pub(super) struct Decider {
 pub(super) struct Item {
     /// The stream entry as read.
     pub(super) entry: Entry,
+    /// Which stream it was read from, so a dead letter's answer is parsed
+    /// as its request was.
+    pub(super) lane: Lane,
     /// The request, or why it is invalid; `None` when the entry was deleted
     /// while pending (nothing to answer).
     pub(super) request: Option<Result<Request, protocol::Invalid>>,
@@ -55,13 +64,12 @@ pub(super) struct Item {
 pub(super) enum Handled {
     /// Answered (or unanswerable, such as a deleted entry): acknowledge it.
     Done,
-    /// Not answered: leave it pending and try again. `permanent` errors count
-    /// towards dead-lettering; transient ones (Redis down) are simply retried.
+    /// Not answered: leave it pending and try again.
     Retry {
         /// Why it was not answered: logged, and the reason a dead letter carries.
         error: String,
-        /// Whether a retry would fail the same way.
-        permanent: bool,
+        /// What the failed delivery counts for.
+        cause: Cause,
     },
     /// Not decided and not answerable (its `reply_to` lies outside the reply
     /// namespace): move it to the dead-letter stream, then acknowledge it.
@@ -69,18 +77,55 @@ pub(super) enum Handled {
         /// Why: the dead letter carries it.
         reason: String,
     },
+    /// Delivered more than `stream.max_deliveries` times without an answer:
+    /// dead-letter it and answer ERROR, without deciding it again.
+    Exhausted {
+        /// The reason the dead letter carries.
+        reason: String,
+    },
+}
+
+/// Why an entry was left pending, which decides what its delivery counts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// A retry would fail the same way (the script failed): the delivery
+    /// counts, and the failure on the `stream.max_deliveries`-th delivery
+    /// dead-letters the entry.
+    Permanent,
+    /// Redis answered with a refusal for now (`OOM`, `LOADING`, `BUSY`, ...):
+    /// not the entry's fault, so the delivery is handed back (its count set
+    /// one lower again) and the entry waits as long as the refusal lasts.
+    Refused,
+    /// The connection failed or timed out, so the entry may be what stalls
+    /// Redis or the worker: the delivery counts.
+    Lost,
+}
+
+impl Cause {
+    /// The cause of a failed script or reply call.
+    pub(super) fn of(e: &Error) -> Cause {
+        match e {
+            Error::Redis(r) if !is_transient(r) => Cause::Permanent,
+            // A server error reply has a code; a lost connection or a timeout has none.
+            Error::Redis(r) if r.code().is_some() && !r.is_timeout() => Cause::Refused,
+            Error::Redis(_) => Cause::Lost,
+            _ => Cause::Permanent,
+        }
+    }
 }
 
 impl Decider {
     /// A decider over the managed connection `con`.
     pub(super) fn new(settings: Settings, con: Db, ready: Readiness) -> Decider {
         Decider {
+            consumer: settings.consumer_name(),
             keys: Keys::new(settings.keys.prefix.clone()),
             publisher: Publisher::new(&settings),
             settings,
             con,
             ready,
             degraded: AtomicBool::default(),
+            future_ids: Mutex::new(Throttle::new(Duration::from_secs(60))),
         }
     }
 
@@ -98,19 +143,36 @@ impl Decider {
         self.settle(&mut con, stream, &mut items, source).await
     }
 
-    /// Parses every entry of the batch, read from a stream of `lane`.
+    /// Parses every entry of the batch, read from a stream of `lane`, except
+    /// those delivered more than `stream.max_deliveries` times already: every
+    /// one of those deliveries ended without an answer, so the entry itself
+    /// may be what crashed or stalled the workers (a giant entry, a script
+    /// that times out). It is dead-lettered without another attempt at
+    /// deciding it.
     fn plan(&self, lane: Lane, batch: Vec<Entry>) -> Vec<Item> {
+        let max = self.settings.stream.max_deliveries;
         batch
             .into_iter()
-            .map(|entry| Item {
-                request: entry
-                    .fields
-                    .as_ref()
-                    .map(|f| protocol::parse_entry(lane, &entry.id, f, &self.settings.replies.prefix)),
-                entry,
-                outcome: None,
-                reply: None,
-                handled: None,
+            .map(|entry| {
+                let exhausted = entry.deliveries > max && entry.fields.is_some();
+                let (request, handled) = if exhausted {
+                    let reason = format!("delivered {} times without an answer", entry.deliveries);
+                    (None, Some(Handled::Exhausted { reason }))
+                } else {
+                    let request = entry
+                        .fields
+                        .as_ref()
+                        .map(|f| protocol::parse_entry(lane, &entry.id, f, &self.settings.replies.prefix));
+                    (request, None)
+                };
+                Item {
+                    lane,
+                    request,
+                    entry,
+                    outcome: None,
+                    reply: None,
+                    handled,
+                }
             })
             .collect()
     }
@@ -235,5 +297,85 @@ impl Decider {
                 )
             }
         }
+    }
+}
+
+/// Lets a log line through at most once per period and counts the ones it
+/// held back, so a flood of one kind of event costs one line a minute.
+#[derive(Debug)]
+pub(super) struct Throttle {
+    /// The shortest time between two lines.
+    every: Duration,
+    /// When the last line went through.
+    last: Option<Instant>,
+    /// Events held back since then.
+    held_back: u64,
+}
+
+impl Throttle {
+    /// A throttle letting one line through per `every`.
+    pub(super) fn new(every: Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            held_back: 0,
+        }
+    }
+
+    /// An event at `now`: `Some(n)` when it may be logged, `n` being the
+    /// events held back since the last line; `None` when it is held back.
+    pub(super) fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now < last + self.every) {
+            self.held_back += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held_back))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttle_lets_one_line_through_per_period_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let mut t = Throttle::new(minute);
+        assert_eq!(t.allow(t0), Some(0), "the first line goes through");
+        assert_eq!(t.allow(t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.allow(t0 + Duration::from_secs(59)), None);
+        assert_eq!(
+            t.allow(t0 + minute),
+            Some(2),
+            "a minute later, with the two held back"
+        );
+        assert_eq!(t.allow(t0 + minute), None);
+        assert_eq!(t.allow(t0 + 3 * minute), Some(1));
+    }
+
+    #[test]
+    fn a_refusal_is_handed_back_a_lost_connection_counts_a_script_error_is_permanent() {
+        let server = |code: &str| Error::Redis(redis::make_extension_error(code.to_owned(), None));
+        for code in ["OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN"] {
+            assert_eq!(Cause::of(&server(code)), Cause::Refused, "{code}");
+        }
+        assert_eq!(Cause::of(&server("WRONGTYPE")), Cause::Permanent);
+        let io = Error::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        )));
+        assert_eq!(Cause::of(&io), Cause::Lost);
+        let timeout = Error::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "timed out",
+        )));
+        assert_eq!(Cause::of(&timeout), Cause::Lost);
+        let reply = Error::ScriptReply {
+            script: "acquire",
+            detail: "garbage".into(),
+        };
+        assert_eq!(Cause::of(&reply), Cause::Permanent);
     }
 }

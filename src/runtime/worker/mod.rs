@@ -14,6 +14,11 @@
 //! read the same way by one more loop, in the same group; the parser is told
 //! which stream an entry came from ([`Lane`]) and takes on each only its ops.
 //!
+//! Each read loop also keeps a liveness key for its consumer
+//! ([`consumer_alive`]), so the reaper's consumer cleanup never removes the
+//! consumer of a live worker: on Redis 7.0 a read that finds nothing does not
+//! reset the consumer's idle time, so a quiet stream alone cannot tell.
+//!
 //! This file sets up the consumer of every shard and runs its read loop;
 //! `read` talks XREADGROUP / XAUTOCLAIM, `schedule` decides what to read
 //! when, `decide` runs a batch's scripts and `settle` answers, dead-letters
@@ -27,16 +32,16 @@ mod settle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Value;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use self::decide::Decider;
-use self::read::{Entry, Source};
+use self::read::{Entry, Source, SWEEP_START};
 use self::schedule::Schedule;
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
+use crate::engine::keys::consumer_alive;
 use crate::engine::protocol::Lane;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
@@ -134,8 +139,14 @@ struct ShardWorker {
     /// with nobody reading it. It is also never shared, so a blocked read
     /// cannot delay a script.
     reader: Option<Db>,
+    /// Where the next XAUTOCLAIM continues its sweep of the pending list.
+    claim_cursor: String,
     /// Setup (group, scripts) failed at startup: not ready until it succeeds.
     unprepared: bool,
+    /// This consumer's liveness key on this shard.
+    alive_key: String,
+    /// When the liveness key was last set (or tried); `None` before the first time.
+    alive_set_at: Option<Instant>,
     /// Health flag for `/ready`.
     ready: Readiness,
     /// Decides batches; shared by the batches in flight.
@@ -153,15 +164,19 @@ impl ShardWorker {
         stream: String,
         lane: Lane,
     ) -> Result<ShardWorker, Error> {
+        let consumer = settings.consumer_name();
         let mut worker = ShardWorker {
+            alive_key: consumer_alive(&stream, &settings.stream.group, &consumer),
+            alive_set_at: None,
             stream,
             lane,
-            consumer: settings.consumer_name(),
+            consumer,
             con,
             reader: None,
             ready,
             decider,
             settings,
+            claim_cursor: SWEEP_START.to_owned(),
             unprepared: false,
         };
         match worker.prepare().await {
@@ -179,6 +194,8 @@ impl ShardWorker {
 
     /// Group creation and script loading: safe to repeat after Redis comes back.
     async fn prepare(&mut self) -> Result<(), Error> {
+        // A group created again has a pending list of its own.
+        self.claim_cursor = SWEEP_START.to_owned();
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&self.stream)
@@ -236,6 +253,7 @@ impl ShardWorker {
                 settled(&mut schedule, done);
             }
             let now = Instant::now();
+            self.keep_alive(now).await;
             let source = schedule.next_source(now);
             // Re-reading our own pending entries would return those in flight:
             // let them finish first. Otherwise just respect the in-flight cap.
@@ -307,7 +325,7 @@ impl ShardWorker {
         }
         match source {
             Source::Claimed => {
-                schedule.claimed(batch.len(), Instant::now());
+                schedule.claimed(batch.len(), self.sweep_done(), Instant::now());
                 if !batch.is_empty() {
                     info!(
                         count = batch.len(),
@@ -322,28 +340,52 @@ impl ShardWorker {
         Some(batch)
     }
 
-    /// On shutdown: leave the group if nothing is pending for us, so restarts
-    /// (each with a new default consumer name) do not grow the group.
-    async fn leave_group(&mut self) {
-        let s = &self.settings.stream;
-        let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
-            .arg(&self.stream)
-            .arg(&s.group)
-            .arg("-")
-            .arg("+")
+    /// Sets this consumer's liveness key when it is due: every third of its
+    /// lifetime, which is three times the longest a read may block (at least
+    /// 3 s), so it outlives any pause of a loop that still runs. A loop stuck
+    /// longer has entries in flight, so its consumer holds pending entries,
+    /// which the cleanup never removes either. A failed SET (Redis down or
+    /// out of memory) is retried at the next period: the key is a courtesy,
+    /// the atomic check in lua/remove_consumer.lua is what keeps entries safe.
+    async fn keep_alive(&mut self, now: Instant) {
+        let ttl_ms = self.settings.stream.block_ms.saturating_mul(3).max(3_000);
+        if self
+            .alive_set_at
+            .is_some_and(|at| now < at + Duration::from_millis(ttl_ms / 3))
+        {
+            return;
+        }
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(&self.alive_key)
             .arg(1)
-            .arg(&self.consumer)
+            .arg("PX")
+            .arg(ttl_ms)
             .query_async(&mut self.con)
             .await;
-        if matches!(pending.as_deref(), Ok([])) {
-            let _: redis::RedisResult<i64> = redis::cmd("XGROUP")
-                .arg("DELCONSUMER")
-                .arg(&self.stream)
-                .arg(&s.group)
-                .arg(&self.consumer)
-                .query_async(&mut self.con)
-                .await;
+        // Tried again a period later even when it failed: during an outage
+        // the read loop must not wait on one more call per turn.
+        self.alive_set_at = Some(now);
+        if let Err(e) = set {
+            debug!(error = %e, key = %self.alive_key, "cannot set the liveness key");
         }
+    }
+
+    /// On shutdown: leave the group if nothing is pending for us, so restarts
+    /// (each with a new default consumer name) do not grow the group, and
+    /// drop the liveness key. Checked and removed in one script, like the
+    /// reaper's cleanup.
+    async fn leave_group(&mut self) {
+        let group = &self.settings.stream.group;
+        let left = Scripts::get()
+            .remove_consumer(&mut self.con, &self.stream, group, &self.consumer)
+            .await;
+        if let Err(e) = left {
+            debug!(error = %e, "cannot leave the consumer group; the reaper removes the consumer later");
+        }
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(&self.alive_key)
+            .query_async(&mut self.con)
+            .await;
     }
 }
 

@@ -32,37 +32,42 @@ pub(super) struct Entry {
     pub(super) deliveries: u64,
 }
 
+/// Where XAUTOCLAIM starts a sweep of the pending list, and the cursor it
+/// returns once a sweep has reached the end.
+pub(super) const SWEEP_START: &str = "0-0";
+
 impl Entry {
-    /// Time since the entry was added (its id's ms part, the Redis clock).
+    /// The time part of the entry id: the Redis clock at XADD, or whatever
+    /// the caller chose (any u64, up to 18446744073709551615).
+    pub(super) fn id_ms(&self) -> Option<u64> {
+        self.id.split('-').next()?.parse().ok()
+    }
+
+    /// Time since the entry was added; zero for an id ahead of the clock.
     pub(super) fn age(&self) -> Option<Duration> {
-        let ms: u64 = self.id.split('-').next()?.parse().ok()?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+        let ms = self.id_ms()?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis();
+        let now = u64::try_from(now).unwrap_or(u64::MAX);
         Some(Duration::from_millis(now.saturating_sub(ms)))
     }
+}
+
+/// Whether a read failed because the stream or its group is gone (deleted,
+/// or renamed aside as in the runbook of docs/operations.md): the group is
+/// created again and reading goes on, with no outage reported.
+fn stream_gone(e: &redis::RedisError) -> bool {
+    // A blocked XREADGROUP whose key is deleted or renamed is answered UNBLOCKED.
+    matches!(e.code(), Some("NOGROUP" | "UNBLOCKED"))
 }
 
 impl ShardWorker {
     /// One read: new entries (`>`), our own pending ones (`0`), or entries
     /// claimed from consumers idle for `claim_idle_ms`.
     pub(super) async fn read(&mut self, source: Source, block: Duration) -> Result<Vec<Entry>, Error> {
-        let s = &self.settings.stream;
         if source == Source::Claimed {
-            let reply: Value = redis::cmd("XAUTOCLAIM")
-                .arg(&self.stream)
-                .arg(&s.group)
-                .arg(&self.consumer)
-                .arg(s.claim_idle_ms)
-                .arg("0-0")
-                .arg("COUNT")
-                .arg(s.batch_size)
-                .query_async(&mut self.con)
-                .await?;
-            let entries = match reply {
-                Value::Array(mut parts) if parts.len() >= 2 => parse_entries(parts.swap_remove(1)),
-                _ => Vec::new(),
-            };
-            return self.with_delivery_counts(entries).await;
+            return self.claim().await;
         }
+        let s = &self.settings.stream;
         let reader = match self.reader.take() {
             Some(reader) => reader,
             None => {
@@ -85,8 +90,7 @@ impl ShardWorker {
             .arg(&self.stream)
             .arg(if source == Source::New { ">" } else { "0" });
         let reply: Value = match cmd.query_async(reader).await {
-            // The group vanished (stream deleted): recreate it and read again next time.
-            Err(e) if e.code() == Some("NOGROUP") => {
+            Err(e) if stream_gone(&e) => {
                 self.prepare().await?;
                 return Ok(Vec::new());
             }
@@ -98,6 +102,50 @@ impl ShardWorker {
         } else {
             self.with_delivery_counts(entries).await
         }
+    }
+
+    /// One page of XAUTOCLAIM, continuing the sweep of the pending list where
+    /// the previous page stopped. XAUTOCLAIM looks at most ten times COUNT
+    /// pending entries per call, so restarting at `0-0` every time would
+    /// never reach idle entries behind that many recently delivered ones.
+    /// The cursor returns to `0-0` once a sweep reaches the end.
+    async fn claim(&mut self) -> Result<Vec<Entry>, Error> {
+        let s = &self.settings.stream;
+        let reply: redis::RedisResult<Value> = redis::cmd("XAUTOCLAIM")
+            .arg(&self.stream)
+            .arg(&s.group)
+            .arg(&self.consumer)
+            .arg(s.claim_idle_ms)
+            .arg(&self.claim_cursor)
+            .arg("COUNT")
+            .arg(s.batch_size)
+            .query_async(&mut self.con)
+            .await;
+        let parts = match reply {
+            Ok(Value::Array(parts)) => parts,
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                self.claim_cursor = SWEEP_START.to_owned();
+                if stream_gone(&e) {
+                    self.prepare().await?;
+                    return Ok(Vec::new());
+                }
+                return Err(e.into());
+            }
+        };
+        let mut parts = parts.into_iter();
+        // [next cursor, claimed entries, ids deleted while pending (7.0+)]
+        self.claim_cursor = parts
+            .next()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_else(|| SWEEP_START.to_owned());
+        let entries = parts.next().map(parse_entries).unwrap_or_default();
+        self.with_delivery_counts(entries).await
+    }
+
+    /// Whether the last claim page ended a sweep of the pending list.
+    pub(super) fn sweep_done(&self) -> bool {
+        self.claim_cursor == SWEEP_START
     }
 
     /// Fills in how often each (redelivered) entry has been delivered.

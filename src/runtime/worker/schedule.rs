@@ -14,7 +14,9 @@ use super::read::Source;
 /// consumer name may have left some), and afterwards only when a retry is
 /// due, so new requests keep flowing meanwhile: a failing entry delays
 /// nobody. Entries other consumers left pending are claimed every
-/// `claim_every`, and at once again after a full page.
+/// `claim_every`, one sweep of the pending list at a time: page after page
+/// at once while a page comes back full or the sweep has not reached the
+/// end, then not before `claim_every` has passed again.
 #[derive(Debug)]
 pub(super) struct Schedule {
     /// When to re-read our own pending entries. `None` while none is known
@@ -100,10 +102,12 @@ impl Schedule {
         }
     }
 
-    /// A claim at `now` returned `page_len` entries.
-    pub(super) fn claimed(&mut self, page_len: usize, now: Instant) {
-        // A full page means more may wait: claim again right away.
-        self.next_claim = if page_len >= self.page_size {
+    /// A claim at `now` returned `page_len` entries; `swept` when its page
+    /// reached the end of the pending list.
+    pub(super) fn claimed(&mut self, page_len: usize, swept: bool, now: Instant) {
+        // A full page, or a sweep cut short by XAUTOCLAIM's scan limit, means
+        // more may wait further on: claim again right away.
+        self.next_claim = if page_len >= self.page_size || !swept {
             now
         } else {
             now + self.claim_every
@@ -178,7 +182,7 @@ mod tests {
     fn serving(t0: Instant) -> Schedule {
         let mut s = schedule(t0);
         s.pending_read(0);
-        s.claimed(0, t0);
+        s.claimed(0, true, t0);
         s
     }
 
@@ -223,7 +227,7 @@ mod tests {
         for (claim_idle_ms, every_ms) in [(1_000, 500), (50, 100), (60_000, 5_000)] {
             let mut s = Schedule::new(t0, claim_idle_ms, 10, false);
             s.pending_read(0);
-            s.claimed(0, t0);
+            s.claimed(0, true, t0);
             let every = every_ms * MS;
             assert_eq!(
                 s.next_source(t0 + every - MS),
@@ -243,10 +247,23 @@ mod tests {
         let t0 = Instant::now();
         let mut s = serving(t0);
         let t1 = t0 + 500 * MS;
-        s.claimed(10, t1);
+        s.claimed(10, true, t1);
         assert_eq!(s.next_source(t1), Source::Claimed);
-        s.claimed(9, t1);
+        s.claimed(9, true, t1);
         assert_eq!(s.next_source(t1), Source::New);
+        assert_eq!(s.next_source(t1 + 500 * MS), Source::Claimed);
+    }
+
+    #[test]
+    fn an_unfinished_sweep_claims_again_at_once_even_from_an_empty_page() {
+        let t0 = Instant::now();
+        let mut s = serving(t0);
+        let t1 = t0 + 500 * MS;
+        s.claimed(0, false, t1);
+        assert_eq!(s.next_source(t1), Source::Claimed, "the sweep goes on");
+        assert_eq!(s.block_for(t1), MS);
+        s.claimed(3, true, t1);
+        assert_eq!(s.next_source(t1), Source::New, "swept: wait for the next period");
         assert_eq!(s.next_source(t1 + 500 * MS), Source::Claimed);
     }
 
@@ -274,7 +291,7 @@ mod tests {
         // Claims every 5 s, out of the way of the retries.
         let mut s = Schedule::new(t0, 60_000, 10, false);
         s.pending_read(0);
-        s.claimed(0, t0);
+        s.claimed(0, true, t0);
         let mut waits = Vec::new();
         let mut now = t0;
         for _ in 0..7 {

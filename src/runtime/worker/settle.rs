@@ -1,13 +1,16 @@
 //! Settling a decided batch: replies and events in one pipeline, queue
 //! notes, dead letters, one XACK.
 
+use std::collections::BTreeMap;
+use std::time::Instant;
+
 use redis::Value;
 use tracing::{debug, error, info, warn};
 
-use super::decide::{Decider, Handled, Item};
+use super::decide::{Cause, Decider, Handled, Item};
 use super::read::{Entry, Source};
 use crate::db::{is_transient, Db};
-use crate::engine::protocol::{Reply, Request};
+use crate::engine::protocol::{self, Lane, Reply, Request};
 use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -26,6 +29,9 @@ impl Decider {
     ) -> bool {
         for item in items.iter_mut() {
             item.triage();
+            if let Some(Ok(outcome)) = &item.outcome {
+                self.check_clock(&item.entry, outcome.now_ms);
+            }
         }
         self.write_replies(con, items).await;
         self.answered(con, items).await;
@@ -56,9 +62,10 @@ impl Decider {
             };
             if is_transient(&e) {
                 metrics::redis_error("reply");
+                let e = Error::from(e);
                 item.handled = Some(Handled::Retry {
-                    error: Error::from(e).to_string(),
-                    permanent: false,
+                    error: e.to_string(),
+                    cause: Cause::of(&e),
                 });
             } else {
                 metrics::reply_error();
@@ -106,40 +113,58 @@ impl Decider {
     }
 
     /// Dead-letters the entries that failed too often, then acknowledges
-    /// every entry that is done in one XACK. Returns whether some entries
-    /// must be retried.
+    /// every entry that is done in one XACK, and hands back the deliveries
+    /// Redis refused. Returns whether some entries must be retried.
     async fn acknowledge(&self, con: &mut Db, stream: &str, items: &[Item], source: Source) -> bool {
         let mut done = Vec::with_capacity(items.len());
+        let mut refused = Vec::new();
         let mut retry = false;
         let mut transient = None;
         for Item {
-            entry,
-            request,
-            handled,
-            ..
+            entry, lane, handled, ..
         } in items
         {
-            let request = request.as_ref().and_then(|r| r.as_ref().ok());
+            let lane = *lane;
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::DeadLetter { reason }) => {
-                    if self.dead_letter(entry, request, reason).await {
+                    if self.dead_letter(entry, lane, reason, None).await {
                         metrics::refused_reply_to();
                         done.push(entry.id.as_str());
                     } else {
                         retry = true;
                     }
                 }
-                Some(Handled::Retry { error, permanent }) => {
-                    if !permanent {
-                        transient.get_or_insert_with(|| error.clone());
-                    }
-                    let exhausted = *permanent && entry.deliveries >= self.settings.stream.max_deliveries;
-                    if exhausted && self.dead_letter(entry, request, error).await {
+                Some(Handled::Exhausted { reason }) => {
+                    let answer = format!("request was dead-lettered: {reason}");
+                    if self.dead_letter(entry, lane, reason, Some(&answer)).await {
                         done.push(entry.id.as_str());
-                        continue;
+                    } else {
+                        retry = true;
                     }
-                    debug!(entry = %entry.id, deliveries = entry.deliveries, ?source, error = %error, "left pending for retry");
+                }
+                Some(Handled::Retry { error, cause }) => {
+                    match cause {
+                        Cause::Permanent if entry.deliveries >= self.settings.stream.max_deliveries => {
+                            let answer = format!(
+                                "request failed {} times and was dead-lettered: {error}",
+                                entry.deliveries
+                            );
+                            if self.dead_letter(entry, lane, error, Some(&answer)).await {
+                                done.push(entry.id.as_str());
+                                continue;
+                            }
+                        }
+                        Cause::Permanent => {}
+                        Cause::Refused => {
+                            transient.get_or_insert_with(|| error.clone());
+                            refused.push(entry);
+                        }
+                        Cause::Lost => {
+                            transient.get_or_insert_with(|| error.clone());
+                        }
+                    }
+                    debug!(entry = %entry.id, deliveries = entry.deliveries, ?source, ?cause, error = %error, "left pending for retry");
                     retry = true;
                 }
             }
@@ -158,7 +183,66 @@ impl Decider {
                 retry = true;
             }
         }
+        self.hand_back(con, stream, &refused).await;
         retry
+    }
+
+    /// Sets the delivery count of entries Redis refused to decide (out of
+    /// memory, loading, busy, ...) one lower again, so that however long the
+    /// refusal lasts, its retries never get an entry dead-lettered by the
+    /// check before deciding. `XCLAIM … RETRYCOUNT n JUSTID` to this
+    /// consumer, which holds them already; XCLAIM is allowed under `OOM`. If
+    /// it fails too, the entry keeps the higher count.
+    async fn hand_back(&self, con: &mut Db, stream: &str, refused: &[&Entry]) {
+        let mut by_count: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+        for entry in refused {
+            by_count
+                .entry(entry.deliveries.saturating_sub(1))
+                .or_default()
+                .push(entry.id.as_str());
+        }
+        for (count, ids) in by_count {
+            let handed: redis::RedisResult<Value> = redis::cmd("XCLAIM")
+                .arg(stream)
+                .arg(&self.settings.stream.group)
+                .arg(&self.consumer)
+                .arg(0)
+                .arg(&ids)
+                .arg("RETRYCOUNT")
+                .arg(count)
+                .arg("JUSTID")
+                .query_async(con)
+                .await;
+            if let Err(e) = handed {
+                debug!(error = %e, count = ids.len(), "cannot hand back refused deliveries");
+            }
+        }
+    }
+
+    /// Counts (and now and then logs) an entry whose id time is ahead of the
+    /// Redis clock `now_ms` by more than the dedupe window. Only a caller
+    /// choosing its entry ids (`XADD` with an explicit id) makes one; every
+    /// later `XADD *` of the stream then gets an id at least as far ahead, so
+    /// one is worth an operator's look (docs/operations.md, "Entry ids ahead
+    /// of the clock").
+    fn check_clock(&self, entry: &Entry, now_ms: i64) {
+        let (Some(id_ms), Ok(now_ms)) = (entry.id_ms(), u64::try_from(now_ms)) else {
+            return;
+        };
+        let ahead_ms = id_ms.saturating_sub(now_ms);
+        if ahead_ms <= self.settings.dedupe.window_ms {
+            return;
+        }
+        metrics::future_entry_id();
+        let allowed = self.future_ids.lock().map(|mut t| t.allow(Instant::now()));
+        if let Ok(Some(held_back)) = allowed {
+            warn!(
+                entry = %entry.id,
+                ahead_ms,
+                held_back,
+                "a request's stream entry id is ahead of the Redis clock by more than the dedupe window; see docs/operations.md, \"Entry ids ahead of the clock\" (logged at most once a minute)"
+            );
+        }
     }
 
     /// Logs and reports a change between healthy and refused-by-Redis.
@@ -177,10 +261,11 @@ impl Decider {
         }
     }
 
-    /// Moves a poison entry to the dead-letter stream and answers it ERROR
-    /// when it is a valid `request` with a `reply_to`. Returns whether it may
-    /// now be acknowledged.
-    async fn dead_letter(&self, entry: &Entry, request: Option<&Request>, reason: &str) -> bool {
+    /// Moves a poison entry to the dead-letter stream with `reason` and,
+    /// given an `answer` and a `reply_to` in the reply namespace, answers it
+    /// ERROR with that text. `lane` is the stream it was read from, whose
+    /// ops its request is parsed by. Returns whether it may now be acknowledged.
+    async fn dead_letter(&self, entry: &Entry, lane: Lane, reason: &str, answer: Option<&str>) -> bool {
         let s = &self.settings.stream;
         let mut con = self.con.clone();
         let mut xadd = redis::cmd("XADD");
@@ -205,18 +290,16 @@ impl Decider {
         }
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
-        if let Some(req) = request {
-            if let Some(stream) = &req.reply_to {
-                let failed = Outcome::failed(Status::Error);
-                let msg = format!(
-                    "request failed {} times and was dead-lettered: {reason}",
-                    entry.deliveries
-                );
-                let reply = reply_for(req, &failed, Some(msg));
-                if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
-                    warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
+        if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
+            if let Ok(req) = protocol::parse_entry(lane, &entry.id, fields, &self.settings.replies.prefix) {
+                if let Some(stream) = &req.reply_to {
+                    let failed = Outcome::failed(Status::Error);
+                    let reply = reply_for(&req, &failed, Some(answer.to_owned()));
+                    if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
+                        warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
+                    }
+                    metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
                 }
-                metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
             }
         }
         true
@@ -227,6 +310,9 @@ impl Item {
     /// Decides what the entry gets: a reply to write (when the caller gave
     /// an address), a retry, or nothing more (a deleted entry).
     fn triage(&mut self) {
+        if self.handled.is_some() {
+            return; // settled before deciding (delivered too often)
+        }
         let entry = &self.entry;
         match (&self.request, &self.outcome) {
             // Deleted or trimmed while pending: nothing to answer.
@@ -250,21 +336,21 @@ impl Item {
                 }
             }
             (Some(Ok(req)), Some(Err(e))) => {
-                let permanent = !matches!(e, Error::Redis(r) if is_transient(r));
-                if permanent {
+                let cause = Cause::of(e);
+                if cause == Cause::Permanent {
                     warn!(entry = %entry.id, license = %req.license, deliveries = entry.deliveries, error = %e, "request failed");
                 } else {
                     metrics::redis_error("script");
                 }
                 self.handled = Some(Handled::Retry {
                     error: e.to_string(),
-                    permanent,
+                    cause,
                 });
             }
             (Some(Ok(_)), None) => {
                 self.handled = Some(Handled::Retry {
                     error: "not decided".to_owned(),
-                    permanent: false,
+                    cause: Cause::Lost,
                 })
             }
         }

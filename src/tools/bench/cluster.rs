@@ -1,9 +1,9 @@
 //! The cluster scenario: seatgate and the direct path on private Redis
 //! Clusters of each master count, beside a single node.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::harness::{provision, Fleet};
+use super::harness::{provision, Fleet, Window};
 use super::throughput::{closed_loop, Path};
 use super::{Bench, Row};
 use crate::config::Settings;
@@ -51,12 +51,14 @@ async fn cluster_run(
     for (label, s, cluster) in runs {
         let mut con = Db::connect(&s.redis).await?;
         provision(&mut con, &Keys::new(s.keys.prefix.clone())).await?;
-        let mut direct = closed_loop(&s, 64, warmup, d, Path::Direct).await?;
+        let w = Window::new(Instant::now(), warmup, d);
+        let mut direct = closed_loop(&s, 64, w, Path::Direct).await?;
         direct.scenario = "cluster".into();
         direct.variant = format!("{label}: direct, clients=64");
         rows.push(direct);
         let fleet = Fleet::start(&s, 2).await?;
-        let mut r = closed_loop(&s, 64, warmup, d, Path::Seatgate).await?;
+        let w = Window::new(Instant::now(), warmup, d);
+        let mut r = closed_loop(&s, 64, w, Path::Seatgate).await?;
         fleet.stop().await;
         r.scenario = "cluster".into();
         r.variant = format!("{label}: seatgate, clients=64 workers=2");

@@ -1,7 +1,7 @@
 //! What the scenarios share: the benchmark's settings and licenses, the
 //! in-process worker fleet, histograms and rows, and Redis's own figures.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use tokio_util::sync::CancellationToken;
@@ -65,6 +65,32 @@ pub(super) async fn wipe(con: &mut Db) -> Result<(), Error> {
     Ok(())
 }
 
+/// When a scenario measures: after its warm-up, for its duration. Requests
+/// count when sent inside it, and Redis's figures are read at its two ends.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Window {
+    /// The end of the warm-up.
+    pub(super) measure_from: Instant,
+    /// The end of the measurement.
+    pub(super) stop_at: Instant,
+}
+
+impl Window {
+    /// A window of `length` after `warmup` counted from `start`.
+    pub(super) fn new(start: Instant, warmup: Duration, length: Duration) -> Window {
+        let measure_from = start + warmup;
+        Window {
+            measure_from,
+            stop_at: measure_from + length,
+        }
+    }
+
+    /// Its measured length.
+    pub(super) fn length(&self) -> Duration {
+        self.stop_at - self.measure_from
+    }
+}
+
 pub(super) fn hist() -> Histogram<u64> {
     // 1 µs .. 60 s, 3 significant figures.
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
@@ -88,6 +114,7 @@ pub(super) fn row(
         p90_us: q(0.9),
         p99_us: q(0.99),
         p999_us: q(0.999),
+        redis: None,
         note,
     }
 }
@@ -102,6 +129,7 @@ pub(super) fn note_row(scenario: &str, variant: String, note: String) -> Row {
         p90_us: None,
         p99_us: None,
         p999_us: None,
+        redis: None,
         note,
     }
 }

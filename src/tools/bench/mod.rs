@@ -7,22 +7,30 @@
 //!
 //! This file holds the options, the report and the table of scenarios; the
 //! scenarios live by kind in `throughput`, `latency`, `footprint`, `soak`
-//! and `cluster`, on the shared pieces of `harness`. Every direct script
-//! call goes through `seat`.
+//! and `cluster`, on the shared pieces of `harness`. Every direct call of
+//! seatgate's scripts goes through `seat`, every call of the seed design's
+//! through `seed`; `cost` reads what a measured window cost Redis, and
+//! `compare` sets a run beside an earlier one (`--baseline`).
 
 mod cluster;
+mod compare;
+mod cost;
 mod footprint;
 mod harness;
 mod latency;
 mod seat;
+mod seed;
 mod soak;
 mod throughput;
+
+pub use compare::{load_baseline, render_against};
+pub use cost::{CommandCost, RedisCost};
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{LimitSettings, Settings};
 use crate::db::Db;
@@ -53,9 +61,9 @@ pub struct BenchOptions {
 }
 
 /// One line of the table.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
-    /// Scenario (ceiling, direct, seatgate, fixed-rate, contention, reaper, memory).
+    /// Scenario (seed, ceiling, direct, seatgate, fixed-rate, contention, reaper, memory, ...).
     pub scenario: String,
     /// Its variant (clients, workers, rate, ...).
     pub variant: String,
@@ -69,12 +77,17 @@ pub struct Row {
     pub p99_us: Option<u64>,
     /// 99.9th percentile, µs.
     pub p999_us: Option<u64>,
+    /// What the measured window cost Redis, on the rows of scenarios that
+    /// send requests at one Redis (absent elsewhere, and in reports from
+    /// before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisCost>,
     /// Anything else worth printing.
     pub note: String,
 }
 
 /// The whole run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// Redis version measured against.
     pub redis_version: String,
@@ -114,8 +127,14 @@ impl Scenario {
 }
 
 /// Every scenario, in the order they run: later ones read what earlier ones
-/// measured (the seatgate rows' ratios, the fixed-rate targets).
+/// measured (the ratios to the seed, the ceiling and the direct path).
 const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "seed",
+        by_default: true,
+        needs_flush: false,
+        run: |b| Box::pin(throughput::seed(b)),
+    },
     Scenario {
         name: "ceiling",
         by_default: true,
@@ -188,12 +207,15 @@ struct Bench<'p> {
     con: Db,
     /// Whether a scenario may FLUSHALL before it runs (a private Redis, or --flush).
     may_flush: bool,
+    /// The seed's pipelined ops/s (0 = not measured), for the ceiling's ratio.
+    seed_pipelined: f64,
+    /// The seed's direct ops/s by client count, for the direct and seatgate
+    /// rows' ratios at equal concurrency.
+    seed_direct: HashMap<usize, f64>,
     /// The ceiling's ops/s (0 = not measured), for the seatgate rows' ratios.
     ceiling: f64,
     /// The direct path's ops/s by client count, for the seatgate rows' ratios.
     direct_best: HashMap<usize, f64>,
-    /// The best seatgate ops/s (0 = not measured), for the fixed-rate targets.
-    seatgate_max: f64,
     /// The rows so far.
     rows: Vec<Row>,
     /// Told each row as it is measured.
@@ -277,9 +299,10 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row) + Send) -> R
         loaded_limits: loaded.limits,
         con,
         may_flush,
+        seed_pipelined: 0.0,
+        seed_direct: HashMap::new(),
         ceiling: 0.0,
         direct_best: HashMap::new(),
-        seatgate_max: 0.0,
         rows: Vec::new(),
         progress: &mut progress,
     };
@@ -297,11 +320,11 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row) + Send) -> R
     })
 }
 
-/// The table as text.
+/// The table as text, then what each request cost Redis, command by command.
 pub fn render(report: &Report) -> String {
     let mut out = format!(
-        "seatgate bench: Redis {}, {} cores, {:.0} s per scenario\n\n{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
-        report.redis_version, report.cores, report.duration_s, "scenario", "variant", "ops/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "note"
+        "seatgate bench: Redis {}, {} cores, {:.0} s per scenario\n\n{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8} {:>12}  {}\n",
+        report.redis_version, report.cores, report.duration_s, "scenario", "variant", "ops/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "Redis µs/req", "note"
     );
     let us = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
     for r in &report.rows {
@@ -310,8 +333,13 @@ pub fn render(report: &Report) -> String {
         } else {
             "-".into()
         };
-        out.push_str(&format!(
-            "{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8}  {}\n",
+        let cpu = r
+            .redis
+            .as_ref()
+            .map(|c| format!("{:.1}", c.cpu_us_per_op))
+            .unwrap_or_else(|| "-".into());
+        let line = format!(
+            "{:<11} {:<56} {:>11} {:>8} {:>8} {:>8} {:>8} {:>12}  {}",
             r.scenario,
             r.variant,
             ops,
@@ -319,11 +347,55 @@ pub fn render(report: &Report) -> String {
             us(r.p90_us),
             us(r.p99_us),
             us(r.p999_us),
+            cpu,
             r.note
-        ));
+        );
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let costed: Vec<&Row> = report.rows.iter().filter(|r| r.redis.is_some()).collect();
+    if !costed.is_empty() {
+        out.push_str(
+            "\nRedis per request over each measured window: server CPU (INFO cpu), then each command's calls per request × µs per call (INFO commandstats; a script's own commands are inside its EVALSHA time)\n",
+        );
+    }
+    for r in costed {
+        if let Some(c) = &r.redis {
+            out.push_str(&format!(
+                "{:<11} {:<56} {:>7.1} µs: {}\n",
+                r.scenario,
+                r.variant,
+                c.cpu_us_per_op,
+                command_breakdown(c)
+            ));
+        }
     }
     out
 }
+
+/// `evalsha 1.00×23.9, xadd 3.00×1.4, ...` (calls per request × µs per
+/// call) for the commands worth at least [`SHOWN_US`] per request, and how
+/// many smaller ones the JSON report has besides.
+fn command_breakdown(c: &RedisCost) -> String {
+    let (shown, small): (Vec<&CommandCost>, Vec<&CommandCost>) =
+        c.commands.iter().partition(|k| k.us_per_op() >= SHOWN_US);
+    let mut parts: Vec<String> = shown
+        .iter()
+        .map(|k| format!("{} {:.2}×{:.1}", k.command, k.calls_per_op, k.usec_per_call))
+        .collect();
+    if !small.is_empty() {
+        parts.push(format!("{} more under {SHOWN_US} µs", small.len()));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The smallest Redis time per request, µs, of a command the table lists:
+/// below it are mostly a script's own commands, already inside its EVALSHA.
+const SHOWN_US: f64 = 0.5;
 
 #[cfg(test)]
 mod tests {
@@ -343,6 +415,7 @@ mod tests {
         assert_eq!(
             names(&[]),
             [
+                "seed",
                 "ceiling",
                 "direct",
                 "seatgate",

@@ -138,6 +138,7 @@ async fn soak_run(
             p90_us: None,
             p99_us: None,
             p999_us: None,
+            redis: None,
             note: format!(
                 "used_memory {:.2} MB, {dbsize} keys, requests stream {requests} entries",
                 mem as f64 / 1e6
@@ -164,6 +165,7 @@ async fn soak_run(
             p90_us: None,
             p99_us: None,
             p999_us: None,
+            redis: None,
             note: format!(
                 "used_memory {:.2}-{:.2} MB (spread {:.2} MB) after warm-up",
                 *min as f64 / 1e6,
