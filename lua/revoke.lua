@@ -19,13 +19,14 @@
   ARGV[11] remember_ms: how long a revocation is remembered at least
   ARGV[12] most revocations remembered per license
 
-  Returns an outcome (includes/outcome.lua), detail 0, with status
-    REVOKED            the session held a seat, now free (it went straight to
-                       the head of the queue if anyone waits: notes carry the
-                       GRANTED), or it waited and no longer does (a note
-                       SESSION_REVOKED tells it, on the reply stream it queued with)
-    SESSION_NOT_FOUND  the session neither holds a seat nor waits; nothing
-                       changed, nothing is remembered
+  Returns an outcome (includes/outcome.lua) with status
+    REVOKED            detail 1: the session held a seat, now free (it went
+                       straight to the head of the queue if anyone waits:
+                       notes carry the GRANTED); detail 0: it waited and no
+                       longer does (a note SESSION_REVOKED tells it, on the
+                       reply stream it queued with)
+    SESSION_NOT_FOUND  detail 0: the session neither holds a seat nor waits;
+                       nothing changed, nothing is remembered
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   Revoke works whatever the license's state, like release.
   Emits no events: the worker publishes `revoked` (with actor and reason)
@@ -62,7 +63,7 @@ local function decide()
     if not refusal then
       used = promote(now, total, notes, 100)
     end
-    return outcome('REVOKED', used, total, 0, now, notes)
+    return outcome('REVOKED', used, total, 1, now, notes)
   end
   local raw = rcall('HGET', K.waiters, session)
   if rcall('ZSCORE', K.queue, session) then

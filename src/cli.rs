@@ -1,6 +1,6 @@
 //! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
-//! client, `license` provisioning and the administrator's `revoke`. Errors
-//! come out as one line.
+//! client, `license` provisioning, the administrator's `revoke`, and the
+//! `status`, `events` and `report` views. Errors come out as one line.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::report::printable;
+use crate::client::usage::{self, When};
 use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
@@ -70,6 +71,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Usage per license over a period, from the events: peak seats and when,
+    /// seat-hours, denials by reason, queue waits, seat-hours per user.
+    Report {
+        /// Only this license.
+        #[arg(long)]
+        license: Option<String>,
+        /// Start of the period: a duration ago (7d, 12h), a UTC date or time
+        /// (2026-11-01, 2026-11-01T08:00:00Z) or unix ms. Default: everything
+        /// kept (events.retention ago).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<When>,
+        /// End of the period (exclusive), the same forms. Default: now.
+        #[arg(long, value_name = "WHEN")]
+        until: Option<When>,
+        /// Output: a table for people, CSV (one row per figure) or JSON.
+        #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+        format: ReportFormat,
+    },
     /// Show seats in use, holders and queues per license (like lmstat).
     Status {
         /// Only this license.
@@ -79,6 +98,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `seatgate report --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ReportFormat {
+    /// A block per license, for people.
+    Table,
+    /// `license,metric,key,value` rows, for spreadsheets.
+    Csv,
+    /// The whole report as one JSON object.
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -248,6 +278,31 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         }
         #[cfg(feature = "tools")]
         Command::Bench(args) => bench(args).await,
+        Command::Report {
+            license,
+            since,
+            until,
+            format,
+        } => {
+            if let Some(l) = &license {
+                if !crate::engine::protocol::valid_id(l) {
+                    return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
+                }
+            }
+            let mut con = crate::connect(&settings).await?;
+            let query = usage::Query {
+                license,
+                since,
+                until,
+            };
+            let report = usage::usage(&mut con, &settings, &query).await?;
+            match format {
+                ReportFormat::Table => print!("{}", usage::render_table(&report)),
+                ReportFormat::Csv => print!("{}", usage::render_csv(&report)?),
+                ReportFormat::Json => println!("{}", serde_json::to_string(&report).unwrap_or_default()),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { license, json } => {
             if let Some(l) = &license {
                 if !crate::engine::protocol::valid_id(l) {

@@ -307,8 +307,23 @@ pub struct ClientSettings {
 pub struct EventSettings {
     /// Events stream key.
     pub stream: String,
-    /// Approximate cap of the events stream.
-    pub maxlen: usize,
+    /// How long events are kept at least (`"30d"`): the stream is trimmed by
+    /// age on the Redis clock, so usage reports can cover a fixed period
+    /// whatever the event rate.
+    #[serde(deserialize_with = "duration_text")]
+    pub retention: Duration,
+    /// No longer used (the events stream was capped by count); still
+    /// accepted so that an old settings file loads, with a warning.
+    #[serde(default)]
+    pub maxlen: Option<usize>,
+}
+
+/// A duration written for people, like `"30d"` or `"12h 30m"` (humantime).
+fn duration_text<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(de)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!("{text:?} is not a duration like \"30d\" or \"12h\": {e}"))
+    })
 }
 
 /// `[sessions]`
@@ -427,6 +442,9 @@ impl Settings {
         if settings.replies.maxlen.is_some() {
             tracing::warn!("replies.maxlen is no longer used: reply streams are trimmed by age (replies.ttl_ms); remove it from your settings");
         }
+        if settings.events.maxlen.is_some() {
+            tracing::warn!("events.maxlen is no longer used: the events stream is trimmed by age (events.retention); remove it from your settings");
+        }
         Ok(settings)
     }
 
@@ -443,6 +461,9 @@ impl Settings {
         }
         if self.replies.ttl_ms == 0 {
             return bad("replies.ttl_ms must be positive");
+        }
+        if self.events.retention < Duration::from_secs(60) {
+            return bad("events.retention must be at least 1m (usage reports read the events it keeps)");
         }
         let inside = format!("{}:", self.keys.prefix);
         let reply_prefix = &self.replies.prefix;
@@ -712,6 +733,23 @@ mod tests {
         std::fs::write(&path, "[replies]\nmaxlen = 100\nttl_ms = 1000\n").unwrap();
         let s = Settings::load(Some(&path)).unwrap();
         assert_eq!((s.replies.maxlen, s.replies.ttl_ms), (Some(100), 1000));
+    }
+
+    #[test]
+    fn events_are_kept_by_age_and_an_old_maxlen_still_loads() {
+        let s = Settings::load(None).unwrap();
+        assert_eq!(s.events.retention, Duration::from_secs(30 * 24 * 3600));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, "[events]\nmaxlen = 100\nretention = \"7d 12h\"\n").unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!(s.events.maxlen, Some(100));
+        assert_eq!(s.events.retention, Duration::from_secs(7 * 24 * 3600 + 12 * 3600));
+        for (value, word) in [("\"30\"", "not a duration"), ("\"10s\"", "at least 1m")] {
+            std::fs::write(&path, format!("[events]\nretention = {value}\n")).unwrap();
+            let err = Settings::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(word), "{value}: {err}");
+        }
     }
 
     #[test]

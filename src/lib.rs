@@ -19,10 +19,12 @@
 //! - [`client`]   the caller's side
 //!   - [`client::Client`]  a request/reply client (the CLI, tests, benchmark)
 //!   - [`client::report`]  `seatgate status`: holders and queues per license
+//!   - [`client::usage`]   `seatgate report`: usage per license over a period, from the events
 //! - [`engine`]   what a seat decision is
 //!   - [`engine::keys`]      every Redis key name, the per-license hash tag `{<license>}`, shards
 //!   - [`engine::status`]    the wire statuses, one enum
 //!   - [`engine::protocol`]  request parsing and validation, reply formatting (docs/protocol.md)
+//!   - [`engine::events`]    the seat event record: types, fields, encoded and decoded
 //!   - [`engine::license`]   the license record: put / show / list / delete
 //!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
 //!   - [`engine::records`]   the records the scripts store (sessions, waiters, dedupe), decoded

@@ -10,6 +10,7 @@
                      QUEUED: the 1-based queue position;
                      NO_SEATS_AVAILABLE: 'queue_full' when the queue is full;
                      SESSION_REVOKED: the revocation record, JSON (revoked.lua);
+                     REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
     [5] now_ms       the Redis clock when the script ran
     [6] notes        waiters granted or timed out on the way (outbox.lua)

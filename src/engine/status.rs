@@ -103,6 +103,39 @@ impl Status {
         }
     }
 
+    /// Whether the status refuses someone a seat: what usage reports and the
+    /// `seatgate_denials_total` metric count, and what `denied` events (and
+    /// `queue_timeout`, for a wait that ran out) record. Not a refusal of a
+    /// seat: a release or heartbeat of a session that holds none (it has
+    /// nothing to refuse), and invalid requests and errors (nothing was
+    /// decided). `const`, so the metric's reason list is derived from it.
+    pub const fn is_denial(self) -> bool {
+        // No wildcard: a new status must say whether it denies a seat.
+        match self {
+            Status::NoSeatsAvailable
+            | Status::QueueTimeout
+            | Status::LicenseNotFound
+            | Status::LicenseInactive
+            | Status::LicenseExpired
+            | Status::RateLimited => true,
+            Status::Acquired
+            | Status::AlreadyActive
+            | Status::Released
+            | Status::SessionNotFound
+            | Status::HeartbeatUpdated
+            | Status::SessionNotActive
+            | Status::Queued
+            | Status::Granted
+            | Status::LeftQueue
+            | Status::InvalidRequest
+            | Status::Error
+            | Status::Revoked => false,
+            // A revocation's consequence, not a shortage of seats: the
+            // `revoked` event records the administrator's decision.
+            Status::SessionRevoked => false,
+        }
+    }
+
     /// The reply's `error` text for a refusal whose script gives none; `None`
     /// for successes, for QUEUED (not an answer yet) and for the statuses
     /// whose producer writes a reason of its own.
@@ -229,6 +262,31 @@ mod tests {
             }
         }
         assert_eq!(Status::LicenseNotFound.refusal_reason(), Some("no such license"));
+    }
+
+    #[test]
+    fn denials_are_refusals() {
+        for &status in Status::ALL {
+            if status.is_denial() {
+                assert!(!status.is_ok(), "{status}");
+            }
+        }
+        let denials: Vec<_> = Status::ALL
+            .iter()
+            .filter(|s| s.is_denial())
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(
+            denials,
+            [
+                "NO_SEATS_AVAILABLE",
+                "LICENSE_NOT_FOUND",
+                "LICENSE_INACTIVE",
+                "LICENSE_EXPIRED",
+                "QUEUE_TIMEOUT",
+                "RATE_LIMITED"
+            ]
+        );
     }
 
     #[test]

@@ -173,15 +173,35 @@ const INVALID_FIELDS: [&str; 11] = [
 ];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
-/// The statuses counted as denials: a request refused a seat (or its keep).
-const DENIAL_REASONS: [Status; 6] = [
-    Status::NoSeatsAvailable,
-    Status::QueueTimeout,
-    Status::LicenseNotFound,
-    Status::LicenseInactive,
-    Status::LicenseExpired,
-    Status::RateLimited,
-];
+/// The statuses counted as denials: a request refused a seat
+/// ([`Status::is_denial`], the one home of that list; usage reports count
+/// the same from the events), in declaration order.
+const DENIAL_REASONS: [Status; denial_count()] = denial_reasons();
+
+const fn denial_count() -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < Status::ALL.len() {
+        if Status::ALL[i].is_denial() {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+const fn denial_reasons() -> [Status; denial_count()] {
+    let mut out = [Status::Error; denial_count()];
+    let (mut i, mut n) = (0, 0);
+    while i < Status::ALL.len() {
+        if Status::ALL[i].is_denial() {
+            out[n] = Status::ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+}
 
 /// Describes every metric (the `# HELP` lines) and creates the series whose
 /// label sets are closed at 0, so a dashboard shows 0 rather than "no data"
@@ -246,6 +266,10 @@ pub fn init(license_series_limit: usize) {
         "Events that could not be appended to the events stream."
     );
     describe_counter!(
+        REFUSED_REPLY_TO,
+        "Requests not decided because their reply_to lies outside replies.prefix (or is malformed): dead-lettered and acknowledged."
+    );
+    describe_counter!(
         FUTURE_ENTRY_IDS,
         "Requests whose stream entry id was ahead of the Redis clock by more than the dedupe window (a caller chose the id; see docs/operations.md)."
     );
@@ -293,6 +317,7 @@ pub fn init(license_series_limit: usize) {
         DEAD_LETTERED,
         REPLAYED,
         EVENT_ERRORS,
+        REFUSED_REPLY_TO,
         FUTURE_ENTRY_IDS,
     ] {
         counter!(name).absolute(0);
@@ -824,5 +849,36 @@ mod tests {
             SHARED.lock().unwrap().is_none(),
             "a process that stops leading exports none"
         );
+    }
+
+    /// Every metric name declared in this file has HELP text: a new metric
+    /// without a `describe_*!` line fails here, not on an operator's dashboard.
+    #[test]
+    fn every_metric_name_is_described() {
+        let source = include_str!("metrics.rs");
+        // The first argument of every `describe_*!(NAME, …)` call.
+        let described: Vec<&str> = source
+            .split("describe_")
+            .skip(1)
+            .filter_map(|call| {
+                let args = call.split_once("!(")?.1;
+                let name = args.split_once(',')?.0.trim();
+                name.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_')
+                    .then_some(name)
+            })
+            .collect();
+        for line in source.lines() {
+            let Some(rest) = line.strip_prefix("pub const ") else {
+                continue;
+            };
+            let Some((name, value)) = rest.split_once(": &str = ") else {
+                continue;
+            };
+            if !value.starts_with("\"seatgate_") && !value.starts_with("\"license_lua_script") {
+                continue;
+            }
+            assert!(described.contains(&name), "{name} has no describe_*! call");
+        }
     }
 }

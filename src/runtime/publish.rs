@@ -11,100 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use strum::{IntoStaticStr, VariantArray};
 use tracing::warn;
 
 use crate::config::Settings;
+pub use crate::engine::events::{Event, EventType};
 use crate::engine::protocol::Reply;
+use crate::engine::records::SessionRecord;
 use crate::engine::scripts::{Note, Scripts};
 use crate::engine::status::Status;
 use crate::runtime::metrics;
-
-/// Event types on the events stream.
-///
-/// The wire form is the variant's name in snake_case, derived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray)]
-#[strum(serialize_all = "snake_case")]
-pub enum EventType {
-    /// A session took a seat directly.
-    Acquired,
-    /// A session gave its seat back (a seat-freed event).
-    Released,
-    /// A session was evicted for a stale heartbeat (a seat-freed event).
-    Evicted,
-    /// A session joined a wait queue.
-    Queued,
-    /// A waiting session got a seat.
-    Granted,
-    /// A waiting session's wait ran out.
-    QueueTimeout,
-    /// A waiting session left the queue by releasing.
-    LeftQueue,
-    /// An administrator took a session's seat (a seat-freed event) or its
-    /// place in the queue away; carries `actor` and `reason`.
-    Revoked,
-}
-
-impl EventType {
-    /// Every event type, in declaration order, for tests. Derived: a new
-    /// variant is in it without anyone remembering to add it.
-    pub const ALL: &'static [EventType] = <EventType as VariantArray>::VARIANTS;
-
-    /// The `type` field on the wire.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-
-    /// The event a request's outcome publishes, if any.
-    pub fn for_status(status: Status) -> Option<EventType> {
-        // No wildcard: a new status must say whether it publishes an event.
-        match status {
-            Status::Acquired => Some(EventType::Acquired),
-            Status::Released => Some(EventType::Released),
-            Status::Queued => Some(EventType::Queued),
-            Status::LeftQueue => Some(EventType::LeftQueue),
-            Status::Granted => Some(EventType::Granted),
-            Status::QueueTimeout => Some(EventType::QueueTimeout),
-            Status::Revoked => Some(EventType::Revoked),
-            // The revocation published its own event; telling the session
-            // (its heartbeat, or a waiter's final reply) changes nothing.
-            Status::SessionRevoked => None,
-            Status::AlreadyActive
-            | Status::NoSeatsAvailable
-            | Status::SessionNotFound
-            | Status::HeartbeatUpdated
-            | Status::SessionNotActive
-            | Status::LicenseNotFound
-            | Status::LicenseInactive
-            | Status::LicenseExpired
-            | Status::RateLimited
-            | Status::InvalidRequest
-            | Status::Error => None,
-        }
-    }
-}
-
-/// One seat event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event<'a> {
-    /// What happened.
-    pub kind: EventType,
-    /// License id.
-    pub license: &'a str,
-    /// Session id.
-    pub session: &'a str,
-    /// Seats held afterwards.
-    pub seats_used: i64,
-    /// The license's seats.
-    pub seats_total: i64,
-    /// When, on the Redis server's clock (ms).
-    pub at_ms: i64,
-    /// Why, where it applies (`heartbeat_timeout` for evictions, the
-    /// administrator's text for revocations).
-    pub reason: Option<&'a str>,
-    /// Who did it, where a person did (revocations).
-    pub actor: Option<&'a str>,
-}
 
 /// Writes events and deferred replies.
 #[derive(Debug, Clone)]
@@ -113,8 +28,9 @@ pub struct Publisher {
     events: String,
     /// Shards of the events stream (as of the requests stream).
     shards: usize,
-    /// Approximate cap of the events stream.
-    events_maxlen: usize,
+    /// How long events are kept at least, ms (`events.retention`): each
+    /// XADD trims the events older than this before its own event's time.
+    events_retention_ms: i64,
     /// The namespace every reply stream lies in (`replies.prefix`): nothing
     /// outside it is ever written, trimmed or given an expiry.
     reply_prefix: String,
@@ -136,7 +52,7 @@ impl Publisher {
         Publisher {
             events: settings.events.stream.clone(),
             shards: settings.stream.shards,
-            events_maxlen: settings.events.maxlen,
+            events_retention_ms: i64::try_from(settings.events.retention.as_millis()).unwrap_or(i64::MAX),
             reply_prefix: settings.replies.prefix.clone(),
             reply_ttl_ms: settings.replies.ttl_ms,
             single_clock: !settings.redis.is_cluster(),
@@ -255,6 +171,12 @@ impl Publisher {
         xadd
     }
 
+    /// `XADD <shard> [MINID ~ <at_ms - retention>] * <fields>`. Events are
+    /// kept by age, not by count: the trim point comes from the event's own
+    /// `at_ms`, the Redis clock of the script that decided it, never from a
+    /// worker's clock, which could run ahead and trim early. `~` trims whole
+    /// stream nodes only, so a few events a little older than the retention
+    /// may stay until the next node goes.
     fn event_cmd(&self, event: &Event<'_>) -> redis::Cmd {
         let mut xadd = redis::cmd("XADD");
         // A license's events go to its shard: ordered per license, and on a
@@ -263,28 +185,14 @@ impl Publisher {
             &self.events,
             self.shards,
             event.license,
-        ))
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(self.events_maxlen)
-        .arg("*")
-        .arg("type")
-        .arg(event.kind.as_str())
-        .arg("license")
-        .arg(event.license)
-        .arg("session")
-        .arg(event.session)
-        .arg("seats_used")
-        .arg(event.seats_used)
-        .arg("seats_total")
-        .arg(event.seats_total)
-        .arg("at_ms")
-        .arg(event.at_ms);
-        if let Some(reason) = event.reason {
-            xadd.arg("reason").arg(reason);
+        ));
+        let oldest = event.at_ms.saturating_sub(self.events_retention_ms);
+        if oldest > 0 {
+            xadd.arg("MINID").arg("~").arg(oldest);
         }
-        if let Some(actor) = event.actor {
-            xadd.arg("actor").arg(actor);
+        xadd.arg("*");
+        for (field, value) in event.fields() {
+            xadd.arg(field).arg(value);
         }
         xadd
     }
@@ -386,9 +294,9 @@ impl Publisher {
     }
 
     /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT /
-    /// SESSION_REVOKED) and, when
-    /// `first_time`, publishes the matching event and counts it (a replayed
-    /// note is only re-delivered). Returns the reply error, if any.
+    /// SESSION_REVOKED) and, when `first_time`, publishes the matching event
+    /// and counts it (a replayed note is only re-delivered). Returns the
+    /// reply error, if any.
     #[allow(clippy::too_many_arguments)]
     pub async fn deliver<C: ConnectionLike>(
         &self,
@@ -451,19 +359,35 @@ impl Publisher {
             }
         }
         if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {
-            let event = Event {
-                kind,
-                license,
-                session: &note.session,
-                seats_used,
-                seats_total,
-                at_ms,
-                reason: None,
-                actor: None,
-            };
+            let mut event = Event::new(kind, license, &note.session, seats_used, seats_total, at_ms);
+            event.waited_ms = Some(note.waited_ms);
+            if kind == EventType::Granted {
+                event.user = self.user_of_session(con, license, &note.session).await;
+            }
             self.event(con, &event).await;
         }
         result
+    }
+
+    /// The `user_email` a seat holder's session was stored with. A grant's
+    /// note does not carry the waiter's metadata, the session record the
+    /// grant wrote does: one HGET per grant (grants are rare next to
+    /// requests). `None` when it has none, or the seat is already gone.
+    async fn user_of_session<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        license: &str,
+        session: &str,
+    ) -> Option<String> {
+        let sessions = self.keys.license(license).sessions;
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(sessions)
+            .arg(session)
+            .query_async(con)
+            .await
+            .ok()
+            .flatten();
+        crate::engine::events::user_of(&SessionRecord::parse(&raw?)?.meta)
     }
 }
 
@@ -471,48 +395,50 @@ impl Publisher {
 mod tests {
     use super::*;
 
-    /// The documented wire form of every event type. A match without a
-    /// wildcard, so a new type does not compile until it has its row here.
-    fn documented(kind: EventType) -> &'static str {
-        match kind {
-            EventType::Acquired => "acquired",
-            EventType::Released => "released",
-            EventType::Evicted => "evicted",
-            EventType::Queued => "queued",
-            EventType::Granted => "granted",
-            EventType::QueueTimeout => "queue_timeout",
-            EventType::LeftQueue => "left_queue",
-            EventType::Revoked => "revoked",
-        }
+    fn args(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not simple>".to_owned(),
+            })
+            .collect()
     }
 
     #[test]
-    fn event_types_are_the_documented_ones() {
-        let doc = include_str!("../../docs/protocol.md");
-        let type_field = doc
-            .lines()
-            .find(|line| line.starts_with("| `type` |"))
-            .expect("the `type` row");
-        for &kind in EventType::ALL {
-            let wire = documented(kind);
-            assert_eq!(kind.as_str(), wire);
-            assert!(type_field.contains(&format!("`{wire}`")), "{type_field}");
-            let row = format!("| `{wire}` |");
-            assert!(
-                doc.lines().any(|line| line.starts_with(&row)),
-                "docs/protocol.md has no row {row}"
-            );
-        }
-    }
-
-    #[test]
-    fn an_outcome_publishes_the_event_named_after_its_status() {
-        for &status in Status::ALL {
-            if let Some(kind) = EventType::for_status(status) {
-                assert_eq!(kind.as_str(), status.as_str().to_lowercase());
-            }
-        }
-        assert_eq!(EventType::for_status(Status::AlreadyActive), None);
-        assert_eq!(EventType::for_status(Status::HeartbeatUpdated), None);
+    fn events_are_trimmed_by_their_own_age() {
+        let mut settings = Settings::load(None).unwrap();
+        settings.events.retention = Duration::from_secs(3600);
+        let publisher = Publisher::new(&settings);
+        let mut event = Event::new(EventType::Denied, "acme", "s1", 2, 2, 1_796_000_000_000);
+        event.reason = Some("NO_SEATS_AVAILABLE");
+        let oldest = (1_796_000_000_000_i64 - 3_600_000).to_string();
+        assert_eq!(
+            args(&publisher.event_cmd(&event)),
+            [
+                "XADD",
+                "seat:events",
+                "MINID",
+                "~",
+                oldest.as_str(),
+                "*",
+                "type",
+                "denied",
+                "license",
+                "acme",
+                "session",
+                "s1",
+                "seats_used",
+                "2",
+                "seats_total",
+                "2",
+                "at_ms",
+                "1796000000000",
+                "reason",
+                "NO_SEATS_AVAILABLE"
+            ]
+        );
+        // A time younger than the retention itself trims nothing.
+        let early = Event::new(EventType::Acquired, "acme", "s1", 1, 2, 1_000);
+        assert!(!args(&publisher.event_cmd(&early)).contains(&"MINID".to_owned()));
     }
 }

@@ -305,16 +305,15 @@ impl Reaper {
             for session in &step.evicted {
                 metrics::evicted();
                 info!(%license, %session, "evicted stale session");
-                let event = Event {
-                    kind: EventType::Evicted,
+                let mut event = Event::new(
+                    EventType::Evicted,
                     license,
                     session,
-                    seats_used: step.seats_used,
-                    seats_total: step.seats_total,
-                    at_ms: step.now_ms,
-                    reason: Some("heartbeat_timeout"),
-                    actor: None,
-                };
+                    step.seats_used,
+                    step.seats_total,
+                    step.now_ms,
+                );
+                event.reason = Some("heartbeat_timeout");
                 self.publisher.event(&mut con, &event).await;
             }
             // New notes count once; redelivered ones (left in the outbox by a

@@ -253,6 +253,11 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
             "{kind} not in {seen}"
         );
     }
+    // The dashboard user reads usage reports too (XRANGE, XREVRANGE, TIME).
+    let report = redis
+        .seatgate(DASHBOARD, &["report", "--license", "cad", "--format", "csv"])
+        .await;
+    assert!(stdout(&report).contains("cad,peak_seats,,1"), "{report:?}");
 
     let hb = redis
         .seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"])

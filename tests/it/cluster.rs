@@ -116,8 +116,8 @@ async fn round_trip_idempotency_release_heartbeat(cluster: &LocalCluster) {
         .collect();
     assert_eq!(
         kinds,
-        ["acquired", "released"],
-        "acquired + released on the license's events shard"
+        ["acquired", "denied", "released"],
+        "acquired, b's refusal and released on the license's events shard"
     );
     w.stop().await;
 }

@@ -11,6 +11,7 @@ mod metrics;
 mod page;
 mod prometheus;
 mod queue;
+mod report;
 mod revoke;
 mod scripts;
 mod stream;

@@ -68,6 +68,7 @@ async fn revoke_answers_the_documented_outcomes() {
         (o.status, o.seats_used, o.seats_total, o.changed, o.replayed),
         (Status::Revoked, 1, 1, true, false)
     );
+    assert_eq!(o.held, Some(true));
     let notes: Vec<(Status, &str)> = o.notes.iter().map(|n| (n.status, n.session.as_str())).collect();
     assert_eq!(notes, [(Status::Granted, "b")]);
     assert_eq!(holders(&s, "lic").await, ["b"]);
@@ -87,7 +88,10 @@ async fn revoke_answers_the_documented_outcomes() {
         Status::Queued
     );
     let o = c.revoke(&mut con, "not entitled", "ada", 60_000).await;
-    assert_eq!((o.status, o.seats_used), (Status::Revoked, 1));
+    assert_eq!(
+        (o.status, o.seats_used, o.held),
+        (Status::Revoked, 1, Some(false))
+    );
     let [n] = &o.notes[..] else {
         panic!("{:?}", o.notes)
     };
@@ -218,7 +222,14 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
         (e["session"].as_str(), e["actor"].as_str(), e["reason"].as_str()),
         ("alice", "ada", "seat shared outside the team")
     );
-    assert_eq!((e["seats_used"].as_str(), e["seats_total"].as_str()), ("1", "1"));
+    assert_eq!(
+        (
+            e["seats_used"].as_str(),
+            e["seats_total"].as_str(),
+            e["held"].as_str()
+        ),
+        ("1", "1", "1")
+    );
     let granted = of_type(&all, "granted");
     assert_eq!(granted.len(), 1);
     assert_eq!(
@@ -333,8 +344,13 @@ async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
     let revoked = of_type(&all, "revoked");
     assert_eq!(revoked.len(), 1, "{all:?}");
     assert_eq!(
-        (revoked[0]["session"].as_str(), revoked[0]["reason"].as_str()),
-        ("bob", "not entitled")
+        (
+            revoked[0]["session"].as_str(),
+            revoked[0]["reason"].as_str(),
+            revoked[0]["held"].as_str()
+        ),
+        ("bob", "not entitled", "0"),
+        "a waiter held no seat"
     );
     worker.stop().await;
 }

@@ -45,6 +45,10 @@ pub struct Outcome {
     /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
     /// only; `None` too when the stored record is not of the scripts' form).
     pub revocation: Option<Revocation>,
+    /// REVOKED only: whether the session held a seat (`true`, the seat was
+    /// freed) or waited in the queue (`false`): usage reports count only the
+    /// first as the end of a hold.
+    pub held: Option<bool>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -67,6 +71,7 @@ impl Outcome {
             position: None,
             queue_full: false,
             revocation: None,
+            held: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -227,6 +232,7 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         position: count.filter(|_| status == Status::Queued),
         queue_full,
         revocation,
+        held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes")?,
         changed: flag(script, items.get(6), "changed")?,

@@ -356,25 +356,31 @@ impl Item {
         }
     }
 
-    /// The event this request's own decision emits: only a decision that
-    /// changed something, and only the first time it is made.
+    /// The event this request's own decision emits (a change, or a denial):
+    /// only the first time it is made, with or without a `reply_to`.
     fn event(&self) -> Option<Event<'_>> {
         let (Some(Ok(req)), Some(Ok(outcome))) = (&self.request, &self.outcome) else {
             return None;
         };
-        let kind = EventType::for_status(outcome.status).filter(|_| outcome.changed && !outcome.replayed)?;
+        if !outcome.changed || outcome.replayed {
+            return None;
+        }
+        let mut event = Event::of_decision(
+            outcome.status,
+            &req.license,
+            &req.session,
+            &req.meta,
+            outcome.seats_used,
+            outcome.seats_total,
+            outcome.now_ms,
+        )?;
         // A revocation's audit trail: who and why, as the admin sent them.
-        let revoke = req.revoke.as_ref().filter(|_| kind == EventType::Revoked);
-        Some(Event {
-            kind,
-            license: &req.license,
-            session: &req.session,
-            seats_used: outcome.seats_used,
-            seats_total: outcome.seats_total,
-            at_ms: outcome.now_ms,
-            reason: revoke.map(|r| r.reason.as_str()),
-            actor: revoke.map(|r| r.actor.as_str()),
-        })
+        if let (EventType::Revoked, Some(revoke)) = (event.kind, &req.revoke) {
+            event.reason = Some(&revoke.reason);
+            event.actor = Some(&revoke.actor);
+            event.held = outcome.held;
+        }
+        Some(event)
     }
 }
 
