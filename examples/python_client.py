@@ -12,6 +12,13 @@ QUEUE_TIMEOUT, which carries the same id. With `stream.shards` = N > 1 the
 requests go to `seat:requests:{i}`, i = crc32(license) % N (docs/protocol.md,
 "Shards and Redis Cluster"); pass the same N with --shards.
 
+Every acquire carries a lease (docs/protocol.md, "Leases"): a random secret
+the seat is bound to. The client makes one per session (or takes the
+caller's, `lease=`), keeps it, and sends it with that session's heartbeats,
+releases and re-sent acquires; nobody without it can release or keep alive
+the seat. It prints the lease, never logs it elsewhere; pass it back with
+--lease to pick up a seat after a restart.
+
 Run it against a Redis with a `seatgate run` worker and a provisioned license:
 
     pip install redis
@@ -29,13 +36,15 @@ give the application name its ACL key pattern allows (seat:reply:demo:*):
 
 The second copy finds the only seat taken, prints QUEUED, and gets GRANTED
 when the first releases. It prints each reply, and exits 1 when the acquire
-was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 3 when Redis or the
-worker did not answer, 0 otherwise.
+was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 2 for a malformed
+--lease, 3 when Redis or the worker did not answer, 0 otherwise.
 """
 
 import argparse
 import json
 import os
+import re
+import secrets
 import sys
 import time
 import uuid
@@ -50,6 +59,10 @@ REPLY_PREFIX = "seat:reply:"
 # A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
 # wait ran out, later still if its first delivery failed: allow for it.
 QUEUE_MARGIN_S = 30.0
+# What the service takes as a lease.
+LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# Replies after which the session's seat or place is given back (or was never held).
+GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
 
 
 class ReplyTimeout(Exception):
@@ -72,12 +85,25 @@ class SeatClient:
         # replies.ttl_ms and lets the stream expire once idle.
         self.reply_to = f"{reply_prefix}{app}:{uuid.uuid4().hex}"
         self.last_seen = "0-0"  # last reply entry read from our stream
+        # The lease each (license, session) is bound to, sent with its later requests.
+        self.leases = {}
 
-    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None):
+    def lease(self, license, session):
+        """The lease this client holds for the session, or None."""
+        return self.leases.get((license, session))
+
+    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
         """Takes a seat, waiting up to `wait_s` seconds in the license's queue
-        when none is free. Returns the final reply; `on_queued(reply)` is
-        called with the QUEUED reply, if any."""
-        extra = {}
+        when none is free, bound to `lease` (default: the one held for the
+        session, else a new random one). Returns the final reply;
+        `on_queued(reply)` is called with the QUEUED reply, if any."""
+        if lease is None:
+            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
+            lease = self.lease(license, session) or secrets.token_urlsafe(24)
+        if not LEASE_RE.fullmatch(lease):
+            raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
+        self.leases[(license, session)] = lease
+        extra = {"lease": lease}
         if meta is not None:
             extra["meta"] = json.dumps(meta, separators=(",", ":"))
         if wait_s > 0:
@@ -91,12 +117,19 @@ class SeatClient:
         return reply
 
     def heartbeat(self, license, session, timeout=5.0):
-        """Keeps the session's seat alive."""
-        return self.call("heartbeat", license, session, {}, timeout)
+        """Keeps the session's seat alive, with the lease it was acquired with."""
+        return self.call("heartbeat", license, session, self._lease_field(license, session), timeout)
 
     def release(self, license, session, timeout=5.0):
-        """Gives the session's seat back (or leaves the queue)."""
-        return self.call("release", license, session, {}, timeout)
+        """Gives the session's seat back (or leaves the queue), with its lease."""
+        reply = self.call("release", license, session, self._lease_field(license, session), timeout)
+        if reply["status"] in GIVEN_BACK:
+            self.leases.pop((license, session), None)
+        return reply
+
+    def _lease_field(self, license, session):
+        lease = self.lease(license, session)
+        return {"lease": lease} if lease else {}
 
     def call(self, op, license, session, extra, timeout):
         """Sends one request and returns its first reply as a dict of strings."""
@@ -166,6 +199,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: 1)")
     parser.add_argument("--app", default="seatgate-py",
                         help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
+    parser.add_argument("--lease", default=None,
+                        help="bind the seat to this lease (default: a new random one); it is printed after the acquire")
     args = parser.parse_args(argv)
 
     # A password in the URL would be on the command line: take it from the
@@ -175,10 +210,12 @@ def main(argv=None) -> int:
     client = SeatClient(r, app=args.app, shards=args.shards)
     try:
         reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
-                               wait_s=args.wait, on_queued=lambda r: show("queued", r))
+                               wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease)
         show("acquire", reply)
         if reply.get("ok") != "1":
             return 1
+        # The lease is the one secret of the seat: shown to whoever runs this, nowhere else.
+        print(f"{'lease':<10} {client.lease(args.license, args.session)}", flush=True)
         try:
             for _ in range(2):
                 time.sleep(args.interval)
@@ -186,6 +223,9 @@ def main(argv=None) -> int:
         finally:
             show("release", client.release(args.license, args.session))
         return 0
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ReplyTimeout, redis.RedisError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3

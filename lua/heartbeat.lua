@@ -1,10 +1,11 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..13] the license keys, the dedupe bucket, the rate windows and the
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua); the queue keys are not touched
-  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua)
-  ARGV[7]  session id
+  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
+  ARGV[8]  session id
+  ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
@@ -14,8 +15,12 @@
     SESSION_REVOKED     the session holds no seat because an administrator
                         revoked it (remembered for a bounded time);
                         detail = the revocation record (includes/revoked.lua)
+    LEASE_MISMATCH      the seat is bound to another lease; nothing changed,
+                        and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Heartbeats work whatever the license record says, even when it breaks its
+  rules: a holder keeps its seat alive.
   Emits no events.
 ]]
 local rcall = redis.call
@@ -24,13 +29,16 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "session_record"
+--- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
 
-local session = ARGV[7]
+local session, lease = ARGV[8], lease_hash(ARGV[9])
 
 local now = now_ms()
-local early = prologue(now, true)
+local early = prologue(now, true, function()
+  return lease_refusal(now, holder_lease(session), lease)
+end)
 if early then
   return early
 end

@@ -4,7 +4,9 @@
   free seats to the queue (self-healing: a seat freed by any path, even one
   whose event was lost, goes to the next waiter within one reaper period),
   and hands out again outbox notes whose deliverer died (or lost Redis)
-  before delivering them.
+  before delivering them. Seats go to the queue only while the license may
+  hand them out: never from a record that breaks its rules
+  (includes/license.lua), whose stale sessions and waits are still ended.
 
   Every part is bounded by ARGV[2], the limit: at most that many stale
   sessions and expired waiters, read off the low end of the holders and
@@ -102,7 +104,10 @@ end
 
 local now = now_ms()
 local notes = {}
-local timeout = tonumber(rcall('HGET', K.license, 'heartbeat_timeout_ms')) or default_timeout
+local license = license_state(now)
+-- The license's own timeout when it is valid; else the default (a record
+-- that breaks its rules still has its stale sessions evicted).
+local timeout = license.heartbeat_timeout_ms or default_timeout
 
 -- Stale: last heartbeat strictly older than now - timeout.
 local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. (now - timeout), 'LIMIT', 0, limit)
@@ -112,9 +117,9 @@ for _, session in ipairs(stale) do
 end
 local expired = expire_waiters(now, notes, limit)
 
-local refusal, total = check_license(now)
+local total = license.total
 local used, granted = rcall('ZCARD', K.holders), 0
-if not refusal then
+if not license.refusal then
   used, granted = promote(now, total, notes, limit)
 end
 

@@ -1,12 +1,14 @@
 --[[
   release: free the seat that `session` holds, or take it out of the queue.
-  Only the session's own id releases it; nothing else is touched.
+  Only the session's own id releases it, and only with its lease when the
+  seat or place is bound to one; nothing else is touched.
 
-  KEYS[1..13] the license keys, the dedupe bucket, the rate windows and the
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
-  ARGV[1..6]  dedupe and rate-limit arguments (includes/prologue.lua); release
+  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua); release
               is never rate limited
-  ARGV[7]  session id
+  ARGV[8]  session id
+  ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
@@ -16,8 +18,11 @@
                        administrator revoked it (remembered for a bounded
                        time); detail = the revocation record (includes/revoked.lua)
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
+    LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Release works whatever the license's state: a user can always give a seat back.
+  Release works whatever the license's state, even when its record breaks
+  the rules: a user can always give a seat back. A freed seat goes to the
+  queue only while the license may hand out seats.
   Emits no events: the worker publishes them from the outcome.
 ]]
 local rcall = redis.call
@@ -25,40 +30,48 @@ local rcall = redis.call
 --- @include "clock"
 --- @include "license"
 --- @include "outcome"
+--- @include "session_record"
 --- @include "queue"
+--- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
 
-local session = ARGV[7]
+local session, lease = ARGV[8], lease_hash(ARGV[9])
 
 local now = now_ms()
-local early = prologue(now, false)
+local early = prologue(now, false, function()
+  local bound = holder_lease(session)
+  if bound == nil then
+    bound = waiter_lease(session)
+  end
+  return lease_refusal(now, bound, lease)
+end)
 if early then
   return early
 end
 
 local function decide()
   local notes = {}
-  local refusal, total = check_license(now)
+  local license = license_state(now)
 
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
-    if not refusal then
-      used = promote(now, total, notes, 100)
+    if not license.refusal then
+      used = promote(now, license.total, notes, 100)
     end
-    return outcome('RELEASED', used, total, 0, now, notes)
+    return outcome('RELEASED', used, license.total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
-    return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes)
+    return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
   local revoked = revocation_of(session, now)
   if revoked then
-    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, notes)
+    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
   end
-  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), license.total, 0, now, notes)
 end
 
 return settle(decide())

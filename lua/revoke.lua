@@ -1,23 +1,25 @@
 --[[
   revoke: an administrator takes `session`'s seat away (or its place in the
-  queue), whatever the session says: no heartbeat, lease or release of its
-  own is needed. The freed seat goes to the head of the queue in this same
+  queue), whatever the session says: no heartbeat or release of its own is
+  needed, and a seat or place bound to a lease (includes/lease.lua) is
+  revoked without it: this is the administrator's way around leases. The freed seat goes to the head of the queue in this same
   script, as on release. The revocation is remembered for a bounded time
   (includes/revoked.lua), so the session's next heartbeat or release hears
   SESSION_REVOKED with the reason, and with a cooldown its acquires are
   refused until the cooldown ends.
 
-  KEYS[1..13] the license keys, the dedupe bucket, the rate windows (never
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows (never
               touched: revoke is not rate limited) and the revocation keys
               (includes/keys.lua)
-  ARGV[1..6]  dedupe arguments (includes/prologue.lua); the rate limits are not read
-  ARGV[7]  session id
-  ARGV[8]  reason (validated by the worker: 1-512 bytes of text)
-  ARGV[9]  actor, who revokes (validated by the worker)
-  ARGV[10] cooldown_ms: 0 = the session may acquire again at once; > 0 =
+  ARGV[1..7]  dedupe arguments (includes/prologue.lua); the rate limits are not read
+  ARGV[8]  session id
+  ARGV[9]  lease: ignored (the request scripts' slot; a revoke carries none)
+  ARGV[10] reason (validated by the worker: 1-512 bytes of text)
+  ARGV[11] actor, who revokes (validated by the worker)
+  ARGV[12] cooldown_ms: 0 = the session may acquire again at once; > 0 =
            its acquires get SESSION_REVOKED for that long
-  ARGV[11] remember_ms: how long a revocation is remembered at least
-  ARGV[12] most revocations remembered per license
+  ARGV[13] remember_ms: how long a revocation is remembered at least
+  ARGV[14] most revocations remembered per license
 
   Returns an outcome (includes/outcome.lua) with status
     REVOKED            detail 1: the session held a seat, now free (it went
@@ -28,7 +30,9 @@
     SESSION_NOT_FOUND  detail 0: the session neither holds a seat nor waits;
                        nothing changed, nothing is remembered
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Revoke works whatever the license's state, like release.
+  Revoke works whatever the license's state, even when its record breaks the
+  rules, like release; the freed seat goes to the queue only while the
+  license may hand out seats.
   Emits no events: the worker publishes `revoked` (with actor and reason)
   from the outcome.
 ]]
@@ -38,12 +42,13 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "outbox"
+--- @include "session_record"
 --- @include "queue"
 --- @include "revoked"
 --- @include "prologue"
 
-local session, reason, actor = ARGV[7], ARGV[8], ARGV[9]
-local cooldown_ms, remember_ms, max = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
+local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 
 local now = now_ms()
 local early = prologue(now, false)
@@ -53,14 +58,15 @@ end
 
 local function decide()
   local notes = {}
-  local refusal, total = check_license(now)
+  local license = license_state(now)
+  local total = license.total
 
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
-    if not refusal then
+    if not license.refusal then
       used = promote(now, total, notes, 100)
     end
     return outcome('REVOKED', used, total, 1, now, notes)

@@ -80,7 +80,7 @@ seatgate is starting against $shown
   metrics:  http://$metrics/metrics   (health: /live, /ready)
   try, in another terminal (with the same SEATGATE__REDIS__* variables):
     $bin acquire --license demo --session alice --meta '{"user_email":"alice@example.com"}'
-    $bin release --license demo --session alice
+    $bin release --license demo --session alice --lease <the lease= acquire printed>
 
 MSG
 exec "$bin" run

@@ -15,7 +15,7 @@ use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseInfo, LicenseSpec};
-use crate::engine::protocol::Op;
+use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::ops::{service, telemetry};
@@ -125,6 +125,11 @@ struct ClientArgs {
     /// Wait this long in the license's queue when no seat is free (acquire only), e.g. 30s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
+    /// The lease the seat is bound to, as `acquire` printed it (`lease=…`):
+    /// heartbeat and release must send it. With acquire: bind the seat to
+    /// this one instead of a new random one (to re-send an acquire).
+    #[arg(long, value_name = "LEASE")]
+    lease: Option<String>,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -251,7 +256,7 @@ pub fn main() -> ExitCode {
 fn fail(e: &Error) -> ExitCode {
     eprintln!("seatgate: error: {e}");
     ExitCode::from(match e {
-        Error::Usage(_) | Error::InvalidId { .. } => 2,
+        Error::Usage(_) | Error::InvalidId { .. } | Error::InvalidLicense(_) => 2,
         _ => EXIT_ERROR,
     })
 }
@@ -374,6 +379,14 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
             ));
         }
     }
+    let lease = match &args.lease {
+        Some(text) => Some(Lease::parse(text).ok_or_else(|| {
+            Error::Usage(
+                "--lease must be 16 to 128 characters of A-Z a-z 0-9 _ -, as acquire printed it".into(),
+            )
+        })?),
+        None => None,
+    };
     let wait_ms = args.wait.map(|d| d.as_millis() as u64).unwrap_or(0);
     let call = Call {
         op,
@@ -381,6 +394,7 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         session: args.session,
         meta: args.meta,
         wait_ms,
+        lease,
     };
     let mut client = Client::connect_with(settings).await?;
     // A queued acquire may legitimately wait for its grant as long as it asked
@@ -465,6 +479,15 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         if reply.fields.contains_key(field) {
             line.push_str(&format!(" {field}={}", get(field)));
         }
+    }
+    // The seat (or place) is bound to the lease: later heartbeats and the
+    // release need it (`--lease`). A lease is A-Z a-z 0-9 _ -, safe to print.
+    let holds = matches!(
+        reply.status(),
+        Status::Acquired | Status::AlreadyActive | Status::Queued | Status::Granted
+    );
+    if let (true, Some(lease)) = (holds, reply.lease()) {
+        line.push_str(&format!(" lease={}", lease.as_str()));
     }
     if reply.fields.contains_key("error") {
         line.push_str(&format!("  ({})", get("error")));
@@ -600,6 +623,10 @@ async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Res
 fn describe(info: &LicenseInfo) -> String {
     let s = &info.spec;
     let mut line = format!("{}  seats {}/{}", info.license, info.seats_used, s.seats_total);
+    if let Some(bad) = &info.invalid {
+        // The value as stored, escaped: it may hold anything.
+        line.push_str(&format!("  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value()));
+    }
     if !s.active {
         line.push_str("  INACTIVE");
     }

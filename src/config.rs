@@ -18,6 +18,10 @@ use crate::error::Error;
 /// The defaults, also the documentation of every key.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
+/// The smallest `limits.max_entry_bytes`: a request with every field at its
+/// longest but `meta` still fits (ids, `reply_to`, `lease`, names).
+const MIN_ENTRY_BYTES: usize = 1024;
+
 /// All settings of one seatgate process.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Settings {
@@ -275,6 +279,9 @@ pub struct LimitSettings {
     pub license_requests: u64,
     /// Window, ms.
     pub window_ms: u64,
+    /// Most bytes of field names and values in one request entry: a bigger
+    /// one is refused before any of it is parsed.
+    pub max_entry_bytes: usize,
 }
 
 /// `[replies]`
@@ -331,6 +338,9 @@ fn duration_text<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D:
 pub struct SessionSettings {
     /// Default heartbeat timeout, ms.
     pub heartbeat_timeout_ms: u64,
+    /// Every acquire, heartbeat and release must carry a `lease`, so that
+    /// every seat is bound to its holder's secret (recommended in production).
+    pub require_lease: bool,
 }
 
 /// `[queue]`
@@ -541,6 +551,11 @@ impl Settings {
         if self.sessions.heartbeat_timeout_ms == 0 {
             return bad("sessions.heartbeat_timeout_ms must be positive");
         }
+        if self.limits.max_entry_bytes < MIN_ENTRY_BYTES {
+            return Err(Error::Config(format!(
+                "limits.max_entry_bytes must be at least {MIN_ENTRY_BYTES}, room for a full request"
+            )));
+        }
         if self.reaper.batch == 0 || self.reaper.concurrency == 0 || self.reaper.lock_ms == 0 {
             return bad("reaper.batch, reaper.concurrency and reaper.lock_ms must be positive");
         }
@@ -597,6 +612,16 @@ impl Settings {
         })
     }
 
+    /// The rules the request parser obeys: the reply namespace, whether a
+    /// lease is required, the entry size limit.
+    pub fn parse_rules(&self) -> crate::engine::protocol::Rules<'_> {
+        crate::engine::protocol::Rules {
+            reply_prefix: &self.replies.prefix,
+            require_lease: self.sessions.require_lease,
+            max_entry_bytes: self.limits.max_entry_bytes,
+        }
+    }
+
     /// The dedupe window and rate limits requests are decided under.
     pub fn guard_policy(&self) -> crate::engine::scripts::GuardPolicy {
         crate::engine::scripts::GuardPolicy {
@@ -635,6 +660,10 @@ mod tests {
     #[test]
     fn defaults_load_and_validate() {
         let s = Settings::load(None).unwrap();
+        assert_eq!(
+            s.parse_rules(),
+            crate::engine::protocol::Rules::new("seat:reply:")
+        );
         assert_eq!(s.stream.requests, "seat:requests");
         assert_eq!(s.keys.prefix, "seat");
         assert!(s.metrics_addr().unwrap().is_some());

@@ -49,6 +49,10 @@ pub enum Error {
         /// The id as given.
         value: String,
     },
+    /// A license record that breaks the provisioning rules (engine::license),
+    /// refused before it is written; the message names the field and value.
+    #[error("{0}")]
+    InvalidLicense(String),
     /// The HTTP endpoint could not bind its address.
     #[error("cannot listen on metrics.listen {addr}: {source}")]
     Listen {

@@ -17,11 +17,14 @@
                                        queue replies not yet delivered
   acquire, release, heartbeat and revoke also take
     KEYS[9]  seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
-                                       for entries added in time bucket b (expires)
+                                       for entries placed in time bucket b (expires)
     KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
     KEYS[11] seat:{L}:rate       ZSET  the license's recent requests (expires)
-    KEYS[12] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
-    KEYS[13] seat:{L}:revocations HASH revoked session -> revocation record
+    KEYS[12] seat:{L}:done:<b-1> HASH  the bucket before KEYS[9], where an
+                                       earlier delivery may have stored the
+                                       entry's reply; KEYS[9] again when none can
+    KEYS[13] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
+    KEYS[14] seat:{L}:revocations HASH revoked session -> revocation record
                                        (revoked.lua); both keys expire
   reap takes only KEYS[1..8]; the other names are then nil.
 ]]
@@ -29,5 +32,5 @@ local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
   outbox = KEYS[8], done = KEYS[9], session_rate = KEYS[10], license_rate = KEYS[11],
-  revoked = KEYS[12], revocations = KEYS[13],
+  done_before = KEYS[12], revoked = KEYS[13], revocations = KEYS[14],
 }

@@ -3,23 +3,39 @@
 
   The waiter record, the value of a waiting session in KEYS[5] (waiters),
   JSON; Rust reads it with engine::records::WaiterRecord (seatgate status):
-    {"id", "reply_to", "meta", "queued_at"}
-      id         the request id the later GRANTED / QUEUE_TIMEOUT (or
-                 SESSION_REVOKED) carries
-      reply_to   where that reply goes ('' = nowhere)
-      meta       the metadata JSON, as a string, the seat will be stored with
-      queued_at  when it joined the queue (Redis clock, ms)
+    {"id", "reply_to", "meta", "queued_at", "lease_hash"?}
+      id          the request id the later GRANTED / QUEUE_TIMEOUT (or
+                  SESSION_REVOKED) carries
+      reply_to    where that reply goes ('' = nowhere)
+      meta        the metadata JSON, as a string, the seat will be stored with
+      queued_at   when it joined the queue (Redis clock, ms)
+      lease_hash  the hash of the lease the place (and the seat granted from
+                  it) is bound to (lease.lua); absent when bound to none
 ]]
 --- @include "keys"
 --- @include "outbox"
 --- @include "session_record"
 
--- Puts `session` at the back of the queue until `now + wait_ms`.
-local function enqueue(session, now, wait_ms, request_id, reply_to, meta)
+-- Puts `session` at the back of the queue until `now + wait_ms`, bound to
+-- lease hash `lease` ('' = none).
+local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease)
   rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
   rcall('ZADD', K.deadlines, now + wait_ms, session)
-  rcall('HSET', K.waiters, session,
-    cjson.encode({id = request_id, reply_to = reply_to, meta = meta, queued_at = now}))
+  local w = {id = request_id, reply_to = reply_to, meta = meta, queued_at = now}
+  if lease ~= '' then
+    w.lease_hash = lease
+  end
+  rcall('HSET', K.waiters, session, cjson.encode(w))
+end
+
+-- The lease hash `session`'s place in the queue is bound to: '' for none,
+-- nil when it does not wait.
+local function waiter_lease(session)
+  local raw = rcall('HGET', K.waiters, session)
+  if not raw then
+    return nil
+  end
+  return cjson.decode(raw).lease_hash or ''
 end
 
 local function remove_waiter(session)
@@ -59,7 +75,7 @@ local function promote(now, total, notes, max)
     if raw then
       local w = cjson.decode(raw)
       rcall('ZADD', K.holders, now, head)
-      start_session(head, now, w.meta)
+      start_session(head, now, w.meta, w.lease_hash or '')
       used = used + 1
       granted = granted + 1
       note(notes, now, 'GRANTED', head, w)

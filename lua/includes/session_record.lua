@@ -3,48 +3,74 @@
   it is built and parsed in Lua. Rust reads it with
   engine::records::SessionRecord (seatgate status).
 
-    "<acquired_at_ms>:<heartbeats>:<meta>"
+    "<acquired_at_ms>:<heartbeats>:<meta>"               no lease
+    "<acquired_at_ms>:<heartbeats>:<lease_hash>:<meta>"  bound to a lease
       acquired_at_ms  when the seat was taken or granted (Redis clock)
       heartbeats      heartbeats counted since
+      lease_hash      16 lowercase hex digits, the hash of the lease the seat
+                      is bound to (lease.lua); absent when it is bound to none
       meta            the caller's metadata JSON object, as sent; it may
-                      contain colons, so split on the first two only
+                      contain colons, so split on the first two (or three)
+                      only. It always starts with '{', never with a hex
+                      digit, so the two forms cannot be confused.
 
   A plain string rather than JSON: a ~60-byte metadata record stays small
   enough for the hash's listpack encoding, and a heartbeat bumps the count
-  without decoding the metadata.
+  without decoding the metadata. A lease adds 17 bytes; a record written
+  before leases existed reads as bound to none.
 ]]
 --- @include "keys"
 
-local function encode_session_record(acquired_at, heartbeats, meta)
-  return acquired_at .. ':' .. heartbeats .. ':' .. meta
+local function encode_session_record(acquired_at, heartbeats, lease, meta)
+  if lease == '' then
+    return acquired_at .. ':' .. heartbeats .. ':' .. meta
+  end
+  return acquired_at .. ':' .. heartbeats .. ':' .. lease .. ':' .. meta
 end
 
--- Returns acquired_at (digits, as stored), heartbeats (number) and meta, or
--- nil for a record that is not of this form.
+-- Returns acquired_at (digits, as stored), heartbeats (number), the lease
+-- hash ('' for none) and meta, or nil for a record that is not of this form.
 local function parse_session_record(record)
-  local acquired_at, heartbeats, meta = string.match(record, '^(%d+):(%d+):(.*)$')
+  local acquired_at, heartbeats, rest = string.match(record, '^(%d+):(%d+):(.*)$')
   if not acquired_at then
     return nil
   end
-  return acquired_at, tonumber(heartbeats), meta
+  local lease, meta = string.match(rest, '^(' .. string.rep('%x', 16) .. '):(.*)$')
+  if not lease then
+    lease, meta = '', rest
+  end
+  return acquired_at, tonumber(heartbeats), lease, meta
 end
 
--- Records that `session` took a seat at `now`, with no heartbeat yet.
-local function start_session(session, now, meta)
-  rcall('HSET', K.sessions, session, encode_session_record(now, 0, meta))
+-- The lease hash `session`'s seat is bound to: '' for none (or a record not
+-- of this form), nil when it holds no record.
+local function holder_lease(session)
+  local record = rcall('HGET', K.sessions, session)
+  if not record then
+    return nil
+  end
+  local _, _, lease = parse_session_record(record)
+  return lease or ''
+end
+
+-- Records that `session` took a seat at `now`, with no heartbeat yet, bound
+-- to lease hash `lease` ('' = none).
+local function start_session(session, now, meta, lease)
+  rcall('HSET', K.sessions, session, encode_session_record(now, 0, lease, meta))
 end
 
 -- Counts one heartbeat of `session` at `now`. Returns the new count.
 local function count_heartbeat(session, now)
-  local acquired_at, beats, meta
+  local acquired_at, beats, lease, meta
   local record = rcall('HGET', K.sessions, session)
   if record then
-    acquired_at, beats, meta = parse_session_record(record)
+    acquired_at, beats, lease, meta = parse_session_record(record)
   end
   if not acquired_at then
-    -- A missing or foreign record: start a fresh one rather than lose the count.
-    acquired_at, beats, meta = now, 0, '{}'
+    -- A missing or foreign record: start a fresh one rather than lose the
+    -- count. It is bound to no lease: nothing says which one it had.
+    acquired_at, beats, lease, meta = now, 0, '', '{}'
   end
-  rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, meta))
+  rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, lease, meta))
   return beats + 1
 end

@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 
 use crate::engine::keys::Keys;
+use crate::engine::license::{Field, InvalidField, StoredRecord};
 use crate::engine::records::{SessionRecord, WaiterRecord};
 use crate::error::Error;
 
@@ -28,6 +29,9 @@ pub struct Holder {
     pub last_heartbeat_ms: i64,
     /// Heartbeats received.
     pub heartbeats: i64,
+    /// Whether the seat is bound to a lease (the lease itself, and its hash,
+    /// are never shown).
+    pub leased: bool,
     /// The session's metadata.
     pub meta: serde_json::Value,
 }
@@ -60,6 +64,11 @@ pub struct LicenseStatus {
     pub active: bool,
     /// Expiry (ms), 0 = never.
     pub expires_at_ms: i64,
+    /// The field that breaks the record's rules, if one does (engine::license):
+    /// acquires get LICENSE_INVALID until it is fixed. The seat fields then
+    /// read it as absent. Absent from JSON when the record is valid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<InvalidField>,
     /// Holders, longest-held first.
     pub holders: Vec<Holder>,
     /// Waiters in queue order.
@@ -98,7 +107,7 @@ pub async fn license_status<C: ConnectionLike>(
         .atomic()
         .cmd("HMGET")
         .arg(&k.license)
-        .arg(&["seats_total", "expires_at_ms", "active"])
+        .arg(Field::ALL.iter().map(|f| f.as_str()).collect::<Vec<_>>())
         .cmd("ZRANGE")
         .arg(&k.holders)
         .arg(0)
@@ -121,13 +130,15 @@ pub async fn license_status<C: ConnectionLike>(
         .query_async(con)
         .await?;
     let deadlines: HashMap<String, i64> = deadlines.into_iter().collect();
-    let num = |i: usize| lic.get(i).cloned().flatten().and_then(|s| s.parse::<i64>().ok());
+    let record = StoredRecord::from_values(lic);
+    let spec = record.spec();
     let holders = holders
         .into_iter()
         .map(|(session, last)| {
             let record = sessions.get(&session).and_then(|r| SessionRecord::parse(r));
             let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
             let heartbeats = record.as_ref().map_or(0, |r| r.heartbeats);
+            let leased = record.as_ref().is_some_and(|r| r.lease_hash.is_some());
             let meta = record
                 .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
@@ -138,6 +149,7 @@ pub async fn license_status<C: ConnectionLike>(
                 acquired_at_ms,
                 last_heartbeat_ms: last,
                 heartbeats,
+                leased,
                 meta,
             }
         })
@@ -165,9 +177,14 @@ pub async fn license_status<C: ConnectionLike>(
     Ok(LicenseStatus {
         license: license.to_owned(),
         seats_used: holders.len(),
-        seats_total: num(0).unwrap_or(0),
-        active: lic.get(2).cloned().flatten().as_deref() != Some("0"),
-        expires_at_ms: num(1).unwrap_or(0),
+        seats_total: i64::try_from(spec.seats_total).unwrap_or(0),
+        active: spec.active,
+        expires_at_ms: i64::try_from(spec.expires_at_ms).unwrap_or(0),
+        invalid: if record.exists() {
+            record.validate().err()
+        } else {
+            None
+        },
         holders,
         queue,
     })
@@ -260,6 +277,9 @@ pub fn render(status: &Status) -> String {
         if l.expires_at_ms > 0 && l.expires_at_ms <= now {
             out.push_str("  [EXPIRED]");
         }
+        if let Some(bad) = &l.invalid {
+            let _ = write!(out, "  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value());
+        }
         out.push('\n');
         if !l.holders.is_empty() {
             let _ = writeln!(
@@ -313,6 +333,7 @@ mod tests {
             acquired_at_ms: 1_000,
             last_heartbeat_ms: 2_000,
             heartbeats: 1,
+            leased: true,
             meta,
         }
     }
@@ -331,6 +352,10 @@ mod tests {
                 seats_total: 2,
                 active: true,
                 expires_at_ms: 0,
+                invalid: Some(InvalidField {
+                    field: Field::SeatsTotal,
+                    value: "5\u{1b}[2J".into(),
+                }),
                 holders: vec![holder("s-1", meta.clone())],
                 queue: vec![Waiter {
                     position: 1,
@@ -352,6 +377,7 @@ mod tests {
         assert!(text.contains(r"\u{1b}[2J\u{1b}[Hroot@evil"), "{text}");
         assert!(text.contains(r"hw\r\nFAKE LINE\u{7}\u{202e}gnp.exe"), "{text}");
         assert!(text.contains(r"bell\u{7}"), "{text}");
+        assert!(text.contains(r#"[INVALID: seats_total="5\u{1b}[2J"]"#), "{text}");
         // JSON keeps the exact values.
         let json: serde_json::Value = serde_json::to_value(&status).unwrap();
         assert_eq!(json["licenses"][0]["holders"][0]["meta"], meta);

@@ -5,9 +5,15 @@
 //! `release` and `heartbeat` use it, and so do the tests and the benchmark;
 //! `seatgate revoke` uses an admin client ([`Client::connect_admin`]), which
 //! sends to the admin stream instead.
+//!
+//! Every acquire carries a lease, a random secret the seat is bound to
+//! (docs/protocol.md, "Leases"): the client makes one per session (or takes
+//! the caller's, [`Call::with_lease`]), remembers it per license and session,
+//! and sends it with that session's heartbeats, releases and re-sent
+//! acquires, so that no other caller can keep alive or free the seat.
 
 use std::collections::hash_map::RandomState;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,7 +22,7 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::db::Db;
-use crate::engine::protocol::Op;
+use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
 
@@ -33,6 +39,9 @@ pub struct Call {
     pub meta: Option<String>,
     /// How long to wait in the queue (acquire), ms.
     pub wait_ms: u64,
+    /// The lease to send; `None` = the one the client holds for this
+    /// session, or (acquire) a new random one.
+    pub lease: Option<Lease>,
 }
 
 impl Call {
@@ -44,6 +53,7 @@ impl Call {
             session: session.into(),
             meta: None,
             wait_ms: 0,
+            lease: None,
         }
     }
 
@@ -58,9 +68,18 @@ impl Call {
         self.wait_ms = wait_ms;
         self
     }
+
+    /// The same request carrying `lease`: an acquire binds the seat to it
+    /// (re-using one, say after a restart), a heartbeat or release proves
+    /// the seat is the caller's. The client remembers it for the session.
+    pub fn with_lease(mut self, lease: Lease) -> Call {
+        self.lease = Some(lease);
+        self
+    }
 }
 
-/// An administrator's revoke (sent on the admin stream).
+/// An administrator's revoke (sent on the admin stream). It carries no
+/// lease: a revoke is the administrator's way around the one a seat is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revoke {
     /// License id.
@@ -80,15 +99,41 @@ pub struct Revoke {
 /// lets the admin user read its replies, whatever `client.name` says.
 pub const ADMIN_CLIENT_NAME: &str = "admin";
 
-/// A reply as received: every field, plus typed accessors for the common ones.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
+/// A reply as received: every field, plus typed accessors for the common
+/// ones, and the lease the client sent the request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyMsg {
     /// The reply entry's fields.
     pub fields: BTreeMap<String, String>,
+    /// The lease this client sent with the request (the reply never carries
+    /// it): what the session's heartbeats and release must send.
+    pub lease: Option<Lease>,
+}
+
+/// The reply's fields, and `lease` when the request carried one: the CLI's
+/// `--json` output, so a script can pick up the lease it must send later.
+impl Serialize for ReplyMsg {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (k, v) in &self.fields {
+            if k != "lease" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        if let Some(lease) = &self.lease {
+            map.serialize_entry("lease", lease.as_str())?;
+        }
+        map.end()
+    }
 }
 
 impl ReplyMsg {
+    /// The lease the request was sent with, if any.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
     /// A field's value, or "" when absent.
     pub fn get(&self, field: &str) -> &str {
         self.fields.get(field).map(String::as_str).unwrap_or("")
@@ -128,6 +173,10 @@ pub struct Client {
     last_seen: String,
     /// Prefix of this client's request ids, unique per client instance.
     id_prefix: String,
+    /// The lease each (license, session) this client acquired is bound to,
+    /// sent again with its heartbeats, releases and re-sent acquires;
+    /// forgotten once the session's seat or place is given back.
+    leases: HashMap<(String, String), Lease>,
 }
 
 /// Longest a client call may wait (a queued acquire waits up to a day).
@@ -206,7 +255,14 @@ impl Client {
             reply_to,
             last_seen: "0".to_owned(),
             id_prefix,
+            leases: HashMap::new(),
         })
+    }
+
+    /// The lease this client holds for `session` of `license`: the one its
+    /// last acquire (or any call given one) carried.
+    pub fn lease(&self, license: &str, session: &str) -> Option<&Lease> {
+        self.leases.get(&(license.to_owned(), session.to_owned()))
     }
 
     /// This client's reply stream key.
@@ -228,7 +284,7 @@ impl Client {
     /// Sends `revoke` (on the admin stream: connect with
     /// [`Client::connect_admin`]) and waits up to `timeout` for its reply.
     pub async fn revoke(&mut self, revoke: &Revoke, timeout: Duration) -> Result<ReplyMsg, Error> {
-        let (id, mut xadd) = self.xadd(&revoke.license, "revoke", &revoke.session);
+        let (id, mut xadd) = self.xadd(&revoke.license, Op::Revoke, &revoke.session);
         xadd.arg("reason")
             .arg(&revoke.reason)
             .arg("actor")
@@ -265,7 +321,8 @@ impl Client {
             })
     }
 
-    /// Sends `call` without waiting; returns its request id.
+    /// Sends `call` without waiting; returns its request id. Wait for the
+    /// reply with [`Client::wait_for`].
     pub async fn send(&mut self, call: &Call) -> Result<String, Error> {
         let (id, xadd) = self.request(call);
         let _: String = xadd.query_async(&mut self.con).await?;
@@ -301,21 +358,52 @@ impl Client {
                     .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
                     .collect();
                 if fields.get("id").map(String::as_str) == Some(id) {
-                    found = Some(ReplyMsg { fields });
+                    found = Some(self.with_lease(fields));
                 }
             }
         }
         found
     }
 
-    /// A new request id and the XADD that sends `call` under it.
-    fn request(&self, call: &Call) -> (String, redis::Cmd) {
-        let (id, mut xadd) = self.xadd(&call.license, call.op.as_str(), &call.session);
+    /// The reply `fields`, with the lease its session's request was sent
+    /// with; a lease whose seat or place is now given back is forgotten.
+    fn with_lease(&mut self, fields: BTreeMap<String, String>) -> ReplyMsg {
+        let key = (
+            fields.get("license").cloned().unwrap_or_default(),
+            fields.get("session").cloned().unwrap_or_default(),
+        );
+        let status = fields.get("status").and_then(|s| s.parse::<Status>().ok());
+        let lease = match status {
+            // Given back, taken away by an administrator, or never held:
+            // nothing left to bind.
+            Some(Status::Released | Status::LeftQueue | Status::SessionNotFound | Status::SessionRevoked) => {
+                self.leases.remove(&key)
+            }
+            _ => self.leases.get(&key).cloned(),
+        };
+        ReplyMsg { fields, lease }
+    }
+
+    /// A new request id and the XADD that sends `call` under it, carrying
+    /// the call's lease, else the one held for the session, else (acquire)
+    /// a new one; the lease sent is remembered for the session.
+    fn request(&mut self, call: &Call) -> (String, redis::Cmd) {
+        let key = (call.license.clone(), call.session.clone());
+        let lease = call
+            .lease
+            .clone()
+            .or_else(|| self.leases.get(&key).cloned())
+            .or_else(|| (call.op == Op::Acquire).then(new_lease).flatten());
+        let (id, mut xadd) = self.xadd(&call.license, call.op, &call.session);
         if let Some(meta) = &call.meta {
             xadd.arg("meta").arg(meta);
         }
         if call.wait_ms > 0 {
             xadd.arg("wait_ms").arg(call.wait_ms);
+        }
+        if let Some(lease) = lease {
+            xadd.arg("lease").arg(lease.as_str());
+            self.leases.insert(key, lease);
         }
         (id, xadd)
     }
@@ -323,7 +411,7 @@ impl Client {
     /// A new request id and the XADD of request `op` for `session` of
     /// `license` under it, to the license's shard, with this client's
     /// `reply_to`; the op's own fields follow.
-    fn xadd(&self, license: &str, op: &str, session: &str) -> (String, redis::Cmd) {
+    fn xadd(&self, license: &str, op: Op, session: &str) -> (String, redis::Cmd) {
         let id = format!(
             "{}-{}",
             self.id_prefix,
@@ -337,7 +425,7 @@ impl Client {
         ))
         .arg("*")
         .arg("op")
-        .arg(op)
+        .arg(op.as_str())
         .arg("id")
         .arg(&id)
         .arg("license")
@@ -373,5 +461,39 @@ impl Client {
             .query_async(&mut self.con)
             .await?;
         Ok(())
+    }
+}
+
+/// A new random lease: a UUID v4 in its 32-hex-digit form, 122 random bits
+/// from the operating system's generator.
+/// (32 hex digits always form a lease; `None` cannot happen.)
+fn new_lease() -> Option<Lease> {
+    Lease::parse(&uuid::Uuid::new_v4().simple().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_leases_are_valid_and_differ() {
+        let a = new_lease().unwrap();
+        let b = new_lease().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 32);
+        assert_eq!(format!("{a:?}"), "Lease(<redacted>)");
+    }
+
+    #[test]
+    fn a_reply_serialises_with_the_lease_it_was_sent_with() {
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let reply = ReplyMsg {
+            fields: BTreeMap::from([("status".to_owned(), "ACQUIRED".to_owned())]),
+            lease: Some(lease),
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"status":"ACQUIRED","lease":"abcdefghijklmnop"}"#
+        );
     }
 }

@@ -14,7 +14,7 @@ pub struct Keys {
 }
 
 /// The keys of one license: `KEYS[1..8]` of every seat script, in that
-/// order, then the two revocation keys, `KEYS[12..13]` of the request
+/// order, then the two revocation keys, `KEYS[13..14]` of the request
 /// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
 /// per request: the scripts module's `Guard`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,7 +189,7 @@ mod tests {
                 ("session".to_owned(), b"s1".to_vec()),
                 ("reply_to".to_owned(), key.into_bytes()),
             ],
-            "seat:reply:",
+            &crate::engine::protocol::Rules::new("seat:reply:"),
         );
         assert_eq!(
             refused.err().map(|i| i.field),

@@ -39,6 +39,73 @@ pub const UNKNOWN_ACTOR: &str = "unknown";
 pub const MAX_FIELDS: usize = 32;
 /// Largest value of any field we do not otherwise limit, in bytes.
 pub const MAX_FIELD_LEN: usize = 8192;
+/// Longest field name, in bytes.
+pub const MAX_FIELD_NAME_LEN: usize = 64;
+/// The default of `limits.max_entry_bytes`: the most bytes of field names
+/// and values one request entry may hold.
+pub const DEFAULT_MAX_ENTRY_BYTES: usize = 16 * 1024;
+/// Shortest `lease`, in characters.
+pub const MIN_LEASE_LEN: usize = 16;
+/// Longest `lease`, in characters.
+pub const MAX_LEASE_LEN: usize = 128;
+
+/// What the service's settings tell the parser: handed to it, so that the
+/// engine reads no settings itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules<'a> {
+    /// The namespace every `reply_to` must lie in (`replies.prefix`).
+    pub reply_prefix: &'a str,
+    /// Every acquire, heartbeat and release must carry a `lease`
+    /// (`sessions.require_lease`).
+    pub require_lease: bool,
+    /// The most bytes of field names and values one entry may hold
+    /// (`limits.max_entry_bytes`).
+    pub max_entry_bytes: usize,
+}
+
+impl<'a> Rules<'a> {
+    /// The default rules under reply namespace `reply_prefix`: leases
+    /// optional, entries up to [`DEFAULT_MAX_ENTRY_BYTES`].
+    pub fn new(reply_prefix: &'a str) -> Rules<'a> {
+        Rules {
+            reply_prefix,
+            require_lease: false,
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+        }
+    }
+}
+
+/// A lease: the caller's secret that a seat (or place in the queue) is bound
+/// to, 16 to 128 characters of `[A-Za-z0-9_-]`. Its `Debug` form hides it, so
+/// that no log line, panic message or `{:?}` of a request shows it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Lease(String);
+
+impl Lease {
+    /// `s` as a lease, when it is one.
+    pub fn parse(s: &str) -> Option<Lease> {
+        valid_lease(s).then(|| Lease(s.to_owned()))
+    }
+
+    /// The lease itself, to send or to hand to a script.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Lease(<redacted>)")
+    }
+}
+
+/// Checks that `s` is 16 to 128 characters of `[A-Za-z0-9_-]`: URL- and
+/// shell-safe, and long enough for a random lease to be unguessable.
+pub fn valid_lease(s: &str) -> bool {
+    (MIN_LEASE_LEN..=MAX_LEASE_LEN).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
 
 /// What a request asks for.
 ///
@@ -124,6 +191,9 @@ pub struct Request {
     pub meta: String,
     /// How long an acquire may wait for a seat, in ms (0 = do not wait).
     pub wait_ms: u64,
+    /// The lease the request carries: an acquire binds the seat (or place in
+    /// the queue) to it, a heartbeat or release must carry the one bound.
+    pub lease: Option<Lease>,
     /// Who revokes, why, and for how long (revoke only; `None` otherwise).
     pub revoke: Option<RevokeFields>,
 }
@@ -181,52 +251,59 @@ const MAX_ECHOED_OP_LEN: usize = 32;
 pub fn parse_request(
     entry_id: &str,
     pairs: &[(String, Vec<u8>)],
-    reply_prefix: &str,
+    rules: &Rules<'_>,
 ) -> Result<Request, Invalid> {
-    parse_entry(Lane::Requests, entry_id, pairs, reply_prefix)
+    parse_entry(Lane::Requests, entry_id, pairs, rules)
 }
 
 /// Parses one stream entry read from `lane`. `entry_id` is the stream entry
-/// id, used as the request id when the caller sent none. `reply_prefix` is
-/// the namespace a `reply_to` must lie in (`replies.prefix`).
+/// id, used as the request id when the caller sent none. `rules` are the
+/// settings the parser obeys (reply namespace, required lease, entry size).
 pub fn parse_entry(
     lane: Lane,
     entry_id: &str,
     pairs: &[(String, Vec<u8>)],
-    reply_prefix: &str,
+    rules: &Rules<'_>,
 ) -> Result<Request, Invalid> {
-    let fields = Fields::collect(pairs);
     let mut echo = Echo {
         id: entry_id.to_owned(),
         ..Echo::default()
     };
-    parse_fields(lane, &fields, reply_prefix, &mut echo).map_err(|refusal| refusal.answer(echo))
+    // Sizes first, read off the lengths alone: nothing of an oversized entry
+    // is decoded, hashed or parsed, only its small addressing fields.
+    if let Err(refusal) = check_sizes(pairs, rules.max_entry_bytes) {
+        salvage_echo(pairs, rules.reply_prefix, &mut echo);
+        return Err(refusal.answer(echo));
+    }
+    let fields = Fields::collect(pairs);
+    parse_fields(lane, &fields, rules, &mut echo).map_err(|refusal| refusal.answer(echo))
 }
 
 /// The checks in their documented order (docs/protocol.md, "Invalid
-/// requests"): the first problem found is the one reported, so the order
-/// decides what a request with several problems is told. Each step that
-/// passes adds to `echo` what a later refusal is answered with.
-fn parse_fields(
-    lane: Lane,
-    fields: &Fields,
-    reply_prefix: &str,
-    echo: &mut Echo,
-) -> Result<Request, Refusal> {
+/// requests"), after the sizes: the first problem found is the one
+/// reported, so the order decides what a request with several problems is
+/// told. Each step that passes adds to `echo` what a later refusal is
+/// answered with.
+fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo) -> Result<Request, Refusal> {
     // Reply address first, so that every later refusal can be answered.
-    let reply_to = parse_reply_to(fields, reply_prefix)?;
+    let reply_to = parse_reply_to(fields, rules.reply_prefix)?;
     echo.reply_to = reply_to.clone();
     if let Some(id) = parse_request_id(fields)? {
         echo.id = id.to_owned();
     }
     check_unique(fields)?;
-    check_limits(fields)?;
     echo_valid_parts(fields, echo);
     let op = parse_op(fields, lane)?;
     let license = parse_id(fields, "license")?;
     let session = parse_id(fields, "session")?;
     let meta = parse_meta(fields, op)?;
     let wait_ms = parse_wait_ms(fields)?;
+    // A revoke is the administrator's way around a lease: it carries none,
+    // whatever `sessions.require_lease` says.
+    let lease = match lane {
+        Lane::Requests => parse_lease(fields, rules.require_lease)?,
+        Lane::Admin => None,
+    };
     let revoke = parse_revoke(fields, op)?;
     Ok(Request {
         id: echo.id.clone(),
@@ -236,8 +313,85 @@ fn parse_fields(
         reply_to,
         meta,
         wait_ms,
+        lease,
         revoke,
     })
+}
+
+/// The entry limits, on lengths alone: the number of fields, the whole
+/// entry's bytes, then each field name's length, `meta`'s size (whatever the
+/// op) and every other value's.
+fn check_sizes(pairs: &[(String, Vec<u8>)], max_entry_bytes: usize) -> Result<(), Refusal> {
+    let count = pairs.len();
+    if count > MAX_FIELDS {
+        return Err(Refusal::new(
+            "fields",
+            format!("request has {count} fields; at most {MAX_FIELDS} are allowed"),
+        ));
+    }
+    let total = pairs.iter().fold(0usize, |sum, (name, value)| {
+        sum.saturating_add(name.len()).saturating_add(value.len())
+    });
+    if total > max_entry_bytes {
+        return Err(Refusal::new(
+            "fields",
+            format!("request entry is {total} bytes; at most {max_entry_bytes} are allowed (limits.max_entry_bytes)"),
+        ));
+    }
+    for (name, value) in pairs {
+        if name.len() > MAX_FIELD_NAME_LEN {
+            return Err(Refusal::new(
+                "fields",
+                format!(
+                    "a field name is {} bytes; at most {MAX_FIELD_NAME_LEN} are allowed",
+                    name.len()
+                ),
+            ));
+        }
+        if name == "meta" {
+            if value.len() > MAX_META_LEN {
+                return Err(Refusal::new(
+                    "meta",
+                    format!(
+                        "field `meta` is {} bytes; at most {MAX_META_LEN} are allowed",
+                        value.len()
+                    ),
+                ));
+            }
+        } else if value.len() > MAX_FIELD_LEN {
+            return Err(Refusal::new(
+                "fields",
+                format!("field `{}` is longer than {MAX_FIELD_LEN} bytes", truncate(name)),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fields a refusal is addressed and labelled with.
+const ECHOED: [&str; 5] = ["reply_to", "id", "op", "license", "session"];
+
+/// What an entry refused for its size can still be answered with: its
+/// `reply_to`, `id`, `op`, `license` and `session`, each read only when
+/// short (at most [`MAX_REPLY_TO_LEN`] bytes), so that the cost stays
+/// independent of the entry's size. A `reply_to` that is unusable leaves the
+/// refusal unanswered (logged, counted and acknowledged, never copied to the
+/// dead-letter stream).
+fn salvage_echo(pairs: &[(String, Vec<u8>)], reply_prefix: &str, echo: &mut Echo) {
+    let mut small = Fields {
+        values: HashMap::with_capacity(ECHOED.len()),
+        duplicate: None,
+    };
+    for (name, value) in pairs {
+        if value.len() <= MAX_REPLY_TO_LEN && ECHOED.contains(&name.as_str()) {
+            small.values.insert(name, value);
+        }
+    }
+    echo.reply_to = parse_reply_to(&small, reply_prefix).ok().flatten();
+    if let Ok(Some(id)) = parse_request_id(&small) {
+        echo.id = id.to_owned();
+    }
+    echo_valid_parts(&small, echo);
 }
 
 /// The fields of one entry by name.
@@ -357,29 +511,6 @@ fn check_unique(fields: &Fields) -> Result<(), Refusal> {
     }
 }
 
-/// The entry limits: the number of fields, then the length of each.
-fn check_limits(fields: &Fields) -> Result<(), Refusal> {
-    let count = fields.values.len();
-    if count > MAX_FIELDS {
-        return Err(Refusal::new(
-            "fields",
-            format!("request has {count} fields; at most {MAX_FIELDS} are allowed"),
-        ));
-    }
-    // `meta` has its own, smaller limit, checked by `parse_meta` with a clearer message.
-    let oversized = fields
-        .values
-        .iter()
-        .find(|(name, value)| **name != "meta" && value.len() > MAX_FIELD_LEN);
-    match oversized {
-        Some((name, _)) => Err(Refusal::new(
-            "fields",
-            format!("field `{}` is longer than {MAX_FIELD_LEN} bytes", truncate(name)),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Copies into `echo` the license, session and op that look valid before
 /// each is checked, so that the caller can match a refusal of the op (or of
 /// the session) to its request. An unknown op is echoed when it is short and
@@ -456,7 +587,7 @@ fn parse_id(fields: &Fields, name: &'static str) -> Result<String, Refusal> {
 
 /// The session metadata of an acquire, re-serialised compactly so that what
 /// is stored is exactly what was validated. The other ops ignore `meta`
-/// without validating it and store `{}`.
+/// without validating it (beyond its size, [`check_sizes`]) and store `{}`.
 fn parse_meta(fields: &Fields, op: Op) -> Result<String, Refusal> {
     let refuse = |reason: String| Refusal::new("meta", reason);
     let raw = match (op, fields.text("meta")) {
@@ -464,12 +595,6 @@ fn parse_meta(fields: &Fields, op: Op) -> Result<String, Refusal> {
         (Op::Acquire, Some(Err(_))) => return Err(refuse("field `meta` is not UTF-8".to_owned())),
         _ => return Ok("{}".to_owned()),
     };
-    if raw.len() > MAX_META_LEN {
-        return Err(refuse(format!(
-            "field `meta` is {} bytes; at most {MAX_META_LEN} are allowed",
-            raw.len()
-        )));
-    }
     let value: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| refuse(format!("field `meta` is not valid JSON: {e}")))?;
     if !value.is_object() {
@@ -550,6 +675,24 @@ fn parse_text<'a>(fields: &Fields<'a>, name: &'static str, max: usize) -> Result
         Some(_) => Err(Refusal::new(
             name,
             format!("field `{name}` must be 1 to {max} bytes of UTF-8 text without control characters"),
+        )),
+    }
+}
+
+/// The request's lease: required when `required` (`sessions.require_lease`),
+/// checked for every op. The messages never repeat the value: a lease is a
+/// secret, and a refusal is logged.
+fn parse_lease(fields: &Fields, required: bool) -> Result<Option<Lease>, Refusal> {
+    match fields.text("lease") {
+        None if required => Err(Refusal::new(
+            "lease",
+            "missing field `lease`: this service requires one on every acquire, heartbeat and release (sessions.require_lease)",
+        )),
+        None => Ok(None),
+        Some(Ok(s)) if valid_lease(s) => Ok(Some(Lease(s.to_owned()))),
+        Some(_) => Err(Refusal::new(
+            "lease",
+            format!("field `lease` must be {MIN_LEASE_LEN} to {MAX_LEASE_LEN} characters of A-Z a-z 0-9 _ -"),
         )),
     }
 }
@@ -651,7 +794,7 @@ mod tests {
     }
 
     fn parse(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
-        parse_request("1-0", &entry(pairs), "seat:reply:")
+        parse_request("1-0", &entry(pairs), &Rules::new("seat:reply:"))
     }
 
     #[test]
@@ -779,6 +922,148 @@ mod tests {
             assert_eq!(bad.echo.id, "r9");
             assert!(!bad.reason.is_empty() && !bad.reason.contains('\n'));
         }
+    }
+
+    fn rules(require_lease: bool, max_entry_bytes: usize) -> Rules<'static> {
+        Rules {
+            reply_prefix: "seat:reply:",
+            require_lease,
+            max_entry_bytes,
+        }
+    }
+
+    #[test]
+    fn oversized_entries_are_refused_on_their_lengths_and_still_answered() {
+        let big = vec![b'x'; 9_000];
+        let long_name = "n".repeat(MAX_FIELD_NAME_LEN + 1);
+        let meta = format!("{{\"x\":\"{}\"}}", "y".repeat(MAX_META_LEN));
+        type Case<'a> = (Vec<(&'a str, &'a [u8])>, usize, &'a str, &'a str);
+        let cases: Vec<Case> = vec![
+            // The whole entry, even when each value is within its own limit.
+            (
+                vec![("a", &big[..4000]), ("b", &big[..4000]), ("c", &big[..4000])],
+                10_000,
+                "fields",
+                "request entry is 1205",
+            ),
+            (
+                vec![(long_name.as_str(), b"1")],
+                DEFAULT_MAX_ENTRY_BYTES,
+                "fields",
+                "a field name is 65 bytes; at most 64",
+            ),
+            (
+                vec![("note", &big)],
+                DEFAULT_MAX_ENTRY_BYTES,
+                "fields",
+                "field `note` is longer than 8192 bytes",
+            ),
+            // `meta` on any op, not only acquire.
+            (
+                vec![("meta", meta.as_bytes())],
+                DEFAULT_MAX_ENTRY_BYTES,
+                "meta",
+                "field `meta` is 4104 bytes; at most 4096",
+            ),
+        ];
+        for op in [&b"release"[..], b"heartbeat", b"acquire"] {
+            for (extra, max, field, reason) in &cases {
+                let mut pairs: Vec<(&str, &[u8])> = vec![
+                    ("op", op),
+                    ("id", b"r9"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("reply_to", b"seat:reply:c1"),
+                ];
+                pairs.extend(extra.iter().copied());
+                let bad = parse_request("1-0", &entry(&pairs), &rules(false, *max)).unwrap_err();
+                assert_eq!(bad.field, *field, "{}", bad.reason);
+                assert!(bad.reason.starts_with(reason), "{}", bad.reason);
+                assert_eq!(bad.echo.reply_to.as_deref(), Some("seat:reply:c1"));
+                assert_eq!((bad.echo.id.as_str(), bad.echo.license.as_str()), ("r9", "a"));
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_entry_reads_no_long_addressing_field() {
+        // A reply_to beyond its own limit is not read at all: unanswered.
+        let long_reply = format!("seat:reply:{}", "r".repeat(300));
+        let pairs = entry(&[
+            ("op", b"release"),
+            ("reply_to", long_reply.as_bytes()),
+            ("x", &[b'x'; 9_000]),
+        ]);
+        let bad = parse_request("1-0", &pairs, &Rules::new("seat:reply:")).unwrap_err();
+        assert_eq!((bad.field, bad.echo.reply_to), ("fields", None));
+        // Far more fields than allowed: refused before any is read.
+        let many: Vec<(String, Vec<u8>)> = (0..10_000).map(|i| (format!("f{i}"), vec![0xff])).collect();
+        let bad = parse_request("1-0", &many, &Rules::new("seat:reply:")).unwrap_err();
+        assert!(
+            bad.reason.starts_with("request has 10000 fields"),
+            "{}",
+            bad.reason
+        );
+    }
+
+    #[test]
+    fn a_lease_is_checked_on_every_op_and_never_repeated() {
+        let secret = "Secret_lease-0123456789";
+        for op in [&b"acquire"[..], b"heartbeat", b"release"] {
+            let ok = parse(&[
+                ("op", op),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("lease", secret.as_bytes()),
+            ])
+            .unwrap();
+            assert_eq!(ok.lease.as_ref().map(Lease::as_str), Some(secret));
+            assert!(!format!("{ok:?}").contains(secret), "Debug hides the lease");
+            for bad in [
+                &b"short"[..],
+                b"has space in it....",
+                b"sixteen+chars!!!!",
+                &[b'a'; 129],
+                b"\xff\xfe0123456789abcdef",
+            ] {
+                let refused =
+                    parse(&[("op", op), ("license", b"a"), ("session", b"s"), ("lease", bad)]).unwrap_err();
+                assert_eq!(refused.field, "lease");
+                assert!(
+                    !refused
+                        .reason
+                        .contains(std::str::from_utf8(bad).unwrap_or("\u{fffd}")),
+                    "{}",
+                    refused.reason
+                );
+            }
+            assert_eq!(
+                parse(&[("op", op), ("license", b"a"), ("session", b"s")])
+                    .unwrap()
+                    .lease,
+                None
+            );
+            let required = parse_request(
+                "1-0",
+                &entry(&[
+                    ("op", op),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("reply_to", b"seat:reply:c"),
+                ]),
+                &rules(true, DEFAULT_MAX_ENTRY_BYTES),
+            )
+            .unwrap_err();
+            assert_eq!(required.field, "lease");
+            assert!(
+                required.reason.contains("sessions.require_lease"),
+                "{}",
+                required.reason
+            );
+            assert_eq!(required.echo.reply_to.as_deref(), Some("seat:reply:c"));
+        }
+        assert!(valid_lease(&"a".repeat(MIN_LEASE_LEN)) && valid_lease(&"Z".repeat(MAX_LEASE_LEN)));
+        assert!(!valid_lease(&"a".repeat(MIN_LEASE_LEN - 1)));
     }
 
     #[test]
@@ -923,7 +1208,7 @@ mod tests {
     }
 
     fn admin(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
-        parse_entry(Lane::Admin, "1-0", &entry(pairs), "seat:reply:")
+        parse_entry(Lane::Admin, "1-0", &entry(pairs), &Rules::new("seat:reply:"))
     }
 
     #[test]
@@ -1049,13 +1334,14 @@ mod tests {
         #[test]
         fn the_parser_never_panics_and_accepts_only_valid_requests(fields in hostile::entry()) {
             for lane in [Lane::Requests, Lane::Admin] {
-                match parse_entry(lane, "1-0", &fields, "seat:reply:") {
+                match parse_entry(lane, "1-0", &fields, &Rules::new("seat:reply:")) {
                     Ok(req) => {
                         prop_assert_eq!(req.op.lane(), lane);
                         prop_assert!(valid_id(&req.license));
                         prop_assert!(valid_id(&req.session));
                         prop_assert!(req.meta.len() <= MAX_META_LEN);
                         prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                        prop_assert!(req.lease.as_ref().is_none_or(|l| valid_lease(l.as_str())));
                         prop_assert_eq!(req.revoke.is_some(), req.op == Op::Revoke);
                         if let Some(r) = &req.revoke {
                             prop_assert!(r.reason.len() <= MAX_REASON_LEN && !r.reason.contains('\n'));

@@ -12,20 +12,30 @@ use crate::error::Error;
 
 /// A seat holder's record, the value of its session in `seat:{L}:sessions`,
 /// written by lua/includes/session_record.lua:
-/// `"<acquired_at_ms>:<heartbeats>:<meta>"`.
+/// `"<acquired_at_ms>:<heartbeats>:<meta>"`, or
+/// `"<acquired_at_ms>:<heartbeats>:<lease_hash>:<meta>"` when the seat is
+/// bound to a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
     /// When the seat was taken or granted (Redis clock, ms).
     pub acquired_at_ms: i64,
     /// Heartbeats counted since.
     pub heartbeats: i64,
+    /// The hash of the lease the seat is bound to (16 hex digits, never the
+    /// lease itself: lua/includes/lease.lua); `None` when bound to none.
+    pub lease_hash: Option<String>,
     /// The caller's metadata JSON object, as it sent it.
     pub meta: String,
 }
 
+/// Digits of a lease hash (lua/includes/lease.lua).
+const LEASE_HASH_LEN: usize = 16;
+
 impl SessionRecord {
     /// Reads a record; `None` when it is not of the scripts' form (the same
-    /// rule as the Lua parser: two runs of digits, then anything).
+    /// rule as the Lua parser: two runs of digits, then perhaps 16 hex
+    /// digits and a colon, then anything). Metadata always starts with `{`,
+    /// so it is never taken for a lease hash.
     pub fn parse(raw: &str) -> Option<SessionRecord> {
         let mut parts = raw.splitn(3, ':');
         let mut number = || {
@@ -36,18 +46,27 @@ impl SessionRecord {
         };
         let acquired_at_ms = number()?;
         let heartbeats = number()?;
-        let meta = parts.next()?.to_owned();
+        let rest = parts.next()?;
+        let (lease_hash, meta) = match rest.split_once(':') {
+            Some((hash, meta))
+                if hash.len() == LEASE_HASH_LEN && hash.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                (Some(hash.to_owned()), meta)
+            }
+            _ => (None, rest),
+        };
         Some(SessionRecord {
             acquired_at_ms,
             heartbeats,
-            meta,
+            lease_hash,
+            meta: meta.to_owned(),
         })
     }
 }
 
 /// A waiting session's record, the value of its session in
 /// `seat:{L}:waiters`, written by lua/includes/queue.lua as JSON
-/// `{"id", "reply_to", "meta", "queued_at"}`.
+/// `{"id", "reply_to", "meta", "queued_at", "lease_hash"?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct WaiterRecord {
     /// The request id its later GRANTED / QUEUE_TIMEOUT carries.
@@ -58,6 +77,10 @@ pub struct WaiterRecord {
     pub meta: String,
     /// When it joined the queue (Redis clock, ms).
     pub queued_at: i64,
+    /// The hash of the lease its place (and the seat granted from it) is
+    /// bound to; `None` when bound to none.
+    #[serde(default)]
+    pub lease_hash: Option<String>,
 }
 
 impl WaiterRecord {
@@ -119,6 +142,15 @@ mod tests {
             (r.acquired_at_ms, r.heartbeats, r.meta.as_str()),
             (1796011191648, 3, r#"{"url":"http://x:1"}"#)
         );
+        assert_eq!(r.lease_hash, None);
+        let leased = SessionRecord::parse(r#"1796011191648:0:0123456789abcdef:{"a":"b:c"}"#).unwrap();
+        assert_eq!(
+            (leased.lease_hash.as_deref(), leased.meta.as_str()),
+            (Some("0123456789abcdef"), r#"{"a":"b:c"}"#)
+        );
+        // Not 16 hex digits: part of the (foreign) metadata, not a lease.
+        let odd = SessionRecord::parse("1:0:0123456789abcdeg:x").unwrap();
+        assert_eq!((odd.lease_hash, odd.meta.as_str()), (None, "0123456789abcdeg:x"));
         for foreign in ["", "12", "12:3", "x:3:{}", "12:-3:{}", ":3:{}"] {
             assert_eq!(SessionRecord::parse(foreign), None, "{foreign:?}");
         }

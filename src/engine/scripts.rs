@@ -86,17 +86,24 @@ impl Scripts {
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
-/// Redelivery dedupe and rate limiting for one request: `KEYS[9..11]` and
-/// `ARGV[1..6]` of the request scripts (lua/includes/prologue.lua; revoke
+/// Redelivery dedupe and rate limiting for one request: `KEYS[9..12]` and
+/// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua; revoke
 /// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
     pub entry_id: String,
-    /// `KEYS[9]`: the dedupe bucket of the entry.
+    /// `KEYS[9]`: the dedupe bucket the entry's reply is stored in.
     pub done_key: String,
-    /// When that bucket may expire, unix ms.
+    /// `KEYS[12]`: the bucket before it, where an earlier delivery may have
+    /// stored the reply when the entry's placement moves with the clock
+    /// ([`Guard::for_entry_at`]); `done_key` again when it cannot have.
+    pub done_before_key: String,
+    /// When the bucket may expire, unix ms (the script caps it at its own
+    /// clock plus two windows).
     pub done_until_ms: u64,
+    /// The dedupe window, ms: the cap above.
+    pub dedupe_window_ms: u64,
     /// `KEYS[10]`: the session's rate window.
     pub session_rate_key: String,
     /// `KEYS[11]`: the license's rate window.
@@ -125,11 +132,38 @@ pub struct GuardPolicy {
     pub rate_window_ms: u64,
 }
 
+/// Where the reply of an entry added at `added_ms` is stored, `window` ms
+/// buckets, when the Redis clock reads `now_ms` (if known): the bucket to
+/// write and look in, and the one before it to look in too (the same bucket
+/// when no earlier delivery can have written elsewhere).
+///
+/// The entry's time is capped at one window ahead of the clock: an entry
+/// whose id lies further ahead (a caller chose it, or the stream's last id is
+/// stuck in the future so that every later `XADD *` reuses its millisecond)
+/// is placed in the bucket one window ahead of the clock instead, so no
+/// bucket keeps growing while the ids stay stuck. The capped time only grows
+/// with the clock, and by at most a window within one, so a delivery within a
+/// window of an earlier one finds its reply in its own bucket or the one
+/// before. An entry that is not ahead of the clock is placed by its own time,
+/// the same for every delivery, and looks in one bucket only.
+fn placement(added_ms: u64, window: u64, now_ms: Option<u64>) -> (u64, u64) {
+    let window = window.max(1);
+    match now_ms {
+        Some(now) if added_ms > now => {
+            let capped = added_ms.min(now.saturating_add(window));
+            let bucket = capped / window;
+            (bucket, bucket.saturating_sub(1))
+        }
+        _ => (added_ms / window, added_ms / window),
+    }
+}
+
 impl Guard {
-    /// The guard of stream entry `entry_id` under `policy`. The dedupe
-    /// bucket comes from the entry id's time (the Redis clock at XADD), so
-    /// every delivery of the entry looks in the same key; it lives until two
-    /// windows after the bucket starts, so the guaranteed window is one.
+    /// The guard of stream entry `entry_id` under `policy`, the Redis clock
+    /// unknown: the dedupe bucket comes from the entry id's time (the Redis
+    /// clock at XADD), so every delivery of the entry looks in the same key;
+    /// it lives until two windows after the bucket starts, so the guaranteed
+    /// window is one. See [`Guard::for_entry_at`] for ids ahead of the clock.
     pub fn for_entry(
         policy: &GuardPolicy,
         keys: &crate::engine::keys::Keys,
@@ -137,17 +171,34 @@ impl Guard {
         license: &str,
         session: &str,
     ) -> Guard {
-        let window = policy.dedupe_window_ms;
+        Guard::for_entry_at(policy, keys, entry_id, license, session, None)
+    }
+
+    /// [`Guard::for_entry`] with the Redis clock known to read about
+    /// `redis_now_ms`: an entry id far ahead of it (chosen by a caller) is
+    /// placed by the clock instead ([`placement`]), so nothing derived from
+    /// the id lives far beyond the dedupe window.
+    pub fn for_entry_at(
+        policy: &GuardPolicy,
+        keys: &crate::engine::keys::Keys,
+        entry_id: &str,
+        license: &str,
+        session: &str,
+        redis_now_ms: Option<u64>,
+    ) -> Guard {
+        let window = policy.dedupe_window_ms.max(1);
         let added_ms: u64 = entry_id
             .split('-')
             .next()
             .and_then(|ms| ms.parse().ok())
             .unwrap_or(0);
-        let bucket = added_ms / window;
+        let (bucket, before) = placement(added_ms, window, redis_now_ms);
         Guard {
             entry_id: entry_id.to_owned(),
             done_key: keys.dedupe(license, bucket),
+            done_before_key: keys.dedupe(license, before),
             done_until_ms: bucket.saturating_add(2).saturating_mul(window),
+            dedupe_window_ms: window,
             session_rate_key: keys.session_rate(license, session),
             license_rate_key: keys.license_rate(license),
             session_limit: policy.session_limit,
@@ -159,10 +210,13 @@ impl Guard {
 
     /// No dedupe and no limits: the seed's direct script path.
     pub fn none(keys: &crate::engine::keys::Keys, license: &str, session: &str) -> Guard {
+        let done_key = keys.dedupe(license, 0);
         Guard {
             entry_id: String::new(),
-            done_key: keys.dedupe(license, 0),
+            done_before_key: done_key.clone(),
+            done_key,
             done_until_ms: 0,
+            dedupe_window_ms: 1,
             session_rate_key: keys.session_rate(license, session),
             license_rate_key: keys.license_rate(license),
             session_limit: 0,
@@ -173,11 +227,14 @@ impl Guard {
     }
 }
 
-/// `ARGV[7..12]` of lua/acquire.lua.
+/// `ARGV[8..14]` of lua/acquire.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The session asking for a seat (validated by the caller).
     pub session: &'a str,
+    /// The lease the seat (or place in the queue) is bound to, validated by
+    /// the caller; the script stores only its hash. `None` binds it to none.
+    pub lease: Option<&'a str>,
     /// Its metadata, a JSON object (validated by the caller), stored with the seat.
     pub meta: &'a str,
     /// 0 = answer at once; more = wait in the queue up to this long, ms.
@@ -190,14 +247,17 @@ pub struct AcquireArgs<'a> {
     pub default_queue_max: u64,
 }
 
-/// `ARGV[7]` of lua/release.lua and lua/heartbeat.lua.
+/// `ARGV[8..9]` of lua/release.lua and lua/heartbeat.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
     /// The session releasing or heartbeating.
     pub session: &'a str,
+    /// The lease the request carries: it must be the one the seat (or place)
+    /// is bound to, if it is bound to one.
+    pub lease: Option<&'a str>,
 }
 
-/// `ARGV[7..12]` of lua/revoke.lua: an administrator's revoke.
+/// `ARGV[8]` and `ARGV[10..14]` of lua/revoke.lua: an administrator's revoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -282,21 +342,32 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..13]`
-/// and `ARGV[1..6]` (lua/includes/prologue.lua).
-fn request_call<'a>(script: &'a Script, keys: &LicenseKeys, guard: &Guard) -> ScriptInvocation<'a> {
+/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..14]`,
+/// `ARGV[1..7]` (lua/includes/prologue.lua) and the session and its lease,
+/// `ARGV[8..9]`.
+fn request_call<'a>(
+    script: &'a Script,
+    keys: &LicenseKeys,
+    guard: &Guard,
+    session: &str,
+    lease: Option<&str>,
+) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
     call.key(&guard.done_key) // KEYS[9]
         .key(&guard.session_rate_key) // KEYS[10]
         .key(&guard.license_rate_key) // KEYS[11]
-        .key(&keys.revoked) // KEYS[12]
-        .key(&keys.revocations) // KEYS[13]
+        .key(&guard.done_before_key) // KEYS[12]
+        .key(&keys.revoked) // KEYS[13]
+        .key(&keys.revocations) // KEYS[14]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
         .arg(guard.license_limit) // ARGV[4]
         .arg(guard.window_ms) // ARGV[5]
-        .arg(if guard.redelivery { "1" } else { "0" }); // ARGV[6]
+        .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
+        .arg(guard.dedupe_window_ms) // ARGV[7]
+        .arg(session) // ARGV[8]
+        .arg(lease.unwrap_or("")); // ARGV[9]
     call
 }
 
@@ -336,13 +407,12 @@ impl Scripts {
     /// lua/acquire.lua: take a seat for `args.session`, or queue it for up
     /// to `args.wait_ms` when none is free.
     pub fn acquire(&self, keys: &LicenseKeys, guard: &Guard, args: &AcquireArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.acquire, keys, guard);
-        call.arg(args.session) // ARGV[7]
-            .arg(args.meta) // ARGV[8]
-            .arg(args.wait_ms) // ARGV[9]
-            .arg(args.request_id) // ARGV[10]
-            .arg(args.reply_to) // ARGV[11]
-            .arg(args.default_queue_max); // ARGV[12]
+        let mut call = request_call(&self.acquire, keys, guard, args.session, args.lease);
+        call.arg(args.meta) // ARGV[10]
+            .arg(args.wait_ms) // ARGV[11]
+            .arg(args.request_id) // ARGV[12]
+            .arg(args.reply_to) // ARGV[13]
+            .arg(args.default_queue_max); // ARGV[14]
         ScriptCall {
             name: "acquire",
             invocation: call,
@@ -353,8 +423,7 @@ impl Scripts {
     /// lua/release.lua: free the session's seat (granting it to the next
     /// waiter), or take the session out of the queue.
     pub fn release(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.release, keys, guard);
-        call.arg(args.session); // ARGV[7]
+        let call = request_call(&self.release, keys, guard, args.session, args.lease);
         ScriptCall {
             name: "release",
             invocation: call,
@@ -364,8 +433,7 @@ impl Scripts {
 
     /// lua/heartbeat.lua: restart the session's heartbeat clock.
     pub fn heartbeat(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.heartbeat, keys, guard);
-        call.arg(args.session); // ARGV[7]
+        let call = request_call(&self.heartbeat, keys, guard, args.session, args.lease);
         ScriptCall {
             name: "heartbeat",
             invocation: call,
@@ -376,13 +444,13 @@ impl Scripts {
     /// lua/revoke.lua: take the session's seat away (granting it to the next
     /// waiter) or its place in the queue, and remember why.
     pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.revoke, keys, guard);
-        call.arg(args.session) // ARGV[7]
-            .arg(args.reason) // ARGV[8]
-            .arg(args.actor) // ARGV[9]
-            .arg(args.cooldown_ms) // ARGV[10]
-            .arg(args.remember_ms) // ARGV[11]
-            .arg(args.max_remembered); // ARGV[12]
+        // No lease (ARGV[9] empty): a revoke goes around the one the seat is bound to.
+        let mut call = request_call(&self.revoke, keys, guard, args.session, None);
+        call.arg(args.reason) // ARGV[10]
+            .arg(args.actor) // ARGV[11]
+            .arg(args.cooldown_ms) // ARGV[12]
+            .arg(args.remember_ms) // ARGV[13]
+            .arg(args.max_remembered); // ARGV[14]
         ScriptCall {
             name: "revoke",
             invocation: call,
@@ -520,6 +588,12 @@ mod tests {
             let text = source(name).unwrap();
             assert!(text.contains("local function prologue"), "{name}");
             assert!(text.contains("local function forget_revocation"), "{name}");
+            // A revoke is the administrator's way around a lease: it checks none.
+            assert_eq!(
+                text.contains("local function lease_refusal"),
+                name != "revoke",
+                "{name}"
+            );
             assert_eq!(
                 text.matches("local function now_ms").count(),
                 1,
@@ -532,6 +606,49 @@ mod tests {
                 "{name} is not a seat script"
             );
         }
+    }
+
+    #[test]
+    fn entries_ahead_of_the_clock_are_placed_by_the_clock() {
+        const W: u64 = 60_000;
+        // Not ahead, or the clock unknown: by the id, one bucket.
+        assert_eq!(placement(5 * W + 7, W, Some(9 * W)), (5, 5));
+        assert_eq!(placement(5 * W + 7, W, None), (5, 5));
+        assert_eq!(placement(u64::MAX, W, None), (u64::MAX / W, u64::MAX / W));
+        // A little ahead: still by the id, and the bucket before may hold a
+        // delivery made while it was further ahead.
+        assert_eq!(placement(5 * W + 7, W, Some(5 * W)), (5, 4));
+        // Far ahead: one window ahead of the clock, whatever the id says.
+        let now = 1_796_013_949_007;
+        let (bucket, before) = placement(9_999_999_999_999, W, Some(now));
+        assert_eq!((bucket, before), ((now + W) / W, (now + W) / W - 1));
+        assert_eq!(placement(u64::MAX, W, Some(u64::MAX - 1)).0, u64::MAX / W);
+        // A delivery within a window of another finds its bucket.
+        for delay in [0, 1, W / 2, W - 1, W] {
+            let first = placement(9_999_999_999_999, W, Some(now)).0;
+            let (b, before) = placement(9_999_999_999_999, W, Some(now + delay));
+            assert!(first == b || first == before, "{delay}");
+        }
+    }
+
+    #[test]
+    fn a_guard_never_keeps_a_bucket_past_two_windows_of_the_clock() {
+        let policy = GuardPolicy {
+            dedupe_window_ms: 60_000,
+            session_limit: 0,
+            license_limit: 0,
+            rate_window_ms: 1,
+        };
+        let keys = crate::engine::keys::Keys::new("seat");
+        let now = 1_796_013_949_007;
+        let g = Guard::for_entry_at(&policy, &keys, "9999999999999-0", "l", "s", Some(now));
+        assert!(g.done_until_ms <= now + 3 * 60_000, "{}", g.done_until_ms);
+        assert_ne!(g.done_key, g.done_before_key);
+        let normal = Guard::for_entry_at(&policy, &keys, &format!("{}-0", now - 5), "l", "s", Some(now));
+        assert_eq!(normal.done_key, normal.done_before_key);
+        // An id no u64 holds counts as 0, as before.
+        let odd = Guard::for_entry(&policy, &keys, "99999999999999999999999-0", "l", "s");
+        assert_eq!(odd.done_key, keys.dedupe("l", 0));
     }
 
     #[test]

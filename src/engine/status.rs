@@ -41,6 +41,14 @@ pub enum Status {
     LicenseInactive,
     /// The license record's `expires_at_ms` has passed.
     LicenseExpired,
+    /// The license record breaks the provisioning rules (a field that is not
+    /// a whole number in range, an `active` other than 0 or 1): no seat is
+    /// handed out from it until it is fixed; the `error` field names the
+    /// field and its value.
+    LicenseInvalid,
+    /// The session's seat (or its place in the queue) is bound to a lease
+    /// and the request carried another one, or none: nothing changed.
+    LeaseMismatch,
     /// No seat was free; the session waits in the license's queue (`position`).
     Queued,
     /// A queued session now holds a seat (sent later, with the original request id).
@@ -94,6 +102,8 @@ impl Status {
             | Status::LicenseNotFound
             | Status::LicenseInactive
             | Status::LicenseExpired
+            | Status::LicenseInvalid
+            | Status::LeaseMismatch
             | Status::Queued
             | Status::QueueTimeout
             | Status::RateLimited
@@ -117,8 +127,12 @@ impl Status {
             | Status::LicenseNotFound
             | Status::LicenseInactive
             | Status::LicenseExpired
+            | Status::LicenseInvalid
             | Status::RateLimited => true,
-            Status::Acquired
+            // A lease mismatch refuses the request, not a seat: the seat
+            // asked about is held (or awaited) under another lease.
+            Status::LeaseMismatch
+            | Status::Acquired
             | Status::AlreadyActive
             | Status::Released
             | Status::SessionNotFound
@@ -150,6 +164,9 @@ impl Status {
             Status::LicenseNotFound => Some("no such license"),
             Status::LicenseInactive => Some("the license is deactivated"),
             Status::LicenseExpired => Some("the license has expired"),
+            Status::LeaseMismatch => Some(
+                "the session's seat or place in the queue is bound to another lease; send the lease it was acquired with",
+            ),
             Status::RateLimited => {
                 Some("too many requests from this session or license; slow down and retry")
             }
@@ -166,8 +183,9 @@ impl Status {
             | Status::Queued
             | Status::Revoked => None,
             // Their reason is written where they are produced: the wait's
-            // length, the parser's complaint, the dead letter's cause.
-            Status::QueueTimeout | Status::InvalidRequest | Status::Error => None,
+            // length, the parser's complaint, the dead letter's cause, the
+            // license field that breaks the rules.
+            Status::QueueTimeout | Status::InvalidRequest | Status::Error | Status::LicenseInvalid => None,
         }
     }
 }
@@ -208,6 +226,8 @@ mod tests {
             Status::LicenseNotFound => ("LICENSE_NOT_FOUND", false),
             Status::LicenseInactive => ("LICENSE_INACTIVE", false),
             Status::LicenseExpired => ("LICENSE_EXPIRED", false),
+            Status::LicenseInvalid => ("LICENSE_INVALID", false),
+            Status::LeaseMismatch => ("LEASE_MISMATCH", false),
             Status::Queued => ("QUEUED", false),
             Status::Granted => ("GRANTED", true),
             Status::QueueTimeout => ("QUEUE_TIMEOUT", false),
@@ -283,6 +303,7 @@ mod tests {
                 "LICENSE_NOT_FOUND",
                 "LICENSE_INACTIVE",
                 "LICENSE_EXPIRED",
+                "LICENSE_INVALID",
                 "QUEUE_TIMEOUT",
                 "RATE_LIMITED"
             ]

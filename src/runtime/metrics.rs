@@ -118,6 +118,8 @@ const OP_STATUSES: [(&str, &[Status]); 5] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LicenseInvalid,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::SessionRevoked,
             Status::Error,
@@ -130,6 +132,7 @@ const OP_STATUSES: [(&str, &[Status]); 5] = [
             Status::SessionNotFound,
             Status::LeftQueue,
             Status::LicenseNotFound,
+            Status::LeaseMismatch,
             Status::SessionRevoked,
             Status::Error,
         ],
@@ -142,6 +145,7 @@ const OP_STATUSES: [(&str, &[Status]); 5] = [
             Status::LicenseNotFound,
             Status::LicenseInactive,
             Status::LicenseExpired,
+            Status::LeaseMismatch,
             Status::RateLimited,
             Status::SessionRevoked,
             Status::Error,
@@ -158,7 +162,7 @@ const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"]
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 11] = [
+const INVALID_FIELDS: [&str; 12] = [
     "reply_to",
     "id",
     "fields",
@@ -167,6 +171,7 @@ const INVALID_FIELDS: [&str; 11] = [
     "session",
     "meta",
     "wait_ms",
+    "lease",
     "reason",
     "actor",
     "cooldown_ms",

@@ -259,8 +259,20 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         .await;
     assert!(stdout(&report).contains("cad,peak_seats,,1"), "{report:?}");
 
+    let lease = crate::support::printed_lease(&stdout(&bob));
     let hb = redis
-        .seatgate(CLIENT, &["heartbeat", "--license", "cad", "--session", "bob"])
+        .seatgate(
+            CLIENT,
+            &[
+                "heartbeat",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--lease",
+                &lease,
+            ],
+        )
         .await;
     assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
     let revoke = redis
@@ -282,7 +294,18 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     assert_eq!(revoke.status.code(), Some(0), "{revoke:?}");
     assert!(stdout(&revoke).starts_with("REVOKED"), "{revoke:?}");
     let rel = redis
-        .seatgate(CLIENT, &["release", "--license", "cad", "--session", "bob"])
+        .seatgate(
+            CLIENT,
+            &[
+                "release",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--lease",
+                &lease,
+            ],
+        )
         .await;
     assert!(
         stdout(&rel).starts_with("SESSION_REVOKED") && stdout(&rel).contains("(revoked by ada: audit)"),

@@ -5,8 +5,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::support::{
-    free_port, http_get, metric, output, seatgate_cmd, RedisServer, RedisServerExt, Spawned, WorkerProcess,
-    BIN,
+    free_port, http_get, metric, output, printed_lease, seatgate_cmd, RedisServer, RedisServerExt, Spawned,
+    WorkerProcess, BIN,
 };
 
 /// `seatgate <args>` against `redis`, to its end.
@@ -25,6 +25,7 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
     assert!(put.status.success(), "{put:?}");
     let mut worker = WorkerProcess::start(&redis.url(), &[]).await;
 
+    let mut leases = Vec::new();
     for i in 0..5 {
         let session = format!("s{i}");
         let o = seatgate(
@@ -43,6 +44,7 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
         if i < 3 {
             assert_eq!(o.status.code(), Some(0), "{o:?}");
             assert!(stdout(&o).starts_with("ACQUIRED"), "{}", stdout(&o));
+            leases.push(printed_lease(&stdout(&o)));
         } else {
             assert_eq!(o.status.code(), Some(1), "refused acquire exits 1: {o:?}");
             assert!(stdout(&o).starts_with("NO_SEATS_AVAILABLE"), "{}", stdout(&o));
@@ -51,13 +53,34 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
     for _ in 0..2 {
         let o = seatgate(
             &redis,
-            &["heartbeat", "--license", "cad", "--session", "s0", "--json"],
+            &[
+                "heartbeat",
+                "--license",
+                "cad",
+                "--session",
+                "s0",
+                "--lease",
+                &leases[0],
+                "--json",
+            ],
         )
         .await;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
         assert_eq!(v["status"], "HEARTBEAT_UPDATED");
     }
-    let o = seatgate(&redis, &["release", "--license", "cad", "--session", "s1"]).await;
+    let o = seatgate(
+        &redis,
+        &[
+            "release",
+            "--license",
+            "cad",
+            "--session",
+            "s1",
+            "--lease",
+            &leases[1],
+        ],
+    )
+    .await;
     assert_eq!(o.status.code(), Some(0));
 
     let (code, text) = http_get(&worker.metrics, "/metrics")

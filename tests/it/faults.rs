@@ -364,6 +364,10 @@ async fn burst_with_fault(s: &Settings, n: usize, fault: impl Future<Output = ()
                 .arg(&reply_streams[i % 4])
                 .arg("wait_ms")
                 .arg(wait);
+            // The holders' seats are bound to the leases their acquires carried.
+            if let Some(lease) = c.lease(license, &session) {
+                xadd.arg("lease").arg(lease.as_str());
+            }
             pipe.add_command(xadd).ignore();
             ledger
                 .sent

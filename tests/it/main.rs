@@ -7,6 +7,7 @@ mod cluster;
 mod faults;
 mod hardening;
 mod invalid;
+mod lease;
 mod metrics;
 mod page;
 mod prometheus;

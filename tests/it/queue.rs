@@ -156,10 +156,12 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     let worker = spawn_worker(settings.clone(), "w1").await;
 
     let mut waiting = Vec::new();
+    let mut holding = Vec::new();
     for (i, s) in ["u1", "u2", "u3", "u4", "u5"].into_iter().enumerate() {
         let (first, id, c) = queue_up(&settings, "lic", s, 30_000).await;
         if i < 2 {
             assert_eq!(first.status(), Status::Acquired, "{s}");
+            holding.push(c);
         } else {
             assert_eq!(first.status(), Status::Queued, "{s}");
             assert_eq!(first.int("position"), i as i64 - 1, "{s}");
@@ -177,7 +179,16 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     let r = other.call(&acquire("lic", "u6", 30_000), T).await.unwrap();
     assert_eq!((r.status(), r.int("position")), (Status::Queued, 4));
 
-    let r = other.call(&Call::new(Op::Release, "lic", "u1"), T).await.unwrap();
+    // Any client may release a seat with its lease (here: that of u1's acquire).
+    let lease =
+        |c: &seatgate::client::Client, session: &str| c.lease("lic", session).cloned().expect("a lease");
+    let r = other
+        .call(
+            &Call::new(Op::Release, "lic", "u1").with_lease(lease(&holding[0], "u1")),
+            T,
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status(), Status::Released);
     let (_, id3, c3) = &mut waiting[0];
     let granted = c3.wait_for(id3, T).await.unwrap();
@@ -190,8 +201,21 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     assert_eq!(holders(&settings, "lic").await, ["u2", "u3"]);
 
     // Two freed seats grant the next two, in order.
-    other.call(&Call::new(Op::Release, "lic", "u2"), T).await.unwrap();
-    other.call(&Call::new(Op::Release, "lic", "u3"), T).await.unwrap();
+    other
+        .call(
+            &Call::new(Op::Release, "lic", "u2").with_lease(lease(&holding[1], "u2")),
+            T,
+        )
+        .await
+        .unwrap();
+    let (_, _, c3) = &waiting[0];
+    other
+        .call(
+            &Call::new(Op::Release, "lic", "u3").with_lease(lease(c3, "u3")),
+            T,
+        )
+        .await
+        .unwrap();
     for (session, id, c) in waiting.iter_mut().skip(1) {
         let g = c.wait_for(id, T).await.unwrap();
         assert_eq!((g.status(), g.get("session")), (Status::Granted, *session));
@@ -226,11 +250,12 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
     c.call(&acquire("lic", "holder", 0), T).await.unwrap();
 
     // Idempotent re-queue: same place, one queued event.
-    let (first, _, _) = queue_up(&settings, "lic", "patient", 30_000).await;
+    let (first, _, mut patient) = queue_up(&settings, "lic", "patient", 30_000).await;
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
     let (short, short_id, mut short_client) = queue_up(&settings, "lic", "hasty", 300).await;
     assert_eq!((short.status(), short.int("position")), (Status::Queued, 2));
-    let again = c.call(&acquire("lic", "patient", 30_000), T).await.unwrap();
+    // (Re-sent by its own client: the place is bound to that client's lease.)
+    let again = patient.call(&acquire("lic", "patient", 30_000), T).await.unwrap();
     assert_eq!((again.status(), again.int("position")), (Status::Queued, 1));
 
     // Queue full (queue_max = 2).
@@ -251,7 +276,7 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
     assert!(timeout.int("waited_ms") >= 300);
 
     // Leaving the queue.
-    let left = c
+    let left = patient
         .call(&Call::new(Op::Release, "lic", "patient"), T)
         .await
         .unwrap();

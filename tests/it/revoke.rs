@@ -609,3 +609,54 @@ async fn the_cli_revokes_through_a_running_worker() {
     let no_reason = run(&["revoke", "--license", "lic", "--session", "alice"]).await;
     assert_eq!(no_reason.status.code(), Some(2), "a revoke must say why");
 }
+
+/// A seat bound to a lease is revoked without it: the revoke is the
+/// administrator's way around leases, even where every request must carry
+/// one. The holder, lease and all, then hears why; a waiter bound to a lease
+/// loses its place the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_bound_session_is_revoked_without_its_lease() {
+    let redis = RedisServer::start_with(&[]).await;
+    let mut s = redis.settings();
+    s.sessions.require_lease = true;
+    let (worker, mut holder, mut admin) = serve(&s, 1).await;
+    let acquired = call(&mut holder, Op::Acquire, "alice").await;
+    assert_eq!(acquired.status(), Status::Acquired);
+    assert!(acquired.lease().is_some(), "the client bound the seat to a lease");
+    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    assert_eq!(queued.status(), Status::Queued);
+    let bob_lease = queued.lease().cloned().expect("bob's place is bound too");
+
+    // Anybody else is refused: no lease, or another one.
+    let mut other = client(&s).await;
+    let stranger = Call::new(Op::Release, "lic", "alice")
+        .with_lease(seatgate::engine::protocol::Lease::parse("not-the-holders-lease").unwrap());
+    let refused = other.call(&stranger, T).await.unwrap();
+    assert_eq!(refused.status(), Status::LeaseMismatch);
+    assert_eq!(holders(&s, "lic").await, ["alice"]);
+
+    let reply = admin
+        .revoke(&revoke("alice", "laptop stolen", 0), T)
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), Status::Revoked, "{reply:?}");
+    assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Granted);
+    assert_eq!(holders(&s, "lic").await, ["bob"]);
+    let heard = call(&mut holder, Op::Heartbeat, "alice").await;
+    assert_eq!(
+        (heard.status(), heard.get("error")),
+        (Status::SessionRevoked, "revoked by ada: laptop stolen"),
+        "the holder's own lease does not bring the seat back"
+    );
+
+    // Bob's seat is bound to the lease his place was: revoked all the same.
+    let reply = admin.revoke(&revoke("bob", "audit", 0), T).await.unwrap();
+    assert_eq!(reply.status(), Status::Revoked);
+    assert!(holders(&s, "lic").await.is_empty());
+    let heard = bob
+        .call(&Call::new(Op::Heartbeat, "lic", "bob").with_lease(bob_lease), T)
+        .await
+        .unwrap();
+    assert_eq!(heard.status(), Status::SessionRevoked);
+    worker.stop().await;
+}

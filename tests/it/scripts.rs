@@ -527,6 +527,7 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     let record = SessionRecord {
         acquired_at_ms: took.now_ms,
         heartbeats: 0,
+        lease_hash: None,
         meta: meta_of("a"),
     };
     assert_eq!(SessionRecord::parse(&raw), Some(record.clone()), "{raw}");
@@ -548,6 +549,7 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         reply_to: reply_stream(&settings, "b"),
         meta: meta_of("b"),
         queued_at: queued.now_ms,
+        lease_hash: None,
     };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 

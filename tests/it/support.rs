@@ -223,6 +223,8 @@ pub struct Direct {
     meta: String,
     /// The queue limit for a license without its own `queue_max`, as a worker passes it.
     default_queue_max: u64,
+    /// The lease every call carries (`None`: none).
+    lease: Option<String>,
     /// How long a revocation is remembered, and how many per license, as a worker passes them.
     revoke: seatgate::config::RevokeSettings,
 }
@@ -235,6 +237,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         session: session.to_owned(),
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
+        lease: None,
         revoke: s.revoke.clone(),
     }
 }
@@ -261,6 +264,14 @@ impl Direct {
         }
     }
 
+    /// The same session, every call carrying `lease` (or none).
+    pub fn with_lease(self, lease: Option<&str>) -> Direct {
+        Direct {
+            lease: lease.map(str::to_owned),
+            ..self
+        }
+    }
+
     /// lua/acquire.lua, without waiting.
     pub async fn acquire(&self, con: &mut impl ConnectionLike) -> Outcome {
         self.queue(con, 0, "", "").await
@@ -277,6 +288,7 @@ impl Direct {
     ) -> Outcome {
         let args = AcquireArgs {
             session: &self.session,
+            lease: self.lease.as_deref(),
             meta: &self.meta,
             wait_ms,
             request_id,
@@ -294,6 +306,7 @@ impl Direct {
     pub async fn release(&self, con: &mut impl ConnectionLike) -> Outcome {
         let args = SessionArgs {
             session: &self.session,
+            lease: self.lease.as_deref(),
         };
         Scripts::get()
             .release(&self.keys, &self.guard, &args)
@@ -306,6 +319,7 @@ impl Direct {
     pub async fn heartbeat(&self, con: &mut impl ConnectionLike) -> Outcome {
         let args = SessionArgs {
             session: &self.session,
+            lease: self.lease.as_deref(),
         };
         Scripts::get()
             .heartbeat(&self.keys, &self.guard, &args)
@@ -537,6 +551,17 @@ pub async fn spawn_worker(mut settings: Settings, consumer: &str) -> WorkerHandl
     let token = CancellationToken::new();
     let task = tokio::spawn(worker.run(token.clone()));
     WorkerHandle { token, task, ready }
+}
+
+/// The lease `seatgate acquire` printed (`… lease=<lease>`) on its last
+/// line: what its heartbeats and release must pass as `--lease`.
+pub fn printed_lease(stdout: &str) -> String {
+    stdout
+        .lines()
+        .last()
+        .and_then(|line| line.split_whitespace().find_map(|w| w.strip_prefix("lease=")))
+        .unwrap_or_else(|| panic!("no lease= in {stdout:?}"))
+        .to_owned()
 }
 
 /// The `seatgate` binary built for these tests.

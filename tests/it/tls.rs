@@ -68,7 +68,9 @@ async fn acquire_release(env: &[(&str, String)], license: &str, session: &str) {
     let (o, _) = seatgate(env, &[&["acquire"][..], &args].concat()).await;
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(stdout(&o).starts_with("ACQUIRED"), "{}", stdout(&o));
-    let (o, _) = seatgate(env, &[&["release"][..], &args].concat()).await;
+    // The seat is bound to the lease the acquire printed.
+    let lease = crate::support::printed_lease(&stdout(&o));
+    let (o, _) = seatgate(env, &[&["release"][..], &args, &["--lease", &lease]].concat()).await;
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(stdout(&o).starts_with("RELEASED"), "{}", stdout(&o));
 }
@@ -337,7 +339,24 @@ async fn a_tls_cluster() {
         .expect("no client certificate");
     assert!(err.to_string().contains("set redis.tls_cert_file"), "{err}");
 
-    let (o, _) = seatgate(&env, &["release", "--license", &licenses[0], "--session", "s1"]).await;
+    let lease = client
+        .lease(&licenses[0], "s1")
+        .expect("the client's lease")
+        .as_str()
+        .to_owned();
+    let (o, _) = seatgate(
+        &env,
+        &[
+            "release",
+            "--license",
+            &licenses[0],
+            "--session",
+            "s1",
+            "--lease",
+            &lease,
+        ],
+    )
+    .await;
     assert!(stdout(&o).starts_with("RELEASED"), "{o:?}");
     worker.stop().await;
 }

@@ -19,6 +19,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ),
     ("outbox", include_str!("../../../lua/includes/outbox.lua")),
     ("queue", include_str!("../../../lua/includes/queue.lua")),
+    ("lease", include_str!("../../../lua/includes/lease.lua")),
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
     ("prologue", include_str!("../../../lua/includes/prologue.lua")),

@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::engine::license::{Field, InvalidField};
 use crate::engine::revocation::Revocation;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -42,6 +43,8 @@ pub struct Outcome {
     pub position: Option<i64>,
     /// NO_SEATS_AVAILABLE because the queue is full.
     pub queue_full: bool,
+    /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
+    pub invalid: Option<InvalidField>,
     /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
     /// only; `None` too when the stored record is not of the scripts' form).
     pub revocation: Option<Revocation>,
@@ -70,6 +73,7 @@ impl Outcome {
             heartbeats: None,
             position: None,
             queue_full: false,
+            invalid: None,
             revocation: None,
             held: None,
             changed: false,
@@ -193,6 +197,31 @@ fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note
         .collect()
 }
 
+/// Decodes the detail of LICENSE_INVALID, `{field, value}`
+/// (lua/includes/license.lua). The value is what Redis stored, cut to 64
+/// bytes, perhaps mid-character: read leniently.
+fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, Error> {
+    let parts = match detail {
+        Value::Array(parts) if parts.len() == 2 => parts,
+        other => {
+            return Err(bad(
+                script,
+                format!("LICENSE_INVALID detail is not {{field, value}}: {other:?}"),
+            ))
+        }
+    };
+    let field = string(script, parts.first(), "invalid field")?
+        .parse::<Field>()
+        .map_err(|_| bad(script, format!("unknown license field {:?}", parts[0])))?;
+    let value = match &parts[1] {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => {
+            text(other).ok_or_else(|| bad(script, format!("invalid value is not a string: {other:?}")))?
+        }
+    };
+    Ok(InvalidField { field, value })
+}
+
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
 /// notes, changed, replayed}` (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
@@ -210,13 +239,18 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         Value::Int(n) => Some(*n),
         _ => None,
     };
+    let invalid = if status == Status::LicenseInvalid {
+        Some(invalid_field(script, detail)?)
+    } else {
+        None
+    };
     let revocation = match text(detail) {
         Some(raw) if status == Status::SessionRevoked => Revocation::parse(&raw),
         _ => None,
     };
     let queue_full = match text(detail).as_deref() {
         Some("queue_full") => true,
-        _ if count.is_some() || status == Status::SessionRevoked => false,
+        _ if count.is_some() || invalid.is_some() || status == Status::SessionRevoked => false,
         _ => {
             return Err(bad(
                 script,
@@ -231,6 +265,7 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
         position: count.filter(|_| status == Status::Queued),
         queue_full,
+        invalid,
         revocation,
         held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
@@ -309,6 +344,20 @@ mod tests {
         let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
         assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
         assert!(!o.queue_full);
+    }
+
+    #[test]
+    fn license_invalid_carries_the_field_and_its_value() {
+        let detail = Value::Array(vec![bulk("seats_total"), Value::BulkString(b"5.5\xff".to_vec())]);
+        let o = decode_outcome("acquire", outcome("LICENSE_INVALID", detail, vec![])).unwrap();
+        let invalid = o.invalid.unwrap();
+        assert_eq!(
+            (invalid.field, invalid.value.as_str()),
+            (Field::SeatsTotal, "5.5\u{fffd}")
+        );
+        assert!(decode_outcome("acquire", outcome("LICENSE_INVALID", Value::Int(0), vec![])).is_err());
+        let unknown = Value::Array(vec![bulk("colour"), bulk("red")]);
+        assert!(decode_outcome("acquire", outcome("LICENSE_INVALID", unknown, vec![])).is_err());
     }
 
     #[test]

@@ -80,7 +80,9 @@
     if (!l.active) badges.push(el("span", "badge bad", "INACTIVE"));
     if (l.expires_at_ms > 0 && l.expires_at_ms <= now) badges.push(el("span", "badge bad", "EXPIRED"));
     else if (l.expires_at_ms > 0) badges.push(el("span", "badge info", `expires ${utc(l.expires_at_ms)}`));
-    if (l.seats_total <= 0) badges.push(el("span", "badge info", "no license record"));
+    // A record that breaks the provisioning rules hands out no seat (LICENSE_INVALID).
+    if (l.invalid) badges.push(el("span", "badge bad", `INVALID ${l.invalid.field}`));
+    else if (l.seats_total <= 0) badges.push(el("span", "badge info", "no license record"));
 
     const counts = el("div", "counts",
       el("strong", null, `${l.seats_used} / ${l.seats_total}`), " seats",

@@ -38,6 +38,52 @@ pub(super) struct Decider {
     /// Entry ids ahead of the Redis clock are counted each, but logged at
     /// most once a minute: a caller choosing such ids must not flood the log.
     pub(super) future_ids: Mutex<Throttle>,
+    /// The Redis clock as the scripts last reported it, to place entries
+    /// whose ids lie far ahead of it in a dedupe bucket of the clock's.
+    pub(super) clock: RedisClock,
+}
+
+/// The Redis server's clock as seen in the scripts' outcomes (`now_ms`),
+/// carried forward on this host's monotonic clock. Only dedupe placement
+/// uses it (engine::scripts::Guard::for_entry_at); decisions read `TIME`
+/// inside the scripts.
+#[derive(Debug, Default)]
+pub(super) struct RedisClock {
+    /// The latest Redis time seen, ms, and when it was seen here.
+    seen: Mutex<Option<(u64, Instant)>>,
+}
+
+impl RedisClock {
+    /// Redis read `now_ms` a moment ago; kept when it is later than the
+    /// current estimate (concurrent batches report a few ms out of order),
+    /// or far earlier (the Redis clock was set back, or another master's
+    /// answers).
+    pub(super) fn observe(&self, now_ms: i64) {
+        /// An estimate this far ahead of what Redis says is wrong, not late news.
+        const STEPPED_BACK_MS: u64 = 1_000;
+        let Ok(now_ms) = u64::try_from(now_ms) else { return };
+        if now_ms == 0 {
+            return;
+        }
+        if let Ok(mut seen) = self.seen.lock() {
+            let newer = |est: u64| now_ms > est || est - now_ms > STEPPED_BACK_MS;
+            if self.estimate(seen.as_ref()).is_none_or(newer) {
+                *seen = Some((now_ms, Instant::now()));
+            }
+        }
+    }
+
+    /// The Redis clock now, ms, if it was ever seen.
+    pub(super) fn now_ms(&self) -> Option<u64> {
+        self.seen
+            .lock()
+            .ok()
+            .and_then(|seen| self.estimate(seen.as_ref()))
+    }
+
+    fn estimate(&self, seen: Option<&(u64, Instant)>) -> Option<u64> {
+        seen.map(|(ms, at)| ms.saturating_add(at.elapsed().as_millis() as u64))
+    }
 }
 
 /// One entry of a batch on its way from the stream to its acknowledgement:
@@ -126,6 +172,7 @@ impl Decider {
             ready,
             degraded: AtomicBool::default(),
             future_ids: Mutex::new(Throttle::new(Duration::from_secs(60))),
+            clock: RedisClock::default(),
         }
     }
 
@@ -138,6 +185,15 @@ impl Decider {
     /// sending each command on its own.
     pub(super) async fn process(&self, stream: &str, lane: Lane, batch: Vec<Entry>, source: Source) -> bool {
         let mut con = self.con.clone();
+        if self.clock.now_ms().is_none() {
+            // Once per process: the first batch is placed by the clock too.
+            // Should TIME fail, entries are placed by their ids, and every
+            // bucket's expiry is still capped by the scripts.
+            if let Ok((secs, micros)) = redis::cmd("TIME").query_async::<(i64, i64)>(&mut con).await {
+                self.clock
+                    .observe(secs.saturating_mul(1000).saturating_add(micros / 1000));
+            }
+        }
         let mut items = self.plan(lane, batch);
         self.send(&mut con, &mut items).await;
         self.settle(&mut con, stream, &mut items, source).await
@@ -150,6 +206,7 @@ impl Decider {
     /// that times out). It is dead-lettered without another attempt at
     /// deciding it.
     fn plan(&self, lane: Lane, batch: Vec<Entry>) -> Vec<Item> {
+        let rules = self.settings.parse_rules();
         let max = self.settings.stream.max_deliveries;
         batch
             .into_iter()
@@ -162,7 +219,7 @@ impl Decider {
                     let request = entry
                         .fields
                         .as_ref()
-                        .map(|f| protocol::parse_entry(lane, &entry.id, f, &self.settings.replies.prefix));
+                        .map(|f| protocol::parse_entry(lane, &entry.id, f, &rules));
                     (request, None)
                 };
                 Item {
@@ -224,6 +281,9 @@ impl Decider {
                 }
                 other => (call.decode(other), elapsed),
             };
+            if let Ok(outcome) = &result {
+                self.clock.observe(outcome.now_ms);
+            }
             metrics::script_call(
                 call.name(),
                 result.as_ref().map(|o| Some(o.status)).map_err(|_| ()),
@@ -236,12 +296,14 @@ impl Decider {
     /// The seat-script call deciding `req`, read from stream entry `entry`.
     fn seat_call<'a>(&self, scripts: &'a Scripts, entry: &Entry, req: &Request) -> SeatCall<'a> {
         let keys = self.keys.license(&req.license);
-        let mut guard = Guard::for_entry(
+        // An entry id far ahead of the Redis clock is placed by the clock.
+        let mut guard = Guard::for_entry_at(
             &self.settings.guard_policy(),
             &self.keys,
             &entry.id,
             &req.license,
             &req.session,
+            self.clock.now_ms(),
         );
         // Even a first delivery may have been decided before: a worker that
         // stalled past claim_idle_ms had its batch claimed by another.
@@ -252,6 +314,7 @@ impl Decider {
                 &guard,
                 &AcquireArgs {
                     session: &req.session,
+                    lease: lease(req),
                     meta: &req.meta,
                     wait_ms: req.wait_ms,
                     request_id: &req.id,
@@ -264,6 +327,7 @@ impl Decider {
                 &guard,
                 &SessionArgs {
                     session: &req.session,
+                    lease: lease(req),
                 },
             ),
             Op::Heartbeat => scripts.heartbeat(
@@ -271,6 +335,7 @@ impl Decider {
                 &guard,
                 &SessionArgs {
                     session: &req.session,
+                    lease: lease(req),
                 },
             ),
             Op::Revoke => {
@@ -298,6 +363,11 @@ impl Decider {
             }
         }
     }
+}
+
+/// The lease `req` carries, as the scripts take it.
+fn lease(req: &Request) -> Option<&str> {
+    req.lease.as_ref().map(protocol::Lease::as_str)
 }
 
 /// Lets a log line through at most once per period and counts the ones it

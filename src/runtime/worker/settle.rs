@@ -281,7 +281,11 @@ impl Decider {
             .arg("dead_reason")
             .arg(reason);
         for (k, v) in entry.fields.iter().flatten() {
-            xadd.arg(k.as_str()).arg(v.as_slice());
+            // A copy of the request, but never of its lease: a secret that
+            // whoever reads dead letters could replay. Re-submitting a dead
+            // letter needs its owner's lease again.
+            let v = if k == "lease" { REDACTED } else { v.as_slice() };
+            xadd.arg(k.as_str()).arg(v);
         }
         if let Err(e) = xadd.query_async::<Value>(&mut con).await {
             metrics::redis_error("dead_letter");
@@ -291,7 +295,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
-            if let Ok(req) = protocol::parse_entry(lane, &entry.id, fields, &self.settings.replies.prefix) {
+            if let Ok(req) = protocol::parse_entry(lane, &entry.id, fields, &self.settings.parse_rules()) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let reply = reply_for(&req, &failed, Some(answer.to_owned()));
@@ -384,6 +388,9 @@ impl Item {
     }
 }
 
+/// What a dead letter carries in place of the request's `lease`.
+const REDACTED: &[u8] = b"redacted";
+
 /// Builds the reply for a decided request.
 fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
     Reply {
@@ -400,6 +407,8 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
+            } else if let Some(invalid) = &outcome.invalid {
+                Some(invalid.to_string())
             } else if let Some(revocation) = &outcome.revocation {
                 Some(revocation.describe(outcome.now_ms))
             } else {

@@ -59,6 +59,7 @@ impl Seat {
         let session = self.session.as_str();
         let acquire = |meta, wait_ms, request_id, reply_to| AcquireArgs {
             session,
+            lease: None,
             meta,
             wait_ms,
             request_id,
@@ -77,7 +78,7 @@ impl Seat {
                 &self.guard,
                 &acquire(meta, wait_ms, request_id, reply_to),
             ),
-            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session }),
+            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session, lease: None }),
         }
     }
 
