@@ -27,7 +27,7 @@ fn revoke(session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
     }
 }
 
-async fn call(client: &mut Client, op: Op, session: &str) -> ReplyMsg {
+async fn call(client: &Client, op: Op, session: &str) -> ReplyMsg {
     client.call(&Call::new(op, "lic", session), T).await.unwrap()
 }
 
@@ -189,12 +189,12 @@ async fn a_replayed_revoke_answers_its_stored_outcome() {
 async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut alice, mut admin) = serve(&s, 1).await;
+    let (worker, alice, admin) = serve(&s, 1).await;
     assert_eq!(
-        call(&mut alice, Op::Acquire, "alice").await.status(),
+        call(&alice, Op::Acquire, "alice").await.status(),
         Status::Acquired
     );
-    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    let (queued, bob_id, bob) = queue_up(&s, "lic", "bob", 30_000).await;
     assert_eq!(queued.status(), Status::Queued);
 
     let reply = admin
@@ -239,7 +239,7 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
 
     // The revoked session is told why, on its heartbeat and on its release.
     for op in [Op::Heartbeat, Op::Release] {
-        let r = call(&mut alice, op, "alice").await;
+        let r = call(&alice, op, "alice").await;
         assert_eq!(
             (r.status(), r.get("ok")),
             (Status::SessionRevoked, "0"),
@@ -254,11 +254,11 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
     // No cooldown: alice may acquire again at once (bob holds the only
     // seat), and that acquire forgets the revocation.
     assert_eq!(
-        call(&mut alice, Op::Acquire, "alice").await.status(),
+        call(&alice, Op::Acquire, "alice").await.status(),
         Status::NoSeatsAvailable
     );
     assert_eq!(
-        call(&mut alice, Op::Heartbeat, "alice").await.status(),
+        call(&alice, Op::Heartbeat, "alice").await.status(),
         Status::SessionNotActive
     );
     worker.stop().await;
@@ -268,15 +268,15 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
 async fn a_cooldown_refuses_acquires_until_it_ends() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut c, mut admin) = serve(&s, 2).await;
-    call(&mut c, Op::Acquire, "alice").await;
+    let (worker, c, admin) = serve(&s, 2).await;
+    call(&c, Op::Acquire, "alice").await;
     let reply = admin
         .revoke(&revoke("alice", "licence audit", 1_500), T)
         .await
         .unwrap();
     assert_eq!(reply.status(), Status::Revoked);
     let started = Instant::now();
-    let refused = call(&mut c, Op::Acquire, "alice").await;
+    let refused = call(&c, Op::Acquire, "alice").await;
     assert_eq!(
         (refused.status(), refused.get("ok")),
         (Status::SessionRevoked, "0")
@@ -289,25 +289,19 @@ async fn a_cooldown_refuses_acquires_until_it_ends() {
     );
     assert!(holders(&s, "lic").await.is_empty());
     assert_eq!(
-        call(&mut c, Op::Acquire, "carol").await.status(),
+        call(&c, Op::Acquire, "carol").await.status(),
         Status::Acquired,
         "other sessions are not concerned"
     );
     tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
+    assert_eq!(call(&c, Op::Acquire, "alice").await.status(), Status::Acquired);
     assert_eq!(
-        call(&mut c, Op::Acquire, "alice").await.status(),
-        Status::Acquired
-    );
-    assert_eq!(
-        call(&mut c, Op::Heartbeat, "alice").await.status(),
+        call(&c, Op::Heartbeat, "alice").await.status(),
         Status::HeartbeatUpdated
     );
+    assert_eq!(call(&c, Op::Release, "alice").await.status(), Status::Released);
     assert_eq!(
-        call(&mut c, Op::Release, "alice").await.status(),
-        Status::Released
-    );
-    assert_eq!(
-        call(&mut c, Op::Heartbeat, "alice").await.status(),
+        call(&c, Op::Heartbeat, "alice").await.status(),
         Status::SessionNotActive,
         "the acquire after the cooldown forgot the revocation"
     );
@@ -318,9 +312,9 @@ async fn a_cooldown_refuses_acquires_until_it_ends() {
 async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut c, mut admin) = serve(&s, 1).await;
-    call(&mut c, Op::Acquire, "alice").await;
-    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    let (worker, c, admin) = serve(&s, 1).await;
+    call(&c, Op::Acquire, "alice").await;
+    let (queued, bob_id, bob) = queue_up(&s, "lic", "bob", 30_000).await;
     assert_eq!(queued.status(), Status::Queued);
 
     let reply = admin.revoke(&revoke("bob", "not entitled", 0), T).await.unwrap();
@@ -359,8 +353,8 @@ async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
 async fn an_unknown_session_is_not_found_and_nothing_changes() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut c, mut admin) = serve(&s, 1).await;
-    call(&mut c, Op::Acquire, "alice").await;
+    let (worker, c, admin) = serve(&s, 1).await;
+    call(&c, Op::Acquire, "alice").await;
     let not_dedupe = |snap: Vec<(String, Vec<u8>)>| -> Vec<(String, Vec<u8>)> {
         snap.into_iter().filter(|(k, _)| !k.contains(":done:")).collect()
     };
@@ -378,7 +372,7 @@ async fn an_unknown_session_is_not_found_and_nothing_changes() {
     );
     assert!(of_type(&events(&s, "lic").await, "revoked").is_empty());
     assert_eq!(
-        call(&mut c, Op::Release, "nobody").await.status(),
+        call(&c, Op::Release, "nobody").await.status(),
         Status::SessionNotFound,
         "nothing remembered"
     );
@@ -391,8 +385,8 @@ async fn an_unknown_session_is_not_found_and_nothing_changes() {
 async fn each_stream_takes_its_own_ops_only() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut c, mut admin) = serve(&s, 1).await;
-    call(&mut c, Op::Acquire, "alice").await;
+    let (worker, c, admin) = serve(&s, 1).await;
+    call(&c, Op::Acquire, "alice").await;
     let before = snapshot(&s).await;
     let mut con = db(&s).await;
     let _: String = redis::cmd("XADD")
@@ -443,7 +437,7 @@ async fn each_stream_takes_its_own_ops_only() {
 async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
     let redis = RedisServer::start_with(&[]).await;
     let s = redis.settings();
-    let (worker, mut c, mut admin) = serve(&s, 1).await;
+    let (worker, c, admin) = serve(&s, 1).await;
     let mut con = db(&s).await;
     // One id for both, a second ahead of the server's clock so neither
     // stream has passed it.
@@ -487,9 +481,9 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
     let mut s = redis.settings();
     s.revoke.remember_ms = 800;
     s.revoke.max_per_license = 2;
-    let (worker, mut c, mut admin) = serve(&s, 5).await;
+    let (worker, c, admin) = serve(&s, 5).await;
     for session in ["s1", "s2", "s3"] {
-        call(&mut c, Op::Acquire, session).await;
+        call(&c, Op::Acquire, session).await;
         let r = admin.revoke(&revoke(session, "cleanup", 0), T).await.unwrap();
         assert_eq!(r.status(), Status::Revoked);
     }
@@ -521,17 +515,17 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
         );
     }
     assert_eq!(
-        call(&mut c, Op::Heartbeat, "s1").await.status(),
+        call(&c, Op::Heartbeat, "s1").await.status(),
         Status::SessionNotActive,
         "dropped past the bound"
     );
     assert_eq!(
-        call(&mut c, Op::Heartbeat, "s3").await.status(),
+        call(&c, Op::Heartbeat, "s3").await.status(),
         Status::SessionRevoked
     );
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(
-        call(&mut c, Op::Heartbeat, "s3").await.status(),
+        call(&c, Op::Heartbeat, "s3").await.status(),
         Status::SessionNotActive,
         "forgotten after revoke.remember_ms"
     );
@@ -619,16 +613,16 @@ async fn a_lease_bound_session_is_revoked_without_its_lease() {
     let redis = RedisServer::start_with(&[]).await;
     let mut s = redis.settings();
     s.sessions.require_lease = true;
-    let (worker, mut holder, mut admin) = serve(&s, 1).await;
-    let acquired = call(&mut holder, Op::Acquire, "alice").await;
+    let (worker, holder, admin) = serve(&s, 1).await;
+    let acquired = call(&holder, Op::Acquire, "alice").await;
     assert_eq!(acquired.status(), Status::Acquired);
     assert!(acquired.lease().is_some(), "the client bound the seat to a lease");
-    let (queued, bob_id, mut bob) = queue_up(&s, "lic", "bob", 30_000).await;
+    let (queued, bob_id, bob) = queue_up(&s, "lic", "bob", 30_000).await;
     assert_eq!(queued.status(), Status::Queued);
     let bob_lease = queued.lease().cloned().expect("bob's place is bound too");
 
     // Anybody else is refused: no lease, or another one.
-    let mut other = client(&s).await;
+    let other = client(&s).await;
     let stranger = Call::new(Op::Release, "lic", "alice")
         .with_lease(seatgate::engine::protocol::Lease::parse("not-the-holders-lease").unwrap());
     let refused = other.call(&stranger, T).await.unwrap();
@@ -642,7 +636,7 @@ async fn a_lease_bound_session_is_revoked_without_its_lease() {
     assert_eq!(reply.status(), Status::Revoked, "{reply:?}");
     assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&s, "lic").await, ["bob"]);
-    let heard = call(&mut holder, Op::Heartbeat, "alice").await;
+    let heard = call(&holder, Op::Heartbeat, "alice").await;
     assert_eq!(
         (heard.status(), heard.get("error")),
         (Status::SessionRevoked, "revoked by ada: laptop stolen"),
