@@ -29,6 +29,7 @@
 //!   - [`engine::policy`]    license policies: per-user and per-group limits, reservations, priority, linger, borrowing
 //!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
 //!   - [`engine::records`]   the records the scripts store (sessions, waiters, owners, dedupe), decoded
+//!   - [`engine::revocation`] the record of a revoked session, and what it is told
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
 //! - [`db`]       the connection: one node or Redis Cluster, same commands
 //! - [`error`]    the library's error type

@@ -7,7 +7,7 @@
   id), in the bucket one window ahead of the clock: so a stream whose ids are
   stuck in a far-future millisecond does not grow one bucket forever. Such a
   placement moves on with the clock, so a redelivery may look one bucket
-  later: it looks in KEYS[12], the bucket before, as well.
+  later: it looks in KEYS[15], the bucket before, as well.
 
   The dedupe record, the value of field <entry id>: the first six slots of
   the outcome (outcome.lua), {status, seats_used, seats_total, detail, now_ms,

@@ -15,12 +15,12 @@
     KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
     KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
     KEYS[8]  seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
-                                       GRANTED / QUEUE_TIMEOUT replies not yet delivered
+                                       queue replies not yet delivered
     KEYS[9]  seat:{L}:owners     HASH  seats held per user and group, and the
                                        owner record of a session (owners.lua)
     KEYS[10] seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
     KEYS[11] seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
-  acquire, release and heartbeat also take
+  acquire, release, heartbeat and revoke also take
     KEYS[12] seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
                                        for entries placed in time bucket b (expires)
     KEYS[13] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
@@ -28,6 +28,9 @@
     KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
                                        earlier delivery may have stored the
                                        entry's reply; KEYS[12] again when none can
+    KEYS[16] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
+    KEYS[17] seat:{L}:revocations HASH revoked session -> revocation record
+                                       (revoked.lua); both keys expire
   reap takes only KEYS[1..11]; the other names are then nil.
 ]]
 local K = {
@@ -35,4 +38,5 @@ local K = {
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
   owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
   done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
+  revoked = KEYS[16], revocations = KEYS[17],
 }

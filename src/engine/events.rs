@@ -32,6 +32,10 @@ pub enum EventType {
     LeftQueue,
     /// A request was refused a seat (`reason` is its status).
     Denied,
+    /// An administrator took a session's seat (`held` 1, a seat-freed
+    /// event) or its place in the queue (`held` 0) away; carries `actor`
+    /// and `reason`, the audit trail.
+    Revoked,
 }
 
 /// What an event does to the seat a session holds: usage reports pair each
@@ -68,6 +72,7 @@ impl EventType {
             Status::LeftQueue => Some(EventType::LeftQueue),
             Status::Granted => Some(EventType::Granted),
             Status::QueueTimeout => Some(EventType::QueueTimeout),
+            Status::Revoked => Some(EventType::Revoked),
             denial if denial.is_denial() => Some(EventType::Denied),
             // ALREADY_ACTIVE, heartbeats, a release of nothing, invalid
             // requests and errors change nothing and refuse no seat.
@@ -75,12 +80,14 @@ impl EventType {
         }
     }
 
-    /// What this event does to its session's seat.
+    /// What this event does to its session's seat. A `revoked` event frees
+    /// one only when the session held it: [`EventRecord::seat_change`] reads
+    /// its `held` field; by its type alone it counts as freeing one.
     pub fn seat_change(self) -> SeatChange {
         // No wildcard: a new type must say whether it takes or frees a seat.
         match self {
             EventType::Acquired | EventType::Granted => SeatChange::Taken,
-            EventType::Released | EventType::Evicted => SeatChange::Freed,
+            EventType::Released | EventType::Evicted | EventType::Revoked => SeatChange::Freed,
             EventType::Queued | EventType::QueueTimeout | EventType::LeftQueue | EventType::Denied => {
                 SeatChange::Unchanged
             }
@@ -116,6 +123,10 @@ pub mod field {
     pub const LINGER_MS: &str = "linger_ms";
     /// When the borrowed seat comes back, ms (`acquired` with `borrow_ms`).
     pub const BORROWED_UNTIL_MS: &str = "borrowed_until_ms";
+    /// Who did it (`revoked`: the administrator).
+    pub const ACTOR: &str = "actor";
+    /// `revoked`: `1` when the session held a seat (now freed), `0` when it waited.
+    pub const HELD: &str = "held";
 }
 
 /// One seat event, as the runtime writes it.
@@ -149,6 +160,11 @@ pub struct Event<'a> {
     pub linger_ms: Option<i64>,
     /// When the borrowed seat comes back (`acquired` with `borrow_ms`), ms.
     pub borrowed_until_ms: Option<i64>,
+    /// Who did it, where a person did (`revoked`).
+    pub actor: Option<&'a str>,
+    /// `revoked`: whether the session held a seat or only waited, so that
+    /// usage reports end a hold only where there was one.
+    pub held: Option<bool>,
 }
 
 impl<'a> Event<'a> {
@@ -174,6 +190,8 @@ impl<'a> Event<'a> {
             priority: None,
             linger_ms: None,
             borrowed_until_ms: None,
+            actor: None,
+            held: None,
         }
     }
 
@@ -218,6 +236,12 @@ impl<'a> Event<'a> {
         }
         if let Some(user) = &self.user {
             fields.push((field::USER, user.clone()));
+        }
+        if let Some(actor) = self.actor {
+            fields.push((field::ACTOR, actor.to_owned()));
+        }
+        if let Some(held) = self.held {
+            fields.push((field::HELD, if held { "1" } else { "0" }.to_owned()));
         }
         let policy = [
             (field::PRIORITY, self.priority),
@@ -264,6 +288,10 @@ pub struct EventRecord {
     pub waited_ms: Option<i64>,
     /// The session's user, where known.
     pub user: Option<String>,
+    /// Who did it, where a person did.
+    pub actor: Option<String>,
+    /// `revoked`: whether the session held a seat (absent: taken as held).
+    pub held: Option<bool>,
 }
 
 impl EventRecord {
@@ -282,7 +310,18 @@ impl EventRecord {
             reason: get(field::REASON).map(str::to_owned),
             waited_ms: number(field::WAITED_MS),
             user: get(field::USER).filter(|u| !u.is_empty()).map(str::to_owned),
+            actor: get(field::ACTOR).map(str::to_owned),
+            held: get(field::HELD).map(|h| h != "0"),
         })
+    }
+
+    /// What this event did to its session's seat: by its type, except that
+    /// a revocation of a waiting session (`held` 0) freed none.
+    pub fn seat_change(&self) -> Option<SeatChange> {
+        match self.kind? {
+            EventType::Revoked if self.held == Some(false) => Some(SeatChange::Unchanged),
+            kind => Some(kind.seat_change()),
+        }
     }
 
     /// The denial this event records, as a wire status: the reason of a
@@ -314,6 +353,7 @@ mod tests {
             EventType::QueueTimeout => "queue_timeout",
             EventType::LeftQueue => "left_queue",
             EventType::Denied => "denied",
+            EventType::Revoked => "revoked",
         }
     }
 
@@ -350,6 +390,8 @@ mod tests {
             field::REASON,
             field::WAITED_MS,
             field::USER,
+            field::ACTOR,
+            field::HELD,
         ] {
             assert!(
                 doc.lines()
@@ -419,6 +461,8 @@ mod tests {
                 reason: None,
                 waited_ms: Some(2_500),
                 user: Some("bob@example.com".into()),
+                actor: None,
+                held: None,
             }
         );
         assert_eq!(record.denial(), None);
@@ -458,5 +502,21 @@ mod tests {
         assert_eq!(taken, [&EventType::Acquired, &EventType::Granted]);
         assert_eq!(EventType::Evicted.seat_change(), SeatChange::Freed);
         assert_eq!(EventType::Denied.seat_change(), SeatChange::Unchanged);
+    }
+
+    #[test]
+    fn a_revocation_frees_a_seat_only_when_the_session_held_one() {
+        for (held, change) in [(true, SeatChange::Freed), (false, SeatChange::Unchanged)] {
+            let mut event = Event::new(EventType::Revoked, "acme", "s1", 0, 1, 7);
+            (event.reason, event.actor, event.held) = (Some("audit"), Some("ada"), Some(held));
+            let fields: HashMap<&str, String> = event.fields().into_iter().collect();
+            let record = EventRecord::parse(|name| fields.get(name).map(String::as_str)).unwrap();
+            assert_eq!(
+                (record.reason.as_deref(), record.actor.as_deref(), record.held),
+                (Some("audit"), Some("ada"), Some(held))
+            );
+            assert_eq!(record.seat_change(), Some(change), "held {held}");
+            assert_eq!(record.denial(), None);
+        }
     }
 }

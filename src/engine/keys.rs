@@ -13,7 +13,10 @@ pub struct Keys {
     prefix: String,
 }
 
-/// The keys of one license, in the order the seat scripts take them as KEYS.
+/// The keys of one license: `KEYS[1..11]` of every seat script, in that
+/// order, then the two revocation keys, `KEYS[16..17]` of the request
+/// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
+/// per request: the scripts module's `Guard`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LicenseKeys {
     /// HASH: the license record (`seats_total`, `expires_at_ms`, `active`, ...).
@@ -39,12 +42,18 @@ pub struct LicenseKeys {
     pub lingering: String,
     /// ZSET: session holding a borrowed seat -> when the borrow ends (ms).
     pub borrowed: String,
+    /// ZSET: revoked session -> when its revocation is forgotten (ms), so
+    /// that its heartbeat hears SESSION_REVOKED for a bounded time.
+    pub revoked: String,
+    /// HASH: revoked session -> revocation record (reason, actor, cooldown).
+    pub revocations: String,
 }
 
 impl LicenseKeys {
-    /// Every key of the license, in the KEYS order every seat script takes
-    /// (lua/includes/keys.lua).
-    pub fn all(&self) -> [&str; 11] {
+    /// Every key of the license that lives as long as the license does
+    /// (`license delete` removes them all): the eleven every seat script
+    /// takes, then the two revocation keys.
+    pub fn all(&self) -> [&str; 13] {
         [
             &self.license,
             &self.holders,
@@ -57,6 +66,8 @@ impl LicenseKeys {
             &self.owners,
             &self.lingering,
             &self.borrowed,
+            &self.revoked,
+            &self.revocations,
         ]
     }
 }
@@ -89,6 +100,8 @@ impl Keys {
             owners: format!("{p}:{{{license}}}:owners"),
             lingering: format!("{p}:{{{license}}}:lingering"),
             borrowed: format!("{p}:{{{license}}}:borrowed"),
+            revoked: format!("{p}:{{{license}}}:revoked"),
+            revocations: format!("{p}:{{{license}}}:revocations"),
         }
     }
 

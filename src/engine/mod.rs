@@ -12,5 +12,6 @@ pub mod license;
 pub mod policy;
 pub mod protocol;
 pub mod records;
+pub mod revocation;
 pub mod scripts;
 pub mod status;

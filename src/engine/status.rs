@@ -64,6 +64,13 @@ pub enum Status {
     /// The request was well formed but could not be carried out (for example
     /// a Redis error that persisted); the `error` field says why.
     Error,
+    /// `revoke` (admin stream): the session's seat was freed, or its place in
+    /// the queue taken away; the next waiter got the seat.
+    Revoked,
+    /// The session was revoked by an administrator: its heartbeat and
+    /// release after the revocation, and its acquires during a cooldown. The
+    /// `error` field carries who revoked it and why.
+    SessionRevoked,
     /// A license policy's limit keeps the session from a seat: its user's
     /// `max_per_user`, its group's `group_max:<group>`, or a borrow the
     /// license does not allow; the `error` field says which. Nothing changed.
@@ -91,7 +98,8 @@ impl Status {
             | Status::Released
             | Status::HeartbeatUpdated
             | Status::Granted
-            | Status::LeftQueue => true,
+            | Status::LeftQueue
+            | Status::Revoked => true,
             Status::NoSeatsAvailable
             | Status::SessionNotFound
             | Status::SessionNotActive
@@ -105,12 +113,13 @@ impl Status {
             | Status::RateLimited
             | Status::InvalidRequest
             | Status::Error
+            | Status::SessionRevoked
             | Status::LimitReached => false,
         }
     }
 
     /// Whether this is the last reply to its request. Only QUEUED is
-    /// followed by another (GRANTED or QUEUE_TIMEOUT, with the same id).
+    /// followed by another (GRANTED, QUEUE_TIMEOUT or SESSION_REVOKED, with the same id).
     pub fn is_final(self) -> bool {
         self != Status::Queued
     }
@@ -145,7 +154,11 @@ impl Status {
             | Status::Granted
             | Status::LeftQueue
             | Status::InvalidRequest
-            | Status::Error => false,
+            | Status::Error
+            | Status::Revoked => false,
+            // A revocation's consequence, not a shortage of seats: the
+            // `revoked` event records the administrator's decision.
+            Status::SessionRevoked => false,
         }
     }
 
@@ -169,6 +182,10 @@ impl Status {
             Status::RateLimited => {
                 Some("too many requests from this session or license; slow down and retry")
             }
+            // The worker writes the revocation's own text (who, why, how long)
+            // when the script hands the record back; a waiter told later
+            // (through the outbox) gets this.
+            Status::SessionRevoked => Some("the session was revoked by an administrator"),
             Status::LimitReached => Some("limit reached: a per-user or per-group limit of the license"),
             Status::Acquired
             | Status::AlreadyActive
@@ -176,7 +193,8 @@ impl Status {
             | Status::HeartbeatUpdated
             | Status::Granted
             | Status::LeftQueue
-            | Status::Queued => None,
+            | Status::Queued
+            | Status::Revoked => None,
             // Their reason is written where they are produced: the wait's
             // length, the parser's complaint, the dead letter's cause, the
             // license field that breaks the rules.
@@ -230,6 +248,8 @@ mod tests {
             Status::RateLimited => ("RATE_LIMITED", false),
             Status::InvalidRequest => ("INVALID_REQUEST", false),
             Status::Error => ("ERROR", false),
+            Status::Revoked => ("REVOKED", true),
+            Status::SessionRevoked => ("SESSION_REVOKED", false),
             Status::LimitReached => ("LIMIT_REACHED", false),
         }
     }

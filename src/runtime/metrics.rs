@@ -46,6 +46,8 @@ pub const EVICTIONS: &str = "seatgate_evictions_total";
 /// Lingering and borrowed seats freed by the reaper, by `reason`
 /// (`linger_ended`, `borrow_ended`).
 pub const POLICY_SEATS_FREED: &str = "seatgate_policy_seats_freed_total";
+/// Sessions revoked by an administrator (seat or place in the queue taken away).
+pub const REVOCATIONS: &str = "seatgate_revocations_total";
 /// Waiters granted a seat.
 pub const GRANTS: &str = "seatgate_grants_total";
 /// Waiters whose wait ran out.
@@ -116,7 +118,7 @@ pub const OTHER: &str = "_other";
 /// The statuses each op (and `invalid`, for a request without a usable op)
 /// can be answered with (see each script's header under lua/), present at 0
 /// from startup.
-const OP_STATUSES: [(&str, &[Status]); 4] = [
+const OP_STATUSES: [(&str, &[Status]); 5] = [
     (
         "acquire",
         &[
@@ -131,6 +133,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LeaseMismatch,
             Status::RateLimited,
             Status::LimitReached,
+            Status::SessionRevoked,
             Status::Error,
         ],
     ),
@@ -142,6 +145,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LeftQueue,
             Status::LicenseNotFound,
             Status::LeaseMismatch,
+            Status::SessionRevoked,
             Status::Error,
         ],
     ),
@@ -155,17 +159,22 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseExpired,
             Status::LeaseMismatch,
             Status::RateLimited,
+            Status::SessionRevoked,
             Status::Error,
         ],
+    ),
+    (
+        "revoke",
+        &[Status::Revoked, Status::SessionNotFound, Status::Error],
     ),
     ("invalid", &[Status::InvalidRequest]),
 ];
 /// The seat scripts, as `script_name`.
-const SCRIPTS: [&str; 4] = ["acquire", "release", "heartbeat", "reap"];
+const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"];
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 13] = [
+const INVALID_FIELDS: [&str; 16] = [
     "reply_to",
     "id",
     "fields",
@@ -179,6 +188,9 @@ const INVALID_FIELDS: [&str; 13] = [
     "group",
     "priority",
     "borrow_ms",
+    "reason",
+    "actor",
+    "cooldown_ms",
 ];
 /// Why the reaper frees a seat held without heartbeats.
 const POLICY_FREED_REASONS: [&str; 2] = ["linger_ended", "borrow_ended"];
@@ -249,6 +261,10 @@ pub fn init(license_series_limit: usize) {
     describe_counter!(
         POLICY_SEATS_FREED,
         "Lingering and borrowed seats the reaper freed, by reason (linger_ended, borrow_ended)."
+    );
+    describe_counter!(
+        REVOCATIONS,
+        "Sessions revoked by an administrator (seatgate revoke, the admin stream): a seat or a place in the queue taken away."
     );
     describe_counter!(GRANTS, "Waiters granted a seat.");
     describe_counter!(QUEUE_TIMEOUTS, "Waiters whose wait ran out.");
@@ -324,6 +340,7 @@ pub fn init(license_series_limit: usize) {
     for name in [
         REPLY_ERRORS,
         EVICTIONS,
+        REVOCATIONS,
         GRANTS,
         QUEUE_TIMEOUTS,
         CLAIMED,
@@ -401,14 +418,24 @@ pub fn policy_seat_freed(reason: &'static str) {
     counter!(POLICY_SEATS_FREED, "reason" => reason).increment(1);
 }
 
-/// Records how a wait in the queue ended.
+/// Counts one revocation.
+pub fn revoked() {
+    counter!(REVOCATIONS).increment(1);
+}
+
+/// Records how a wait in the queue ended: granted or timed out. A wait
+/// ended by a revocation is counted as a revocation only.
 pub fn queue_outcome(status: Status, waited_ms: i64) {
-    let outcome = if status == Status::Granted {
-        counter!(GRANTS).increment(1);
-        "granted"
-    } else {
-        counter!(QUEUE_TIMEOUTS).increment(1);
-        "timeout"
+    let outcome = match status {
+        Status::Granted => {
+            counter!(GRANTS).increment(1);
+            "granted"
+        }
+        Status::QueueTimeout => {
+            counter!(QUEUE_TIMEOUTS).increment(1);
+            "timeout"
+        }
+        _ => return,
     };
     histogram!(QUEUE_WAIT, "outcome" => outcome).record(waited_ms.max(0) as f64 / 1000.0);
 }

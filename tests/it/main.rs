@@ -15,6 +15,7 @@ mod policy;
 mod prometheus;
 mod queue;
 mod report;
+mod revoke;
 mod scripts;
 mod stream;
 mod support;

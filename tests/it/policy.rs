@@ -950,6 +950,60 @@ async fn counts_follow_every_holder_change_in_the_scripts() {
     assert_eq!(kept, Held::default(), "nothing left counted");
 }
 
+/// A revoke frees a counted seat like a release (a borrowed or lingering one
+/// at once), hands it to the queue under the policies, and forgets a revoked
+/// waiter's owner record.
+#[tokio::test]
+async fn a_revoke_keeps_the_counts_and_grants_under_the_policies() {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        linger_ms: Some(60_000),
+        max_borrow_ms: Some(3_600_000),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "cad", 2, &policy).await;
+    let mut con = db(&s).await;
+    let who = |session: &str, user: &str, borrow_ms| {
+        direct(&s, "cad", session).with_policy(RequestPolicy {
+            borrow_ms,
+            ..ask(user, "", 0)
+        })
+    };
+    assert_eq!(
+        who("a1", "ada", 0).acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    assert_eq!(
+        who("b1", "bob", 3_600_000).acquire(&mut con).await.status,
+        Status::Acquired
+    );
+    for (session, user) in [("a2", "ada"), ("c1", "cyd"), ("d1", "dan")] {
+        let o = who(session, user, 0).queue(&mut con, 60_000, "", "").await;
+        assert_eq!(o.status, Status::Queued, "{session}");
+    }
+    let granted = |o: &seatgate::engine::scripts::Outcome| -> Vec<String> {
+        o.notes.iter().map(|n| n.session.clone()).collect()
+    };
+    // The borrowed seat goes at once, past a2 (ada holds a1) to c1.
+    let o = who("b1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
+    assert_eq!((o.status, granted(&o)), (Status::Revoked, vec!["c1".to_owned()]));
+    assert_counts_match_holders(&s, "cad").await;
+    // A lingering seat is revoked at once too; ada's waiter gets it.
+    assert_eq!(who("a1", "", 0).release(&mut con).await.linger_ms, Some(60_000));
+    let o = who("a1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
+    assert_eq!((o.status, granted(&o)), (Status::Revoked, vec!["a2".to_owned()]));
+    assert_counts_match_holders(&s, "cad").await;
+    // A revoked waiter's owner record goes with its place.
+    let o = who("d1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
+    assert_eq!((o.status, o.held), (Status::Revoked, Some(false)));
+    assert_counts_match_holders(&s, "cad").await;
+    let (truth, _, _) = read_owners(&s, "cad").await;
+    assert_eq!(truth.users, [("ada".to_owned(), 1), ("cyd".to_owned(), 1)].into());
+    assert_eq!(holders(&s, "cad").await, ["a2", "c1"]);
+}
+
 // ---------------------------------------------------------------------------
 // Under concurrency.
 

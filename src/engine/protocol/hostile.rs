@@ -22,7 +22,10 @@ fn field_name() -> impl Strategy<Value = String> {
             "user",
             "group",
             "priority",
-            "borrow_ms"
+            "borrow_ms",
+            "reason",
+            "actor",
+            "cooldown_ms"
         ])
         .prop_map(str::to_owned),
         "[a-z_]{1,12}",
@@ -37,6 +40,7 @@ fn field_value() -> impl Strategy<Value = Vec<u8>> {
             "acquire",
             "release",
             "heartbeat",
+            "revoke",
             "fuzz",
             "s-1",
             "{}",

@@ -7,13 +7,15 @@ use redis::Value;
 
 use crate::engine::license::{Field, InvalidField};
 use crate::engine::policy::PolicyRefusal;
+use crate::engine::revocation::Revocation;
 use crate::engine::status::Status;
 use crate::error::Error;
 
-/// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
+/// Follow-up work a script reports: a waiter to tell about its seat, its
+/// timeout, or its place revoked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
-    /// GRANTED or QUEUE_TIMEOUT.
+    /// GRANTED, QUEUE_TIMEOUT or SESSION_REVOKED.
     pub status: Status,
     /// The waiting session.
     pub session: String,
@@ -55,6 +57,13 @@ pub struct Outcome {
     pub borrowed_until_ms: Option<i64>,
     /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
     pub invalid: Option<InvalidField>,
+    /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
+    /// only; `None` too when the stored record is not of the scripts' form).
+    pub revocation: Option<Revocation>,
+    /// REVOKED only: whether the session held a seat (`true`, the seat was
+    /// freed) or waited in the queue (`false`): usage reports count only the
+    /// first as the end of a hold.
+    pub held: Option<bool>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -81,6 +90,8 @@ impl Outcome {
             linger_ms: None,
             borrowed_until_ms: None,
             invalid: None,
+            revocation: None,
+            held: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -262,6 +273,8 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         linger_ms: for_status(Status::Released),
         borrowed_until_ms: for_status(Status::Acquired),
         invalid: detail.invalid,
+        revocation: detail.revocation,
+        held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes")?,
         changed: flag(script, items.get(6), "changed")?,
@@ -282,6 +295,8 @@ struct Detail {
     priority: Option<i64>,
     /// LICENSE_INVALID: {field, value}.
     invalid: Option<InvalidField>,
+    /// SESSION_REVOKED: the revocation record (when it reads as one).
+    revocation: Option<Revocation>,
 }
 
 impl Detail {
@@ -295,6 +310,16 @@ impl Detail {
         match detail {
             _ if status == Status::LicenseInvalid => Ok(Detail {
                 invalid: Some(invalid_field(script, detail)?),
+                ..Detail::default()
+            }),
+            // A revocation record the scripts stored; one that does not read
+            // as one (written by a later version) is no revocation to show.
+            _ if status == Status::SessionRevoked => Ok(Detail {
+                revocation: text(detail).and_then(|raw| Revocation::parse(&raw)),
+                count: match detail {
+                    Value::Int(n) => Some(*n),
+                    _ => None,
+                },
                 ..Detail::default()
             }),
             Value::Int(n) if status != Status::LimitReached => Ok(Detail {
@@ -401,6 +426,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+        let record = r#"{"reason":"audit","actor":"ada","at":1,"cooldown_until":0}"#;
+        let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
+        assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
+        assert!(!o.queue_full);
     }
 
     #[test]
