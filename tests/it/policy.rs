@@ -1077,6 +1077,13 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     let w2 = spawn_worker(s.clone(), "w2").await;
     let stop = CancellationToken::new();
     let watch = watch_policy(&s, "burst", 8, stop.clone());
+    // ivy holds her two seats throughout: her acquires in the burst are over
+    // her limit, whatever the timing.
+    let mut con = db(&s).await;
+    let ivy = |session: &str| direct(&s, "burst", session).with_policy(ask("ivy", "", 0));
+    for session in ["ivy-1", "ivy-2"] {
+        assert_eq!(ivy(session).acquire(&mut con).await.status, Status::Acquired);
+    }
 
     let users = [
         ("ada", "eng"),
@@ -1087,6 +1094,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
         ("fay", "sales"),
         ("gus", "sales"),
         ("hal", ""),
+        ("ivy", ""),
     ];
     let mut tasks = Vec::new();
     for i in 0..240 {
@@ -1095,7 +1103,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
         tasks.push(tokio::spawn(async move {
             let c = client(&s).await;
             let session = format!("s{i}");
-            let wait = if i % 3 == 0 { 0 } else { 2_000 };
+            let wait = if i % 3 == 0 || user == "ivy" { 0 } else { 2_000 };
             let id = c
                 .send(&acquire_as("burst", &session, user, group, wait))
                 .await
@@ -1136,6 +1144,11 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     let served = outcomes.get(&Status::Acquired).unwrap_or(&0) + outcomes.get(&Status::Granted).unwrap_or(&0);
     assert!(served >= 100, "{outcomes:?}");
     assert!(outcomes.get(&Status::LimitReached).is_some(), "{outcomes:?}");
+    assert_eq!(holders(&s, "burst").await, ["ivy-1", "ivy-2"]);
+    assert_counts_match_holders(&s, "burst").await;
+    for session in ["ivy-1", "ivy-2"] {
+        assert_eq!(ivy(session).release(&mut con).await.status, Status::Released);
+    }
     assert!(holders(&s, "burst").await.is_empty());
     assert_counts_match_holders(&s, "burst").await;
     let (_, kept, _) = read_owners(&s, "burst").await;
