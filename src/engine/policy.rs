@@ -177,17 +177,11 @@ impl LicensePolicy {
         (policy, false)
     }
 
-    /// Checks what `license put` writes: group ids like session ids, a
-    /// priority of at most [`MAX_PRIORITY`], a borrow of at most
-    /// [`MAX_BORROW_MS`], reservations that fit in `seats_total` and in
-    /// their group's own maximum.
+    /// Checks what the fields' own rules (engine::license, which also checks
+    /// the group ids) cannot: a priority of at most [`MAX_PRIORITY`], a
+    /// borrow of at most [`MAX_BORROW_MS`], reservations that fit in
+    /// `seats_total` and in their group's own maximum.
     pub fn validate(&self, seats_total: u64) -> Result<(), PolicyError> {
-        let groups = self.group_max.keys().chain(self.group_reserve.keys());
-        if let Some(bad) = groups.clone().find(|g| !crate::engine::protocol::valid_id(g)) {
-            return Err(PolicyError(format!(
-                "group {bad:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
-            )));
-        }
         if self.max_priority.is_some_and(|p| p > MAX_PRIORITY) {
             return Err(PolicyError(format!("max_priority must be 0 to {MAX_PRIORITY}")));
         }
@@ -334,7 +328,7 @@ mod tests {
         }
         assert!(score(1_000, 1) < score(1, 0), "a higher priority goes first");
         assert!(score(1, 5) < score(2, 5), "FIFO within one priority");
-        assert!((10 * PRIORITY_STEP) < (1 << 53));
+        const { assert!((10 * PRIORITY_STEP) < (1 << 53)) };
     }
 
     #[test]

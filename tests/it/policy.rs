@@ -1143,7 +1143,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     assert!(samples > 50, "the sampler ran ({samples} samples)");
     let served = outcomes.get(&Status::Acquired).unwrap_or(&0) + outcomes.get(&Status::Granted).unwrap_or(&0);
     assert!(served >= 100, "{outcomes:?}");
-    assert!(outcomes.get(&Status::LimitReached).is_some(), "{outcomes:?}");
+    assert!(outcomes.contains_key(&Status::LimitReached), "{outcomes:?}");
     assert_eq!(holders(&s, "burst").await, ["ivy-1", "ivy-2"]);
     assert_counts_match_holders(&s, "burst").await;
     for session in ["ivy-1", "ivy-2"] {
