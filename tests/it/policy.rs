@@ -197,6 +197,22 @@ async fn max_per_user_alone_with_and_without_wait() {
     );
     assert_eq!(holders(&s, "cad").await, ["a2", "a3", "anon", "b1"]);
     assert_counts_match_holders(&s, "cad").await;
+
+    // Lowering the limit evicts nobody: ada keeps her two seats, and gets no
+    // third, nor a second once one is released.
+    let lower = LicensePolicy {
+        max_per_user: Some(1),
+        ..LicensePolicy::default()
+    };
+    seatgate::engine::license::put_policy(&mut db(&s).await, &crate::support::keys(&s), "cad", &lower)
+        .await
+        .unwrap();
+    assert_eq!(holders(&s, "cad").await, ["a2", "a3", "anon", "b1"]);
+    let r = call(&c, acquire_as("cad", "a4", "ada", "", 0)).await;
+    assert_eq!(r.status(), Status::LimitReached);
+    assert_eq!(call(&c, release("cad", "a2")).await.status(), Status::Released);
+    let r = call(&c, acquire_as("cad", "a4", "ada", "", 0)).await;
+    assert_eq!(r.status(), Status::LimitReached);
     worker.stop().await;
 }
 
@@ -546,6 +562,37 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
         call(&c, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
         Status::SessionNotActive
     );
+    assert_counts_match_holders(&s, "cad").await;
+
+    // With wait_ms: a borrow queues like any acquire, and starts at its grant.
+    for session in ["x1", "x2"] {
+        assert_eq!(
+            call(&c, acquire("cad", session, 0)).await.status(),
+            Status::Acquired
+        );
+    }
+    let waiter = client(&s).await;
+    let id = waiter
+        .send(&acquire("cad", "travel", 30_000).with_policy(RequestPolicy {
+            borrow_ms: 400,
+            ..ask("ada", "", 0)
+        }))
+        .await
+        .unwrap();
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    assert_eq!(call(&c, release("cad", "x1")).await.status(), Status::Released);
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    let status =
+        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
+            .await
+            .unwrap();
+    let travel = status.holders.iter().find(|h| h.session == "travel").unwrap();
+    assert!(travel.borrowed_until_ms.is_some(), "{travel:?}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    // The borrow ended; x2, which never heartbeated, is stale by now.
+    let report = reap.pass().await.unwrap();
+    assert_eq!((report.ended, report.evicted), (1, 1));
+    assert!(holders(&s, "cad").await.is_empty());
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
 }
