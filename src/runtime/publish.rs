@@ -325,6 +325,9 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
+                priority: None,
+                linger_ms: None,
+                borrowed_until_ms: None,
                 error: match note.status {
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
                     other => other.refusal_reason().map(str::to_owned),
