@@ -18,8 +18,9 @@
   acquire, release and heartbeat also take
     KEYS[9]  seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
                                        for entries placed in time bucket b (expires)
-    KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
-    KEYS[11] seat:{L}:rate       ZSET  the license's recent requests (expires)
+    KEYS[10] seat:{L}:hits:<S>   STRING the session's recent request counts
+                                       (rate_limit.lua; expires)
+    KEYS[11] seat:{L}:hits       STRING the license's recent request counts (expires)
     KEYS[12] seat:{L}:done:<b-1> HASH  the bucket before KEYS[9], where an
                                        earlier delivery may have stored the
                                        entry's reply; KEYS[9] again when none can

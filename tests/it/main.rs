@@ -14,6 +14,7 @@ mod prometheus;
 mod queue;
 mod report;
 mod scripts;
+mod speed;
 mod stream;
 mod support;
 mod tls;
