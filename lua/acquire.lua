@@ -17,7 +17,9 @@
     ALREADY_ACTIVE      the session already holds a seat, bound to this lease
                         or to none; nothing changed
     QUEUED              detail = 1-based queue position; changed = 0 when the
-                        session was already waiting (same place, no second event)
+                        session was already waiting (same place, no second
+                        event; its later GRANTED / QUEUE_TIMEOUT now goes to
+                        this request's id and reply_to, when it names one)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
                         detail = 'queue_full' when the queue is full
     LEASE_MISMATCH      the session holds a seat or waits, bound to another
@@ -77,7 +79,10 @@ local function decide()
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
-    -- Re-sent while waiting: same place, current position, nothing changed.
+    -- Re-sent while waiting: same place, current position, no second
+    -- event; the later answer goes to this request (its lease was checked
+    -- in the prologue).
+    redirect_waiter(session, request_id, reply_to)
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, rank + 1, now, notes, 0)
   end
   if license.refusal then

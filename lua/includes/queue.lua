@@ -37,6 +37,27 @@ local function waiter_lease(session)
   return cjson.decode(raw).lease_hash or ''
 end
 
+-- Sends the later GRANTED / QUEUE_TIMEOUT of waiting `session` to request
+-- `request_id` on `reply_to` instead: a waiter that re-sends its acquire
+-- (say from a new process, listening on a new reply stream) hears the answer
+-- there. A re-send naming no reply_to changes nothing: the answer still goes
+-- where someone may listen. Only call it once the request's lease matched
+-- the place's (lease.lua).
+local function redirect_waiter(session, request_id, reply_to)
+  if reply_to == '' then
+    return
+  end
+  local raw = rcall('HGET', K.waiters, session)
+  if not raw then
+    return
+  end
+  local w = cjson.decode(raw)
+  if w.id ~= request_id or w.reply_to ~= reply_to then
+    w.id, w.reply_to = request_id, reply_to
+    rcall('HSET', K.waiters, session, cjson.encode(w))
+  end
+end
+
 local function remove_waiter(session)
   rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
