@@ -1,6 +1,6 @@
 //! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
-//! client, `license` provisioning, and the `status`, `events` and `report`
-//! views. Errors come out as one line.
+//! client, `license` provisioning, the administrator's `revoke`, and the
+//! `status`, `events` and `report` views. Errors come out as one line.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::report::printable;
 use crate::client::usage::{self, When};
-use crate::client::{Call, Client, ReplyMsg};
+use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseInfo, LicenseSpec};
@@ -51,6 +51,11 @@ enum Command {
     Release(ClientArgs),
     /// Keep a seat alive.
     Heartbeat(ClientArgs),
+    /// Take a session's seat (or its place in the queue) away, as an
+    /// administrator: the seat goes to the next waiter, and the session is
+    /// told SESSION_REVOKED with the reason. Exits 0 when revoked, 1 when the
+    /// session neither holds a seat nor waits.
+    Revoke(RevokeArgs),
     /// Provision licenses.
     #[command(subcommand)]
     License(LicenseCommand),
@@ -125,6 +130,31 @@ struct ClientArgs {
     /// this one instead of a new random one (to re-send an acquire).
     #[arg(long, value_name = "LEASE")]
     lease: Option<String>,
+    /// How long to wait for the reply, e.g. 5s.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Print the reply as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RevokeArgs {
+    /// License id.
+    #[arg(long)]
+    license: String,
+    /// The session to revoke.
+    #[arg(long)]
+    session: String,
+    /// Why (told to the session and published in the `revoked` event); at most 512 bytes.
+    #[arg(long)]
+    reason: String,
+    /// Who revokes, for the audit trail (default: your OS user name).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Refuse the session's acquires this long afterwards, e.g. 10m (default: none).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    cooldown: Option<Duration>,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -245,6 +275,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Acquire(args) => client_call(&settings, Op::Acquire, args).await,
         Command::Release(args) => client_call(&settings, Op::Release, args).await,
         Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
+        Command::Revoke(args) => revoke(&settings, args).await,
         Command::License(cmd) => license_cmd(&settings, cmd).await,
         Command::Events { from_start, json } => {
             follow_events(&settings, from_start, json).await?;
@@ -365,28 +396,56 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         wait_ms,
         lease,
     };
-    let mut client = Client::connect_with(settings).await?;
-    // A queued acquire may legitimately wait for its grant as long as it asked
-    // to; its QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
-    let timeout =
-        args.timeout + Duration::from_millis(wait_ms) + Duration::from_secs(if wait_ms > 0 { 30 } else { 0 });
+    let client = Client::connect_with(settings).await?;
     let result = async {
-        let id = client.send(&call).await?;
-        let mut reply = client.wait_for(&id, args.timeout).await?;
-        if reply.status() == Status::Queued {
-            print_reply(&reply, args.json);
+        let mut pending = client.request(&call).await?;
+        let first = pending.reply(args.timeout).await?;
+        if first.is_final() {
+            return Ok(first);
         }
-        // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id; a
-        // repeated QUEUED (a redelivered request) is not it.
-        let deadline = std::time::Instant::now() + timeout;
-        while reply.status() == Status::Queued {
-            reply = client
-                .wait_for(&id, deadline.saturating_duration_since(std::time::Instant::now()))
-                .await?;
-        }
-        Ok::<_, Error>(reply)
+        print_reply(&first, args.json);
+        // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id. A
+        // queued acquire may wait for it as long as it asked to; its
+        // QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
+        let wait = Duration::from_millis(wait_ms);
+        pending
+            .final_reply(args.timeout + wait + Duration::from_secs(30))
+            .await
     }
     .await;
+    let _ = client.close().await;
+    let reply = result?;
+    print_reply(&reply, args.json);
+    Ok(if reply.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_REFUSED)
+    })
+}
+
+/// `seatgate revoke`: one request on the admin stream, answered like a client call.
+async fn revoke(settings: &Settings, args: RevokeArgs) -> Result<ExitCode, Error> {
+    let actor = match args.actor {
+        Some(actor) => actor,
+        None => whoami::username()
+            .ok()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| {
+                Error::Usage("cannot tell your user name for the audit trail; pass --actor NAME".into())
+            })?,
+    };
+    let revoke = Revoke {
+        license: args.license,
+        session: args.session,
+        reason: args.reason,
+        actor,
+        cooldown_ms: args
+            .cooldown
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0),
+    };
+    let client = Client::connect_admin(settings).await?;
+    let result = client.revoke(&revoke, args.timeout).await;
     let _ = client.close().await;
     let reply = result?;
     print_reply(&reply, args.json);
@@ -544,7 +603,11 @@ async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Res
                 } else {
                     let get = |k: &str| printable(e.get(k).map(String::as_str).unwrap_or("")).into_owned();
                     let at = get("at_ms").parse::<u64>().map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()).unwrap_or_default();
-                    let reason = e.get("reason").map(|r| format!(" ({})", printable(r))).unwrap_or_default();
+                    let reason = match (e.get("actor"), e.get("reason")) {
+                        (Some(actor), Some(r)) => format!(" (by {}: {})", printable(actor), printable(r)),
+                        (None, Some(r)) => format!(" ({})", printable(r)),
+                        _ => String::new(),
+                    };
                     println!("{at}  {:<13} license={} session={} seats={}/{}{reason}", get("type"), get("license"), get("session"), get("seats_used"), get("seats_total"));
                 }
             }

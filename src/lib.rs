@@ -17,7 +17,7 @@
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
 //!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
 //! - [`client`]   the caller's side
-//!   - [`client::Client`]  a request/reply client (the CLI, tests, benchmark)
+//!   - [`client::Client`]  the request/reply client: clones share one connection and one reply stream
 //!   - [`client::report`]  `seatgate status`: holders and queues per license
 //!   - [`client::usage`]   `seatgate report`: usage per license over a period, from the events
 //! - [`engine`]   what a seat decision is
@@ -28,6 +28,7 @@
 //!   - [`engine::license`]   the license record: put / show / list / delete
 //!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
 //!   - [`engine::records`]   the records the scripts store (sessions, waiters, dedupe), decoded
+//!   - [`engine::revocation`] the record of a revoked session, and what it is told
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
 //! - [`db`]       the connection: one node or Redis Cluster, same commands
 //! - [`error`]    the library's error type

@@ -1,7 +1,7 @@
 --[[
-  outcome: the reply of acquire, release and heartbeat, the one place its
-  shape is described. src/engine/scripts/reply.rs decodes it (Outcome), and
-  tests/it/scripts.rs runs each script against it.
+  outcome: the reply of acquire, release, heartbeat and revoke, the one
+  place its shape is described. src/engine/scripts/reply.rs decodes it
+  (Outcome), and tests/it/scripts.rs runs each script against it.
 
     [1] status       the decision, a wire status (src/engine/status.rs)
     [2] seats_used   seats held after the script ran
@@ -9,6 +9,8 @@
     [4] detail       HEARTBEAT_UPDATED: the heartbeat count;
                      QUEUED: the 1-based queue position;
                      NO_SEATS_AVAILABLE: 'queue_full' when the queue is full;
+                     SESSION_REVOKED: the revocation record, JSON (revoked.lua);
+                     REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
     [5] now_ms       the Redis clock when the script ran
     [6] notes        waiters granted or timed out on the way (outbox.lua)

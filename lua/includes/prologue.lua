@@ -1,6 +1,6 @@
 --[[
-  prologue: what acquire, release and heartbeat do before deciding. They
-  take KEYS[1..12] (keys.lua) and share their first seven ARGV:
+  prologue: what acquire, release, heartbeat and revoke do before deciding.
+  They take KEYS[1..14] (keys.lua) and share their first seven ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
     ARGV[2]  unix ms at which KEYS[9] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
@@ -22,10 +22,12 @@
 
 -- A replayed outcome, or LEASE_MISMATCH, or RATE_LIMITED, or nil to go on
 -- deciding. `limited` says whether this op is rate limited at all (release
--- is not: giving a seat back always works). `refuse`, when given, returns
--- the script's LEASE_MISMATCH outcome or nil: it runs before the rate limits
--- and a refusal is not counted in them, so a caller without the lease cannot
--- use up the holder's budget and get its heartbeats refused.
+-- is not: giving a seat back always works; nor is an administrator's
+-- revoke). `refuse`, when given, returns the script's LEASE_MISMATCH outcome
+-- or nil: it runs before the rate limits and a refusal is not counted in
+-- them, so a caller without the lease cannot use up the holder's budget and
+-- get its heartbeats refused. (Revoke passes none: it is the
+-- administrator's way around a lease.)
 local function prologue(now, limited, refuse)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then

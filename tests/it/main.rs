@@ -3,6 +3,7 @@
 
 mod acl;
 mod cli;
+mod client;
 mod cluster;
 mod faults;
 mod hardening;
@@ -13,6 +14,7 @@ mod page;
 mod prometheus;
 mod queue;
 mod report;
+mod revoke;
 mod scripts;
 mod speed;
 mod stream;

@@ -35,22 +35,22 @@ async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() 
     let s = redis.settings();
     put_license(&s, "lic", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut holder = client(&s).await;
+    let holder = client(&s).await;
     let held = holder.call(&acquire("lic", "h", 0), T).await.unwrap();
     assert_eq!(held.status(), Status::Acquired);
 
     // The waiter queues from its first process, bound to a lease...
-    let (first, first_id, mut first_client) = queue_up(&s, "lic", "w", 60_000).await;
+    let (first, first_id, first_client) = queue_up(&s, "lic", "w", 60_000).await;
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
     let lease = first.lease().cloned().expect("the client sent a lease");
     // ...restarts, and re-sends from a new process with that lease.
-    let mut restarted = client(&s).await;
+    let restarted = client(&s).await;
     let again = acquire("lic", "w", 60_000).with_lease(lease);
     let again_id = restarted.send(&again).await.unwrap();
     let queued = restarted.wait_for(&again_id, T).await.unwrap();
     assert_eq!((queued.status(), queued.int("position")), (Status::Queued, 1));
     // A re-send with another lease is refused and redirects nothing.
-    let mut stranger = client(&s).await;
+    let stranger = client(&s).await;
     let stranger_id = stranger.send(&acquire("lic", "w", 60_000)).await.unwrap();
     assert_eq!(
         stranger.wait_for(&stranger_id, T).await.unwrap().status(),

@@ -20,7 +20,7 @@ use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SessionArgs};
+use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
 use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
@@ -225,6 +225,8 @@ pub struct Direct {
     default_queue_max: u64,
     /// The lease every call carries (`None`: none).
     lease: Option<String>,
+    /// How long a revocation is remembered, and how many per license, as a worker passes them.
+    revoke: seatgate::config::RevokeSettings,
 }
 
 /// `session` of `license` called directly: no redelivery dedupe, no rate limits.
@@ -236,6 +238,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
         lease: None,
+        revoke: s.revoke.clone(),
     }
 }
 
@@ -323,6 +326,30 @@ impl Direct {
             .run(con)
             .await
             .expect("heartbeat.lua")
+    }
+
+    /// lua/revoke.lua: an administrator `actor` revokes this session for
+    /// `reason`, refusing its acquires for `cooldown_ms`.
+    pub async fn revoke(
+        &self,
+        con: &mut impl ConnectionLike,
+        reason: &str,
+        actor: &str,
+        cooldown_ms: u64,
+    ) -> Outcome {
+        let args = RevokeArgs {
+            session: &self.session,
+            reason,
+            actor,
+            cooldown_ms,
+            remember_ms: self.revoke.remember_ms,
+            max_remembered: self.revoke.max_per_license,
+        };
+        Scripts::get()
+            .revoke(&self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .expect("revoke.lua")
     }
 }
 
@@ -479,7 +506,7 @@ pub async fn queue_up(
     session: &str,
     wait_ms: u64,
 ) -> (ReplyMsg, String, Client) {
-    let mut c = client(s).await;
+    let c = client(s).await;
     let id = c.send(&acquire(license, session, wait_ms)).await.unwrap();
     let first = c.wait_for(&id, T).await.unwrap();
     (first, id, c)

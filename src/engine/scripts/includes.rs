@@ -23,6 +23,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
     ("prologue", include_str!("../../../lua/includes/prologue.lua")),
+    ("revoked", include_str!("../../../lua/includes/revoked.lua")),
 ];
 
 /// The directive, at the start of a line.
