@@ -31,7 +31,7 @@
 local function prologue(now, limited, refuse)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then
-    local previous = replay(entry_id)
+    local previous = replay(entry_id, now)
     if previous then
       return previous
     end

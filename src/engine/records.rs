@@ -91,13 +91,13 @@ impl WaiterRecord {
 }
 
 /// Decodes a dedupe record, the value of a stream entry id in
-/// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: the first
-/// six slots of the entry's outcome, either plain, `ACQUIRED:1:5:0:1796013949007`
-/// (status, seats used, seats total, a number for detail, now; no notes), or
-/// as a JSON array, `["RELEASED",1,1,0,1796013944505,[[…note…]]]`. Returns
-/// the outcome a replay of that entry answers (`changed` false, `replayed`
-/// true), as the Lua side rebuilds it.
-pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
+/// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: what the
+/// entry's outcome answered, either plain, `ACQUIRED:1:5:0` (status, seats
+/// used, seats total, a number for detail; no notes), or as a JSON array of
+/// the outcome's first six slots, `["RELEASED",1,1,0,1796013944505,[[…note…]]]`.
+/// Returns the outcome a replay of that entry at `now_ms` (the Redis clock)
+/// answers (`changed` false, `replayed` true), as the Lua side rebuilds it.
+pub fn parse_dedupe_record(raw: &str, now_ms: i64) -> Result<Outcome, Error> {
     let bad = |detail: String| Error::ScriptReply {
         script: "dedupe",
         detail,
@@ -107,20 +107,22 @@ pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
         let Value::Array(slots) = to_redis(&json).ok_or_else(|| bad(format!("not a record: {raw}")))? else {
             return Err(bad(format!("not an array: {raw}")));
         };
+        if slots.len() != 6 {
+            return Err(bad(format!("{} slots, not 6", slots.len())));
+        }
         slots
     } else {
         plain_dedupe_slots(raw).ok_or_else(|| bad(format!("not a record: {raw}")))?
     };
-    if slots.len() != 6 {
-        return Err(bad(format!("{} slots, not 6", slots.len())));
-    }
+    slots[4] = Value::Int(now_ms); // the replay's clock
     slots.push(Value::Int(0)); // changed
     slots.push(Value::Int(1)); // replayed
     decode_outcome("dedupe", Value::Array(slots))
 }
 
-/// The six slots of a plain dedupe record, `<STATUS>:<used>:<total>:<detail>:<now>`,
-/// as the script's `string.match` reads it; `None` for anything else.
+/// The outcome slots of a plain dedupe record, `<STATUS>:<used>:<total>:<detail>`,
+/// as the script's `string.match` reads it (now_ms 0, to be set; no notes);
+/// `None` for anything else.
 fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
     let mut parts = raw.split(':');
     let status = parts.next()?;
@@ -129,7 +131,7 @@ fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
         return None;
     }
     let mut slots = vec![Value::BulkString(status.as_bytes().to_vec())];
-    for _ in 0..4 {
+    for _ in 0..3 {
         let digits = parts.next()?;
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -139,6 +141,7 @@ fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
     if parts.next().is_some() {
         return None;
     }
+    slots.push(Value::Int(0)); // now_ms
     slots.push(Value::Array(Vec::new())); // no notes
     Some(slots)
 }
@@ -188,11 +191,9 @@ mod tests {
 
     #[test]
     fn dedupe_records_decode_with_and_without_notes() {
-        for raw in [
-            r#"["QUEUED",1,1,2,1796013949007,{}]"#,
-            "QUEUED:1:1:2:1796013949007",
-        ] {
-            let o = parse_dedupe_record(raw).unwrap();
+        const NOW: i64 = 1796013999999;
+        for raw in [r#"["QUEUED",1,1,2,1796013949007,{}]"#, "QUEUED:1:1:2"] {
+            let o = parse_dedupe_record(raw, NOW).unwrap();
             assert_eq!(
                 (
                     o.status,
@@ -202,30 +203,31 @@ mod tests {
                     o.changed,
                     o.replayed
                 ),
-                (Status::Queued, 1, Some(2), 1796013949007, false, true),
+                (Status::Queued, 1, Some(2), NOW, false, true),
                 "{raw}"
             );
             assert!(o.notes.is_empty());
         }
         let full =
-            parse_dedupe_record(r#"["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]"#).unwrap();
+            parse_dedupe_record(r#"["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]"#, NOW).unwrap();
         assert!(full.queue_full);
         let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","seat:reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
-        let o = parse_dedupe_record(raw).unwrap();
+        let o = parse_dedupe_record(raw, NOW).unwrap();
         assert_eq!(o.notes.len(), 1);
         assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 2749));
         for foreign in [
-            "ACQUIRED|1|1|0|1796013949007",
-            "ACQUIRED:1:1:0",
-            "ACQUIRED:1:1:0:1796013949007:",
-            "ACQUIRED:1:1:-1:1796013949007",
-            "acquired:1:1:0:1796013949007",
-            ":1:1:0:1796013949007",
+            "ACQUIRED|1|1|0",
+            "ACQUIRED:1:1",
+            "ACQUIRED:1:1:0:",
+            "ACQUIRED:1:1:0:1796013949007",
+            "ACQUIRED:1:1:-1",
+            "acquired:1:1:0",
+            ":1:1:0",
             "[]",
             r#"["ACQUIRED",1]"#,
             r#"{"a":1}"#,
         ] {
-            assert!(parse_dedupe_record(foreign).is_err(), "{foreign}");
+            assert!(parse_dedupe_record(foreign, NOW).is_err(), "{foreign}");
         }
     }
 }
