@@ -1,8 +1,8 @@
 --[[
   prologue: what acquire, release, heartbeat and revoke do before deciding.
-  They take KEYS[1..14] (keys.lua) and share their first seven ARGV:
+  They take KEYS[1..17] (keys.lua) and share their first seven ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
-    ARGV[2]  unix ms at which KEYS[9] may expire (two windows after its
+    ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)

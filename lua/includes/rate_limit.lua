@@ -1,6 +1,6 @@
 --[[
   rate_limit: how many requests a session and a license were admitted
-  lately, KEYS[10] and KEYS[11] (keys.lua), each a small STRING
+  lately, KEYS[13] and KEYS[14] (keys.lua), each a small STRING
 
     "<window>:<count>:<count before>"
       window        the fixed window the counts belong to: floor(now / W),

@@ -355,6 +355,9 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
+                priority: None,
+                linger_ms: None,
+                borrowed_until_ms: None,
                 error: match note.status {
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
                     other => other.refusal_reason().map(str::to_owned),
@@ -458,6 +461,9 @@ mod tests {
             position: None,
             waited_ms: None,
             error: None,
+            borrowed_until_ms: None,
+            linger_ms: None,
+            priority: None,
         };
         let replies = [(a, &reply), (a, &reply), (b, &reply), ("elsewhere", &reply)];
         let mut results = vec![None; replies.len()];

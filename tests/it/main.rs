@@ -11,6 +11,7 @@ mod invalid;
 mod lease;
 mod metrics;
 mod page;
+mod policy;
 mod prometheus;
 mod queue;
 mod report;

@@ -309,7 +309,7 @@ impl Decider {
         // stalled past claim_idle_ms had its batch claimed by another.
         guard.redelivery = true;
         match req.op {
-            Op::Acquire => scripts.acquire(
+            Op::Acquire => scripts.acquire_as(
                 &keys,
                 &guard,
                 &AcquireArgs {
@@ -321,6 +321,7 @@ impl Decider {
                     reply_to: req.reply_to.as_deref().unwrap_or(""),
                     default_queue_max: self.settings.queue.max_length,
                 },
+                &req.policy,
             ),
             Op::Release => scripts.release(
                 &keys,
