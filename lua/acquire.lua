@@ -158,7 +158,7 @@ local function decide()
   local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
-    rcall('ZADD', K.holders, now, session)
+    rcall('ZADD', K.holders, ms(now), session)
     start_session(session, now, meta, lease)
     local borrowed_until = 0
     if owned then

@@ -16,6 +16,7 @@
                   it) is bound to (lease.lua); absent when bound to none
 ]]
 --- @include "keys"
+--- @include "clock"
 --- @include "outbox"
 --- @include "session_record"
 --- @include "owners"
@@ -76,7 +77,7 @@ end
 -- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
 -- Returns how many it removed.
 local function expire_waiters(now, notes, limit)
-  local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, limit)
+  local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(due) do
     local raw = rcall('HGET', K.waiters, session)
     remove_waiter(session)
@@ -97,7 +98,7 @@ local function grant(session, now, notes)
     return false
   end
   local w = cjson.decode(raw)
-  rcall('ZADD', K.holders, now, session)
+  rcall('ZADD', K.holders, ms(now), session)
   start_session(session, now, w.meta, w.lease_hash or '')
   local owner = owner_of(session)
   if owner then
@@ -116,7 +117,7 @@ local function promote(now, total, notes, max)
   local used = rcall('ZCARD', K.holders)
   local granted = 0
   while used < total and granted < max do
-    local head = rcall('ZRANGE', K.queue, 0, 0)[1]
+    local head = rcall('ZRANGE', K.queue, '0', '0')[1]
     if not head then
       return used, granted, true
     end
