@@ -11,6 +11,7 @@
   ARGV[12] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
   ARGV[13] reply_to of the request ('' = none)
   ARGV[14] queue length limit when the license sets no queue_max
+  ARGV[15] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status
     ACQUIRED            seat taken, heartbeat clock started
@@ -28,6 +29,8 @@
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Every outcome carries the license's next due time and the heartbeat
+  timeout in force (includes/prologue.lua, finish).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
@@ -48,6 +51,7 @@ local session, lease = ARGV[8], lease_hash(ARGV[9])
 local meta = ARGV[10]
 local wait_ms, request_id, reply_to = tonumber(ARGV[11]), ARGV[12], ARGV[13]
 local default_queue_max = tonumber(ARGV[14])
+local default_timeout = tonumber(ARGV[15])
 
 local now = now_ms()
 local early = prologue(now, true, function()
@@ -58,7 +62,7 @@ local early = prologue(now, true, function()
   return lease_refusal(now, bound, lease)
 end)
 if early then
-  return early
+  return finish(early, now, default_timeout)
 end
 
 local function decide()
@@ -105,4 +109,4 @@ local function decide()
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
-return settle(decide())
+return finish(settle(decide()), now, default_timeout)

@@ -6,6 +6,7 @@
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
+  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
@@ -16,6 +17,8 @@
                         and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Every outcome carries the license's next due time and the heartbeat
+  timeout in force (includes/prologue.lua, finish).
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Emits no events.
@@ -30,13 +33,14 @@ local rcall = redis.call
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
+local default_timeout = tonumber(ARGV[10])
 
 local now = now_ms()
 local early = prologue(now, true, function()
   return lease_refusal(now, holder_lease(session), lease)
 end)
 if early then
-  return early
+  return finish(early, now, default_timeout)
 end
 
 local function decide()
@@ -49,4 +53,4 @@ local function decide()
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-return settle(decide())
+return finish(settle(decide()), now, default_timeout)

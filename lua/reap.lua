@@ -29,7 +29,7 @@
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
-           redeliver, outbox_cursor, outbox_pending}
+           redeliver, outbox_cursor, outbox_pending, due, heartbeat_timeout_ms}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -39,6 +39,12 @@
     redeliver    outbox notes to deliver again, as notes, at most `limit`
     outbox_cursor, outbox_pending  ARGV[4] and ARGV[5..] for the next step;
                  '' and {} once the scan is through
+    due          when the reaper next has work on the license after this
+                 step (ms; includes/due.lua), 0 for never; an outbox still
+                 holding replies makes it due once they may be handed out
+                 again, ARGV[3] from now. The reaper files it in the due index.
+    heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
+                 reply carries
   src/engine/scripts/reply.rs decodes this reply (Reaped).
   Emits no events: the reaper publishes them from the reply.
 ]]
@@ -48,6 +54,7 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outbox"
 --- @include "queue"
+--- @include "due"
 
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cursor = ARGV[4]
@@ -133,4 +140,5 @@ local more = 0
 if #stale >= limit or expired >= limit or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
-return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending}
+local due = next_due(now, timeout, now + max_age)
+return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending, due, timeout}

@@ -8,6 +8,7 @@
               is never rate limited
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
+  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua), detail 0, with status
     RELEASED           the seat is free; it went straight to the head of the
@@ -16,6 +17,8 @@
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  Every outcome carries the license's next due time and the heartbeat
+  timeout in force (includes/prologue.lua, finish).
   Release works whatever the license's state, even when its record breaks
   the rules: a user can always give a seat back. A freed seat goes to the
   queue only while the license may hand out seats.
@@ -32,6 +35,7 @@ local rcall = redis.call
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
+local default_timeout = tonumber(ARGV[10])
 
 local now = now_ms()
 local early = prologue(now, false, function()
@@ -42,7 +46,7 @@ local early = prologue(now, false, function()
   return lease_refusal(now, bound, lease)
 end)
 if early then
-  return early
+  return finish(early, now, default_timeout)
 end
 
 local function decide()
@@ -65,4 +69,4 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), license.total, 0, now, notes)
 end
 
-return settle(decide())
+return finish(settle(decide()), now, default_timeout)

@@ -359,6 +359,11 @@ pub struct ReaperSettings {
     pub lock_ms: u64,
     /// Outbox redelivery age, ms.
     pub redeliver_after_ms: u64,
+    /// Licenses of the license index the repair sweep (and the seat census)
+    /// looks at per pass, and a tenth of the keys of the keyspace it scans
+    /// for licenses written as their hash alone: the bound on what a pass
+    /// spends on finding licenses the due index lacks.
+    pub sweep: usize,
 }
 
 /// `[metrics]`
@@ -481,6 +486,12 @@ impl Settings {
         own.extend(self.events_streams().into_iter().map(|k| ("events.stream", k)));
         own.push(("keys.prefix", keys.license_index()));
         own.push(("keys.prefix", keys.reaper_lock()));
+        own.push(("keys.prefix", keys.deployment()));
+        own.extend(
+            keys.due_indexes(self.stream.shards)
+                .into_iter()
+                .map(|k| ("keys.prefix", k)),
+        );
         for (name, key) in &own {
             if !key.starts_with(&inside) {
                 return Err(Error::Config(format!(
@@ -523,8 +534,12 @@ impl Settings {
                 "limits.max_entry_bytes must be at least {MIN_ENTRY_BYTES}, room for a full request"
             )));
         }
-        if self.reaper.batch == 0 || self.reaper.concurrency == 0 || self.reaper.lock_ms == 0 {
-            return bad("reaper.batch, reaper.concurrency and reaper.lock_ms must be positive");
+        if self.reaper.batch == 0
+            || self.reaper.concurrency == 0
+            || self.reaper.lock_ms == 0
+            || self.reaper.sweep == 0
+        {
+            return bad("reaper.batch, reaper.concurrency, reaper.lock_ms and reaper.sweep must be positive");
         }
         if self.reaper.schedule.split_whitespace().count() < 6 {
             return bad("reaper.schedule needs a seconds field: 6 fields, e.g. \"*/5 * * * * *\"");

@@ -12,13 +12,15 @@
              stalled past claim_idle_ms and had its batch claimed); '0' skips it
     ARGV[7]  dedupe window, ms
   Their own arguments start at ARGV[8]: the session, then its lease ('' =
-  none), then the op's own.
+  none), then the op's own, and last the service's heartbeat timeout (ms),
+  which `finish` takes.
 ]]
 --- @include "keys"
 --- @include "license"
 --- @include "outcome"
 --- @include "dedupe"
 --- @include "rate_limit"
+--- @include "due"
 
 -- A replayed outcome, or LEASE_MISMATCH, or RATE_LIMITED, or nil to go on
 -- deciding. `limited` says whether this op is rate limited at all (release
@@ -48,4 +50,17 @@ end
 -- Stores the decided outcome for this request's entry and returns it.
 local function settle(result)
   return remember(ARGV[1], ARGV[2], tonumber(ARGV[7]), result)
+end
+
+-- Fills in what every reply of these scripts carries besides the decision
+-- (outcome.lua [9] and [10]), early answers and replays too: when the
+-- license is next due for the reaper, and the heartbeat timeout in force.
+-- `default_timeout` is the service's (ms). A new outbox note makes the
+-- license due at once: the worker normally delivers it first, and the
+-- reaper's look finds it gone (or, if still there, not yet old enough).
+local function finish(result, now, default_timeout)
+  local timeout = heartbeat_timeout(default_timeout)
+  result[9] = next_due(now, timeout, now)
+  result[10] = timeout
+  return result
 end

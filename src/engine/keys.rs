@@ -104,6 +104,40 @@ impl Keys {
         format!("{}:licenses", self.prefix)
     }
 
+    /// ZSET shard `shard` (of `shards`) of the due index: license -> the
+    /// time (ms) the reaper next has work on it (its oldest heartbeat plus
+    /// its timeout, at once while anyone waits or a reply is undelivered).
+    /// A pass reads the licenses due, never every license. Sharded like the
+    /// streams, by [`shard_of`] the license, each shard with its own hash
+    /// tag: on Redis Cluster the shards spread over the masters, and only
+    /// the worker and the reaper write it (with commands and scripts of its
+    /// own slot), never a seat script, which may touch its license's slot only.
+    pub fn due_index(&self, shard: usize, shards: usize) -> String {
+        let base = format!("{}:due", self.prefix);
+        if shards <= 1 {
+            return base;
+        }
+        format!("{base}:{{{shard}}}")
+    }
+
+    /// Every shard of the due index.
+    pub fn due_indexes(&self, shards: usize) -> Vec<String> {
+        shard_names(&format!("{}:due", self.prefix), shards)
+    }
+
+    /// The due index shard that files `license`.
+    pub fn due_index_for(&self, license: &str, shards: usize) -> String {
+        self.due_index(shard_of(license, shards), shards)
+    }
+
+    /// HASH of settings every process of a deployment must agree on, kept by
+    /// the workers and read by clients: `shards`, the requests stream's shard
+    /// count (docs/protocol.md, "Shards"). A worker started with another
+    /// `stream.shards` than the one recorded refuses to run.
+    pub fn deployment(&self) -> String {
+        format!("{}:config", self.prefix)
+    }
+
     /// Stream of seat events (acquired, released, evicted, queued, granted, ...).
     pub fn events(&self) -> String {
         format!("{}:events", self.prefix)
@@ -162,6 +196,17 @@ mod tests {
         assert_eq!(k.license, "seat:{acme-pro}:license");
         assert_eq!(k.holders, "seat:{acme-pro}:holders");
         assert_eq!(k.sessions, "seat:{acme-pro}:sessions");
+    }
+
+    #[test]
+    fn the_due_index_is_sharded_like_the_streams() {
+        let keys = Keys::new("seat");
+        assert_eq!(keys.due_indexes(1), ["seat:due"]);
+        assert_eq!(keys.due_index_for("acme", 1), "seat:due");
+        // crc32("acme") % 4 == 2, as for the requests stream.
+        assert_eq!(keys.due_index_for("acme", 4), "seat:due:{2}");
+        assert_eq!(keys.due_indexes(4)[2], keys.due_index(2, 4));
+        assert_eq!(keys.deployment(), "seat:config");
     }
 
     #[test]

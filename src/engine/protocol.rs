@@ -595,6 +595,10 @@ pub struct Reply {
     pub position: Option<i64>,
     /// How long the session waited in the queue, ms (GRANTED, QUEUE_TIMEOUT).
     pub waited_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms (ACQUIRED,
+    /// ALREADY_ACTIVE, GRANTED): the holder heartbeats well within it (a
+    /// third of it), without having to know the service's settings.
+    pub heartbeat_timeout_ms: Option<i64>,
     /// A human-readable reason, for refusals and errors.
     pub error: Option<String>,
 }
@@ -613,6 +617,7 @@ impl Reply {
             heartbeats: None,
             position: None,
             waited_ms: None,
+            heartbeat_timeout_ms: None,
             error: Some(bad.reason.clone()),
         }
     }
@@ -637,6 +642,9 @@ impl Reply {
         }
         if let Some(n) = self.waited_ms {
             out.push(("waited_ms", n.to_string()));
+        }
+        if let Some(n) = self.heartbeat_timeout_ms {
+            out.push(("heartbeat_timeout_ms", n.to_string()));
         }
         if let Some(e) = &self.error {
             out.push(("error", e.clone()));
@@ -1027,12 +1035,24 @@ mod tests {
             heartbeats: Some(3),
             position: None,
             waited_ms: None,
+            heartbeat_timeout_ms: None,
             error: None,
         };
         let f = reply.fields();
         assert!(f.contains(&("ok", "1".into())));
         assert!(f.contains(&("heartbeats", "3".into())));
-        assert!(!f.iter().any(|(k, _)| *k == "error"));
+        assert!(!f
+            .iter()
+            .any(|(k, _)| *k == "error" || *k == "heartbeat_timeout_ms"));
+        let acquired = Reply {
+            status: Status::Acquired,
+            heartbeats: None,
+            heartbeat_timeout_ms: Some(90_000),
+            ..reply
+        };
+        assert!(acquired
+            .fields()
+            .contains(&("heartbeat_timeout_ms", "90000".into())));
     }
 
     /// The documented wire form of every op. A match without a wildcard, so

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::Settings;
 pub use crate::engine::events::{Event, EventType};
@@ -42,6 +42,8 @@ pub struct Publisher {
     single_clock: bool,
     /// Key names (the outbox of a license).
     keys: crate::engine::keys::Keys,
+    /// Where the licenses' next due times are filed for the reaper.
+    due: crate::runtime::due::DueIndex,
     /// Reply streams this process set the expiry of recently, and when.
     fresh: Arc<Mutex<HashMap<String, Instant>>>,
 }
@@ -57,6 +59,7 @@ impl Publisher {
             reply_ttl_ms: settings.replies.ttl_ms,
             single_clock: !settings.redis.is_cluster(),
             keys: crate::engine::keys::Keys::new(settings.keys.prefix.clone()),
+            due: crate::runtime::due::DueIndex::new(settings),
             fresh: Default::default(),
         }
     }
@@ -198,10 +201,13 @@ impl Publisher {
     }
 
     /// Writes many replies and events with one pipeline: the replies to
-    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs.
-    /// Replies that need the script (first reply to a stream, or the fast
-    /// path found the stream gone) follow one by one. Returns one result per
-    /// reply, in order; event failures are logged and counted only.
+    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs,
+    /// and each license's next due time (license, ms) in the due index
+    /// (`ZADD LT`, runtime::due). Replies that need the script (first reply
+    /// to a stream, or the fast path found the stream gone) follow one by
+    /// one. Returns one result per reply, in order; event failures are
+    /// logged and counted only, and a due time not filed is found by the
+    /// reaper's sweep.
     ///
     /// `clock` is the earliest Redis time (ms) the batch's scripts read, if
     /// any ran: the fast path trims reply streams by age from it.
@@ -210,9 +216,10 @@ impl Publisher {
         con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
         events: &[Event<'_>],
+        dues: &[(&str, i64)],
         clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
-        let mut cmds = Vec::with_capacity(replies.len() + events.len());
+        let mut cmds = Vec::with_capacity(replies.len() + events.len() + dues.len());
         let mut fast = Vec::with_capacity(replies.len());
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
         for (i, (stream, reply)) in replies.iter().enumerate() {
@@ -229,6 +236,9 @@ impl Publisher {
         }
         for event in events {
             cmds.push(self.event_cmd(event));
+        }
+        for (license, due_ms) in dues {
+            cmds.push(self.due.file(license, *due_ms));
         }
         if !cmds.is_empty() {
             match con.query_all(cmds).await {
@@ -251,10 +261,16 @@ impl Publisher {
                             None => {}
                         }
                     }
-                    for (answer, event) in answers.zip(events) {
+                    // Each list first: zip pulls from its first iterator before the second.
+                    for (event, answer) in events.iter().zip(answers.by_ref()) {
                         if let Err(e) = answer {
                             metrics::event_error();
                             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
+                        }
+                    }
+                    for ((license, _), answer) in dues.iter().zip(answers) {
+                        if let Err(e) = answer {
+                            debug!(%license, error = %e, "cannot file a license's due time; the reaper's sweep finds it");
                         }
                     }
                 }
@@ -324,6 +340,7 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
+                heartbeat_timeout_ms: note.heartbeat_timeout_ms,
                 error: (note.status == Status::QueueTimeout)
                     .then(|| format!("waited {} ms without a seat", note.waited_ms)),
             };

@@ -223,6 +223,8 @@ pub struct Direct {
     meta: String,
     /// The queue limit for a license without its own `queue_max`, as a worker passes it.
     default_queue_max: u64,
+    /// The heartbeat timeout for a license without its own, as a worker passes it.
+    default_heartbeat_timeout_ms: u64,
     /// The lease every call carries (`None`: none).
     lease: Option<String>,
 }
@@ -235,6 +237,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         session: session.to_owned(),
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
+        default_heartbeat_timeout_ms: s.sessions.heartbeat_timeout_ms,
         lease: None,
     }
 }
@@ -291,6 +294,7 @@ impl Direct {
             request_id,
             reply_to,
             default_queue_max: self.default_queue_max,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .acquire(&self.keys, &self.guard, &args)
@@ -304,6 +308,7 @@ impl Direct {
         let args = SessionArgs {
             session: &self.session,
             lease: self.lease.as_deref(),
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .release(&self.keys, &self.guard, &args)
@@ -317,6 +322,7 @@ impl Direct {
         let args = SessionArgs {
             session: &self.session,
             lease: self.lease.as_deref(),
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .heartbeat(&self.keys, &self.guard, &args)

@@ -24,6 +24,10 @@ pub struct Note {
     pub waited_ms: i64,
     /// Its field in the license's outbox, removed once delivered.
     pub note_id: String,
+    /// The license's heartbeat timeout in force, ms, which a GRANTED reply
+    /// carries: not part of the note's own record, but of the script reply
+    /// that carried it (the outcome's or reap step's), set when decoding.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 /// What a seat script decided.
@@ -52,6 +56,15 @@ pub struct Outcome {
     pub now_ms: i64,
     /// Waiters granted or timed out by this script.
     pub notes: Vec<Note>,
+    /// When the reaper next has work on the license (Redis clock, ms), as
+    /// the script left it; `None` when it needs no reaper at all. The
+    /// worker files it in the due index (runtime::due).
+    pub due_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms (its own, else the
+    /// service's): ACQUIRED and ALREADY_ACTIVE replies carry it. `None`
+    /// where it is not known: an outcome that could not be decided, or one
+    /// read back from a dedupe record, which does not keep it.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 impl Outcome {
@@ -69,6 +82,8 @@ impl Outcome {
             replayed: false,
             now_ms: 0,
             notes: Vec::new(),
+            due_ms: None,
+            heartbeat_timeout_ms: None,
         }
     }
 }
@@ -122,6 +137,11 @@ pub struct Reaped {
     pub redeliver: Vec<Note>,
     /// Where the next step of this pass goes on in the outbox.
     pub outbox: OutboxCursor,
+    /// When the reaper next has work on the license after this step (Redis
+    /// clock, ms); `None` when it needs no reaper until a request comes.
+    pub due_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 fn bad(script: &'static str, detail: String) -> Error {
@@ -157,8 +177,14 @@ fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Err
     }
 }
 
-/// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms, note_id}` each.
-fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note>, Error> {
+/// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms,
+/// note_id}` each, of a license whose heartbeat timeout in force is `timeout`.
+fn notes(
+    script: &'static str,
+    v: Option<&Value>,
+    what: &str,
+    timeout: Option<i64>,
+) -> Result<Vec<Note>, Error> {
     let Some(Value::Array(items)) = v else {
         return Err(bad(script, format!("{what} are not a list: {v:?}")));
     };
@@ -181,6 +207,7 @@ fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note
                 reply_to: string(script, f.get(3), "reply_to")?,
                 waited_ms: int(script, f.get(4), "waited_ms")?,
                 note_id: string(script, f.get(5), "note_id")?,
+                heartbeat_timeout_ms: timeout.filter(|_| status == Status::Granted),
             })
         })
         .collect()
@@ -211,15 +238,33 @@ fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, E
     Ok(InvalidField { field, value })
 }
 
+/// A due time as the scripts report it: 0 for none.
+fn due(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error> {
+    let due = int(script, v, "due")?;
+    Ok(Some(due).filter(|ms| *ms > 0))
+}
+
+/// A heartbeat timeout as the scripts report it: positive (0 stands for
+/// one not known, as in a dedupe record read back).
+fn timeout(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error> {
+    match int(script, v, "heartbeat_timeout_ms")? {
+        0 => Ok(None),
+        ms if ms > 0 => Ok(Some(ms)),
+        ms => Err(bad(script, format!("heartbeat_timeout_ms is {ms}, not positive"))),
+    }
+}
+
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
-/// notes, changed, replayed}` (lua/includes/outcome.lua) of `script`.
+/// notes, changed, replayed, due, heartbeat_timeout_ms}`
+/// (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 8 {
-        return Err(bad(script, format!("outcome has {} slots, not 8", items.len())));
+    if items.len() != 10 {
+        return Err(bad(script, format!("outcome has {} slots, not 10", items.len())));
     }
+    let heartbeat_timeout_ms = timeout(script, items.get(9))?;
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
@@ -252,24 +297,28 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         queue_full,
         invalid,
         now_ms: int(script, items.get(4), "now_ms")?,
-        notes: notes(script, items.get(5), "notes")?,
+        notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
         changed: flag(script, items.get(6), "changed")?,
         replayed: flag(script, items.get(7), "replayed")?,
+        due_ms: due(script, items.get(8))?,
+        heartbeat_timeout_ms,
     })
 }
 
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
-/// more, queue_depth, redeliver, outbox_cursor, outbox_pending}` (lua/reap.lua).
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, due,
+/// heartbeat_timeout_ms}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 10 {
+    if items.len() != 12 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 10", items.len()),
+            format!("reap step has {} slots, not 12", items.len()),
         ));
     }
+    let heartbeat_timeout_ms = timeout(script, items.get(11))?;
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
         other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
@@ -279,14 +328,16 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         seats_total: int(script, items.get(1), "seats_total")?,
         now_ms: int(script, items.get(2), "now_ms")?,
         evicted: strings(&items[3], "evicted")?,
-        notes: notes(script, items.get(4), "notes")?,
+        notes: notes(script, items.get(4), "notes", heartbeat_timeout_ms)?,
         more: flag(script, items.get(5), "more")?,
         queue_depth: int(script, items.get(6), "queue_depth")?,
-        redeliver: notes(script, items.get(7), "redeliver")?,
+        redeliver: notes(script, items.get(7), "redeliver", heartbeat_timeout_ms)?,
         outbox: OutboxCursor {
             cursor: string(script, items.get(8), "outbox_cursor")?,
             pending: strings(&items[9], "outbox_pending")?,
         },
+        due_ms: due(script, items.get(10))?,
+        heartbeat_timeout_ms,
     })
 }
 
@@ -308,7 +359,43 @@ mod tests {
             Value::Array(notes),
             Value::Int(1),
             Value::Int(0),
+            Value::Int(1_090),
+            Value::Int(90_000),
         ])
+    }
+
+    #[test]
+    fn the_due_time_and_the_timeout_in_force_come_with_every_outcome() {
+        let note = |kind: &str| {
+            Value::Array(vec![
+                bulk(kind),
+                bulk("w1"),
+                bulk("r-1"),
+                bulk("seat:reply:w"),
+                Value::Int(5),
+                bulk("id"),
+            ])
+        };
+        let o = decode_outcome(
+            "release",
+            outcome(
+                "RELEASED",
+                Value::Int(0),
+                vec![note("GRANTED"), note("QUEUE_TIMEOUT")],
+            ),
+        )
+        .unwrap();
+        assert_eq!((o.due_ms, o.heartbeat_timeout_ms), (Some(1_090), Some(90_000)));
+        let timeouts: Vec<Option<i64>> = o.notes.iter().map(|n| n.heartbeat_timeout_ms).collect();
+        assert_eq!(timeouts, [Some(90_000), None], "only a grant carries it");
+        let Value::Array(mut idle) = outcome("RELEASED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        idle[8] = Value::Int(0);
+        assert_eq!(
+            decode_outcome("release", Value::Array(idle)).unwrap().due_ms,
+            None
+        );
     }
 
     #[test]
@@ -352,6 +439,11 @@ mod tests {
         };
         seven.pop();
         assert!(decode_outcome("release", Value::Array(seven)).is_err());
+        let Value::Array(mut no_timeout) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        no_timeout[9] = Value::Int(-1);
+        assert!(decode_outcome("acquire", Value::Array(no_timeout)).is_err());
         assert!(decode_reaped("reap", Value::Array(vec![Value::Int(1)])).is_err());
     }
 }

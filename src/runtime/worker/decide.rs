@@ -315,6 +315,7 @@ impl Decider {
                     request_id: &req.id,
                     reply_to: req.reply_to.as_deref().unwrap_or(""),
                     default_queue_max: self.settings.queue.max_length,
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
             Op::Release => scripts.release(
@@ -323,6 +324,7 @@ impl Decider {
                 &SessionArgs {
                     session: &req.session,
                     lease: lease(req),
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
             Op::Heartbeat => scripts.heartbeat(
@@ -331,6 +333,7 @@ impl Decider {
                 &SessionArgs {
                     session: &req.session,
                     lease: lease(req),
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
         }

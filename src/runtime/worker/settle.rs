@@ -54,7 +54,20 @@ impl Decider {
             .map(|o| o.now_ms)
             .filter(|ms| *ms > 0)
             .min();
-        let sent = self.publisher.reply_many(con, &to_send, &events, clock).await;
+        // Every license a script ran for, filed for the reaper as the script left it.
+        let dues: Vec<(&str, i64)> = items
+            .iter()
+            .filter_map(|item| {
+                let (Some(Ok(req)), Some(Ok(outcome))) = (&item.request, &item.outcome) else {
+                    return None;
+                };
+                Some((req.license.as_str(), outcome.due_ms?))
+            })
+            .collect();
+        let sent = self
+            .publisher
+            .reply_many(con, &to_send, &events, &dues, clock)
+            .await;
         let with_reply = items.iter_mut().filter(|item| item.reply.is_some());
         for (item, result) in with_reply.zip(sent) {
             let (Err(e), Some((reply_to, _))) = (result, &item.reply) else {
@@ -390,6 +403,10 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeats: outcome.heartbeats,
         position: outcome.position,
         waited_ms: None,
+        // What the holder needs to keep the seat: on every answer that says it holds one.
+        heartbeat_timeout_ms: outcome
+            .heartbeat_timeout_ms
+            .filter(|_| matches!(outcome.status, Status::Acquired | Status::AlreadyActive)),
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())

@@ -12,6 +12,10 @@ use crate::error::Error;
 /// `queue_max`: none of its own (only read when the acquire waits).
 const DEFAULT_QUEUE_MAX: u64 = u64::MAX;
 
+/// The heartbeat timeout a direct call passes for licenses without their
+/// own: the service's default (config/default.toml).
+const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 90_000;
+
 /// One session of one license, called directly.
 pub(super) struct Seat {
     /// The license's keys.
@@ -65,6 +69,7 @@ impl Seat {
             request_id,
             reply_to,
             default_queue_max: DEFAULT_QUEUE_MAX,
+            default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
         };
         match step {
             Step::Acquire { meta } => s.acquire(&self.keys, &self.guard, &acquire(meta, 0, "", "")),
@@ -78,7 +83,15 @@ impl Seat {
                 &self.guard,
                 &acquire(meta, wait_ms, request_id, reply_to),
             ),
-            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session, lease: None }),
+            Step::Release => s.release(
+                &self.keys,
+                &self.guard,
+                &SessionArgs {
+                    session,
+                    lease: None,
+                    default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+                },
+            ),
         }
     }
 
