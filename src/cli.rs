@@ -365,26 +365,21 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         wait_ms,
         lease,
     };
-    let mut client = Client::connect_with(settings).await?;
-    // A queued acquire may legitimately wait for its grant as long as it asked
-    // to; its QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
-    let timeout =
-        args.timeout + Duration::from_millis(wait_ms) + Duration::from_secs(if wait_ms > 0 { 30 } else { 0 });
+    let client = Client::connect_with(settings).await?;
     let result = async {
-        let id = client.send(&call).await?;
-        let mut reply = client.wait_for(&id, args.timeout).await?;
-        if reply.status() == Status::Queued {
-            print_reply(&reply, args.json);
+        let mut pending = client.request(&call).await?;
+        let first = pending.reply(args.timeout).await?;
+        if first.is_final() {
+            return Ok(first);
         }
-        // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id; a
-        // repeated QUEUED (a redelivered request) is not it.
-        let deadline = std::time::Instant::now() + timeout;
-        while reply.status() == Status::Queued {
-            reply = client
-                .wait_for(&id, deadline.saturating_duration_since(std::time::Instant::now()))
-                .await?;
-        }
-        Ok::<_, Error>(reply)
+        print_reply(&first, args.json);
+        // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id. A
+        // queued acquire may wait for it as long as it asked to; its
+        // QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
+        let wait = Duration::from_millis(wait_ms);
+        pending
+            .final_reply(args.timeout + wait + Duration::from_secs(30))
+            .await
     }
     .await;
     let _ = client.close().await;

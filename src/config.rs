@@ -301,6 +301,10 @@ pub struct ClientSettings {
     /// (`<replies.prefix><name>:<unique>`), so that an ACL can give each
     /// application its own replies and nobody else's.
     pub name: String,
+    /// Most requests one client has sent and not yet had answered; past it
+    /// callers wait for a slot, so a burst cannot pile up without bound in
+    /// the requests stream and the client's waiter table.
+    pub max_in_flight: usize,
 }
 
 /// `[events]`
@@ -513,6 +517,9 @@ impl Settings {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         {
             return bad("client.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -");
+        }
+        if self.client.max_in_flight == 0 {
+            return bad("client.max_in_flight must be at least 1");
         }
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");

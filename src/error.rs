@@ -38,6 +38,10 @@ pub enum Error {
     /// A client request got no reply in time.
     #[error("no reply within {0:?}; is `seatgate run` running against the same Redis and stream?")]
     ReplyTimeout(Duration),
+    /// The request client cannot go on: its reply reader stopped, or a
+    /// request id already has a waiter.
+    #[error("client: {0}")]
+    Client(String),
     /// Bad command-line input.
     #[error("{0}")]
     Usage(String),

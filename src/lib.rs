@@ -17,7 +17,7 @@
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
 //!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
 //! - [`client`]   the caller's side
-//!   - [`client::Client`]  a request/reply client (the CLI, tests, benchmark)
+//!   - [`client::Client`]  the request/reply client: clones share one connection and one reply stream
 //!   - [`client::report`]  `seatgate status`: holders and queues per license
 //!   - [`client::usage`]   `seatgate report`: usage per license over a period, from the events
 //! - [`engine`]   what a seat decision is

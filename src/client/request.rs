@@ -1,25 +1,37 @@
-//! A request/reply client: what any service does in its own language, in Rust.
+//! The request/reply client: what any service does in its own language, in Rust.
 //!
-//! It XADDs a request to the requests stream and XREADs its own reply stream
-//! until the reply carrying its request id arrives. The CLI's `acquire`,
-//! `release` and `heartbeat` use it, and so do the tests and the benchmark.
+//! A [`Client`] is cheap to clone, and every clone shares one connection for
+//! requests and one reply stream. Any number of tasks call at once: each
+//! request registers a waiter under its request id, is XADDed to its
+//! license's shard (concurrent XADDs go out pipelined on the one multiplexed
+//! connection), and is answered when the client's reply reader (one task,
+//! `reader.rs`) reads the reply carrying that id. In-flight requests are
+//! bounded (`client.max_in_flight`): past it, callers wait for a slot. The
+//! CLI's `acquire`, `release` and `heartbeat` use it, and so do the tests
+//! and the benchmark.
 //!
 //! Every acquire carries a lease, a random secret the seat is bound to
 //! (docs/protocol.md, "Leases"): the client makes one per session (or takes
-//! the caller's, [`Call::with_lease`]), remembers it per license and session,
-//! and sends it with that session's heartbeats, releases and re-sent
-//! acquires, so that no other caller can keep alive or free the seat.
+//! the caller's, [`Call::with_lease`]), remembers it per license and session
+//! for all its clones, and sends it with that session's heartbeats, releases
+//! and re-sent acquires, so that no other caller can keep alive or free the
+//! seat.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::reader::{Reader, ReaderCounters, READ_BLOCK};
+use super::waiters::{Waiters, Waiting};
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::shard_name;
 use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -74,6 +86,27 @@ impl Call {
         self.lease = Some(lease);
         self
     }
+
+    /// The request's own fields as they go on the wire, in order; the
+    /// client adds `id` and `reply_to` (and fills in the lease). A new
+    /// request field goes here only.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![
+            ("op", self.op.as_str().to_owned()),
+            ("license", self.license.clone()),
+            ("session", self.session.clone()),
+        ];
+        if let Some(meta) = &self.meta {
+            fields.push(("meta", meta.clone()));
+        }
+        if self.wait_ms > 0 {
+            fields.push(("wait_ms", self.wait_ms.to_string()));
+        }
+        if let Some(lease) = &self.lease {
+            fields.push(("lease", lease.as_str().to_owned()));
+        }
+        fields
+    }
 }
 
 /// A reply as received: every field, plus typed accessors for the common
@@ -126,17 +159,31 @@ impl ReplyMsg {
         self.get("ok") == "1"
     }
 
+    /// Whether this is the last reply to its request (anything but QUEUED).
+    pub fn is_final(&self) -> bool {
+        self.status().is_final()
+    }
+
     /// An integer field, 0 when absent or malformed.
     pub fn int(&self, field: &str) -> i64 {
         self.get(field).parse().unwrap_or(0)
     }
 }
 
-/// A client with its own reply stream.
+/// A client: one request connection and one reply stream shared by every
+/// clone. Dropping the last clone stops its reply reader and deletes its
+/// reply stream (best effort; [`Client::close`] waits for it).
+#[derive(Clone)]
 pub struct Client {
-    /// One connection for XADD and the blocking XREAD. Its response timeout
-    /// is longer than any wait (XREAD BLOCK legitimately takes long); every
-    /// call is bounded by its own deadline instead.
+    /// What the clones share.
+    inner: Arc<Inner>,
+}
+
+/// The state every clone of a client shares.
+struct Inner {
+    /// The shared connection requests are XADDed on: multiplexed (concurrent
+    /// requests are pipelined) and reconnecting by itself on one node,
+    /// routing each XADD to its shard's master on a cluster.
     con: Db,
     /// The requests stream (the base name when sharded).
     requests: String,
@@ -146,21 +193,97 @@ pub struct Client {
     /// inside the reply namespace the workers answer in, and under the
     /// application's name, so that its ACL user may read it and no other.
     reply_to: String,
-    /// Last reply entry id read.
-    last_seen: String,
     /// Prefix of this client's request ids, unique per client instance.
     id_prefix: String,
+    /// The next request id's sequence number.
+    next_id: AtomicU64,
+    /// Who waits for which reply; shared with the reader.
+    waiters: Arc<Waiters>,
+    /// In-flight slots: a request holds one from before its XADD until its
+    /// first reply (or until its caller gives up).
+    slots: Arc<Semaphore>,
+    /// `client.max_in_flight`, for [`Stats::in_flight`].
+    max_in_flight: usize,
+    /// The reader's counters.
+    counters: Arc<ReaderCounters>,
     /// The lease each (license, session) this client acquired is bound to,
-    /// sent again with its heartbeats, releases and re-sent acquires;
-    /// forgotten once the session's seat or place is given back.
-    leases: HashMap<(String, String), Lease>,
+    /// sent again with its heartbeats, releases and re-sent acquires by
+    /// any clone; forgotten once the seat or place is given back.
+    leases: Mutex<HashMap<(String, String), Lease>>,
+    /// The reader task, for [`Client::close`] to wait on.
+    reader: Mutex<Option<JoinHandle<Result<(), Error>>>>,
+    /// Stops the reader when the last clone is dropped. (The reader holds
+    /// the waiters, not the client: otherwise it would keep the client alive.)
+    _stop: DropGuard,
 }
 
-/// Longest a client call may wait (a queued acquire waits up to a day).
-const LONGEST_WAIT: Duration = Duration::from_secs(86_400 + 120);
+/// A client's counters, for tests and the curious.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests sent (or about to be) and not answered yet.
+    pub in_flight: usize,
+    /// Waiters registered (in-flight requests, queued acquires waited on,
+    /// `wait_for` calls).
+    pub waiting: usize,
+    /// Replies nobody waited for, kept for a later [`Client::wait_for`].
+    pub unclaimed: usize,
+    /// Unclaimed replies dropped: too many, or older than `replies.ttl_ms`.
+    pub unclaimed_dropped: u64,
+    /// Times the reply reader reconnected after a failed read.
+    pub reconnects: u64,
+}
 
-static NEXT_CLIENT: AtomicU64 = AtomicU64::new(0);
-static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
+/// A request sent, with its waiter: its replies come through it, QUEUED
+/// first for a queued acquire, then GRANTED or QUEUE_TIMEOUT. Dropping it
+/// stops waiting (a reply that comes later is kept unclaimed for a while).
+pub struct Pending {
+    /// The registered waiter.
+    waiting: Waiting,
+    /// Its client: kept alive (and its reply reader with it) while waiting,
+    /// and asked for the lease each reply was sent with.
+    client: Client,
+}
+
+impl Pending {
+    /// The request id; every reply to the request carries it.
+    pub fn id(&self) -> &str {
+        self.waiting.id()
+    }
+
+    /// The next reply, waiting up to `timeout`. A timeout leaves the request
+    /// registered: its reply may still be waited for.
+    pub async fn reply(&mut self, timeout: Duration) -> Result<ReplyMsg, Error> {
+        match tokio::time::timeout(timeout, self.waiting.next()).await {
+            Ok(Some(reply)) => Ok(self.client.with_lease(reply)),
+            Ok(None) => Err(stopped()),
+            Err(_) => Err(Error::ReplyTimeout(timeout)),
+        }
+    }
+
+    /// The final reply (anything but QUEUED), waiting up to `timeout` in all.
+    /// QUEUED replies on the way (a redelivered request repeats its QUEUED)
+    /// are skipped.
+    pub async fn final_reply(&mut self, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let reply = self
+                .reply(deadline.saturating_duration_since(Instant::now()))
+                .await
+                .map_err(|e| match e {
+                    Error::ReplyTimeout(_) => Error::ReplyTimeout(timeout),
+                    other => other,
+                })?;
+            if reply.is_final() {
+                return Ok(reply);
+            }
+        }
+    }
+}
+
+/// The error of a wait whose client stopped reading replies.
+fn stopped() -> Error {
+    Error::Client("the reply reader stopped".into())
+}
 
 impl Client {
     /// Connects to one Redis at `url`, sending requests to the unsharded stream
@@ -174,210 +297,229 @@ impl Client {
     }
 
     /// Connects as `settings` say: one node or a cluster, sharded or not.
+    /// Opens the request connection and the reply reader's, and starts the
+    /// reader (inside the current tokio runtime).
     pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
-        let con = Db::connect_blocking(&settings.redis, LONGEST_WAIT).await?;
-        let requests = settings.stream.requests.clone();
-        let shards = settings.stream.shards;
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        // A random part makes the reply stream's name and the request ids
+        let con = Db::connect(&settings.redis).await?;
+        let reading = Db::connect_blocking(&settings.redis, READ_BLOCK).await?;
+        // A random id makes the reply stream's name and the request ids
         // unguessable: another caller (who may not list keys) cannot aim a
         // request's reply at this stream, nor pass one off as an answer here.
-        // std's RandomState is keyed from the operating system's randomness.
-        let random = {
-            let mut hasher = RandomState::new().build_hasher();
-            hasher.write_u128(nanos);
-            hasher.finish()
-        };
-        let id_prefix = format!(
-            "{nanos:x}-{}-{}-{random:016x}",
-            std::process::id(),
-            NEXT_CLIENT.fetch_add(1, Ordering::Relaxed)
-        );
+        let id_prefix = uuid::Uuid::new_v4().simple().to_string();
         let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
+        let waiters = Waiters::new(Duration::from_millis(settings.replies.ttl_ms));
+        let counters = Arc::new(ReaderCounters::default());
+        let stop = CancellationToken::new();
+        let reader = Reader {
+            redis: settings.redis.clone(),
+            reply_to: reply_to.clone(),
+            waiters: waiters.clone(),
+            counters: counters.clone(),
+        };
+        let reader = tokio::spawn(reader.run(reading, con.clone(), stop.clone()));
+        let max_in_flight = settings.client.max_in_flight;
         Ok(Client {
-            con,
-            requests,
-            shards,
-            reply_to,
-            last_seen: "0".to_owned(),
-            id_prefix,
-            leases: HashMap::new(),
+            inner: Arc::new(Inner {
+                con,
+                requests: settings.stream.requests.clone(),
+                shards: settings.stream.shards,
+                reply_to,
+                id_prefix,
+                next_id: AtomicU64::new(0),
+                waiters,
+                slots: Arc::new(Semaphore::new(max_in_flight)),
+                max_in_flight,
+                counters,
+                leases: Mutex::new(HashMap::new()),
+                reader: Mutex::new(Some(reader)),
+                _stop: stop.drop_guard(),
+            }),
         })
     }
 
     /// The lease this client holds for `session` of `license`: the one its
     /// last acquire (or any call given one) carried.
-    pub fn lease(&self, license: &str, session: &str) -> Option<&Lease> {
-        self.leases.get(&(license.to_owned(), session.to_owned()))
+    pub fn lease(&self, license: &str, session: &str) -> Option<Lease> {
+        self.leases()
+            .get(&(license.to_owned(), session.to_owned()))
+            .cloned()
     }
 
     /// This client's reply stream key.
     pub fn reply_to(&self) -> &str {
-        &self.reply_to
+        &self.inner.reply_to
     }
 
-    /// Sends `call` and waits up to `timeout` for its reply.
-    ///
-    /// The XADD and the first blocking XREAD go out as one pipeline: one
-    /// round trip per request when the answer comes within the first read.
-    /// (Redis runs a connection's commands in order, so the XREAD starts
-    /// after the request is on the stream.)
-    pub async fn call(&mut self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
-        if self.con.is_cluster() {
-            // The request stream and the reply stream live in different slots.
-            let id = self.send(call).await?;
-            return self.wait_for(&id, timeout).await;
-        }
-        let (id, xadd) = self.request(call);
-        let deadline = Instant::now() + timeout;
-        let (_, read): (String, redis::streams::StreamReadReply) = redis::pipe()
-            .add_command(xadd)
-            .add_command(self.read_cmd(timeout))
-            .query_async(&mut self.con)
-            .await?;
-        if let Some(reply) = self.take_reply(&id, read) {
-            return Ok(reply);
-        }
-        self.wait_for(&id, deadline.saturating_duration_since(Instant::now()))
+    /// Sends `call` and waits up to `timeout` (including any wait for an
+    /// in-flight slot) for its first reply. For a queued acquire that is
+    /// QUEUED; [`Client::request`] waits for the final answer, or
+    /// [`Client::wait_for`] with the reply's `id` collects it later.
+    pub async fn call(&self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
+        tokio::time::timeout(timeout, async {
+            let mut pending = self.request(call).await?;
+            match pending.waiting.next().await {
+                Some(reply) => Ok(self.with_lease(reply)),
+                None => Err(stopped()),
+            }
+        })
+        .await
+        .map_err(|_| Error::ReplyTimeout(timeout))?
+    }
+
+    /// Sends `call` once an in-flight slot is free and returns its waiter,
+    /// registered before the XADD (the reply may come before XADD returns).
+    pub async fn request(&self, call: &Call) -> Result<Pending, Error> {
+        let permit = self
+            .inner
+            .slots
+            .clone()
+            .acquire_owned()
             .await
-            .map_err(|e| match e {
-                Error::ReplyTimeout(_) => Error::ReplyTimeout(timeout),
-                other => other,
-            })
+            .map_err(|_| stopped())?;
+        let id = self.next_id();
+        let waiting = self
+            .inner
+            .waiters
+            .register(&id, Some(permit), false)
+            .ok_or_else(|| Error::Client(format!("request id {id} is already in use")))?;
+        // On failure `waiting` drops: the waiter and its slot go with it.
+        self.xadd(&id, call).await?;
+        Ok(Pending {
+            waiting,
+            client: self.clone(),
+        })
     }
 
-    /// Sends `call` without waiting; returns its request id. Wait for the
-    /// reply with [`Client::wait_for`].
-    pub async fn send(&mut self, call: &Call) -> Result<String, Error> {
-        let (id, xadd) = self.request(call);
-        let _: String = xadd.query_async(&mut self.con).await?;
+    /// Sends `call` without waiting and without taking an in-flight slot;
+    /// returns its request id, for [`Client::wait_for`]. Its reply is kept
+    /// unclaimed until then (at most `replies.ttl_ms`, and the last 1024).
+    pub async fn send(&self, call: &Call) -> Result<String, Error> {
+        let id = self.next_id();
+        self.xadd(&id, call).await?;
         Ok(id)
     }
 
-    /// XREAD BLOCK on this client's reply stream after the last entry seen.
-    fn read_cmd(&self, block: Duration) -> redis::Cmd {
-        let block_ms = block.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
-        let mut read = redis::cmd("XREAD");
-        read.arg("COUNT")
-            .arg(100)
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS")
-            .arg(&self.reply_to)
-            .arg(&self.last_seen);
-        read
-    }
-
-    /// Consumes what an XREAD returned; the reply to `id`, if among it.
-    fn take_reply(&mut self, id: &str, read: redis::streams::StreamReadReply) -> Option<ReplyMsg> {
-        let mut found = None;
-        for key in read.keys {
-            for entry in key.ids {
-                self.last_seen = entry.id.clone();
-                if found.is_some() {
-                    continue;
-                }
-                let fields: BTreeMap<String, String> = entry
-                    .map
-                    .into_iter()
-                    .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
-                    .collect();
-                if fields.get("id").map(String::as_str) == Some(id) {
-                    found = Some(self.with_lease(fields));
-                }
-            }
+    /// Waits up to `timeout` for the next reply to request `id`: one kept
+    /// unclaimed (a request from [`Client::send`], a GRANTED after the
+    /// QUEUED that [`Client::call`] returned, a reply that came after its
+    /// caller timed out), else the next to arrive.
+    pub async fn wait_for(&self, id: &str, timeout: Duration) -> Result<ReplyMsg, Error> {
+        let mut waiting = self
+            .inner
+            .waiters
+            .register(id, None, true)
+            .ok_or_else(|| Error::Client(format!("request {id} is already being waited for")))?;
+        match tokio::time::timeout(timeout, waiting.next()).await {
+            Ok(Some(reply)) => Ok(self.with_lease(reply)),
+            Ok(None) => Err(stopped()),
+            Err(_) => Err(Error::ReplyTimeout(timeout)),
         }
-        found
     }
 
-    /// The reply `fields`, with the lease its session's request was sent
-    /// with; a lease whose seat or place is now given back is forgotten.
-    fn with_lease(&mut self, fields: BTreeMap<String, String>) -> ReplyMsg {
-        let key = (
-            fields.get("license").cloned().unwrap_or_default(),
-            fields.get("session").cloned().unwrap_or_default(),
-        );
-        let status = fields.get("status").and_then(|s| s.parse::<Status>().ok());
-        let lease = match status {
-            // Given back, or never held: nothing left to bind.
-            Some(Status::Released | Status::LeftQueue | Status::SessionNotFound) => self.leases.remove(&key),
-            _ => self.leases.get(&key).cloned(),
+    /// The client's counters.
+    pub fn stats(&self) -> Stats {
+        let counts = self.inner.waiters.counts();
+        Stats {
+            in_flight: self.inner.max_in_flight - self.inner.slots.available_permits(),
+            waiting: counts.waiting,
+            unclaimed: counts.unclaimed,
+            unclaimed_dropped: counts.dropped,
+            reconnects: self.inner.counters.reconnects.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops this handle; if it was the last, stops the reply reader and
+    /// waits until it has deleted the reply stream. With other clones (or
+    /// [`Pending`] requests) alive, they keep the stream and nothing stops.
+    pub async fn close(self) -> Result<(), Error> {
+        let Ok(inner) = Arc::try_unwrap(self.inner) else {
+            return Ok(());
         };
-        ReplyMsg { fields, lease }
+        let reader = inner.reader.lock().ok().and_then(|mut r| r.take());
+        // Dropping the last state cancels the reader.
+        drop(inner);
+        match reader {
+            Some(reader) => reader.await?,
+            None => Ok(()),
+        }
     }
 
-    /// A new request id and the XADD that sends `call` under it, carrying
-    /// the call's lease, else the one held for the session, else (acquire)
-    /// a new one; the lease sent is remembered for the session.
-    fn request(&mut self, call: &Call) -> (String, redis::Cmd) {
-        let id = format!(
+    /// A new request id: this client's unique prefix and a sequence number.
+    fn next_id(&self) -> String {
+        format!(
             "{}-{}",
-            self.id_prefix,
-            NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
-        );
+            self.inner.id_prefix,
+            self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<(String, String), Lease>> {
+        // Every use is one map operation: a poisoned lock is used as is.
+        self.inner
+            .leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lease `call` goes with: its own, else the one held for its
+    /// session, else (acquire) a new one; remembered for the session.
+    fn lease_for(&self, call: &Call) -> Option<Lease> {
         let key = (call.license.clone(), call.session.clone());
+        let mut leases = self.leases();
         let lease = call
             .lease
             .clone()
-            .or_else(|| self.leases.get(&key).cloned())
-            .or_else(|| (call.op == Op::Acquire).then(new_lease).flatten());
+            .or_else(|| leases.get(&key).cloned())
+            .or_else(|| (call.op == Op::Acquire).then(new_lease).flatten())?;
+        leases.insert(key, lease.clone());
+        Some(lease)
+    }
+
+    /// `reply` with the lease its session's request was sent with; a lease
+    /// whose seat or place is now given back is forgotten.
+    fn with_lease(&self, mut reply: ReplyMsg) -> ReplyMsg {
+        let key = (reply.get("license").to_owned(), reply.get("session").to_owned());
+        let mut leases = self.leases();
+        reply.lease = match reply.status() {
+            // Given back, or never held: nothing left to bind.
+            Status::Released | Status::LeftQueue | Status::SessionNotFound => leases.remove(&key),
+            _ => leases.get(&key).cloned(),
+        };
+        reply
+    }
+
+    /// XADDs `call` as request `id` to its license's shard, with its lease.
+    async fn xadd(&self, id: &str, call: &Call) -> Result<(), Error> {
+        let call = Call {
+            lease: self.lease_for(call),
+            ..call.clone()
+        };
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(crate::engine::keys::shard_name(
-            &self.requests,
-            self.shards,
-            &call.license,
-        ))
-        .arg("*")
-        .arg("op")
-        .arg(call.op.as_str())
-        .arg("id")
-        .arg(&id)
-        .arg("license")
-        .arg(&call.license)
-        .arg("session")
-        .arg(&call.session)
-        .arg("reply_to")
-        .arg(&self.reply_to);
-        if let Some(meta) = &call.meta {
-            xadd.arg("meta").arg(meta);
+        xadd.arg(shard_name(&self.inner.requests, self.inner.shards, &call.license))
+            .arg("*")
+            .arg("id")
+            .arg(id)
+            .arg("reply_to")
+            .arg(&self.inner.reply_to);
+        for (field, value) in call.fields() {
+            xadd.arg(field).arg(value);
         }
-        if call.wait_ms > 0 {
-            xadd.arg("wait_ms").arg(call.wait_ms);
-        }
-        if let Some(lease) = lease {
-            xadd.arg("lease").arg(lease.as_str());
-            self.leases.insert(key, lease);
-        }
-        (id, xadd)
-    }
-
-    /// Waits up to `timeout` for the reply to request `id`; replies to other
-    /// ids on this stream are skipped.
-    pub async fn wait_for(&mut self, id: &str, timeout: Duration) -> Result<ReplyMsg, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::ReplyTimeout(timeout));
+        let mut con = self.inner.con.clone();
+        match xadd.query_async::<String>(&mut con).await {
+            Ok(_) => Ok(()),
+            // The managed connection learns that Redis went away (a restart)
+            // only when a command fails on the dead socket, and reconnects
+            // then: the request goes once more, on the new connection. Should
+            // the first one have reached Redis after all, the request is
+            // decided twice, which is harmless (acquire is idempotent per
+            // session, release frees nothing twice), and its waiter takes the
+            // first reply.
+            Err(e) if e.is_connection_dropped() => {
+                let _: String = xadd.query_async(&mut con).await?;
+                Ok(())
             }
-            let read: redis::streams::StreamReadReply =
-                self.read_cmd(left).query_async(&mut self.con).await?;
-            if let Some(reply) = self.take_reply(id, read) {
-                return Ok(reply);
-            }
+            Err(e) => Err(e.into()),
         }
-    }
-
-    /// Deletes this client's reply stream.
-    pub async fn close(mut self) -> Result<(), Error> {
-        let _: i64 = redis::cmd("DEL")
-            .arg(&self.reply_to)
-            .query_async(&mut self.con)
-            .await?;
-        Ok(())
     }
 }
 
@@ -391,6 +533,30 @@ fn new_lease() -> Option<Lease> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_puts_its_own_fields_on_the_wire() {
+        let plain = Call::new(Op::Release, "lic", "s1");
+        assert_eq!(
+            plain.fields(),
+            [
+                ("op", "release".to_owned()),
+                ("license", "lic".to_owned()),
+                ("session", "s1".to_owned())
+            ]
+        );
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let full = Call::new(Op::Acquire, "lic", "s1")
+            .with_meta("{}")
+            .with_wait(500)
+            .with_lease(lease);
+        let names: Vec<&str> = full.fields().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, ["op", "license", "session", "meta", "wait_ms", "lease"]);
+        assert_eq!(
+            (full.fields()[4].1.as_str(), full.fields()[5].1.as_str()),
+            ("500", "abcdefghijklmnop")
+        );
+    }
 
     #[test]
     fn new_leases_are_valid_and_differ() {

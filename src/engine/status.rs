@@ -104,6 +104,12 @@ impl Status {
         }
     }
 
+    /// Whether this is the last reply to its request. Only QUEUED is
+    /// followed by another (GRANTED or QUEUE_TIMEOUT, with the same id).
+    pub fn is_final(self) -> bool {
+        self != Status::Queued
+    }
+
     /// Whether the status refuses someone a seat: what usage reports and the
     /// `seatgate_denials_total` metric count, and what `denied` events (and
     /// `queue_timeout`, for a wait that ran out) record. Not a refusal of a

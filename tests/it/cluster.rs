@@ -57,7 +57,7 @@ async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
     for i in 0..100 {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = client(&s).await;
+            let c = client(&s).await;
             c.call(&acquire("load", &format!("s{i}"), 0), T)
                 .await
                 .unwrap()
@@ -79,7 +79,7 @@ async fn round_trip_idempotency_release_heartbeat(cluster: &LocalCluster) {
     let s = settings(cluster, "c2");
     put_license(&s, "lic", 1).await;
     let w = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     assert_eq!(
         c.call(&acquire("lic", "a", 0), T).await.unwrap().status(),
         Status::Acquired
@@ -126,15 +126,15 @@ async fn queue_reaper_and_self_healing(cluster: &LocalCluster) {
     let s = settings(cluster, "c3");
     provision(&s, "q", &seats_with_timeout(1, 300)).await;
     let w = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     assert_eq!(
         c.call(&acquire("q", "first", 0), T).await.unwrap().status(),
         Status::Acquired
     );
-    let mut w2 = client(&s).await;
+    let w2 = client(&s).await;
     let id2 = w2.send(&acquire("q", "second", 30_000)).await.unwrap();
     assert_eq!(w2.wait_for(&id2, T).await.unwrap().status(), Status::Queued);
-    let mut w3 = client(&s).await;
+    let w3 = client(&s).await;
     let id3 = w3.send(&acquire("q", "third", 30_000)).await.unwrap();
     assert_eq!(w3.wait_for(&id3, T).await.unwrap().int("position"), 2);
 
@@ -184,7 +184,7 @@ async fn licenses_on_every_master_served_by_two_workers(cluster: &LocalCluster) 
     for l in licenses.clone() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = client(&s).await;
+            let c = client(&s).await;
             let mut got = Vec::new();
             for i in 0..5 {
                 got.push(
@@ -241,7 +241,7 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
                 let s = s.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut statuses = Vec::new();
-                    let mut c = match Client::connect_with(&s).await {
+                    let c = match Client::connect_with(&s).await {
                         Ok(c) => c,
                         Err(_) => return statuses,
                     };

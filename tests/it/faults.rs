@@ -139,7 +139,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
         ],
     )
     .await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let started = Instant::now();
     for i in 0..20 {
         let r = client
@@ -189,7 +189,7 @@ async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
     settings.limits.session_requests = 5;
     put_license(&settings, "lic", 5).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     let mut statuses = Vec::new();
     for _ in 0..8 {
         statuses.push(
@@ -323,7 +323,7 @@ async fn burst_with_fault(s: &Settings, n: usize, fault: impl Future<Output = ()
     let sampler = watch_holders(s, &LICENSES, stop.clone());
 
     // Ten holders per license before the burst; the burst releases or heartbeats them.
-    let mut c = client(s).await;
+    let c = client(s).await;
     let mut held: HashSet<(String, String)> = HashSet::new();
     for l in LICENSES {
         for i in 0..10 {
@@ -573,7 +573,7 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let ready_after = back.elapsed();
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     let r = c.call(&Call::new(Op::Acquire, "lic", "after"), T).await.unwrap();
     eprintln!(
         "redis outage: ready again {ready_after:?} after restart; first request served {:?} after restart",
@@ -593,7 +593,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
     let mut con = db(&settings).await;
     // The group and a request exist before memory runs out (under OOM even an XADD is refused).
     create_group(&settings).await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     let id = c.send(&Call::new(Op::Acquire, "lic", "patient")).await.unwrap();
     let _: i64 = redis::cmd("SETRANGE")
         .arg("ballast")

@@ -121,7 +121,7 @@ async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
             .arg(format!("s{i}"));
     }
     let busy_ids: Vec<String> = pipe.query_async(&mut con).await.unwrap();
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let id = client
         .send(&Call::new(Op::Acquire, "lic", "behind"))
         .await
@@ -180,7 +180,7 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
     let settings = redis.settings();
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "live").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let r = client
         .call(&Call::new(Op::Heartbeat, "lic", "s0"), T)
         .await
@@ -294,7 +294,7 @@ async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_de
     put_license(&settings, "lic", 1).await;
     let mut con = db(&settings).await;
     create_group(&settings).await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let id = client.send(&Call::new(Op::Acquire, "lic", "s1")).await.unwrap();
     let entry = take(&settings, "crashed", 10).await;
     // Nine deliveries so far, each ending in a crash.
@@ -355,7 +355,7 @@ async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
     put_license(&settings, "lic", 1).await;
     let mut con = db(&settings).await;
     create_group(&settings).await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let id = client
         .send(&Call::new(Op::Acquire, "lic", "patient"))
         .await
@@ -450,7 +450,7 @@ async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
         before.contains("# HELP seatgate_future_entry_ids_total "),
         "{before}"
     );
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let ahead = redis_ms(&mut con).await + 3_600_000;
     xadd(
         &mut con,
@@ -491,7 +491,7 @@ async fn the_runbook_recovers_a_stream_pushed_to_the_last_id_and_loses_no_pendin
     put_license(&settings, "lic", 10).await;
     let mut con = db(&settings).await;
     create_group(&settings).await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     // Two requests held by a worker that died, and one nobody has read yet.
     let mut held = Vec::new();
     for session in ["held-1", "held-2"] {

@@ -150,7 +150,7 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
     let settings = redis.settings();
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let good = |session: &str| Call::new(Op::Acquire, "lic", session);
     let r = client.call(&good("holder"), T).await.unwrap();
     assert_eq!(r.status(), Status::Acquired);
@@ -228,7 +228,7 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
     let r = client.call(&call, T).await.unwrap();
     assert_eq!(r.status(), Status::Acquired);
@@ -263,7 +263,7 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .await
         .unwrap();
     // A request sent after it is answered: the bad one has been read too.
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
     assert_eq!(client.call(&call, T).await.unwrap().status(), Status::Acquired);
     worker.stop().await;

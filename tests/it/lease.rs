@@ -179,7 +179,7 @@ async fn require_lease_makes_the_lease_mandatory_on_every_op() {
     assert!(crate::support::holders(&s, "cad").await.is_empty());
 
     // The Rust client always sends one.
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     let got = c.call(&acquire("cad", "leased", 0), T).await.unwrap();
     assert_eq!(got.status(), Status::Acquired);
     let beat = c
@@ -198,13 +198,13 @@ async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
     let s = redis.settings();
     put_license(&s, "cad", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut owner = client(&s).await;
-    let mut stranger = client(&s).await;
+    let owner = client(&s).await;
+    let stranger = client(&s).await;
 
     let got = owner.call(&acquire("cad", "laptop", 0), T).await.unwrap();
     assert_eq!(got.status(), Status::Acquired);
     let lease = got.lease().cloned().expect("the client made a lease");
-    assert_eq!(owner.lease("cad", "laptop"), Some(&lease));
+    assert_eq!(owner.lease("cad", "laptop").as_ref(), Some(&lease));
     let again = owner.call(&acquire("cad", "laptop", 0), T).await.unwrap();
     assert_eq!(
         (again.status(), again.lease()),
@@ -327,14 +327,14 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     let mine = Lease::parse(lease).unwrap();
     let got = c
         .call(&acquire("cad", "s1", 0).with_lease(mine.clone()), T)
         .await
         .unwrap();
     assert_eq!(got.status(), Status::Acquired);
-    let mut stranger = client(&s).await;
+    let stranger = client(&s).await;
     let r = stranger
         .call(&Call::new(Op::Heartbeat, "cad", "s1"), T)
         .await

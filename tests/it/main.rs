@@ -3,6 +3,7 @@
 
 mod acl;
 mod cli;
+mod client;
 mod cluster;
 mod faults;
 mod hardening;

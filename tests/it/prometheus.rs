@@ -231,7 +231,7 @@ async fn mixed_load(settings: &Settings) {
         .await
         .unwrap();
 
-    let mut c = client(settings).await;
+    let c = client(settings).await;
     let status = |r: seatgate::client::ReplyMsg| r.status();
     assert_eq!(
         status(c.call(&acquire(LICENSE, "s1", 0), T).await.unwrap()),
@@ -259,16 +259,16 @@ async fn mixed_load(settings: &Settings) {
         Status::Acquired
     );
     // A client of its own: `call` on `c` would skip (consume) its late reply.
-    let mut doomed = client(settings).await;
+    let doomed = client(settings).await;
     let poison = doomed.send(&acquire("poison", "x", 0)).await.unwrap();
 
-    let mut waiter = client(settings).await;
+    let waiter = client(settings).await;
     let granted = waiter.send(&acquire(LICENSE, "w1", 60_000)).await.unwrap();
     assert_eq!(
         waiter.wait_for(&granted, T).await.unwrap().status(),
         Status::Queued
     );
-    let mut impatient = client(settings).await;
+    let impatient = client(settings).await;
     let timed_out = impatient.send(&acquire(LICENSE, "w2", 500)).await.unwrap();
     assert_eq!(
         impatient.wait_for(&timed_out, T).await.unwrap().status(),

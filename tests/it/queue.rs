@@ -89,7 +89,7 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
     let settings = redis.settings();
     provision(&settings, "lic", &seats_with_timeout(3, 300)).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     for s in ["dead", "alive"] {
         assert_eq!(
             c.call(&acquire("lic", s, 0), T).await.unwrap().status(),
@@ -172,7 +172,7 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     }
 
     // No queue jumping: a newcomer without a wait is refused while others wait.
-    let mut other = client(&settings).await;
+    let other = client(&settings).await;
     let r = other.call(&acquire("lic", "newcomer", 0), T).await.unwrap();
     assert_eq!(r.status(), Status::NoSeatsAvailable);
     // A newcomer that waits goes to the back.
@@ -180,8 +180,7 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     assert_eq!((r.status(), r.int("position")), (Status::Queued, 4));
 
     // Any client may release a seat with its lease (here: that of u1's acquire).
-    let lease =
-        |c: &seatgate::client::Client, session: &str| c.lease("lic", session).cloned().expect("a lease");
+    let lease = |c: &seatgate::client::Client, session: &str| c.lease("lic", session).expect("a lease");
     let r = other
         .call(
             &Call::new(Op::Release, "lic", "u1").with_lease(lease(&holding[0], "u1")),
@@ -246,13 +245,13 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
         .await
         .unwrap();
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     c.call(&acquire("lic", "holder", 0), T).await.unwrap();
 
     // Idempotent re-queue: same place, one queued event.
-    let (first, _, mut patient) = queue_up(&settings, "lic", "patient", 30_000).await;
+    let (first, _, patient) = queue_up(&settings, "lic", "patient", 30_000).await;
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
-    let (short, short_id, mut short_client) = queue_up(&settings, "lic", "hasty", 300).await;
+    let (short, short_id, short_client) = queue_up(&settings, "lic", "hasty", 300).await;
     assert_eq!((short.status(), short.int("position")), (Status::Queued, 2));
     // (Re-sent by its own client: the place is bound to that client's lease.)
     let again = patient.call(&acquire("lic", "patient", 30_000), T).await.unwrap();
@@ -305,9 +304,9 @@ async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
     let settings = redis.settings();
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     c.call(&acquire("lic", "holder", 0), T).await.unwrap();
-    let (first, id, mut waiter) = queue_up(&settings, "lic", "waiter", 30_000).await;
+    let (first, id, waiter) = queue_up(&settings, "lic", "waiter", 30_000).await;
     assert_eq!(first.status(), Status::Queued);
 
     // Free the seat behind seatgate's back: no event, no grant.
@@ -332,10 +331,10 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
     let settings = redis.settings();
     provision(&settings, "lic", &seats_with_timeout(1, 300)).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     c.call(&acquire("lic", "first", 0), T).await.unwrap();
-    let (_, id2, mut c2) = queue_up(&settings, "lic", "second", 30_000).await;
-    let (_, id3, mut c3) = queue_up(&settings, "lic", "third", 30_000).await;
+    let (_, id2, c2) = queue_up(&settings, "lic", "second", 30_000).await;
+    let (_, id3, c3) = queue_up(&settings, "lic", "third", 30_000).await;
     let r = reaper(&settings).await;
 
     tokio::time::sleep(Duration::from_millis(350)).await;
@@ -368,7 +367,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     let sampler = watch_holders(&settings, &["e2e"], stop.clone());
 
     // Three holders: one heartbeats for a while then releases, two die silently.
-    let mut c = client(&settings).await;
+    let c = client(&settings).await;
     for s in ["steady", "dies-1", "dies-2"] {
         assert_eq!(
             c.call(&acquire("e2e", s, 0), T).await.unwrap().status(),
@@ -386,7 +385,7 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     let steady = tokio::spawn({
         let settings = settings.clone();
         async move {
-            let mut c = client(&settings).await;
+            let c = client(&settings).await;
             for _ in 0..10 {
                 c.call(&Call::new(Op::Heartbeat, "e2e", "steady"), T)
                     .await
@@ -399,18 +398,23 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     // Granted waiters heartbeat until they release, so they are not reaped.
     let mut outcomes = Vec::new();
     let mut tasks = Vec::new();
-    for (i, id, mut cl) in waiters {
+    for (i, id, cl) in waiters {
         let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
             let r = cl.wait_for(&id, Duration::from_secs(15)).await.unwrap();
             if r.status() == Status::Granted {
-                let mut c = client(&settings).await;
+                let c = client(&settings).await;
                 for _ in 0..3 {
                     c.call(&Call::new(Op::Heartbeat, "e2e", format!("w{i}")), T)
                         .await
                         .unwrap();
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                // Waiters granted in the same millisecond release apart: two
+                // releases decided in concurrent batches within one
+                // millisecond may publish their grants in either order, which
+                // no event field tells apart (see `grant_order`).
+                tokio::time::sleep(Duration::from_millis(40 * i as u64)).await;
                 c.call(&Call::new(Op::Release, "e2e", format!("w{i}")), T)
                     .await
                     .unwrap();

@@ -375,7 +375,7 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     s.limits.session_requests = 3;
     put_license(&s, "lab", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut c = client(&s).await;
+    let c = client(&s).await;
     let ann = |op: Op| Call::new(op, "lab", "s-ann");
     let reply = c
         .call(
@@ -407,7 +407,7 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
         assert!(std::time::Instant::now() < deadline, "no denied event for s-dan");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut bob = client(&s).await;
+    let bob = client(&s).await;
     let bob_call = Call::new(Op::Acquire, "lab", "s-bob")
         .with_meta(r#"{"user_email":"bob@example.com","hardware_id":"hw-1"}"#)
         .with_wait(10_000);

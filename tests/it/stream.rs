@@ -19,7 +19,7 @@ async fn acquire_heartbeat_release_round_trip() {
     let settings = redis.settings();
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
 
     let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
     assert_eq!(
@@ -70,7 +70,7 @@ async fn reply_streams_expire_after_their_last_reply() {
     let settings = redis.settings();
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     // <replies.prefix><client.name>:<unique>
     let own = reply_stream(&settings, &format!("{}:", settings.client.name));
     assert!(client.reply_to().starts_with(&own), "{}", client.reply_to());
@@ -147,7 +147,7 @@ async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
     let settings = redis.settings();
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let mut sent = std::collections::HashSet::new();
     for i in 0..5_000 {
         // Releases are never rate limited; each is answered SESSION_NOT_FOUND.
@@ -174,7 +174,7 @@ async fn replies_older_than_the_ttl_are_trimmed() {
     settings.replies.ttl_ms = 1_000;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     for i in 0..1_000 {
         client
             .send(&Call::new(Op::Release, "lic", format!("old{i}")))
@@ -212,7 +212,7 @@ async fn requests_written_before_any_worker_are_served() {
     let redis = RedisServer::start_with(&[]).await;
     let settings = redis.settings();
     put_license(&settings, "lic", 2).await;
-    let mut client = client(&settings).await;
+    let client = client(&settings).await;
     let early = client.send(&acquire("lic", "early", 0)).await.unwrap();
     let worker = spawn_worker(settings.clone(), "w1").await;
     let r = client.wait_for(&early, T).await.unwrap();
@@ -234,7 +234,7 @@ async fn hundred_acquires_over_the_stream_with_two_workers() {
     for i in 0..100 {
         let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = client(&settings).await;
+            let client = client(&settings).await;
             let id = client
                 .send(&acquire("load", &format!("session-{i}"), 0))
                 .await

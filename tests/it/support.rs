@@ -485,7 +485,7 @@ pub async fn queue_up(
     session: &str,
     wait_ms: u64,
 ) -> (ReplyMsg, String, Client) {
-    let mut c = client(s).await;
+    let c = client(s).await;
     let id = c.send(&acquire(license, session, wait_ms)).await.unwrap();
     let first = c.wait_for(&id, T).await.unwrap();
     (first, id, c)

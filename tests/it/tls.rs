@@ -163,7 +163,7 @@ async fn an_acl_user_logs_in_over_tls() {
         .await
         .unwrap();
     assert_eq!(whoami, user);
-    let mut client = client(&s).await;
+    let client = client(&s).await;
     let r = client
         .call(&Call::new(Op::Acquire, "cad", "s2"), T)
         .await
@@ -294,7 +294,7 @@ async fn a_tls_cluster() {
         assert!(put.status.success(), "{put:?}");
     }
     let worker = spawn_worker(s.clone(), "tls-cluster-w1").await;
-    let mut client = Client::connect_with(&s).await.expect("client over TLS");
+    let client = Client::connect_with(&s).await.expect("client over TLS");
     for l in &licenses {
         let reply = client
             .call(&Call::new(Op::Acquire, l, "s1"), Duration::from_secs(10))

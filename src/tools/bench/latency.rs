@@ -110,7 +110,7 @@ async fn open_loop(
         let settings = settings.clone();
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect_with(&settings).await?;
+            let client = Client::connect_with(&settings).await?;
             let (license, session) = session_of(c);
             let mut h = hist();
             let mut ops = 0u64;
@@ -179,7 +179,7 @@ async fn contention_run(
         let settings = settings.clone();
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect_with(&settings).await?;
+            let client = Client::connect_with(&settings).await?;
             let session = format!("user-{u}");
             let mut h = hist();
             let (mut grants, mut queued) = (0u64, 0u64);

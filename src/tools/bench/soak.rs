@@ -82,7 +82,7 @@ async fn soak_run(
             while !stop.is_cancelled() {
                 let license = format!("soak-{}", (u + cycle as usize) % 20);
                 let session = format!("u{u}-s{cycle}");
-                let mut client = Client::connect_with(&settings).await?;
+                let client = Client::connect_with(&settings).await?;
                 let mut call = Call::new(Op::Acquire, license, session).with_meta(META);
                 let got = client.call(&call, Duration::from_secs(10)).await?;
                 ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -199,12 +199,20 @@ enum Caller {
     Direct(Db, Box<Seat>),
     /// Its own connection and session under the seed's data model.
     Seed(Db, Box<SeedSeat>),
-    /// A request/reply client.
+    /// A clone of the request/reply client every caller shares.
     Seatgate(Client),
 }
 
 impl Caller {
-    async fn connect(settings: &Settings, path: Path, license: &str, session: &str) -> Result<Caller, Error> {
+    /// The caller for `path`; on the seatgate path a clone of `shared`, the
+    /// client every caller of the run shares (a client of its own without).
+    async fn connect(
+        settings: &Settings,
+        path: Path,
+        license: &str,
+        session: &str,
+        shared: Option<&Client>,
+    ) -> Result<Caller, Error> {
         Ok(match path {
             Path::Direct => {
                 let keys = Keys::new(settings.keys.prefix.clone());
@@ -217,7 +225,10 @@ impl Caller {
                 Db::connect(&settings.redis).await?,
                 Box::new(SeedSeat::new(&settings.keys.prefix, license, session)),
             ),
-            Path::Seatgate => Caller::Seatgate(Client::connect_with(settings).await?),
+            Path::Seatgate => Caller::Seatgate(match shared {
+                Some(client) => client.clone(),
+                None => Client::connect_with(settings).await?,
+            }),
         })
     }
 
@@ -260,6 +271,8 @@ impl Caller {
 }
 
 /// Closed loop: `clients` each run acquire → release as fast as answers come.
+/// On the seatgate path they share one [`Client`] (one connection, one reply
+/// stream), as the callers in one service process would.
 pub(super) async fn closed_loop(
     settings: &Settings,
     clients: usize,
@@ -267,15 +280,21 @@ pub(super) async fn closed_loop(
     path: Path,
 ) -> Result<Row, Error> {
     let shared = Arc::new(Mutex::new(hist()));
+    let one_client = match path {
+        Path::Seatgate => Some(Client::connect_with(settings).await?),
+        Path::Direct | Path::Seed => None,
+    };
     let mut tasks = Vec::new();
     for c in 0..clients {
         let settings = settings.clone();
         let shared = shared.clone();
+        let client = one_client.clone();
         tasks.push(tokio::spawn(async move {
             let mut h = hist();
             let mut ops = 0u64;
             let (license, session) = session_of(c);
-            let mut caller = Caller::connect(&settings, path, &license, &session).await?;
+            let mut caller = Caller::connect(&settings, path, &license, &session, client.as_ref()).await?;
+            drop(client);
             let mut acquire = true;
             while Instant::now() < w.stop_at {
                 let sent = Instant::now();
@@ -286,9 +305,6 @@ pub(super) async fn closed_loop(
                 }
                 acquire = !acquire;
             }
-            if let Caller::Seatgate(cl) = caller {
-                let _ = cl.close().await;
-            }
             shared.lock().await.add(&h).map_err(bench_err)?;
             Ok::<u64, Error>(ops)
         }));
@@ -296,6 +312,9 @@ pub(super) async fn closed_loop(
     let mut ops = 0;
     for t in tasks {
         ops += t.await.map_err(bench_err)??;
+    }
+    if let Some(client) = one_client {
+        let _ = client.close().await;
     }
     let h = shared.lock().await;
     let name = match path {
