@@ -185,6 +185,14 @@ class SeatClient:
         self.r.delete(self.reply_to)
 
 
+def heartbeat_interval(reply):
+    """Seconds between heartbeats for the seat `reply` gave: a third of the
+    license's heartbeat timeout (`heartbeat_timeout_ms`), so one lost or late
+    heartbeat never costs the seat; 1 s from a service too old to say."""
+    timeout_ms = int(reply.get("heartbeat_timeout_ms") or 3000)
+    return timeout_ms / 3000.0
+
+
 def show(label, reply):
     print(f"{label:<10} {json.dumps(reply)}", flush=True)
 
@@ -195,7 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--license", required=True, help="license id, e.g. demo")
     parser.add_argument("--session", default=f"py-{uuid.uuid4().hex[:12]}", help="session id (default: random)")
     parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait in the queue when no seat is free (default: 0)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats (default: 1)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="seconds between heartbeats (default: a third of the heartbeat timeout the acquire's reply names)")
     parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: 1)")
     parser.add_argument("--app", default="seatgate-py",
                         help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
@@ -216,9 +225,14 @@ def main(argv=None) -> int:
             return 1
         # The lease is the one secret of the seat: shown to whoever runs this, nowhere else.
         print(f"{'lease':<10} {client.lease(args.license, args.session)}", flush=True)
+        interval = args.interval
+        if interval is None:
+            # ACQUIRED and GRANTED name the license's heartbeat timeout: no
+            # copy of the service's settings needed.
+            interval = heartbeat_interval(reply)
         try:
             for _ in range(2):
-                time.sleep(args.interval)
+                time.sleep(interval)
                 show("heartbeat", client.heartbeat(args.license, args.session))
         finally:
             show("release", client.release(args.license, args.session))

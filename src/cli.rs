@@ -406,7 +406,7 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         get("seats_used"),
         get("seats_total")
     );
-    for field in ["heartbeats", "position", "waited_ms"] {
+    for field in ["heartbeats", "position", "waited_ms", "heartbeat_timeout_ms"] {
         if reply.fields.contains_key(field) {
             line.push_str(&format!(" {field}={}", get(field)));
         }

@@ -196,6 +196,11 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
         (granted.get("id"), granted.get("session"), granted.get("ok")),
         (id3.as_str(), "u3", "1")
     );
+    assert_eq!(
+        granted.heartbeat_timeout(),
+        Some(Duration::from_millis(settings.sessions.heartbeat_timeout_ms)),
+        "a grant made by a release carries the timeout the seat is held under"
+    );
     assert_eq!(granted.int("seats_used"), 2);
     assert_eq!(holders(&settings, "lic").await, ["u2", "u3"]);
 
@@ -339,7 +344,12 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
 
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // first is stale: second gets the seat
-    assert_eq!(c2.wait_for(&id2, T).await.unwrap().status(), Status::Granted);
+    let granted = c2.wait_for(&id2, T).await.unwrap();
+    assert_eq!(
+        (granted.status(), granted.heartbeat_timeout()),
+        (Status::Granted, Some(Duration::from_millis(300))),
+        "the reaper's grant carries the license's own timeout"
+    );
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // second never heartbeated: third gets it
     assert_eq!(c3.wait_for(&id3, T).await.unwrap().status(), Status::Granted);

@@ -30,9 +30,15 @@ async fn acquire_heartbeat_release_round_trip() {
         (r.get("op"), r.get("license"), r.get("session")),
         ("acquire", "lic", "s1")
     );
+    // The license sets no timeout: the service's, which the client need not know.
+    let default = Duration::from_millis(settings.sessions.heartbeat_timeout_ms);
+    assert_eq!(r.heartbeat_timeout(), Some(default));
 
     let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
-    assert_eq!(r.status(), Status::AlreadyActive);
+    assert_eq!(
+        (r.status(), r.heartbeat_timeout()),
+        (Status::AlreadyActive, Some(default))
+    );
     let r = client.call(&acquire("lic", "s2", 0), T).await.unwrap();
     assert_eq!((r.status(), r.ok()), (Status::NoSeatsAvailable, false));
     assert!(!r.get("error").is_empty());
@@ -42,6 +48,11 @@ async fn acquire_heartbeat_release_round_trip() {
         .await
         .unwrap();
     assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
+    assert_eq!(
+        r.heartbeat_timeout(),
+        None,
+        "only the replies that give a seat carry it"
+    );
     let r = client
         .call(&Call::new(Op::Release, "lic", "s1"), T)
         .await
