@@ -563,6 +563,17 @@ impl Settings {
         shard_names(&self.stream.requests, self.stream.shards)
     }
 
+    /// Every requests stream the workers read: the shards and, when
+    /// sharded, `stream.requests` itself too, so that a request sent there
+    /// by a client that does not shard is answered all the same.
+    pub fn read_streams(&self) -> Vec<String> {
+        let mut streams = self.request_streams();
+        if self.stream.shards > 1 {
+            streams.push(self.stream.requests.clone());
+        }
+        streams
+    }
+
     /// The requests stream shard that serves `license`.
     pub fn request_stream_for(&self, license: &str) -> String {
         shard_name(&self.stream.requests, self.stream.shards, license)
@@ -633,9 +644,12 @@ mod tests {
     fn shards_are_named_and_chosen_stably() {
         let mut s = Settings::load(None).unwrap();
         assert_eq!(s.request_streams(), ["seat:requests"]);
+        assert_eq!(s.read_streams(), ["seat:requests"]);
         assert_eq!(s.request_stream_for("acme"), "seat:requests");
         s.stream.shards = 4;
         assert_eq!(s.request_streams()[3], "seat:requests:{3}");
+        assert_eq!(s.read_streams().len(), 5, "the shards and the base stream");
+        assert_eq!(s.read_streams()[4], "seat:requests");
         // zlib.crc32(b"acme") == 0x05c4ba3e, so any client computes shard 0x05c4ba3e % 4 == 2.
         assert_eq!(crc32fast::hash(b"acme"), 0x05c4_ba3e);
         let shard = crc32fast::hash(b"acme") as usize % 4;

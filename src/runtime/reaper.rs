@@ -90,7 +90,8 @@ pub struct Reaper {
     token: String,
     /// The requests stream and its group, for trimming and consumer cleanup.
     stream: crate::config::StreamSettings,
-    /// Every shard of the requests stream.
+    /// Every requests stream the workers read (each shard, and the base
+    /// stream when sharded).
     request_streams: Vec<String>,
     /// The due index.
     due: DueIndex,
@@ -121,7 +122,7 @@ impl Reaper {
                 format!("{}:{}:{n}", settings.consumer_name(), std::process::id())
             },
             stream: settings.stream.clone(),
-            request_streams: settings.request_streams(),
+            request_streams: settings.read_streams(),
             due: DueIndex::new(settings),
             sweep_budget: settings.reaper.sweep,
             sweep: Arc::default(),
