@@ -666,6 +666,12 @@ async fn reap_answers_the_documented_step() {
     );
     assert!(step.redeliver.is_empty(), "the notes it just made are not due");
     assert!(step.outbox.is_done());
+    // Next due: b's seat, granted now, goes stale after its 50 ms; the notes
+    // left in the outbox only after the hour given.
+    assert_eq!(
+        (step.due_ms, step.heartbeat_timeout_ms),
+        (Some(step.now_ms + 51), Some(50))
+    );
 
     // Nobody delivered them: once due, a step hands both out again, as notes.
     let again = reap(&mut con, &settings, "lic", 10, 0, &OutboxCursor::start()).await;
@@ -693,6 +699,7 @@ async fn reap_answers_the_documented_step() {
         (second.evicted.len(), second.more, second.seats_used),
         (1, false, 0)
     );
+    assert_eq!(second.due_ms, None, "nothing left for the reaper");
 }
 
 /// More undelivered outbox notes than a step's limit, under both hash
