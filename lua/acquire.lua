@@ -29,8 +29,9 @@
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Every outcome carries the license's next due time and the heartbeat
-  timeout in force (includes/prologue.lua, finish).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them, and the heartbeat timeout in force
+  (includes/prologue.lua, finish).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,

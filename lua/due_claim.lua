@@ -2,37 +2,49 @@
   due_claim: takes the next licenses due for the reaper off one shard of the
   due index (src/runtime/due.rs), marking each claimed by this pass.
 
-  KEYS[1]  a due index shard, ZSET license -> due time (ms); a claimed
-           license scores the claim base + its claim's end
+  KEYS[1]  the shard's stale index, ZSET license -> when its oldest holder
+           goes stale (ms)
+  KEYS[2]  the shard's due index, ZSET license -> when it next has other
+           work (ms)
+           (both share the shard's hash tag; in either, a claimed license
+           scores the claim base + its claim's end)
   ARGV[1]  now: the pass's Redis clock (ms); licenses due before it are taken
   ARGV[2]  the most licenses to take
   ARGV[3]  the claim's end (ms): a pass that dies leaves its licenses claimed,
            and from then on any pass takes them again
-  ARGV[4]  the claim base, above every due time there can be
+  ARGV[4]  the claim base, above every time there can be
 
-  Returns {marker, license, ...}: the score the taken licenses now carry,
-  then the licenses, those whose earlier claim ran out first.
+  Returns {marker, license, ...}: the score the taken licenses now carry
+  (in each index that had them due), then the licenses, each once, those
+  whose earlier claim ran out first.
 
-  Why a mark: the worker files a due time with ZADD LT (it only ever
-  lowers), and every due time lies below the claim base, so a due time filed
-  while the license is being reaped always replaces the mark. due_settle.lua
-  then sees that and keeps the earlier time rather than lose it.
+  Why a mark: every time a worker files lies below the claim base, so a time
+  filed while the license is being reaped replaces the mark, and
+  due_settle.lua then keeps the earlier of that and its own rather than
+  lose it.
 ]]
 local rcall = redis.call
-local key = KEYS[1]
 local now, limit, claim_end, base = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local marker = base + claim_end
 
-local taken = rcall('ZRANGEBYSCORE', key, base, '(' .. (base + now), 'LIMIT', 0, limit)
-if #taken < limit then
-  local due = rcall('ZRANGEBYSCORE', key, '-inf', '(' .. now, 'LIMIT', 0, limit - #taken)
-  for _, license in ipairs(due) do
-    taken[#taken + 1] = license
+local out, taken = {string.format('%d', marker)}, {}
+local function take(key, min, max)
+  local room = limit - (#out - 1)
+  if room <= 0 then
+    return
+  end
+  for _, license in ipairs(rcall('ZRANGEBYSCORE', key, min, max, 'LIMIT', 0, room)) do
+    rcall('ZADD', key, 'XX', marker, license)
+    if not taken[license] then
+      taken[license] = true
+      out[#out + 1] = license
+    end
   end
 end
-local out = {string.format('%d', marker)}
-for _, license in ipairs(taken) do
-  rcall('ZADD', key, 'XX', marker, license)
-  out[#out + 1] = license
+for _, key in ipairs(KEYS) do
+  take(key, base, '(' .. (base + now))
+end
+for _, key in ipairs(KEYS) do
+  take(key, '-inf', '(' .. now)
 end
 return out

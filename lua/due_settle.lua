@@ -1,35 +1,42 @@
 --[[
-  due_settle: files the due times the reaper found for licenses it claimed
+  due_settle: files the times the reaper found for the licenses it claimed
   (due_claim.lua) in one shard of the due index.
 
-  KEYS[1]  the due index shard
+  KEYS[1]  the shard's stale index
+  KEYS[2]  the shard's due index
   ARGV[1]  the marker the licenses were claimed with
-  ARGV[2..] license, due pairs: each license's next due time (ms) as reap.lua
-           reported it after its last step, 0 for never
+  ARGV[2..] license, stale, due triples: each license's times as reap.lua
+           reported them after its last step (ms), 0 for none
 
-  A license still carrying the marker (nobody filed a due time meanwhile)
-  gets its due time, or leaves the index when it has none. One whose mark is
-  gone had an earlier time filed by a worker (ZADD LT) while it was reaped,
-  or was claimed again by another pass after this one's claim ran out: the
-  earlier of the two times stays, so nothing filed is lost.
+  In each index, a license still carrying the marker (nobody filed a time
+  meanwhile) gets its new time, or leaves the index when it has none. One
+  whose mark is gone had a time filed by a worker while it was reaped (or
+  was claimed again by another pass once this one's claim ran out), and one
+  not claimed in that index may hold an earlier time: the earlier of the
+  two stays, so nothing filed is lost.
 
-  Returns how many licenses left the index.
+  Returns how many entries left the indexes.
 ]]
 local rcall = redis.call
-local key = KEYS[1]
 local marker = tonumber(ARGV[1])
 local removed = 0
-for i = 2, #ARGV - 1, 2 do
-  local license, due = ARGV[i], tonumber(ARGV[i + 1])
+
+local function file(key, license, at)
   local score = rcall('ZSCORE', key, license)
   if score and tonumber(score) == marker then
-    if due > 0 then
-      rcall('ZADD', key, due, license)
+    if at > 0 then
+      rcall('ZADD', key, at, license)
     else
       removed = removed + rcall('ZREM', key, license)
     end
-  elseif due > 0 then
-    rcall('ZADD', key, 'LT', due, license)
+  elseif at > 0 then
+    rcall('ZADD', key, 'LT', at, license)
   end
+end
+
+for i = 2, #ARGV - 2, 3 do
+  local license = ARGV[i]
+  file(KEYS[1], license, tonumber(ARGV[i + 1]))
+  file(KEYS[2], license, tonumber(ARGV[i + 2]))
 end
 return removed

@@ -17,8 +17,9 @@
                         and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Every outcome carries the license's next due time and the heartbeat
-  timeout in force (includes/prologue.lua, finish).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them, and the heartbeat timeout in force
+  (includes/prologue.lua, finish).
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Emits no events.
@@ -43,14 +44,19 @@ if early then
   return finish(early, now, default_timeout)
 end
 
+-- Set by decide: whether this heartbeat was the oldest holder's.
+local oldest_moved = false
+
 local function decide()
   local total = seats_total()
   if not rcall('ZSCORE', K.holders, session) then
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
+  -- Only the oldest holder's heartbeat moves the license's stale time.
+  oldest_moved = rcall('ZRANGE', K.holders, 0, 0)[1] == session
   rcall('ZADD', K.holders, 'XX', now, session)
   local count = count_heartbeat(session, now)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-return finish(settle(decide()), now, default_timeout)
+return finish(settle(decide()), now, default_timeout, oldest_moved)

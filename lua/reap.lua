@@ -29,7 +29,7 @@
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
-           redeliver, outbox_cursor, outbox_pending, due, heartbeat_timeout_ms}
+           redeliver, outbox_cursor, outbox_pending, stale, due, heartbeat_timeout_ms}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -39,10 +39,11 @@
     redeliver    outbox notes to deliver again, as notes, at most `limit`
     outbox_cursor, outbox_pending  ARGV[4] and ARGV[5..] for the next step;
                  '' and {} once the scan is through
-    due          when the reaper next has work on the license after this
-                 step (ms; includes/due.lua), 0 for never; an outbox still
-                 holding replies makes it due once they may be handed out
-                 again, ARGV[3] from now. The reaper files it in the due index.
+    stale, due   the license's times for the due index after this step
+                 (ms; includes/due.lua), 0 for none: when its oldest holder
+                 goes stale, and when it next has other work (an outbox
+                 still holding replies: once they may be handed out again,
+                 ARGV[3] from now). The reaper files them.
     heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
                  reply carries
   src/engine/scripts/reply.rs decodes this reply (Reaped).
@@ -140,5 +141,5 @@ local more = 0
 if #stale >= limit or expired >= limit or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
-local due = next_due(now, timeout, now + max_age)
-return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending, due, timeout}
+return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
+  stale_due(timeout), work_due(now, now + max_age), timeout}

@@ -17,8 +17,9 @@
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
-  Every outcome carries the license's next due time and the heartbeat
-  timeout in force (includes/prologue.lua, finish).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them, and the heartbeat timeout in force
+  (includes/prologue.lua, finish).
   Release works whatever the license's state, even when its record breaks
   the rules: a user can always give a seat back. A freed seat goes to the
   queue only while the license may hand out seats.

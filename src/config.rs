@@ -491,11 +491,10 @@ impl Settings {
         own.push(("keys.prefix", keys.license_index()));
         own.push(("keys.prefix", keys.reaper_lock()));
         own.push(("keys.prefix", keys.deployment()));
-        own.extend(
-            keys.due_indexes(self.stream.shards)
-                .into_iter()
-                .map(|k| ("keys.prefix", k)),
-        );
+        for i in 0..self.stream.shards {
+            let shard = keys.due_index(i);
+            own.extend([("keys.prefix", shard.stale), ("keys.prefix", shard.due)]);
+        }
         for (name, key) in &own {
             if !key.starts_with(&inside) {
                 return Err(Error::Config(format!(

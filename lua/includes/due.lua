@@ -1,19 +1,22 @@
 --[[
   due: when the reaper next has work on this license. The seat scripts and
-  reap.lua report it (outcome.lua [9], reap.lua's `due`); the worker and the
-  reaper file it in the due index (src/runtime/due.rs), a ZSET per shard
-  that lies in another Redis Cluster slot than the license, so no script
-  here writes it.
+  reap.lua report it; the worker and the reaper file it in the due index
+  (src/runtime/due.rs), two ZSETs per shard that lie in another Redis
+  Cluster slot than the license, so no script here writes them:
 
-  A license is due
-    - at its oldest heartbeat + the heartbeat timeout + 1 ms while it has
-      holders: the first moment reap.lua finds that holder stale;
-    - at once while anyone waits in its queue: every pass then looks at it,
-      so a wait that ran out ends, and a seat freed outside the scripts (a
-      seats_total raised, a license made active again) reaches the queue,
-      within one reaper period;
-    - at `outbox_due` while its outbox holds an undelivered reply;
-  and never (0) when none of these holds: it needs no reaper then.
+    stale  when the oldest holder goes stale: its last heartbeat + the
+           heartbeat timeout + 1 ms (the first moment reap.lua finds it
+           stale); 0 when nobody holds a seat. While anyone does, this only
+           ever moves later (a new holder's heartbeat is now, a heartbeat or
+           a release moves the oldest on), so a report of it may be filed as
+           it is, whatever order the filings arrive in.
+    due    when it next has other work: at once while anyone waits in its
+           queue (every pass then looks at it, so a wait that ran out ends,
+           and a seat freed outside the scripts, a seats_total raised, a
+           license made active again, reaches the queue within one reaper
+           period), or at `outbox_due` while its outbox holds an undelivered
+           reply; 0 for never. This moves earlier and later, so it is filed
+           with ZADD LT only.
 ]]
 --- @include "keys"
 --- @include "license"
@@ -25,19 +28,24 @@ local function heartbeat_timeout(default)
   return raw and license_number('heartbeat_timeout_ms', raw) or default
 end
 
--- The license's next due time (ms), or 0 for never, under heartbeat timeout
--- `timeout`; `outbox_due` is when an undelivered reply makes it due.
-local function next_due(now, timeout, outbox_due)
+-- When the oldest holder goes stale under heartbeat timeout `timeout` (ms),
+-- or 0 when nobody holds a seat.
+local function stale_due(timeout)
+  local oldest = rcall('ZRANGE', K.holders, 0, 0, 'WITHSCORES')[2]
+  if oldest then
+    return tonumber(oldest) + timeout + 1
+  end
+  return 0
+end
+
+-- When the license next has other work than stale holders (ms), or 0 for
+-- never; `outbox_due` is when an undelivered reply makes it due.
+local function work_due(now, outbox_due)
   if rcall('EXISTS', K.queue) == 1 then
     return now
   end
-  local due = 0
-  local oldest = rcall('ZRANGE', K.holders, 0, 0, 'WITHSCORES')[2]
-  if oldest then
-    due = tonumber(oldest) + timeout + 1
+  if rcall('EXISTS', K.outbox) == 1 then
+    return outbox_due
   end
-  if (due == 0 or outbox_due < due) and rcall('EXISTS', K.outbox) == 1 then
-    due = outbox_due
-  end
-  return due
+  return 0
 end

@@ -16,15 +16,23 @@
                      event (a re-sent QUEUED, a replay)
     [8] replayed     1 when this is the stored reply of a stream entry decided
                      before (dedupe.lua), else 0
-    [9] due          when the reaper next has work on the license (ms), 0 for
-                     never (due.lua): the worker files it in the due index
-    [10] heartbeat_timeout_ms  the heartbeat timeout in force for the license
-                     (its own, else the service's), which ACQUIRED,
-                     ALREADY_ACTIVE and GRANTED replies carry
-  [9] and [10] are filled in last (prologue.lua, finish), from the state the
-  script leaves, replays included: the dedupe record keeps only [1..6].
+    [9] stale        when the license's oldest holder goes stale (ms,
+                     due.lua), reported when the call may have moved it (a
+                     seat taken or granted, the oldest holder's heartbeat, a
+                     replay); else 0: nothing to file
+    [10] due         when the license next has other work for the reaper
+                     (ms, due.lua), reported when the call may have brought
+                     it forward (a place queued, a note made, a replay);
+                     else 0: nothing to file
+    [11] heartbeat_timeout_ms  the heartbeat timeout in force for the
+                     license (its own, else the service's), which ACQUIRED,
+                     ALREADY_ACTIVE and GRANTED replies carry; 0 when the
+                     call reports none of these
+  The worker files [9] and [10] in the due index. [9]..[11] are filled in
+  last (prologue.lua, finish), from the state the script leaves, replays
+  included: the dedupe record keeps only [1..6].
 ]]
 
 local function outcome(status, used, total, detail, now, notes, changed)
-  return {status, used, total, detail, now, notes, changed or 1, 0, 0, 0}
+  return {status, used, total, detail, now, notes, changed or 1, 0, 0, 0, 0}
 end

@@ -52,15 +52,32 @@ local function settle(result)
   return remember(ARGV[1], ARGV[2], tonumber(ARGV[7]), result)
 end
 
--- Fills in what every reply of these scripts carries besides the decision
--- (outcome.lua [9] and [10]), early answers and replays too: when the
--- license is next due for the reaper, and the heartbeat timeout in force.
--- `default_timeout` is the service's (ms). A new outbox note makes the
--- license due at once: the worker normally delivers it first, and the
--- reaper's look finds it gone (or, if still there, not yet old enough).
-local function finish(result, now, default_timeout)
+-- Fills in what a reply of these scripts carries besides the decision
+-- (outcome.lua [9]..[11]), early answers and replays too, only where the
+-- call may have changed it, so the common heartbeat reads and files nothing
+-- more: the license's times for the due index, and the heartbeat timeout
+-- in force. `default_timeout` is the service's (ms); `oldest_moved` says
+-- the call moved the oldest holder's heartbeat (heartbeat.lua). A replay
+-- reports both times: its first delivery may have died before filing them.
+-- A new outbox note makes the license due at once: the worker normally
+-- delivers it first, and the reaper's look then finds it gone (or, if
+-- still there, not yet old enough to hand out again).
+local function finish(result, now, default_timeout, oldest_moved)
+  local status, notes = result[1], result[6]
+  local replayed, changed = result[8] == 1, result[7] == 1
+  local stale = replayed or oldest_moved or (changed and (status == 'ACQUIRED' or #notes > 0))
+  local work = replayed or #notes > 0 or (changed and status == 'QUEUED')
+  local holds = status == 'ACQUIRED' or status == 'ALREADY_ACTIVE'
+  if not (stale or work or holds) then
+    return result
+  end
   local timeout = heartbeat_timeout(default_timeout)
-  result[9] = next_due(now, timeout, now)
-  result[10] = timeout
+  if stale then
+    result[9] = stale_due(timeout)
+  end
+  if work then
+    result[10] = work_due(now, now)
+  end
+  result[11] = timeout
   return result
 end

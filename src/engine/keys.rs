@@ -104,30 +104,19 @@ impl Keys {
         format!("{}:licenses", self.prefix)
     }
 
-    /// ZSET shard `shard` (of `shards`) of the due index: license -> the
-    /// time (ms) the reaper next has work on it (its oldest heartbeat plus
-    /// its timeout, at once while anyone waits or a reply is undelivered).
-    /// A pass reads the licenses due, never every license. Sharded like the
-    /// streams, by [`shard_of`] the license, each shard with its own hash
-    /// tag: on Redis Cluster the shards spread over the masters, and only
-    /// the worker and the reaper write it (with commands and scripts of its
-    /// own slot), never a seat script, which may touch its license's slot only.
-    pub fn due_index(&self, shard: usize, shards: usize) -> String {
-        let base = format!("{}:due", self.prefix);
-        if shards <= 1 {
-            return base;
+    /// The two ZSETs of shard `shard` of the due index, which tell the
+    /// reaper when each license next needs it, so a pass reaps the licenses
+    /// due and no others (runtime::due). Each shard's keys share the hash tag
+    /// `{<shard>}` (also when there is one shard), so one script reads both,
+    /// and on Redis Cluster the shards spread over the masters. Only the
+    /// worker and the reaper write them, never a seat script, which may
+    /// touch its license's slot only. A license is filed in shard
+    /// [`shard_of`] it, like its streams.
+    pub fn due_index(&self, shard: usize) -> DueKeys {
+        DueKeys {
+            stale: format!("{}:stale:{{{shard}}}", self.prefix),
+            due: format!("{}:due:{{{shard}}}", self.prefix),
         }
-        format!("{base}:{{{shard}}}")
-    }
-
-    /// Every shard of the due index.
-    pub fn due_indexes(&self, shards: usize) -> Vec<String> {
-        shard_names(&format!("{}:due", self.prefix), shards)
-    }
-
-    /// The due index shard that files `license`.
-    pub fn due_index_for(&self, license: &str, shards: usize) -> String {
-        self.due_index(shard_of(license, shards), shards)
     }
 
     /// HASH of settings every process of a deployment must agree on, kept by
@@ -147,6 +136,20 @@ impl Keys {
     pub fn reaper_lock(&self) -> String {
         format!("{}:reaper:lock", self.prefix)
     }
+}
+
+/// The keys of one shard of the due index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueKeys {
+    /// ZSET license -> when its oldest holder goes stale (its heartbeat plus
+    /// the heartbeat timeout, plus 1 ms). It only moves later while the
+    /// license has holders, so any script's report of it may be filed as it
+    /// is, whatever order the filings arrive in.
+    pub stale: String,
+    /// ZSET license -> when it next has other work: at once while anyone
+    /// waits or a reply sits undelivered. Filed with `ZADD … LT` only: a
+    /// later report must never hide an earlier one.
+    pub due: String,
 }
 
 /// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
@@ -199,13 +202,14 @@ mod tests {
     }
 
     #[test]
-    fn the_due_index_is_sharded_like_the_streams() {
+    fn a_due_index_shard_is_one_slot() {
         let keys = Keys::new("seat");
-        assert_eq!(keys.due_indexes(1), ["seat:due"]);
-        assert_eq!(keys.due_index_for("acme", 1), "seat:due");
-        // crc32("acme") % 4 == 2, as for the requests stream.
-        assert_eq!(keys.due_index_for("acme", 4), "seat:due:{2}");
-        assert_eq!(keys.due_indexes(4)[2], keys.due_index(2, 4));
+        let shard = keys.due_index(2);
+        assert_eq!(
+            (shard.stale.as_str(), shard.due.as_str()),
+            ("seat:stale:{2}", "seat:due:{2}")
+        );
+        assert_eq!(keys.due_index(0).due, "seat:due:{0}", "tagged with one shard too");
         assert_eq!(keys.deployment(), "seat:config");
     }
 

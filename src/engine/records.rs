@@ -96,8 +96,8 @@ impl WaiterRecord {
 /// `["ACQUIRED",1,5,0,1796013949007,{}]`. Returns the outcome a replay of
 /// that entry answers (`changed` false, `replayed` true), as the Lua side
 /// rebuilds it, but for what a replay reads from the license as it stands
-/// and the record does not keep: the due time and the heartbeat timeout
-/// (`None` here).
+/// and the record does not keep: the due index times and the heartbeat
+/// timeout (`None` here).
 pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
     let bad = |detail: String| Error::ScriptReply {
         script: "dedupe",
@@ -112,6 +112,7 @@ pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
     }
     slots.push(Value::Int(0)); // changed
     slots.push(Value::Int(1)); // replayed
+    slots.push(Value::Int(0)); // stale: not kept
     slots.push(Value::Int(0)); // due: not kept
     slots.push(Value::Int(0)); // heartbeat_timeout_ms: not kept
     decode_outcome("dedupe", Value::Array(slots))

@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
-use crate::engine::keys::LicenseKeys;
+use crate::engine::keys::{DueKeys, LicenseKeys};
 use crate::error::Error;
 
 use includes::IncludeError;
@@ -516,14 +516,15 @@ impl Scripts {
     pub async fn due_claim<C: ConnectionLike>(
         &self,
         con: &mut C,
-        index: &str,
+        index: &DueKeys,
         now_ms: i64,
         limit: usize,
         claim_end_ms: i64,
     ) -> Result<(i64, Vec<String>), Error> {
         let reply: Vec<String> = self
             .due_claim
-            .key(index) // KEYS[1]
+            .key(&index.stale) // KEYS[1]
+            .key(&index.due) // KEYS[2]
             .arg(now_ms) // ARGV[1]
             .arg(limit) // ARGV[2]
             .arg(claim_end_ms) // ARGV[3]
@@ -541,22 +542,23 @@ impl Scripts {
         Ok((marker, reply.collect()))
     }
 
-    /// lua/due_settle.lua: files each license's next due time (0 = none) in
-    /// due index shard `index`, where it still carries `marker`; keeps the
-    /// earlier time where a worker filed one meanwhile. Returns how many
-    /// licenses left the index.
+    /// lua/due_settle.lua: files each license's times (stale, due; 0 =
+    /// none) in due index shard `index`, where it still carries `marker`;
+    /// keeps the earlier time where one was filed meanwhile. Returns how
+    /// many entries left the index.
     pub async fn due_settle<C: ConnectionLike>(
         &self,
         con: &mut C,
-        index: &str,
+        index: &DueKeys,
         marker: i64,
-        dues: &[(&str, i64)],
+        times: &[(&str, i64, i64)],
     ) -> redis::RedisResult<i64> {
         let mut call = self.due_settle.prepare_invoke();
-        call.key(index) // KEYS[1]
+        call.key(&index.stale) // KEYS[1]
+            .key(&index.due) // KEYS[2]
             .arg(marker); // ARGV[1]
-        for (license, due) in dues {
-            call.arg(*license).arg(*due); // ARGV[2..]
+        for (license, stale, due) in times {
+            call.arg(*license).arg(*stale).arg(*due); // ARGV[2..]
         }
         call.invoke_async(con).await
     }

@@ -34,7 +34,7 @@ use tracing::debug;
 
 use crate::config::Settings;
 use crate::db::Db;
-use crate::engine::keys::Keys;
+use crate::engine::keys::{shard_of, DueKeys, Keys};
 use crate::engine::license::Field;
 use crate::engine::protocol::valid_id;
 use crate::error::Error;
@@ -62,21 +62,32 @@ impl DueIndex {
         }
     }
 
-    /// Every shard's key.
-    pub fn shards(&self) -> Vec<String> {
-        self.keys.due_indexes(self.shards)
+    /// Every shard's keys.
+    pub fn shards(&self) -> Vec<DueKeys> {
+        (0..self.shards.max(1)).map(|i| self.keys.due_index(i)).collect()
     }
 
     /// The shard that files `license`.
-    pub fn shard_for(&self, license: &str) -> String {
-        self.keys.due_index_for(license, self.shards)
+    pub fn shard_for(&self, license: &str) -> DueKeys {
+        self.keys.due_index(shard_of(license, self.shards))
     }
 
-    /// `ZADD <shard> LT <due_ms> <license>`: files `due_ms` unless an
-    /// earlier time is filed (or adds the license when it is missing).
-    pub fn file(&self, license: &str, due_ms: i64) -> redis::Cmd {
+    /// `ZADD <stale index> <stale_ms> <license>`: files when the license's
+    /// oldest holder goes stale, as a script reported it. Filed as it is,
+    /// not compared: that time only moves later, so whichever report lands
+    /// last is no later than the real time.
+    pub fn file_stale(&self, license: &str, stale_ms: i64) -> redis::Cmd {
         let mut zadd = redis::cmd("ZADD");
-        zadd.arg(self.shard_for(license))
+        zadd.arg(self.shard_for(license).stale).arg(stale_ms).arg(license);
+        zadd
+    }
+
+    /// `ZADD <due index> LT <due_ms> <license>`: files when the license next
+    /// has other work, unless an earlier time is filed (or adds the license
+    /// when it is missing).
+    pub fn file_due(&self, license: &str, due_ms: i64) -> redis::Cmd {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(self.shard_for(license).due)
             .arg("LT")
             .arg(due_ms)
             .arg(license);
@@ -181,12 +192,11 @@ impl Sweep {
         due_ms: i64,
         step: &mut SweepStep,
     ) -> Result<(), Error> {
-        const PER_LICENSE: usize = 5;
+        const PER_LICENSE: usize = 6;
         let mut cmds = Vec::with_capacity(batch.len() * PER_LICENSE);
         for license in batch {
             let lk = keys.license(license);
-            let mut filed = redis::cmd("ZSCORE");
-            filed.arg(index.shard_for(license)).arg(license);
+            let [stale, due] = filed(index, license);
             let mut used = redis::cmd("ZCARD");
             used.arg(&lk.holders);
             let mut queued = redis::cmd("ZCARD");
@@ -195,17 +205,12 @@ impl Sweep {
             total.arg(&lk.license).arg(Field::SeatsTotal.as_str());
             let mut outbox = redis::cmd("EXISTS");
             outbox.arg(&lk.outbox);
-            cmds.extend([filed, used, queued, total, outbox]);
+            cmds.extend([stale, due, used, queued, total, outbox]);
         }
         let answers = con.query_all(cmds).await?;
         let mut missing = Vec::new();
         for (license, a) in batch.iter().zip(answers.chunks(PER_LICENSE)) {
-            let [filed, used, queued, total, outbox] = a else {
-                continue;
-            };
-            let (Ok(filed), Ok(used), Ok(queued), Ok(total), Ok(outbox)) =
-                (filed, used, queued, total, outbox)
-            else {
+            let [Ok(stale), Ok(due), Ok(used), Ok(queued), Ok(total), Ok(outbox)] = a else {
                 debug!(%license, "cannot read a license's seats; the next round looks again");
                 continue;
             };
@@ -223,7 +228,7 @@ impl Sweep {
                 total,
                 queued,
             });
-            if *filed == Value::Nil && used + queued + outbox > 0 {
+            if lacks(stale, due, used > 0, queued + outbox > 0) {
                 missing.push(license.clone());
             }
         }
@@ -302,21 +307,23 @@ impl Sweep {
             .filter(|(_, m)| matches!(m, Ok(Value::Int(0))))
             .map(|(l, _)| l)
             .collect();
-        let mut cmds = Vec::with_capacity(outside.len() * 2);
+        const PER_LICENSE: usize = 4;
+        let mut cmds = Vec::with_capacity(outside.len() * PER_LICENSE);
         for license in &outside {
             let lk = keys.license(license);
-            let mut filed = redis::cmd("ZSCORE");
-            filed.arg(index.shard_for(license)).arg(license.as_str());
+            let [stale, due] = filed(index, license);
+            let mut held = redis::cmd("EXISTS");
+            held.arg(&lk.holders);
             let mut work = redis::cmd("EXISTS");
-            work.arg(&lk.holders).arg(&lk.queue).arg(&lk.outbox);
-            cmds.extend([filed, work]);
+            work.arg(&lk.queue).arg(&lk.outbox);
+            cmds.extend([stale, due, held, work]);
         }
         let answers = con.query_all(cmds).await?;
         let mut missing = Vec::new();
-        for (license, a) in outside.iter().zip(answers.chunks(2)) {
+        for (license, a) in outside.iter().zip(answers.chunks(PER_LICENSE)) {
             step.looked_at += 1;
-            if let [Ok(Value::Nil), Ok(work)] = a {
-                if int(work) > 0 {
+            if let [Ok(stale), Ok(due), Ok(held), Ok(work)] = a {
+                if lacks(stale, due, int(held) > 0, int(work) > 0) {
                     missing.push((*license).clone());
                 }
             }
@@ -324,7 +331,8 @@ impl Sweep {
         self.file(con, index, missing, due_ms, step).await
     }
 
-    /// Files `missing` due at `due_ms`.
+    /// Files `missing` due at `due_ms` (in the due index: the reaper then
+    /// files its stale time as it finds it).
     async fn file(
         &self,
         con: &mut Db,
@@ -336,7 +344,7 @@ impl Sweep {
         if missing.is_empty() {
             return Ok(());
         }
-        let cmds = missing.iter().map(|l| index.file(l, due_ms)).collect();
+        let cmds = missing.iter().map(|l| index.file_due(l, due_ms)).collect();
         for (license, result) in missing.iter().zip(con.query_all(cmds).await?) {
             if let Err(e) = result {
                 debug!(%license, error = %e, "cannot file a license in the due index; the next round tries again");
@@ -345,6 +353,22 @@ impl Sweep {
         step.filed.extend(missing);
         Ok(())
     }
+}
+
+/// `ZSCORE` of `license` in both indexes of its shard.
+fn filed(index: &DueIndex, license: &str) -> [redis::Cmd; 2] {
+    let shard = index.shard_for(license);
+    [shard.stale, shard.due].map(|key| {
+        let mut zscore = redis::cmd("ZSCORE");
+        zscore.arg(key).arg(license);
+        zscore
+    })
+}
+
+/// Whether a license (`stale`, `due`: its ZSCOREs in the index) lacks a
+/// time it needs: one for its holders, one for its waiters or replies.
+fn lacks(stale: &Value, due: &Value, held: bool, work: bool) -> bool {
+    (held && *stale == Value::Nil) || (work && *due == Value::Nil)
 }
 
 /// An integer answer (0 for anything else).
@@ -392,19 +416,29 @@ mod tests {
     }
 
     #[test]
-    fn a_license_is_filed_in_its_shard_and_only_ever_earlier() {
+    fn a_license_is_filed_in_its_shard() {
         let mut settings = Settings::load(None).unwrap();
         settings.stream.shards = 4;
         let index = DueIndex::new(&settings);
-        let args: Vec<String> = index
-            .file("acme", 1_796_000_000_000)
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => String::new(),
-            })
-            .collect();
-        assert_eq!(args, ["ZADD", "seat:due:{2}", "LT", "1796000000000", "acme"]);
+        let args = |cmd: redis::Cmd| -> Vec<String> {
+            cmd.args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => String::new(),
+                })
+                .collect()
+        };
+        // crc32("acme") % 4 == 2, as for the requests stream.
+        assert_eq!(
+            args(index.file_due("acme", 1_796_000_000_000)),
+            ["ZADD", "seat:due:{2}", "LT", "1796000000000", "acme"]
+        );
+        assert_eq!(
+            args(index.file_stale("acme", 1_796_000_090_001)),
+            ["ZADD", "seat:stale:{2}", "1796000090001", "acme"]
+        );
         assert_eq!(index.shards().len(), 4);
+        settings.stream.shards = 1;
+        assert_eq!(DueIndex::new(&settings).shards()[0].due, "seat:due:{0}");
     }
 }

@@ -202,8 +202,8 @@ impl Publisher {
 
     /// Writes many replies and events with one pipeline: the replies to
     /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs,
-    /// and each license's next due time (license, ms) in the due index
-    /// (`ZADD LT`, runtime::due). Replies that need the script (first reply
+    /// and the times the scripts reported for the reaper's due index
+    /// (license, stale, due; runtime::due). Replies that need the script (first reply
     /// to a stream, or the fast path found the stream gone) follow one by
     /// one. Returns one result per reply, in order; event failures are
     /// logged and counted only, and a due time not filed is found by the
@@ -216,10 +216,10 @@ impl Publisher {
         con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
         events: &[Event<'_>],
-        dues: &[(&str, i64)],
+        dues: &[(&str, Option<i64>, Option<i64>)],
         clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
-        let mut cmds = Vec::with_capacity(replies.len() + events.len() + dues.len());
+        let mut cmds = Vec::with_capacity(replies.len() + events.len() + 2 * dues.len());
         let mut fast = Vec::with_capacity(replies.len());
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
         for (i, (stream, reply)) in replies.iter().enumerate() {
@@ -237,8 +237,16 @@ impl Publisher {
         for event in events {
             cmds.push(self.event_cmd(event));
         }
-        for (license, due_ms) in dues {
-            cmds.push(self.due.file(license, *due_ms));
+        let mut filed = Vec::with_capacity(2 * dues.len());
+        for (license, stale_ms, due_ms) in dues {
+            if let Some(ms) = stale_ms {
+                cmds.push(self.due.file_stale(license, *ms));
+                filed.push(*license);
+            }
+            if let Some(ms) = due_ms {
+                cmds.push(self.due.file_due(license, *ms));
+                filed.push(*license);
+            }
         }
         if !cmds.is_empty() {
             match con.query_all(cmds).await {
@@ -268,7 +276,7 @@ impl Publisher {
                             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
                         }
                     }
-                    for ((license, _), answer) in dues.iter().zip(answers) {
+                    for (license, answer) in filed.iter().zip(answers) {
                         if let Err(e) = answer {
                             debug!(%license, error = %e, "cannot file a license's due time; the reaper's sweep finds it");
                         }

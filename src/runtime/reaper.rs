@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::DueKeys;
 use crate::engine::keys::Keys;
 use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
 use crate::error::Error;
@@ -263,7 +264,7 @@ impl Reaper {
         let mut first_error = None;
         for shard in self.due.shards() {
             if let Err(e) = self.reap_shard(&mut con, &shard, now_ms, &mut report).await {
-                warn!(%shard, error = %e, "reaping a due index shard failed; the next pass retries");
+                warn!(shard = %shard.due, error = %e, "reaping a due index shard failed; the next pass retries");
                 first_error.get_or_insert(e);
             }
         }
@@ -285,19 +286,24 @@ impl Reaper {
     }
 
     /// Reaps the licenses of due index shard `shard` due before `now_ms`, a
-    /// page at a time: claim, reap concurrently, file their next due times.
-    /// A license whose reap failed is filed due at `now_ms` (the next pass
-    /// retries it). Each pass takes at most as many licenses as the shard
-    /// held when it began, so a Redis clock stepped back cannot keep a pass
-    /// going round.
+    /// page at a time: claim, reap concurrently, file the times they are due
+    /// next. A license whose reap failed is filed due at `now_ms` (the next
+    /// pass retries it). Each pass takes at most as many licenses as the
+    /// shard held when it began, so a Redis clock stepped back cannot keep a
+    /// pass going round.
     async fn reap_shard(
         &self,
         con: &mut Db,
-        shard: &str,
+        shard: &DueKeys,
         now_ms: i64,
         report: &mut PassReport,
     ) -> Result<(), Error> {
-        let most: usize = redis::cmd("ZCARD").arg(shard).query_async(con).await?;
+        let (stale, due): (usize, usize) = redis::pipe()
+            .zcard(&shard.stale)
+            .zcard(&shard.due)
+            .query_async(con)
+            .await?;
+        let most = stale + due;
         let mut taken = 0;
         while taken < most {
             let claim_end = now_ms.saturating_add(i64::try_from(self.claim_ms).unwrap_or(i64::MAX));
@@ -318,7 +324,7 @@ impl Reaper {
             let mut dues = Vec::with_capacity(page);
             while let Some((license, result)) = results.next().await {
                 match result {
-                    Ok((one, due)) => {
+                    Ok((one, (stale, due))) => {
                         report.licenses += 1;
                         report.evicted += one.evicted;
                         report.granted += one.granted;
@@ -327,16 +333,16 @@ impl Reaper {
                             report.queues.extend(one.queues);
                         }
                         report.seats.extend(one.seats);
-                        dues.push((license, due.unwrap_or(0)));
+                        dues.push((license, stale.unwrap_or(0), due.unwrap_or(0)));
                     }
                     Err(e) => {
                         warn!(%license, error = %e, "reaping a license failed; the next pass retries");
-                        dues.push((license, now_ms));
+                        dues.push((license, 0, now_ms));
                     }
                 }
             }
             drop(results);
-            let dues: Vec<(&str, i64)> = dues.iter().map(|(l, d)| (l.as_str(), *d)).collect();
+            let dues: Vec<(&str, i64, i64)> = dues.iter().map(|(l, s, d)| (l.as_str(), *s, *d)).collect();
             // Should this fail, the claims run out and a later pass takes them.
             Scripts::get().due_settle(con, shard, marker, &dues).await?;
             if page < DUE_PAGE {
@@ -351,8 +357,9 @@ impl Reaper {
         self.reap_one(license).await.map(|(report, _)| report)
     }
 
-    /// [`Reaper::reap_license`], and when the license is next due (`None`: never).
-    async fn reap_one(&self, license: &str) -> Result<(PassReport, Option<i64>), Error> {
+    /// [`Reaper::reap_license`], and the license's times for the due index
+    /// after it (stale, due; `None`: none).
+    async fn reap_one(&self, license: &str) -> Result<(PassReport, (Option<i64>, Option<i64>)), Error> {
         let keys = self.keys.license(license);
         let mut con = self.con.clone();
         let mut report = PassReport::default();
@@ -423,7 +430,7 @@ impl Reaper {
                     total: step.seats_total,
                     queued: step.queue_depth,
                 }];
-                return Ok((report, step.due_ms));
+                return Ok((report, (step.stale_ms, step.due_ms)));
             }
         }
     }

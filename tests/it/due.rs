@@ -6,8 +6,11 @@
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::db::Db;
+use seatgate::engine::keys::shard_of;
+use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate::engine::status::Status;
 
@@ -49,10 +52,14 @@ async fn calls(con: &mut Db, command: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-/// The score of `license` in its due index shard.
-async fn filed(s: &Settings, license: &str) -> Option<f64> {
-    let index = keys(s).due_index_for(license, s.stream.shards);
-    db(s).await.zscore(index, license).await.unwrap()
+/// The times `license` is filed under: (stale, due).
+async fn filed(s: &Settings, license: &str) -> (Option<i64>, Option<i64>) {
+    let shard = keys(s).due_index(shard_of(license, s.stream.shards));
+    let mut con = db(s).await;
+    (
+        con.zscore(&shard.stale, license).await.unwrap(),
+        con.zscore(&shard.due, license).await.unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -111,7 +118,7 @@ async fn the_sweep_files_licenses_the_due_index_lacks_and_the_same_pass_reaps_th
     direct(&settings, "unlisted", "b")
         .queue(&mut con, 60_000, "req-b", &waiter)
         .await;
-    assert_eq!(filed(&settings, "unlisted").await, None);
+    assert_eq!(filed(&settings, "unlisted").await, (None, None));
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let report = reaper(&settings).await.pass().await.unwrap();
@@ -121,10 +128,14 @@ async fn the_sweep_files_licenses_the_due_index_lacks_and_the_same_pass_reaps_th
     assert_eq!((report.evicted, report.granted), (2, 1), "{report:?}");
     assert_eq!(holders(&settings, "unlisted").await, ["b"]);
     assert!(
-        filed(&settings, "unlisted").await.is_some(),
-        "b's seat is due in time"
+        filed(&settings, "unlisted").await.0.is_some(),
+        "b's seat goes stale in time"
     );
-    assert_eq!(filed(&settings, "listed").await, None, "nothing left to reap");
+    assert_eq!(
+        filed(&settings, "listed").await,
+        (None, None),
+        "nothing left to reap"
+    );
     assert_eq!(
         report.census.map(|c| c.licenses()),
         Some(1),
@@ -176,13 +187,56 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
 }
 
 #[tokio::test]
-async fn a_due_time_filed_while_a_license_is_reaped_is_kept() {
+async fn heartbeats_keep_a_license_from_falling_due() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "hb", &seats_with_timeout(2, 300)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    for s in ["s1", "s2"] {
+        assert_eq!(
+            c.call(&acquire("hb", s, 0), T).await.unwrap().status(),
+            Status::Acquired
+        );
+    }
+    let beat = |session: &'static str| Call::new(Op::Heartbeat, "hb", session);
+    let reaper = reaper(&settings).await;
+    // Twice the timeout, both heartbeating: the oldest's heartbeats move the
+    // license's stale time on, so no pass has it due.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for s in ["s1", "s2"] {
+            c.call(&beat(s), T).await.unwrap();
+        }
+        let report = reaper.pass().await.unwrap();
+        assert_eq!(report.licenses, 0, "{report:?}");
+    }
+    // s2 stops: once it is stale, the license is due, and only then.
+    let mut reaped = 0;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.call(&beat("s1"), T).await.unwrap();
+        let report = reaper.pass().await.unwrap();
+        reaped += report.licenses;
+        assert!(report.evicted == report.licenses, "{report:?}");
+    }
+    assert_eq!(reaped, 1, "one visit, when s2 went stale");
+    assert_eq!(holders(&settings, "hb").await, ["s1"]);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_time_filed_while_a_license_is_reaped_is_kept() {
     let redis = RedisServer::start_with(&[]).await;
     let settings = redis.settings();
     let mut con = db(&settings).await;
-    let index = keys(&settings).due_index(0, 1);
+    let index = keys(&settings).due_index(0);
     let _: () = con
-        .zadd_multiple(&index, &[(100, "a"), (100, "b"), (100, "c"), (5_000, "d")])
+        .zadd_multiple(&index.stale, &[(100, "a"), (100, "b"), (5_000, "d")])
+        .await
+        .unwrap();
+    let _: () = con
+        .zadd_multiple(&index.due, &[(100, "b"), (100, "c")])
         .await
         .unwrap();
     let scripts = Scripts::get();
@@ -191,48 +245,57 @@ async fn a_due_time_filed_while_a_license_is_reaped_is_kept() {
         .await
         .unwrap();
     taken.sort();
-    assert_eq!(
-        (marker, taken),
-        (
-            DUE_CLAIM_BASE + 2_000,
-            vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]
-        )
-    );
-    // While b is being reaped, a worker files an earlier time for it.
+    assert_eq!(marker, DUE_CLAIM_BASE + 2_000);
+    assert_eq!(taken, ["a", "b", "c"], "each once, due in either index");
+    // While they are reaped, a worker files b's stale time (as it is) and
+    // c's other work (LT).
+    let _: () = con.zadd(&index.stale, "b", 1_500).await.unwrap();
     let _: () = redis::cmd("ZADD")
-        .arg(&index)
+        .arg(&index.due)
         .arg("LT")
-        .arg(1_500)
-        .arg("b")
+        .arg(1_200)
+        .arg("c")
         .query_async(&mut con)
         .await
         .unwrap();
     let removed = scripts
-        .due_settle(&mut con, &index, marker, &[("a", 3_000), ("b", 4_000), ("c", 0)])
+        .due_settle(
+            &mut con,
+            &index,
+            marker,
+            &[("a", 3_000, 0), ("b", 4_000, 0), ("c", 0, 0)],
+        )
         .await
         .unwrap();
-    assert_eq!(removed, 1, "c has nothing due");
-    let score = |m: &'static str| {
-        let index = index.clone();
-        let mut con = con.clone();
-        async move { con.zscore::<_, _, Option<i64>>(index, m).await.unwrap() }
-    };
+    assert_eq!(removed, 1, "b has no other work");
+    let mut scores = Vec::new();
+    for key in [&index.stale, &index.due] {
+        for m in ["a", "b", "c", "d"] {
+            let score: Option<i64> = con.zscore(key, m).await.unwrap();
+            scores.push(score);
+        }
+    }
     assert_eq!(
-        (
-            score("a").await,
-            score("b").await,
-            score("c").await,
-            score("d").await
-        ),
-        (Some(3_000), Some(1_500), None, Some(5_000)),
-        "b keeps the worker's earlier time"
+        scores,
+        [
+            // stale: a as the reaper found it, b the earlier of both, d untouched
+            Some(3_000),
+            Some(1_500),
+            None,
+            Some(5_000),
+            // due: b gone, c keeps the worker's time
+            None,
+            None,
+            Some(1_200),
+            None,
+        ]
     );
     // A pass that dies leaves its claims; they are taken again once they run out.
     let (_, taken) = scripts
         .due_claim(&mut con, &index, 2_000, 10, 2_600)
         .await
         .unwrap();
-    assert_eq!(taken, ["b"]);
+    assert_eq!(taken, ["b", "c"]);
     let (_, taken) = scripts
         .due_claim(&mut con, &index, 2_500, 10, 3_000)
         .await
@@ -242,5 +305,5 @@ async fn a_due_time_filed_while_a_license_is_reaped_is_kept() {
         .due_claim(&mut con, &index, 2_700, 10, 3_500)
         .await
         .unwrap();
-    assert_eq!(taken, ["b"], "the claim ran out");
+    assert_eq!(taken, ["b", "c"], "the claims ran out");
 }

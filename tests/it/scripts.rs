@@ -468,6 +468,7 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
 /// license as it stands (the due time, the heartbeat timeout in force).
 fn as_stored(o: &Outcome) -> Outcome {
     let mut stored = o.clone();
+    stored.stale_ms = None;
     stored.due_ms = None;
     stored.heartbeat_timeout_ms = None;
     for note in &mut stored.notes {
@@ -515,11 +516,14 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
             ..first.clone()
         };
         let again = run_as(&mut con, &settings, guarded(), req).await;
-        // The due time is read from the license as it stands: for a queue, the
-        // replay's clock.
+        // A replay reports both due index times, read from the license as
+        // it stands (its first delivery may have died before filing them):
+        // someone holds a seat throughout.
+        assert!(again.stale_ms.is_some(), "{req:?}");
         assert!(again.due_ms >= first.due_ms, "{req:?}");
         assert_eq!(
             Outcome {
+                stale_ms: first.stale_ms,
                 due_ms: first.due_ms,
                 ..again
             },
@@ -666,11 +670,11 @@ async fn reap_answers_the_documented_step() {
     );
     assert!(step.redeliver.is_empty(), "the notes it just made are not due");
     assert!(step.outbox.is_done());
-    // Next due: b's seat, granted now, goes stale after its 50 ms; the notes
-    // left in the outbox only after the hour given.
+    // The due index times: b's seat, granted now, goes stale after its 50
+    // ms; the notes left in the outbox are due only after the hour given.
     assert_eq!(
-        (step.due_ms, step.heartbeat_timeout_ms),
-        (Some(step.now_ms + 51), Some(50))
+        (step.stale_ms, step.due_ms, step.heartbeat_timeout_ms),
+        (Some(step.now_ms + 51), Some(step.now_ms + 3_600_000), Some(50))
     );
 
     // Nobody delivered them: once due, a step hands both out again, as notes.
@@ -699,7 +703,11 @@ async fn reap_answers_the_documented_step() {
         (second.evicted.len(), second.more, second.seats_used),
         (1, false, 0)
     );
-    assert_eq!(second.due_ms, None, "nothing left for the reaper");
+    assert_eq!(
+        (second.stale_ms, second.due_ms),
+        (None, None),
+        "nothing left for the reaper"
+    );
 }
 
 /// More undelivered outbox notes than a step's limit, under both hash

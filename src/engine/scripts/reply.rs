@@ -56,9 +56,14 @@ pub struct Outcome {
     pub now_ms: i64,
     /// Waiters granted or timed out by this script.
     pub notes: Vec<Note>,
-    /// When the reaper next has work on the license (Redis clock, ms), as
-    /// the script left it; `None` when it needs no reaper at all. The
-    /// worker files it in the due index (runtime::due).
+    /// When the license's oldest holder goes stale (Redis clock, ms), where
+    /// the call may have moved it; the worker files it in the due index
+    /// (runtime::due). `None`: nothing to file.
+    pub stale_ms: Option<i64>,
+    /// When the license next has other work for the reaper (waiters,
+    /// undelivered replies; Redis clock, ms), where the call may have
+    /// brought it forward; the worker files it with `ZADD … LT`. `None`:
+    /// nothing to file.
     pub due_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms (its own, else the
     /// service's): ACQUIRED and ALREADY_ACTIVE replies carry it. `None`
@@ -82,6 +87,7 @@ impl Outcome {
             replayed: false,
             now_ms: 0,
             notes: Vec::new(),
+            stale_ms: None,
             due_ms: None,
             heartbeat_timeout_ms: None,
         }
@@ -137,8 +143,11 @@ pub struct Reaped {
     pub redeliver: Vec<Note>,
     /// Where the next step of this pass goes on in the outbox.
     pub outbox: OutboxCursor,
-    /// When the reaper next has work on the license after this step (Redis
-    /// clock, ms); `None` when it needs no reaper until a request comes.
+    /// When the license's oldest holder goes stale after this step (Redis
+    /// clock, ms); `None` when nobody holds a seat.
+    pub stale_ms: Option<i64>,
+    /// When it next has other work after this step (Redis clock, ms);
+    /// `None` for never.
     pub due_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms.
     pub heartbeat_timeout_ms: Option<i64>,
@@ -238,9 +247,9 @@ fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, E
     Ok(InvalidField { field, value })
 }
 
-/// A due time as the scripts report it: 0 for none.
-fn due(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error> {
-    let due = int(script, v, "due")?;
+/// A time for the due index as the scripts report it: 0 for none.
+fn due(script: &'static str, v: Option<&Value>, what: &str) -> Result<Option<i64>, Error> {
+    let due = int(script, v, what)?;
     Ok(Some(due).filter(|ms| *ms > 0))
 }
 
@@ -255,16 +264,16 @@ fn timeout(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error
 }
 
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
-/// notes, changed, replayed, due, heartbeat_timeout_ms}`
+/// notes, changed, replayed, stale, due, heartbeat_timeout_ms}`
 /// (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 10 {
-        return Err(bad(script, format!("outcome has {} slots, not 10", items.len())));
+    if items.len() != 11 {
+        return Err(bad(script, format!("outcome has {} slots, not 11", items.len())));
     }
-    let heartbeat_timeout_ms = timeout(script, items.get(9))?;
+    let heartbeat_timeout_ms = timeout(script, items.get(10))?;
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
@@ -300,25 +309,26 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
         changed: flag(script, items.get(6), "changed")?,
         replayed: flag(script, items.get(7), "replayed")?,
-        due_ms: due(script, items.get(8))?,
+        stale_ms: due(script, items.get(8), "stale")?,
+        due_ms: due(script, items.get(9), "due")?,
         heartbeat_timeout_ms,
     })
 }
 
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
-/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, due,
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, stale, due,
 /// heartbeat_timeout_ms}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 12 {
+    if items.len() != 13 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 12", items.len()),
+            format!("reap step has {} slots, not 13", items.len()),
         ));
     }
-    let heartbeat_timeout_ms = timeout(script, items.get(11))?;
+    let heartbeat_timeout_ms = timeout(script, items.get(12))?;
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
         other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
@@ -336,7 +346,8 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
             cursor: string(script, items.get(8), "outbox_cursor")?,
             pending: strings(&items[9], "outbox_pending")?,
         },
-        due_ms: due(script, items.get(10))?,
+        stale_ms: due(script, items.get(10), "stale")?,
+        due_ms: due(script, items.get(11), "due")?,
         heartbeat_timeout_ms,
     })
 }
@@ -359,7 +370,8 @@ mod tests {
             Value::Array(notes),
             Value::Int(1),
             Value::Int(0),
-            Value::Int(1_090),
+            Value::Int(91_000),
+            Value::Int(1_000),
             Value::Int(90_000),
         ])
     }
@@ -385,17 +397,19 @@ mod tests {
             ),
         )
         .unwrap();
-        assert_eq!((o.due_ms, o.heartbeat_timeout_ms), (Some(1_090), Some(90_000)));
+        assert_eq!(
+            (o.stale_ms, o.due_ms, o.heartbeat_timeout_ms),
+            (Some(91_000), Some(1_000), Some(90_000))
+        );
         let timeouts: Vec<Option<i64>> = o.notes.iter().map(|n| n.heartbeat_timeout_ms).collect();
         assert_eq!(timeouts, [Some(90_000), None], "only a grant carries it");
         let Value::Array(mut idle) = outcome("RELEASED", Value::Int(0), vec![]) else {
             unreachable!()
         };
         idle[8] = Value::Int(0);
-        assert_eq!(
-            decode_outcome("release", Value::Array(idle)).unwrap().due_ms,
-            None
-        );
+        idle[9] = Value::Int(0);
+        let idle = decode_outcome("release", Value::Array(idle)).unwrap();
+        assert_eq!((idle.stale_ms, idle.due_ms), (None, None), "nothing to file");
     }
 
     #[test]
@@ -442,7 +456,7 @@ mod tests {
         let Value::Array(mut no_timeout) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
             unreachable!()
         };
-        no_timeout[9] = Value::Int(-1);
+        no_timeout[10] = Value::Int(-1);
         assert!(decode_outcome("acquire", Value::Array(no_timeout)).is_err());
         assert!(decode_reaped("reap", Value::Array(vec![Value::Int(1)])).is_err());
     }

@@ -54,14 +54,15 @@ impl Decider {
             .map(|o| o.now_ms)
             .filter(|ms| *ms > 0)
             .min();
-        // Every license a script ran for, filed for the reaper as the script left it.
-        let dues: Vec<(&str, i64)> = items
+        // The times the scripts reported for the reaper, filed as they left them.
+        let dues: Vec<(&str, Option<i64>, Option<i64>)> = items
             .iter()
             .filter_map(|item| {
                 let (Some(Ok(req)), Some(Ok(outcome))) = (&item.request, &item.outcome) else {
                     return None;
                 };
-                Some((req.license.as_str(), outcome.due_ms?))
+                let due = (req.license.as_str(), outcome.stale_ms, outcome.due_ms);
+                (due.1.is_some() || due.2.is_some()).then_some(due)
             })
             .collect();
         let sent = self
