@@ -1,7 +1,8 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..12] the license keys, the dedupe buckets and the rate windows (includes/keys.lua)
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+              revocation keys (includes/keys.lua)
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
   ARGV[9]  lease the seat or place is bound to ('' = none; validated by the
@@ -28,6 +29,9 @@
                         retried acquire of a holder is answered ALREADY_ACTIVE
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
+    SESSION_REVOKED     an administrator revoked the session with a cooldown
+                        that still lasts; detail = the revocation record
+                        (includes/revoked.lua)
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them, and the heartbeat timeout in force
@@ -46,6 +50,7 @@ local rcall = redis.call
 --- @include "session_record"
 --- @include "queue"
 --- @include "lease"
+--- @include "revoked"
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
@@ -84,6 +89,10 @@ local function decide()
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, rank + 1, now, notes, 0)
+  end
+  local revoked = cooldown_of(session, now)
+  if revoked then
+    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
   end
   if license.refusal then
     return outcome(license.refusal, rcall('ZCARD', K.holders), license.total, 0, now, notes)

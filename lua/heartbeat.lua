@@ -1,8 +1,8 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..12] the license keys, the dedupe buckets and the rate windows
-              (includes/keys.lua); the queue keys are not touched
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+              revocation keys (includes/keys.lua); the queue keys are not touched
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
@@ -13,6 +13,9 @@
                         detail = the heartbeat count
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted, or still queued): acquire again
+    SESSION_REVOKED     the session holds no seat because an administrator
+                        revoked it (remembered for a bounded time);
+                        detail = the revocation record (includes/revoked.lua)
     LEASE_MISMATCH      the seat is bound to another lease; nothing changed,
                         and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
@@ -31,6 +34,7 @@ local rcall = redis.call
 --- @include "outcome"
 --- @include "session_record"
 --- @include "lease"
+--- @include "revoked"
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
@@ -50,6 +54,10 @@ local oldest_moved = false
 local function decide()
   local total = seats_total()
   if not rcall('ZSCORE', K.holders, session) then
+    local revoked = revocation_of(session, now)
+    if revoked then
+      return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, {})
+    end
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
   -- Only the oldest holder's heartbeat moves the license's stale time.

@@ -3,17 +3,21 @@
   Only the session's own id releases it, and only with its lease when the
   seat or place is bound to one; nothing else is touched.
 
-  KEYS[1..12] the license keys, the dedupe buckets and the rate windows (includes/keys.lua)
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+              revocation keys (includes/keys.lua)
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua); release
               is never rate limited
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
   ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
-  Returns an outcome (includes/outcome.lua), detail 0, with status
+  Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
                        queue if anyone waits (notes carry the GRANTED)
     LEFT_QUEUE         the session was waiting; it no longer does
+    SESSION_REVOKED    the session neither holds a seat nor waits because an
+                       administrator revoked it (remembered for a bounded
+                       time); detail = the revocation record (includes/revoked.lua)
     SESSION_NOT_FOUND  the session neither holds a seat nor waits
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
@@ -33,6 +37,7 @@ local rcall = redis.call
 --- @include "session_record"
 --- @include "queue"
 --- @include "lease"
+--- @include "revoked"
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
@@ -66,6 +71,10 @@ local function decide()
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
     return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
+  end
+  local revoked = revocation_of(session, now)
+  if revoked then
+    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
   end
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), license.total, 0, now, notes)
 end

@@ -1,6 +1,6 @@
 //! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
-//! client, `license` provisioning, and the `status`, `events` and `report`
-//! views. Errors come out as one line.
+//! client, `license` provisioning, the administrator's `revoke`, and the
+//! `status`, `events` and `report` views. Errors come out as one line.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::report::printable;
 use crate::client::usage::{self, When};
-use crate::client::{Call, Client, ReplyMsg};
+use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseInfo, LicenseSpec};
@@ -51,6 +51,11 @@ enum Command {
     Release(ClientArgs),
     /// Keep a seat alive.
     Heartbeat(ClientArgs),
+    /// Take a session's seat (or its place in the queue) away, as an
+    /// administrator: the seat goes to the next waiter, and the session is
+    /// told SESSION_REVOKED with the reason. Exits 0 when revoked, 1 when the
+    /// session neither holds a seat nor waits.
+    Revoke(RevokeArgs),
     /// Provision licenses.
     #[command(subcommand)]
     License(LicenseCommand),
@@ -125,6 +130,31 @@ struct ClientArgs {
     /// this one instead of a new random one (to re-send an acquire).
     #[arg(long, value_name = "LEASE")]
     lease: Option<String>,
+    /// How long to wait for the reply, e.g. 5s.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Print the reply as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RevokeArgs {
+    /// License id.
+    #[arg(long)]
+    license: String,
+    /// The session to revoke.
+    #[arg(long)]
+    session: String,
+    /// Why (told to the session and published in the `revoked` event); at most 512 bytes.
+    #[arg(long)]
+    reason: String,
+    /// Who revokes, for the audit trail (default: your OS user name).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Refuse the session's acquires this long afterwards, e.g. 10m (default: none).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    cooldown: Option<Duration>,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -245,6 +275,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Acquire(args) => client_call(&settings, Op::Acquire, args).await,
         Command::Release(args) => client_call(&settings, Op::Release, args).await,
         Command::Heartbeat(args) => client_call(&settings, Op::Heartbeat, args).await,
+        Command::Revoke(args) => revoke(&settings, args).await,
         Command::License(cmd) => license_cmd(&settings, cmd).await,
         Command::Events { from_start, json } => {
             follow_events(&settings, from_start, json).await?;
@@ -382,6 +413,39 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
             .await
     }
     .await;
+    let _ = client.close().await;
+    let reply = result?;
+    print_reply(&reply, args.json);
+    Ok(if reply.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_REFUSED)
+    })
+}
+
+/// `seatgate revoke`: one request on the admin stream, answered like a client call.
+async fn revoke(settings: &Settings, args: RevokeArgs) -> Result<ExitCode, Error> {
+    let actor = match args.actor {
+        Some(actor) => actor,
+        None => whoami::username()
+            .ok()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| {
+                Error::Usage("cannot tell your user name for the audit trail; pass --actor NAME".into())
+            })?,
+    };
+    let revoke = Revoke {
+        license: args.license,
+        session: args.session,
+        reason: args.reason,
+        actor,
+        cooldown_ms: args
+            .cooldown
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0),
+    };
+    let client = Client::connect_admin(settings).await?;
+    let result = client.revoke(&revoke, args.timeout).await;
     let _ = client.close().await;
     let reply = result?;
     print_reply(&reply, args.json);
@@ -539,7 +603,11 @@ async fn follow_events(settings: &Settings, from_start: bool, json: bool) -> Res
                 } else {
                     let get = |k: &str| printable(e.get(k).map(String::as_str).unwrap_or("")).into_owned();
                     let at = get("at_ms").parse::<u64>().map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()).unwrap_or_default();
-                    let reason = e.get("reason").map(|r| format!(" ({})", printable(r))).unwrap_or_default();
+                    let reason = match (e.get("actor"), e.get("reason")) {
+                        (Some(actor), Some(r)) => format!(" (by {}: {})", printable(actor), printable(r)),
+                        (None, Some(r)) => format!(" ({})", printable(r)),
+                        _ => String::new(),
+                    };
                     println!("{at}  {:<13} license={} session={} seats={}/{}{reason}", get("type"), get("license"), get("session"), get("seats_used"), get("seats_total"));
                 }
             }

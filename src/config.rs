@@ -43,6 +43,8 @@ pub struct Settings {
     pub sessions: SessionSettings,
     /// Wait queues.
     pub queue: QueueSettings,
+    /// Administrators' revocations.
+    pub revoke: RevokeSettings,
     /// The scheduled reaper.
     pub reaper: ReaperSettings,
     /// The HTTP endpoint for Prometheus and health checks.
@@ -233,6 +235,10 @@ pub struct KeySettings {
 pub struct StreamSettings {
     /// Requests stream key.
     pub requests: String,
+    /// The admin stream: `op=revoke` only, read by the same workers and
+    /// group, one stream however many shards the requests stream has. Its
+    /// own key so that an ACL can let administrators write it and no service.
+    pub admin_requests: String,
     /// Consumer group name.
     pub group: String,
     /// Consumer name; empty means hostname-pid.
@@ -346,6 +352,18 @@ pub struct SessionSettings {
 pub struct QueueSettings {
     /// Default most waiters per license.
     pub max_length: u64,
+}
+
+/// `[revoke]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct RevokeSettings {
+    /// How long a revocation is remembered at least, ms: that long the
+    /// revoked session's heartbeat and release hear SESSION_REVOKED (longer
+    /// when its cooldown is longer).
+    pub remember_ms: u64,
+    /// Most revocations remembered per license: bounds the memory whatever
+    /// an administrator's script does.
+    pub max_per_license: u64,
 }
 
 /// `[reaper]`
@@ -486,6 +504,7 @@ impl Settings {
             .into_iter()
             .map(|k| ("stream.requests", k))
             .collect();
+        own.push(("stream.admin_requests", self.stream.admin_requests.clone()));
         own.push(("stream.dead_letter", self.stream.dead_letter.clone()));
         own.extend(self.events_streams().into_iter().map(|k| ("events.stream", k)));
         own.push(("keys.prefix", keys.license_index()));
@@ -494,6 +513,17 @@ impl Settings {
         for i in 0..self.stream.shards {
             let shard = keys.due_index(i);
             own.extend([("keys.prefix", shard.stale), ("keys.prefix", shard.due)]);
+        }
+        // Each stream is read (or written) for one purpose only: a revoke on a
+        // requests shard would be refused, a request on the admin stream too.
+        for (i, (name, key)) in own.iter().enumerate() {
+            if let Some((other, _)) = own[..i].iter().find(|(_, k)| k == key) {
+                if other != name {
+                    return Err(Error::Config(format!(
+                        "{name} and {other} must be different streams ({key})"
+                    )));
+                }
+            }
         }
         for (name, key) in &own {
             if !key.starts_with(&inside) {
@@ -531,6 +561,9 @@ impl Settings {
         }
         if self.stream.max_deliveries == 0 {
             return bad("stream.max_deliveries must be at least 1");
+        }
+        if self.revoke.remember_ms == 0 || self.revoke.max_per_license == 0 {
+            return bad("revoke.remember_ms and revoke.max_per_license must be positive");
         }
         if self.sessions.heartbeat_timeout_ms == 0 {
             return bad("sessions.heartbeat_timeout_ms must be positive");
@@ -704,6 +737,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for (section, key) in [
             ("stream", "requests"),
+            ("stream", "admin_requests"),
             ("stream", "dead_letter"),
             ("events", "stream"),
         ] {
@@ -729,6 +763,18 @@ mod tests {
             (
                 "[stream]\ndead_letter = \"seat:reply:dead\"\n",
                 "stream.dead_letter",
+            ),
+            (
+                "[stream]\nadmin_requests = \"seat:reply:admin\"\n",
+                "stream.admin_requests",
+            ),
+            (
+                "[stream]\nadmin_requests = \"seat:requests\"\n",
+                "stream.admin_requests",
+            ),
+            (
+                "[stream]\nadmin_requests = \"seat:events\"\n",
+                "stream.admin_requests",
             ),
             ("[client]\nname = \"a:b\"\n", "client.name"),
             ("[client]\nname = \"*\"\n", "client.name"),

@@ -28,6 +28,7 @@
 //!   - [`engine::license`]   the license record: put / show / list / delete
 //!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
 //!   - [`engine::records`]   the records the scripts store (sessions, waiters, dedupe), decoded
+//!   - [`engine::revocation`] the record of a revoked session, and what it is told
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
 //! - [`db`]       the connection: one node or Redis Cluster, same commands
 //! - [`error`]    the library's error type

@@ -14,8 +14,8 @@
     KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
     KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
     KEYS[8]  seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
-                                       GRANTED / QUEUE_TIMEOUT replies not yet delivered
-  acquire, release and heartbeat also take
+                                       queue replies not yet delivered
+  acquire, release, heartbeat and revoke also take
     KEYS[9]  seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
                                        for entries placed in time bucket b (expires)
     KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
@@ -23,11 +23,14 @@
     KEYS[12] seat:{L}:done:<b-1> HASH  the bucket before KEYS[9], where an
                                        earlier delivery may have stored the
                                        entry's reply; KEYS[9] again when none can
+    KEYS[13] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
+    KEYS[14] seat:{L}:revocations HASH revoked session -> revocation record
+                                       (revoked.lua); both keys expire
   reap takes only KEYS[1..8]; the other names are then nil.
 ]]
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
   outbox = KEYS[8], done = KEYS[9], session_rate = KEYS[10], license_rate = KEYS[11],
-  done_before = KEYS[12],
+  done_before = KEYS[12], revoked = KEYS[13], revocations = KEYS[14],
 }

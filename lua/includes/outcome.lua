@@ -1,7 +1,7 @@
 --[[
-  outcome: the reply of acquire, release and heartbeat, the one place its
-  shape is described. src/engine/scripts/reply.rs decodes it (Outcome), and
-  tests/it/scripts.rs runs each script against it.
+  outcome: the reply of acquire, release, heartbeat and revoke, the one
+  place its shape is described. src/engine/scripts/reply.rs decodes it
+  (Outcome), and tests/it/scripts.rs runs each script against it.
 
     [1] status       the decision, a wire status (src/engine/status.rs)
     [2] seats_used   seats held after the script ran
@@ -9,6 +9,8 @@
     [4] detail       HEARTBEAT_UPDATED: the heartbeat count;
                      QUEUED: the 1-based queue position;
                      NO_SEATS_AVAILABLE: 'queue_full' when the queue is full;
+                     SESSION_REVOKED: the revocation record, JSON (revoked.lua);
+                     REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
     [5] now_ms       the Redis clock when the script ran
     [6] notes        waiters granted or timed out on the way (outbox.lua)
@@ -26,8 +28,8 @@
                      else 0: nothing to file
     [11] heartbeat_timeout_ms  the heartbeat timeout in force for the
                      license (its own, else the service's), which ACQUIRED,
-                     ALREADY_ACTIVE and GRANTED replies carry; 0 when the
-                     call reports none of these
+                     ALREADY_ACTIVE and GRANTED replies carry: on those
+                     statuses and with notes, else 0
   The worker files [9] and [10] in the due index. [9]..[11] are filled in
   last (prologue.lua, finish), from the state the script leaves, replays
   included: the dedupe record keeps only [1..6].

@@ -1,6 +1,6 @@
 --[[
-  prologue: what acquire, release and heartbeat do before deciding. They
-  take KEYS[1..12] (keys.lua) and share their first seven ARGV:
+  prologue: what acquire, release, heartbeat and revoke do before deciding.
+  They take KEYS[1..14] (keys.lua) and share their first seven ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
     ARGV[2]  unix ms at which KEYS[9] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
@@ -24,10 +24,12 @@
 
 -- A replayed outcome, or LEASE_MISMATCH, or RATE_LIMITED, or nil to go on
 -- deciding. `limited` says whether this op is rate limited at all (release
--- is not: giving a seat back always works). `refuse`, when given, returns
--- the script's LEASE_MISMATCH outcome or nil: it runs before the rate limits
--- and a refusal is not counted in them, so a caller without the lease cannot
--- use up the holder's budget and get its heartbeats refused.
+-- is not: giving a seat back always works; nor is an administrator's
+-- revoke). `refuse`, when given, returns the script's LEASE_MISMATCH outcome
+-- or nil: it runs before the rate limits and a refusal is not counted in
+-- them, so a caller without the lease cannot use up the holder's budget and
+-- get its heartbeats refused. (Revoke passes none: it is the
+-- administrator's way around a lease.)
 local function prologue(now, limited, refuse)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then
@@ -63,6 +65,10 @@ end
 -- delivers it first, and the reaper's look then finds it gone (or, if
 -- still there, not yet old enough to hand out again).
 local function finish(result, now, default_timeout, oldest_moved)
+  for i = 9, 11 do
+    -- A replay (dedupe.lua) comes with [1..8] only.
+    result[i] = result[i] or 0
+  end
   local status, notes = result[1], result[6]
   local replayed, changed = result[8] == 1, result[7] == 1
   local stale = replayed or oldest_moved or (changed and (status == 'ACQUIRED' or #notes > 0))
@@ -78,6 +84,8 @@ local function finish(result, now, default_timeout, oldest_moved)
   if work then
     result[10] = work_due(now, now)
   end
-  result[11] = timeout
+  if holds or #notes > 0 then
+    result[11] = timeout
+  end
   return result
 end

@@ -4,7 +4,8 @@
   The waiter record, the value of a waiting session in KEYS[5] (waiters),
   JSON; Rust reads it with engine::records::WaiterRecord (seatgate status):
     {"id", "reply_to", "meta", "queued_at", "lease_hash"?}
-      id          the request id the later GRANTED / QUEUE_TIMEOUT carries
+      id          the request id the later GRANTED / QUEUE_TIMEOUT (or
+                  SESSION_REVOKED) carries
       reply_to    where that reply goes ('' = nowhere)
       meta        the metadata JSON, as a string, the seat will be stored with
       queued_at   when it joined the queue (Redis clock, ms)

@@ -8,4 +8,4 @@ mod request;
 pub mod usage;
 mod waiters;
 
-pub use request::{Call, Client, Pending, ReplyMsg, Stats};
+pub use request::{Call, Client, Pending, ReplyMsg, Revoke, Stats, ADMIN_CLIENT_NAME};

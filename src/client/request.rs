@@ -8,7 +8,8 @@
 //! `reader.rs`) reads the reply carrying that id. In-flight requests are
 //! bounded (`client.max_in_flight`): past it, callers wait for a slot. The
 //! CLI's `acquire`, `release` and `heartbeat` use it, and so do the tests
-//! and the benchmark.
+//! and the benchmark; `seatgate revoke` uses an admin client
+//! ([`Client::connect_admin`]), which sends to the admin stream instead.
 //!
 //! Every acquire carries a lease, a random secret the seat is bound to
 //! (docs/protocol.md, "Leases"): the client makes one per session (or takes
@@ -108,6 +109,45 @@ impl Call {
         fields
     }
 }
+
+/// An administrator's revoke (sent on the admin stream). It carries no
+/// lease: a revoke is the administrator's way around the one a seat is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoke {
+    /// License id.
+    pub license: String,
+    /// The session whose seat (or place in the queue) is taken away.
+    pub session: String,
+    /// Why: told to the session and published in the `revoked` event.
+    pub reason: String,
+    /// Who revokes.
+    pub actor: String,
+    /// How long the session's acquires are refused afterwards, ms (0 = not at all).
+    pub cooldown_ms: u64,
+}
+
+impl Revoke {
+    /// The request's own fields as they go on the wire, in order; the
+    /// client adds `id` and `reply_to`.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![
+            ("op", Op::Revoke.as_str().to_owned()),
+            ("license", self.license.clone()),
+            ("session", self.session.clone()),
+            ("reason", self.reason.clone()),
+            ("actor", self.actor.clone()),
+        ];
+        if self.cooldown_ms > 0 {
+            fields.push(("cooldown_ms", self.cooldown_ms.to_string()));
+        }
+        fields
+    }
+}
+
+/// The application name in an admin client's reply streams,
+/// `<replies.prefix>admin:<unique>`: one ACL pattern (`seat:reply:admin:*`)
+/// lets the admin user read its replies, whatever `client.name` says.
+pub const ADMIN_CLIENT_NAME: &str = "admin";
 
 /// A reply as received: every field, plus typed accessors for the common
 /// ones, and the lease the client sent the request with.
@@ -313,13 +353,43 @@ impl Client {
     /// Opens the request connection and the reply reader's, and starts the
     /// reader (inside the current tokio runtime).
     pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
+        Self::connect_to(
+            settings,
+            settings.stream.requests.clone(),
+            settings.stream.shards,
+            &settings.client.name,
+        )
+        .await
+    }
+
+    /// Connects as `settings` say, as an administrator: requests go to the
+    /// admin stream (`stream.admin_requests`, never sharded), replies come
+    /// back on `<replies.prefix>admin:<unique>`.
+    pub async fn connect_admin(settings: &Settings) -> Result<Client, Error> {
+        Self::connect_to(
+            settings,
+            settings.stream.admin_requests.clone(),
+            1,
+            ADMIN_CLIENT_NAME,
+        )
+        .await
+    }
+
+    /// A client sending to `requests` (in `shards` shards), its replies on a
+    /// stream of its own under `name`.
+    async fn connect_to(
+        settings: &Settings,
+        requests: String,
+        shards: usize,
+        name: &str,
+    ) -> Result<Client, Error> {
         let con = Db::connect(&settings.redis).await?;
         let reading = Db::connect_blocking(&settings.redis, READ_BLOCK).await?;
         // A random id makes the reply stream's name and the request ids
         // unguessable: another caller (who may not list keys) cannot aim a
         // request's reply at this stream, nor pass one off as an answer here.
         let id_prefix = uuid::Uuid::new_v4().simple().to_string();
-        let reply_to = format!("{}{}:{id_prefix}", settings.replies.prefix, settings.client.name);
+        let reply_to = format!("{}{name}:{id_prefix}", settings.replies.prefix);
         let waiters = Waiters::new(Duration::from_millis(settings.replies.ttl_ms));
         let counters = Arc::new(ReaderCounters::default());
         let stop = CancellationToken::new();
@@ -334,8 +404,8 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 con,
-                requests: settings.stream.requests.clone(),
-                shards: settings.stream.shards,
+                requests,
+                shards,
                 reply_to,
                 id_prefix,
                 next_id: AtomicU64::new(0),
@@ -368,8 +438,25 @@ impl Client {
     /// QUEUED; [`Client::request`] waits for the final answer, or
     /// [`Client::wait_for`] with the reply's `id` collects it later.
     pub async fn call(&self, call: &Call, timeout: Duration) -> Result<ReplyMsg, Error> {
+        self.first_reply(self.request(call), timeout).await
+    }
+
+    /// Sends `revoke` (on the admin stream: connect with
+    /// [`Client::connect_admin`]) and waits up to `timeout` for its reply.
+    pub async fn revoke(&self, revoke: &Revoke, timeout: Duration) -> Result<ReplyMsg, Error> {
+        self.first_reply(self.request_fields(&revoke.license, revoke.fields()), timeout)
+            .await
+    }
+
+    /// The first reply to the request `pending` sends, within `timeout`
+    /// (including any wait for an in-flight slot).
+    async fn first_reply(
+        &self,
+        pending: impl std::future::Future<Output = Result<Pending, Error>>,
+        timeout: Duration,
+    ) -> Result<ReplyMsg, Error> {
         tokio::time::timeout(timeout, async {
-            let mut pending = self.request(call).await?;
+            let mut pending = pending.await?;
             match pending.waiting.next().await {
                 Some(reply) => Ok(self.with_lease(reply)),
                 None => Err(stopped()),
@@ -382,6 +469,16 @@ impl Client {
     /// Sends `call` once an in-flight slot is free and returns its waiter,
     /// registered before the XADD (the reply may come before XADD returns).
     pub async fn request(&self, call: &Call) -> Result<Pending, Error> {
+        let call = self.with_its_lease(call);
+        self.request_fields(&call.license, call.fields()).await
+    }
+
+    /// [`Client::request`] for a request of `license` made of `fields`.
+    async fn request_fields(
+        &self,
+        license: &str,
+        fields: Vec<(&'static str, String)>,
+    ) -> Result<Pending, Error> {
         let permit = self
             .inner
             .slots
@@ -396,7 +493,7 @@ impl Client {
             .register(&id, Some(permit), false)
             .ok_or_else(|| Error::Client(format!("request id {id} is already in use")))?;
         // On failure `waiting` drops: the waiter and its slot go with it.
-        self.xadd(&id, call).await?;
+        self.xadd(&id, license, fields).await?;
         Ok(Pending {
             waiting,
             client: self.clone(),
@@ -408,7 +505,8 @@ impl Client {
     /// unclaimed until then (at most `replies.ttl_ms`, and the last 1024).
     pub async fn send(&self, call: &Call) -> Result<String, Error> {
         let id = self.next_id();
-        self.xadd(&id, call).await?;
+        let call = self.with_its_lease(call);
+        self.xadd(&id, &call.license, call.fields()).await?;
         Ok(id)
     }
 
@@ -494,27 +592,34 @@ impl Client {
         let key = (reply.get("license").to_owned(), reply.get("session").to_owned());
         let mut leases = self.leases();
         reply.lease = match reply.status() {
-            // Given back, or never held: nothing left to bind.
-            Status::Released | Status::LeftQueue | Status::SessionNotFound => leases.remove(&key),
+            // Given back, taken away by an administrator, or never held:
+            // nothing left to bind.
+            Status::Released | Status::LeftQueue | Status::SessionNotFound | Status::SessionRevoked => {
+                leases.remove(&key)
+            }
             _ => leases.get(&key).cloned(),
         };
         reply
     }
 
-    /// XADDs `call` as request `id` to its license's shard, with its lease.
-    async fn xadd(&self, id: &str, call: &Call) -> Result<(), Error> {
-        let call = Call {
+    /// `call` with the lease it goes with ([`Client::lease_for`]).
+    fn with_its_lease(&self, call: &Call) -> Call {
+        Call {
             lease: self.lease_for(call),
             ..call.clone()
-        };
+        }
+    }
+
+    /// XADDs request `id` of `license`, made of `fields`, to the license's shard.
+    async fn xadd(&self, id: &str, license: &str, fields: Vec<(&'static str, String)>) -> Result<(), Error> {
         let mut xadd = redis::cmd("XADD");
-        xadd.arg(shard_name(&self.inner.requests, self.inner.shards, &call.license))
+        xadd.arg(shard_name(&self.inner.requests, self.inner.shards, license))
             .arg("*")
             .arg("id")
             .arg(id)
             .arg("reply_to")
             .arg(&self.inner.reply_to);
-        for (field, value) in call.fields() {
+        for (field, value) in fields {
             xadd.arg(field).arg(value);
         }
         let mut con = self.inner.con.clone();

@@ -425,8 +425,9 @@ impl Aggregate {
         if let (Some(EventType::Granted | EventType::QueueTimeout), Some(waited)) = (e.kind, e.waited_ms) {
             lic.waits.add(waited);
         }
+        let change = e.seat_change();
         let key = (e.license, e.session);
-        match e.kind.map(EventType::seat_change) {
+        match change {
             Some(SeatChange::Taken) => {
                 let start = Open {
                     start_ms: e.at_ms,
@@ -580,8 +581,8 @@ async fn look_back<C: ConnectionLike>(
             if e.at_ms >= since_ms {
                 continue;
             }
+            let change = e.seat_change();
             let key = (e.license, e.session);
-            let change = e.kind.map(EventType::seat_change);
             let before = match change {
                 Some(SeatChange::Taken) => Before::Started(e.user),
                 Some(SeatChange::Freed) => Before::Ended,

@@ -32,6 +32,10 @@ pub enum EventType {
     LeftQueue,
     /// A request was refused a seat (`reason` is its status).
     Denied,
+    /// An administrator took a session's seat (`held` 1, a seat-freed
+    /// event) or its place in the queue (`held` 0) away; carries `actor`
+    /// and `reason`, the audit trail.
+    Revoked,
 }
 
 /// What an event does to the seat a session holds: usage reports pair each
@@ -68,6 +72,7 @@ impl EventType {
             Status::LeftQueue => Some(EventType::LeftQueue),
             Status::Granted => Some(EventType::Granted),
             Status::QueueTimeout => Some(EventType::QueueTimeout),
+            Status::Revoked => Some(EventType::Revoked),
             denial if denial.is_denial() => Some(EventType::Denied),
             // ALREADY_ACTIVE, heartbeats, a release of nothing, invalid
             // requests and errors change nothing and refuse no seat.
@@ -75,12 +80,14 @@ impl EventType {
         }
     }
 
-    /// What this event does to its session's seat.
+    /// What this event does to its session's seat. A `revoked` event frees
+    /// one only when the session held it: [`EventRecord::seat_change`] reads
+    /// its `held` field; by its type alone it counts as freeing one.
     pub fn seat_change(self) -> SeatChange {
         // No wildcard: a new type must say whether it takes or frees a seat.
         match self {
             EventType::Acquired | EventType::Granted => SeatChange::Taken,
-            EventType::Released | EventType::Evicted => SeatChange::Freed,
+            EventType::Released | EventType::Evicted | EventType::Revoked => SeatChange::Freed,
             EventType::Queued | EventType::QueueTimeout | EventType::LeftQueue | EventType::Denied => {
                 SeatChange::Unchanged
             }
@@ -108,6 +115,10 @@ pub mod field {
     pub const WAITED_MS: &str = "waited_ms";
     /// The session's `meta.user_email` (`acquired`, `granted`), when it has one.
     pub const USER: &str = "user";
+    /// Who did it (`revoked`: the administrator).
+    pub const ACTOR: &str = "actor";
+    /// `revoked`: `1` when the session held a seat (now freed), `0` when it waited.
+    pub const HELD: &str = "held";
 }
 
 /// One seat event, as the runtime writes it.
@@ -135,6 +146,11 @@ pub struct Event<'a> {
     /// The session's `meta.user_email` (`acquired`, `granted`), so usage
     /// reports can attribute seat time to people without reading sessions.
     pub user: Option<String>,
+    /// Who did it, where a person did (`revoked`).
+    pub actor: Option<&'a str>,
+    /// `revoked`: whether the session held a seat or only waited, so that
+    /// usage reports end a hold only where there was one.
+    pub held: Option<bool>,
 }
 
 impl<'a> Event<'a> {
@@ -157,6 +173,8 @@ impl<'a> Event<'a> {
             reason: None,
             waited_ms: None,
             user: None,
+            actor: None,
+            held: None,
         }
     }
 
@@ -202,6 +220,12 @@ impl<'a> Event<'a> {
         if let Some(user) = &self.user {
             fields.push((field::USER, user.clone()));
         }
+        if let Some(actor) = self.actor {
+            fields.push((field::ACTOR, actor.to_owned()));
+        }
+        if let Some(held) = self.held {
+            fields.push((field::HELD, if held { "1" } else { "0" }.to_owned()));
+        }
         fields
     }
 }
@@ -237,6 +261,10 @@ pub struct EventRecord {
     pub waited_ms: Option<i64>,
     /// The session's user, where known.
     pub user: Option<String>,
+    /// Who did it, where a person did.
+    pub actor: Option<String>,
+    /// `revoked`: whether the session held a seat (absent: taken as held).
+    pub held: Option<bool>,
 }
 
 impl EventRecord {
@@ -255,7 +283,18 @@ impl EventRecord {
             reason: get(field::REASON).map(str::to_owned),
             waited_ms: number(field::WAITED_MS),
             user: get(field::USER).filter(|u| !u.is_empty()).map(str::to_owned),
+            actor: get(field::ACTOR).map(str::to_owned),
+            held: get(field::HELD).map(|h| h != "0"),
         })
+    }
+
+    /// What this event did to its session's seat: by its type, except that
+    /// a revocation of a waiting session (`held` 0) freed none.
+    pub fn seat_change(&self) -> Option<SeatChange> {
+        match self.kind? {
+            EventType::Revoked if self.held == Some(false) => Some(SeatChange::Unchanged),
+            kind => Some(kind.seat_change()),
+        }
     }
 
     /// The denial this event records, as a wire status: the reason of a
@@ -287,6 +326,7 @@ mod tests {
             EventType::QueueTimeout => "queue_timeout",
             EventType::LeftQueue => "left_queue",
             EventType::Denied => "denied",
+            EventType::Revoked => "revoked",
         }
     }
 
@@ -323,6 +363,8 @@ mod tests {
             field::REASON,
             field::WAITED_MS,
             field::USER,
+            field::ACTOR,
+            field::HELD,
         ] {
             assert!(
                 doc.lines()
@@ -392,6 +434,8 @@ mod tests {
                 reason: None,
                 waited_ms: Some(2_500),
                 user: Some("bob@example.com".into()),
+                actor: None,
+                held: None,
             }
         );
         assert_eq!(record.denial(), None);
@@ -431,5 +475,21 @@ mod tests {
         assert_eq!(taken, [&EventType::Acquired, &EventType::Granted]);
         assert_eq!(EventType::Evicted.seat_change(), SeatChange::Freed);
         assert_eq!(EventType::Denied.seat_change(), SeatChange::Unchanged);
+    }
+
+    #[test]
+    fn a_revocation_frees_a_seat_only_when_the_session_held_one() {
+        for (held, change) in [(true, SeatChange::Freed), (false, SeatChange::Unchanged)] {
+            let mut event = Event::new(EventType::Revoked, "acme", "s1", 0, 1, 7);
+            (event.reason, event.actor, event.held) = (Some("audit"), Some("ada"), Some(held));
+            let fields: HashMap<&str, String> = event.fields().into_iter().collect();
+            let record = EventRecord::parse(|name| fields.get(name).map(String::as_str)).unwrap();
+            assert_eq!(
+                (record.reason.as_deref(), record.actor.as_deref(), record.held),
+                (Some("audit"), Some("ada"), Some(held))
+            );
+            assert_eq!(record.seat_change(), Some(change), "held {held}");
+            assert_eq!(record.denial(), None);
+        }
     }
 }

@@ -13,7 +13,10 @@ pub struct Keys {
     prefix: String,
 }
 
-/// The keys of one license, in the order the seat scripts take them as KEYS.
+/// The keys of one license: `KEYS[1..8]` of every seat script, in that
+/// order, then the two revocation keys, `KEYS[13..14]` of the request
+/// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
+/// per request: the scripts module's `Guard`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LicenseKeys {
     /// HASH: the license record (`seats_total`, `expires_at_ms`, `active`, ...).
@@ -32,12 +35,18 @@ pub struct LicenseKeys {
     pub queue_seq: String,
     /// HASH: note id -> GRANTED / QUEUE_TIMEOUT reply not yet delivered.
     pub outbox: String,
+    /// ZSET: revoked session -> when its revocation is forgotten (ms), so
+    /// that its heartbeat hears SESSION_REVOKED for a bounded time.
+    pub revoked: String,
+    /// HASH: revoked session -> revocation record (reason, actor, cooldown).
+    pub revocations: String,
 }
 
 impl LicenseKeys {
-    /// Every key of the license, in the KEYS order every seat script takes
-    /// (lua/includes/keys.lua).
-    pub fn all(&self) -> [&str; 8] {
+    /// Every key of the license that lives as long as the license does
+    /// (`license delete` removes them all): the eight every seat script
+    /// takes, then the two revocation keys.
+    pub fn all(&self) -> [&str; 10] {
         [
             &self.license,
             &self.holders,
@@ -47,6 +56,8 @@ impl LicenseKeys {
             &self.deadlines,
             &self.queue_seq,
             &self.outbox,
+            &self.revoked,
+            &self.revocations,
         ]
     }
 }
@@ -76,6 +87,8 @@ impl Keys {
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),
+            revoked: format!("{p}:{{{license}}}:revoked"),
+            revocations: format!("{p}:{{{license}}}:revocations"),
         }
     }
 

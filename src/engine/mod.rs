@@ -11,5 +11,6 @@ pub mod keys;
 pub mod license;
 pub mod protocol;
 pub mod records;
+pub mod revocation;
 pub mod scripts;
 pub mod status;

@@ -1,9 +1,10 @@
 //! The wire contract: parsing request entries and formatting replies.
 //!
-//! A request is one entry of the requests stream, a flat map of fields. This
-//! module turns it into a [`Request`] or an [`Invalid`] that says which field
-//! is wrong and whether the caller can be answered. Nothing here talks to
-//! Redis; docs/protocol.md is the prose form of this file.
+//! A request is one entry of the requests stream (or of the admin stream, for
+//! an administrator's `revoke`), a flat map of fields. This module turns it
+//! into a [`Request`] or an [`Invalid`] that says which field is wrong and
+//! whether the caller can be answered. Nothing here talks to Redis;
+//! docs/protocol.md is the prose form of this file.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,6 +26,15 @@ pub const MAX_META_LEN: usize = 4096;
 pub const MAX_META_DEPTH: usize = 8;
 /// Longest time an acquire may wait in the queue (`wait_ms`): one day.
 pub const MAX_WAIT_MS: u64 = 86_400_000;
+/// Longest `reason` of a revoke, in bytes.
+pub const MAX_REASON_LEN: usize = 512;
+/// Longest `actor` of a revoke, in bytes.
+pub const MAX_ACTOR_LEN: usize = 128;
+/// Longest `cooldown_ms` of a revoke: seven days.
+pub const MAX_COOLDOWN_MS: u64 = 7 * 86_400_000;
+/// The `actor` of a revoke sent without one: the audit trail still names
+/// the gap rather than an empty string.
+pub const UNKNOWN_ACTOR: &str = "unknown";
 /// Most fields one request entry may have.
 pub const MAX_FIELDS: usize = 32;
 /// Largest value of any field we do not otherwise limit, in bytes.
@@ -101,8 +111,8 @@ pub fn valid_lease(s: &str) -> bool {
 ///
 /// The wire form, which is also the script's name, is the variant's name in
 /// snake_case, derived; `FromStr` accepts exactly those strings. Adding an op
-/// means adding its variant, its script and its branch in the worker: the
-/// list of ops, the metric label and the parser's messages follow.
+/// means adding its variant, its [`Lane`], its script and its branch in the
+/// worker: the list of ops, the metric label and the parser's messages follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Op {
@@ -112,6 +122,9 @@ pub enum Op {
     Release,
     /// Keep the session's seat alive.
     Heartbeat,
+    /// Take a session's seat (or place in the queue) away: an
+    /// administrator's op, accepted on the admin stream only.
+    Revoke,
 }
 
 impl Op {
@@ -122,6 +135,35 @@ impl Op {
     /// The op as written on the wire (and used as the script name).
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The stream an op is accepted on.
+    pub fn lane(self) -> Lane {
+        match self {
+            Op::Acquire | Op::Release | Op::Heartbeat => Lane::Requests,
+            Op::Revoke => Lane::Admin,
+        }
+    }
+}
+
+/// Which stream an entry was read from: each takes its own ops, so that the
+/// ACL that lets a service XADD requests does not let it revoke others' seats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// The requests stream (`stream.requests`, or its shards): acquire,
+    /// release, heartbeat.
+    Requests,
+    /// The admin stream (`stream.admin_requests`): revoke.
+    Admin,
+}
+
+impl Lane {
+    /// How messages name the stream.
+    fn describe(self) -> &'static str {
+        match self {
+            Lane::Requests => "the requests stream (stream.requests)",
+            Lane::Admin => "the admin stream (stream.admin_requests)",
+        }
     }
 }
 
@@ -152,6 +194,19 @@ pub struct Request {
     /// The lease the request carries: an acquire binds the seat (or place in
     /// the queue) to it, a heartbeat or release must carry the one bound.
     pub lease: Option<Lease>,
+    /// Who revokes, why, and for how long (revoke only; `None` otherwise).
+    pub revoke: Option<RevokeFields>,
+}
+
+/// The audit fields of a revoke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokeFields {
+    /// Why: told to the revoked session and published in the `revoked` event.
+    pub reason: String,
+    /// Who revokes ([`UNKNOWN_ACTOR`] when the entry named nobody).
+    pub actor: String,
+    /// How long the session's acquires are refused afterwards, ms (0 = not at all).
+    pub cooldown_ms: u64,
 }
 
 /// Why a request was refused, and what is known of the caller.
@@ -192,10 +247,20 @@ pub fn valid_id(s: &str) -> bool {
 /// Longest unknown op echoed back as sent; a longer one is answered with an empty `op`.
 const MAX_ECHOED_OP_LEN: usize = 32;
 
-/// Parses one stream entry. `entry_id` is the stream entry id, used as the
-/// request id when the caller sent none. `rules` are the settings the parser
-/// obeys (reply namespace, required lease, entry size).
+/// Parses one entry of the requests stream: [`parse_entry`] on [`Lane::Requests`].
 pub fn parse_request(
+    entry_id: &str,
+    pairs: &[(String, Vec<u8>)],
+    rules: &Rules<'_>,
+) -> Result<Request, Invalid> {
+    parse_entry(Lane::Requests, entry_id, pairs, rules)
+}
+
+/// Parses one stream entry read from `lane`. `entry_id` is the stream entry
+/// id, used as the request id when the caller sent none. `rules` are the
+/// settings the parser obeys (reply namespace, required lease, entry size).
+pub fn parse_entry(
+    lane: Lane,
     entry_id: &str,
     pairs: &[(String, Vec<u8>)],
     rules: &Rules<'_>,
@@ -211,7 +276,7 @@ pub fn parse_request(
         return Err(refusal.answer(echo));
     }
     let fields = Fields::collect(pairs);
-    parse_fields(&fields, rules, &mut echo).map_err(|refusal| refusal.answer(echo))
+    parse_fields(lane, &fields, rules, &mut echo).map_err(|refusal| refusal.answer(echo))
 }
 
 /// The checks in their documented order (docs/protocol.md, "Invalid
@@ -219,7 +284,7 @@ pub fn parse_request(
 /// reported, so the order decides what a request with several problems is
 /// told. Each step that passes adds to `echo` what a later refusal is
 /// answered with.
-fn parse_fields(fields: &Fields, rules: &Rules<'_>, echo: &mut Echo) -> Result<Request, Refusal> {
+fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo) -> Result<Request, Refusal> {
     // Reply address first, so that every later refusal can be answered.
     let reply_to = parse_reply_to(fields, rules.reply_prefix)?;
     echo.reply_to = reply_to.clone();
@@ -228,12 +293,18 @@ fn parse_fields(fields: &Fields, rules: &Rules<'_>, echo: &mut Echo) -> Result<R
     }
     check_unique(fields)?;
     echo_valid_parts(fields, echo);
-    let op = parse_op(fields)?;
+    let op = parse_op(fields, lane)?;
     let license = parse_id(fields, "license")?;
     let session = parse_id(fields, "session")?;
     let meta = parse_meta(fields, op)?;
     let wait_ms = parse_wait_ms(fields)?;
-    let lease = parse_lease(fields, rules.require_lease)?;
+    // A revoke is the administrator's way around a lease: it carries none,
+    // whatever `sessions.require_lease` says.
+    let lease = match lane {
+        Lane::Requests => parse_lease(fields, rules.require_lease)?,
+        Lane::Admin => None,
+    };
+    let revoke = parse_revoke(fields, op)?;
     Ok(Request {
         id: echo.id.clone(),
         op,
@@ -243,6 +314,7 @@ fn parse_fields(fields: &Fields, rules: &Rules<'_>, echo: &mut Echo) -> Result<R
         meta,
         wait_ms,
         lease,
+        revoke,
     })
 }
 
@@ -456,31 +528,47 @@ fn echo_valid_parts(fields: &Fields, echo: &mut Echo) {
     }
 }
 
-/// The op, by its wire form; the messages list the ops [`Op`] knows.
-fn parse_op(fields: &Fields) -> Result<Op, Refusal> {
-    match fields.text("op") {
-        None => Err(Refusal::new(
-            "op",
-            format!("missing field `op` ({})", op_choices()),
-        )),
-        Some(Err(_)) => Err(Refusal::new("op", "field `op` is not UTF-8")),
+/// The op, by its wire form, if `lane` takes it; the messages list the ops
+/// [`Op`] knows for that lane.
+fn parse_op(fields: &Fields, lane: Lane) -> Result<Op, Refusal> {
+    let op: Op = match fields.text("op") {
+        None => {
+            return Err(Refusal::new(
+                "op",
+                format!("missing field `op` ({})", op_choices(lane)),
+            ))
+        }
+        Some(Err(_)) => return Err(Refusal::new("op", "field `op` is not UTF-8")),
         Some(Ok(s)) => s.parse().map_err(|_| {
             Refusal::new(
                 "op",
-                format!("unknown op {:?}; expected {}", truncate(s), op_choices()),
+                format!("unknown op {:?}; expected {}", truncate(s), op_choices(lane)),
             )
-        }),
+        })?,
+    };
+    if op.lane() != lane {
+        return Err(Refusal::new(
+            "op",
+            format!(
+                "op `{op}` is not accepted on {}, only on {}",
+                lane.describe(),
+                op.lane().describe()
+            ),
+        ));
     }
+    Ok(op)
 }
 
-/// The ops as the messages list them: "acquire, release or heartbeat".
-fn op_choices() -> String {
-    match Op::ALL.split_last() {
-        Some((last, [])) => last.to_string(),
-        Some((last, rest)) => {
-            let rest: Vec<&str> = rest.iter().map(|op| op.as_str()).collect();
-            format!("{} or {last}", rest.join(", "))
-        }
+/// The ops of `lane` as the messages list them: "acquire, release or heartbeat".
+fn op_choices(lane: Lane) -> String {
+    let ops: Vec<&str> = Op::ALL
+        .iter()
+        .filter(|op| op.lane() == lane)
+        .map(|op| op.as_str())
+        .collect();
+    match ops.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
         None => String::new(),
     }
 }
@@ -541,6 +629,53 @@ fn parse_wait_ms(fields: &Fields) -> Result<u64, Refusal> {
             )),
         },
         Some(Err(_)) => Err(Refusal::new("wait_ms", "field `wait_ms` is not UTF-8")),
+    }
+}
+
+/// The audit fields of a revoke; other ops ignore them without validating them.
+fn parse_revoke(fields: &Fields, op: Op) -> Result<Option<RevokeFields>, Refusal> {
+    if op != Op::Revoke {
+        return Ok(None);
+    }
+    let reason = parse_text(fields, "reason", MAX_REASON_LEN)?.ok_or_else(|| {
+        Refusal::new(
+            "reason",
+            "missing field `reason`: a revoke must say why (it is told to the session and published)",
+        )
+    })?;
+    let actor = parse_text(fields, "actor", MAX_ACTOR_LEN)?.unwrap_or(UNKNOWN_ACTOR);
+    let cooldown_ms = match fields.text("cooldown_ms") {
+        None => 0,
+        Some(Ok(s)) => s
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms <= MAX_COOLDOWN_MS)
+            .ok_or_else(|| {
+                Refusal::new(
+                    "cooldown_ms",
+                    format!("field `cooldown_ms` must be a whole number of milliseconds from 0 to {MAX_COOLDOWN_MS}"),
+                )
+            })?,
+        Some(Err(_)) => return Err(Refusal::new("cooldown_ms", "field `cooldown_ms` is not UTF-8")),
+    };
+    Ok(Some(RevokeFields {
+        reason: reason.to_owned(),
+        actor: actor.to_owned(),
+        cooldown_ms,
+    }))
+}
+
+/// A free-text field (`reason`, `actor`), when present: 1 to `max` bytes of
+/// UTF-8 without control characters, so it stays one line in replies,
+/// events and logs.
+fn parse_text<'a>(fields: &Fields<'a>, name: &'static str, max: usize) -> Result<Option<&'a str>, Refusal> {
+    match fields.text(name) {
+        None => Ok(None),
+        Some(Ok(s)) if !s.is_empty() && s.len() <= max && !s.contains(char::is_control) => Ok(Some(s)),
+        Some(_) => Err(Refusal::new(
+            name,
+            format!("field `{name}` must be 1 to {max} bytes of UTF-8 text without control characters"),
+        )),
     }
 }
 
@@ -1062,6 +1197,7 @@ mod tests {
             Op::Acquire => "acquire",
             Op::Release => "release",
             Op::Heartbeat => "heartbeat",
+            Op::Revoke => "revoke",
         }
     }
 
@@ -1077,16 +1213,121 @@ mod tests {
 
     #[test]
     fn messages_and_the_protocol_document_list_every_op() {
-        assert_eq!(op_choices(), "acquire, release or heartbeat");
+        assert_eq!(op_choices(Lane::Requests), "acquire, release or heartbeat");
+        assert_eq!(op_choices(Lane::Admin), "revoke");
         let doc = include_str!("../../docs/protocol.md");
-        let row = doc
-            .lines()
-            .find(|line| line.starts_with("| `op`"))
-            .expect("the `op` row");
+        // The requests' field table and the admin stream's each have an `op` row.
+        let rows: Vec<&str> = doc.lines().filter(|line| line.starts_with("| `op`")).collect();
         for &op in Op::ALL {
-            assert!(op_choices().contains(op.as_str()));
-            assert!(row.contains(&format!("`{op}`")), "docs/protocol.md: {row}");
+            assert!(op_choices(op.lane()).contains(op.as_str()));
+            assert!(
+                rows.iter().any(|row| row.contains(&format!("`{op}`"))),
+                "docs/protocol.md: {rows:?}"
+            );
         }
+    }
+
+    fn admin(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
+        parse_entry(Lane::Admin, "1-0", &entry(pairs), &Rules::new("seat:reply:"))
+    }
+
+    #[test]
+    fn a_revoke_parses_on_the_admin_stream_only() {
+        let full: Vec<(&str, &[u8])> = vec![
+            ("op", b"revoke"),
+            ("id", b"r1"),
+            ("license", b"cad"),
+            ("session", b"alice"),
+            (
+                "reason",
+                "seat shared outside the team — see ticket 42".as_bytes(),
+            ),
+            ("actor", b"ada"),
+            ("cooldown_ms", b"60000"),
+            ("reply_to", b"seat:reply:admin:1"),
+        ];
+        let req = admin(&full).unwrap();
+        assert_eq!((req.op, req.session.as_str()), (Op::Revoke, "alice"));
+        assert_eq!(
+            req.revoke,
+            Some(RevokeFields {
+                reason: "seat shared outside the team — see ticket 42".into(),
+                actor: "ada".into(),
+                cooldown_ms: 60_000,
+            })
+        );
+        let bad = parse(&full).unwrap_err();
+        assert_eq!((bad.field, bad.echo.op.as_str()), ("op", "revoke"));
+        assert_eq!(
+            bad.reason,
+            "op `revoke` is not accepted on the requests stream (stream.requests), only on the admin stream (stream.admin_requests)"
+        );
+        assert_eq!(bad.echo.reply_to.as_deref(), Some("seat:reply:admin:1"));
+
+        let bad = admin(&[("op", b"acquire"), ("license", b"cad"), ("session", b"s")]).unwrap_err();
+        assert_eq!(bad.field, "op");
+        assert!(
+            bad.reason.contains("only on the requests stream"),
+            "{}",
+            bad.reason
+        );
+        let bad = admin(&[("op", b"steal")]).unwrap_err();
+        assert_eq!(bad.reason, r#"unknown op "steal"; expected revoke"#);
+
+        let minimal = admin(&[
+            ("op", b"revoke"),
+            ("license", b"cad"),
+            ("session", b"s"),
+            ("reason", b"r"),
+        ])
+        .unwrap();
+        let fields = minimal.revoke.unwrap();
+        assert_eq!((fields.actor.as_str(), fields.cooldown_ms), (UNKNOWN_ACTOR, 0));
+        assert_eq!(
+            parse(&[("op", b"acquire"), ("license", b"a"), ("session", b"s")])
+                .unwrap()
+                .revoke,
+            None
+        );
+    }
+
+    #[test]
+    fn a_revoke_must_say_why_in_one_line_and_bounded() {
+        let long_reason = vec![b'r'; MAX_REASON_LEN + 1];
+        let long_actor = vec![b'a'; MAX_ACTOR_LEN + 1];
+        type Case<'a> = (Vec<(&'a str, &'a [u8])>, &'a str);
+        let cases: Vec<Case> = vec![
+            (vec![], "reason"),
+            (vec![("reason", b"")], "reason"),
+            (vec![("reason", &long_reason)], "reason"),
+            (vec![("reason", b"two\nlines")], "reason"),
+            (vec![("reason", b"\xff")], "reason"),
+            (vec![("reason", b"r"), ("actor", b"")], "actor"),
+            (vec![("reason", b"r"), ("actor", &long_actor)], "actor"),
+            (vec![("reason", b"r"), ("actor", b"a\tb")], "actor"),
+            (vec![("reason", b"r"), ("cooldown_ms", b"-1")], "cooldown_ms"),
+            (
+                vec![("reason", b"r"), ("cooldown_ms", b"604800001")],
+                "cooldown_ms",
+            ),
+        ];
+        for (extra, field) in cases {
+            let mut pairs: Vec<(&str, &[u8])> =
+                vec![("op", b"revoke"), ("license", b"cad"), ("session", b"s")];
+            pairs.extend(extra);
+            let bad = admin(&pairs).expect_err(field);
+            assert_eq!(bad.field, field, "{pairs:?}: {}", bad.reason);
+            assert!(!bad.reason.contains('\n'));
+        }
+        let longest = vec![b'r'; MAX_REASON_LEN];
+        let at_the_limits = admin(&[
+            ("op", b"revoke"),
+            ("license", b"cad"),
+            ("session", b"s"),
+            ("reason", &longest),
+            ("cooldown_ms", b"604800000"),
+        ]);
+        assert!(at_the_limits.is_ok());
     }
 
     #[test]
@@ -1112,17 +1353,25 @@ mod tests {
         /// The parser never panics, and what it accepts is within the documented limits.
         #[test]
         fn the_parser_never_panics_and_accepts_only_valid_requests(fields in hostile::entry()) {
-            match parse_request("1-0", &fields, &Rules::new("seat:reply:")) {
-                Ok(req) => {
-                    prop_assert!(valid_id(&req.license));
-                    prop_assert!(valid_id(&req.session));
-                    prop_assert!(req.meta.len() <= MAX_META_LEN);
-                    prop_assert!(req.wait_ms <= MAX_WAIT_MS);
-                    prop_assert!(req.lease.as_ref().is_none_or(|l| valid_lease(l.as_str())));
-                }
-                Err(bad) => {
-                    prop_assert!(!bad.reason.is_empty());
-                    prop_assert!(!bad.reason.contains('\n'));
+            for lane in [Lane::Requests, Lane::Admin] {
+                match parse_entry(lane, "1-0", &fields, &Rules::new("seat:reply:")) {
+                    Ok(req) => {
+                        prop_assert_eq!(req.op.lane(), lane);
+                        prop_assert!(valid_id(&req.license));
+                        prop_assert!(valid_id(&req.session));
+                        prop_assert!(req.meta.len() <= MAX_META_LEN);
+                        prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                        prop_assert!(req.lease.as_ref().is_none_or(|l| valid_lease(l.as_str())));
+                        prop_assert_eq!(req.revoke.is_some(), req.op == Op::Revoke);
+                        if let Some(r) = &req.revoke {
+                            prop_assert!(r.reason.len() <= MAX_REASON_LEN && !r.reason.contains('\n'));
+                            prop_assert!(r.cooldown_ms <= MAX_COOLDOWN_MS);
+                        }
+                    }
+                    Err(bad) => {
+                        prop_assert!(!bad.reason.is_empty());
+                        prop_assert!(!bad.reason.contains('\n'));
+                    }
                 }
             }
         }

@@ -27,10 +27,11 @@ pub(crate) use reply::decode_outcome;
 pub use reply::{Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
-const SOURCES: [(&str, &str); 10] = [
+const SOURCES: [(&str, &str); 11] = [
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),
     ("heartbeat", include_str!("../../lua/heartbeat.lua")),
+    ("revoke", include_str!("../../lua/revoke.lua")),
     ("reap", include_str!("../../lua/reap.lua")),
     ("reply", include_str!("../../lua/reply.lua")),
     ("remove_consumer", include_str!("../../lua/remove_consumer.lua")),
@@ -57,6 +58,7 @@ pub struct Scripts {
     acquire: Script,
     release: Script,
     heartbeat: Script,
+    revoke: Script,
     reap: Script,
     reply: Script,
     remove_consumer: Script,
@@ -73,6 +75,7 @@ impl Scripts {
             acquire: script("acquire")?,
             release: script("release")?,
             heartbeat: script("heartbeat")?,
+            revoke: script("revoke")?,
             reap: script("reap")?,
             reply: script("reply")?,
             remove_consumer: script("remove_consumer")?,
@@ -90,7 +93,8 @@ static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
 /// Redelivery dedupe and rate limiting for one request: `KEYS[9..12]` and
-/// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua).
+/// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua; revoke
+/// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
@@ -266,6 +270,27 @@ pub struct SessionArgs<'a> {
     pub default_heartbeat_timeout_ms: u64,
 }
 
+/// `ARGV[8]` and `ARGV[10..15]` of lua/revoke.lua: an administrator's revoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RevokeArgs<'a> {
+    /// The session whose seat (or place in the queue) is taken away.
+    pub session: &'a str,
+    /// Why (validated by the caller), told to the session and published.
+    pub reason: &'a str,
+    /// Who revokes (validated by the caller), told and published likewise.
+    pub actor: &'a str,
+    /// How long the session's acquires are refused, ms (0 = not at all).
+    pub cooldown_ms: u64,
+    /// How long the revocation is remembered at least, ms (`revoke.remember_ms`).
+    pub remember_ms: u64,
+    /// Most revocations remembered per license (`revoke.max_per_license`).
+    pub max_remembered: u64,
+    /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
+    /// made on the way carries, and what the license's stale time is
+    /// reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
+}
+
 /// `ARGV[1..4]` and `ARGV[5..]` of lua/reap.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReapArgs<'a> {
@@ -295,7 +320,7 @@ pub struct ScriptCall<'a, T> {
     decoder: fn(&'static str, Value) -> Result<T, Error>,
 }
 
-/// A call of acquire, release or heartbeat.
+/// A call of acquire, release, heartbeat or revoke.
 pub type SeatCall<'a> = ScriptCall<'a, Outcome>;
 
 /// A call of reap.
@@ -340,7 +365,7 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release and heartbeat share: `KEYS[1..12]`,
+/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..14]`,
 /// `ARGV[1..7]` (lua/includes/prologue.lua) and the session and its lease,
 /// `ARGV[8..9]`.
 fn request_call<'a>(
@@ -355,6 +380,8 @@ fn request_call<'a>(
         .key(&guard.session_rate_key) // KEYS[10]
         .key(&guard.license_rate_key) // KEYS[11]
         .key(&guard.done_before_key) // KEYS[12]
+        .key(&keys.revoked) // KEYS[13]
+        .key(&keys.revocations) // KEYS[14]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
@@ -373,11 +400,12 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 10] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.acquire,
             &self.release,
             &self.heartbeat,
+            &self.revoke,
             &self.reap,
             &self.reply,
             &self.remove_consumer,
@@ -436,6 +464,24 @@ impl Scripts {
         call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
         ScriptCall {
             name: "heartbeat",
+            invocation: call,
+            decoder: reply::decode_outcome,
+        }
+    }
+
+    /// lua/revoke.lua: take the session's seat away (granting it to the next
+    /// waiter) or its place in the queue, and remember why.
+    pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
+        // No lease (ARGV[9] empty): a revoke goes around the one the seat is bound to.
+        let mut call = request_call(&self.revoke, keys, guard, args.session, None);
+        call.arg(args.reason) // ARGV[10]
+            .arg(args.actor) // ARGV[11]
+            .arg(args.cooldown_ms) // ARGV[12]
+            .arg(args.remember_ms) // ARGV[13]
+            .arg(args.max_remembered) // ARGV[14]
+            .arg(args.default_heartbeat_timeout_ms); // ARGV[15]
+        ScriptCall {
+            name: "revoke",
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -610,16 +656,26 @@ mod tests {
             assert!(!reap.contains(helper), "reap.lua carries {helper}");
         }
         assert!(reap.contains("local function promote"));
+        assert!(
+            !reap.contains("local function forget_revocation"),
+            "reap takes no revocation keys"
+        );
         let heartbeat = source("heartbeat").unwrap();
         assert!(
             !heartbeat.contains("local function promote"),
             "heartbeat touches no queue"
         );
         assert!(heartbeat.contains("local function count_heartbeat"));
-        for name in ["acquire", "release", "heartbeat"] {
+        for name in ["acquire", "release", "heartbeat", "revoke"] {
             let text = source(name).unwrap();
             assert!(text.contains("local function prologue"), "{name}");
-            assert!(text.contains("local function lease_refusal"), "{name}");
+            assert!(text.contains("local function forget_revocation"), "{name}");
+            // A revoke is the administrator's way around a lease: it checks none.
+            assert_eq!(
+                text.contains("local function lease_refusal"),
+                name != "revoke",
+                "{name}"
+            );
             assert_eq!(
                 text.matches("local function now_ms").count(),
                 1,

@@ -64,6 +64,13 @@ pub enum Status {
     /// The request was well formed but could not be carried out (for example
     /// a Redis error that persisted); the `error` field says why.
     Error,
+    /// `revoke` (admin stream): the session's seat was freed, or its place in
+    /// the queue taken away; the next waiter got the seat.
+    Revoked,
+    /// The session was revoked by an administrator: its heartbeat and
+    /// release after the revocation, and its acquires during a cooldown. The
+    /// `error` field carries who revoked it and why.
+    SessionRevoked,
 }
 
 impl Status {
@@ -87,7 +94,8 @@ impl Status {
             | Status::Released
             | Status::HeartbeatUpdated
             | Status::Granted
-            | Status::LeftQueue => true,
+            | Status::LeftQueue
+            | Status::Revoked => true,
             Status::NoSeatsAvailable
             | Status::SessionNotFound
             | Status::SessionNotActive
@@ -100,12 +108,13 @@ impl Status {
             | Status::QueueTimeout
             | Status::RateLimited
             | Status::InvalidRequest
-            | Status::Error => false,
+            | Status::Error
+            | Status::SessionRevoked => false,
         }
     }
 
     /// Whether this is the last reply to its request. Only QUEUED is
-    /// followed by another (GRANTED or QUEUE_TIMEOUT, with the same id).
+    /// followed by another (GRANTED, QUEUE_TIMEOUT or SESSION_REVOKED, with the same id).
     pub fn is_final(self) -> bool {
         self != Status::Queued
     }
@@ -139,7 +148,11 @@ impl Status {
             | Status::Granted
             | Status::LeftQueue
             | Status::InvalidRequest
-            | Status::Error => false,
+            | Status::Error
+            | Status::Revoked => false,
+            // A revocation's consequence, not a shortage of seats: the
+            // `revoked` event records the administrator's decision.
+            Status::SessionRevoked => false,
         }
     }
 
@@ -163,13 +176,18 @@ impl Status {
             Status::RateLimited => {
                 Some("too many requests from this session or license; slow down and retry")
             }
+            // The worker writes the revocation's own text (who, why, how long)
+            // when the script hands the record back; a waiter told later
+            // (through the outbox) gets this.
+            Status::SessionRevoked => Some("the session was revoked by an administrator"),
             Status::Acquired
             | Status::AlreadyActive
             | Status::Released
             | Status::HeartbeatUpdated
             | Status::Granted
             | Status::LeftQueue
-            | Status::Queued => None,
+            | Status::Queued
+            | Status::Revoked => None,
             // Their reason is written where they are produced: the wait's
             // length, the parser's complaint, the dead letter's cause, the
             // license field that breaks the rules.
@@ -223,6 +241,8 @@ mod tests {
             Status::RateLimited => ("RATE_LIMITED", false),
             Status::InvalidRequest => ("INVALID_REQUEST", false),
             Status::Error => ("ERROR", false),
+            Status::Revoked => ("REVOKED", true),
+            Status::SessionRevoked => ("SESSION_REVOKED", false),
         }
     }
 

@@ -43,6 +43,8 @@ pub const REPLY_ERRORS: &str = "seatgate_reply_errors_total";
 pub const REDIS_ERRORS: &str = "seatgate_redis_errors_total";
 /// Sessions evicted for a stale heartbeat.
 pub const EVICTIONS: &str = "seatgate_evictions_total";
+/// Sessions revoked by an administrator (seat or place in the queue taken away).
+pub const REVOCATIONS: &str = "seatgate_revocations_total";
 /// Waiters granted a seat.
 pub const GRANTS: &str = "seatgate_grants_total";
 /// Waiters whose wait ran out.
@@ -105,7 +107,7 @@ pub const OTHER: &str = "_other";
 /// The statuses each op (and `invalid`, for a request without a usable op)
 /// can be answered with (see each script's header under lua/), present at 0
 /// from startup.
-const OP_STATUSES: [(&str, &[Status]); 4] = [
+const OP_STATUSES: [(&str, &[Status]); 5] = [
     (
         "acquire",
         &[
@@ -119,6 +121,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseInvalid,
             Status::LeaseMismatch,
             Status::RateLimited,
+            Status::SessionRevoked,
             Status::Error,
         ],
     ),
@@ -130,6 +133,7 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LeftQueue,
             Status::LicenseNotFound,
             Status::LeaseMismatch,
+            Status::SessionRevoked,
             Status::Error,
         ],
     ),
@@ -143,18 +147,34 @@ const OP_STATUSES: [(&str, &[Status]); 4] = [
             Status::LicenseExpired,
             Status::LeaseMismatch,
             Status::RateLimited,
+            Status::SessionRevoked,
             Status::Error,
         ],
+    ),
+    (
+        "revoke",
+        &[Status::Revoked, Status::SessionNotFound, Status::Error],
     ),
     ("invalid", &[Status::InvalidRequest]),
 ];
 /// The seat scripts, as `script_name`.
-const SCRIPTS: [&str; 4] = ["acquire", "release", "heartbeat", "reap"];
+const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"];
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 9] = [
-    "reply_to", "id", "fields", "op", "license", "session", "meta", "wait_ms", "lease",
+const INVALID_FIELDS: [&str; 12] = [
+    "reply_to",
+    "id",
+    "fields",
+    "op",
+    "license",
+    "session",
+    "meta",
+    "wait_ms",
+    "lease",
+    "reason",
+    "actor",
+    "cooldown_ms",
 ];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
@@ -220,6 +240,10 @@ pub fn init(license_series_limit: usize) {
         "Redis errors met by the worker, by stage; the entries concerned stay pending and are retried."
     );
     describe_counter!(EVICTIONS, "Sessions evicted for a stale heartbeat.");
+    describe_counter!(
+        REVOCATIONS,
+        "Sessions revoked by an administrator (seatgate revoke, the admin stream): a seat or a place in the queue taken away."
+    );
     describe_counter!(GRANTS, "Waiters granted a seat.");
     describe_counter!(QUEUE_TIMEOUTS, "Waiters whose wait ran out.");
     describe_histogram!(
@@ -291,6 +315,7 @@ pub fn init(license_series_limit: usize) {
     for name in [
         REPLY_ERRORS,
         EVICTIONS,
+        REVOCATIONS,
         GRANTS,
         QUEUE_TIMEOUTS,
         CLAIMED,
@@ -362,14 +387,24 @@ pub fn evicted() {
     counter!(EVICTIONS).increment(1);
 }
 
-/// Records how a wait in the queue ended.
+/// Counts one revocation.
+pub fn revoked() {
+    counter!(REVOCATIONS).increment(1);
+}
+
+/// Records how a wait in the queue ended: granted or timed out. A wait
+/// ended by a revocation is counted as a revocation only.
 pub fn queue_outcome(status: Status, waited_ms: i64) {
-    let outcome = if status == Status::Granted {
-        counter!(GRANTS).increment(1);
-        "granted"
-    } else {
-        counter!(QUEUE_TIMEOUTS).increment(1);
-        "timeout"
+    let outcome = match status {
+        Status::Granted => {
+            counter!(GRANTS).increment(1);
+            "granted"
+        }
+        Status::QueueTimeout => {
+            counter!(QUEUE_TIMEOUTS).increment(1);
+            "timeout"
+        }
+        _ => return,
     };
     histogram!(QUEUE_WAIT, "outcome" => outcome).record(waited_ms.max(0) as f64 / 1000.0);
 }

@@ -317,9 +317,10 @@ impl Publisher {
         }
     }
 
-    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT) and, when
-    /// `first_time`, publishes the matching event and counts it (a replayed
-    /// note is only re-delivered). Returns the reply error, if any.
+    /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT /
+    /// SESSION_REVOKED) and, when `first_time`, publishes the matching event
+    /// and counts it (a replayed note is only re-delivered). Returns the
+    /// reply error, if any.
     #[allow(clippy::too_many_arguments)]
     pub async fn deliver<C: ConnectionLike>(
         &self,
@@ -349,8 +350,10 @@ impl Publisher {
                 position: None,
                 waited_ms: Some(note.waited_ms),
                 heartbeat_timeout_ms: note.heartbeat_timeout_ms,
-                error: (note.status == Status::QueueTimeout)
-                    .then(|| format!("waited {} ms without a seat", note.waited_ms)),
+                error: match note.status {
+                    Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
+                    other => other.refusal_reason().map(str::to_owned),
+                },
             };
             result = self.reply_at(con, &note.reply_to, &reply, Some(at_ms)).await;
             match &result {

@@ -103,6 +103,8 @@ pub struct Reaper {
     /// How long a pass's claim on a license lasts, ms: a pass that dies
     /// leaves its licenses to the passes after this (the reaper lock's lifetime).
     claim_ms: u64,
+    /// The admin stream, trimmed and cleaned like a shard.
+    admin_stream: String,
 }
 
 impl Reaper {
@@ -128,14 +130,16 @@ impl Reaper {
             sweep_budget: settings.reaper.sweep,
             sweep: Arc::default(),
             claim_ms: settings.reaper.lock_ms,
+            admin_stream: settings.stream.admin_requests.clone(),
         }
     }
 
-    /// Stream upkeep: trims the requests stream of entries every group has
-    /// acknowledged (never of pending or undelivered ones), and removes
-    /// consumers idle for `stream.consumer_idle_ms` with nothing pending.
+    /// Stream upkeep: trims the requests stream (and the admin stream) of
+    /// entries every group has acknowledged (never of pending or undelivered
+    /// ones), and removes consumers idle for `stream.consumer_idle_ms` with
+    /// nothing pending.
     pub async fn maintain_stream(&self) -> Result<(), Error> {
-        for stream in &self.request_streams {
+        for stream in self.request_streams.iter().chain([&self.admin_stream]) {
             self.maintain_shard(stream).await?;
         }
         Ok(())
@@ -143,6 +147,11 @@ impl Reaper {
 
     async fn maintain_shard(&self, requests: &str) -> Result<(), Error> {
         let mut con = self.con.clone();
+        // A stream no worker has created yet (XINFO would fail on it) has nothing to trim.
+        let kind: String = redis::cmd("TYPE").arg(requests).query_async(&mut con).await?;
+        if kind == "none" {
+            return Ok(());
+        }
         // The oldest entry still needed: the oldest pending one of any group,
         // or (when nothing is pending) the last one delivered to the group.
         let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")

@@ -162,9 +162,11 @@ fn the_shipped_file_refuses_to_load_until_its_passwords_are_set() {
 
 /// The whole life of a seat with every process as its own least-privilege
 /// user: the admin provisions, the worker and reaper serve, clients acquire,
-/// queue, get a seat freed by eviction, heartbeat and release, the dashboard
-/// reads status and events. Then each user is refused what is not its own,
-/// and Redis's ACL LOG shows no denial but those provoked on purpose.
+/// queue, get a seat freed by eviction and heartbeat, the dashboard reads
+/// status and events, the admin revokes the seat through the admin stream and
+/// the client's release hears it. Then each user is refused what is not its
+/// own (a client may not revoke, by either stream), and Redis's ACL LOG shows
+/// no denial but those provoked on purpose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_works_as_its_own_user_and_nothing_more() {
     let redis = AclRedis::start().await;
@@ -273,6 +275,24 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         )
         .await;
     assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
+    let revoke = redis
+        .seatgate(
+            ADMIN,
+            &[
+                "revoke",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--reason",
+                "audit",
+                "--actor",
+                "ada",
+            ],
+        )
+        .await;
+    assert_eq!(revoke.status.code(), Some(0), "{revoke:?}");
+    assert!(stdout(&revoke).starts_with("REVOKED"), "{revoke:?}");
     let rel = redis
         .seatgate(
             CLIENT,
@@ -287,7 +307,10 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
             ],
         )
         .await;
-    assert!(stdout(&rel).starts_with("RELEASED"), "{rel:?}");
+    assert!(
+        stdout(&rel).starts_with("SESSION_REVOKED") && stdout(&rel).contains("(revoked by ada: audit)"),
+        "{rel:?}"
+    );
 
     // What each user may not do.
     let license_key = license_keys(&settings, "cad").license;
@@ -343,6 +366,52 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         .query_async(&mut client)
         .await;
     assert_eq!(shards.ok().as_deref(), Some("1"), "clients find the shard count");
+    // A client cannot revoke: the admin stream is not its to write, and the
+    // requests stream it may write refuses the op.
+    let code = refusal(
+        &mut client,
+        redis::cmd("XADD")
+            .arg(&settings.stream.admin_requests)
+            .arg("*")
+            .arg("op")
+            .arg("revoke"),
+    )
+    .await;
+    assert_eq!(code, "NOPERM");
+    let own_replies = reply_stream(&settings, "demo:revoke-attempt");
+    let _: String = redis::cmd("XADD")
+        .arg(&settings.stream.requests)
+        .arg("*")
+        .arg("op")
+        .arg("revoke")
+        .arg("id")
+        .arg("r-1")
+        .arg("license")
+        .arg("cad")
+        .arg("session")
+        .arg("alice")
+        .arg("reason")
+        .arg("mine now")
+        .arg("reply_to")
+        .arg(&own_replies)
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
+        .arg("BLOCK")
+        .arg(5000)
+        .arg("STREAMS")
+        .arg(&own_replies)
+        .arg("0")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    let status = read
+        .keys
+        .first()
+        .and_then(|k| k.ids.first())
+        .and_then(|e| e.get::<String>("status"));
+    assert_eq!(status.as_deref(), Some("INVALID_REQUEST"), "{read:?}");
     let mut dashboard = redis.con_as(DASHBOARD).await;
     let code = refusal(
         &mut dashboard,
@@ -410,11 +479,13 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     denied.sort();
     denied.dedup();
     let mut provoked: Vec<(String, String)> = [
-        (ADMIN, "xadd"),
+        // The admin may XADD (to the admin stream), just not to the requests stream.
+        (ADMIN, settings.stream.requests.as_str()),
         (CLIENT, "hset"),
         (CLIENT, settings.events.stream.as_str()),
         (CLIENT, other_apps_replies.as_str()),
         (CLIENT, settings.stream.dead_letter.as_str()),
+        (CLIENT, settings.stream.admin_requests.as_str()),
         (CLIENT, "xrange"),
         (DASHBOARD, "hset"),
         (WORKER, "orders:jobs"),

@@ -15,6 +15,7 @@ mod page;
 mod prometheus;
 mod queue;
 mod report;
+mod revoke;
 mod scripts;
 mod stream;
 mod support;

@@ -20,7 +20,7 @@ use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::protocol::Op;
-use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SessionArgs};
+use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
 use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
@@ -227,6 +227,8 @@ pub struct Direct {
     default_heartbeat_timeout_ms: u64,
     /// The lease every call carries (`None`: none).
     lease: Option<String>,
+    /// How long a revocation is remembered, and how many per license, as a worker passes them.
+    revoke: seatgate::config::RevokeSettings,
 }
 
 /// `session` of `license` called directly: no redelivery dedupe, no rate limits.
@@ -239,6 +241,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         default_queue_max: s.queue.max_length,
         default_heartbeat_timeout_ms: s.sessions.heartbeat_timeout_ms,
         lease: None,
+        revoke: s.revoke.clone(),
     }
 }
 
@@ -329,6 +332,31 @@ impl Direct {
             .run(con)
             .await
             .expect("heartbeat.lua")
+    }
+
+    /// lua/revoke.lua: an administrator `actor` revokes this session for
+    /// `reason`, refusing its acquires for `cooldown_ms`.
+    pub async fn revoke(
+        &self,
+        con: &mut impl ConnectionLike,
+        reason: &str,
+        actor: &str,
+        cooldown_ms: u64,
+    ) -> Outcome {
+        let args = RevokeArgs {
+            session: &self.session,
+            reason,
+            actor,
+            cooldown_ms,
+            remember_ms: self.revoke.remember_ms,
+            max_remembered: self.revoke.max_per_license,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+        };
+        Scripts::get()
+            .revoke(&self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .expect("revoke.lua")
     }
 }
 

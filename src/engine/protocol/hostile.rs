@@ -10,7 +10,18 @@ use proptest::prelude::*;
 fn field_name() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
-            "op", "license", "session", "meta", "wait_ms", "id", "x", "OP", "op "
+            "op",
+            "license",
+            "session",
+            "meta",
+            "wait_ms",
+            "id",
+            "x",
+            "OP",
+            "op ",
+            "reason",
+            "actor",
+            "cooldown_ms"
         ])
         .prop_map(str::to_owned),
         "[a-z_]{1,12}",
@@ -25,6 +36,7 @@ fn field_value() -> impl Strategy<Value = Vec<u8>> {
             "acquire",
             "release",
             "heartbeat",
+            "revoke",
             "fuzz",
             "s-1",
             "{}",

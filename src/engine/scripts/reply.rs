@@ -6,13 +6,15 @@
 use redis::Value;
 
 use crate::engine::license::{Field, InvalidField};
+use crate::engine::revocation::Revocation;
 use crate::engine::status::Status;
 use crate::error::Error;
 
-/// Follow-up work a script reports: a waiter to tell about its seat or its timeout.
+/// Follow-up work a script reports: a waiter to tell about its seat, its
+/// timeout, or its place revoked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
-    /// GRANTED or QUEUE_TIMEOUT.
+    /// GRANTED, QUEUE_TIMEOUT or SESSION_REVOKED.
     pub status: Status,
     /// The waiting session.
     pub session: String,
@@ -47,6 +49,13 @@ pub struct Outcome {
     pub queue_full: bool,
     /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
     pub invalid: Option<InvalidField>,
+    /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
+    /// only; `None` too when the stored record is not of the scripts' form).
+    pub revocation: Option<Revocation>,
+    /// REVOKED only: whether the session held a seat (`true`, the seat was
+    /// freed) or waited in the queue (`false`): usage reports count only the
+    /// first as the end of a hold.
+    pub held: Option<bool>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -83,6 +92,8 @@ impl Outcome {
             position: None,
             queue_full: false,
             invalid: None,
+            revocation: None,
+            held: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -287,13 +298,17 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     } else {
         None
     };
+    let revocation = match text(detail) {
+        Some(raw) if status == Status::SessionRevoked => Revocation::parse(&raw),
+        _ => None,
+    };
     let queue_full = match text(detail).as_deref() {
         Some("queue_full") => true,
-        _ if count.is_some() || invalid.is_some() => false,
+        _ if count.is_some() || invalid.is_some() || status == Status::SessionRevoked => false,
         _ => {
             return Err(bad(
                 script,
-                format!("detail is neither a number nor queue_full: {detail:?}"),
+                format!("detail is neither a number, queue_full nor a revocation: {detail:?}"),
             ))
         }
     };
@@ -305,6 +320,8 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         position: count.filter(|_| status == Status::Queued),
         queue_full,
         invalid,
+        revocation,
+        held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
         changed: flag(script, items.get(6), "changed")?,
@@ -424,6 +441,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+        let record = r#"{"reason":"audit","actor":"ada","at":1,"cooldown_until":0}"#;
+        let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
+        assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
+        assert!(!o.queue_full);
     }
 
     #[test]

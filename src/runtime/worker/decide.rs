@@ -11,8 +11,8 @@ use super::read::{Entry, Source};
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
 use crate::engine::keys::Keys;
-use crate::engine::protocol::{self, Op, Reply, Request};
-use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
+use crate::engine::protocol::{self, Lane, Op, Reply, Request};
+use crate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SeatCall, SessionArgs};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
@@ -91,6 +91,9 @@ impl RedisClock {
 pub(super) struct Item {
     /// The stream entry as read.
     pub(super) entry: Entry,
+    /// Which stream it was read from, so a dead letter's answer is parsed
+    /// as its request was.
+    pub(super) lane: Lane,
     /// The request, or why it is invalid; `None` when the entry was deleted
     /// while pending (nothing to answer).
     pub(super) request: Option<Result<Request, protocol::Invalid>>,
@@ -180,7 +183,7 @@ impl Decider {
     /// seat scripts, one of replies and events, one XACK. Per request that
     /// is far fewer reads and writes for Redis and for this process than
     /// sending each command on its own.
-    pub(super) async fn process(&self, stream: &str, batch: Vec<Entry>, source: Source) -> bool {
+    pub(super) async fn process(&self, stream: &str, lane: Lane, batch: Vec<Entry>, source: Source) -> bool {
         let mut con = self.con.clone();
         if self.clock.now_ms().is_none() {
             // Once per process: the first batch is placed by the clock too.
@@ -191,17 +194,18 @@ impl Decider {
                     .observe(secs.saturating_mul(1000).saturating_add(micros / 1000));
             }
         }
-        let mut items = self.plan(batch);
+        let mut items = self.plan(lane, batch);
         self.send(&mut con, &mut items).await;
         self.settle(&mut con, stream, &mut items, source).await
     }
 
-    /// Parses every entry of the batch, except those delivered more than
-    /// `stream.max_deliveries` times already: every one of those deliveries
-    /// ended without an answer, so the entry itself may be what crashed or
-    /// stalled the workers (a giant entry, a script that times out). It is
-    /// dead-lettered without another attempt at deciding it.
-    fn plan(&self, batch: Vec<Entry>) -> Vec<Item> {
+    /// Parses every entry of the batch, read from a stream of `lane`, except
+    /// those delivered more than `stream.max_deliveries` times already: every
+    /// one of those deliveries ended without an answer, so the entry itself
+    /// may be what crashed or stalled the workers (a giant entry, a script
+    /// that times out). It is dead-lettered without another attempt at
+    /// deciding it.
+    fn plan(&self, lane: Lane, batch: Vec<Entry>) -> Vec<Item> {
         let rules = self.settings.parse_rules();
         let max = self.settings.stream.max_deliveries;
         batch
@@ -215,10 +219,11 @@ impl Decider {
                     let request = entry
                         .fields
                         .as_ref()
-                        .map(|f| protocol::parse_request(&entry.id, f, &rules));
+                        .map(|f| protocol::parse_entry(lane, &entry.id, f, &rules));
                     (request, None)
                 };
                 Item {
+                    lane,
                     request,
                     entry,
                     outcome: None,
@@ -336,6 +341,30 @@ impl Decider {
                     default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
+            Op::Revoke => {
+                // Entry ids are per stream: an admin entry may carry the id of
+                // a request entry of the same license, and must not find its
+                // dedupe record (nor leave one that request would find).
+                guard.entry_id = format!("admin:{}", entry.id);
+                let (reason, actor, cooldown_ms) = match &req.revoke {
+                    Some(r) => (r.reason.as_str(), r.actor.as_str(), r.cooldown_ms),
+                    // The parser always fills them for a revoke.
+                    None => ("", protocol::UNKNOWN_ACTOR, 0),
+                };
+                scripts.revoke(
+                    &keys,
+                    &guard,
+                    &RevokeArgs {
+                        session: &req.session,
+                        reason,
+                        actor,
+                        cooldown_ms,
+                        remember_ms: self.settings.revoke.remember_ms,
+                        max_remembered: self.settings.revoke.max_per_license,
+                        default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
+                    },
+                )
+            }
         }
     }
 }

@@ -10,6 +10,10 @@
 //! dead-letter stream. A redelivered entry has the effect of one delivery:
 //! the scripts remember each entry's reply (lua/includes/dedupe.lua).
 //!
+//! The admin stream (`stream.admin_requests`, administrators' `revoke`s) is
+//! read the same way by one more loop, in the same group; the parser is told
+//! which stream an entry came from ([`Lane`]) and takes on each only its ops.
+//!
 //! Each read loop also keeps a liveness key for its consumer
 //! ([`consumer_alive`]), so the reaper's consumer cleanup never removes the
 //! consumer of a live worker: on Redis 7.0 a read that finds nothing does not
@@ -38,16 +42,18 @@ use self::schedule::Schedule;
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
 use crate::engine::keys::consumer_alive;
+use crate::engine::protocol::Lane;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
 
-/// A worker: one consumer in the group of every requests stream shard, a
-/// read loop per shard (a blocking read names one stream, and on a cluster
-/// the shards live on different masters), all sharing one [`Decider`].
+/// A worker: one consumer in the group of every requests stream shard and
+/// of the admin stream, a read loop per stream (a blocking read names one
+/// stream, and on a cluster the shards live on different masters), all
+/// sharing one [`Decider`].
 pub struct Worker {
-    /// One reader per shard.
+    /// One reader per shard, then the admin stream's.
     shards: Vec<ShardWorker>,
     /// This process's consumer name.
     consumer: String,
@@ -62,8 +68,11 @@ impl Worker {
         check_shards(&mut con, &settings).await?;
         let decider = Arc::new(Decider::new(settings.clone(), con.clone(), ready.clone()));
         let mut shards = Vec::new();
-        // A read loop per shard, and one for the base stream when sharded.
-        for stream in settings.read_streams() {
+        // A read loop per shard, one for the base stream when sharded, and
+        // one for the admin stream.
+        let streams = settings.read_streams().into_iter().map(|s| (s, Lane::Requests));
+        let admin = (settings.stream.admin_requests.clone(), Lane::Admin);
+        for (stream, lane) in streams.chain([admin]) {
             shards.push(
                 ShardWorker::connect(
                     settings.clone(),
@@ -71,6 +80,7 @@ impl Worker {
                     con.clone(),
                     decider.clone(),
                     stream,
+                    lane,
                 )
                 .await?,
             );
@@ -167,10 +177,12 @@ async fn check_shards(con: &mut Db, settings: &Settings) -> Result<(), Error> {
     }
 }
 
-/// The read loop of one requests stream shard.
+/// The read loop of one requests stream shard (or of the admin stream).
 struct ShardWorker {
     /// The requests stream (shard) this loop reads.
     stream: String,
+    /// Which ops that stream takes.
+    lane: Lane,
     /// Settings the worker was started with.
     settings: Settings,
     /// This process's consumer name in the group.
@@ -208,12 +220,14 @@ impl ShardWorker {
         con: Db,
         decider: Arc<Decider>,
         stream: String,
+        lane: Lane,
     ) -> Result<ShardWorker, Error> {
         let consumer = settings.consumer_name();
         let mut worker = ShardWorker {
             alive_key: consumer_alive(&stream, &settings.stream.group, &consumer),
             alive_set_at: None,
             stream,
+            lane,
             consumer,
             con,
             reader: None,
@@ -322,7 +336,8 @@ impl ShardWorker {
             }
             let decider = self.decider.clone();
             let stream = self.stream.clone();
-            in_flight.spawn(async move { (decider.process(&stream, batch, source).await, source) });
+            let lane = self.lane;
+            in_flight.spawn(async move { (decider.process(&stream, lane, batch, source).await, source) });
         }
         // Finish and acknowledge what is in hand before leaving.
         while in_flight.join_next().await.is_some() {}

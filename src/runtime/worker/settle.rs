@@ -10,12 +10,12 @@ use tracing::{debug, error, info, warn};
 use super::decide::{Cause, Decider, Handled, Item};
 use super::read::{Entry, Source};
 use crate::db::{is_transient, Db};
-use crate::engine::protocol::{self, Reply, Request};
+use crate::engine::protocol::{self, Lane, Reply, Request};
 use crate::engine::scripts::Outcome;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::metrics;
-use crate::runtime::publish::Event;
+use crate::runtime::publish::{Event, EventType};
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -96,6 +96,8 @@ impl Decider {
                 (Some(Ok(req)), Some(Ok(outcome))) => {
                     if outcome.replayed {
                         metrics::replayed();
+                    } else if outcome.status == Status::Revoked {
+                        metrics::revoked();
                     }
                     metrics::request_answered(req.op.as_str(), outcome.status.as_str(), item.entry.age());
                     // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
@@ -132,11 +134,15 @@ impl Decider {
         let mut refused = Vec::new();
         let mut retry = false;
         let mut transient = None;
-        for Item { entry, handled, .. } in items {
+        for Item {
+            entry, lane, handled, ..
+        } in items
+        {
+            let lane = *lane;
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::DeadLetter { reason }) => {
-                    if self.dead_letter(entry, reason, None).await {
+                    if self.dead_letter(entry, lane, reason, None).await {
                         metrics::refused_reply_to();
                         done.push(entry.id.as_str());
                     } else {
@@ -145,7 +151,7 @@ impl Decider {
                 }
                 Some(Handled::Exhausted { reason }) => {
                     let answer = format!("request was dead-lettered: {reason}");
-                    if self.dead_letter(entry, reason, Some(&answer)).await {
+                    if self.dead_letter(entry, lane, reason, Some(&answer)).await {
                         done.push(entry.id.as_str());
                     } else {
                         retry = true;
@@ -158,7 +164,7 @@ impl Decider {
                                 "request failed {} times and was dead-lettered: {error}",
                                 entry.deliveries
                             );
-                            if self.dead_letter(entry, error, Some(&answer)).await {
+                            if self.dead_letter(entry, lane, error, Some(&answer)).await {
                                 done.push(entry.id.as_str());
                                 continue;
                             }
@@ -271,8 +277,9 @@ impl Decider {
 
     /// Moves a poison entry to the dead-letter stream with `reason` and,
     /// given an `answer` and a `reply_to` in the reply namespace, answers it
-    /// ERROR with that text. Returns whether it may now be acknowledged.
-    async fn dead_letter(&self, entry: &Entry, reason: &str, answer: Option<&str>) -> bool {
+    /// ERROR with that text. `lane` is the stream it was read from, whose
+    /// ops its request is parsed by. Returns whether it may now be acknowledged.
+    async fn dead_letter(&self, entry: &Entry, lane: Lane, reason: &str, answer: Option<&str>) -> bool {
         let s = &self.settings.stream;
         let mut con = self.con.clone();
         let mut xadd = redis::cmd("XADD");
@@ -302,7 +309,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
-            if let Ok(req) = protocol::parse_request(&entry.id, fields, &self.settings.parse_rules()) {
+            if let Ok(req) = protocol::parse_entry(lane, &entry.id, fields, &self.settings.parse_rules()) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let reply = reply_for(&req, &failed, Some(answer.to_owned()));
@@ -376,7 +383,7 @@ impl Item {
         if !outcome.changed || outcome.replayed {
             return None;
         }
-        Event::of_decision(
+        let mut event = Event::of_decision(
             outcome.status,
             &req.license,
             &req.session,
@@ -384,7 +391,14 @@ impl Item {
             outcome.seats_used,
             outcome.seats_total,
             outcome.now_ms,
-        )
+        )?;
+        // A revocation's audit trail: who and why, as the admin sent them.
+        if let (EventType::Revoked, Some(revoke)) = (event.kind, &req.revoke) {
+            event.reason = Some(&revoke.reason);
+            event.actor = Some(&revoke.actor);
+            event.held = outcome.held;
+        }
+        Some(event)
     }
 }
 
@@ -413,6 +427,8 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
             } else if let Some(invalid) = &outcome.invalid {
                 Some(invalid.to_string())
+            } else if let Some(revocation) = &outcome.revocation {
+                Some(revocation.describe(outcome.now_ms))
             } else {
                 outcome.status.refusal_reason().map(str::to_owned)
             }

@@ -1,0 +1,86 @@
+--[[
+  revoked: what the scripts remember of revocations, KEYS[12] and KEYS[13]
+  (keys.lua), so that a revoked session hears SESSION_REVOKED rather than
+  SESSION_NOT_ACTIVE, and a cooldown keeps it from taking a seat again.
+
+    KEYS[12] revoked      ZSET  session -> when its revocation is forgotten (ms)
+    KEYS[13] revocations  HASH  session -> the revocation record, JSON:
+      {"reason", "actor", "at", "cooldown_until"}
+        reason          why, as the administrator wrote it
+        actor           who revoked it
+        at              when (Redis clock, ms)
+        cooldown_until  until when its acquires are refused (ms); 0 = no cooldown
+  Rust reads the record with engine::revocation::Revocation.
+
+  Bounded memory: revoke.lua writes an entry that is forgotten
+  max(remember_ms, cooldown) after the revocation, drops up to 100 entries
+  already forgotten on each call, and keeps at most `max` per license
+  (dropping the soonest forgotten first). Both keys expire when their last
+  entry is forgotten, so a license nobody revokes on again holds none. The
+  other scripts only look up the session at hand (nothing on a holder's
+  heartbeat) and forget its entry when it is stale or the session acquires
+  again.
+]]
+--- @include "keys"
+
+local function forget_revocation(session)
+  rcall('ZREM', K.revoked, session)
+  rcall('HDEL', K.revocations, session)
+end
+
+-- The revocation record of `session` (its JSON, as stored) while it is
+-- remembered, else nil.
+local function revocation_of(session, now)
+  local forget_at = tonumber(rcall('ZSCORE', K.revoked, session))
+  if not forget_at then
+    return nil
+  end
+  local raw = rcall('HGET', K.revocations, session)
+  if forget_at <= now or not raw then
+    forget_revocation(session)
+    return nil
+  end
+  return raw
+end
+
+-- For an acquire by `session`: its revocation record while its cooldown
+-- lasts (refuse the acquire), else nil. An acquire past the cooldown (or
+-- without one) starts afresh: the revocation is forgotten.
+local function cooldown_of(session, now)
+  local raw = rcall('HGET', K.revocations, session)
+  if not raw then
+    return nil
+  end
+  local ok, r = pcall(cjson.decode, raw)
+  if ok and type(r) == 'table' and (tonumber(r.cooldown_until) or 0) > now then
+    return raw
+  end
+  forget_revocation(session)
+  return nil
+end
+
+-- Remembers that `session` was revoked at `now`, and keeps the memory bounded
+-- (see the header).
+local function remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+  local stale = rcall('ZRANGEBYSCORE', K.revoked, '-inf', now, 'LIMIT', 0, 100)
+  for _, s in ipairs(stale) do
+    forget_revocation(s)
+  end
+  local over = rcall('ZCARD', K.revoked) - max + 1
+  if over > 0 then
+    for _, s in ipairs(rcall('ZRANGE', K.revoked, 0, math.min(over, 100) - 1)) do
+      forget_revocation(s)
+    end
+  end
+  local cooldown_until = 0
+  if cooldown_ms > 0 then
+    cooldown_until = now + cooldown_ms
+  end
+  rcall('ZADD', K.revoked, now + math.max(remember_ms, cooldown_ms), session)
+  rcall('HSET', K.revocations, session, cjson.encode({
+    reason = reason, actor = actor, at = now, cooldown_until = cooldown_until,
+  }))
+  local last = rcall('ZRANGE', K.revoked, -1, -1, 'WITHSCORES')
+  rcall('PEXPIREAT', K.revoked, last[2])
+  rcall('PEXPIREAT', K.revocations, last[2])
+end

@@ -1,0 +1,91 @@
+--[[
+  revoke: an administrator takes `session`'s seat away (or its place in the
+  queue), whatever the session says: no heartbeat or release of its own is
+  needed, and a seat or place bound to a lease (includes/lease.lua) is
+  revoked without it: this is the administrator's way around leases. The freed seat goes to the head of the queue in this same
+  script, as on release. The revocation is remembered for a bounded time
+  (includes/revoked.lua), so the session's next heartbeat or release hears
+  SESSION_REVOKED with the reason, and with a cooldown its acquires are
+  refused until the cooldown ends.
+
+  KEYS[1..14] the license keys, the dedupe buckets, the rate windows (never
+              touched: revoke is not rate limited) and the revocation keys
+              (includes/keys.lua)
+  ARGV[1..7]  dedupe arguments (includes/prologue.lua); the rate limits are not read
+  ARGV[8]  session id
+  ARGV[9]  lease: ignored (the request scripts' slot; a revoke carries none)
+  ARGV[10] reason (validated by the worker: 1-512 bytes of text)
+  ARGV[11] actor, who revokes (validated by the worker)
+  ARGV[12] cooldown_ms: 0 = the session may acquire again at once; > 0 =
+           its acquires get SESSION_REVOKED for that long
+  ARGV[13] remember_ms: how long a revocation is remembered at least
+  ARGV[14] most revocations remembered per license
+  ARGV[15] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
+
+  Returns an outcome (includes/outcome.lua) with status
+    REVOKED            detail 1: the session held a seat, now free (it went
+                       straight to the head of the queue if anyone waits:
+                       notes carry the GRANTED); detail 0: it waited and no
+                       longer does (a note SESSION_REVOKED tells it, on the
+                       reply stream it queued with)
+    SESSION_NOT_FOUND  detail 0: the session neither holds a seat nor waits;
+                       nothing changed, nothing is remembered
+  or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them (includes/prologue.lua, finish).
+  Revoke works whatever the license's state, even when its record breaks the
+  rules, like release; the freed seat goes to the queue only while the
+  license may hand out seats.
+  Emits no events: the worker publishes `revoked` (with actor and reason)
+  from the outcome.
+]]
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outcome"
+--- @include "outbox"
+--- @include "session_record"
+--- @include "queue"
+--- @include "revoked"
+--- @include "prologue"
+
+local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
+local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local default_timeout = tonumber(ARGV[15])
+
+local now = now_ms()
+local early = prologue(now, false)
+if early then
+  return finish(early, now, default_timeout)
+end
+
+local function decide()
+  local notes = {}
+  local license = license_state(now)
+  local total = license.total
+
+  if rcall('ZREM', K.holders, session) == 1 then
+    rcall('HDEL', K.sessions, session)
+    remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+    expire_waiters(now, notes, 100)
+    local used = rcall('ZCARD', K.holders)
+    if not license.refusal then
+      used = promote(now, total, notes, 100)
+    end
+    return outcome('REVOKED', used, total, 1, now, notes)
+  end
+  local raw = rcall('HGET', K.waiters, session)
+  if rcall('ZSCORE', K.queue, session) then
+    remove_waiter(session)
+    remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+    if raw then
+      -- Its acquire waits for a final answer: this is it.
+      note(notes, now, 'SESSION_REVOKED', session, cjson.decode(raw))
+    end
+    return outcome('REVOKED', rcall('ZCARD', K.holders), total, 0, now, notes)
+  end
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
+end
+
+return finish(settle(decide()), now, default_timeout)
