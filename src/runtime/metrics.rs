@@ -92,7 +92,7 @@ pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
 pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
 /// Sessions waiting over all licenses.
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
-/// Licenses the reaper visited.
+/// Licenses in the license index, as the reaper's last complete census counted them.
 pub const LICENSES: &str = "seatgate_licenses";
 /// Entries delivered to a consumer and not yet acknowledged, per requests `stream`.
 pub const STREAM_PENDING: &str = "seatgate_stream_pending";
