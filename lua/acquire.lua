@@ -1,7 +1,7 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
@@ -12,19 +12,40 @@
   ARGV[12] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
   ARGV[13] reply_to of the request ('' = none)
   ARGV[14] queue length limit when the license sets no queue_max
-  ARGV[15] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
+  ARGV[15] who asks, for the license's policies (includes/policy.lua): ''
+           for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
+             user, group  the ids the seat counts for ('' = none; validated
+                          like session ids, so never containing '|')
+             priority     place in the queue, 0-9 (capped by max_priority)
+             borrow_ms    0 = a seat kept by heartbeats; > 0 = held that long
+                          without them (at most the license's max_borrow_ms)
+           One argument rather than four: the common acquire, asked by
+           nobody in particular, then costs Redis nothing more.
+  ARGV[16] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status
-    ACQUIRED            seat taken, heartbeat clock started
+    ACQUIRED            seat taken, heartbeat clock started; detail = the
+                        borrow's end (ms) for a borrowed seat, else 0. Also
+                        the answer of a session taking back its own
+                        lingering seat (includes/policy.lua)
     ALREADY_ACTIVE      the session already holds a seat, bound to this lease
                         or to none; nothing changed
-    QUEUED              detail = 1-based queue position; changed = 0 when the
-                        session was already waiting (same place, no second event)
+    QUEUED              detail = 1-based queue position, or {position,
+                        priority} for a priority above 0; changed = 0 when
+                        the session was already waiting (same place, no
+                        second event)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
-                        detail = 'queue_full' when the queue is full
+                        detail = 'queue_full' when the queue is full,
+                        'reserved' when the free seats are reserved for
+                        other groups
+    LIMIT_REACHED       detail = the limit: 'max_per_user' or 'group_max'
+                        (without wait_ms; with it, the session queues and is
+                        granted once under its limits), or 'max_borrow_ms'
+                        (a borrow the license does not allow); nothing changed
     LEASE_MISMATCH      the session holds a seat or waits, bound to another
                         lease than this one (or this one carries none); nothing changed
-    LICENSE_INVALID     the license record breaks its rules (includes/license.lua);
+    LICENSE_INVALID     the license record breaks its rules (includes/license.lua,
+                        the policy fields' too when its `policy` flag is on);
                         detail = {field, value}; nothing changed, not even a
                         retried acquire of a holder is answered ALREADY_ACTIVE
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
@@ -49,6 +70,8 @@ local rcall = redis.call
 --- @include "outcome"
 --- @include "session_record"
 --- @include "queue"
+--- @include "owners"
+--- @include "policy"
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
@@ -57,7 +80,13 @@ local session, lease = ARGV[8], lease_hash(ARGV[9])
 local meta = ARGV[10]
 local wait_ms, request_id, reply_to = tonumber(ARGV[11]), ARGV[12], ARGV[13]
 local default_queue_max = tonumber(ARGV[14])
-local default_timeout = tonumber(ARGV[15])
+-- Who asks: nil for nobody in particular.
+local asker = nil
+if ARGV[15] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[15], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+  asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
+end
+local default_timeout = tonumber(ARGV[16])
 
 local now = now_ms()
 local early = prologue(now, true, function()
@@ -73,8 +102,12 @@ end
 
 local function decide()
   local license = license_state(now)
-  if license.refusal == 'LICENSE_INVALID' then
-    return outcome('LICENSE_INVALID', rcall('ZCARD', K.holders), license.total, license.invalid, now, {})
+  local P, invalid = nil, license.invalid
+  if license.policy and not license.refusal then
+    P, invalid = policy().read()
+  end
+  if invalid then
+    return outcome('LICENSE_INVALID', rcall('ZCARD', K.holders), license.total, invalid, now, {})
   end
   local notes = {}
   expire_waiters(now, notes, 100)
@@ -82,13 +115,22 @@ local function decide()
   -- A retried acquire gets the answer the first one got, whatever happened to
   -- the license since: the session holds its seat until it releases or is
   -- reaped. (Its lease was checked in the prologue.)
-  if rcall('ZSCORE', K.holders, session) then
+  local score = rcall('ZSCORE', K.holders, session)
+  if score then
+    if score == LINGERING then
+      -- Released, its seat still lingers with it: taken back at once.
+      owners().reclaim(session, now)
+      start_session(session, now, meta, lease)
+      return outcome('ACQUIRED', rcall('ZCARD', K.holders), license.total, 0, now, notes)
+    end
     return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, nothing changed.
-    return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, rank + 1, now, notes, 0)
+    local M = policy()
+    local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
+    return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
   end
   local revoked = cooldown_of(session, now)
   if revoked then
@@ -99,23 +141,54 @@ local function decide()
   end
 
   local total = license.total
-  local used = promote(now, total, notes, 100)
-  if used < total and rcall('ZCARD', K.queue) == 0 then
-    -- A free seat and nobody waiting for it: take it.
+  local borrow_ms = asker and asker.borrow_ms or 0
+  if borrow_ms > 0 and not (P and P.max_borrow_ms and borrow_ms <= P.max_borrow_ms) then
+    return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
+  end
+  local used, _, clear = grant_waiters(now, total, notes, 100, P)
+  local why = nil
+  if P and P.limits then
+    local M, who = policy(), asker or {user = '', group = ''}
+    M.prefetch(P, who)
+    why = M.seat_refusal(P, who, used, total)
+  elseif used >= total then
+    why = 'full'
+  end
+  -- Whether the seat (or place) has an owner record (includes/owners.lua).
+  local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
+  if not why and clear then
+    -- A free seat that nobody waiting could take: take it.
     rcall('ZADD', K.holders, now, session)
     start_session(session, now, meta, lease)
-    return outcome('ACQUIRED', used + 1, total, 0, now, notes)
+    local borrowed_until = 0
+    if owned then
+      local O = owners()
+      rcall('HSET', K.owners, 's:' .. session, O.record(asker.user, asker.group, borrow_ms))
+      borrowed_until = O.taken(session, now, asker)
+    end
+    return outcome('ACQUIRED', used + 1, total, borrowed_until, now, notes)
   end
 
   if wait_ms <= 0 then
-    return outcome('NO_SEATS_AVAILABLE', used, total, 0, now, notes)
+    if why == 'max_per_user' or why == 'group_max' then
+      return outcome('LIMIT_REACHED', used, total, why, now, notes)
+    end
+    return outcome('NO_SEATS_AVAILABLE', used, total, why == 'reserved' and 'reserved' or 0, now, notes)
   end
   local queue_max = license.queue_max or default_queue_max
   local depth = rcall('ZCARD', K.queue)
   if depth >= queue_max then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
-  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease)
+  local priority = math.min(asker and asker.priority or 0, P and P.max_priority or TOP_PRIORITY)
+  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
+  if owned then
+    rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, borrow_ms))
+  end
+  if priority > 0 then
+    local position = rcall('ZRANK', K.queue, session) + 1
+    return outcome('QUEUED', used, total, policy().queued_detail(position, priority), now, notes)
+  end
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 

@@ -1,7 +1,7 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua); the queue keys are not touched
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id
@@ -10,9 +10,12 @@
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
-                        detail = the heartbeat count
+                        detail = the heartbeat count. A borrowed seat
+                        (includes/owners.lua) keeps its borrow's end as its
+                        score: ZADD GT never lowers it
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
-                        evicted, or still queued): acquire again
+                        evicted, or still queued; a lingering seat was
+                        released): acquire again
     SESSION_REVOKED     the session holds no seat because an administrator
                         revoked it (remembered for a bounded time);
                         detail = the revocation record (includes/revoked.lua)
@@ -33,6 +36,7 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outcome"
 --- @include "session_record"
+--- @include "owners"
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
@@ -53,7 +57,8 @@ local oldest_moved = false
 
 local function decide()
   local total = seats_total()
-  if not rcall('ZSCORE', K.holders, session) then
+  local score = rcall('ZSCORE', K.holders, session)
+  if not score or score == LINGERING then
     local revoked = revocation_of(session, now)
     if revoked then
       return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, {})
@@ -62,7 +67,7 @@ local function decide()
   end
   -- Only the oldest holder's heartbeat moves the license's stale time.
   oldest_moved = rcall('ZRANGE', K.holders, 0, 0)[1] == session
-  rcall('ZADD', K.holders, 'XX', now, session)
+  rcall('ZADD', K.holders, 'XX', 'GT', now, session)
   local count = count_heartbeat(session, now)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end

@@ -1,6 +1,8 @@
 --[[
   reap: one reaper step for one license. Evicts sessions whose last heartbeat
-  is older than the heartbeat timeout, drops waiters whose wait ran out, hands
+  is older than the heartbeat timeout, frees lingering and borrowed seats
+  whose linger or borrow ended (includes/owners.lua), drops waiters whose
+  wait ran out, hands
   free seats to the queue (self-healing: a seat freed by any path, even one
   whose event was lost, goes to the next waiter within one reaper period),
   and hands out again outbox notes whose deliverer died (or lost Redis)
@@ -9,8 +11,10 @@
   (includes/license.lua), whose stale sessions and waits are still ended.
 
   Every part is bounded by ARGV[2], the limit: at most that many stale
-  sessions and expired waiters, read off the low end of the holders and
-  deadlines ZSETs, at most that many grants, and at most that many outbox
+  sessions, ended lingers, ended borrows and expired waiters, read off the
+  low end of the holders, lingering, borrowed and deadlines ZSETs, at most
+  that many grants (under the license's policies, includes/policy.lua,
+  which look past at most SKIP_LIMIT waiters), and at most that many outbox
   notes handed out, from one HSCAN page (COUNT = limit) or from the due notes
   a previous step's page held beyond the limit. (A hashtable's page holds
   about COUNT notes; a small outbox kept as a listpack comes back whole, at
@@ -19,7 +23,7 @@
   left, the step says `more` and the reaper calls it again, passing back the
   outbox position, until `more` is 0; so no single call blocks Redis for long.
 
-  KEYS[1..8] the license keys (includes/keys.lua)
+  KEYS[1..11] the license keys (includes/keys.lua)
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
   ARGV[2]  limit: most evictions, waiter removals, grants and re-delivered notes
   ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
@@ -29,7 +33,9 @@
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
-           redeliver, outbox_cursor, outbox_pending, stale, due, heartbeat_timeout_ms}
+           redeliver, outbox_cursor, outbox_pending, borrow_ended,
+           linger_ended, seats_lingering, seats_borrowed, stale, due,
+           heartbeat_timeout_ms}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -39,11 +45,15 @@
     redeliver    outbox notes to deliver again, as notes, at most `limit`
     outbox_cursor, outbox_pending  ARGV[4] and ARGV[5..] for the next step;
                  '' and {} once the scan is through
+    borrow_ended, linger_ended  seats freed because their borrow or linger
+                 ended (seat-freed events, reasons borrow_ended, linger_ended)
+    seats_lingering, seats_borrowed  of seats_used, those lingering and borrowed
     stale, due   the license's times for the due index after this step
                  (ms; includes/due.lua), 0 for none: when its oldest holder
-                 goes stale, and when it next has other work (an outbox
-                 still holding replies: once they may be handed out again,
-                 ARGV[3] from now). The reaper files them.
+                 goes stale, and when it next has other work (a queue, a
+                 linger or borrow ending, an outbox still holding replies:
+                 once they may be handed out again, ARGV[3] from now). The
+                 reaper files them.
     heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
                  reply carries
   src/engine/scripts/reply.rs decodes this reply (Reaped).
@@ -55,6 +65,8 @@ local rcall = redis.call
 --- @include "license"
 --- @include "outbox"
 --- @include "queue"
+--- @include "owners"
+--- @include "policy"
 --- @include "due"
 
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -117,18 +129,33 @@ local license = license_state(now)
 -- that breaks its rules still has its stale sessions evicted).
 local timeout = license.heartbeat_timeout_ms or default_timeout
 
+-- Ended first: a borrowed seat is scored with its end, and must be freed
+-- as borrow_ended, not found stale a timeout later.
+local borrow_ended = owners().end_seats(K.borrowed, now, limit)
+local linger_ended = owners().end_seats(K.lingering, now, limit)
 -- Stale: last heartbeat strictly older than now - timeout.
 local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. (now - timeout), 'LIMIT', 0, limit)
 for _, session in ipairs(stale) do
   rcall('ZREM', K.holders, session)
   rcall('HDEL', K.sessions, session)
+  local owner = owner_of(session)
+  if owner then
+    owners().gone(session, owner)
+  end
 end
 local expired = expire_waiters(now, notes, limit)
 
 local total = license.total
 local used, granted = rcall('ZCARD', K.holders), 0
 if not license.refusal then
-  used, granted = promote(now, total, notes, limit)
+  -- A policy field that breaks its rule grants nothing, as a record that does.
+  local P, invalid = nil, nil
+  if license.policy then
+    P, invalid = policy().read()
+  end
+  if not invalid then
+    used, granted = grant_waiters(now, total, notes, limit, P)
+  end
 end
 
 local fresh = {}
@@ -138,8 +165,10 @@ end
 local redeliver, next_cursor, next_pending = scan_outbox(now, fresh)
 
 local more = 0
-if #stale >= limit or expired >= limit or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
+if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expired >= limit
+    or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
+  borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
   stale_due(timeout), work_due(now, now + max_age), timeout}

@@ -3,7 +3,7 @@
   Only the session's own id releases it, and only with its lease when the
   seat or place is bound to one; nothing else is touched.
 
-  KEYS[1..14] the license keys, the dedupe buckets, the rate windows and the
+  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua); release
               is never rate limited
@@ -13,20 +13,25 @@
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
-                       queue if anyone waits (notes carry the GRANTED)
+                       queue if anyone waits (notes carry the GRANTED).
+                       With the license's linger_ms (includes/policy.lua)
+                       the seat lingers instead: it stays with the session
+                       that long, and detail = linger_ms (else 0)
     LEFT_QUEUE         the session was waiting; it no longer does
     SESSION_REVOKED    the session neither holds a seat nor waits because an
                        administrator revoked it (remembered for a bounded
                        time); detail = the revocation record (includes/revoked.lua)
-    SESSION_NOT_FOUND  the session neither holds a seat nor waits
+    SESSION_NOT_FOUND  the session neither holds a seat nor waits (a
+                       lingering seat was released already)
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them, and the heartbeat timeout in force
   (includes/prologue.lua, finish).
   Release works whatever the license's state, even when its record breaks
-  the rules: a user can always give a seat back. A freed seat goes to the
-  queue only while the license may hand out seats.
+  the rules: a user can always give a seat back (its policy fields then do
+  not apply: no linger). A freed seat goes to the queue only while the
+  license may hand out seats.
   Emits no events: the worker publishes them from the outcome.
 ]]
 local rcall = redis.call
@@ -36,6 +41,8 @@ local rcall = redis.call
 --- @include "outcome"
 --- @include "session_record"
 --- @include "queue"
+--- @include "owners"
+--- @include "policy"
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
@@ -58,25 +65,50 @@ end
 local function decide()
   local notes = {}
   local license = license_state(now)
+  local P, invalid = nil, nil
+  if license.policy and not license.refusal then
+    P, invalid = policy().read()
+  end
+  local total = license.total
+  local owner = owner_of(session)
 
+  if P and (P.linger_ms or 0) > 0 then
+    local score = rcall('ZSCORE', K.holders, session)
+    if score and score ~= LINGERING then
+      -- Released, yet the seat stays the session's for linger_ms.
+      owners().linger(session, now, P.linger_ms, owner)
+      expire_waiters(now, notes, 100)
+      return outcome('RELEASED', rcall('ZCARD', K.holders), total, P.linger_ms, now, notes)
+    end
+  end
+  if owner and rcall('ZSCORE', K.lingering, session) then
+    -- Released before: the seat lingers until the reaper frees it.
+    return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
+  end
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)
+    if owner then
+      owners().gone(session, owner)
+    end
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
-    if not license.refusal then
-      used = promote(now, license.total, notes, 100)
+    if not license.refusal and not invalid then
+      used = grant_waiters(now, total, notes, 100, P)
     end
-    return outcome('RELEASED', used, license.total, 0, now, notes)
+    return outcome('RELEASED', used, total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
-    return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
+    if owner then
+      owners().forget(session)
+    end
+    return outcome('LEFT_QUEUE', rcall('ZCARD', K.holders), total, 0, now, notes)
   end
   local revoked = revocation_of(session, now)
   if revoked then
-    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
+    return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, notes)
   end
-  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), license.total, 0, now, notes)
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
 return finish(settle(decide()), now, default_timeout)

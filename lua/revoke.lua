@@ -8,7 +8,7 @@
   SESSION_REVOKED with the reason, and with a cooldown its acquires are
   refused until the cooldown ends.
 
-  KEYS[1..14] the license keys, the dedupe buckets, the rate windows (never
+  KEYS[1..17] the license keys, the dedupe buckets, the rate windows (never
               touched: revoke is not rate limited) and the revocation keys
               (includes/keys.lua)
   ARGV[1..7]  dedupe arguments (includes/prologue.lua); the rate limits are not read
@@ -35,7 +35,9 @@
   the call may have moved them (includes/prologue.lua, finish).
   Revoke works whatever the license's state, even when its record breaks the
   rules, like release; the freed seat goes to the queue only while the
-  license may hand out seats.
+  license may hand out seats (under its policies, includes/policy.lua). A
+  lingering or borrowed seat is revoked like any other, at once, and the
+  seat's user and group counts drop with it (includes/owners.lua).
   Emits no events: the worker publishes `revoked` (with actor and reason)
   from the outcome.
 ]]
@@ -47,6 +49,8 @@ local rcall = redis.call
 --- @include "outbox"
 --- @include "session_record"
 --- @include "queue"
+--- @include "owners"
+--- @include "policy"
 --- @include "revoked"
 --- @include "prologue"
 
@@ -64,20 +68,34 @@ local function decide()
   local notes = {}
   local license = license_state(now)
   local total = license.total
+  local owner = owner_of(session)
 
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)
+    if owner then
+      owners().gone(session, owner)
+    end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
     expire_waiters(now, notes, 100)
     local used = rcall('ZCARD', K.holders)
     if not license.refusal then
-      used = promote(now, total, notes, 100)
+      -- A policy field that breaks its rule grants nothing, as a record that does.
+      local P, invalid = nil, nil
+      if license.policy then
+        P, invalid = policy().read()
+      end
+      if not invalid then
+        used = grant_waiters(now, total, notes, 100, P)
+      end
     end
     return outcome('REVOKED', used, total, 1, now, notes)
   end
   local raw = rcall('HGET', K.waiters, session)
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
+    if owner then
+      owners().forget(session)
+    end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
     if raw then
       -- Its acquire waits for a final answer: this is it.

@@ -15,6 +15,7 @@ use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseInfo, LicenseSpec};
+use crate::engine::policy::{LicensePolicy, RequestPolicy};
 use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -130,6 +131,19 @@ struct ClientArgs {
     /// this one instead of a new random one (to re-send an acquire).
     #[arg(long, value_name = "LEASE")]
     lease: Option<String>,
+    /// The user the seat counts for, under the license's max_per_user (acquire only).
+    #[arg(long, value_name = "ID")]
+    user: Option<String>,
+    /// The group the seat counts for, under the license's group_max and group_reserve (acquire only).
+    #[arg(long, value_name = "ID")]
+    group: Option<String>,
+    /// Place in the queue, 0-9: higher goes first, capped by the license's max_priority (acquire only).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=9))]
+    priority: u8,
+    /// Borrow the seat: hold it this long without heartbeats, e.g. 3d (acquire only;
+    /// at most the license's max_borrow).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    borrow: Option<Duration>,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -178,7 +192,7 @@ struct BenchArgs {
     /// Unmeasured warm-up before each scenario.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, reaper, memory;
+    /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, policy, reaper, memory;
     /// soak and cluster run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -200,6 +214,58 @@ struct BenchArgs {
     baseline: Option<PathBuf>,
 }
 
+/// `license put`'s policy flags, one per policy field (docs/protocol.md, "Policies").
+#[derive(Debug, Args)]
+struct PolicyArgs {
+    /// One user holds at most this many seats (max_per_user).
+    #[arg(long, value_name = "N")]
+    max_per_user: Option<u64>,
+    /// A group holds at most N seats (group_max:<group>); repeat per group.
+    #[arg(long, value_name = "GROUP=N", value_parser = group_count)]
+    group_max: Vec<(String, u64)>,
+    /// N seats are kept for a group (group_reserve:<group>); repeat per group.
+    #[arg(long, value_name = "GROUP=N", value_parser = group_count)]
+    group_reserve: Vec<(String, u64)>,
+    /// The highest queue priority an acquire gets, 0-9 (max_priority).
+    #[arg(long, value_name = "P", value_parser = clap::value_parser!(u8).range(0..=9))]
+    max_priority: Option<u8>,
+    /// A released seat stays with its session this long, e.g. 10m (linger_ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    linger: Option<Duration>,
+    /// Allow borrowing a seat for up to this long, e.g. 7d (max_borrow_ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    max_borrow: Option<Duration>,
+}
+
+impl PolicyArgs {
+    fn policy(&self) -> LicensePolicy {
+        LicensePolicy {
+            max_per_user: self.max_per_user,
+            group_max: self.group_max.iter().cloned().collect(),
+            group_reserve: self.group_reserve.iter().cloned().collect(),
+            max_priority: self.max_priority,
+            linger_ms: self.linger.map(|d| d.as_millis() as u64),
+            max_borrow_ms: self.max_borrow.map(|d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// `GROUP=N` of `--group-max` and `--group-reserve`.
+fn group_count(s: &str) -> Result<(String, u64), String> {
+    let (group, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: use GROUP=N, like cad=3"))?;
+    if !crate::engine::protocol::valid_id(group) {
+        return Err(format!(
+            "group {group:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
+        ));
+    }
+    let n = n
+        .parse()
+        .map_err(|_| format!("{s:?}: N must be a whole number"))?;
+    Ok((group.to_owned(), n))
+}
+
 #[derive(Debug, Subcommand)]
 enum LicenseCommand {
     /// Create or replace a license.
@@ -218,6 +284,9 @@ enum LicenseCommand {
         /// Heartbeat timeout for this license, e.g. 90s (default: the service's).
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         heartbeat_timeout: Option<Duration>,
+        /// The license's policies; `put` without them removes them.
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
     /// Show one license.
     Show {
@@ -395,6 +464,12 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         meta: args.meta,
         wait_ms,
         lease,
+        policy: RequestPolicy {
+            user: args.user,
+            group: args.group,
+            priority: args.priority,
+            borrow_ms: args.borrow.map_or(0, |d| d.as_millis() as u64),
+        },
     };
     let client = Client::connect_with(settings).await?;
     let result = async {
@@ -470,7 +545,15 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         get("seats_used"),
         get("seats_total")
     );
-    for field in ["heartbeats", "position", "waited_ms", "heartbeat_timeout_ms"] {
+    for field in [
+        "heartbeats",
+        "position",
+        "waited_ms",
+        "priority",
+        "linger_ms",
+        "borrowed_until_ms",
+        "heartbeat_timeout_ms",
+    ] {
         if reply.fields.contains_key(field) {
             line.push_str(&format!(" {field}={}", get(field)));
         }
@@ -500,6 +583,7 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
             expires,
             inactive,
             heartbeat_timeout,
+            policy,
         } => {
             let spec = LicenseSpec {
                 seats_total: seats,
@@ -507,7 +591,13 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
                 active: !inactive,
                 heartbeat_timeout_ms: heartbeat_timeout.map(|d| d.as_millis() as u64),
             };
+            let policy = policy.policy();
+            // Checked before anything is written: a refused policy leaves the license as it was.
+            policy
+                .validate(seats)
+                .map_err(|e| Error::Usage(format!("license {license} policy: {e}")))?;
             license::put(&mut con, &keys, &license, &spec).await?;
+            license::put_policy(&mut con, &keys, &license, &policy).await?;
             println!(
                 "license {license}: {seats} seats{}",
                 if inactive { " (inactive)" } else { "" }
@@ -634,6 +724,12 @@ fn describe(info: &LicenseInfo) -> String {
             "  heartbeat timeout {}",
             humantime::format_duration(Duration::from_millis(ms))
         ));
+    }
+    if !info.policy.is_empty() {
+        line.push_str(&format!("  policy: {}", info.policy.describe()));
+    }
+    if info.policy_ignored {
+        line.push_str("  (policy fields ignored: the record's `policy` flag is not 1)");
     }
     line
 }

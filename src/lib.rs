@@ -25,9 +25,10 @@
 //!   - [`engine::status`]    the wire statuses, one enum
 //!   - [`engine::protocol`]  request parsing and validation, reply formatting (docs/protocol.md)
 //!   - [`engine::events`]    the seat event record: types, fields, encoded and decoded
-//!   - [`engine::license`]   the license record: put / show / list / delete
+//!   - [`engine::license`]   the license record: put / show / list / delete, its rules
+//!   - [`engine::policy`]    license policies: per-user and per-group limits, reservations, priority, linger, borrowing
 //!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
-//!   - [`engine::records`]   the records the scripts store (sessions, waiters, dedupe), decoded
+//!   - [`engine::records`]   the records the scripts store (sessions, waiters, owners, dedupe), decoded
 //!   - [`engine::revocation`] the record of a revoked session, and what it is told
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
 //! - [`db`]       the connection: one node or Redis Cluster, same commands

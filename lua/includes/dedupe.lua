@@ -1,5 +1,5 @@
 --[=[
-  dedupe: the reply each stream entry got, in KEYS[9] (done:<bucket>), so a
+  dedupe: the reply each stream entry got, in KEYS[12] (done:<bucket>), so a
   redelivered entry gets it again and changes nothing.
 
   The worker places an entry in the bucket of its id's time, or, when that
@@ -7,7 +7,7 @@
   id), in the bucket one window ahead of the clock: so a stream whose ids are
   stuck in a far-future millisecond does not grow one bucket forever. Such a
   placement moves on with the clock, so a redelivery may look one bucket
-  later: it looks in KEYS[12], the bucket before, as well.
+  later: it looks in KEYS[15], the bucket before, as well.
 
   The dedupe record, the value of field <entry id>: the first six slots of
   the outcome (outcome.lua), {status, seats_used, seats_total, detail, now_ms,

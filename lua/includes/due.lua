@@ -10,13 +10,16 @@
            ever moves later (a new holder's heartbeat is now, a heartbeat or
            a release moves the oldest on), so a report of it may be filed as
            it is, whatever order the filings arrive in.
+           A lingering seat (scored +inf, owners.lua) is never stale, and a
+           borrowed one is scored with its end, so goes stale after it.
     due    when it next has other work: at once while anyone waits in its
            queue (every pass then looks at it, so a wait that ran out ends,
            and a seat freed outside the scripts, a seats_total raised, a
            license made active again, reaches the queue within one reaper
-           period), or at `outbox_due` while its outbox holds an undelivered
-           reply; 0 for never. This moves earlier and later, so it is filed
-           with ZADD LT only.
+           period), else the earliest of its first linger end, its first
+           borrow end, and `outbox_due` while its outbox holds an
+           undelivered reply; 0 for never. This moves earlier and later (a
+           shorter borrow ends first), so it is filed with ZADD LT only.
 ]]
 --- @include "keys"
 --- @include "license"
@@ -32,7 +35,7 @@ end
 -- or 0 when nobody holds a seat.
 local function stale_due(timeout)
   local oldest = rcall('ZRANGE', K.holders, 0, 0, 'WITHSCORES')[2]
-  if oldest then
+  if oldest and oldest ~= 'inf' then
     return tonumber(oldest) + timeout + 1
   end
   return 0
@@ -44,8 +47,16 @@ local function work_due(now, outbox_due)
   if rcall('EXISTS', K.queue) == 1 then
     return now
   end
-  if rcall('EXISTS', K.outbox) == 1 then
-    return outbox_due
+  local due = 0
+  local function earlier(at)
+    if at and (due == 0 or at < due) then
+      due = at
+    end
   end
-  return 0
+  earlier(tonumber(rcall('ZRANGE', K.lingering, 0, 0, 'WITHSCORES')[2]))
+  earlier(tonumber(rcall('ZRANGE', K.borrowed, 0, 0, 'WITHSCORES')[2]))
+  if rcall('EXISTS', K.outbox) == 1 then
+    earlier(outbox_due)
+  end
+  return due
 end

@@ -5,32 +5,38 @@
   Redis Cluster slot. src/engine/keys.rs builds them; src/engine/scripts.rs
   passes them in this order.
     KEYS[1]  seat:{L}:license    HASH  seats_total, expires_at_ms, active,
-                                       heartbeat_timeout_ms?, queue_max?
+                                       heartbeat_timeout_ms?, queue_max?,
+                                       policy? and the policy fields (policy.lua)
     KEYS[2]  seat:{L}:holders    ZSET  session -> last heartbeat (ms); its size
                                        is the seats in use, its low end the stale
     KEYS[3]  seat:{L}:sessions   HASH  session -> session record (session_record.lua)
-    KEYS[4]  seat:{L}:queue      ZSET  waiting session -> arrival number (FIFO)
+    KEYS[4]  seat:{L}:queue      ZSET  waiting session -> priority and arrival (queue.lua)
     KEYS[5]  seat:{L}:waiters    HASH  waiting session -> waiter record (queue.lua)
     KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
     KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
     KEYS[8]  seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
                                        queue replies not yet delivered
+    KEYS[9]  seat:{L}:owners     HASH  seats held per user and group, and the
+                                       owner record of a session (owners.lua)
+    KEYS[10] seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
+    KEYS[11] seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
   acquire, release, heartbeat and revoke also take
-    KEYS[9]  seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
+    KEYS[12] seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
                                        for entries placed in time bucket b (expires)
-    KEYS[10] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
-    KEYS[11] seat:{L}:rate       ZSET  the license's recent requests (expires)
-    KEYS[12] seat:{L}:done:<b-1> HASH  the bucket before KEYS[9], where an
+    KEYS[13] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
+    KEYS[14] seat:{L}:rate       ZSET  the license's recent requests (expires)
+    KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
                                        earlier delivery may have stored the
-                                       entry's reply; KEYS[9] again when none can
-    KEYS[13] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
-    KEYS[14] seat:{L}:revocations HASH revoked session -> revocation record
+                                       entry's reply; KEYS[12] again when none can
+    KEYS[16] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
+    KEYS[17] seat:{L}:revocations HASH revoked session -> revocation record
                                        (revoked.lua); both keys expire
-  reap takes only KEYS[1..8]; the other names are then nil.
+  reap takes only KEYS[1..11]; the other names are then nil.
 ]]
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
-  waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7],
-  outbox = KEYS[8], done = KEYS[9], session_rate = KEYS[10], license_rate = KEYS[11],
-  done_before = KEYS[12], revoked = KEYS[13], revocations = KEYS[14],
+  waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
+  owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
+  done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
+  revoked = KEYS[16], revocations = KEYS[17],
 }

@@ -8,6 +8,15 @@
     active                0 or 1 (absent: active)
     heartbeat_timeout_ms  digits, 1 to 999999999999999 (absent: the default)
     queue_max             digits, 1 to 999999999999999 (absent: the default)
+    policy                0 or 1 (absent: 0); 1 switches the policy fields
+                          on, checked (by policy.lua, with license_number)
+                          only then, after the fields above:
+    max_per_user          digits, 0 to 999999999999999
+    max_priority          digits, 0 to 9
+    linger_ms             digits, 0 to 999999999999999
+    max_borrow_ms         digits, 0 to 31536000000 (a year)
+    group_max:<g>         digits, 0 to 1000000, in field name order, and
+    group_reserve:<g>     <g> an id like a session's
   Digits only: tonumber alone would take "0x10", " 5", "1e3", "inf" and
   "nan", and a record read that way fails open (5.5 seats hand out 6, inf is
   unlimited, an expiry that is no number never comes). A record that breaks a
@@ -16,7 +25,7 @@
 ]]
 --- @include "keys"
 
-local LICENSE_FIELDS = {'seats_total', 'expires_at_ms', 'active', 'heartbeat_timeout_ms', 'queue_max'}
+local LICENSE_FIELDS = {'seats_total', 'expires_at_ms', 'active', 'heartbeat_timeout_ms', 'queue_max', 'policy'}
 -- Per field: smallest value, largest value, most digits.
 local LICENSE_RULES = {
   seats_total = {0, 1000000, 7},
@@ -24,6 +33,7 @@ local LICENSE_RULES = {
   active = {0, 1, 1},
   heartbeat_timeout_ms = {1, 999999999999999, 15},
   queue_max = {1, 999999999999999, 15},
+  policy = {0, 1, 1},
 }
 
 -- The number `raw` stands for under `field`'s rule; nil when it breaks it.
@@ -53,6 +63,7 @@ end
 --   invalid   for LICENSE_INVALID, {field, value} of the first field that
 --             breaks its rule (the value cut to 64 bytes): the outcome's detail
 --   heartbeat_timeout_ms, queue_max   the record's, when present and valid
+--   policy    whether the policy fields are on (policy.lua reads them)
 local function license_state(now)
   local raw = rcall('HMGET', K.license, unpack(LICENSE_FIELDS))
   local rec = {}
@@ -70,6 +81,7 @@ local function license_state(now)
     total = rec.seats_total or 0,
     heartbeat_timeout_ms = rec.heartbeat_timeout_ms,
     queue_max = rec.queue_max,
+    policy = rec.policy == 1,
   }
   if not raw[1] then
     state.refusal = 'LICENSE_NOT_FOUND'

@@ -7,8 +7,14 @@
     [2] seats_used   seats held after the script ran
     [3] seats_total  the license's seat count (0 when there is no license)
     [4] detail       HEARTBEAT_UPDATED: the heartbeat count;
-                     QUEUED: the 1-based queue position;
-                     NO_SEATS_AVAILABLE: 'queue_full' when the queue is full;
+                     QUEUED: the 1-based queue position, or {position,
+                     priority} for a priority above 0;
+                     NO_SEATS_AVAILABLE: 'queue_full' when the queue is full,
+                     'reserved' when the free seats are reserved for others;
+                     LIMIT_REACHED: the limit, 'max_per_user', 'group_max'
+                     or 'max_borrow_ms';
+                     ACQUIRED: the borrow's end (ms) for a borrowed seat;
+                     RELEASED: linger_ms when the seat lingers;
                      SESSION_REVOKED: the revocation record, JSON (revoked.lua);
                      REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
@@ -24,8 +30,9 @@
                      replay); else 0: nothing to file
     [10] due         when the license next has other work for the reaper
                      (ms, due.lua), reported when the call may have brought
-                     it forward (a place queued, a note made, a replay);
-                     else 0: nothing to file
+                     it forward (a place queued, a note made, a borrowed
+                     seat taken, a seat left lingering, a replay); else 0:
+                     nothing to file
     [11] heartbeat_timeout_ms  the heartbeat timeout in force for the
                      license (its own, else the service's), which ACQUIRED,
                      ALREADY_ACTIVE and GRANTED replies carry: on those

@@ -1,8 +1,8 @@
 --[[
   prologue: what acquire, release, heartbeat and revoke do before deciding.
-  They take KEYS[1..14] (keys.lua) and share their first seven ARGV:
+  They take KEYS[1..17] (keys.lua) and share their first seven ARGV:
     ARGV[1]  stream entry id of the request ('' = no dedupe)
-    ARGV[2]  unix ms at which KEYS[9] may expire (two windows after its
+    ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)
@@ -59,7 +59,9 @@ end
 -- call may have changed it, so the common heartbeat reads and files nothing
 -- more: the license's times for the due index, and the heartbeat timeout
 -- in force. `default_timeout` is the service's (ms); `oldest_moved` says
--- the call moved the oldest holder's heartbeat (heartbeat.lua). A replay
+-- the call moved the oldest holder's heartbeat (heartbeat.lua). A borrowed
+-- seat (ACQUIRED, detail its end) and a lingering one (RELEASED, detail
+-- linger_ms) bring the other work forward (policy.lua). A replay
 -- reports both times: its first delivery may have died before filing them.
 -- A new outbox note makes the license due at once: the worker normally
 -- delivers it first, and the reaper's look then finds it gone (or, if
@@ -72,7 +74,8 @@ local function finish(result, now, default_timeout, oldest_moved)
   local status, notes = result[1], result[6]
   local replayed, changed = result[8] == 1, result[7] == 1
   local stale = replayed or oldest_moved or (changed and (status == 'ACQUIRED' or #notes > 0))
-  local work = replayed or #notes > 0 or (changed and status == 'QUEUED')
+  local ends = (status == 'ACQUIRED' or status == 'RELEASED') and result[4] ~= 0
+  local work = replayed or #notes > 0 or (changed and (status == 'QUEUED' or ends))
   local holds = status == 'ACQUIRED' or status == 'ALREADY_ACTIVE'
   if not (stale or work or holds) then
     return result

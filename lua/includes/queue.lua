@@ -1,6 +1,9 @@
 --[[
   queue: the wait queue, KEYS[4..7] (keys.lua).
 
+  A waiter's score in KEYS[4] is its arrival number (KEYS[7]) minus its
+  priority times 2^40 (policy.lua): higher priority first, FIFO within one.
+
   The waiter record, the value of a waiting session in KEYS[5] (waiters),
   JSON; Rust reads it with engine::records::WaiterRecord (seatgate status):
     {"id", "reply_to", "meta", "queued_at", "lease_hash"?}
@@ -15,11 +18,16 @@
 --- @include "keys"
 --- @include "outbox"
 --- @include "session_record"
+--- @include "owners"
 
--- Puts `session` at the back of the queue until `now + wait_ms`, bound to
--- lease hash `lease` ('' = none).
-local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease)
-  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq), session)
+-- 2^40: one priority level in a queue score. Arrival numbers stay below it,
+-- and scores within +-10 * 2^40, far below 2^53: exact as doubles.
+local PRIORITY_STEP = 1099511627776
+
+-- Puts `session` in the queue, behind those of its priority (0-9), until
+-- `now + wait_ms`, bound to lease hash `lease` ('' = none).
+local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
+  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq) - priority * PRIORITY_STEP, session)
   rcall('ZADD', K.deadlines, now + wait_ms, session)
   local w = {id = request_id, reply_to = reply_to, meta = meta, queued_at = now}
   if lease ~= '' then
@@ -51,6 +59,7 @@ local function expire_waiters(now, notes, limit)
   for _, session in ipairs(due) do
     local raw = rcall('HGET', K.waiters, session)
     remove_waiter(session)
+    owners().forget(session)
     if raw then
       note(notes, now, 'QUEUE_TIMEOUT', session, cjson.decode(raw))
     end
@@ -58,28 +67,42 @@ local function expire_waiters(now, notes, limit)
   return #due
 end
 
--- Hands free seats to the head of the queue, in arrival order, noting GRANTED
+-- Gives waiting `session` a seat, noting GRANTED. Returns false when its
+-- waiter record was gone (it only leaves the queue).
+local function grant(session, now, notes)
+  local raw = rcall('HGET', K.waiters, session)
+  remove_waiter(session)
+  if not raw then
+    return false
+  end
+  local w = cjson.decode(raw)
+  rcall('ZADD', K.holders, now, session)
+  start_session(session, now, w.meta, w.lease_hash or '')
+  local owner = owner_of(session)
+  if owner then
+    owners().taken(session, now, owner)
+  end
+  note(notes, now, 'GRANTED', session, w)
+  return true
+end
+
+-- Hands free seats to the head of the queue, in queue order, noting GRANTED
 -- for each, at most `max` of them (a seats_total raised by thousands under a
 -- long queue is granted over several calls). Only call it when the license
--- may hand out seats. Returns the seats in use afterwards and the grants made.
+-- may hand out seats. Returns the seats in use afterwards, the grants made,
+-- and whether it found the queue empty.
 local function promote(now, total, notes, max)
   local used = rcall('ZCARD', K.holders)
   local granted = 0
   while used < total and granted < max do
     local head = rcall('ZRANGE', K.queue, 0, 0)[1]
     if not head then
-      break
+      return used, granted, true
     end
-    local raw = rcall('HGET', K.waiters, head)
-    remove_waiter(head)
-    if raw then
-      local w = cjson.decode(raw)
-      rcall('ZADD', K.holders, now, head)
-      start_session(head, now, w.meta, w.lease_hash or '')
+    if grant(head, now, notes) then
       used = used + 1
       granted = granted + 1
-      note(notes, now, 'GRANTED', head, w)
     end
   end
-  return used, granted
+  return used, granted, false
 end

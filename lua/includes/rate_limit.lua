@@ -1,6 +1,6 @@
 --[[
   rate_limit: sliding windows over a session's and a license's recent
-  requests, KEYS[10] and KEYS[11] (keys.lua). Members are
+  requests, KEYS[13] and KEYS[14] (keys.lua). Members are
   "<entry id>:<now_ms>", scores the Redis clock.
 ]]
 --- @include "keys"

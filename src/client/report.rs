@@ -3,15 +3,16 @@
 //! queue are a consistent snapshot.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
 use crate::engine::keys::Keys;
-use crate::engine::license::{Field, InvalidField, StoredRecord};
-use crate::engine::records::{SessionRecord, WaiterRecord};
+use crate::engine::license::{InvalidField, StoredRecord};
+use crate::engine::policy::{score_priority, LicensePolicy};
+use crate::engine::records::{OwnerRecord, SessionRecord, WaiterRecord};
 use crate::error::Error;
 
 /// One seat holder.
@@ -25,7 +26,8 @@ pub struct Holder {
     pub hardware_id: Option<String>,
     /// When the seat was taken (Redis clock, ms).
     pub acquired_at_ms: i64,
-    /// Last heartbeat (Redis clock, ms).
+    /// Last heartbeat (Redis clock, ms); for a lingering or borrowed seat,
+    /// which needs none, when it was taken.
     pub last_heartbeat_ms: i64,
     /// Heartbeats received.
     pub heartbeats: i64,
@@ -34,6 +36,14 @@ pub struct Holder {
     pub leased: bool,
     /// The session's metadata.
     pub meta: serde_json::Value,
+    /// The user the seat counts for (the acquire's `user`), if any.
+    pub user_id: Option<String>,
+    /// The group the seat counts for (the acquire's `group`), if any.
+    pub group: Option<String>,
+    /// Released, the seat lingers with the session until then (ms).
+    pub lingering_until_ms: Option<i64>,
+    /// Borrowed: held without heartbeats until then (ms).
+    pub borrowed_until_ms: Option<i64>,
 }
 
 /// One waiting session.
@@ -49,6 +59,14 @@ pub struct Waiter {
     pub queued_at_ms: i64,
     /// When it gives up (Redis clock, ms).
     pub deadline_ms: i64,
+    /// Its priority in the queue, 0-9 (higher goes first).
+    pub priority: u8,
+    /// The user its seat will count for, if any.
+    pub user_id: Option<String>,
+    /// The group its seat will count for, if any.
+    pub group: Option<String>,
+    /// The borrow its grant starts, ms (0 = none).
+    pub borrow_ms: u64,
 }
 
 /// One license's state.
@@ -56,10 +74,20 @@ pub struct Waiter {
 pub struct LicenseStatus {
     /// License id.
     pub license: String,
-    /// Seats held.
+    /// Seats held, lingering and borrowed ones included.
     pub seats_used: usize,
+    /// Of `seats_used`, the seats lingering after a release.
+    pub seats_lingering: usize,
+    /// Of `seats_used`, the seats borrowed.
+    pub seats_borrowed: usize,
     /// Seats provisioned (0 when the record is missing).
     pub seats_total: i64,
+    /// The license's policies, as the scripts apply them.
+    pub policy: LicensePolicy,
+    /// Seats held per user, as the scripts count them for `max_per_user`.
+    pub held_by_user: BTreeMap<String, i64>,
+    /// Seats held per group, as the scripts count them for `group_max` and `group_reserve`.
+    pub held_by_group: BTreeMap<String, i64>,
     /// Whether acquires are allowed.
     pub active: bool,
     /// Expiry (ms), 0 = never.
@@ -96,61 +124,102 @@ pub async fn license_status<C: ConnectionLike>(
 ) -> Result<LicenseStatus, Error> {
     let k = keys.license(license);
     type Snapshot = (
-        Vec<Option<String>>,
-        Vec<(String, i64)>,
+        HashMap<String, String>,
+        Vec<(String, f64)>,
         HashMap<String, String>,
         Vec<(String, i64)>,
         HashMap<String, String>,
         Vec<(String, i64)>,
+        HashMap<String, String>,
+        HashMap<String, i64>,
+        HashMap<String, i64>,
     );
-    let (lic, holders, sessions, queue, waiters, deadlines): Snapshot = redis::pipe()
-        .atomic()
-        .cmd("HMGET")
-        .arg(&k.license)
-        .arg(Field::ALL.iter().map(|f| f.as_str()).collect::<Vec<_>>())
-        .cmd("ZRANGE")
-        .arg(&k.holders)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .cmd("HGETALL")
-        .arg(&k.sessions)
-        .cmd("ZRANGE")
-        .arg(&k.queue)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .cmd("HGETALL")
-        .arg(&k.waiters)
-        .cmd("ZRANGE")
-        .arg(&k.deadlines)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(con)
-        .await?;
+    let (fields, holders, sessions, queue, waiters, deadlines, owners, lingering, borrowed): Snapshot =
+        redis::pipe()
+            .atomic()
+            .cmd("HGETALL")
+            .arg(&k.license)
+            .cmd("ZRANGE")
+            .arg(&k.holders)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("HGETALL")
+            .arg(&k.sessions)
+            .cmd("ZRANGE")
+            .arg(&k.queue)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("HGETALL")
+            .arg(&k.waiters)
+            .cmd("ZRANGE")
+            .arg(&k.deadlines)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("HGETALL")
+            .arg(&k.owners)
+            .cmd("ZRANGE")
+            .arg(&k.lingering)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("ZRANGE")
+            .arg(&k.borrowed)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(con)
+            .await?;
     let deadlines: HashMap<String, i64> = deadlines.into_iter().collect();
-    let record = StoredRecord::from_values(lic);
+    let record = StoredRecord::from_map(&fields);
     let spec = record.spec();
+    let owner = |session: &str| {
+        owners
+            .get(&format!("s:{session}"))
+            .and_then(|r| OwnerRecord::parse(r))
+    };
+    let counts = |prefix: &str| -> BTreeMap<String, i64> {
+        owners
+            .iter()
+            .filter_map(|(field, n)| Some((field.strip_prefix(prefix)?.to_owned(), n.parse().ok()?)))
+            .collect()
+    };
     let holders = holders
         .into_iter()
-        .map(|(session, last)| {
+        .map(|(session, score)| {
             let record = sessions.get(&session).and_then(|r| SessionRecord::parse(r));
+            let lingering_until_ms = lingering.get(&session).copied();
+            let borrowed_until_ms = borrowed.get(&session).copied();
+            // A lingering seat is scored +inf, a borrowed one with its end
+            // (lua/includes/owners.lua): neither is a heartbeat.
+            let held_without_heartbeats = lingering_until_ms.is_some() || borrowed_until_ms.is_some();
+            let last = score as i64;
             let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
             let heartbeats = record.as_ref().map_or(0, |r| r.heartbeats);
             let leased = record.as_ref().is_some_and(|r| r.lease_hash.is_some());
             let meta = record
                 .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
+            let who = owner(&session);
             Holder {
                 user: meta_field(&meta, "user_email"),
                 hardware_id: meta_field(&meta, "hardware_id"),
-                session,
                 acquired_at_ms,
-                last_heartbeat_ms: last,
+                last_heartbeat_ms: if held_without_heartbeats {
+                    acquired_at_ms
+                } else {
+                    last
+                },
                 heartbeats,
                 leased,
                 meta,
+                user_id: who.as_ref().and_then(|o| o.user.clone()),
+                group: who.and_then(|o| o.group),
+                lingering_until_ms,
+                borrowed_until_ms,
+                session,
             }
         })
         .collect::<Vec<_>>();
@@ -159,17 +228,22 @@ pub async fn license_status<C: ConnectionLike>(
     let queue = queue
         .into_iter()
         .enumerate()
-        .map(|(i, (session, _seq))| {
+        .map(|(i, (session, score))| {
             let record = waiters.get(&session).and_then(|r| WaiterRecord::parse(r));
             let meta = record
                 .as_ref()
                 .and_then(|r| serde_json::from_str(&r.meta).ok())
                 .unwrap_or(serde_json::Value::Null);
+            let who = owner(&session);
             Waiter {
                 position: i + 1,
                 user: meta_field(&meta, "user_email"),
                 queued_at_ms: record.map_or(0, |r| r.queued_at),
                 deadline_ms: deadlines.get(&session).copied().unwrap_or(0),
+                priority: score_priority(score),
+                user_id: who.as_ref().and_then(|o| o.user.clone()),
+                group: who.as_ref().and_then(|o| o.group.clone()),
+                borrow_ms: who.map_or(0, |o| o.borrow_ms),
                 session,
             }
         })
@@ -177,6 +251,8 @@ pub async fn license_status<C: ConnectionLike>(
     Ok(LicenseStatus {
         license: license.to_owned(),
         seats_used: holders.len(),
+        seats_lingering: holders.iter().filter(|h| h.lingering_until_ms.is_some()).count(),
+        seats_borrowed: holders.iter().filter(|h| h.borrowed_until_ms.is_some()).count(),
         seats_total: i64::try_from(spec.seats_total).unwrap_or(0),
         active: spec.active,
         expires_at_ms: i64::try_from(spec.expires_at_ms).unwrap_or(0),
@@ -185,6 +261,9 @@ pub async fn license_status<C: ConnectionLike>(
         } else {
             None
         },
+        policy: LicensePolicy::from_record(&fields).0,
+        held_by_user: counts("u:"),
+        held_by_group: counts("g:"),
         holders,
         queue,
     })
@@ -252,6 +331,22 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `  user=ada group=cad priority=5` after a row: who a seat counts for, and
+/// a waiter's priority above 0; "" when there is nothing to say.
+fn owner_note(user: Option<&str>, group: Option<&str>, priority: Option<u8>) -> String {
+    let mut out = String::new();
+    if let Some(u) = user {
+        let _ = write!(out, "  user={}", printable(u));
+    }
+    if let Some(g) = group {
+        let _ = write!(out, "  group={}", printable(g));
+    }
+    if let Some(p) = priority.filter(|p| *p > 0) {
+        let _ = write!(out, "  priority={p}");
+    }
+    out
+}
+
 /// The terminal rendering; every value read from Redis goes through
 /// [`printable`]. (`--json` prints the values exactly, JSON-escaped.)
 pub fn render(status: &Status) -> String {
@@ -268,6 +363,13 @@ pub fn render(status: &Status) -> String {
             l.seats_used,
             l.seats_total
         );
+        if l.seats_lingering + l.seats_borrowed > 0 {
+            let _ = write!(
+                out,
+                " ({} lingering, {} borrowed)",
+                l.seats_lingering, l.seats_borrowed
+            );
+        }
         if !l.queue.is_empty() {
             let _ = write!(out, ", {} waiting", l.queue.len());
         }
@@ -281,6 +383,19 @@ pub fn render(status: &Status) -> String {
             let _ = write!(out, "  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value());
         }
         out.push('\n');
+        if !l.policy.is_empty() {
+            let _ = writeln!(out, "  policy: {}", printable(&l.policy.describe()));
+        }
+        if !l.held_by_user.is_empty() || !l.held_by_group.is_empty() {
+            let held = |by: &BTreeMap<String, i64>, kind: &str| {
+                by.iter()
+                    .map(|(id, n)| format!("{kind} {} {n}", printable(id)))
+                    .collect::<Vec<_>>()
+            };
+            let mut parts = held(&l.held_by_user, "user");
+            parts.extend(held(&l.held_by_group, "group"));
+            let _ = writeln!(out, "  held: {}", parts.join(", "));
+        }
         if !l.holders.is_empty() {
             let _ = writeln!(
                 out,
@@ -288,14 +403,20 @@ pub fn render(status: &Status) -> String {
                 "SESSION", "USER", "HARDWARE", "HELD", "LAST HEARTBEAT"
             );
             for h in &l.holders {
+                let last = match (h.lingering_until_ms, h.borrowed_until_ms) {
+                    (Some(until), _) => format!("lingers {}", ago(until - now)),
+                    (None, Some(until)) => format!("borrowed {}", ago(until - now)),
+                    (None, None) => format!("{} ago", ago(now - h.last_heartbeat_ms)),
+                };
                 let _ = writeln!(
                     out,
-                    "  {:<24} {:<28} {:<16} {:>8} {:>14}",
+                    "  {:<24} {:<28} {:<16} {:>8} {:>14}{}",
                     printable(&h.session),
                     printable(h.user.as_deref().unwrap_or("-")),
                     printable(h.hardware_id.as_deref().unwrap_or("-")),
                     ago(now - h.acquired_at_ms),
-                    format!("{} ago", ago(now - h.last_heartbeat_ms)),
+                    last,
+                    owner_note(h.user_id.as_deref(), h.group.as_deref(), None),
                 );
             }
         }
@@ -308,12 +429,13 @@ pub fn render(status: &Status) -> String {
             for w in &l.queue {
                 let _ = writeln!(
                     out,
-                    "  {:<4} {:<24} {:<28} {:>8} {:>10}",
+                    "  {:<4} {:<24} {:<28} {:>8} {:>10}{}",
                     w.position,
                     printable(&w.session),
                     printable(w.user.as_deref().unwrap_or("-")),
                     ago(now - w.queued_at_ms),
                     format!("in {}", ago(w.deadline_ms - now)),
+                    owner_note(w.user_id.as_deref(), w.group.as_deref(), Some(w.priority)),
                 );
             }
         }
@@ -324,6 +446,7 @@ pub fn render(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::license::Field;
 
     fn holder(session: &str, meta: serde_json::Value) -> Holder {
         Holder {
@@ -335,6 +458,10 @@ mod tests {
             heartbeats: 1,
             leased: true,
             meta,
+            user_id: None,
+            group: None,
+            lingering_until_ms: None,
+            borrowed_until_ms: None,
         }
     }
 
@@ -349,13 +476,19 @@ mod tests {
             licenses: vec![LicenseStatus {
                 license: "cad".into(),
                 seats_used: 1,
+                seats_lingering: 0,
+                seats_borrowed: 0,
                 seats_total: 2,
                 active: true,
                 expires_at_ms: 0,
                 invalid: Some(InvalidField {
                     field: Field::SeatsTotal,
+                    group: None,
                     value: "5\u{1b}[2J".into(),
                 }),
+                policy: LicensePolicy::default(),
+                held_by_user: [("u\u{1b}[2J".to_owned(), 1)].into(),
+                held_by_group: BTreeMap::new(),
                 holders: vec![holder("s-1", meta.clone())],
                 queue: vec![Waiter {
                     position: 1,
@@ -363,6 +496,10 @@ mod tests {
                     user: Some("bell\u{7}".into()),
                     queued_at_ms: 2_500,
                     deadline_ms: 9_000,
+                    priority: 3,
+                    user_id: Some("u\u{1b}[2J".into()),
+                    group: None,
+                    borrow_ms: 0,
                 }],
             }],
         };
@@ -373,7 +510,9 @@ mod tests {
                 .any(|c| (c.is_control() && c != '\n') || c == '\u{202E}'),
             "{text:?}"
         );
-        assert_eq!(text.lines().count(), 5, "one line per row: {text}");
+        assert_eq!(text.lines().count(), 6, "one line per row: {text}");
+        assert!(text.contains(r"user=u\u{1b}[2J  priority=3"), "{text}");
+        assert!(text.contains(r"held: user u\u{1b}[2J 1"), "{text}");
         assert!(text.contains(r"\u{1b}[2J\u{1b}[Hroot@evil"), "{text}");
         assert!(text.contains(r"hw\r\nFAKE LINE\u{7}\u{202e}gnp.exe"), "{text}");
         assert!(text.contains(r"bell\u{7}"), "{text}");

@@ -33,6 +33,7 @@ use super::waiters::{Waiters, Waiting};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::shard_name;
+use crate::engine::policy::RequestPolicy;
 use crate::engine::protocol::{Lease, Op};
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -53,6 +54,9 @@ pub struct Call {
     /// The lease to send; `None` = the one the client holds for this
     /// session, or (acquire) a new random one.
     pub lease: Option<Lease>,
+    /// Who asks (acquire): user, group, priority and borrow, for the
+    /// license's policies; [`RequestPolicy::NONE`] sends none of them.
+    pub policy: RequestPolicy,
 }
 
 impl Call {
@@ -65,6 +69,7 @@ impl Call {
             meta: None,
             wait_ms: 0,
             lease: None,
+            policy: RequestPolicy::NONE,
         }
     }
 
@@ -88,6 +93,13 @@ impl Call {
         self
     }
 
+    /// The same request asked by `policy`'s user and group, at its priority,
+    /// borrowing as it says.
+    pub fn with_policy(mut self, policy: RequestPolicy) -> Call {
+        self.policy = policy;
+        self
+    }
+
     /// The request's own fields as they go on the wire, in order; the
     /// client adds `id` and `reply_to` (and fills in the lease). A new
     /// request field goes here only.
@@ -105,6 +117,19 @@ impl Call {
         }
         if let Some(lease) = &self.lease {
             fields.push(("lease", lease.as_str().to_owned()));
+        }
+        let p = &self.policy;
+        if let Some(user) = &p.user {
+            fields.push(("user", user.clone()));
+        }
+        if let Some(group) = &p.group {
+            fields.push(("group", group.clone()));
+        }
+        if p.priority > 0 {
+            fields.push(("priority", p.priority.to_string()));
+        }
+        if p.borrow_ms > 0 {
+            fields.push(("borrow_ms", p.borrow_ms.to_string()));
         }
         fields
     }
@@ -592,6 +617,9 @@ impl Client {
         let key = (reply.get("license").to_owned(), reply.get("session").to_owned());
         let mut leases = self.leases();
         reply.lease = match reply.status() {
+            // Released under the license's linger_ms: the seat stays with the
+            // session, bound to its lease, which takes it back on an acquire.
+            Status::Released if reply.fields.contains_key("linger_ms") => leases.get(&key).cloned(),
             // Given back, taken away by an administrator, or never held:
             // nothing left to bind.
             Status::Released | Status::LeftQueue | Status::SessionNotFound | Status::SessionRevoked => {

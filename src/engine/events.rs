@@ -109,12 +109,20 @@ pub mod field {
     pub const SEATS_TOTAL: &str = "seats_total";
     /// The Redis clock of that script, ms.
     pub const AT_MS: &str = "at_ms";
-    /// Why: `heartbeat_timeout` on `evicted`, the status on `denied`.
+    /// Why: `heartbeat_timeout`, `borrow_ended` or `linger_ended` on
+    /// `evicted`, the status on `denied`.
     pub const REASON: &str = "reason";
     /// How long the session waited in the queue, ms (`granted`, `queue_timeout`).
     pub const WAITED_MS: &str = "waited_ms";
     /// The session's `meta.user_email` (`acquired`, `granted`), when it has one.
     pub const USER: &str = "user";
+    /// The waiter's queue priority (`queued`).
+    pub const PRIORITY: &str = "priority";
+    /// How long the released seat lingers with its session, ms (`released`
+    /// under the license's `linger_ms`).
+    pub const LINGER_MS: &str = "linger_ms";
+    /// When the borrowed seat comes back, ms (`acquired` with `borrow_ms`).
+    pub const BORROWED_UNTIL_MS: &str = "borrowed_until_ms";
     /// Who did it (`revoked`: the administrator).
     pub const ACTOR: &str = "actor";
     /// `revoked`: `1` when the session held a seat (now freed), `0` when it waited.
@@ -146,6 +154,12 @@ pub struct Event<'a> {
     /// The session's `meta.user_email` (`acquired`, `granted`), so usage
     /// reports can attribute seat time to people without reading sessions.
     pub user: Option<String>,
+    /// The waiter's queue priority (`queued`), after the license's cap.
+    pub priority: Option<i64>,
+    /// How long the released seat lingers (`released` under `linger_ms`), ms.
+    pub linger_ms: Option<i64>,
+    /// When the borrowed seat comes back (`acquired` with `borrow_ms`), ms.
+    pub borrowed_until_ms: Option<i64>,
     /// Who did it, where a person did (`revoked`).
     pub actor: Option<&'a str>,
     /// `revoked`: whether the session held a seat or only waited, so that
@@ -173,6 +187,9 @@ impl<'a> Event<'a> {
             reason: None,
             waited_ms: None,
             user: None,
+            priority: None,
+            linger_ms: None,
+            borrowed_until_ms: None,
             actor: None,
             held: None,
         }
@@ -225,6 +242,16 @@ impl<'a> Event<'a> {
         }
         if let Some(held) = self.held {
             fields.push((field::HELD, if held { "1" } else { "0" }.to_owned()));
+        }
+        let policy = [
+            (field::PRIORITY, self.priority),
+            (field::LINGER_MS, self.linger_ms),
+            (field::BORROWED_UNTIL_MS, self.borrowed_until_ms),
+        ];
+        for (name, value) in policy {
+            if let Some(v) = value {
+                fields.push((name, v.to_string()));
+            }
         }
         fields
     }

@@ -13,8 +13,8 @@ pub struct Keys {
     prefix: String,
 }
 
-/// The keys of one license: `KEYS[1..8]` of every seat script, in that
-/// order, then the two revocation keys, `KEYS[13..14]` of the request
+/// The keys of one license: `KEYS[1..11]` of every seat script, in that
+/// order, then the two revocation keys, `KEYS[16..17]` of the request
 /// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
 /// per request: the scripts module's `Guard`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +35,13 @@ pub struct LicenseKeys {
     pub queue_seq: String,
     /// HASH: note id -> GRANTED / QUEUE_TIMEOUT reply not yet delivered.
     pub outbox: String,
+    /// HASH: seats held per user (`u:<user>`) and group (`g:<group>`), and
+    /// the owner record of a session (`s:<session>`), for the policies.
+    pub owners: String,
+    /// ZSET: released session whose seat lingers -> when the linger ends (ms).
+    pub lingering: String,
+    /// ZSET: session holding a borrowed seat -> when the borrow ends (ms).
+    pub borrowed: String,
     /// ZSET: revoked session -> when its revocation is forgotten (ms), so
     /// that its heartbeat hears SESSION_REVOKED for a bounded time.
     pub revoked: String,
@@ -44,9 +51,9 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
-    /// (`license delete` removes them all): the eight every seat script
+    /// (`license delete` removes them all): the eleven every seat script
     /// takes, then the two revocation keys.
-    pub fn all(&self) -> [&str; 10] {
+    pub fn all(&self) -> [&str; 13] {
         [
             &self.license,
             &self.holders,
@@ -56,6 +63,9 @@ impl LicenseKeys {
             &self.deadlines,
             &self.queue_seq,
             &self.outbox,
+            &self.owners,
+            &self.lingering,
+            &self.borrowed,
             &self.revoked,
             &self.revocations,
         ]
@@ -87,6 +97,9 @@ impl Keys {
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),
+            owners: format!("{p}:{{{license}}}:owners"),
+            lingering: format!("{p}:{{{license}}}:lingering"),
+            borrowed: format!("{p}:{{{license}}}:borrowed"),
             revoked: format!("{p}:{{{license}}}:revoked"),
             revocations: format!("{p}:{{{license}}}:revocations"),
         }

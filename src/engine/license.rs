@@ -1,8 +1,9 @@
 //! License records, the provisioning contract: HASH `seat:{<license>}:license`
 //! with `seats_total`, `expires_at_ms` (0 = never), `active` (1/0) and optional
-//! `heartbeat_timeout_ms` and `queue_max`, plus the license index SET. Billing
-//! systems may write the same hash directly; this module is what `seatgate
-//! license` does, and the one Rust home of the record's rules
+//! `heartbeat_timeout_ms` and `queue_max`, the `policy` flag and the policy
+//! fields (engine::policy), plus the license index SET. Billing systems may
+//! write the same hash directly; this module is what `seatgate license`
+//! does, and the one Rust home of the record's rules
 //! ([`StoredRecord::validate`]), which lua/includes/license.lua applies in
 //! the scripts: tests/it/lease.rs runs both on the same values.
 
@@ -14,6 +15,7 @@ use serde::Serialize;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::Keys;
+use crate::engine::policy::{LicensePolicy, MAX_BORROW_MS};
 use crate::engine::protocol::valid_id;
 use crate::error::Error;
 
@@ -26,8 +28,12 @@ pub const MAX_NUMBER: u64 = 999_999_999_999_999;
 /// A field of the license record.
 ///
 /// The wire name is the variant's name in snake_case; the declaration order
-/// is the order the rules are checked in, here and in lua/includes/license.lua,
-/// so both report the same field of a record that breaks several rules.
+/// is the order the rules are checked in, here and in lua/includes/license.lua
+/// (the policy fields in lua/includes/policy.lua), so both report the same
+/// field of a record that breaks several rules. The policy fields, from
+/// `max_per_user` on, are checked only while `policy` is 1 (the scripts read
+/// them only then); the group fields are named `group_max:<group>` and
+/// `group_reserve:<group>` in the record and are checked last, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Field {
@@ -41,15 +47,58 @@ pub enum Field {
     HeartbeatTimeoutMs,
     /// Most sessions waiting in the queue: digits, 1 to [`MAX_NUMBER`].
     QueueMax,
+    /// `1` switches the policy fields on, `0` (or absence) off.
+    Policy,
+    /// Seats one user holds at most: digits, 0 to [`MAX_NUMBER`].
+    MaxPerUser,
+    /// The highest queue priority an acquire gets: digits, 0 to 9.
+    MaxPriority,
+    /// How long a released seat lingers, ms: digits, 0 to [`MAX_NUMBER`].
+    LingerMs,
+    /// The longest borrow allowed, ms: digits, 0 to [`MAX_BORROW_MS`].
+    MaxBorrowMs,
+    /// `group_max:<group>`: seats the group holds at most: digits, 0 to [`MAX_SEATS`].
+    GroupMax,
+    /// `group_reserve:<group>`: seats kept for the group: digits, 0 to [`MAX_SEATS`].
+    GroupReserve,
 }
 
 impl Field {
     /// Every field, in the order the rules are checked.
     pub const ALL: &'static [Field] = <Field as VariantArray>::VARIANTS;
 
-    /// The field's name in the record.
+    /// The field's name in the record (for a group field, the part before `:<group>`).
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// Whether the scripts read it only while the record's `policy` is 1.
+    pub fn is_policy(self) -> bool {
+        matches!(
+            self,
+            Field::MaxPerUser
+                | Field::MaxPriority
+                | Field::LingerMs
+                | Field::MaxBorrowMs
+                | Field::GroupMax
+                | Field::GroupReserve
+        )
+    }
+
+    /// The field a record field name stands for, with its group for
+    /// `group_max:<group>` and `group_reserve:<group>`; `None` for a name
+    /// that is none of them.
+    pub fn parse_name(name: &str) -> Option<(Field, Option<String>)> {
+        for (field, prefix) in [
+            (Field::GroupMax, "group_max:"),
+            (Field::GroupReserve, "group_reserve:"),
+        ] {
+            if let Some(group) = name.strip_prefix(prefix) {
+                return Some((field, Some(group.to_owned())));
+            }
+        }
+        let field: Field = name.parse().ok()?;
+        (!matches!(field, Field::GroupMax | Field::GroupReserve)).then_some((field, None))
     }
 
     /// The rule a value breaks, as the error message ends.
@@ -60,6 +109,14 @@ impl Field {
             Field::Active => "is not 0 or 1",
             Field::HeartbeatTimeoutMs => "is not a whole number of ms from 1 to 999999999999999",
             Field::QueueMax => "is not a whole number from 1 to 999999999999999",
+            Field::Policy => "is not 0 or 1",
+            Field::MaxPerUser => "is not a whole number from 0 to 999999999999999",
+            Field::MaxPriority => "is not a whole number from 0 to 9",
+            Field::LingerMs => "is not a whole number of ms from 0 to 999999999999999",
+            Field::MaxBorrowMs => "is not a whole number of ms from 0 to 31536000000",
+            Field::GroupMax | Field::GroupReserve => {
+                "is not a whole number from 0 to 1000000 for a group of 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
+            }
         }
     }
 
@@ -70,8 +127,12 @@ impl Field {
         let (min, max, digits) = match self {
             Field::SeatsTotal => (0, MAX_SEATS, 7),
             Field::ExpiresAtMs => (0, MAX_NUMBER, 15),
-            Field::Active => (0, 1, 1),
+            Field::Active | Field::Policy => (0, 1, 1),
             Field::HeartbeatTimeoutMs | Field::QueueMax => (1, MAX_NUMBER, 15),
+            Field::MaxPerUser | Field::LingerMs => (0, MAX_NUMBER, 15),
+            Field::MaxPriority => (0, 9, 1),
+            Field::MaxBorrowMs => (0, MAX_BORROW_MS, 11),
+            Field::GroupMax | Field::GroupReserve => (0, MAX_SEATS, 7),
         };
         let number = Some(raw)
             .filter(|r| !r.is_empty() && r.len() <= digits && r.bytes().all(|b| b.is_ascii_digit()))
@@ -79,8 +140,23 @@ impl Field {
             .filter(|n| (min..=max).contains(n));
         number.ok_or_else(|| InvalidField {
             field: self,
+            group: None,
             value: raw.to_owned(),
         })
+    }
+
+    /// [`Field::check`] of group field `<self>:<group>`: the group must be an
+    /// id like a session's too.
+    pub fn check_group(self, group: &str, raw: &str) -> Result<u64, InvalidField> {
+        let refused = || InvalidField {
+            field: self,
+            group: Some(group.to_owned()),
+            value: raw.to_owned(),
+        };
+        if !valid_id(group) {
+            return Err(refused());
+        }
+        self.check(raw).map_err(|_| refused())
     }
 }
 
@@ -96,11 +172,21 @@ impl fmt::Display for Field {
 pub struct InvalidField {
     /// Which field.
     pub field: Field,
+    /// The group of a `group_max:<group>` or `group_reserve:<group>` field.
+    pub group: Option<String>,
     /// Its value as stored (as the script reported it: at most 64 bytes).
     pub value: String,
 }
 
 impl InvalidField {
+    /// The field's name in the record: `group_max:cad` for a group field.
+    pub fn name(&self) -> String {
+        match &self.group {
+            Some(group) => format!("{}:{group}", self.field),
+            None => self.field.to_string(),
+        }
+    }
+
     /// The value for a message: at most 32 characters, control characters
     /// escaped, so the message stays one short line whatever was stored.
     pub fn shown_value(&self) -> String {
@@ -122,7 +208,7 @@ impl fmt::Display for InvalidField {
         write!(
             f,
             "license field {} = \"{}\" {}",
-            self.field,
+            self.name(),
             self.shown_value(),
             self.field.rule()
         )
@@ -134,7 +220,7 @@ impl fmt::Display for InvalidField {
 impl Serialize for InvalidField {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut s = serializer.serialize_struct("InvalidField", 3)?;
-        s.serialize_field("field", self.field.as_str())?;
+        s.serialize_field("field", &self.name())?;
         s.serialize_field("value", &self.value)?;
         s.serialize_field("error", &self.to_string())?;
         s.end()
@@ -144,25 +230,55 @@ impl Serialize for InvalidField {
 /// The license record as Redis holds it: each field's text, `None` when absent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoredRecord {
-    /// The values, in [`Field::ALL`] order.
+    /// The values, in [`Field::ALL`] order (the group fields' are `None`).
     values: Vec<Option<String>>,
+    /// The group fields, `(GroupMax or GroupReserve, group, value)`, sorted
+    /// by record field name: read only from a whole record.
+    groups: Vec<(Field, String, String)>,
 }
 
 impl StoredRecord {
-    /// A record from the values of [`Field::ALL`], in that order (an HMGET of them).
+    /// A record from the values of [`Field::ALL`], in that order (an HMGET
+    /// of them); it has no group fields.
     pub fn from_values(values: Vec<Option<String>>) -> StoredRecord {
-        StoredRecord { values }
+        StoredRecord {
+            values,
+            groups: Vec::new(),
+        }
     }
 
-    /// The record `license put` writes for `spec` (it leaves `queue_max` alone).
+    /// A record read whole (HGETALL), group fields included.
+    pub fn from_map(record: &std::collections::HashMap<String, String>) -> StoredRecord {
+        let values = Field::ALL
+            .iter()
+            .map(|f| match f {
+                Field::GroupMax | Field::GroupReserve => None,
+                f => record.get(f.as_str()).cloned(),
+            })
+            .collect();
+        let mut groups: Vec<(String, Field, String, String)> = record
+            .iter()
+            .filter_map(|(name, value)| match Field::parse_name(name)? {
+                (field, Some(group)) => Some((name.clone(), field, group, value.clone())),
+                _ => None,
+            })
+            .collect();
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        StoredRecord {
+            values,
+            groups: groups.into_iter().map(|(_, f, g, v)| (f, g, v)).collect(),
+        }
+    }
+
+    /// The record `license put` writes for `spec` (it leaves `queue_max`
+    /// alone; the policy fields are [`put_policy`]'s).
     pub fn of_spec(spec: &LicenseSpec) -> StoredRecord {
-        StoredRecord::from_values(vec![
-            Some(spec.seats_total.to_string()),
-            Some(spec.expires_at_ms.to_string()),
-            Some(if spec.active { "1" } else { "0" }.to_owned()),
-            spec.heartbeat_timeout_ms.map(|ms| ms.to_string()),
-            None,
-        ])
+        let mut values = vec![None; Field::ALL.len()];
+        values[0] = Some(spec.seats_total.to_string());
+        values[1] = Some(spec.expires_at_ms.to_string());
+        values[2] = Some(if spec.active { "1" } else { "0" }.to_owned());
+        values[3] = spec.heartbeat_timeout_ms.map(|ms| ms.to_string());
+        StoredRecord::from_values(values)
     }
 
     /// A field's stored text.
@@ -182,10 +298,23 @@ impl StoredRecord {
     /// `heartbeat_timeout_ms` and `queue_max` 1 or more, every number in
     /// plain digits. Absent optional fields are fine (`active` absent =
     /// active). The first field that breaks its rule, in [`Field::ALL`] order.
+    ///
+    /// While `policy` is 1 the policy fields follow, in [`Field::ALL`]
+    /// order, then the group fields by record field name.
     pub fn validate(&self) -> Result<(), InvalidField> {
+        let policy_on = self.get(Field::Policy) == Some("1");
         for &field in Field::ALL {
+            let group = matches!(field, Field::GroupMax | Field::GroupReserve);
+            if group || (field.is_policy() && !policy_on) {
+                continue;
+            }
             if let Some(raw) = self.get(field) {
                 field.check(raw)?;
+            }
+        }
+        if policy_on {
+            for (field, group, raw) in &self.groups {
+                field.check_group(group, raw)?;
             }
         }
         Ok(())
@@ -239,6 +368,13 @@ pub struct LicenseInfo {
     pub spec: LicenseSpec,
     /// Seats held now.
     pub seats_used: u64,
+    /// Its policies, as the scripts apply them (none while the record's
+    /// `policy` flag is off).
+    pub policy: LicensePolicy,
+    /// The record has policy fields, but its `policy` flag is off: the
+    /// scripts ignore them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub policy_ignored: bool,
     /// The field that breaks the record's rules, if one does: acquires get
     /// LICENSE_INVALID until it is fixed. Absent from JSON when the record is valid.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -301,6 +437,53 @@ pub async fn put<C: ConnectionLike>(
     Ok(())
 }
 
+/// Provisions `license`'s policies: writes the fields of `policy` with the
+/// `policy` flag and removes every policy field it does not set, in one
+/// transaction (an empty policy removes them all, the flag too). Refuses a
+/// policy that does not fit the record's `seats_total`
+/// ([`LicensePolicy::validate`]) or breaks a field's rule.
+pub async fn put_policy<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    policy: &LicensePolicy,
+) -> Result<(), Error> {
+    check_id(license)?;
+    let k = keys.license(license);
+    let record: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&k.license).query_async(con).await?;
+    let seats_total = record
+        .get("seats_total")
+        .and_then(|s| Field::SeatsTotal.check(s).ok())
+        .unwrap_or(0);
+    policy
+        .validate(seats_total)
+        .map_err(|e| Error::InvalidLicense(format!("license {license} policy: {e}")))?;
+    let fields = policy.fields();
+    for (name, value) in &fields {
+        let checked = match Field::parse_name(name) {
+            Some((field, Some(group))) => field.check_group(&group, value),
+            Some((field, None)) => field.check(value),
+            None => Ok(0),
+        };
+        checked.map_err(|e| Error::InvalidLicense(e.to_string()))?;
+    }
+    let stale: Vec<&String> = record
+        .keys()
+        .filter(|f| LicensePolicy::is_policy_field(f) && !fields.iter().any(|(name, _)| name == *f))
+        .collect();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    if !stale.is_empty() {
+        pipe.cmd("HDEL").arg(&k.license).arg(stale).ignore();
+    }
+    if !fields.is_empty() {
+        pipe.cmd("HSET").arg(&k.license).arg(fields).ignore();
+    }
+    pipe.query_async::<()>(con).await?;
+    Ok(())
+}
+
 /// Reads one license; `None` when it does not exist.
 pub async fn show<C: ConnectionLike>(
     con: &mut C,
@@ -309,23 +492,24 @@ pub async fn show<C: ConnectionLike>(
 ) -> Result<Option<LicenseInfo>, Error> {
     check_id(license)?;
     let k = keys.license(license);
-    let fields: Vec<&str> = Field::ALL.iter().map(|f| f.as_str()).collect();
-    let (values, used): (Vec<Option<String>>, u64) = redis::pipe()
-        .cmd("HMGET")
+    let (fields, used): (std::collections::HashMap<String, String>, u64) = redis::pipe()
+        .cmd("HGETALL")
         .arg(&k.license)
-        .arg(&fields)
         .cmd("ZCARD")
         .arg(&k.holders)
         .query_async(con)
         .await?;
-    let record = StoredRecord::from_values(values);
+    let record = StoredRecord::from_map(&fields);
     if !record.exists() {
         return Ok(None);
     }
+    let (policy, policy_ignored) = LicensePolicy::from_record(&fields);
     Ok(Some(LicenseInfo {
         license: license.to_owned(),
         spec: record.spec(),
         seats_used: used,
+        policy,
+        policy_ignored,
         invalid: record.validate().err(),
     }))
 }
@@ -393,6 +577,13 @@ mod tests {
         (Field::HeartbeatTimeoutMs, "9e9"),
         (Field::QueueMax, "0"),
         (Field::QueueMax, "ten"),
+        (Field::Policy, "2"),
+        (Field::Policy, "on"),
+        (Field::MaxPerUser, "-1"),
+        (Field::MaxPerUser, "2.5"),
+        (Field::MaxPriority, "10"),
+        (Field::LingerMs, "30s"),
+        (Field::MaxBorrowMs, "31536000001"),
     ];
 
     /// Values each field takes, with what they stand for.
@@ -409,10 +600,20 @@ mod tests {
         (Field::HeartbeatTimeoutMs, "1", 1),
         (Field::HeartbeatTimeoutMs, "90000", 90_000),
         (Field::QueueMax, "1", 1),
+        (Field::Policy, "0", 0),
+        (Field::Policy, "1", 1),
+        (Field::MaxPerUser, "0", 0),
+        (Field::MaxPriority, "9", 9),
+        (Field::LingerMs, "600000", 600_000),
+        (Field::MaxBorrowMs, "31536000000", MAX_BORROW_MS),
     ];
 
     fn record(field: Field, value: &str) -> StoredRecord {
-        let mut values = vec![Some("5".to_owned()), None, None, None, None];
+        let mut values = vec![None; Field::ALL.len()];
+        values[0] = Some("5".to_owned());
+        if field.is_policy() {
+            values[5] = Some("1".to_owned());
+        }
         let i = Field::ALL.iter().position(|f| *f == field).unwrap();
         values[i] = Some(value.to_owned());
         StoredRecord::from_values(values)
@@ -459,6 +660,71 @@ mod tests {
         assert_eq!(minimal.validate(), Ok(()));
         assert!(minimal.spec().active);
         assert!(!StoredRecord::from_values(vec![None, Some("0".into())]).exists());
+    }
+
+    #[test]
+    fn policy_fields_are_checked_only_under_the_flag_and_groups_by_name() {
+        let map = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let off = map(&[
+            ("seats_total", "5"),
+            ("max_per_user", "x"),
+            ("group_max:cad", "y"),
+        ]);
+        assert_eq!(
+            StoredRecord::from_map(&off).validate(),
+            Ok(()),
+            "ignored while off"
+        );
+        let on = map(&[
+            ("seats_total", "5"),
+            ("policy", "1"),
+            ("group_reserve:eng", "1"),
+            ("group_max:zed", "x"),
+            ("group_max:cad", "3"),
+            ("group_reserve:{bad}", "1"),
+        ]);
+        let err = StoredRecord::from_map(&on).validate().unwrap_err();
+        assert_eq!(
+            (err.name(), err.value.as_str()),
+            ("group_max:zed".to_owned(), "x")
+        );
+        assert!(
+            err.to_string().starts_with("license field group_max:zed = \"x\""),
+            "{err}"
+        );
+        let json = serde_json::to_value(&err).unwrap();
+        assert_eq!(json["field"], "group_max:zed");
+        let fixed = map(&[
+            ("seats_total", "5"),
+            ("policy", "1"),
+            ("group_reserve:{bad}", "1"),
+        ]);
+        let err = StoredRecord::from_map(&fixed).validate().unwrap_err();
+        assert_eq!(err.name(), "group_reserve:{bad}", "the group must be an id");
+        let scalar_first = map(&[
+            ("seats_total", "5"),
+            ("policy", "1"),
+            ("group_max:a", "x"),
+            ("linger_ms", "y"),
+        ]);
+        assert_eq!(
+            StoredRecord::from_map(&scalar_first)
+                .validate()
+                .unwrap_err()
+                .field,
+            Field::LingerMs
+        );
+        assert_eq!(
+            Field::parse_name("group_reserve:cad"),
+            Some((Field::GroupReserve, Some("cad".into())))
+        );
+        assert_eq!(Field::parse_name("group_max"), None);
+        assert_eq!(Field::parse_name("linger_ms"), Some((Field::LingerMs, None)));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::str::Utf8Error;
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
+use crate::engine::policy::{RequestPolicy, MAX_BORROW_MS, MAX_PRIORITY};
 use crate::engine::status::Status;
 
 /// Longest license or session id, in bytes.
@@ -191,6 +192,9 @@ pub struct Request {
     pub meta: String,
     /// How long an acquire may wait for a seat, in ms (0 = do not wait).
     pub wait_ms: u64,
+    /// Who asks (acquire only): user and group for the license's per-user
+    /// and per-group policies, queue priority, borrow.
+    pub policy: RequestPolicy,
     /// The lease the request carries: an acquire binds the seat (or place in
     /// the queue) to it, a heartbeat or release must carry the one bound.
     pub lease: Option<Lease>,
@@ -305,6 +309,19 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
         Lane::Admin => None,
     };
     let revoke = parse_revoke(fields, op)?;
+    let policy = RequestPolicy {
+        user: parse_owner_id(fields, "user")?,
+        group: parse_owner_id(fields, "group")?,
+        priority: parse_number(fields, "priority", u64::from(MAX_PRIORITY), "a whole number")?
+            .map_or(0, |p| p as u8),
+        borrow_ms: parse_number(
+            fields,
+            "borrow_ms",
+            MAX_BORROW_MS,
+            "a whole number of milliseconds",
+        )?
+        .unwrap_or(0),
+    };
     Ok(Request {
         id: echo.id.clone(),
         op,
@@ -313,6 +330,7 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
         reply_to,
         meta,
         wait_ms,
+        policy,
         lease,
         revoke,
     })
@@ -632,6 +650,19 @@ fn parse_wait_ms(fields: &Fields) -> Result<u64, Refusal> {
     }
 }
 
+/// The `user` or `group` of an acquire: an id like a session's, when present.
+/// Checked for every op, like `wait_ms`; only acquire uses them.
+fn parse_owner_id(fields: &Fields, name: &'static str) -> Result<Option<String>, Refusal> {
+    match fields.text(name) {
+        None => Ok(None),
+        Some(Ok(s)) if valid_id(s) => Ok(Some(s.to_owned())),
+        Some(_) => Err(Refusal::new(
+            name,
+            format!("field `{name}` must be 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - : @"),
+        )),
+    }
+}
+
 /// The audit fields of a revoke; other ops ignore them without validating them.
 fn parse_revoke(fields: &Fields, op: Op) -> Result<Option<RevokeFields>, Refusal> {
     if op != Op::Revoke {
@@ -697,6 +728,21 @@ fn parse_lease(fields: &Fields, required: bool) -> Result<Option<Lease>, Refusal
     }
 }
 
+/// A whole number field from 0 to `max`, when present (`priority`, `borrow_ms`).
+fn parse_number(fields: &Fields, name: &'static str, max: u64, what: &str) -> Result<Option<u64>, Refusal> {
+    match fields.text(name) {
+        None => Ok(None),
+        Some(Ok(s)) => match s.parse::<u64>() {
+            Ok(n) if n <= max && s.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(n)),
+            _ => Err(Refusal::new(
+                name,
+                format!("field `{name}` must be {what} from 0 to {max}"),
+            )),
+        },
+        Some(Err(_)) => Err(Refusal::new(name, format!("field `{name}` is not UTF-8"))),
+    }
+}
+
 /// At most 32 characters of untrusted text for an error message, with
 /// control characters escaped so the message stays one line.
 fn truncate(s: &str) -> String {
@@ -734,6 +780,13 @@ pub struct Reply {
     /// ALREADY_ACTIVE, GRANTED): the holder heartbeats well within it (a
     /// third of it), without having to know the service's settings.
     pub heartbeat_timeout_ms: Option<i64>,
+    /// The queue priority the session got (QUEUED with a priority above 0).
+    pub priority: Option<i64>,
+    /// How long the released seat lingers with the session, ms (RELEASED
+    /// under the license's `linger_ms`).
+    pub linger_ms: Option<i64>,
+    /// When the borrowed seat comes back, unix ms (ACQUIRED with `borrow_ms`).
+    pub borrowed_until_ms: Option<i64>,
     /// A human-readable reason, for refusals and errors.
     pub error: Option<String>,
 }
@@ -753,6 +806,9 @@ impl Reply {
             position: None,
             waited_ms: None,
             heartbeat_timeout_ms: None,
+            priority: None,
+            linger_ms: None,
+            borrowed_until_ms: None,
             error: Some(bad.reason.clone()),
         }
     }
@@ -780,6 +836,16 @@ impl Reply {
         }
         if let Some(n) = self.heartbeat_timeout_ms {
             out.push(("heartbeat_timeout_ms", n.to_string()));
+        }
+        let policy = [
+            ("priority", self.priority),
+            ("linger_ms", self.linger_ms),
+            ("borrowed_until_ms", self.borrowed_until_ms),
+        ];
+        for (field, value) in policy {
+            if let Some(n) = value {
+                out.push((field, n.to_string()));
+            }
         }
         if let Some(e) = &self.error {
             out.push(("error", e.clone()));
@@ -822,6 +888,31 @@ mod tests {
         assert_eq!(req.meta, r#"{"user_email":"a@b.c"}"#);
         assert_eq!(req.wait_ms, 1500);
         assert_eq!(req.reply_to.as_deref(), Some("seat:reply:c1"));
+    }
+
+    #[test]
+    fn an_acquire_carries_who_asks() {
+        let req = parse(&[
+            ("op", b"acquire"),
+            ("license", b"cad"),
+            ("session", b"s-1"),
+            ("user", b"ada@example.com"),
+            ("group", b"eng"),
+            ("priority", b"7"),
+            ("borrow_ms", b"86400000"),
+        ])
+        .unwrap();
+        assert_eq!(
+            req.policy,
+            RequestPolicy {
+                user: Some("ada@example.com".into()),
+                group: Some("eng".into()),
+                priority: 7,
+                borrow_ms: 86_400_000,
+            }
+        );
+        let plain = parse(&[("op", b"acquire"), ("license", b"cad"), ("session", b"s-1")]).unwrap();
+        assert_eq!(plain.policy, RequestPolicy::NONE);
     }
 
     #[test]
@@ -919,6 +1010,51 @@ mod tests {
                     ("wait_ms", b"99999999999"),
                 ],
                 "wait_ms",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("user", b"a b"),
+                ],
+                "user",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("group", b"{g}"),
+                ],
+                "group",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("priority", b"10"),
+                ],
+                "priority",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("priority", b"+1"),
+                ],
+                "priority",
+            ),
+            (
+                vec![
+                    ("op", b"acquire"),
+                    ("license", b"a"),
+                    ("session", b"s"),
+                    ("borrow_ms", b"31536000001"),
+                ],
+                "borrow_ms",
             ),
         ];
         for (mut pairs, field) in cases {
@@ -1171,6 +1307,9 @@ mod tests {
             position: None,
             waited_ms: None,
             heartbeat_timeout_ms: None,
+            priority: None,
+            linger_ms: None,
+            borrowed_until_ms: None,
             error: None,
         };
         let f = reply.fields();
@@ -1361,6 +1500,8 @@ mod tests {
                         prop_assert!(valid_id(&req.session));
                         prop_assert!(req.meta.len() <= MAX_META_LEN);
                         prop_assert!(req.wait_ms <= MAX_WAIT_MS);
+                        prop_assert!(req.policy.priority <= MAX_PRIORITY);
+                        prop_assert!(req.policy.borrow_ms <= MAX_BORROW_MS);
                         prop_assert!(req.lease.as_ref().is_none_or(|l| valid_lease(l.as_str())));
                         prop_assert_eq!(req.revoke.is_some(), req.op == Op::Revoke);
                         if let Some(r) = &req.revoke {

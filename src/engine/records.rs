@@ -90,6 +90,37 @@ impl WaiterRecord {
     }
 }
 
+/// A seat holder's or waiter's owner record, the value of field
+/// `s:<session>` in `seat:{L}:owners`, written by lua/includes/owners.lua:
+/// `"<user>|<group>|<borrow_ms>"`, empty parts for none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRecord {
+    /// The user the seat counts for, if the acquire carried one.
+    pub user: Option<String>,
+    /// The group the seat counts for, if the acquire carried one.
+    pub group: Option<String>,
+    /// The borrow the acquire asked for, ms (0 = none).
+    pub borrow_ms: u64,
+}
+
+impl OwnerRecord {
+    /// Reads a record; `None` when it is not of the scripts' form (the Lua
+    /// parser's rule: two parts without `|`, then digits).
+    pub fn parse(raw: &str) -> Option<OwnerRecord> {
+        let mut parts = raw.split('|');
+        let (user, group, borrow) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || borrow.is_empty() || !borrow.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let id = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
+        Some(OwnerRecord {
+            user: id(user),
+            group: id(group),
+            borrow_ms: borrow.parse().ok()?,
+        })
+    }
+}
+
 /// Decodes a dedupe record, the value of a stream entry id in
 /// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: the first
 /// six slots of the entry's outcome as a JSON array,
@@ -158,6 +189,23 @@ mod tests {
         assert_eq!((odd.lease_hash, odd.meta.as_str()), (None, "0123456789abcdeg:x"));
         for foreign in ["", "12", "12:3", "x:3:{}", "12:-3:{}", ":3:{}"] {
             assert_eq!(SessionRecord::parse(foreign), None, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn owner_records_split_on_bars() {
+        let r = OwnerRecord::parse("ada@example.com|cad|86400000").unwrap();
+        assert_eq!(
+            (r.user.as_deref(), r.group.as_deref(), r.borrow_ms),
+            (Some("ada@example.com"), Some("cad"), 86_400_000)
+        );
+        let lingering = OwnerRecord::parse("||0").unwrap();
+        assert_eq!(
+            (lingering.user, lingering.group, lingering.borrow_ms),
+            (None, None, 0)
+        );
+        for foreign in ["", "a|b", "a|b|", "a|b|c", "a|b|1|2", "a|b|-1"] {
+            assert_eq!(OwnerRecord::parse(foreign), None, "{foreign:?}");
         }
     }
 

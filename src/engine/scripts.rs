@@ -20,6 +20,7 @@ use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
 use crate::engine::keys::{DueKeys, LicenseKeys};
+use crate::engine::policy::RequestPolicy;
 use crate::error::Error;
 
 use includes::IncludeError;
@@ -92,16 +93,16 @@ impl Scripts {
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
-/// Redelivery dedupe and rate limiting for one request: `KEYS[9..12]` and
+/// Redelivery dedupe and rate limiting for one request: `KEYS[12..15]` and
 /// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua; revoke
 /// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     /// The stream entry id ("" = no dedupe, for direct calls).
     pub entry_id: String,
-    /// `KEYS[9]`: the dedupe bucket the entry's reply is stored in.
+    /// `KEYS[12]`: the dedupe bucket the entry's reply is stored in.
     pub done_key: String,
-    /// `KEYS[12]`: the bucket before it, where an earlier delivery may have
+    /// `KEYS[15]`: the bucket before it, where an earlier delivery may have
     /// stored the reply when the entry's placement moves with the clock
     /// ([`Guard::for_entry_at`]); `done_key` again when it cannot have.
     pub done_before_key: String,
@@ -110,9 +111,9 @@ pub struct Guard {
     pub done_until_ms: u64,
     /// The dedupe window, ms: the cap above.
     pub dedupe_window_ms: u64,
-    /// `KEYS[10]`: the session's rate window.
+    /// `KEYS[13]`: the session's rate window.
     pub session_rate_key: String,
-    /// `KEYS[11]`: the license's rate window.
+    /// `KEYS[14]`: the license's rate window.
     pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,
@@ -233,7 +234,8 @@ impl Guard {
     }
 }
 
-/// `ARGV[8..14]` of lua/acquire.lua.
+/// `ARGV[8..14]` of lua/acquire.lua (`ARGV[15]`, who asks, comes from a
+/// [`RequestPolicy`]: see [`Scripts::acquire_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The session asking for a seat (validated by the caller).
@@ -351,7 +353,7 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds `KEYS[1..8]`, the license's keys, in the order of lua/includes/keys.lua.
+/// Binds `KEYS[1..11]`, the license's keys, in the order of lua/includes/keys.lua.
 fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(&keys.license) // KEYS[1]
@@ -361,11 +363,14 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
         .key(&keys.waiters) // KEYS[5]
         .key(&keys.deadlines) // KEYS[6]
         .key(&keys.queue_seq) // KEYS[7]
-        .key(&keys.outbox); // KEYS[8]
+        .key(&keys.outbox) // KEYS[8]
+        .key(&keys.owners) // KEYS[9]
+        .key(&keys.lingering) // KEYS[10]
+        .key(&keys.borrowed); // KEYS[11]
     call
 }
 
-/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..14]`,
+/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..17]`,
 /// `ARGV[1..7]` (lua/includes/prologue.lua) and the session and its lease,
 /// `ARGV[8..9]`.
 fn request_call<'a>(
@@ -376,12 +381,12 @@ fn request_call<'a>(
     lease: Option<&str>,
 ) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
-    call.key(&guard.done_key) // KEYS[9]
-        .key(&guard.session_rate_key) // KEYS[10]
-        .key(&guard.license_rate_key) // KEYS[11]
-        .key(&guard.done_before_key) // KEYS[12]
-        .key(&keys.revoked) // KEYS[13]
-        .key(&keys.revocations) // KEYS[14]
+    call.key(&guard.done_key) // KEYS[12]
+        .key(&guard.session_rate_key) // KEYS[13]
+        .key(&guard.license_rate_key) // KEYS[14]
+        .key(&guard.done_before_key) // KEYS[15]
+        .key(&keys.revoked) // KEYS[16]
+        .key(&keys.revocations) // KEYS[17]
         .arg(&guard.entry_id) // ARGV[1]
         .arg(guard.done_until_ms) // ARGV[2]
         .arg(guard.session_limit) // ARGV[3]
@@ -430,15 +435,28 @@ impl Scripts {
     }
 
     /// lua/acquire.lua: take a seat for `args.session`, or queue it for up
-    /// to `args.wait_ms` when none is free.
+    /// to `args.wait_ms` when none is free; asked by nobody in particular.
     pub fn acquire(&self, keys: &LicenseKeys, guard: &Guard, args: &AcquireArgs<'_>) -> SeatCall<'_> {
+        self.acquire_as(keys, guard, args, &RequestPolicy::NONE)
+    }
+
+    /// lua/acquire.lua asked by `who`: its user and group (the per-user and
+    /// per-group policies), its priority in the queue and its borrow.
+    pub fn acquire_as(
+        &self,
+        keys: &LicenseKeys,
+        guard: &Guard,
+        args: &AcquireArgs<'_>,
+        who: &RequestPolicy,
+    ) -> SeatCall<'_> {
         let mut call = request_call(&self.acquire, keys, guard, args.session, args.lease);
         call.arg(args.meta) // ARGV[10]
             .arg(args.wait_ms) // ARGV[11]
             .arg(args.request_id) // ARGV[12]
             .arg(args.reply_to) // ARGV[13]
             .arg(args.default_queue_max) // ARGV[14]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[15]
+            .arg(who.script_arg()) // ARGV[15]
+            .arg(args.default_heartbeat_timeout_ms); // ARGV[16]
         ScriptCall {
             name: "acquire",
             invocation: call,

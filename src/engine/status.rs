@@ -71,6 +71,10 @@ pub enum Status {
     /// release after the revocation, and its acquires during a cooldown. The
     /// `error` field carries who revoked it and why.
     SessionRevoked,
+    /// A license policy's limit keeps the session from a seat: its user's
+    /// `max_per_user`, its group's `group_max:<group>`, or a borrow the
+    /// license does not allow; the `error` field says which. Nothing changed.
+    LimitReached,
 }
 
 impl Status {
@@ -109,7 +113,8 @@ impl Status {
             | Status::RateLimited
             | Status::InvalidRequest
             | Status::Error
-            | Status::SessionRevoked => false,
+            | Status::SessionRevoked
+            | Status::LimitReached => false,
         }
     }
 
@@ -134,7 +139,8 @@ impl Status {
             | Status::LicenseInactive
             | Status::LicenseExpired
             | Status::LicenseInvalid
-            | Status::RateLimited => true,
+            | Status::RateLimited
+            | Status::LimitReached => true,
             // A lease mismatch refuses the request, not a seat: the seat
             // asked about is held (or awaited) under another lease.
             Status::LeaseMismatch
@@ -180,6 +186,7 @@ impl Status {
             // when the script hands the record back; a waiter told later
             // (through the outbox) gets this.
             Status::SessionRevoked => Some("the session was revoked by an administrator"),
+            Status::LimitReached => Some("limit reached: a per-user or per-group limit of the license"),
             Status::Acquired
             | Status::AlreadyActive
             | Status::Released
@@ -243,6 +250,7 @@ mod tests {
             Status::Error => ("ERROR", false),
             Status::Revoked => ("REVOKED", true),
             Status::SessionRevoked => ("SESSION_REVOKED", false),
+            Status::LimitReached => ("LIMIT_REACHED", false),
         }
     }
 
@@ -311,7 +319,8 @@ mod tests {
                 "LICENSE_EXPIRED",
                 "LICENSE_INVALID",
                 "QUEUE_TIMEOUT",
-                "RATE_LIMITED"
+                "RATE_LIMITED",
+                "LIMIT_REACHED"
             ]
         );
     }

@@ -192,29 +192,42 @@ impl Sweep {
         due_ms: i64,
         step: &mut SweepStep,
     ) -> Result<(), Error> {
-        const PER_LICENSE: usize = 6;
+        const PER_LICENSE: usize = 8;
         let mut cmds = Vec::with_capacity(batch.len() * PER_LICENSE);
         for license in batch {
             let lk = keys.license(license);
             let [stale, due] = filed(index, license);
-            let mut used = redis::cmd("ZCARD");
-            used.arg(&lk.holders);
-            let mut queued = redis::cmd("ZCARD");
-            queued.arg(&lk.queue);
+            let zcard = |key: &str| {
+                let mut zcard = redis::cmd("ZCARD");
+                zcard.arg(key);
+                zcard
+            };
             let mut total = redis::cmd("HGET");
             total.arg(&lk.license).arg(Field::SeatsTotal.as_str());
             let mut outbox = redis::cmd("EXISTS");
             outbox.arg(&lk.outbox);
-            cmds.extend([stale, due, used, queued, total, outbox]);
+            cmds.extend([
+                stale,
+                due,
+                zcard(&lk.holders),
+                zcard(&lk.queue),
+                zcard(&lk.lingering),
+                zcard(&lk.borrowed),
+                total,
+                outbox,
+            ]);
         }
         let answers = con.query_all(cmds).await?;
         let mut missing = Vec::new();
         for (license, a) in batch.iter().zip(answers.chunks(PER_LICENSE)) {
-            let [Ok(stale), Ok(due), Ok(used), Ok(queued), Ok(total), Ok(outbox)] = a else {
+            let [Ok(stale), Ok(due), Ok(used), Ok(queued), Ok(lingering), Ok(borrowed), Ok(total), Ok(outbox)] =
+                a
+            else {
                 debug!(%license, "cannot read a license's seats; the next round looks again");
                 continue;
             };
             let (used, queued, outbox) = (int(used), int(queued), int(outbox));
+            let (lingering, borrowed) = (int(lingering), int(borrowed));
             // As the scripts read it: a value that breaks the rule counts as no seats.
             let total = redis::from_redis_value::<Option<String>>(total.clone())
                 .ok()
@@ -227,8 +240,10 @@ impl Sweep {
                 used,
                 total,
                 queued,
+                lingering,
+                borrowed,
             });
-            if lacks(stale, due, used > 0, queued + outbox > 0) {
+            if lacks(stale, due, used > 0, queued + outbox + lingering + borrowed > 0) {
                 missing.push(license.clone());
             }
         }
@@ -315,7 +330,10 @@ impl Sweep {
             let mut held = redis::cmd("EXISTS");
             held.arg(&lk.holders);
             let mut work = redis::cmd("EXISTS");
-            work.arg(&lk.queue).arg(&lk.outbox);
+            work.arg(&lk.queue)
+                .arg(&lk.outbox)
+                .arg(&lk.lingering)
+                .arg(&lk.borrowed);
             cmds.extend([stale, due, held, work]);
         }
         let answers = con.query_all(cmds).await?;
@@ -366,7 +384,8 @@ fn filed(index: &DueIndex, license: &str) -> [redis::Cmd; 2] {
 }
 
 /// Whether a license (`stale`, `due`: its ZSCOREs in the index) lacks a
-/// time it needs: one for its holders, one for its waiters or replies.
+/// time it needs: one for its holders, one for its waiters, undelivered
+/// replies, lingering or borrowed seats.
 fn lacks(stale: &Value, due: &Value, held: bool, work: bool) -> bool {
     (held && *stale == Value::Nil) || (work && *due == Value::Nil)
 }

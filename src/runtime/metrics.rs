@@ -43,6 +43,9 @@ pub const REPLY_ERRORS: &str = "seatgate_reply_errors_total";
 pub const REDIS_ERRORS: &str = "seatgate_redis_errors_total";
 /// Sessions evicted for a stale heartbeat.
 pub const EVICTIONS: &str = "seatgate_evictions_total";
+/// Lingering and borrowed seats freed by the reaper, by `reason`
+/// (`linger_ended`, `borrow_ended`).
+pub const POLICY_SEATS_FREED: &str = "seatgate_policy_seats_freed_total";
 /// Sessions revoked by an administrator (seat or place in the queue taken away).
 pub const REVOCATIONS: &str = "seatgate_revocations_total";
 /// Waiters granted a seat.
@@ -86,8 +89,16 @@ pub const SEATS_USED: &str = "seatgate_seats_used";
 pub const SEATS_TOTAL: &str = "seatgate_seats_total";
 /// Sessions waiting, per `license` (top N by utilisation, plus `_other`).
 pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
+/// Of the seats held, those lingering after a release, per `license` (same licenses).
+pub const SEATS_LINGERING: &str = "seatgate_seats_lingering";
+/// Of the seats held, those borrowed (held without heartbeats), per `license` (same licenses).
+pub const SEATS_BORROWED: &str = "seatgate_seats_borrowed";
 /// Seats held over all licenses.
 pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
+/// Seats lingering over all licenses.
+pub const FLEET_SEATS_LINGERING: &str = "seatgate_fleet_seats_lingering";
+/// Seats borrowed over all licenses.
+pub const FLEET_SEATS_BORROWED: &str = "seatgate_fleet_seats_borrowed";
 /// Seats over all licenses.
 pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
 /// Sessions waiting over all licenses.
@@ -121,6 +132,7 @@ const OP_STATUSES: [(&str, &[Status]); 5] = [
             Status::LicenseInvalid,
             Status::LeaseMismatch,
             Status::RateLimited,
+            Status::LimitReached,
             Status::SessionRevoked,
             Status::Error,
         ],
@@ -162,7 +174,7 @@ const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"]
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 12] = [
+const INVALID_FIELDS: [&str; 16] = [
     "reply_to",
     "id",
     "fields",
@@ -172,10 +184,16 @@ const INVALID_FIELDS: [&str; 12] = [
     "meta",
     "wait_ms",
     "lease",
+    "user",
+    "group",
+    "priority",
+    "borrow_ms",
     "reason",
     "actor",
     "cooldown_ms",
 ];
+/// Why the reaper frees a seat held without heartbeats.
+const POLICY_FREED_REASONS: [&str; 2] = ["linger_ended", "borrow_ended"];
 /// The worker's Redis error stages.
 const REDIS_STAGES: [&str; 5] = ["read", "script", "reply", "ack", "dead_letter"];
 /// The statuses counted as denials: a request refused a seat
@@ -240,6 +258,10 @@ pub fn init(license_series_limit: usize) {
         "Redis errors met by the worker, by stage; the entries concerned stay pending and are retried."
     );
     describe_counter!(EVICTIONS, "Sessions evicted for a stale heartbeat.");
+    describe_counter!(
+        POLICY_SEATS_FREED,
+        "Lingering and borrowed seats the reaper freed, by reason (linger_ended, borrow_ended)."
+    );
     describe_counter!(
         REVOCATIONS,
         "Sessions revoked by an administrator (seatgate revoke, the admin stream): a seat or a place in the queue taken away."
@@ -311,6 +333,9 @@ pub fn init(license_series_limit: usize) {
     }
     for stage in REDIS_STAGES {
         counter!(REDIS_ERRORS, "stage" => stage).absolute(0);
+    }
+    for reason in POLICY_FREED_REASONS {
+        counter!(POLICY_SEATS_FREED, "reason" => reason).absolute(0);
     }
     for name in [
         REPLY_ERRORS,
@@ -385,6 +410,12 @@ pub fn event_error() {
 /// Counts one eviction.
 pub fn evicted() {
     counter!(EVICTIONS).increment(1);
+}
+
+/// Counts one lingering or borrowed seat freed by the reaper (`reason`:
+/// `linger_ended` or `borrow_ended`).
+pub fn policy_seat_freed(reason: &'static str) {
+    counter!(POLICY_SEATS_FREED, "reason" => reason).increment(1);
 }
 
 /// Counts one revocation.
@@ -484,6 +515,10 @@ pub struct LicenseSeats {
     pub total: i64,
     /// Sessions waiting.
     pub queued: i64,
+    /// Of `used`, the seats lingering after a release.
+    pub lingering: i64,
+    /// Of `used`, the seats borrowed.
+    pub borrowed: i64,
 }
 
 impl LicenseSeats {
@@ -529,6 +564,8 @@ impl SeatCensus {
         self.fleet.used += seats.used;
         self.fleet.total += seats.total;
         self.fleet.queued += seats.queued;
+        self.fleet.lingering += seats.lingering;
+        self.fleet.borrowed += seats.borrowed;
         self.licenses += 1;
         let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
         let at = self.top.partition_point(|l| l.rank(&seats).is_lt());
@@ -567,6 +604,8 @@ impl From<SeatCensus> for SeatSummary {
             used: c.fleet.used - top.iter().map(|l| l.used).sum::<i64>(),
             total: c.fleet.total - top.iter().map(|l| l.total).sum::<i64>(),
             queued: c.fleet.queued - top.iter().map(|l| l.queued).sum::<i64>(),
+            lingering: c.fleet.lingering - top.iter().map(|l| l.lingering).sum::<i64>(),
+            borrowed: c.fleet.borrowed - top.iter().map(|l| l.borrowed).sum::<i64>(),
         };
         SeatSummary {
             top,
@@ -793,7 +832,17 @@ pub fn record_snapshots() {
         QUEUE_DEPTH,
         "Sessions waiting, per license (same licenses as seatgate_seats_used)."
     );
+    describe_gauge!(
+        SEATS_LINGERING,
+        "Of the seats held, those lingering after a release (linger_ms), per license (same licenses as seatgate_seats_used)."
+    );
+    describe_gauge!(
+        SEATS_BORROWED,
+        "Of the seats held, those borrowed (held without heartbeats), per license (same licenses as seatgate_seats_used)."
+    );
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
+    describe_gauge!(FLEET_SEATS_LINGERING, "Seats lingering over all licenses.");
+    describe_gauge!(FLEET_SEATS_BORROWED, "Seats borrowed over all licenses.");
     describe_gauge!(FLEET_SEATS_TOTAL, "Seats over all licenses.");
     describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
     describe_gauge!(
@@ -814,10 +863,14 @@ pub fn record_snapshots() {
             gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
             gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
             gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
+            gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
+            gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
         }
         gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
         gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
         gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
+        gauge!(FLEET_SEATS_LINGERING).set(s.fleet.lingering as f64);
+        gauge!(FLEET_SEATS_BORROWED).set(s.fleet.borrowed as f64);
         gauge!(LICENSES).set(s.licenses as f64);
     }
     for st in &shared.streams {
@@ -895,6 +948,7 @@ mod tests {
             used,
             total,
             queued,
+            ..LicenseSeats::default()
         };
         LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
         let mut census = SeatCensus::default();

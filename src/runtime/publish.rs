@@ -350,6 +350,9 @@ impl Publisher {
                 position: None,
                 waited_ms: Some(note.waited_ms),
                 heartbeat_timeout_ms: note.heartbeat_timeout_ms,
+                priority: None,
+                linger_ms: None,
+                borrowed_until_ms: None,
                 error: match note.status {
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
                     other => other.refusal_reason().map(str::to_owned),

@@ -45,8 +45,10 @@ const DUE_PAGE: usize = 256;
 pub struct PassReport {
     /// Licenses reaped: those the due index said were due.
     pub licenses: usize,
-    /// Sessions evicted.
+    /// Sessions evicted (stale heartbeat).
     pub evicted: usize,
+    /// Lingering and borrowed seats freed because their linger or borrow ended.
+    pub ended: usize,
     /// Waiters granted a seat.
     pub granted: usize,
     /// Waiters timed out.
@@ -289,7 +291,7 @@ impl Reaper {
         drop(sweep);
         metrics::reaper_pass(started.elapsed());
         match first_error {
-            Some(e) if report.evicted + report.granted + report.timed_out == 0 => Err(e),
+            Some(e) if report.evicted + report.ended + report.granted + report.timed_out == 0 => Err(e),
             _ => Ok(report),
         }
     }
@@ -336,6 +338,7 @@ impl Reaper {
                     Ok((one, (stale, due))) => {
                         report.licenses += 1;
                         report.evicted += one.evicted;
+                        report.ended += one.ended;
                         report.granted += one.granted;
                         report.timed_out += one.timed_out;
                         if one.queues.first().is_some_and(|(_, d)| *d > 0) {
@@ -388,20 +391,35 @@ impl Reaper {
                 started.elapsed(),
             );
             let step = step?;
-            for session in &step.evicted {
-                metrics::evicted();
-                info!(%license, %session, "evicted stale session");
-                let mut event = Event::new(
-                    EventType::Evicted,
-                    license,
-                    session,
-                    step.seats_used,
-                    step.seats_total,
-                    step.now_ms,
-                );
-                event.reason = Some("heartbeat_timeout");
-                self.publisher.event(&mut con, &event).await;
+            // Seat-freed events: stale sessions, then seats whose borrow or
+            // linger ended (counted apart: nobody stopped heartbeating).
+            let freed = [
+                ("heartbeat_timeout", &step.evicted),
+                ("borrow_ended", &step.borrow_ended),
+                ("linger_ended", &step.linger_ended),
+            ];
+            for (reason, sessions) in freed {
+                for session in sessions {
+                    if reason == "heartbeat_timeout" {
+                        metrics::evicted();
+                        info!(%license, %session, "evicted stale session");
+                    } else {
+                        metrics::policy_seat_freed(reason);
+                        info!(%license, %session, reason, "freed a seat held without heartbeats");
+                    }
+                    let mut event = Event::new(
+                        EventType::Evicted,
+                        license,
+                        session,
+                        step.seats_used,
+                        step.seats_total,
+                        step.now_ms,
+                    );
+                    event.reason = Some(reason);
+                    self.publisher.event(&mut con, &event).await;
+                }
             }
+            report.ended += step.borrow_ended.len() + step.linger_ended.len();
             // New notes count once; redelivered ones (left in the outbox by a
             // deliverer that died) are only delivered again.
             let redelivered = step.redeliver.iter().map(|n| (n, false));
@@ -438,6 +456,8 @@ impl Reaper {
                     used: step.seats_used,
                     total: step.seats_total,
                     queued: step.queue_depth,
+                    lingering: step.seats_lingering,
+                    borrowed: step.seats_borrowed,
                 }];
                 return Ok((report, (step.stale_ms, step.due_ms)));
             }
@@ -471,10 +491,11 @@ impl Reaper {
         let seats = match self.pass().await {
             Ok(r) => {
                 metrics::reaper_succeeded();
-                if r.evicted + r.granted + r.timed_out > 0 {
+                if r.evicted + r.ended + r.granted + r.timed_out > 0 {
                     info!(
                         licenses = r.licenses,
                         evicted = r.evicted,
+                        ended = r.ended,
                         granted = r.granted,
                         timed_out = r.timed_out,
                         "reaper pass"

@@ -182,6 +182,9 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
                 "1",
                 "--heartbeat-timeout",
                 "2s",
+                // A policy, so the scripts' policy commands run as the worker too.
+                "--max-per-user",
+                "1",
             ],
         )
         .await;
@@ -194,7 +197,18 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let worker = WorkerProcess::start(&redis.url(), &env).await;
 
     let alice = redis
-        .seatgate(CLIENT, &["acquire", "--license", "cad", "--session", "alice"])
+        .seatgate(
+            CLIENT,
+            &[
+                "acquire",
+                "--license",
+                "cad",
+                "--session",
+                "alice",
+                "--user",
+                "alice",
+            ],
+        )
         .await;
     assert_eq!(alice.status.code(), Some(0), "{alice:?}");
     assert!(stdout(&alice).starts_with("ACQUIRED"), "{}", stdout(&alice));
@@ -203,7 +217,17 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let bob = redis
         .command(
             CLIENT,
-            &["acquire", "--license", "cad", "--session", "bob", "--wait", "30s"],
+            &[
+                "acquire",
+                "--license",
+                "cad",
+                "--session",
+                "bob",
+                "--user",
+                "bob",
+                "--wait",
+                "30s",
+            ],
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -12,6 +12,7 @@ mod invalid;
 mod lease;
 mod metrics;
 mod page;
+mod policy;
 mod prometheus;
 mod queue;
 mod report;

@@ -19,6 +19,7 @@ use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
+use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
 use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
@@ -114,6 +115,15 @@ pub async fn provision(s: &Settings, license: &str, spec: &LicenseSpec) {
     license::put(&mut db(s).await, &keys(s), license, spec)
         .await
         .expect("put license");
+}
+
+/// Creates or replaces `license` with `n` seats under `policy`, as
+/// `seatgate license put` does.
+pub async fn provision_policy(s: &Settings, license: &str, n: u64, policy: &LicensePolicy) {
+    provision(s, license, &seats(n)).await;
+    license::put_policy(&mut db(s).await, &keys(s), license, policy)
+        .await
+        .expect("put license policy");
 }
 
 /// Provisions `license` with `n` seats, active, never expiring.
@@ -225,6 +235,8 @@ pub struct Direct {
     default_queue_max: u64,
     /// The heartbeat timeout for a license without its own, as a worker passes it.
     default_heartbeat_timeout_ms: u64,
+    /// Who its acquires say is asking (user, group, priority, borrow).
+    policy: RequestPolicy,
     /// The lease every call carries (`None`: none).
     lease: Option<String>,
     /// How long a revocation is remembered, and how many per license, as a worker passes them.
@@ -240,6 +252,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
         default_heartbeat_timeout_ms: s.sessions.heartbeat_timeout_ms,
+        policy: RequestPolicy::NONE,
         lease: None,
         revoke: s.revoke.clone(),
     }
@@ -265,6 +278,12 @@ impl Direct {
             meta: meta.into(),
             ..self
         }
+    }
+
+    /// The same session, its acquires asked by `policy`'s user and group,
+    /// at its priority, borrowing as it says.
+    pub fn with_policy(self, policy: RequestPolicy) -> Direct {
+        Direct { policy, ..self }
     }
 
     /// The same session, every call carrying `lease` (or none).
@@ -300,7 +319,7 @@ impl Direct {
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
-            .acquire(&self.keys, &self.guard, &args)
+            .acquire_as(&self.keys, &self.guard, &args, &self.policy)
             .run(con)
             .await
             .expect("acquire.lua")

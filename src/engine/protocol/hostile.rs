@@ -19,6 +19,10 @@ fn field_name() -> impl Strategy<Value = String> {
             "x",
             "OP",
             "op ",
+            "user",
+            "group",
+            "priority",
+            "borrow_ms",
             "reason",
             "actor",
             "cooldown_ms"

@@ -6,6 +6,7 @@
 use redis::Value;
 
 use crate::engine::license::{Field, InvalidField};
+use crate::engine::policy::PolicyRefusal;
 use crate::engine::revocation::Revocation;
 use crate::engine::status::Status;
 use crate::error::Error;
@@ -47,6 +48,17 @@ pub struct Outcome {
     pub position: Option<i64>,
     /// NO_SEATS_AVAILABLE because the queue is full.
     pub queue_full: bool,
+    /// Which policy refused: the limit of a LIMIT_REACHED, or `Reserved`
+    /// for a NO_SEATS_AVAILABLE whose free seats are others' reservations.
+    pub policy_refusal: Option<PolicyRefusal>,
+    /// The queue priority the session got (QUEUED only; capped by the
+    /// license's `max_priority`).
+    pub priority: Option<i64>,
+    /// How long the released seat lingers with the session, ms (RELEASED
+    /// under a license's `linger_ms` only).
+    pub linger_ms: Option<i64>,
+    /// When a borrowed seat comes back, ms (ACQUIRED with `borrow_ms` only).
+    pub borrowed_until_ms: Option<i64>,
     /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
     pub invalid: Option<InvalidField>,
     /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
@@ -91,6 +103,10 @@ impl Outcome {
             heartbeats: None,
             position: None,
             queue_full: false,
+            policy_refusal: None,
+            priority: None,
+            linger_ms: None,
+            borrowed_until_ms: None,
             invalid: None,
             revocation: None,
             held: None,
@@ -154,6 +170,14 @@ pub struct Reaped {
     pub redeliver: Vec<Note>,
     /// Where the next step of this pass goes on in the outbox.
     pub outbox: OutboxCursor,
+    /// Sessions whose borrowed seat was freed: the borrow ended.
+    pub borrow_ended: Vec<String>,
+    /// Sessions whose lingering seat was freed: the linger ended.
+    pub linger_ended: Vec<String>,
+    /// Of `seats_used`, the seats lingering after a release.
+    pub seats_lingering: i64,
+    /// Of `seats_used`, the seats borrowed (held without heartbeats).
+    pub seats_borrowed: i64,
     /// When the license's oldest holder goes stale after this step (Redis
     /// clock, ms); `None` when nobody holds a seat.
     pub stale_ms: Option<i64>,
@@ -246,16 +270,16 @@ fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, E
             ))
         }
     };
-    let field = string(script, parts.first(), "invalid field")?
-        .parse::<Field>()
-        .map_err(|_| bad(script, format!("unknown license field {:?}", parts[0])))?;
+    let name = string(script, parts.first(), "invalid field")?;
+    let (field, group) =
+        Field::parse_name(&name).ok_or_else(|| bad(script, format!("unknown license field {name:?}")))?;
     let value = match &parts[1] {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         other => {
             text(other).ok_or_else(|| bad(script, format!("invalid value is not a string: {other:?}")))?
         }
     };
-    Ok(InvalidField { field, value })
+    Ok(InvalidField { field, group, value })
 }
 
 /// A time for the due index as the scripts report it: 0 for none.
@@ -288,39 +312,22 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
-    let detail = &items[3];
-    let count = match detail {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    };
-    let invalid = if status == Status::LicenseInvalid {
-        Some(invalid_field(script, detail)?)
-    } else {
-        None
-    };
-    let revocation = match text(detail) {
-        Some(raw) if status == Status::SessionRevoked => Revocation::parse(&raw),
-        _ => None,
-    };
-    let queue_full = match text(detail).as_deref() {
-        Some("queue_full") => true,
-        _ if count.is_some() || invalid.is_some() || status == Status::SessionRevoked => false,
-        _ => {
-            return Err(bad(
-                script,
-                format!("detail is neither a number, queue_full nor a revocation: {detail:?}"),
-            ))
-        }
-    };
+    let detail = Detail::decode(script, status, &items[3])?;
+    let count = detail.count;
+    let for_status = |wanted: Status| count.filter(|n| status == wanted && *n > 0);
     Ok(Outcome {
         status,
         seats_used: int(script, items.get(1), "seats_used")?,
         seats_total: int(script, items.get(2), "seats_total")?,
         heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
         position: count.filter(|_| status == Status::Queued),
-        queue_full,
-        invalid,
-        revocation,
+        queue_full: detail.queue_full,
+        policy_refusal: detail.refusal,
+        priority: detail.priority.or(Some(0)).filter(|_| status == Status::Queued),
+        linger_ms: for_status(Status::Released),
+        borrowed_until_ms: for_status(Status::Acquired),
+        invalid: detail.invalid,
+        revocation: detail.revocation,
         held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
@@ -332,20 +339,95 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     })
 }
 
+/// An outcome's detail slot, taken apart (lua/includes/outcome.lua).
+#[derive(Debug, Default)]
+struct Detail {
+    /// The number it carries: a count, a position, a time.
+    count: Option<i64>,
+    /// NO_SEATS_AVAILABLE: 'queue_full'.
+    queue_full: bool,
+    /// LIMIT_REACHED: the limit; NO_SEATS_AVAILABLE: 'reserved'.
+    refusal: Option<PolicyRefusal>,
+    /// QUEUED: {position, priority}.
+    priority: Option<i64>,
+    /// LICENSE_INVALID: {field, value}.
+    invalid: Option<InvalidField>,
+    /// SESSION_REVOKED: the revocation record (when it reads as one).
+    revocation: Option<Revocation>,
+}
+
+impl Detail {
+    fn decode(script: &'static str, status: Status, detail: &Value) -> Result<Detail, Error> {
+        let refuse = || {
+            bad(
+                script,
+                format!("{status} detail is not one the scripts return: {detail:?}"),
+            )
+        };
+        match detail {
+            _ if status == Status::LicenseInvalid => Ok(Detail {
+                invalid: Some(invalid_field(script, detail)?),
+                ..Detail::default()
+            }),
+            // A revocation record the scripts stored; one that does not read
+            // as one (written by a later version) is no revocation to show.
+            _ if status == Status::SessionRevoked => Ok(Detail {
+                revocation: text(detail).and_then(|raw| Revocation::parse(&raw)),
+                count: match detail {
+                    Value::Int(n) => Some(*n),
+                    _ => None,
+                },
+                ..Detail::default()
+            }),
+            Value::Int(n) if status != Status::LimitReached => Ok(Detail {
+                count: Some(*n),
+                ..Detail::default()
+            }),
+            Value::Array(pair) if status == Status::Queued => match pair.as_slice() {
+                [Value::Int(position), Value::Int(priority)] => Ok(Detail {
+                    count: Some(*position),
+                    priority: Some(*priority),
+                    ..Detail::default()
+                }),
+                _ => Err(refuse()),
+            },
+            other => match (status, text(other).as_deref()) {
+                (Status::NoSeatsAvailable, Some("queue_full")) => Ok(Detail {
+                    queue_full: true,
+                    ..Detail::default()
+                }),
+                (Status::NoSeatsAvailable, Some("reserved")) => Ok(Detail {
+                    refusal: Some(PolicyRefusal::Reserved),
+                    ..Detail::default()
+                }),
+                (Status::LimitReached, Some(limit)) => match PolicyRefusal::parse(limit) {
+                    Some(r) if r != PolicyRefusal::Reserved => Ok(Detail {
+                        refusal: Some(r),
+                        ..Detail::default()
+                    }),
+                    _ => Err(refuse()),
+                },
+                _ => Err(refuse()),
+            },
+        }
+    }
+}
+
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
-/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, stale, due,
+/// more, queue_depth, redeliver, outbox_cursor, outbox_pending, borrow_ended,
+/// linger_ended, seats_lingering, seats_borrowed, stale, due,
 /// heartbeat_timeout_ms}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 13 {
+    if items.len() != 17 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 13", items.len()),
+            format!("reap step has {} slots, not 17", items.len()),
         ));
     }
-    let heartbeat_timeout_ms = timeout(script, items.get(12))?;
+    let heartbeat_timeout_ms = timeout(script, items.get(16))?;
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
         other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
@@ -363,8 +445,12 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
             cursor: string(script, items.get(8), "outbox_cursor")?,
             pending: strings(&items[9], "outbox_pending")?,
         },
-        stale_ms: due(script, items.get(10), "stale")?,
-        due_ms: due(script, items.get(11), "due")?,
+        borrow_ended: strings(&items[10], "borrow_ended")?,
+        linger_ended: strings(&items[11], "linger_ended")?,
+        seats_lingering: int(script, items.get(12), "seats_lingering")?,
+        seats_borrowed: int(script, items.get(13), "seats_borrowed")?,
+        stale_ms: due(script, items.get(14), "stale")?,
+        due_ms: due(script, items.get(15), "due")?,
         heartbeat_timeout_ms,
     })
 }
@@ -445,6 +531,47 @@ mod tests {
         let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
         assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
         assert!(!o.queue_full);
+    }
+
+    #[test]
+    fn policy_details_decode_per_status() {
+        let o = decode_outcome(
+            "acquire",
+            outcome("QUEUED", Value::Array(vec![Value::Int(2), Value::Int(7)]), vec![]),
+        )
+        .unwrap();
+        assert_eq!((o.position, o.priority), (Some(2), Some(7)));
+        let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(4), vec![])).unwrap();
+        assert_eq!((o.position, o.priority), (Some(4), Some(0)));
+        let o = decode_outcome("acquire", outcome("LIMIT_REACHED", bulk("group_max"), vec![])).unwrap();
+        assert_eq!(o.policy_refusal, Some(PolicyRefusal::GroupMax));
+        let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", bulk("reserved"), vec![])).unwrap();
+        assert_eq!(
+            (o.policy_refusal, o.queue_full),
+            (Some(PolicyRefusal::Reserved), false)
+        );
+        let o = decode_outcome("release", outcome("RELEASED", Value::Int(30_000), vec![])).unwrap();
+        assert_eq!((o.linger_ms, o.borrowed_until_ms), (Some(30_000), None));
+        let o = decode_outcome("release", outcome("RELEASED", Value::Int(0), vec![])).unwrap();
+        assert_eq!(o.linger_ms, None);
+        let o = decode_outcome(
+            "acquire",
+            outcome("ACQUIRED", Value::Int(1_800_000_000_000), vec![]),
+        )
+        .unwrap();
+        assert_eq!(o.borrowed_until_ms, Some(1_800_000_000_000));
+        for (status, detail) in [
+            ("LIMIT_REACHED", Value::Int(1)),
+            ("LIMIT_REACHED", bulk("reserved")),
+            ("LIMIT_REACHED", bulk("max_seats")),
+            ("ACQUIRED", bulk("reserved")),
+            ("RELEASED", Value::Array(vec![Value::Int(1), Value::Int(2)])),
+        ] {
+            assert!(
+                decode_outcome("acquire", outcome(status, detail, vec![])).is_err(),
+                "{status}"
+            );
+        }
     }
 
     #[test]

@@ -111,7 +111,10 @@
           h.user,
           h.hardware_id,
           ago(now - h.acquired_at_ms),
-          `${ago(now - h.last_heartbeat_ms)} ago`,
+          // Lingering and borrowed seats need no heartbeats: show when they come back.
+          h.lingering_until_ms != null ? `lingers ${ago(h.lingering_until_ms - now)}`
+            : h.borrowed_until_ms != null ? `borrowed ${ago(h.borrowed_until_ms - now)}`
+            : `${ago(now - h.last_heartbeat_ms)} ago`,
         ]),
       ));
     }

@@ -309,7 +309,7 @@ impl Decider {
         // stalled past claim_idle_ms had its batch claimed by another.
         guard.redelivery = true;
         match req.op {
-            Op::Acquire => scripts.acquire(
+            Op::Acquire => scripts.acquire_as(
                 &keys,
                 &guard,
                 &AcquireArgs {
@@ -322,6 +322,7 @@ impl Decider {
                     default_queue_max: self.settings.queue.max_length,
                     default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
+                &req.policy,
             ),
             Op::Release => scripts.release(
                 &keys,

@@ -392,6 +392,9 @@ impl Item {
             outcome.seats_total,
             outcome.now_ms,
         )?;
+        event.priority = outcome.priority;
+        event.linger_ms = outcome.linger_ms;
+        event.borrowed_until_ms = outcome.borrowed_until_ms;
         // A revocation's audit trail: who and why, as the admin sent them.
         if let (EventType::Revoked, Some(revoke)) = (event.kind, &req.revoke) {
             event.reason = Some(&revoke.reason);
@@ -422,6 +425,9 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeat_timeout_ms: outcome
             .heartbeat_timeout_ms
             .filter(|_| matches!(outcome.status, Status::Acquired | Status::AlreadyActive)),
+        priority: outcome.priority.filter(|p| *p > 0),
+        linger_ms: outcome.linger_ms,
+        borrowed_until_ms: outcome.borrowed_until_ms,
         error: error.or_else(|| {
             if outcome.queue_full {
                 Some("every seat is in use and the license's wait queue is full".to_owned())
@@ -429,6 +435,8 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
                 Some(invalid.to_string())
             } else if let Some(revocation) = &outcome.revocation {
                 Some(revocation.describe(outcome.now_ms))
+            } else if let Some(refusal) = outcome.policy_refusal {
+                Some(refusal.reason(&req.policy))
             } else {
                 outcome.status.refusal_reason().map(str::to_owned)
             }

@@ -6,8 +6,8 @@
 //! URL, the benchmark starts its own redis-server on a free loopback port.
 //!
 //! This file holds the options, the report and the table of scenarios; the
-//! scenarios live by kind in `throughput`, `latency`, `footprint`, `soak`
-//! and `cluster`, on the shared pieces of `harness`. Every direct call of
+//! scenarios live by kind in `throughput`, `latency`, `footprint`, `soak`,
+//! `cluster` and `policy`, on the shared pieces of `harness`. Every direct call of
 //! seatgate's scripts goes through `seat`, every call of the seed design's
 //! through `seed`; `cost` reads what a measured window cost Redis, and
 //! `compare` sets a run beside an earlier one (`--baseline`).
@@ -18,6 +18,7 @@ mod cost;
 mod footprint;
 mod harness;
 mod latency;
+mod policy;
 mod seat;
 mod seed;
 mod soak;
@@ -164,6 +165,12 @@ const SCENARIOS: &[Scenario] = &[
         by_default: true,
         needs_flush: false,
         run: |b| Box::pin(latency::contention(b)),
+    },
+    Scenario {
+        name: "policy",
+        by_default: true,
+        needs_flush: false,
+        run: |b| Box::pin(policy::run(b)),
     },
     Scenario {
         name: "reaper",
@@ -421,6 +428,7 @@ mod tests {
                 "seatgate",
                 "fixed-rate",
                 "contention",
+                "policy",
                 "reaper",
                 "memory"
             ]

@@ -5,6 +5,7 @@
 
 use crate::db::Db;
 use crate::engine::keys::{Keys, LicenseKeys};
+use crate::engine::policy::RequestPolicy;
 use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
 use crate::error::Error;
 
@@ -43,6 +44,14 @@ pub(super) enum Step<'a> {
         request_id: &'a str,
         /// The reply stream a later GRANTED would go to.
         reply_to: &'a str,
+    },
+    /// lua/acquire.lua without waiting, asked by `who` (user, group,
+    /// priority, borrow: the license policies' inputs).
+    AcquireAs {
+        /// Session metadata (JSON object).
+        meta: &'a str,
+        /// Who asks.
+        who: &'a RequestPolicy,
     },
     /// lua/release.lua.
     Release,
@@ -83,6 +92,9 @@ impl Seat {
                 &self.guard,
                 &acquire(meta, wait_ms, request_id, reply_to),
             ),
+            Step::AcquireAs { meta, who } => {
+                s.acquire_as(&self.keys, &self.guard, &acquire(meta, 0, "", ""), who)
+            }
             Step::Release => s.release(
                 &self.keys,
                 &self.guard,

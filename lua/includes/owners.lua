@@ -1,0 +1,167 @@
+--[[
+  owners: who holds each seat, for the per-user and per-group policies
+  (policy.lua), and the seats held without heartbeats: lingering and
+  borrowed ones. KEYS[9..11] (keys.lua).
+
+  KEYS[9] owners, a HASH:
+    u:<user>     seats the user holds, lingering and borrowed ones included
+                 (the field goes at 0)
+    g:<group>    the same per group
+    s:<session>  the owner record of a holder or waiter:
+                   "<user>|<group>|<borrow_ms>"
+                     user, group  as the acquire carried them ('' = none;
+                                  ids never contain '|')
+                     borrow_ms    the borrow the acquire asked for (0 = none):
+                                  a waiter's grant starts it
+                 Written for every session whose acquire carried a user, a
+                 group or a borrow, and for every lingering seat: a session
+                 with none of them (the common case) costs one HGET of a
+                 missing field when its seat goes. Rust reads it with
+                 engine::records::OwnerRecord (seatgate status).
+  Every change of a holder keeps the counts, in the script making it: a
+  seat taken or granted adds to them; a seat released without linger,
+  evicted, or whose linger or borrow ended takes from them.
+
+  KEYS[10] lingering, KEYS[11] borrowed: ZSETs session -> when the seat
+  comes back (ms); the reaper frees it then. Meanwhile the seat stays in
+  holders, so seats_used counts it: a lingering one scored +inf (the stale
+  scan never takes it, and acquire, release and heartbeat tell it from a
+  live seat by that score alone), a borrowed one scored with its end (which
+  a heartbeat, ZADD XX GT, never lowers).
+
+  Cost: a Lua function costs its closure on every run of a script, so only
+  owner_of is defined on every run; the other helpers are built by owners()
+  the first time a run needs them.
+]]
+--- @include "keys"
+
+-- {user, group, borrow_ms} of `session`'s owner record; nil for none (or a
+-- record of another form).
+local function owner_of(session)
+  local raw = rcall('HGET', K.owners, 's:' .. session)
+  if not raw then
+    return nil
+  end
+  local user, group, borrow_ms = string.match(raw, '^([^|]*)|([^|]*)|(%d+)$')
+  if not user then
+    return nil
+  end
+  return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
+end
+
+-- A lingering seat's holders score, as ZSCORE returns it.
+local LINGERING = 'inf'
+
+local owners_built
+-- The other owner helpers.
+local function owners()
+  if owners_built then
+    return owners_built
+  end
+  local O = {}
+
+  -- The owner record of an acquire, or nil when it carries nothing to record.
+  function O.record(user, group, borrow_ms)
+    if user == '' and group == '' and borrow_ms == 0 then
+      return nil
+    end
+    return user .. '|' .. group .. '|' .. borrow_ms
+  end
+
+  -- {user, group, borrow_ms} of owner record `raw` (from an HMGET); nil for none.
+  function O.parse(raw)
+    if not raw then
+      return nil
+    end
+    local user, group, borrow_ms = string.match(raw, '^([^|]*)|([^|]*)|(%d+)$')
+    if not user then
+      return nil
+    end
+    return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
+  end
+
+  local function bump(field, delta)
+    if rcall('HINCRBY', K.owners, field, delta) <= 0 then
+      rcall('HDEL', K.owners, field)
+    end
+  end
+
+  -- Adds `delta` seats to the counts of `owner`'s user and group.
+  local function count(owner, delta)
+    if owner.user ~= '' then
+      bump('u:' .. owner.user, delta)
+    end
+    if owner.group ~= '' then
+      bump('g:' .. owner.group, delta)
+    end
+  end
+
+  -- Holds the seat `session` holds until `now + borrow_ms` without
+  -- heartbeats. Returns the borrow's end.
+  local function borrow(session, now, borrow_ms)
+    local until_ms = now + borrow_ms
+    rcall('ZADD', K.holders, until_ms, session)
+    rcall('ZADD', K.borrowed, until_ms, session)
+    return until_ms
+  end
+
+  -- Counts the seat `session` was just given (taken or granted) for `owner`
+  -- and starts the borrow it asked for. Returns the borrow's end, or 0.
+  function O.taken(session, now, owner)
+    count(owner, 1)
+    if owner.borrow_ms > 0 then
+      return borrow(session, now, owner.borrow_ms)
+    end
+    return 0
+  end
+
+  -- Forgets `session`'s owner record `owner` and its counts once its seat
+  -- is gone (released, evicted, its linger or borrow ended).
+  function O.gone(session, owner)
+    count(owner, -1)
+    rcall('HDEL', K.owners, 's:' .. session)
+    rcall('ZREM', K.lingering, session)
+    rcall('ZREM', K.borrowed, session)
+  end
+
+  -- Keeps the seat `session` released with it for `linger_ms`: the seat
+  -- stays in holders (at +inf) and in the counts until the reaper frees it.
+  function O.linger(session, now, linger_ms, owner)
+    rcall('ZADD', K.holders, 'XX', '+inf', session)
+    rcall('ZADD', K.lingering, now + linger_ms, session)
+    rcall('ZREM', K.borrowed, session)
+    if not owner then
+      rcall('HSET', K.owners, 's:' .. session, '||0')
+    end
+  end
+
+  -- Gives `session` its lingering seat back at `now`, heartbeat clock restarted.
+  function O.reclaim(session, now)
+    rcall('ZREM', K.lingering, session)
+    rcall('ZADD', K.holders, now, session)
+  end
+
+  -- Forgets a waiter's owner record: its wait ended without a seat.
+  function O.forget(session)
+    rcall('HDEL', K.owners, 's:' .. session)
+  end
+
+  -- Frees up to `limit` seats of `zset` (lingering or borrowed) whose end
+  -- has come. Returns their sessions.
+  function O.end_seats(zset, now, limit)
+    local due = rcall('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
+    for _, session in ipairs(due) do
+      rcall('ZREM', zset, session)
+      rcall('ZREM', K.holders, session)
+      rcall('HDEL', K.sessions, session)
+      local owner = owner_of(session)
+      if owner then
+        O.gone(session, owner)
+      end
+    end
+    return due
+  end
+
+  owners_built = O
+  return O
+end

@@ -1,0 +1,244 @@
+--[[
+  policy: the license policies, decided inside the seat scripts for direct
+  acquires and for grants to waiters alike.
+
+  They live in the license record, KEYS[1], and are read (one HGETALL) only
+  while its field `policy` is 1, so a license without them costs one more
+  field of the HMGET check_license makes anyway (license.lua):
+    max_per_user       one user holds at most that many seats
+    group_max:<g>      group g holds at most that many seats
+    group_reserve:<g>  that many seats are kept for group g: others may use
+                       only seats_total minus what g's reservation leaves unused
+    max_priority       the highest priority an acquire gets (0-9; absent: 9)
+    linger_ms          a released seat stays with its session that long
+    max_borrow_ms      the longest borrow an acquire may ask for (absent:
+                       borrowing is off)
+  Each is a whole number in plain digits, under the rules license.lua lists
+  (policy().read() checks them): a record breaking one hands out no seat,
+  LICENSE_INVALID naming the field, as for the other fields.
+  Who asks comes with the acquire: user, group, priority, borrow_ms. An
+  acquire without a user is under no per-user limit, one without a group
+  under no per-group limit (and takes no reserved seat).
+
+  Seats held count lingering and borrowed ones (owners.lua), and lowering a
+  limit evicts nobody: it only keeps new seats from those above it.
+
+  Fair skipping: a waiter that its own limit (or others' reservations)
+  keeps from a free seat keeps its place, and the waiters behind it who can
+  take one are granted in queue order; nobody is granted ahead of a waiter
+  who could have taken the seat. One grant step looks past at most
+  SKIP_LIMIT such waiters, so its cost stays bounded however long the queue;
+  a direct acquire takes a free seat while others wait only when the step
+  found every one of them unable to take it.
+
+  Cost: a license without policies pays for none of this but the `policy`
+  field of check_license's HMGET and one call of grant_waiters: the helpers
+  are built by policy() the first time a script run needs them (a Lua
+  function costs its closure on every run).
+]]
+--- @include "keys"
+--- @include "license"
+--- @include "owners"
+--- @include "queue"
+
+-- Most waiters one grant step looks past (waiters that cannot be granted
+-- now): the bound on a step's cost. engine::policy::SKIP_LIMIT mirrors it.
+local SKIP_LIMIT = 50
+-- The highest priority.
+local TOP_PRIORITY = 9
+
+local policy_built
+-- The policy helpers.
+local function policy()
+  if policy_built then
+    return policy_built
+  end
+  local M = {}
+
+  -- The policy fields' rules, as license.lua lists them: its
+  -- license_number checks them, so one rule holds each field everywhere.
+  LICENSE_RULES.max_per_user = {0, 999999999999999, 15}
+  LICENSE_RULES.max_priority = {0, 9, 1}
+  LICENSE_RULES.linger_ms = {0, 999999999999999, 15}
+  LICENSE_RULES.max_borrow_ms = {0, 31536000000, 11}
+  LICENSE_RULES.group_max = {0, 1000000, 7}
+  LICENSE_RULES.group_reserve = {0, 1000000, 7}
+  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms'}
+
+  -- The license's policies, read from its whole record, and the first field
+  -- that breaks its rule ({field, value}, as license_state reports one:
+  -- the scalars in the order above, then group fields by name), or nil.
+  -- `limits` says whether any policy can keep a waiter from a free seat;
+  -- `counts` caches the seats held per owners field for this script run.
+  function M.read()
+    local flat = rcall('HGETALL', K.license)
+    local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
+    local raw, bad_group = {}, nil
+    for i = 1, #flat, 2 do
+      local field, value = flat[i], flat[i + 1]
+      local kind, group = string.match(field, '^(group_%a+):(.*)$')
+      if kind == 'group_max' or kind == 'group_reserve' then
+        local n = license_number(kind, value)
+        if n and #group <= 128 and string.find(group, '^[A-Za-z0-9._:@-]+$') then
+          P[kind][group] = n
+        elseif not bad_group or field < bad_group[1] then
+          bad_group = {field, string.sub(value, 1, 64)}
+        end
+      else
+        raw[field] = value
+      end
+    end
+    for _, field in ipairs(SCALARS) do
+      local value = raw[field]
+      if value then
+        P[field] = license_number(field, value)
+        if P[field] == nil then
+          return nil, {field, string.sub(value, 1, 64)}
+        end
+      end
+    end
+    if bad_group then
+      return nil, bad_group
+    end
+    P.max_priority = P.max_priority or TOP_PRIORITY
+    P.limits = P.max_per_user ~= nil or next(P.group_max) ~= nil or next(P.group_reserve) ~= nil
+    return P, nil
+  end
+
+  -- Seats held under owners field `field` (u:<user>, g:<group>).
+  local function held(P, field)
+    local n = P.counts[field]
+    if n == nil then
+      n = tonumber(rcall('HGET', K.owners, field)) or 0
+      P.counts[field] = n
+    end
+    return n
+  end
+
+  -- Reads in one HMGET the counts seat_refusal may need for `who` that
+  -- this run has not read yet: its user's, its group's and every reserved
+  -- group's.
+  function M.prefetch(P, who)
+    local wanted = {}
+    local function want(field)
+      if P.counts[field] == nil then
+        wanted[#wanted + 1] = field
+      end
+    end
+    if P.max_per_user and who.user ~= '' then
+      want('u:' .. who.user)
+    end
+    if who.group ~= '' and P.group_max[who.group] then
+      want('g:' .. who.group)
+    end
+    for group in pairs(P.group_reserve) do
+      want('g:' .. group)
+    end
+    if #wanted > 0 then
+      local counts = rcall('HMGET', K.owners, unpack(wanted))
+      for i, field in ipairs(wanted) do
+        P.counts[field] = tonumber(counts[i]) or 0
+      end
+    end
+  end
+
+  -- Seats reserved for groups other than `group` that they do not use.
+  local function reserved_for_others(P, group)
+    local n = 0
+    for g, reserve in pairs(P.group_reserve) do
+      if g ~= group then
+        local used = held(P, 'g:' .. g)
+        if used < reserve then
+          n = n + reserve - used
+        end
+      end
+    end
+    return n
+  end
+
+  -- Why `who` ({user, group}) may not take a seat now, with `used` of
+  -- `total` held: 'max_per_user' or 'group_max' (its own limit), 'full',
+  -- or 'reserved' (the free seats are others'); nil when it may.
+  function M.seat_refusal(P, who, used, total)
+    if P.max_per_user and who.user ~= '' and held(P, 'u:' .. who.user) >= P.max_per_user then
+      return 'max_per_user'
+    end
+    local group_max = who.group ~= '' and P.group_max[who.group]
+    if group_max and held(P, 'g:' .. who.group) >= group_max then
+      return 'group_max'
+    end
+    if used >= total then
+      return 'full'
+    end
+    if total - used - reserved_for_others(P, who.group) < 1 then
+      return 'reserved'
+    end
+    return nil
+  end
+
+  local NOBODY = {user = '', group = '', borrow_ms = 0}
+
+  -- Hands free seats to waiters in queue order under the limits, looking
+  -- past at most SKIP_LIMIT waiters that cannot take one. Returns the seats
+  -- in use afterwards, the grants made, and whether it looked at every waiter.
+  function M.fair_promote(now, total, notes, max, P)
+    local used = rcall('ZCARD', K.holders)
+    if used >= total then
+      return used, 0, false
+    end
+    local window = rcall('ZRANGE', K.queue, 0, SKIP_LIMIT + max - 1)
+    if #window == 0 then
+      return used, 0, true
+    end
+    local fields = {}
+    for i, session in ipairs(window) do
+      fields[i] = 's:' .. session
+    end
+    local records = rcall('HMGET', K.owners, unpack(fields))
+    M.prefetch(P, NOBODY)
+    local granted, skipped = 0, 0
+    for i, session in ipairs(window) do
+      if used >= total or granted >= max then
+        return used, granted, false
+      end
+      local who = owners().parse(records[i]) or NOBODY
+      if M.seat_refusal(P, who, used, total) then
+        skipped = skipped + 1
+        if skipped > SKIP_LIMIT then
+          return used, granted, false
+        end
+      elseif grant(session, now, notes) then
+        used, granted = used + 1, granted + 1
+        P.counts['u:' .. who.user], P.counts['g:' .. who.group] = nil, nil
+      end
+    end
+    return used, granted, #window < SKIP_LIMIT + max
+  end
+
+  -- The priority a waiter's queue score stands for (queue.lua).
+  function M.score_priority(score)
+    return math.floor((PRIORITY_STEP - tonumber(score) - 1) / PRIORITY_STEP)
+  end
+
+  -- A QUEUED outcome's detail: the position, or {position, priority} above 0.
+  function M.queued_detail(position, priority)
+    if priority > 0 then
+      return {position, priority}
+    end
+    return position
+  end
+
+  policy_built = M
+  return M
+end
+
+-- Hands free seats to the queue under policies `P` (nil: none; from
+-- policy().read()), at most `max`. Only call it when the license may hand
+-- out seats. Returns the seats in use afterwards, the grants made, and
+-- whether nobody is left waiting who could take a free seat.
+local function grant_waiters(now, total, notes, max, P)
+  if P and P.limits then
+    return policy().fair_promote(now, total, notes, max, P)
+  end
+  return promote(now, total, notes, max)
+end
