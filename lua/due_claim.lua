@@ -15,7 +15,8 @@
   ARGV[4]  the claim base, above every time there can be
 
   Returns {marker, license, ...}: the score the taken licenses now carry
-  (in each index that had them due), then the licenses, each once, those
+  (in each index that holds them, due there or not, so due_settle.lua may
+  remove what the reaper finds gone), then the licenses, each once, those
   whose earlier claim ran out first.
 
   Why a mark: every time a worker files lies below the claim base, so a time
@@ -34,7 +35,6 @@ local function take(key, min, max)
     return
   end
   for _, license in ipairs(rcall('ZRANGEBYSCORE', key, min, max, 'LIMIT', 0, room)) do
-    rcall('ZADD', key, 'XX', marker, license)
     if not taken[license] then
       taken[license] = true
       out[#out + 1] = license
@@ -46,5 +46,10 @@ for _, key in ipairs(KEYS) do
 end
 for _, key in ipairs(KEYS) do
   take(key, '-inf', '(' .. now)
+end
+for i = 2, #out do
+  for _, key in ipairs(KEYS) do
+    rcall('ZADD', key, 'XX', marker, out[i])
+  end
 end
 return out

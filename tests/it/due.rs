@@ -10,6 +10,7 @@ use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::keys::shard_of;
+use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
 use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate::engine::status::Status;
@@ -222,6 +223,87 @@ async fn heartbeats_keep_a_license_from_falling_due() {
     }
     assert_eq!(reaped, 1, "one visit, when s2 went stale");
     assert_eq!(holders(&settings, "hb").await, ["s1"]);
+    worker.stop().await;
+}
+
+/// Polls the times `license` is filed under until `done` holds (the worker
+/// files them in the pipeline that also carries the reply just read).
+async fn filed_when(
+    s: &Settings,
+    license: &str,
+    done: impl Fn((Option<i64>, Option<i64>)) -> bool,
+) -> (Option<i64>, Option<i64>) {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let times = filed(s, license).await;
+        if done(times) || std::time::Instant::now() > deadline {
+            return times;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_borrow_and_a_linger_make_their_license_due_when_they_end() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "cad", &seats_with_timeout(2, 600_000)).await;
+    let policy = LicensePolicy {
+        linger_ms: Some(300),
+        max_borrow_ms: Some(1_000),
+        ..LicensePolicy::default()
+    };
+    seatgate::engine::license::put_policy(&mut db(&settings).await, &keys(&settings), "cad", &policy)
+        .await
+        .unwrap();
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let borrow = acquire("cad", "laptop", 0).with_policy(RequestPolicy {
+        borrow_ms: 800,
+        ..RequestPolicy::NONE
+    });
+    let r = c.call(&borrow, T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    let until = r.int("borrowed_until_ms");
+    let (_, due) = filed_when(&settings, "cad", |(_, due)| due.is_some()).await;
+    assert_eq!(due, Some(until), "due when the borrow ends");
+
+    assert_eq!(
+        c.call(&acquire("cad", "desk", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+    let r = c.call(&Call::new(Op::Release, "cad", "desk"), T).await.unwrap();
+    assert_eq!(r.get("linger_ms"), "300");
+    let (_, due) = filed_when(&settings, "cad", |(_, due)| due < Some(until)).await;
+    assert!(due < Some(until), "the linger ends first: {due:?}");
+
+    // Nothing is stale (a 10-minute timeout): each end is what makes it due.
+    let reaper = reaper(&settings).await;
+    assert_eq!(reaper.pass().await.unwrap().licenses, 0);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let report = reaper.pass().await.unwrap();
+    assert_eq!(
+        (report.licenses, report.ended),
+        (1, 1),
+        "the linger ended: {report:?}"
+    );
+    assert_eq!(
+        filed(&settings, "cad").await.1,
+        Some(until),
+        "next: the borrow's end"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = reaper.pass().await.unwrap();
+    assert_eq!(
+        (report.licenses, report.ended),
+        (1, 1),
+        "the borrow ended: {report:?}"
+    );
+    assert_eq!(
+        filed(&settings, "cad").await,
+        (None, None),
+        "nothing held, nothing due"
+    );
     worker.stop().await;
 }
 
