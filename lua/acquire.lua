@@ -56,7 +56,7 @@
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them, and the heartbeat timeout in force
-  (includes/prologue.lua, finish).
+  (includes/due.lua, due_report).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
@@ -75,6 +75,7 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
+--- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
 local meta = ARGV[10]
@@ -97,11 +98,15 @@ local early = prologue(now, true, function()
   return lease_refusal(now, bound, lease)
 end)
 if early then
-  return finish(early, now, default_timeout)
+  return due_report(early, now, default_timeout)
 end
+
+-- Set by decide: the heartbeat timeout in force, as the record says.
+local timeout
 
 local function decide()
   local license = license_state(now)
+  timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, license.invalid
   if license.policy and not license.refusal then
     P, invalid = policy().read()
@@ -192,4 +197,5 @@ local function decide()
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
-return finish(settle(decide()), now, default_timeout)
+local result = settle(decide())
+return due_report(result, now, default_timeout, timeout)

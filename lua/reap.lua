@@ -169,6 +169,7 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
     or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
+local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
   borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
-  stale_due(timeout), work_due(now, now + max_age), timeout}
+  stale_at, work_at, timeout}

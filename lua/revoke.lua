@@ -32,7 +32,7 @@
                        nothing changed, nothing is remembered
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
-  the call may have moved them (includes/prologue.lua, finish).
+  the call may have moved them (includes/due.lua, due_report).
   Revoke works whatever the license's state, even when its record breaks the
   rules, like release; the freed seat goes to the queue only while the
   license may hand out seats (under its policies, includes/policy.lua). A
@@ -53,6 +53,7 @@ local rcall = redis.call
 --- @include "policy"
 --- @include "revoked"
 --- @include "prologue"
+--- @include "due"
 
 local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -61,12 +62,16 @@ local default_timeout = tonumber(ARGV[15])
 local now = now_ms()
 local early = prologue(now, false)
 if early then
-  return finish(early, now, default_timeout)
+  return due_report(early, now, default_timeout)
 end
+
+-- Set by decide: the heartbeat timeout in force, as the record says.
+local timeout
 
 local function decide()
   local notes = {}
   local license = license_state(now)
+  timeout = license.heartbeat_timeout_ms or default_timeout
   local total = license.total
   local owner = owner_of(session)
 
@@ -106,4 +111,5 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-return finish(settle(decide()), now, default_timeout)
+local result = settle(decide())
+return due_report(result, now, default_timeout, timeout)

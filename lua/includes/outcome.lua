@@ -38,7 +38,7 @@
                      ALREADY_ACTIVE and GRANTED replies carry: on those
                      statuses and with notes, else 0
   The worker files [9] and [10] in the due index. [9]..[11] are filled in
-  last (prologue.lua, finish), from the state the script leaves, replays
+  last (due.lua, due_report), from the state the script leaves, replays
   included: the dedupe record keeps only [1..6].
 ]]
 

@@ -13,14 +13,13 @@
     ARGV[7]  dedupe window, ms
   Their own arguments start at ARGV[8]: the session, then its lease ('' =
   none), then the op's own, and last the service's heartbeat timeout (ms),
-  which `finish` takes.
+  which due_report (due.lua) takes to fill in the outcome's last slots.
 ]]
 --- @include "keys"
 --- @include "license"
 --- @include "outcome"
 --- @include "dedupe"
 --- @include "rate_limit"
---- @include "due"
 
 -- A replayed outcome, or LEASE_MISMATCH, or RATE_LIMITED, or nil to go on
 -- deciding. `limited` says whether this op is rate limited at all (release
@@ -52,43 +51,4 @@ end
 -- Stores the decided outcome for this request's entry and returns it.
 local function settle(result)
   return remember(ARGV[1], ARGV[2], tonumber(ARGV[7]), result)
-end
-
--- Fills in what a reply of these scripts carries besides the decision
--- (outcome.lua [9]..[11]), early answers and replays too, only where the
--- call may have changed it, so the common heartbeat reads and files nothing
--- more: the license's times for the due index, and the heartbeat timeout
--- in force. `default_timeout` is the service's (ms); `oldest_moved` says
--- the call moved the oldest holder's heartbeat (heartbeat.lua). A borrowed
--- seat (ACQUIRED, detail its end) and a lingering one (RELEASED, detail
--- linger_ms) bring the other work forward (policy.lua). A replay
--- reports both times: its first delivery may have died before filing them.
--- A new outbox note makes the license due at once: the worker normally
--- delivers it first, and the reaper's look then finds it gone (or, if
--- still there, not yet old enough to hand out again).
-local function finish(result, now, default_timeout, oldest_moved)
-  for i = 9, 11 do
-    -- A replay (dedupe.lua) comes with [1..8] only.
-    result[i] = result[i] or 0
-  end
-  local status, notes = result[1], result[6]
-  local replayed, changed = result[8] == 1, result[7] == 1
-  local stale = replayed or oldest_moved or (changed and (status == 'ACQUIRED' or #notes > 0))
-  local ends = (status == 'ACQUIRED' or status == 'RELEASED') and result[4] ~= 0
-  local work = replayed or #notes > 0 or (changed and (status == 'QUEUED' or ends))
-  local holds = status == 'ACQUIRED' or status == 'ALREADY_ACTIVE'
-  if not (stale or work or holds) then
-    return result
-  end
-  local timeout = heartbeat_timeout(default_timeout)
-  if stale then
-    result[9] = stale_due(timeout)
-  end
-  if work then
-    result[10] = work_due(now, now)
-  end
-  if holds or #notes > 0 then
-    result[11] = timeout
-  end
-  return result
 end
