@@ -32,7 +32,9 @@
     QUEUED              detail = 1-based queue position, or {position,
                         priority} for a priority above 0; changed = 0 when
                         the session was already waiting (same place, no
-                        second event)
+                        second event; its later GRANTED / QUEUE_TIMEOUT now
+                        goes to this request's id and reply_to, when it
+                        names one)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
                         detail = 'queue_full' when the queue is full,
                         'reserved' when the free seats are reserved for
@@ -122,7 +124,10 @@ local function decide()
   end
   local rank = rcall('ZRANK', K.queue, session)
   if rank then
-    -- Re-sent while waiting: same place, current position, nothing changed.
+    -- Re-sent while waiting: same place, current position, no second
+    -- event; the later answer goes to this request (its lease was checked
+    -- in the prologue).
+    redirect_waiter(session, request_id, reply_to)
     local M = policy()
     local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
@@ -153,7 +158,7 @@ local function decide()
   local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
-    rcall('ZADD', K.holders, now, session)
+    rcall('ZADD', K.holders, ms(now), session)
     start_session(session, now, meta, lease)
     local borrowed_until = 0
     if owned then

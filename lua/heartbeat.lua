@@ -57,7 +57,7 @@ local function decide()
     end
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
-  rcall('ZADD', K.holders, 'XX', 'GT', now, session)
+  rcall('ZADD', K.holders, 'XX', 'GT', ms(now), session)
   local count = count_heartbeat(session, now)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end

@@ -3,6 +3,13 @@
   disagree about who is stale.
 ]]
 
+-- `n` (a time or count in ms) as a command argument. Lua hands Redis a
+-- number written with '%.17g', several times slower than '%d' for a
+-- 13-digit time; an argument that is a constant is best a string literal.
+local function ms(n)
+  return string.format('%d', n)
+end
+
 -- The Redis server's time in unix ms.
 local function now_ms()
   local t = rcall('TIME')

@@ -9,61 +9,80 @@
   placement moves on with the clock, so a redelivery may look one bucket
   later: it looks in KEYS[15], the bucket before, as well.
 
-  The dedupe record, the value of field <entry id>: the first six slots of
-  the outcome (outcome.lua), {status, seats_used, seats_total, detail, now_ms,
-  notes}, as a JSON array (cjson writes no notes as {}):
-    ["ACQUIRED",1,5,0,1796013949007,{}]
+  The dedupe record, the value of field <entry id>: what the entry's outcome
+  (outcome.lua) answered, {status, seats_used, seats_total, detail, notes},
+  in one of two forms. Nearly every outcome has a number for detail and no
+  notes, and is stored as those four numbers and words joined by ':'
+    ACQUIRED:1:5:0
+  (written with one string.format: the record is made on every request);
+  any other one as a JSON array of the outcome's first six slots (now_ms
+  fifth; cjson writes no notes as {}):
+    ["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]
     ["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","reply:w1",2749,"GRANTED:w1:1796013944505"]]]
-  36 bytes for an ACQUIRED, 8 more than a pipe-separated form; in exchange
-  every record has one form, which the replay of earlier versions reads too.
-  Rust decodes it with engine::records::parse_dedupe_record.
+  A JSON record starts with '[', a plain one with a status word. A replay
+  answers with the Redis clock of the replay as now_ms, in both forms: the
+  reply a client sees carries no time, and the worker reads the clock from
+  it. Rust decodes both with engine::records::parse_dedupe_record.
   (This header uses level-1 long brackets: the example holds a `]]`.)
 ]=]
 --- @include "keys"
 --- @include "outcome"
 
--- The outcome stored for `entry_id` in `key`, or nil.
-local function stored_outcome(key, entry_id)
+-- The outcome stored for `entry_id` in `key` as a replay at `now` answers
+-- it (changed = 0, replayed = 1), or nil.
+local function stored_outcome(key, entry_id, now)
   local raw = rcall('HGET', key, entry_id)
   if not raw then
     return nil
   end
-  -- A record in another form (written by an older version during a rolling
-  -- upgrade) counts as none: the entry is decided again, as past the window.
+  local status, used, total, detail = string.match(raw, '^(%u[%u_]*):(%d+):(%d+):(%d+)$')
+  if status then
+    return {status, tonumber(used), tonumber(total), tonumber(detail), now, {}, 0, 1}
+  end
+  -- A record in neither form counts as none: the entry is decided again, as
+  -- past the window.
   local ok, r = pcall(cjson.decode, raw)
   if not ok or type(r) ~= 'table' or type(r[6]) ~= 'table' then
     return nil
   end
-  return r
+  return {r[1], r[2], r[3], r[4], now, r[6], 0, 1}
 end
 
 -- The outcome stored for `entry_id`, marked changed = 0 and replayed = 1 so
 -- the worker re-sends it (and re-delivers its notes) but publishes no second
 -- event; nil when the entry was not decided before.
-local function replay(entry_id)
+local function replay(entry_id, now)
   if entry_id == '' then
     return nil
   end
-  local r = stored_outcome(K.done, entry_id)
+  local r = stored_outcome(K.done, entry_id, now)
   if not r and K.done_before ~= K.done then
-    r = stored_outcome(K.done_before, entry_id)
+    r = stored_outcome(K.done_before, entry_id, now)
   end
-  if not r then
-    return nil
-  end
-  return {r[1], r[2], r[3], r[4], r[5], r[6], 0, 1}
+  return r
 end
 
 -- Remembers outcome `result` for `entry_id` and returns it. The bucket
--- expires at `expire_at` (unix ms: two windows after the bucket's start), but
--- never later than two windows (`window` ms) after now on the Redis clock
--- (the outcome's now_ms): nothing a caller-chosen entry id says outlives the
--- dedupe window by more than that.
+-- expires at `expire_at` (unix ms, as the worker passed it: two windows
+-- after the bucket's start), but never later than two windows (`window` ms)
+-- after now on the Redis clock (the outcome's now_ms): nothing a
+-- caller-chosen entry id says outlives the dedupe window by more than that.
+-- Numbers reach Redis as strings made with '%d': Lua would write them with
+-- '%.14g', several times slower for a 13-digit time.
 local function remember(entry_id, expire_at, window, result)
   if entry_id ~= '' then
-    local stored = {result[1], result[2], result[3], result[4], result[5], result[6]}
-    rcall('HSET', K.done, entry_id, cjson.encode(stored))
-    rcall('PEXPIREAT', K.done, math.min(tonumber(expire_at), result[5] + 2 * window))
+    local record
+    if type(result[4]) == 'number' and next(result[6]) == nil then
+      record = string.format('%s:%d:%d:%d', result[1], result[2], result[3], result[4])
+    else
+      record = cjson.encode({result[1], result[2], result[3], result[4], result[5], result[6]})
+    end
+    rcall('HSET', K.done, entry_id, record)
+    local cap = result[5] + 2 * window
+    if tonumber(expire_at) > cap then
+      expire_at = string.format('%d', cap)
+    end
+    rcall('PEXPIREAT', K.done, expire_at)
   end
   return result
 end

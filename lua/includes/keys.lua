@@ -23,8 +23,9 @@
   acquire, release, heartbeat and revoke also take
     KEYS[12] seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
                                        for entries placed in time bucket b (expires)
-    KEYS[13] seat:{L}:rate:<S>   ZSET  the session's recent requests (expires)
-    KEYS[14] seat:{L}:rate       ZSET  the license's recent requests (expires)
+    KEYS[13] seat:{L}:hits:<S>   STRING the session's recent request counts
+                                       (rate_limit.lua; expires)
+    KEYS[14] seat:{L}:hits       STRING the license's recent request counts (expires)
     KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
                                        earlier delivery may have stored the
                                        entry's reply; KEYS[12] again when none can

@@ -31,7 +31,7 @@
 local function prologue(now, limited, refuse)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then
-    local previous = replay(entry_id)
+    local previous = replay(entry_id, now)
     if previous then
       return previous
     end
@@ -40,7 +40,7 @@ local function prologue(now, limited, refuse)
   if refusal then
     return remember(entry_id, ARGV[2], tonumber(ARGV[7]), refusal)
   end
-  if limited and rate_limited(now, entry_id .. ':' .. now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
+  if limited and rate_limited(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
     return remember(entry_id, ARGV[2], tonumber(ARGV[7]),
       outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {}))
   end

@@ -16,6 +16,7 @@
                   it) is bound to (lease.lua); absent when bound to none
 ]]
 --- @include "keys"
+--- @include "clock"
 --- @include "outbox"
 --- @include "session_record"
 --- @include "owners"
@@ -46,6 +47,27 @@ local function waiter_lease(session)
   return cjson.decode(raw).lease_hash or ''
 end
 
+-- Sends the later GRANTED / QUEUE_TIMEOUT of waiting `session` to request
+-- `request_id` on `reply_to` instead: a waiter that re-sends its acquire
+-- (say from a new process, listening on a new reply stream) hears the answer
+-- there. A re-send naming no reply_to changes nothing: the answer still goes
+-- where someone may listen. Only call it once the request's lease matched
+-- the place's (lease.lua).
+local function redirect_waiter(session, request_id, reply_to)
+  if reply_to == '' then
+    return
+  end
+  local raw = rcall('HGET', K.waiters, session)
+  if not raw then
+    return
+  end
+  local w = cjson.decode(raw)
+  if w.id ~= request_id or w.reply_to ~= reply_to then
+    w.id, w.reply_to = request_id, reply_to
+    rcall('HSET', K.waiters, session, cjson.encode(w))
+  end
+end
+
 local function remove_waiter(session)
   rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
@@ -55,7 +77,7 @@ end
 -- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
 -- Returns how many it removed.
 local function expire_waiters(now, notes, limit)
-  local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, limit)
+  local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(due) do
     local raw = rcall('HGET', K.waiters, session)
     remove_waiter(session)
@@ -76,7 +98,7 @@ local function grant(session, now, notes)
     return false
   end
   local w = cjson.decode(raw)
-  rcall('ZADD', K.holders, now, session)
+  rcall('ZADD', K.holders, ms(now), session)
   start_session(session, now, w.meta, w.lease_hash or '')
   local owner = owner_of(session)
   if owner then
@@ -95,7 +117,7 @@ local function promote(now, total, notes, max)
   local used = rcall('ZCARD', K.holders)
   local granted = 0
   while used < total and granted < max do
-    local head = rcall('ZRANGE', K.queue, 0, 0)[1]
+    local head = rcall('ZRANGE', K.queue, '0', '0')[1]
     if not head then
       return used, granted, true
     end

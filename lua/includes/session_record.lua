@@ -22,10 +22,15 @@
 --- @include "keys"
 
 local function encode_session_record(acquired_at, heartbeats, lease, meta)
-  if lease == '' then
-    return acquired_at .. ':' .. heartbeats .. ':' .. meta
+  -- A time Lua holds as a number is written with '%d' (its own '%.14g' is
+  -- several times slower); one read back from a record stays its digits.
+  if type(acquired_at) == 'number' then
+    acquired_at = string.format('%d', acquired_at)
   end
-  return acquired_at .. ':' .. heartbeats .. ':' .. lease .. ':' .. meta
+  if lease == '' then
+    return string.format('%s:%d:%s', acquired_at, heartbeats, meta)
+  end
+  return string.format('%s:%d:%s:%s', acquired_at, heartbeats, lease, meta)
 end
 
 -- Returns acquired_at (digits, as stored), heartbeats (number), the lease

@@ -113,14 +113,17 @@ impl Keys {
         format!("{}:{{{license}}}:done:{bucket}", self.prefix)
     }
 
-    /// ZSET window of `session`'s recent requests (rate limiting).
+    /// STRING counting `session`'s recent requests (rate limiting,
+    /// lua/includes/rate_limit.lua). Not the `rate:` name of the ZSET
+    /// windows before it: during a rolling upgrade the two kinds of worker
+    /// must not meet each other's keys, of another type.
     pub fn session_rate(&self, license: &str, session: &str) -> String {
-        format!("{}:{{{license}}}:rate:{session}", self.prefix)
+        format!("{}:{{{license}}}:hits:{session}", self.prefix)
     }
 
-    /// ZSET window of the license's recent requests (rate limiting).
+    /// STRING counting the license's recent requests (rate limiting).
     pub fn license_rate(&self, license: &str) -> String {
-        format!("{}:{{{license}}}:rate", self.prefix)
+        format!("{}:{{{license}}}:hits", self.prefix)
     }
 
     /// SET of every provisioned license id, so `license list` (and the reaper)

@@ -122,26 +122,59 @@ impl OwnerRecord {
 }
 
 /// Decodes a dedupe record, the value of a stream entry id in
-/// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: the first
-/// six slots of the entry's outcome as a JSON array,
-/// `["ACQUIRED",1,5,0,1796013949007,{}]`. Returns the outcome a replay of
-/// that entry answers (`changed` false, `replayed` true), as the Lua side
-/// rebuilds it.
-pub fn parse_dedupe_record(raw: &str) -> Result<Outcome, Error> {
+/// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: what the
+/// entry's outcome answered, either plain, `ACQUIRED:1:5:0` (status, seats
+/// used, seats total, a number for detail; no notes), or as a JSON array of
+/// the outcome's first six slots, `["RELEASED",1,1,0,1796013944505,[[…note…]]]`.
+/// Returns the outcome a replay of that entry at `now_ms` (the Redis clock)
+/// answers (`changed` false, `replayed` true), as the Lua side rebuilds it.
+pub fn parse_dedupe_record(raw: &str, now_ms: i64) -> Result<Outcome, Error> {
     let bad = |detail: String| Error::ScriptReply {
         script: "dedupe",
         detail,
     };
-    let json: serde_json::Value = serde_json::from_str(raw).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let Value::Array(mut slots) = to_redis(&json).ok_or_else(|| bad(format!("not a record: {raw}")))? else {
-        return Err(bad(format!("not an array: {raw}")));
+    let mut slots = if raw.starts_with('[') {
+        let json: serde_json::Value = serde_json::from_str(raw).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let Value::Array(slots) = to_redis(&json).ok_or_else(|| bad(format!("not a record: {raw}")))? else {
+            return Err(bad(format!("not an array: {raw}")));
+        };
+        if slots.len() != 6 {
+            return Err(bad(format!("{} slots, not 6", slots.len())));
+        }
+        slots
+    } else {
+        plain_dedupe_slots(raw).ok_or_else(|| bad(format!("not a record: {raw}")))?
     };
-    if slots.len() != 6 {
-        return Err(bad(format!("{} slots, not 6", slots.len())));
-    }
+    slots[4] = Value::Int(now_ms); // the replay's clock
     slots.push(Value::Int(0)); // changed
     slots.push(Value::Int(1)); // replayed
     decode_outcome("dedupe", Value::Array(slots))
+}
+
+/// The outcome slots of a plain dedupe record, `<STATUS>:<used>:<total>:<detail>`,
+/// as the script's `string.match` reads it (now_ms 0, to be set; no notes);
+/// `None` for anything else.
+fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
+    let mut parts = raw.split(':');
+    let status = parts.next()?;
+    let word = |c: char| c.is_ascii_uppercase() || c == '_';
+    if !status.starts_with(|c: char| c.is_ascii_uppercase()) || !status.chars().all(word) {
+        return None;
+    }
+    let mut slots = vec![Value::BulkString(status.as_bytes().to_vec())];
+    for _ in 0..3 {
+        let digits = parts.next()?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        slots.push(Value::Int(digits.parse().ok()?));
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    slots.push(Value::Int(0)); // now_ms
+    slots.push(Value::Array(Vec::new())); // no notes
+    Some(slots)
 }
 
 /// JSON as a Lua script would hand the same data to Redis: strings as bulk
@@ -206,22 +239,43 @@ mod tests {
 
     #[test]
     fn dedupe_records_decode_with_and_without_notes() {
-        let o = parse_dedupe_record(r#"["QUEUED",1,1,2,1796013949007,{}]"#).unwrap();
-        assert_eq!(
-            (o.status, o.position, o.now_ms, o.changed, o.replayed),
-            (Status::Queued, Some(2), 1796013949007, false, true)
-        );
+        const NOW: i64 = 1796013999999;
+        for raw in [r#"["QUEUED",1,1,2,1796013949007,{}]"#, "QUEUED:1:1:2"] {
+            let o = parse_dedupe_record(raw, NOW).unwrap();
+            assert_eq!(
+                (
+                    o.status,
+                    o.seats_used,
+                    o.position,
+                    o.now_ms,
+                    o.changed,
+                    o.replayed
+                ),
+                (Status::Queued, 1, Some(2), NOW, false, true),
+                "{raw}"
+            );
+            assert!(o.notes.is_empty());
+        }
+        let full =
+            parse_dedupe_record(r#"["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]"#, NOW).unwrap();
+        assert!(full.queue_full);
         let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","seat:reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
-        let o = parse_dedupe_record(raw).unwrap();
+        let o = parse_dedupe_record(raw, NOW).unwrap();
         assert_eq!(o.notes.len(), 1);
         assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 2749));
         for foreign in [
-            "ACQUIRED|1|1|0|1796013949007",
+            "ACQUIRED|1|1|0",
+            "ACQUIRED:1:1",
+            "ACQUIRED:1:1:0:",
+            "ACQUIRED:1:1:0:1796013949007",
+            "ACQUIRED:1:1:-1",
+            "acquired:1:1:0",
+            ":1:1:0",
             "[]",
             r#"["ACQUIRED",1]"#,
             r#"{"a":1}"#,
         ] {
-            assert!(parse_dedupe_record(foreign).is_err(), "{foreign}");
+            assert!(parse_dedupe_record(foreign, NOW).is_err(), "{foreign}");
         }
     }
 }

@@ -105,9 +105,9 @@ pub struct Guard {
     pub done_until_ms: u64,
     /// The dedupe window, ms: the cap above.
     pub dedupe_window_ms: u64,
-    /// `KEYS[13]`: the session's rate window.
+    /// `KEYS[13]`: the session's rate counters.
     pub session_rate_key: String,
-    /// `KEYS[14]`: the license's rate window.
+    /// `KEYS[14]`: the license's rate counters.
     pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,

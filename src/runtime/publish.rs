@@ -6,7 +6,7 @@
 //! ran out, each on the reply stream the waiter queued with and carrying its
 //! original request id. The worker and the reaper share it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -171,23 +171,24 @@ impl Publisher {
         xadd
     }
 
-    /// `XADD <shard> [MINID ~ <at_ms - retention>] * <fields>`. Events are
-    /// kept by age, not by count: the trim point comes from the event's own
-    /// `at_ms`, the Redis clock of the script that decided it, never from a
-    /// worker's clock, which could run ahead and trim early. `~` trims whole
-    /// stream nodes only, so a few events a little older than the retention
-    /// may stay until the next node goes.
-    fn event_cmd(&self, event: &Event<'_>) -> redis::Cmd {
+    /// The events stream (shard) `event` goes to: a license's events go to
+    /// its shard, ordered per license, and on a cluster no single events key
+    /// takes every write.
+    fn event_shard(&self, event: &Event<'_>) -> String {
+        crate::engine::keys::shard_name(&self.events, self.shards, event.license)
+    }
+
+    /// `XADD <shard> [MINID ~ <at_ms - retention>] * <fields>`, trimming when
+    /// `trim`. Events are kept by age, not by count: the trim point comes
+    /// from the event's own `at_ms`, the Redis clock of the script that
+    /// decided it, never from a worker's clock, which could run ahead and
+    /// trim early. `~` trims whole stream nodes only, so a few events a
+    /// little older than the retention may stay until the next node goes.
+    fn event_cmd(&self, event: &Event<'_>, trim: bool) -> redis::Cmd {
         let mut xadd = redis::cmd("XADD");
-        // A license's events go to its shard: ordered per license, and on a
-        // cluster no single events key takes every write.
-        xadd.arg(crate::engine::keys::shard_name(
-            &self.events,
-            self.shards,
-            event.license,
-        ));
+        xadd.arg(self.event_shard(event));
         let oldest = event.at_ms.saturating_sub(self.events_retention_ms);
-        if oldest > 0 {
+        if trim && oldest > 0 {
             xadd.arg("MINID").arg("~").arg(oldest);
         }
         xadd.arg("*");
@@ -195,6 +196,44 @@ impl Publisher {
             xadd.arg(field).arg(value);
         }
         xadd
+    }
+
+    /// The fast-path XADDs of `replies` (those to streams known fresh), the
+    /// first to each stream trimming from `clock`, and which replies they
+    /// are; a reply to a stream outside the namespace gets its error in
+    /// `results` instead.
+    fn fast_replies(
+        &self,
+        replies: &[(&str, &Reply)],
+        clock: Option<i64>,
+        results: &mut [Option<redis::RedisResult<()>>],
+    ) -> (Vec<redis::Cmd>, Vec<bool>) {
+        let mut cmds = Vec::with_capacity(replies.len());
+        let mut fast = Vec::with_capacity(replies.len());
+        let mut trimmed = HashSet::new();
+        for ((stream, reply), result) in replies.iter().zip(results.iter_mut()) {
+            if let Err(e) = self.check_namespace(stream) {
+                *result = Some(Err(e));
+                fast.push(false);
+                continue;
+            }
+            let is_fast = self.is_fresh(stream);
+            if is_fast {
+                let trim = trimmed.insert(*stream);
+                cmds.push(self.fast_xadd(stream, &reply.fields(), clock.filter(|_| trim)));
+            }
+            fast.push(is_fast);
+        }
+        (cmds, fast)
+    }
+
+    /// The XADDs of `events`, the first to each shard trimming.
+    fn event_cmds(&self, events: &[Event<'_>]) -> Vec<redis::Cmd> {
+        let mut trimmed = HashSet::new();
+        events
+            .iter()
+            .map(|event| self.event_cmd(event, trimmed.insert(self.event_shard(event))))
+            .collect()
     }
 
     /// Writes many replies and events with one pipeline: the replies to
@@ -205,6 +244,12 @@ impl Publisher {
     ///
     /// `clock` is the earliest Redis time (ms) the batch's scripts read, if
     /// any ran: the fast path trims reply streams by age from it.
+    ///
+    /// Only the first XADD of the pipeline to each stream trims (`MINID ~`):
+    /// a trim costs Redis about 40% of an XADD even when it finds nothing to
+    /// drop, and a batch's replies to one caller (a multiplexed client gets
+    /// all of its own on one stream) and its events on one shard all share
+    /// the same trim point, give or take the batch's milliseconds.
     pub async fn reply_many(
         &self,
         con: &mut crate::db::Db,
@@ -212,24 +257,9 @@ impl Publisher {
         events: &[Event<'_>],
         clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
-        let mut cmds = Vec::with_capacity(replies.len() + events.len());
-        let mut fast = Vec::with_capacity(replies.len());
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
-        for (i, (stream, reply)) in replies.iter().enumerate() {
-            if let Err(e) = self.check_namespace(stream) {
-                results[i] = Some(Err(e));
-                fast.push(false);
-                continue;
-            }
-            let is_fast = self.is_fresh(stream);
-            if is_fast {
-                cmds.push(self.fast_xadd(stream, &reply.fields(), clock));
-            }
-            fast.push(is_fast);
-        }
-        for event in events {
-            cmds.push(self.event_cmd(event));
-        }
+        let (mut cmds, fast) = self.fast_replies(replies, clock, &mut results);
+        cmds.extend(self.event_cmds(events));
         if !cmds.is_empty() {
             match con.query_all(cmds).await {
                 Ok(answers) => {
@@ -287,7 +317,7 @@ impl Publisher {
     /// Appends `event` to the events stream. Failures are logged and counted:
     /// an event is information, never a reason to hold back a reply.
     pub async fn event<C: ConnectionLike>(&self, con: &mut C, event: &Event<'_>) {
-        if let Err(e) = self.event_cmd(event).query_async::<redis::Value>(con).await {
+        if let Err(e) = self.event_cmd(event, true).query_async::<redis::Value>(con).await {
             metrics::event_error();
             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
         }
@@ -408,6 +438,55 @@ mod tests {
     }
 
     #[test]
+    fn only_the_first_fast_reply_to_a_stream_trims() {
+        let settings = Settings::load(None).unwrap();
+        let publisher = Publisher::new(&settings);
+        let (a, b) = ("seat:reply:app:a", "seat:reply:app:b");
+        for stream in [a, b] {
+            publisher
+                .fresh
+                .lock()
+                .unwrap()
+                .insert(stream.to_owned(), Instant::now());
+        }
+        let reply = Reply {
+            id: "r-1".into(),
+            op: "acquire".into(),
+            status: Status::Acquired,
+            license: "acme".into(),
+            session: "s1".into(),
+            seats_used: 1,
+            seats_total: 2,
+            heartbeats: None,
+            position: None,
+            waited_ms: None,
+            error: None,
+            borrowed_until_ms: None,
+            linger_ms: None,
+            priority: None,
+        };
+        let replies = [(a, &reply), (a, &reply), (b, &reply), ("elsewhere", &reply)];
+        let mut results = vec![None; replies.len()];
+        let (cmds, fast) = publisher.fast_replies(&replies, Some(1_796_000_000_000), &mut results);
+        assert_eq!(fast, [true, true, true, false]);
+        assert!(
+            results[3].as_ref().is_some_and(|r| r.is_err()),
+            "outside the namespace"
+        );
+        let trims: Vec<(String, bool)> = cmds
+            .iter()
+            .map(|cmd| {
+                let a = args(cmd);
+                (a[1].clone(), a.contains(&"MINID".to_owned()))
+            })
+            .collect();
+        assert_eq!(
+            trims,
+            [(a.to_owned(), true), (a.to_owned(), false), (b.to_owned(), true)]
+        );
+    }
+
+    #[test]
     fn events_are_trimmed_by_their_own_age() {
         let mut settings = Settings::load(None).unwrap();
         settings.events.retention = Duration::from_secs(3600);
@@ -416,7 +495,7 @@ mod tests {
         event.reason = Some("NO_SEATS_AVAILABLE");
         let oldest = (1_796_000_000_000_i64 - 3_600_000).to_string();
         assert_eq!(
-            args(&publisher.event_cmd(&event)),
+            args(&publisher.event_cmd(&event, true)),
             [
                 "XADD",
                 "seat:events",
@@ -440,8 +519,24 @@ mod tests {
                 "NO_SEATS_AVAILABLE"
             ]
         );
+        // Within one pipeline only the first event of a shard trims.
+        let later = Event::new(EventType::Released, "acme", "s1", 1, 2, 1_796_000_000_005);
+        let other = Event::new(EventType::Released, "bolt", "s2", 1, 2, 1_796_000_000_006);
+        settings.stream.shards = 2;
+        let sharded = Publisher::new(&settings);
+        let (acme, bolt) = (sharded.event_shard(&event), sharded.event_shard(&other));
+        assert_ne!(acme, bolt, "the test needs two shards");
+        let trims: Vec<(String, bool)> = sharded
+            .event_cmds(&[event, later, other])
+            .iter()
+            .map(|cmd| {
+                let a = args(cmd);
+                (a[1].clone(), a.contains(&"MINID".to_owned()))
+            })
+            .collect();
+        assert_eq!(trims, [(acme.clone(), true), (acme, false), (bolt, true)]);
         // A time younger than the retention itself trims nothing.
         let early = Event::new(EventType::Acquired, "acme", "s1", 1, 2, 1_000);
-        assert!(!args(&publisher.event_cmd(&early)).contains(&"MINID".to_owned()));
+        assert!(!args(&publisher.event_cmd(&early, true)).contains(&"MINID".to_owned()));
     }
 }

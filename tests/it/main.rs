@@ -17,6 +17,7 @@ mod queue;
 mod report;
 mod revoke;
 mod scripts;
+mod speed;
 mod stream;
 mod support;
 mod tls;

@@ -168,9 +168,11 @@ async fn a_replayed_revoke_answers_its_stored_outcome() {
         .into_iter()
         .zip(again)
     {
+        // The same answer; the time is the replay's own (no reply carries it).
         let replayed = Outcome {
             changed: false,
             replayed: true,
+            now_ms: again.now_ms,
             ..first
         };
         assert_eq!(again, replayed, "{id}");
@@ -181,7 +183,11 @@ async fn a_replayed_revoke_answers_its_stored_outcome() {
             .query_async(&mut con)
             .await
             .unwrap();
-        assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{raw}");
+        assert_eq!(
+            parse_dedupe_record(&raw, again.now_ms).unwrap(),
+            replayed,
+            "{raw}"
+        );
     }
 }
 

@@ -497,18 +497,22 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
         let guarded = || direct(&settings, "lic", req.session()).with_guard(g.clone());
         let first = run_as(&mut con, &settings, guarded(), req).await;
         assert_eq!(first.status, status);
+        let again = run_as(&mut con, &settings, guarded(), req).await;
+        // The same answer; the time is the replay's own (no reply carries it).
         let replayed = Outcome {
             changed: false,
             replayed: true,
+            now_ms: again.now_ms,
             ..first.clone()
         };
-        assert_eq!(
-            run_as(&mut con, &settings, guarded(), req).await,
-            replayed,
-            "{req:?}"
-        );
+        assert_eq!(again, replayed, "{req:?}");
+        assert!(again.now_ms >= first.now_ms);
         let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
-        assert_eq!(parse_dedupe_record(&raw).unwrap(), replayed, "{req:?}: {raw}");
+        assert_eq!(
+            parse_dedupe_record(&raw, again.now_ms).unwrap(),
+            replayed,
+            "{req:?}: {raw}"
+        );
         notes += first.notes.len();
     }
     assert_eq!(notes, 1, "the release granted b");

@@ -396,6 +396,8 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
     )
     .await;
     assert_eq!((r["status"].as_str(), r["position"].as_str()), ("QUEUED", "1"));
+    // The re-send with the lease is the request the grant now answers.
+    let resent = r["id"].clone();
 
     let r = ask(
         &mut con,
@@ -405,7 +407,7 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
     .await;
     assert_eq!(r["status"], "RELEASED");
     let deadline = Instant::now() + Duration::from_secs(5);
-    while reply(&mut con, &s, &queued).await["status"] != "GRANTED" {
+    while reply(&mut con, &s, &resent).await["status"] != "GRANTED" {
         assert!(Instant::now() < deadline, "no GRANTED");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
