@@ -10,7 +10,8 @@ keeps reading until the reply carrying that id arrives, or the timeout passes.
 An acquire that gets QUEUED keeps reading for the final GRANTED or
 QUEUE_TIMEOUT, which carries the same id. With `stream.shards` = N > 1 the
 requests go to `seat:requests:{i}`, i = crc32(license) % N (docs/protocol.md,
-"Shards and Redis Cluster"); pass the same N with --shards.
+"Shards and Redis Cluster"). The workers record N in the HASH `seat:config`
+(field `shards`); the client reads it there unless --shards says otherwise.
 
 Every acquire carries a lease (docs/protocol.md, "Leases"): a random secret
 the seat is bound to. The client makes one per session (or takes the
@@ -53,6 +54,8 @@ import zlib
 import redis
 
 REQUESTS_STREAM = "seat:requests"
+# Where the workers record settings every client must agree with (`shards`).
+CONFIG_KEY = "seat:config"
 # The service's replies.prefix: a reply_to outside it is never answered (the
 # request is dead-lettered instead).
 REPLY_PREFIX = "seat:reply:"
@@ -185,6 +188,20 @@ class SeatClient:
         self.r.delete(self.reply_to)
 
 
+def discover_shards(r):
+    """The requests stream's shard count, as the workers recorded it (HGET
+    seat:config shards); 1 when none is recorded yet."""
+    return int(r.hget(CONFIG_KEY, "shards") or 1)
+
+
+def heartbeat_interval(reply):
+    """Seconds between heartbeats for the seat `reply` gave: a third of the
+    license's heartbeat timeout (`heartbeat_timeout_ms`), so one lost or late
+    heartbeat never costs the seat; 1 s from a service too old to say."""
+    timeout_ms = int(reply.get("heartbeat_timeout_ms") or 3000)
+    return timeout_ms / 3000.0
+
+
 def show(label, reply):
     print(f"{label:<10} {json.dumps(reply)}", flush=True)
 
@@ -195,8 +212,10 @@ def main(argv=None) -> int:
     parser.add_argument("--license", required=True, help="license id, e.g. demo")
     parser.add_argument("--session", default=f"py-{uuid.uuid4().hex[:12]}", help="session id (default: random)")
     parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait in the queue when no seat is free (default: 0)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats (default: 1)")
-    parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: 1)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="seconds between heartbeats (default: a third of the heartbeat timeout the acquire's reply names)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="the service's stream.shards (default: what the workers recorded in seat:config, else 1)")
     parser.add_argument("--app", default="seatgate-py",
                         help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
     parser.add_argument("--lease", default=None,
@@ -207,7 +226,7 @@ def main(argv=None) -> int:
     # environment instead, when set.
     password = os.environ.get("SEATGATE_REDIS_PASSWORD") or None
     r = redis.Redis.from_url(args.redis_url, decode_responses=True, **({"password": password} if password else {}))
-    client = SeatClient(r, app=args.app, shards=args.shards)
+    client = SeatClient(r, app=args.app, shards=args.shards or discover_shards(r))
     try:
         reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
                                wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease)
@@ -216,9 +235,14 @@ def main(argv=None) -> int:
             return 1
         # The lease is the one secret of the seat: shown to whoever runs this, nowhere else.
         print(f"{'lease':<10} {client.lease(args.license, args.session)}", flush=True)
+        interval = args.interval
+        if interval is None:
+            # ACQUIRED and GRANTED name the license's heartbeat timeout: no
+            # copy of the service's settings needed.
+            interval = heartbeat_interval(reply)
         try:
             for _ in range(2):
-                time.sleep(args.interval)
+                time.sleep(interval)
                 show("heartbeat", client.heartbeat(args.license, args.session))
         finally:
             show("release", client.release(args.license, args.session))

@@ -21,6 +21,7 @@
                           without them (at most the license's max_borrow_ms)
            One argument rather than four: the common acquire, asked by
            nobody in particular, then costs Redis nothing more.
+  ARGV[16] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status
     ACQUIRED            seat taken, heartbeat clock started; detail = the
@@ -55,6 +56,9 @@
                         that still lasts; detail = the revocation record
                         (includes/revoked.lua)
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them, and the heartbeat timeout in force
+  (includes/due.lua, due_report).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
@@ -73,6 +77,7 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
+--- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
 local meta = ARGV[10]
@@ -84,6 +89,7 @@ if ARGV[15] ~= '' then
   local user, group, priority, borrow_ms = string.match(ARGV[15], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
 end
+local default_timeout = tonumber(ARGV[16])
 
 local now = now_ms()
 local early = prologue(now, true, function()
@@ -94,11 +100,15 @@ local early = prologue(now, true, function()
   return lease_refusal(now, bound, lease)
 end)
 if early then
-  return early
+  return due_report(early, now, default_timeout)
 end
+
+-- Set by decide: the heartbeat timeout in force, as the record says.
+local timeout
 
 local function decide()
   local license = license_state(now)
+  timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, license.invalid
   if license.policy and not license.refusal then
     P, invalid = policy().read()
@@ -192,4 +202,5 @@ local function decide()
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
-return settle(decide())
+local result = settle(decide())
+return due_report(result, now, default_timeout, timeout)

@@ -6,6 +6,7 @@
   ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
+  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
@@ -22,6 +23,13 @@
                         and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  The outcome carries the license's stale time (includes/due.lua) when this
+  heartbeat, the oldest holder's, moved it on; nothing else of the due
+  index, and no heartbeat timeout: a heartbeat neither takes a seat nor
+  makes other work. So it includes no due.lua (whose function would cost
+  every heartbeat its closure) and reads nothing more than before but the
+  first two holders, which also give it the session's own score when it is
+  the oldest.
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Emits no events.
@@ -38,18 +46,28 @@ local rcall = redis.call
 --- @include "prologue"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
+local default_timeout = tonumber(ARGV[10])
 
 local now = now_ms()
 local early = prologue(now, true, function()
   return lease_refusal(now, holder_lease(session), lease)
 end)
-if early then
-  return early
-end
+-- Set by decide: the license's stale time when this heartbeat, the oldest
+-- holder's, moved it on.
+local stale_at
 
 local function decide()
-  local total = seats_total()
-  local score = rcall('ZSCORE', K.holders, session)
+  local raw = rcall('HMGET', K.license, 'seats_total', 'heartbeat_timeout_ms')
+  local total = raw[1] and license_number('seats_total', raw[1]) or 0
+  -- The first two holders: when the session is the oldest, its heartbeat
+  -- moves the license's stale time on (and they give its score).
+  local first = rcall('ZRANGE', K.holders, 0, 1, 'WITHSCORES')
+  local score
+  if first[1] == session then
+    score = first[2]
+  else
+    score = rcall('ZSCORE', K.holders, session)
+  end
   if not score or score == LINGERING then
     local revoked = revocation_of(session, now)
     if revoked then
@@ -57,9 +75,24 @@ local function decide()
     end
     return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
   end
+  -- The oldest holder's heartbeat moves the stale time on: to the earlier
+  -- of its new score (now, or a borrow's later end) and the next oldest's.
+  if first[1] == session then
+    local timeout = raw[2] and license_number('heartbeat_timeout_ms', raw[2]) or default_timeout
+    local oldest = math.max(tonumber(score), now)
+    local next_oldest = tonumber(first[4])
+    if next_oldest and next_oldest < oldest then
+      oldest = next_oldest
+    end
+    stale_at = oldest + timeout + 1
+  end
   rcall('ZADD', K.holders, 'XX', 'GT', ms(now), session)
   local count = count_heartbeat(session, now)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-return settle(decide())
+local result = early or settle(decide())
+-- The due index slots (outcome.lua [9]..[11]); a replay (dedupe.lua) comes
+-- with [1..8] only.
+result[9], result[10], result[11] = stale_at or 0, 0, 0
+return result

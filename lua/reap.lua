@@ -34,7 +34,8 @@
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
-           linger_ended, seats_lingering, seats_borrowed}
+           linger_ended, seats_lingering, seats_borrowed, stale, due,
+           heartbeat_timeout_ms}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -47,6 +48,14 @@
     borrow_ended, linger_ended  seats freed because their borrow or linger
                  ended (seat-freed events, reasons borrow_ended, linger_ended)
     seats_lingering, seats_borrowed  of seats_used, those lingering and borrowed
+    stale, due   the license's times for the due index after this step
+                 (ms; includes/due.lua), 0 for none: when its oldest holder
+                 goes stale, and when it next has other work (a queue, a
+                 linger or borrow ending, an outbox still holding replies:
+                 once they may be handed out again, ARGV[3] from now). The
+                 reaper files them.
+    heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
+                 reply carries
   src/engine/scripts/reply.rs decodes this reply (Reaped).
   Emits no events: the reaper publishes them from the reply.
 ]]
@@ -58,6 +67,7 @@ local rcall = redis.call
 --- @include "queue"
 --- @include "owners"
 --- @include "policy"
+--- @include "due"
 
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cursor = ARGV[4]
@@ -159,5 +169,7 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
     or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
+local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
-  borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed)}
+  borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
+  stale_at, work_at, timeout}

@@ -9,6 +9,7 @@
               is never rate limited
   ARGV[8]  session id
   ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
+  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
@@ -24,6 +25,9 @@
                        lingering seat was released already)
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them, and the heartbeat timeout in force
+  (includes/due.lua, due_report).
   Release works whatever the license's state, even when its record breaks
   the rules: a user can always give a seat back (its policy fields then do
   not apply: no linger). A freed seat goes to the queue only while the
@@ -42,8 +46,10 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "revoked"
 --- @include "prologue"
+--- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
+local default_timeout = tonumber(ARGV[10])
 
 local now = now_ms()
 local early = prologue(now, false, function()
@@ -54,12 +60,16 @@ local early = prologue(now, false, function()
   return lease_refusal(now, bound, lease)
 end)
 if early then
-  return early
+  return due_report(early, now, default_timeout)
 end
+
+-- Set by decide: the heartbeat timeout in force, as the record says.
+local timeout
 
 local function decide()
   local notes = {}
   local license = license_state(now)
+  timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, nil
   if license.policy and not license.refusal then
     P, invalid = policy().read()
@@ -106,4 +116,5 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-return settle(decide())
+local result = settle(decide())
+return due_report(result, now, default_timeout, timeout)

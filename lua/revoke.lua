@@ -20,6 +20,7 @@
            its acquires get SESSION_REVOKED for that long
   ARGV[13] remember_ms: how long a revocation is remembered at least
   ARGV[14] most revocations remembered per license
+  ARGV[15] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status
     REVOKED            detail 1: the session held a seat, now free (it went
@@ -30,6 +31,8 @@
     SESSION_NOT_FOUND  detail 0: the session neither holds a seat nor waits;
                        nothing changed, nothing is remembered
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
+  The outcome carries the license's times for the reaper's due index where
+  the call may have moved them (includes/due.lua, due_report).
   Revoke works whatever the license's state, even when its record breaks the
   rules, like release; the freed seat goes to the queue only while the
   license may hand out seats (under its policies, includes/policy.lua). A
@@ -50,19 +53,25 @@ local rcall = redis.call
 --- @include "policy"
 --- @include "revoked"
 --- @include "prologue"
+--- @include "due"
 
 local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local default_timeout = tonumber(ARGV[15])
 
 local now = now_ms()
 local early = prologue(now, false)
 if early then
-  return early
+  return due_report(early, now, default_timeout)
 end
+
+-- Set by decide: the heartbeat timeout in force, as the record says.
+local timeout
 
 local function decide()
   local notes = {}
   local license = license_state(now)
+  timeout = license.heartbeat_timeout_ms or default_timeout
   local total = license.total
   local owner = owner_of(session)
 
@@ -102,4 +111,5 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-return settle(decide())
+local result = settle(decide())
+return due_report(result, now, default_timeout, timeout)

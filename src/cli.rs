@@ -552,6 +552,7 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
         "priority",
         "linger_ms",
         "borrowed_until_ms",
+        "heartbeat_timeout_ms",
     ] {
         if reply.fields.contains_key(field) {
             line.push_str(&format!(" {field}={}", get(field)));

@@ -381,6 +381,11 @@ pub struct ReaperSettings {
     pub lock_ms: u64,
     /// Outbox redelivery age, ms.
     pub redeliver_after_ms: u64,
+    /// Licenses of the license index the repair sweep (and the seat census)
+    /// looks at per pass, and a tenth of the keys of the keyspace it scans
+    /// for licenses written as their hash alone: the bound on what a pass
+    /// spends on finding licenses the due index lacks.
+    pub sweep: usize,
 }
 
 /// `[metrics]`
@@ -504,6 +509,11 @@ impl Settings {
         own.extend(self.events_streams().into_iter().map(|k| ("events.stream", k)));
         own.push(("keys.prefix", keys.license_index()));
         own.push(("keys.prefix", keys.reaper_lock()));
+        own.push(("keys.prefix", keys.deployment()));
+        for i in 0..self.stream.shards {
+            let shard = keys.due_index(i);
+            own.extend([("keys.prefix", shard.stale), ("keys.prefix", shard.due)]);
+        }
         // Each stream is read (or written) for one purpose only: a revoke on a
         // requests shard would be refused, a request on the admin stream too.
         for (i, (name, key)) in own.iter().enumerate() {
@@ -563,8 +573,12 @@ impl Settings {
                 "limits.max_entry_bytes must be at least {MIN_ENTRY_BYTES}, room for a full request"
             )));
         }
-        if self.reaper.batch == 0 || self.reaper.concurrency == 0 || self.reaper.lock_ms == 0 {
-            return bad("reaper.batch, reaper.concurrency and reaper.lock_ms must be positive");
+        if self.reaper.batch == 0
+            || self.reaper.concurrency == 0
+            || self.reaper.lock_ms == 0
+            || self.reaper.sweep == 0
+        {
+            return bad("reaper.batch, reaper.concurrency, reaper.lock_ms and reaper.sweep must be positive");
         }
         if self.reaper.schedule.split_whitespace().count() < 6 {
             return bad("reaper.schedule needs a seconds field: 6 fields, e.g. \"*/5 * * * * *\"");
@@ -579,6 +593,17 @@ impl Settings {
     /// shards spread over a cluster's masters.
     pub fn request_streams(&self) -> Vec<String> {
         shard_names(&self.stream.requests, self.stream.shards)
+    }
+
+    /// Every requests stream the workers read: the shards and, when
+    /// sharded, `stream.requests` itself too, so that a request sent there
+    /// by a client that does not shard is answered all the same.
+    pub fn read_streams(&self) -> Vec<String> {
+        let mut streams = self.request_streams();
+        if self.stream.shards > 1 {
+            streams.push(self.stream.requests.clone());
+        }
+        streams
     }
 
     /// The requests stream shard that serves `license`.
@@ -651,9 +676,12 @@ mod tests {
     fn shards_are_named_and_chosen_stably() {
         let mut s = Settings::load(None).unwrap();
         assert_eq!(s.request_streams(), ["seat:requests"]);
+        assert_eq!(s.read_streams(), ["seat:requests"]);
         assert_eq!(s.request_stream_for("acme"), "seat:requests");
         s.stream.shards = 4;
         assert_eq!(s.request_streams()[3], "seat:requests:{3}");
+        assert_eq!(s.read_streams().len(), 5, "the shards and the base stream");
+        assert_eq!(s.read_streams()[4], "seat:requests");
         // zlib.crc32(b"acme") == 0x05c4ba3e, so any client computes shard 0x05c4ba3e % 4 == 2.
         assert_eq!(crc32fast::hash(b"acme"), 0x05c4_ba3e);
         let shard = crc32fast::hash(b"acme") as usize % 4;

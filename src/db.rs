@@ -126,6 +126,41 @@ impl Db {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Db::Cluster(_))
     }
+
+    /// The nodes holding keys, for commands that walk one node's keyspace
+    /// (SCAN): `[None]`, the one node, or on a cluster one entry per master,
+    /// named by a slot it serves (CLUSTER SLOTS), so [`Db::on_node`] reaches
+    /// it through the cluster connection, failovers followed.
+    pub async fn key_nodes(&mut self) -> redis::RedisResult<Vec<Option<u16>>> {
+        if !self.is_cluster() {
+            return Ok(vec![None]);
+        }
+        let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
+        let mut masters: Vec<(Value, u16)> = Vec::new();
+        for range in ranges {
+            let Value::Array(parts) = range else { continue };
+            let (Some(Value::Int(start)), Some(Value::Array(master))) = (parts.first(), parts.get(2)) else {
+                continue;
+            };
+            let address = Value::Array(master.iter().take(2).cloned().collect());
+            if let (Ok(slot), false) = (u16::try_from(*start), masters.iter().any(|(a, _)| *a == address)) {
+                masters.push((address, slot));
+            }
+        }
+        Ok(masters.into_iter().map(|(_, slot)| Some(slot)).collect())
+    }
+
+    /// Runs `cmd` on `node`, one of [`Db::key_nodes`].
+    pub async fn on_node(&mut self, node: Option<u16>, cmd: Cmd) -> redis::RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match (self, node) {
+            (Db::Cluster(c), Some(slot)) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                c.route_command(cmd, RoutingInfo::SingleNode(route)).await
+            }
+            (con, _) => cmd.query_async(con).await,
+        }
+    }
 }
 
 /// The client for one node as `redis` configures it: `redis.url` with the

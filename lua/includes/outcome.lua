@@ -24,8 +24,24 @@
                      event (a re-sent QUEUED, a replay)
     [8] replayed     1 when this is the stored reply of a stream entry decided
                      before (dedupe.lua), else 0
+    [9] stale        when the license's oldest holder goes stale (ms,
+                     due.lua), reported when the call may have moved it (a
+                     seat taken or granted, the oldest holder's heartbeat, a
+                     replay); else 0: nothing to file
+    [10] due         when the license next has other work for the reaper
+                     (ms, due.lua), reported when the call may have brought
+                     it forward (a place queued, a note made, a borrowed
+                     seat taken, a seat left lingering, a replay); else 0:
+                     nothing to file
+    [11] heartbeat_timeout_ms  the heartbeat timeout in force for the
+                     license (its own, else the service's), which ACQUIRED,
+                     ALREADY_ACTIVE and GRANTED replies carry: on those
+                     statuses and with notes, else 0
+  The worker files [9] and [10] in the due index. [9]..[11] are filled in
+  last (due.lua, due_report), from the state the script leaves, replays
+  included: the dedupe record keeps only [1..6].
 ]]
 
 local function outcome(status, used, total, detail, now, notes, changed)
-  return {status, used, total, detail, now, notes, changed or 1, 0}
+  return {status, used, total, detail, now, notes, changed or 1, 0, 0, 0, 0}
 end

@@ -12,7 +12,8 @@
              stalled past claim_idle_ms and had its batch claimed); '0' skips it
     ARGV[7]  dedupe window, ms
   Their own arguments start at ARGV[8]: the session, then its lease ('' =
-  none), then the op's own.
+  none), then the op's own, and last the service's heartbeat timeout (ms),
+  which due_report (due.lua) takes to fill in the outcome's last slots.
 ]]
 --- @include "keys"
 --- @include "license"

@@ -233,6 +233,19 @@ impl ReplyMsg {
     pub fn int(&self, field: &str) -> i64 {
         self.get(field).parse().unwrap_or(0)
     }
+
+    /// The license's heartbeat timeout in force, which ACQUIRED,
+    /// ALREADY_ACTIVE and GRANTED replies carry: a seat whose last heartbeat
+    /// is older is evicted. Heartbeat at a third of it, so one lost or late
+    /// heartbeat never costs the seat. `None` on other replies (and from a
+    /// service older than this field).
+    pub fn heartbeat_timeout(&self) -> Option<Duration> {
+        self.get("heartbeat_timeout_ms")
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis)
+    }
 }
 
 /// A client: one request connection and one reply stream shared by every

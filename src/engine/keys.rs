@@ -133,6 +133,29 @@ impl Keys {
         format!("{}:licenses", self.prefix)
     }
 
+    /// The two ZSETs of shard `shard` of the due index, which tell the
+    /// reaper when each license next needs it, so a pass reaps the licenses
+    /// due and no others (runtime::due). Each shard's keys share the hash tag
+    /// `{<shard>}` (also when there is one shard), so one script reads both,
+    /// and on Redis Cluster the shards spread over the masters. Only the
+    /// worker and the reaper write them, never a seat script, which may
+    /// touch its license's slot only. A license is filed in shard
+    /// [`shard_of`] it, like its streams.
+    pub fn due_index(&self, shard: usize) -> DueKeys {
+        DueKeys {
+            stale: format!("{}:stale:{{{shard}}}", self.prefix),
+            due: format!("{}:due:{{{shard}}}", self.prefix),
+        }
+    }
+
+    /// HASH of settings every process of a deployment must agree on, kept by
+    /// the workers and read by clients: `shards`, the requests stream's shard
+    /// count (docs/protocol.md, "Shards"). A worker started with another
+    /// `stream.shards` than the one recorded refuses to run.
+    pub fn deployment(&self) -> String {
+        format!("{}:config", self.prefix)
+    }
+
     /// Stream of seat events (acquired, released, evicted, queued, granted, ...).
     pub fn events(&self) -> String {
         format!("{}:events", self.prefix)
@@ -142,6 +165,20 @@ impl Keys {
     pub fn reaper_lock(&self) -> String {
         format!("{}:reaper:lock", self.prefix)
     }
+}
+
+/// The keys of one shard of the due index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueKeys {
+    /// ZSET license -> when its oldest holder goes stale (its heartbeat plus
+    /// the heartbeat timeout, plus 1 ms). It only moves later while the
+    /// license has holders, so any script's report of it may be filed as it
+    /// is, whatever order the filings arrive in.
+    pub stale: String,
+    /// ZSET license -> when it next has other work: at once while anyone
+    /// waits or a reply sits undelivered. Filed with `ZADD … LT` only: a
+    /// later report must never hide an earlier one.
+    pub due: String,
 }
 
 /// Which of `shards` shards serves `license`: CRC-32 (IEEE, as zlib's
@@ -191,6 +228,18 @@ mod tests {
         assert_eq!(k.license, "seat:{acme-pro}:license");
         assert_eq!(k.holders, "seat:{acme-pro}:holders");
         assert_eq!(k.sessions, "seat:{acme-pro}:sessions");
+    }
+
+    #[test]
+    fn a_due_index_shard_is_one_slot() {
+        let keys = Keys::new("seat");
+        let shard = keys.due_index(2);
+        assert_eq!(
+            (shard.stale.as_str(), shard.due.as_str()),
+            ("seat:stale:{2}", "seat:due:{2}")
+        );
+        assert_eq!(keys.due_index(0).due, "seat:due:{0}", "tagged with one shard too");
+        assert_eq!(keys.deployment(), "seat:config");
     }
 
     #[test]

@@ -776,6 +776,10 @@ pub struct Reply {
     pub position: Option<i64>,
     /// How long the session waited in the queue, ms (GRANTED, QUEUE_TIMEOUT).
     pub waited_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms (ACQUIRED,
+    /// ALREADY_ACTIVE, GRANTED): the holder heartbeats well within it (a
+    /// third of it), without having to know the service's settings.
+    pub heartbeat_timeout_ms: Option<i64>,
     /// The queue priority the session got (QUEUED with a priority above 0).
     pub priority: Option<i64>,
     /// How long the released seat lingers with the session, ms (RELEASED
@@ -801,6 +805,7 @@ impl Reply {
             heartbeats: None,
             position: None,
             waited_ms: None,
+            heartbeat_timeout_ms: None,
             priority: None,
             linger_ms: None,
             borrowed_until_ms: None,
@@ -828,6 +833,9 @@ impl Reply {
         }
         if let Some(n) = self.waited_ms {
             out.push(("waited_ms", n.to_string()));
+        }
+        if let Some(n) = self.heartbeat_timeout_ms {
+            out.push(("heartbeat_timeout_ms", n.to_string()));
         }
         let policy = [
             ("priority", self.priority),
@@ -1298,6 +1306,7 @@ mod tests {
             heartbeats: Some(3),
             position: None,
             waited_ms: None,
+            heartbeat_timeout_ms: None,
             priority: None,
             linger_ms: None,
             borrowed_until_ms: None,
@@ -1306,7 +1315,18 @@ mod tests {
         let f = reply.fields();
         assert!(f.contains(&("ok", "1".into())));
         assert!(f.contains(&("heartbeats", "3".into())));
-        assert!(!f.iter().any(|(k, _)| *k == "error"));
+        assert!(!f
+            .iter()
+            .any(|(k, _)| *k == "error" || *k == "heartbeat_timeout_ms"));
+        let acquired = Reply {
+            status: Status::Acquired,
+            heartbeats: None,
+            heartbeat_timeout_ms: Some(90_000),
+            ..reply
+        };
+        assert!(acquired
+            .fields()
+            .contains(&("heartbeat_timeout_ms", "90000".into())));
     }
 
     /// The documented wire form of every op. A match without a wildcard, so

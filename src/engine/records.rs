@@ -127,7 +127,9 @@ impl OwnerRecord {
 /// used, seats total, a number for detail; no notes), or as a JSON array of
 /// the outcome's first six slots, `["RELEASED",1,1,0,1796013944505,[[…note…]]]`.
 /// Returns the outcome a replay of that entry at `now_ms` (the Redis clock)
-/// answers (`changed` false, `replayed` true), as the Lua side rebuilds it.
+/// answers (`changed` false, `replayed` true), as the Lua side rebuilds it,
+/// but for what a replay reads from the license as it stands and the record
+/// does not keep: the due index times and the heartbeat timeout (`None` here).
 pub fn parse_dedupe_record(raw: &str, now_ms: i64) -> Result<Outcome, Error> {
     let bad = |detail: String| Error::ScriptReply {
         script: "dedupe",
@@ -148,6 +150,9 @@ pub fn parse_dedupe_record(raw: &str, now_ms: i64) -> Result<Outcome, Error> {
     slots[4] = Value::Int(now_ms); // the replay's clock
     slots.push(Value::Int(0)); // changed
     slots.push(Value::Int(1)); // replayed
+    slots.push(Value::Int(0)); // stale: not kept
+    slots.push(Value::Int(0)); // due: not kept
+    slots.push(Value::Int(0)); // heartbeat_timeout_ms: not kept
     decode_outcome("dedupe", Value::Array(slots))
 }
 

@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
-use crate::engine::keys::LicenseKeys;
+use crate::engine::keys::{DueKeys, LicenseKeys};
 use crate::engine::policy::RequestPolicy;
 use crate::error::Error;
 
@@ -28,7 +28,7 @@ pub(crate) use reply::decode_outcome;
 pub use reply::{Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 11] = [
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),
     ("heartbeat", include_str!("../../lua/heartbeat.lua")),
@@ -38,6 +38,8 @@ const SOURCES: [(&str, &str); 9] = [
     ("remove_consumer", include_str!("../../lua/remove_consumer.lua")),
     ("unlock", include_str!("../../lua/unlock.lua")),
     ("renew", include_str!("../../lua/renew.lua")),
+    ("due_claim", include_str!("../../lua/due_claim.lua")),
+    ("due_settle", include_str!("../../lua/due_settle.lua")),
 ];
 
 /// The script `name` as Redis runs it: its includes resolved.
@@ -63,6 +65,8 @@ pub struct Scripts {
     remove_consumer: Script,
     unlock: Script,
     renew: Script,
+    due_claim: Script,
+    due_settle: Script,
 }
 
 impl Scripts {
@@ -78,6 +82,8 @@ impl Scripts {
             remove_consumer: script("remove_consumer")?,
             unlock: script("unlock")?,
             renew: script("renew")?,
+            due_claim: script("due_claim")?,
+            due_settle: script("due_settle")?,
         })
     }
 }
@@ -247,9 +253,13 @@ pub struct AcquireArgs<'a> {
     pub reply_to: &'a str,
     /// The queue length limit when the license sets no `queue_max`.
     pub default_queue_max: u64,
+    /// The heartbeat timeout (ms) when the license sets no
+    /// `heartbeat_timeout_ms`: the one an ACQUIRED reply then carries, and
+    /// the one the license's next due time is reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8..9]` of lua/release.lua and lua/heartbeat.lua.
+/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
     /// The session releasing or heartbeating.
@@ -257,9 +267,12 @@ pub struct SessionArgs<'a> {
     /// The lease the request carries: it must be the one the seat (or place)
     /// is bound to, if it is bound to one.
     pub lease: Option<&'a str>,
+    /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
+    /// made on the way carries, and what the next due time is reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8]` and `ARGV[10..14]` of lua/revoke.lua: an administrator's revoke.
+/// `ARGV[8]` and `ARGV[10..15]` of lua/revoke.lua: an administrator's revoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -274,6 +287,10 @@ pub struct RevokeArgs<'a> {
     pub remember_ms: u64,
     /// Most revocations remembered per license (`revoke.max_per_license`).
     pub max_remembered: u64,
+    /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
+    /// made on the way carries, and what the license's stale time is
+    /// reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
 }
 
 /// `ARGV[1..4]` and `ARGV[5..]` of lua/reap.lua.
@@ -288,6 +305,12 @@ pub struct ReapArgs<'a> {
     /// Where this pass stands in the outbox ([`OutboxCursor::start`] for its first step).
     pub outbox: &'a OutboxCursor,
 }
+
+/// The lowest score of a license claimed by a reaper pass in the due index
+/// (lua/due_claim.lua): 2^52, above every due time the scripts report (a
+/// Redis clock plus at most a 15-digit heartbeat timeout), and low enough
+/// that a claim's end added to it is still an exact double.
+pub const DUE_CLAIM_BASE: i64 = 1 << 52;
 
 /// One script call, ready to run alone or in a pipeline, decoding to `T`.
 pub struct ScriptCall<'a, T> {
@@ -382,7 +405,7 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.acquire,
             &self.release,
@@ -393,6 +416,8 @@ impl Scripts {
             &self.remove_consumer,
             &self.unlock,
             &self.renew,
+            &self.due_claim,
+            &self.due_settle,
         ]
     }
 
@@ -430,7 +455,8 @@ impl Scripts {
             .arg(args.request_id) // ARGV[12]
             .arg(args.reply_to) // ARGV[13]
             .arg(args.default_queue_max) // ARGV[14]
-            .arg(who.script_arg()); // ARGV[15]
+            .arg(who.script_arg()) // ARGV[15]
+            .arg(args.default_heartbeat_timeout_ms); // ARGV[16]
         ScriptCall {
             name: "acquire",
             invocation: call,
@@ -441,7 +467,8 @@ impl Scripts {
     /// lua/release.lua: free the session's seat (granting it to the next
     /// waiter), or take the session out of the queue.
     pub fn release(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let call = request_call(&self.release, keys, guard, args.session, args.lease);
+        let mut call = request_call(&self.release, keys, guard, args.session, args.lease);
+        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
         ScriptCall {
             name: "release",
             invocation: call,
@@ -451,7 +478,8 @@ impl Scripts {
 
     /// lua/heartbeat.lua: restart the session's heartbeat clock.
     pub fn heartbeat(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let call = request_call(&self.heartbeat, keys, guard, args.session, args.lease);
+        let mut call = request_call(&self.heartbeat, keys, guard, args.session, args.lease);
+        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
         ScriptCall {
             name: "heartbeat",
             invocation: call,
@@ -468,7 +496,8 @@ impl Scripts {
             .arg(args.actor) // ARGV[11]
             .arg(args.cooldown_ms) // ARGV[12]
             .arg(args.remember_ms) // ARGV[13]
-            .arg(args.max_remembered); // ARGV[14]
+            .arg(args.max_remembered) // ARGV[14]
+            .arg(args.default_heartbeat_timeout_ms); // ARGV[15]
         ScriptCall {
             name: "revoke",
             invocation: call,
@@ -545,6 +574,59 @@ impl Scripts {
             .await
     }
 
+    /// lua/due_claim.lua: takes up to `limit` licenses of due index shard
+    /// `index` due before `now_ms` (or whose claim ran out), claiming them
+    /// until `claim_end_ms`. Returns the claim's marker and the licenses.
+    pub async fn due_claim<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        index: &DueKeys,
+        now_ms: i64,
+        limit: usize,
+        claim_end_ms: i64,
+    ) -> Result<(i64, Vec<String>), Error> {
+        let reply: Vec<String> = self
+            .due_claim
+            .key(&index.stale) // KEYS[1]
+            .key(&index.due) // KEYS[2]
+            .arg(now_ms) // ARGV[1]
+            .arg(limit) // ARGV[2]
+            .arg(claim_end_ms) // ARGV[3]
+            .arg(DUE_CLAIM_BASE) // ARGV[4]
+            .invoke_async(con)
+            .await?;
+        let mut reply = reply.into_iter();
+        let marker = reply
+            .next()
+            .and_then(|m| m.parse().ok())
+            .ok_or_else(|| Error::ScriptReply {
+                script: "due_claim",
+                detail: "no marker".to_owned(),
+            })?;
+        Ok((marker, reply.collect()))
+    }
+
+    /// lua/due_settle.lua: files each license's times (stale, due; 0 =
+    /// none) in due index shard `index`, where it still carries `marker`;
+    /// keeps the earlier time where one was filed meanwhile. Returns how
+    /// many entries left the index.
+    pub async fn due_settle<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        index: &DueKeys,
+        marker: i64,
+        times: &[(&str, i64, i64)],
+    ) -> redis::RedisResult<i64> {
+        let mut call = self.due_settle.prepare_invoke();
+        call.key(&index.stale) // KEYS[1]
+            .key(&index.due) // KEYS[2]
+            .arg(marker); // ARGV[1]
+        for (license, stale, due) in times {
+            call.arg(*license).arg(*stale).arg(*due); // ARGV[2..]
+        }
+        call.invoke_async(con).await
+    }
+
     /// lua/renew.lua: take `lock` for `ttl_ms` if free, or keep it while it holds `token`.
     pub async fn renew<C: ConnectionLike>(
         &self,
@@ -618,7 +700,7 @@ mod tests {
                 "{name}: one copy per helper"
             );
         }
-        for name in ["reply", "unlock", "renew"] {
+        for name in ["reply", "unlock", "renew", "due_claim", "due_settle"] {
             assert!(
                 !source(name).unwrap().contains("local K ="),
                 "{name} is not a seat script"

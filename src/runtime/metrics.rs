@@ -103,7 +103,7 @@ pub const FLEET_SEATS_BORROWED: &str = "seatgate_fleet_seats_borrowed";
 pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
 /// Sessions waiting over all licenses.
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
-/// Licenses the reaper visited.
+/// Licenses in the license index, as the reaper's last complete census counted them.
 pub const LICENSES: &str = "seatgate_licenses";
 /// Entries delivered to a consumer and not yet acknowledged, per requests `stream`.
 pub const STREAM_PENDING: &str = "seatgate_stream_pending";
@@ -504,7 +504,7 @@ pub fn future_entry_id() {
 /// Most licenses with series of their own, per per-license metric.
 static LICENSE_SERIES_LIMIT: AtomicUsize = AtomicUsize::new(50);
 
-/// The seats of one license, as a reaper pass saw them.
+/// The seats of one license, as the reaper saw them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LicenseSeats {
     /// The license id (or [`OTHER`] for the sum over the rest).
@@ -531,6 +531,89 @@ impl LicenseSeats {
             (u, t) => u as f64 / t as f64,
         }
     }
+
+    /// The order licenses get series in: highest utilisation first, then
+    /// the longer queue, the more seats held, the license id.
+    fn rank(&self, other: &LicenseSeats) -> std::cmp::Ordering {
+        other
+            .utilisation()
+            .total_cmp(&self.utilisation())
+            .then(other.queued.cmp(&self.queued))
+            .then(other.used.cmp(&self.used))
+            .then_with(|| self.license.cmp(&other.license))
+    }
+}
+
+/// The seats of every license of one census (the reaper's walk over the
+/// license index, runtime::due), summed as they come in: the fleet totals,
+/// the licenses counted, and only the top `metrics.license_series_limit` by
+/// utilisation, so its memory stays bounded however many licenses there are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeatCensus {
+    /// The top licenses so far, in [`LicenseSeats::rank`] order.
+    top: Vec<LicenseSeats>,
+    /// Sums over every license counted.
+    fleet: LicenseSeats,
+    /// Licenses counted.
+    licenses: usize,
+}
+
+impl SeatCensus {
+    /// Counts one license.
+    pub fn add(&mut self, seats: LicenseSeats) {
+        self.fleet.used += seats.used;
+        self.fleet.total += seats.total;
+        self.fleet.queued += seats.queued;
+        self.fleet.lingering += seats.lingering;
+        self.fleet.borrowed += seats.borrowed;
+        self.licenses += 1;
+        let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+        let at = self.top.partition_point(|l| l.rank(&seats).is_lt());
+        if at < limit {
+            self.top.insert(at, seats);
+            self.top.truncate(limit);
+        }
+    }
+
+    /// Licenses counted.
+    pub fn licenses(&self) -> usize {
+        self.licenses
+    }
+}
+
+/// What the seat gauges show: the top licenses, the rest summed, the fleet.
+#[derive(Debug, Clone)]
+struct SeatSummary {
+    /// The top `limit` licenses by utilisation, highest first.
+    top: Vec<LicenseSeats>,
+    /// The sum over every other license, as license [`OTHER`].
+    other: LicenseSeats,
+    /// Sums over every license counted.
+    fleet: LicenseSeats,
+    /// Licenses counted.
+    licenses: usize,
+}
+
+impl From<SeatCensus> for SeatSummary {
+    fn from(c: SeatCensus) -> SeatSummary {
+        let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+        let mut top = c.top;
+        top.truncate(limit);
+        let other = LicenseSeats {
+            license: OTHER.to_owned(),
+            used: c.fleet.used - top.iter().map(|l| l.used).sum::<i64>(),
+            total: c.fleet.total - top.iter().map(|l| l.total).sum::<i64>(),
+            queued: c.fleet.queued - top.iter().map(|l| l.queued).sum::<i64>(),
+            lingering: c.fleet.lingering - top.iter().map(|l| l.lingering).sum::<i64>(),
+            borrowed: c.fleet.borrowed - top.iter().map(|l| l.borrowed).sum::<i64>(),
+        };
+        SeatSummary {
+            top,
+            other,
+            fleet: c.fleet,
+            licenses: c.licenses,
+        }
+    }
 }
 
 /// The requests backlog of one requests stream shard (`XINFO GROUPS`).
@@ -548,14 +631,9 @@ pub struct StreamHealth {
 /// The shared state the reaper leader exports, as of its last pass.
 #[derive(Debug, Clone)]
 struct Shared {
-    /// The top `limit` licenses by utilisation, highest first.
-    top: Vec<LicenseSeats>,
-    /// The sum over every other license, as license [`OTHER`].
-    other: LicenseSeats,
-    /// Sums over every license visited.
-    fleet: LicenseSeats,
-    /// Licenses visited.
-    licenses: usize,
+    /// Seats and queues as of the last complete census; `None` until this
+    /// process, leading, has completed one.
+    seats: Option<SeatSummary>,
     /// Per requests shard.
     streams: Vec<StreamHealth>,
     /// Length of the dead-letter stream, when it could be read.
@@ -571,44 +649,31 @@ static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
 /// by then another process may lead). Only the top
 /// `metrics.license_series_limit` licenses by utilisation get series of their
 /// own; the rest are summed into `license="_other"`, so a sum over licenses
-/// is always the fleet total and the label set stays bounded.
+/// is always the fleet total and the label set stays bounded. `census` is
+/// `None` when the pass completed no census of the licenses (a census of
+/// many licenses takes several passes): the seats of the last one stay.
 pub fn shared_state(
-    mut seats: Vec<LicenseSeats>,
+    census: Option<SeatCensus>,
     streams: Vec<StreamHealth>,
     dead_letters: Option<i64>,
     valid_for: Duration,
 ) {
-    let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
-    seats.sort_by(|a, b| {
-        b.utilisation()
-            .total_cmp(&a.utilisation())
-            .then(b.queued.cmp(&a.queued))
-            .then(b.used.cmp(&a.used))
-            .then_with(|| a.license.cmp(&b.license))
-    });
-    let sum = |all: &[LicenseSeats], license: &str| LicenseSeats {
-        license: license.to_owned(),
-        used: all.iter().map(|s| s.used).sum(),
-        total: all.iter().map(|s| s.total).sum(),
-        queued: all.iter().map(|s| s.queued).sum(),
-        lingering: all.iter().map(|s| s.lingering).sum(),
-        borrowed: all.iter().map(|s| s.borrowed).sum(),
+    let Ok(mut shared) = SHARED.lock() else { return };
+    let seats = match census {
+        Some(census) => Some(SeatSummary::from(census)),
+        // Only from a snapshot still in force: one that expired (this
+        // process stopped leading meanwhile) may be arbitrarily old.
+        None => shared
+            .take()
+            .filter(|s| s.expires > Instant::now())
+            .and_then(|s| s.seats),
     };
-    let fleet = sum(&seats, "");
-    let licenses = seats.len();
-    let rest = seats.split_off(limit.min(seats.len()));
-    let snapshot = Shared {
-        other: sum(&rest, OTHER),
-        top: seats,
-        fleet,
-        licenses,
+    *shared = Some(Shared {
+        seats,
         streams,
         dead_letters,
         expires: Instant::now() + valid_for,
-    };
-    if let Ok(mut shared) = SHARED.lock() {
-        *shared = Some(snapshot);
-    }
+    });
 }
 
 /// Keeps the last snapshot exported for `valid_for` more: the leader still
@@ -754,7 +819,7 @@ pub fn record_snapshots() {
     if shared.as_ref().is_some_and(|s| s.expires <= Instant::now()) {
         *shared = None;
     }
-    let Some(s) = shared.as_ref() else { return };
+    let Some(shared) = shared.as_ref() else { return };
     describe_gauge!(
         SEATS_USED,
         "Seats held, per license: the top metrics.license_series_limit by utilisation, the rest summed as _other."
@@ -782,7 +847,7 @@ pub fn record_snapshots() {
     describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
     describe_gauge!(
         LICENSES,
-        "Licenses in the license index, as the last reaper pass visited them."
+        "Licenses in the license index, as the reaper's last complete census counted them."
     );
     describe_gauge!(
         STREAM_PENDING,
@@ -793,26 +858,28 @@ pub fn record_snapshots() {
         "Requests not yet delivered to any worker, per requests stream shard."
     );
     describe_gauge!(DEAD_LETTERS, "Entries in the dead-letter stream.");
-    for l in s.top.iter().chain([&s.other]) {
-        gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
-        gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
-        gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
-        gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
-        gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
+    if let Some(s) = &shared.seats {
+        for l in s.top.iter().chain([&s.other]) {
+            gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
+            gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
+            gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
+            gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
+            gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
+        }
+        gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
+        gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
+        gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
+        gauge!(FLEET_SEATS_LINGERING).set(s.fleet.lingering as f64);
+        gauge!(FLEET_SEATS_BORROWED).set(s.fleet.borrowed as f64);
+        gauge!(LICENSES).set(s.licenses as f64);
     }
-    gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
-    gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
-    gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
-    gauge!(FLEET_SEATS_LINGERING).set(s.fleet.lingering as f64);
-    gauge!(FLEET_SEATS_BORROWED).set(s.fleet.borrowed as f64);
-    gauge!(LICENSES).set(s.licenses as f64);
-    for st in &s.streams {
+    for st in &shared.streams {
         gauge!(STREAM_PENDING, "stream" => st.stream.clone()).set(st.pending as f64);
         if let Some(lag) = st.lag {
             gauge!(STREAM_LAG, "stream" => st.stream.clone()).set(lag as f64);
         }
     }
-    if let Some(n) = s.dead_letters {
+    if let Some(n) = shared.dead_letters {
         gauge!(DEAD_LETTERS).set(n as f64);
     }
 }
@@ -884,23 +951,26 @@ mod tests {
             ..LicenseSeats::default()
         };
         LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
-        shared_state(
-            vec![
-                seat("half", 1, 2, 0),
-                seat("idle", 0, 10, 0),
-                seat("full", 3, 3, 4),
-                seat("tenth", 1, 10, 0),
-            ],
-            vec![],
-            Some(0),
-            Duration::from_secs(60),
-        );
-        let s = SHARED.lock().unwrap().clone().unwrap();
+        let mut census = SeatCensus::default();
+        for l in [
+            seat("half", 1, 2, 0),
+            seat("idle", 0, 10, 0),
+            seat("full", 3, 3, 4),
+            seat("tenth", 1, 10, 0),
+        ] {
+            census.add(l);
+        }
+        shared_state(Some(census), vec![], Some(0), Duration::from_secs(60));
+        let s = SHARED.lock().unwrap().clone().unwrap().seats.unwrap();
         let names: Vec<&str> = s.top.iter().map(|l| l.license.as_str()).collect();
         assert_eq!(names, ["full", "half"]);
         assert_eq!(s.other, seat(OTHER, 1, 20, 0));
         assert_eq!(s.fleet, seat("", 5, 25, 4));
         assert_eq!(s.licenses, 4);
+        // A pass that completed no census keeps the seats of the last one.
+        shared_state(None, vec![], Some(1), Duration::from_secs(60));
+        let kept = SHARED.lock().unwrap().clone().unwrap();
+        assert_eq!((kept.seats.unwrap().licenses, kept.dead_letters), (4, Some(1)));
         reaper_leader(false);
         assert!(
             SHARED.lock().unwrap().is_none(),

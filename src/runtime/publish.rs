@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::Settings;
 pub use crate::engine::events::{Event, EventType};
@@ -42,6 +42,8 @@ pub struct Publisher {
     single_clock: bool,
     /// Key names (the outbox of a license).
     keys: crate::engine::keys::Keys,
+    /// Where the licenses' next due times are filed for the reaper.
+    due: crate::runtime::due::DueIndex,
     /// Reply streams this process set the expiry of recently, and when.
     fresh: Arc<Mutex<HashMap<String, Instant>>>,
 }
@@ -57,6 +59,7 @@ impl Publisher {
             reply_ttl_ms: settings.replies.ttl_ms,
             single_clock: !settings.redis.is_cluster(),
             keys: crate::engine::keys::Keys::new(settings.keys.prefix.clone()),
+            due: crate::runtime::due::DueIndex::new(settings),
             fresh: Default::default(),
         }
     }
@@ -237,10 +240,13 @@ impl Publisher {
     }
 
     /// Writes many replies and events with one pipeline: the replies to
-    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs.
-    /// Replies that need the script (first reply to a stream, or the fast
-    /// path found the stream gone) follow one by one. Returns one result per
-    /// reply, in order; event failures are logged and counted only.
+    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs,
+    /// and the times the scripts reported for the reaper's due index
+    /// (license, stale, due; runtime::due). Replies that need the script (first reply
+    /// to a stream, or the fast path found the stream gone) follow one by
+    /// one. Returns one result per reply, in order; event failures are
+    /// logged and counted only, and a due time not filed is found by the
+    /// reaper's sweep.
     ///
     /// `clock` is the earliest Redis time (ms) the batch's scripts read, if
     /// any ran: the fast path trims reply streams by age from it.
@@ -255,11 +261,24 @@ impl Publisher {
         con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
         events: &[Event<'_>],
+        dues: &[(&str, Option<i64>, Option<i64>)],
         clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
         let (mut cmds, fast) = self.fast_replies(replies, clock, &mut results);
         cmds.extend(self.event_cmds(events));
+        cmds.reserve(2 * dues.len());
+        let mut filed = Vec::with_capacity(2 * dues.len());
+        for (license, stale_ms, due_ms) in dues {
+            if let Some(ms) = stale_ms {
+                cmds.push(self.due.file_stale(license, *ms));
+                filed.push(*license);
+            }
+            if let Some(ms) = due_ms {
+                cmds.push(self.due.file_due(license, *ms));
+                filed.push(*license);
+            }
+        }
         if !cmds.is_empty() {
             match con.query_all(cmds).await {
                 Ok(answers) => {
@@ -281,10 +300,16 @@ impl Publisher {
                             None => {}
                         }
                     }
-                    for (answer, event) in answers.zip(events) {
+                    // Each list first: zip pulls from its first iterator before the second.
+                    for (event, answer) in events.iter().zip(answers.by_ref()) {
                         if let Err(e) = answer {
                             metrics::event_error();
                             warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
+                        }
+                    }
+                    for (license, answer) in filed.iter().zip(answers) {
+                        if let Err(e) = answer {
+                            debug!(%license, error = %e, "cannot file a license's due time; the reaper's sweep finds it");
                         }
                     }
                 }
@@ -355,6 +380,7 @@ impl Publisher {
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
+                heartbeat_timeout_ms: note.heartbeat_timeout_ms,
                 priority: None,
                 linger_ms: None,
                 borrowed_until_ms: None,
@@ -464,6 +490,7 @@ mod tests {
             borrowed_until_ms: None,
             linger_ms: None,
             priority: None,
+            heartbeat_timeout_ms: None,
         };
         let replies = [(a, &reply), (a, &reply), (b, &reply), ("elsewhere", &reply)];
         let mut results = vec![None; replies.len()];

@@ -1,6 +1,10 @@
 //! The reaper: evicts sessions whose heartbeat is stale, times out waiters,
-//! and hands free seats to the queue, for every license, on a schedule.
+//! and hands free seats to the queue, on a schedule, for the licenses due.
 //!
+//! A pass reaps only the licenses the due index (runtime::due) says have
+//! work by now, so it costs Redis what there is to do, not one script call
+//! per license; a bounded sweep per pass finds what the index lacks and
+//! counts the seats of every license for the metrics.
 //! Each license is handled by lua/reap.lua, atomically and in bounded steps,
 //! so a session is evicted (and its event published) exactly once even when
 //! several processes reap at the same moment. Scheduled passes run in the
@@ -23,16 +27,23 @@ use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::engine::keys::DueKeys;
 use crate::engine::keys::Keys;
 use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
 use crate::error::Error;
-use crate::runtime::metrics::{self, LicenseSeats, StreamHealth};
+use crate::runtime::due::{DueIndex, Sweep};
+use crate::runtime::metrics::{self, LicenseSeats, SeatCensus, StreamHealth};
 use crate::runtime::publish::{Event, EventType, Publisher};
+
+/// Licenses a pass claims from a due index shard at a time: one
+/// lua/due_claim.lua and one lua/due_settle.lua call per page, each well
+/// under a millisecond of Redis time.
+const DUE_PAGE: usize = 256;
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
-    /// Licenses visited.
+    /// Licenses reaped: those the due index said were due.
     pub licenses: usize,
     /// Sessions evicted (stale heartbeat).
     pub evicted: usize,
@@ -44,8 +55,17 @@ pub struct PassReport {
     pub timed_out: usize,
     /// Sessions waiting after the pass, per license with a non-empty queue.
     pub queues: Vec<(String, i64)>,
-    /// Seats and queue of every license visited, as the pass left them.
+    /// Seats and queue of every license reaped, as the pass left them.
     pub seats: Vec<LicenseSeats>,
+    /// Licenses the sweep looked at (runtime::due).
+    pub swept: usize,
+    /// Licenses with seats, waiters or replies the sweep found missing from
+    /// the due index, and filed (and reaped in this pass).
+    pub filed: Vec<String>,
+    /// The seats of every license of the license index, when this pass
+    /// ended a round of the sweep over it (every pass, with fewer licenses
+    /// than `reaper.sweep`).
+    pub census: Option<SeatCensus>,
 }
 
 /// Runs reaper passes.
@@ -73,8 +93,18 @@ pub struct Reaper {
     token: String,
     /// The requests stream and its group, for trimming and consumer cleanup.
     stream: crate::config::StreamSettings,
-    /// Every shard of the requests stream.
+    /// Every requests stream the workers read (each shard, and the base
+    /// stream when sharded).
     request_streams: Vec<String>,
+    /// The due index.
+    due: DueIndex,
+    /// Licenses of the license index the sweep looks at per pass.
+    sweep_budget: usize,
+    /// Where the sweep stands; held for the whole of a pass.
+    sweep: Arc<tokio::sync::Mutex<Sweep>>,
+    /// How long a pass's claim on a license lasts, ms: a pass that dies
+    /// leaves its licenses to the passes after this (the reaper lock's lifetime).
+    claim_ms: u64,
     /// The admin stream, trimmed and cleaned like a shard.
     admin_stream: String,
 }
@@ -97,7 +127,11 @@ impl Reaper {
                 format!("{}:{}:{n}", settings.consumer_name(), std::process::id())
             },
             stream: settings.stream.clone(),
-            request_streams: settings.request_streams(),
+            request_streams: settings.read_streams(),
+            due: DueIndex::new(settings),
+            sweep_budget: settings.reaper.sweep,
+            sweep: Arc::default(),
+            claim_ms: settings.reaper.lock_ms,
             admin_stream: settings.stream.admin_requests.clone(),
         }
     }
@@ -217,78 +251,127 @@ impl Reaper {
         Ok(())
     }
 
-    /// One pass over every license, without the cross-process lock.
+    /// One pass, without the cross-process lock: a step of the sweep (which
+    /// files what the due index lacks), then every license due by the
+    /// Redis clock at the pass's start, a page at a time per shard.
     pub async fn pass(&self) -> Result<PassReport, Error> {
         let started = Instant::now();
-        let licenses = self.licenses().await?;
+        let mut sweep = self.sweep.lock().await;
+        let mut con = self.con.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await?;
+        let now_ms = secs * 1000 + micros / 1000;
+        // Filed just before the pass's clock, so this pass reaps them.
+        let step = sweep
+            .step(&mut con, &self.keys, &self.due, self.sweep_budget, now_ms - 1)
+            .await?;
+        if !step.filed.is_empty() {
+            info!(count = step.filed.len(), licenses = ?step.filed.iter().take(10).collect::<Vec<_>>(), "filed licenses the due index lacked");
+        }
         let mut report = PassReport {
-            licenses: licenses.len(),
+            swept: step.looked_at,
+            filed: step.filed,
             ..PassReport::default()
         };
-        let mut results = futures_util::stream::iter(licenses)
-            .map(|license| async move {
-                let r = self.reap_license(&license).await;
-                (license, r)
-            })
-            .buffer_unordered(self.concurrency);
         let mut first_error = None;
-        while let Some((license, result)) = results.next().await {
-            match result {
-                Ok(one) => {
-                    report.evicted += one.evicted;
-                    report.ended += one.ended;
-                    report.granted += one.granted;
-                    report.timed_out += one.timed_out;
-                    if one.queues.first().is_some_and(|(_, d)| *d > 0) {
-                        report.queues.extend(one.queues);
-                    }
-                    report.seats.extend(one.seats);
-                }
-                Err(e) => {
-                    warn!(%license, error = %e, "reaping a license failed; the next pass retries");
-                    first_error.get_or_insert(e);
-                }
+        for shard in self.due.shards() {
+            if let Err(e) = self.reap_shard(&mut con, &shard, now_ms, &mut report).await {
+                warn!(shard = %shard.due, error = %e, "reaping a due index shard failed; the next pass retries");
+                first_error.get_or_insert(e);
             }
         }
-        drop(results);
+        // The census counts each license as the pass left it.
+        let reaped: HashMap<&str, &LicenseSeats> =
+            report.seats.iter().map(|s| (s.license.as_str(), s)).collect();
+        let seats = step
+            .seats
+            .into_iter()
+            .map(|s| reaped.get(s.license.as_str()).map_or(s, |&r| r.clone()))
+            .collect();
+        report.census = sweep.count(seats, step.round_done);
+        drop(sweep);
         metrics::reaper_pass(started.elapsed());
         match first_error {
-            Some(e)
-                if report.licenses > 0
-                    && report.evicted + report.ended + report.granted + report.timed_out == 0 =>
-            {
-                Err(e)
-            }
+            Some(e) if report.evicted + report.ended + report.granted + report.timed_out == 0 => Err(e),
             _ => Ok(report),
         }
     }
 
-    /// Every license in the index (SSCAN, so a large index never blocks Redis).
-    async fn licenses(&self) -> Result<Vec<String>, Error> {
-        let mut con = self.con.clone();
-        let mut out = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
-                .arg(self.keys.license_index())
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut con)
+    /// Reaps the licenses of due index shard `shard` due before `now_ms`, a
+    /// page at a time: claim, reap concurrently, file the times they are due
+    /// next. A license whose reap failed is filed due at `now_ms` (the next
+    /// pass retries it). Each pass takes at most as many licenses as the
+    /// shard held when it began, so a Redis clock stepped back cannot keep a
+    /// pass going round.
+    async fn reap_shard(
+        &self,
+        con: &mut Db,
+        shard: &DueKeys,
+        now_ms: i64,
+        report: &mut PassReport,
+    ) -> Result<(), Error> {
+        let (stale, due): (usize, usize) = redis::pipe()
+            .zcard(&shard.stale)
+            .zcard(&shard.due)
+            .query_async(con)
+            .await?;
+        let most = stale + due;
+        let mut taken = 0;
+        while taken < most {
+            let claim_end = now_ms.saturating_add(i64::try_from(self.claim_ms).unwrap_or(i64::MAX));
+            let (marker, licenses) = Scripts::get()
+                .due_claim(con, shard, now_ms, DUE_PAGE.min(most - taken), claim_end)
                 .await?;
-            out.extend(batch.into_iter().filter(|l| crate::engine::protocol::valid_id(l)));
-            if next == 0 {
+            if licenses.is_empty() {
                 break;
             }
-            cursor = next;
+            taken += licenses.len();
+            let page = licenses.len();
+            let mut results = futures_util::stream::iter(licenses)
+                .map(|license| async move {
+                    let r = self.reap_one(&license).await;
+                    (license, r)
+                })
+                .buffer_unordered(self.concurrency);
+            let mut dues = Vec::with_capacity(page);
+            while let Some((license, result)) = results.next().await {
+                match result {
+                    Ok((one, (stale, due))) => {
+                        report.licenses += 1;
+                        report.evicted += one.evicted;
+                        report.ended += one.ended;
+                        report.granted += one.granted;
+                        report.timed_out += one.timed_out;
+                        if one.queues.first().is_some_and(|(_, d)| *d > 0) {
+                            report.queues.extend(one.queues);
+                        }
+                        report.seats.extend(one.seats);
+                        dues.push((license, stale.unwrap_or(0), due.unwrap_or(0)));
+                    }
+                    Err(e) => {
+                        warn!(%license, error = %e, "reaping a license failed; the next pass retries");
+                        dues.push((license, 0, now_ms));
+                    }
+                }
+            }
+            drop(results);
+            let dues: Vec<(&str, i64, i64)> = dues.iter().map(|(l, s, d)| (l.as_str(), *s, *d)).collect();
+            // Should this fail, the claims run out and a later pass takes them.
+            Scripts::get().due_settle(con, shard, marker, &dues).await?;
+            if page < DUE_PAGE {
+                break;
+            }
         }
-        out.sort();
-        out.dedup();
-        Ok(out)
+        Ok(())
     }
 
     /// Reaps one license until it reports no more work, publishing what happened.
     pub async fn reap_license(&self, license: &str) -> Result<PassReport, Error> {
+        self.reap_one(license).await.map(|(report, _)| report)
+    }
+
+    /// [`Reaper::reap_license`], and the license's times for the due index
+    /// after it (stale, due; `None`: none).
+    async fn reap_one(&self, license: &str) -> Result<(PassReport, (Option<i64>, Option<i64>)), Error> {
         let keys = self.keys.license(license);
         let mut con = self.con.clone();
         let mut report = PassReport::default();
@@ -376,7 +459,7 @@ impl Reaper {
                     lingering: step.seats_lingering,
                     borrowed: step.seats_borrowed,
                 }];
-                return Ok(report);
+                return Ok((report, (step.stale_ms, step.due_ms)));
             }
         }
     }
@@ -418,7 +501,7 @@ impl Reaper {
                         "reaper pass"
                     );
                 }
-                Some(r.seats)
+                Some(r.census)
             }
             Err(e) => {
                 warn!(error = %e, "reaper pass failed");
@@ -428,9 +511,9 @@ impl Reaper {
         if let Err(e) = self.maintain_stream().await {
             debug!(error = %e, "requests stream upkeep failed; the next pass retries");
         }
-        if let Some(seats) = seats {
+        if let Some(census) = seats {
             let (streams, dead_letters) = self.stream_health().await;
-            metrics::shared_state(seats, streams, dead_letters, Duration::from_millis(lock_ms));
+            metrics::shared_state(census, streams, dead_letters, Duration::from_millis(lock_ms));
         }
     }
 

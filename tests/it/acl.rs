@@ -13,7 +13,7 @@ use seatgate::config::Settings;
 use seatgate::engine::keys::consumer_alive;
 
 use crate::support::{
-    free_port, http_get, license_keys, output, reply_stream, seatgate_cmd, RedisServer, RedisServerExt,
+    free_port, http_get, keys, license_keys, output, reply_stream, seatgate_cmd, RedisServer, RedisServerExt,
     Spawned, WorkerProcess, BIN,
 };
 
@@ -382,6 +382,14 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         .await,
     ];
     assert!(refused.iter().all(|code| code == "NOPERM"), "{refused:?}");
+    // A client may read the shard count the workers recorded, and no more of it.
+    let deployment = keys(&settings).deployment();
+    let shards: redis::RedisResult<String> = redis::cmd("HGET")
+        .arg(&deployment)
+        .arg("shards")
+        .query_async(&mut client)
+        .await;
+    assert_eq!(shards.ok().as_deref(), Some("1"), "clients find the shard count");
     // A client cannot revoke: the admin stream is not its to write, and the
     // requests stream it may write refuses the op.
     let code = refusal(

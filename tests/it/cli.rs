@@ -44,6 +44,12 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
         if i < 3 {
             assert_eq!(o.status.code(), Some(0), "{o:?}");
             assert!(stdout(&o).starts_with("ACQUIRED"), "{}", stdout(&o));
+            // How often to heartbeat, without reading the service's settings.
+            assert!(
+                stdout(&o).contains(" heartbeat_timeout_ms=90000 "),
+                "{}",
+                stdout(&o)
+            );
             leases.push(printed_lease(&stdout(&o)));
         } else {
             assert_eq!(o.status.code(), Some(1), "refused acquire exits 1: {o:?}");

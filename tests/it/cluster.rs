@@ -12,8 +12,8 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, events, holders, license_keys, provision, put_license, reaper, seats_with_timeout,
-    spawn_worker, watch_holders, LocalCluster,
+    acquire, client, db, direct, events, holders, license_keys, provision, put_license, reaper,
+    seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
 };
 
 /// How long a test waits for a reply (a cluster answers slower while failing over).
@@ -46,6 +46,7 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     round_trip_idempotency_release_heartbeat(&cluster).await;
     queue_reaper_and_self_healing(&cluster).await;
     licenses_on_every_master_served_by_two_workers(&cluster).await;
+    the_sweep_finds_hash_only_licenses_on_every_master(&cluster).await;
 }
 
 async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
@@ -327,4 +328,43 @@ async fn a_master_killed_mid_burst_fails_over_and_seatgate_carries_on() {
     }
     w1.stop().await;
     w2.stop().await;
+}
+
+/// Licenses written as their hash alone (no license index) and used by
+/// calling the scripts directly (so nothing filed them for the reaper), on
+/// every master: one pass's sweep scans each master's keyspace, files them
+/// in the due index shards, and reaps their stale seats.
+async fn the_sweep_finds_hash_only_licenses_on_every_master(cluster: &LocalCluster) {
+    let s = settings(cluster, "c5");
+    let licenses: Vec<String> = (0..30).map(|i| format!("billed-{i}")).collect();
+    let mut masters = HashSet::new();
+    let mut con = db(&s).await;
+    for l in &licenses {
+        let lk = license_keys(&s, l);
+        masters.extend(cluster.master_of(&lk.license).await);
+        let _: () = redis::cmd("HSET")
+            .arg(&lk.license)
+            .arg("seats_total")
+            .arg(1)
+            .arg("active")
+            .arg(1)
+            .arg("heartbeat_timeout_ms")
+            .arg(100)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let took = direct(&s, l, "gone").acquire(&mut con).await;
+        assert_eq!(took.status, Status::Acquired);
+    }
+    assert_eq!(masters.len(), 3, "the licenses lie on every master");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let report = reaper(&s).await.pass().await.unwrap();
+    assert_eq!(
+        (report.filed.len(), report.evicted),
+        (30, 30),
+        "every master's keyspace was scanned: {report:?}"
+    );
+    for l in &licenses {
+        assert!(holders(&s, l).await.is_empty(), "{l}");
+    }
 }

@@ -5,6 +5,7 @@ mod acl;
 mod cli;
 mod client;
 mod cluster;
+mod due;
 mod faults;
 mod hardening;
 mod invalid;

@@ -132,11 +132,14 @@ async fn concurrent_reapers_evict_each_session_once() {
         direct(&settings, "lic", &format!("s{i}")).acquire(&mut con).await;
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // Small steps, so the two passes interleave on the same license.
+    // Small steps, so the two reapers interleave on the same license. (Two
+    // passes would not: the first to claim the license from the due index
+    // reaps it alone. What is shown here is that even two reapers working
+    // one license at once, as around a change of leader, evict each once.)
     let mut small_steps = settings.clone();
     small_steps.reaper.batch = 7;
     let (a, b) = (reaper(&small_steps).await, reaper(&small_steps).await);
-    let (ra, rb) = tokio::join!(a.pass(), b.pass());
+    let (ra, rb) = tokio::join!(a.reap_license("lic"), b.reap_license("lic"));
     assert_eq!(ra.unwrap().evicted + rb.unwrap().evicted, 150);
     let ev = events(&settings, "lic").await;
     let evicted = of_type(&ev, "evicted");
@@ -195,6 +198,11 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
     assert_eq!(
         (granted.get("id"), granted.get("session"), granted.get("ok")),
         (id3.as_str(), "u3", "1")
+    );
+    assert_eq!(
+        granted.heartbeat_timeout(),
+        Some(Duration::from_millis(settings.sessions.heartbeat_timeout_ms)),
+        "a grant made by a release carries the timeout the seat is held under"
     );
     assert_eq!(granted.int("seats_used"), 2);
     assert_eq!(holders(&settings, "lic").await, ["u2", "u3"]);
@@ -339,7 +347,12 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
 
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // first is stale: second gets the seat
-    assert_eq!(c2.wait_for(&id2, T).await.unwrap().status(), Status::Granted);
+    let granted = c2.wait_for(&id2, T).await.unwrap();
+    assert_eq!(
+        (granted.status(), granted.heartbeat_timeout()),
+        (Status::Granted, Some(Duration::from_millis(300))),
+        "the reaper's grant carries the license's own timeout"
+    );
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // second never heartbeated: third gets it
     assert_eq!(c3.wait_for(&id3, T).await.unwrap().status(), Status::Granted);

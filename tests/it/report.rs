@@ -602,11 +602,11 @@ async fn an_event_costs_about_160_bytes_of_redis_memory() {
         }
         batch.push(e);
         if batch.len() == 500 {
-            publisher.reply_many(&mut con, &[], &batch, None).await;
+            publisher.reply_many(&mut con, &[], &batch, &[], None).await;
             batch.clear();
         }
     }
-    publisher.reply_many(&mut con, &[], &batch, None).await;
+    publisher.reply_many(&mut con, &[], &batch, &[], None).await;
     let stream = s.events_stream_for("lic-0000");
     let len: usize = redis::cmd("XLEN")
         .arg(&stream)

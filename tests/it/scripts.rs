@@ -464,6 +464,19 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
     );
 }
 
+/// `o` as a dedupe record keeps it: without what a replay reads from the
+/// license as it stands (the due time, the heartbeat timeout in force).
+fn as_stored(o: &Outcome) -> Outcome {
+    let mut stored = o.clone();
+    stored.stale_ms = None;
+    stored.due_ms = None;
+    stored.heartbeat_timeout_ms = None;
+    for note in &mut stored.notes {
+        note.heartbeat_timeout_ms = None;
+    }
+    stored
+}
+
 #[tokio::test]
 async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
     let redis = RedisServer::start_with(&[]).await;
@@ -505,12 +518,25 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
             now_ms: again.now_ms,
             ..first.clone()
         };
-        assert_eq!(again, replayed, "{req:?}");
+        // A replay reports both due index times, read from the license as
+        // it stands (its first delivery may have died before filing them):
+        // someone holds a seat throughout.
+        assert!(again.stale_ms.is_some(), "{req:?}");
+        assert!(again.due_ms >= first.due_ms, "{req:?}");
+        assert_eq!(
+            Outcome {
+                stale_ms: first.stale_ms,
+                due_ms: first.due_ms,
+                ..again.clone()
+            },
+            replayed,
+            "{req:?}"
+        );
         assert!(again.now_ms >= first.now_ms);
         let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
         assert_eq!(
             parse_dedupe_record(&raw, again.now_ms).unwrap(),
-            replayed,
+            as_stored(&replayed),
             "{req:?}: {raw}"
         );
         notes += first.notes.len();
@@ -647,6 +673,12 @@ async fn reap_answers_the_documented_step() {
     );
     assert!(step.redeliver.is_empty(), "the notes it just made are not due");
     assert!(step.outbox.is_done());
+    // The due index times: b's seat, granted now, goes stale after its 50
+    // ms; the notes left in the outbox are due only after the hour given.
+    assert_eq!(
+        (step.stale_ms, step.due_ms, step.heartbeat_timeout_ms),
+        (Some(step.now_ms + 51), Some(step.now_ms + 3_600_000), Some(50))
+    );
 
     // Nobody delivered them: once due, a step hands both out again, as notes.
     let again = reap(&mut con, &settings, "lic", 10, 0, &OutboxCursor::start()).await;
@@ -673,6 +705,11 @@ async fn reap_answers_the_documented_step() {
     assert_eq!(
         (second.evicted.len(), second.more, second.seats_used),
         (1, false, 0)
+    );
+    assert_eq!(
+        (second.stale_ms, second.due_ms),
+        (None, None),
+        "nothing left for the reaper"
     );
 }
 

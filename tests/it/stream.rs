@@ -30,9 +30,15 @@ async fn acquire_heartbeat_release_round_trip() {
         (r.get("op"), r.get("license"), r.get("session")),
         ("acquire", "lic", "s1")
     );
+    // The license sets no timeout: the service's, which the client need not know.
+    let default = Duration::from_millis(settings.sessions.heartbeat_timeout_ms);
+    assert_eq!(r.heartbeat_timeout(), Some(default));
 
     let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
-    assert_eq!(r.status(), Status::AlreadyActive);
+    assert_eq!(
+        (r.status(), r.heartbeat_timeout()),
+        (Status::AlreadyActive, Some(default))
+    );
     let r = client.call(&acquire("lic", "s2", 0), T).await.unwrap();
     assert_eq!((r.status(), r.ok()), (Status::NoSeatsAvailable, false));
     assert!(!r.get("error").is_empty());
@@ -42,6 +48,11 @@ async fn acquire_heartbeat_release_round_trip() {
         .await
         .unwrap();
     assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
+    assert_eq!(
+        r.heartbeat_timeout(),
+        None,
+        "only the replies that give a seat carry it"
+    );
     let r = client
         .call(&Call::new(Op::Release, "lic", "s1"), T)
         .await
@@ -263,4 +274,49 @@ async fn hundred_acquires_over_the_stream_with_two_workers() {
     w1.stop().await;
     w2.stop().await;
     assert_eq!(pending(&settings).await, 0);
+}
+
+/// With sharded streams the workers still answer a request sent to the
+/// unsharded `stream.requests` (by a client that does not shard), record the
+/// shard count where clients find it, and a worker started with another
+/// count refuses to start rather than read other streams than the clients
+/// write to.
+#[tokio::test]
+async fn sharded_workers_answer_the_base_stream_and_guard_the_shard_count() {
+    let redis = RedisServer::start_with(&[]).await;
+    let mut sharded = redis.settings();
+    sharded.stream.shards = 3;
+    put_license(&sharded, "lic", 2).await;
+    let worker = spawn_worker(sharded.clone(), "w1").await;
+    let deployment = seatgate::engine::keys::Keys::new(sharded.keys.prefix.clone()).deployment();
+    let recorded: Option<String> = db(&sharded).await.hget(&deployment, "shards").await.unwrap();
+    assert_eq!(recorded.as_deref(), Some("3"), "the shard count is discoverable");
+
+    // A client that does not shard writes to the base stream itself.
+    let unsharded = redis.settings();
+    let plain = client(&unsharded).await;
+    let r = plain.call(&acquire("lic", "plain", 0), T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired, "the base stream is served too");
+    let sharding = client(&sharded).await;
+    let r = sharding.call(&acquire("lic", "sharded", 0), T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+    assert_eq!(holders(&sharded, "lic").await, ["plain", "sharded"]);
+    worker.stop().await;
+
+    let mut two = sharded.clone();
+    two.stream.shards = 2;
+    let refused = seatgate::runtime::worker::Worker::connect(two, Default::default())
+        .await
+        .err()
+        .expect("a worker with another shard count refuses to start")
+        .to_string();
+    assert!(
+        refused.contains("stream.shards is 2") && refused.contains("runs with \"3\""),
+        "{refused}"
+    );
+    // Once the operator records the new count (streams drained), it starts.
+    let _: () = db(&sharded).await.hset(&deployment, "shards", 2).await.unwrap();
+    let mut two = sharded.clone();
+    two.stream.shards = 2;
+    spawn_worker(two, "w2").await.stop().await;
 }

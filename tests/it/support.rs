@@ -233,6 +233,8 @@ pub struct Direct {
     meta: String,
     /// The queue limit for a license without its own `queue_max`, as a worker passes it.
     default_queue_max: u64,
+    /// The heartbeat timeout for a license without its own, as a worker passes it.
+    default_heartbeat_timeout_ms: u64,
     /// Who its acquires say is asking (user, group, priority, borrow).
     policy: RequestPolicy,
     /// The lease every call carries (`None`: none).
@@ -249,6 +251,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         session: session.to_owned(),
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
+        default_heartbeat_timeout_ms: s.sessions.heartbeat_timeout_ms,
         policy: RequestPolicy::NONE,
         lease: None,
         revoke: s.revoke.clone(),
@@ -313,6 +316,7 @@ impl Direct {
             request_id,
             reply_to,
             default_queue_max: self.default_queue_max,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .acquire_as(&self.keys, &self.guard, &args, &self.policy)
@@ -326,6 +330,7 @@ impl Direct {
         let args = SessionArgs {
             session: &self.session,
             lease: self.lease.as_deref(),
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .release(&self.keys, &self.guard, &args)
@@ -339,6 +344,7 @@ impl Direct {
         let args = SessionArgs {
             session: &self.session,
             lease: self.lease.as_deref(),
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .heartbeat(&self.keys, &self.guard, &args)
@@ -363,6 +369,7 @@ impl Direct {
             cooldown_ms,
             remember_ms: self.revoke.remember_ms,
             max_remembered: self.revoke.max_per_license,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
         Scripts::get()
             .revoke(&self.keys, &self.guard, &args)

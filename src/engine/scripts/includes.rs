@@ -24,6 +24,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("lease", include_str!("../../../lua/includes/lease.lua")),
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
+    ("due", include_str!("../../../lua/includes/due.lua")),
     ("prologue", include_str!("../../../lua/includes/prologue.lua")),
     ("revoked", include_str!("../../../lua/includes/revoked.lua")),
 ];

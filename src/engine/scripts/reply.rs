@@ -27,6 +27,10 @@ pub struct Note {
     pub waited_ms: i64,
     /// Its field in the license's outbox, removed once delivered.
     pub note_id: String,
+    /// The license's heartbeat timeout in force, ms, which a GRANTED reply
+    /// carries: not part of the note's own record, but of the script reply
+    /// that carried it (the outcome's or reap step's), set when decoding.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 /// What a seat script decided.
@@ -73,6 +77,20 @@ pub struct Outcome {
     pub now_ms: i64,
     /// Waiters granted or timed out by this script.
     pub notes: Vec<Note>,
+    /// When the license's oldest holder goes stale (Redis clock, ms), where
+    /// the call may have moved it; the worker files it in the due index
+    /// (runtime::due). `None`: nothing to file.
+    pub stale_ms: Option<i64>,
+    /// When the license next has other work for the reaper (waiters,
+    /// undelivered replies; Redis clock, ms), where the call may have
+    /// brought it forward; the worker files it with `ZADD … LT`. `None`:
+    /// nothing to file.
+    pub due_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms (its own, else the
+    /// service's): ACQUIRED and ALREADY_ACTIVE replies carry it. `None`
+    /// where it is not known: an outcome that could not be decided, or one
+    /// read back from a dedupe record, which does not keep it.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 impl Outcome {
@@ -96,6 +114,9 @@ impl Outcome {
             replayed: false,
             now_ms: 0,
             notes: Vec::new(),
+            stale_ms: None,
+            due_ms: None,
+            heartbeat_timeout_ms: None,
         }
     }
 }
@@ -157,6 +178,14 @@ pub struct Reaped {
     pub seats_lingering: i64,
     /// Of `seats_used`, the seats borrowed (held without heartbeats).
     pub seats_borrowed: i64,
+    /// When the license's oldest holder goes stale after this step (Redis
+    /// clock, ms); `None` when nobody holds a seat.
+    pub stale_ms: Option<i64>,
+    /// When it next has other work after this step (Redis clock, ms);
+    /// `None` for never.
+    pub due_ms: Option<i64>,
+    /// The license's heartbeat timeout in force, ms.
+    pub heartbeat_timeout_ms: Option<i64>,
 }
 
 fn bad(script: &'static str, detail: String) -> Error {
@@ -192,8 +221,14 @@ fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Err
     }
 }
 
-/// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms, note_id}` each.
-fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note>, Error> {
+/// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms,
+/// note_id}` each, of a license whose heartbeat timeout in force is `timeout`.
+fn notes(
+    script: &'static str,
+    v: Option<&Value>,
+    what: &str,
+    timeout: Option<i64>,
+) -> Result<Vec<Note>, Error> {
     let Some(Value::Array(items)) = v else {
         return Err(bad(script, format!("{what} are not a list: {v:?}")));
     };
@@ -216,6 +251,7 @@ fn notes(script: &'static str, v: Option<&Value>, what: &str) -> Result<Vec<Note
                 reply_to: string(script, f.get(3), "reply_to")?,
                 waited_ms: int(script, f.get(4), "waited_ms")?,
                 note_id: string(script, f.get(5), "note_id")?,
+                heartbeat_timeout_ms: timeout.filter(|_| status == Status::Granted),
             })
         })
         .collect()
@@ -246,15 +282,33 @@ fn invalid_field(script: &'static str, detail: &Value) -> Result<InvalidField, E
     Ok(InvalidField { field, group, value })
 }
 
+/// A time for the due index as the scripts report it: 0 for none.
+fn due(script: &'static str, v: Option<&Value>, what: &str) -> Result<Option<i64>, Error> {
+    let due = int(script, v, what)?;
+    Ok(Some(due).filter(|ms| *ms > 0))
+}
+
+/// A heartbeat timeout as the scripts report it: positive (0 stands for
+/// one not known, as in a dedupe record read back).
+fn timeout(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error> {
+    match int(script, v, "heartbeat_timeout_ms")? {
+        0 => Ok(None),
+        ms if ms > 0 => Ok(Some(ms)),
+        ms => Err(bad(script, format!("heartbeat_timeout_ms is {ms}, not positive"))),
+    }
+}
+
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
-/// notes, changed, replayed}` (lua/includes/outcome.lua) of `script`.
+/// notes, changed, replayed, stale, due, heartbeat_timeout_ms}`
+/// (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 8 {
-        return Err(bad(script, format!("outcome has {} slots, not 8", items.len())));
+    if items.len() != 11 {
+        return Err(bad(script, format!("outcome has {} slots, not 11", items.len())));
     }
+    let heartbeat_timeout_ms = timeout(script, items.get(10))?;
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
@@ -276,9 +330,12 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         revocation: detail.revocation,
         held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
-        notes: notes(script, items.get(5), "notes")?,
+        notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
         changed: flag(script, items.get(6), "changed")?,
         replayed: flag(script, items.get(7), "replayed")?,
+        stale_ms: due(script, items.get(8), "stale")?,
+        due_ms: due(script, items.get(9), "due")?,
+        heartbeat_timeout_ms,
     })
 }
 
@@ -358,17 +415,19 @@ impl Detail {
 
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
 /// more, queue_depth, redeliver, outbox_cursor, outbox_pending, borrow_ended,
-/// linger_ended, seats_lingering, seats_borrowed}` (lua/reap.lua).
+/// linger_ended, seats_lingering, seats_borrowed, stale, due,
+/// heartbeat_timeout_ms}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 14 {
+    if items.len() != 17 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 14", items.len()),
+            format!("reap step has {} slots, not 17", items.len()),
         ));
     }
+    let heartbeat_timeout_ms = timeout(script, items.get(16))?;
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
         other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
@@ -378,10 +437,10 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         seats_total: int(script, items.get(1), "seats_total")?,
         now_ms: int(script, items.get(2), "now_ms")?,
         evicted: strings(&items[3], "evicted")?,
-        notes: notes(script, items.get(4), "notes")?,
+        notes: notes(script, items.get(4), "notes", heartbeat_timeout_ms)?,
         more: flag(script, items.get(5), "more")?,
         queue_depth: int(script, items.get(6), "queue_depth")?,
-        redeliver: notes(script, items.get(7), "redeliver")?,
+        redeliver: notes(script, items.get(7), "redeliver", heartbeat_timeout_ms)?,
         outbox: OutboxCursor {
             cursor: string(script, items.get(8), "outbox_cursor")?,
             pending: strings(&items[9], "outbox_pending")?,
@@ -390,6 +449,9 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         linger_ended: strings(&items[11], "linger_ended")?,
         seats_lingering: int(script, items.get(12), "seats_lingering")?,
         seats_borrowed: int(script, items.get(13), "seats_borrowed")?,
+        stale_ms: due(script, items.get(14), "stale")?,
+        due_ms: due(script, items.get(15), "due")?,
+        heartbeat_timeout_ms,
     })
 }
 
@@ -411,7 +473,46 @@ mod tests {
             Value::Array(notes),
             Value::Int(1),
             Value::Int(0),
+            Value::Int(91_000),
+            Value::Int(1_000),
+            Value::Int(90_000),
         ])
+    }
+
+    #[test]
+    fn the_due_time_and_the_timeout_in_force_come_with_every_outcome() {
+        let note = |kind: &str| {
+            Value::Array(vec![
+                bulk(kind),
+                bulk("w1"),
+                bulk("r-1"),
+                bulk("seat:reply:w"),
+                Value::Int(5),
+                bulk("id"),
+            ])
+        };
+        let o = decode_outcome(
+            "release",
+            outcome(
+                "RELEASED",
+                Value::Int(0),
+                vec![note("GRANTED"), note("QUEUE_TIMEOUT")],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            (o.stale_ms, o.due_ms, o.heartbeat_timeout_ms),
+            (Some(91_000), Some(1_000), Some(90_000))
+        );
+        let timeouts: Vec<Option<i64>> = o.notes.iter().map(|n| n.heartbeat_timeout_ms).collect();
+        assert_eq!(timeouts, [Some(90_000), None], "only a grant carries it");
+        let Value::Array(mut idle) = outcome("RELEASED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        idle[8] = Value::Int(0);
+        idle[9] = Value::Int(0);
+        let idle = decode_outcome("release", Value::Array(idle)).unwrap();
+        assert_eq!((idle.stale_ms, idle.due_ms), (None, None), "nothing to file");
     }
 
     #[test]
@@ -500,6 +601,11 @@ mod tests {
         };
         seven.pop();
         assert!(decode_outcome("release", Value::Array(seven)).is_err());
+        let Value::Array(mut no_timeout) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        no_timeout[10] = Value::Int(-1);
+        assert!(decode_outcome("acquire", Value::Array(no_timeout)).is_err());
         assert!(decode_reaped("reap", Value::Array(vec![Value::Int(1)])).is_err());
     }
 }

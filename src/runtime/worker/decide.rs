@@ -320,6 +320,7 @@ impl Decider {
                     request_id: &req.id,
                     reply_to: req.reply_to.as_deref().unwrap_or(""),
                     default_queue_max: self.settings.queue.max_length,
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
                 &req.policy,
             ),
@@ -329,6 +330,7 @@ impl Decider {
                 &SessionArgs {
                     session: &req.session,
                     lease: lease(req),
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
             Op::Heartbeat => scripts.heartbeat(
@@ -337,6 +339,7 @@ impl Decider {
                 &SessionArgs {
                     session: &req.session,
                     lease: lease(req),
+                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                 },
             ),
             Op::Revoke => {
@@ -359,6 +362,7 @@ impl Decider {
                         cooldown_ms,
                         remember_ms: self.settings.revoke.remember_ms,
                         max_remembered: self.settings.revoke.max_per_license,
+                        default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
                     },
                 )
             }

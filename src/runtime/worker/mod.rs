@@ -60,16 +60,17 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Connects to Redis, creates the consumer group of every shard if needed
-    /// and loads the scripts.
+    /// Connects to Redis, checks (or records) the deployment's shard count,
+    /// creates the consumer group of every requests stream if needed and
+    /// loads the scripts.
     pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
-        let con = crate::connect(&settings).await?;
+        let mut con = crate::connect(&settings).await?;
+        check_shards(&mut con, &settings).await?;
         let decider = Arc::new(Decider::new(settings.clone(), con.clone(), ready.clone()));
         let mut shards = Vec::new();
-        let streams = settings
-            .request_streams()
-            .into_iter()
-            .map(|s| (s, Lane::Requests));
+        // A read loop per shard, one for the base stream when sharded, and
+        // one for the admin stream.
+        let streams = settings.read_streams().into_iter().map(|s| (s, Lane::Requests));
         let admin = (settings.stream.admin_requests.clone(), Lane::Admin);
         for (stream, lane) in streams.chain([admin]) {
             shards.push(
@@ -116,6 +117,63 @@ impl Worker {
             }
         }
         result
+    }
+}
+
+/// Records `stream.shards` in the deployment's settings HASH
+/// (`<prefix>:config`, field `shards`), where clients find it, or refuses to
+/// start when the HASH records another count: the workers would read other
+/// streams than the clients write to, and the due index would be sharded
+/// another way. Changing the shard count needs every worker stopped and the
+/// streams drained first (docs/operations.md, "Sharding and Redis
+/// Cluster"); then the field is set to the new count. A Redis refusing
+/// writes for now (out of memory) leaves it unrecorded, with a warning.
+async fn check_shards(con: &mut Db, settings: &Settings) -> Result<(), Error> {
+    let key = crate::engine::keys::Keys::new(settings.keys.prefix.clone()).deployment();
+    let ours = settings.stream.shards;
+    let recorded = |raw: Option<String>| -> Result<(), Error> {
+        match raw {
+            Some(raw) if raw.parse::<usize>().ok() == Some(ours) => Ok(()),
+            Some(raw) => Err(Error::Config(format!(
+                "stream.shards is {ours}, but this deployment runs with {raw:?} ({key}, field shards): \
+                 changing the shard count needs every worker stopped and the streams drained first, \
+                 then HSET {key} shards {ours} (docs/operations.md, \"Sharding and Redis Cluster\")"
+            ))),
+            None => Ok(()),
+        }
+    };
+    let raw: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("shards")
+        .query_async(con)
+        .await?;
+    if raw.is_some() {
+        return recorded(raw);
+    }
+    let set: redis::RedisResult<bool> = redis::cmd("HSETNX")
+        .arg(&key)
+        .arg("shards")
+        .arg(ours)
+        .query_async(con)
+        .await;
+    match set {
+        Ok(true) => {
+            info!(shards = ours, key = %key, "recorded the deployment's shard count");
+            Ok(())
+        }
+        // Another worker recorded one first: it must be ours.
+        Ok(false) => recorded(
+            redis::cmd("HGET")
+                .arg(&key)
+                .arg("shards")
+                .query_async(con)
+                .await?,
+        ),
+        Err(e) if is_transient(&e) && !e.is_io_error() => {
+            warn!(error = %e, key = %key, "cannot record the shard count yet; clients reading it find none");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -54,7 +54,21 @@ impl Decider {
             .map(|o| o.now_ms)
             .filter(|ms| *ms > 0)
             .min();
-        let sent = self.publisher.reply_many(con, &to_send, &events, clock).await;
+        // The times the scripts reported for the reaper, filed as they left them.
+        let dues: Vec<(&str, Option<i64>, Option<i64>)> = items
+            .iter()
+            .filter_map(|item| {
+                let (Some(Ok(req)), Some(Ok(outcome))) = (&item.request, &item.outcome) else {
+                    return None;
+                };
+                let due = (req.license.as_str(), outcome.stale_ms, outcome.due_ms);
+                (due.1.is_some() || due.2.is_some()).then_some(due)
+            })
+            .collect();
+        let sent = self
+            .publisher
+            .reply_many(con, &to_send, &events, &dues, clock)
+            .await;
         let with_reply = items.iter_mut().filter(|item| item.reply.is_some());
         for (item, result) in with_reply.zip(sent) {
             let (Err(e), Some((reply_to, _))) = (result, &item.reply) else {
@@ -407,6 +421,10 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeats: outcome.heartbeats,
         position: outcome.position,
         waited_ms: None,
+        // What the holder needs to keep the seat: on every answer that says it holds one.
+        heartbeat_timeout_ms: outcome
+            .heartbeat_timeout_ms
+            .filter(|_| matches!(outcome.status, Status::Acquired | Status::AlreadyActive)),
         priority: outcome.priority.filter(|p| *p > 0),
         linger_ms: outcome.linger_ms,
         borrowed_until_ms: outcome.borrowed_until_ms,

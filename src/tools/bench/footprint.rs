@@ -12,9 +12,10 @@ use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
 use crate::error::Error;
+use crate::runtime::due::DueIndex;
 use crate::runtime::reaper::Reaper;
 
-/// `reaper`: one pass each with 1%, 0.1% and no stale sessions.
+/// `reaper`: one pass each with no, 1% and 0.1% stale sessions.
 pub(super) async fn reaper(b: &mut Bench<'_>) -> Result<(), Error> {
     for r in reaper_run(&b.settings, &mut b.con, b.opts.reaper_sessions).await? {
         b.emit(r);
@@ -30,111 +31,149 @@ pub(super) async fn memory(b: &mut Bench<'_>) -> Result<(), Error> {
     Ok(())
 }
 
-/// The reaper over `total` sessions in 10,000 licenses: passes with 1%,
-/// 0.1% and no stale sessions, timing each and Redis's CPU for it.
+/// The reaper over `total` licenses of one session each: the data set of a
+/// deployment at that scale, filed in the due index as the workers would
+/// have filed it. Passes with nothing stale (the steady state: nothing is
+/// due), then with 1% and 0.1% of the sessions stale, timing each and
+/// Redis's CPU for it, and the longest command Redis timed.
 async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<Vec<Row>, Error> {
-    const LICENSES: usize = 10_000;
     wipe(con).await?;
     let keys = Keys::new(settings.keys.prefix.clone());
+    let due = DueIndex::new(settings);
     let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
     let now_ms = secs * 1000;
-    let per = total / LICENSES;
-    let stale_every = 100; // 1%
+    let timeout = i64::try_from(settings.sessions.heartbeat_timeout_ms).unwrap_or(i64::MAX);
+    let stale_beat = now_ms - 600_000;
+    let seeding = Instant::now();
     let mut pipe = redis::pipe();
-    let mut queued = 0;
-    for l in 0..LICENSES {
+    for l in 0..total {
         let lic = format!("r{l}");
         let lk = keys.license(&lic);
         pipe.cmd("HSET")
             .arg(&lk.license)
             .arg("seats_total")
-            .arg(per * 2)
+            .arg(2)
             .arg("expires_at_ms")
             .arg(0)
             .arg("active")
             .arg(1)
             .ignore();
         pipe.cmd("SADD").arg(keys.license_index()).arg(&lic).ignore();
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(&lk.holders);
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&lk.sessions);
-        for s in 0..per {
-            let stale = (l * per + s) % stale_every == 0;
-            let beat = if stale { now_ms - 600_000 } else { now_ms };
-            zadd.arg(beat).arg(format!("s{s}"));
-            hset.arg(format!("s{s}")).arg(format!("{now_ms}:0:{META}"));
-        }
-        pipe.add_command(zadd).ignore();
-        pipe.add_command(hset).ignore();
-        queued += 1;
-        if queued == 200 {
+        pipe.cmd("ZADD").arg(&lk.holders).arg(now_ms).arg("s0").ignore();
+        pipe.cmd("HSET")
+            .arg(&lk.sessions)
+            .arg("s0")
+            .arg(format!("{now_ms}:0:{META}"))
+            .ignore();
+        pipe.add_command(due.file_stale(&lic, now_ms + timeout + 1))
+            .ignore();
+        if (l + 1) % 1_000 == 0 {
             pipe.query_async::<()>(con).await?;
             pipe = redis::pipe();
-            queued = 0;
         }
     }
     if !pipe.is_empty() {
         pipe.query_async::<()>(con).await?;
     }
+    let seeded = seeding.elapsed();
     let reaper = Reaper::new(con.clone(), settings);
     let mut rows = Vec::new();
-    for (label, mark) in [
-        ("1% stale", 0usize),
+    let mut aged = 0;
+    for (label, stale) in [
+        ("none stale", 0usize),
+        ("1% stale", total / 100),
         ("0.1% stale", total / 1_000),
-        ("none stale", 0),
     ] {
-        if mark > 0 {
-            // Age `mark` sessions, spread over the licenses; not s0 where a
-            // license has others (the first pass evicted some s0s).
-            let mut pipe = redis::pipe();
-            for i in 0..mark {
-                let lk = keys.license(&format!("r{}", (i * 7) % LICENSES));
-                pipe.cmd("ZADD")
-                    .arg(&lk.holders)
-                    .arg("XX")
-                    .arg(now_ms - 600_000)
-                    .arg(format!("s{}", if per > 1 { 1 + i % (per - 1) } else { 0 }))
-                    .ignore();
+        // Age `stale` sessions of licenses not aged before, and file them due
+        // as a worker would have: time passing, in effect.
+        let mut pipe = redis::pipe();
+        for l in aged..aged + stale {
+            let lic = format!("r{}", l % total);
+            pipe.cmd("ZADD")
+                .arg(keys.license(&lic).holders)
+                .arg("XX")
+                .arg(stale_beat)
+                .arg("s0")
+                .ignore();
+            pipe.add_command(due.file_stale(&lic, stale_beat + timeout + 1))
+                .ignore();
+            if pipe.cmd_iter().count() >= 2_000 {
+                pipe.query_async::<()>(con).await?;
+                pipe = redis::pipe();
             }
+        }
+        if !pipe.is_empty() {
             pipe.query_async::<()>(con).await?;
         }
-        // Redis's latency monitor records any command that blocked it >= 1 ms.
+        aged += stale;
+        // The slow log keeps every command (a script counts as one) that ran
+        // for 500 µs or more, with its time in µs and its name.
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
-            .arg("latency-monitor-threshold")
-            .arg(1)
+            .arg("slowlog-log-slower-than")
+            .arg(500)
             .query_async(con)
             .await?;
-        let _: i64 = redis::cmd("LATENCY").arg("RESET").query_async(con).await?;
+        let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(con).await?;
         let cpu0 = redis_cpu(con).await?;
         let started = Instant::now();
         let report = reaper.pass().await?;
         let elapsed = started.elapsed();
         let cpu = redis_cpu(con).await? - cpu0;
-        let latest: Vec<(String, i64, i64, i64)> =
-            redis::cmd("LATENCY").arg("LATEST").query_async(con).await?;
-        let longest_call = latest.iter().filter(|l| l.0 == "command").map(|l| l.3).max();
+        let longest_call = slowest(con).await?;
         let mut r = row(
             "reaper",
-            format!("{total} sessions, {LICENSES} licenses, {label}"),
+            format!("{total} licenses of 1 session, {label}"),
             report.evicted as u64,
             elapsed,
             None,
             format!(
-                "one pass: {:.0} ms wall, {:.0} ms Redis CPU, {} evicted, longest call {}",
+                "one pass: {:.0} ms wall, {:.1} ms Redis CPU, {} licenses reaped, {} evicted, {} swept, longest call {}; seeded in {:.0} s",
                 elapsed.as_secs_f64() * 1000.0,
                 cpu * 1000.0,
+                report.licenses,
                 report.evicted,
+                report.swept,
                 longest_call
-                    .map(|ms| format!("{ms} ms"))
-                    .unwrap_or_else(|| "< 1 ms".into())
+                    .map(|(us, name)| format!("{:.1} ms ({name})", us as f64 / 1000.0))
+                    .unwrap_or_else(|| "< 0.5 ms".into()),
+                seeded.as_secs_f64(),
             ),
         );
         r.ops_per_sec = report.evicted as f64 / elapsed.as_secs_f64();
         rows.push(r);
     }
     Ok(rows)
+}
+
+/// The slowest command in Redis's slow log: its time (µs) and its name
+/// (for a script, `EVALSHA` and its first key, which tells reap.lua from the
+/// due index scripts).
+async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(128).query_async(con).await?;
+    let mut slowest: Option<(i64, String)> = None;
+    for entry in entries {
+        let redis::Value::Array(parts) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) = (parts.get(2), parts.get(3))
+        else {
+            continue;
+        };
+        let arg = |i: usize| {
+            args.get(i)
+                .and_then(|a| redis::from_redis_value::<String>(a.clone()).ok())
+                .unwrap_or_default()
+        };
+        let mut name = arg(0).to_uppercase();
+        if name == "EVALSHA" {
+            name = format!("EVALSHA {}", arg(3));
+        }
+        if slowest.as_ref().is_none_or(|(max, _)| us > max) {
+            slowest = Some((*us, name));
+        }
+    }
+    Ok(slowest)
 }
 
 /// Bytes of Redis memory per active session (10,000 licenses × 10 sessions,

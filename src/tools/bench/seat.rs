@@ -13,6 +13,10 @@ use crate::error::Error;
 /// `queue_max`: none of its own (only read when the acquire waits).
 const DEFAULT_QUEUE_MAX: u64 = u64::MAX;
 
+/// The heartbeat timeout a direct call passes for licenses without their
+/// own: the service's default (config/default.toml).
+const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 90_000;
+
 /// One session of one license, called directly.
 pub(super) struct Seat {
     /// The license's keys.
@@ -74,6 +78,7 @@ impl Seat {
             request_id,
             reply_to,
             default_queue_max: DEFAULT_QUEUE_MAX,
+            default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
         };
         match step {
             Step::Acquire { meta } => s.acquire(&self.keys, &self.guard, &acquire(meta, 0, "", "")),
@@ -90,7 +95,15 @@ impl Seat {
             Step::AcquireAs { meta, who } => {
                 s.acquire_as(&self.keys, &self.guard, &acquire(meta, 0, "", ""), who)
             }
-            Step::Release => s.release(&self.keys, &self.guard, &SessionArgs { session, lease: None }),
+            Step::Release => s.release(
+                &self.keys,
+                &self.guard,
+                &SessionArgs {
+                    session,
+                    lease: None,
+                    default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+                },
+            ),
         }
     }
 
