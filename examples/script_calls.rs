@@ -1,0 +1,176 @@
+//! Calls seatgate's seat scripts exactly as the benchmark's direct path and
+//! the worker call them, for ops/callgrind.sh: that script counts what the
+//! calls cost a `redis-server` running under `valgrind --tool=callgrind`.
+//!
+//! ```sh
+//! cargo run --example script_calls -- URL setup
+//! cargo run --example script_calls -- URL MODE CALLS
+//! ```
+//!
+//! `setup` loads the scripts and provisions the license (1,000 seats). Each
+//! MODE makes CALLS script calls, pipelined 100 deep, on fresh sessions of
+//! that one license, and checks every answer:
+//!   direct     acquire, release, acquire, ... (no dedupe, no limits: the
+//!              benchmark's direct path)
+//!   worker     the same with a stream entry id each, as the worker calls
+//!              them: the redelivery lookup and record (rate limits off, as
+//!              the benchmark's workers run)
+//!   limits     worker, with both rate limits on (never reached)
+//!   heartbeat  heartbeats of sessions holding a seat (direct)
+//!   reap       reaper steps of the license (10 holders, nothing to do)
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use seatgate::engine::keys::Keys;
+use seatgate::engine::scripts::{
+    AcquireArgs, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
+};
+
+/// The license every call is about.
+const LICENSE: &str = "callgrind";
+/// The benchmark's ~60-byte session metadata.
+const META: &str = r#"{"user_email":"user1234@example.com","hardware_id":"hw-5f3a9c"}"#;
+/// The service's default heartbeat timeout (config/default.toml).
+const HEARTBEAT_TIMEOUT_MS: u64 = 90_000;
+/// Calls per pipeline.
+const DEPTH: usize = 100;
+
+type Failure = Box<dyn std::error::Error>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Failure> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (url, mode) = match (args.first(), args.get(1)) {
+        (Some(url), Some(mode)) => (url.as_str(), mode.as_str()),
+        _ => return Err("usage: script_calls URL setup | URL MODE CALLS".into()),
+    };
+    let client = redis::Client::open(url)?;
+    let mut con = client.get_multiplexed_async_connection().await?;
+    let scripts = Scripts::get();
+    let keys = Keys::new("seat");
+    let lk = keys.license(LICENSE);
+    if mode == "setup" {
+        scripts.load_all(&mut con).await?;
+        redis::cmd("HSET")
+            .arg(&lk.license)
+            .arg("seats_total")
+            .arg(1000)
+            .arg("active")
+            .arg(1)
+            .exec_async(&mut con)
+            .await?;
+        return Ok(());
+    }
+    let calls: usize = args
+        .get(2)
+        .and_then(|n| n.parse().ok())
+        .ok_or("CALLS: a number of calls")?;
+    let run = std::process::id();
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let policy = |limit: u64| GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: limit,
+        license_limit: limit,
+        rate_window_ms: 10_000,
+    };
+    // A call's guard: none on the direct path; else the worker's, entry `i`.
+    let guard = |session: &str, i: usize| -> Guard {
+        let limit = match mode {
+            "worker" => 0,
+            "limits" => 1_000_000_000,
+            _ => return Guard::none(&keys, LICENSE, session),
+        };
+        let entry = format!("{now_ms}-{}", run as usize * 1_000_000 + i);
+        let mut g = Guard::for_entry(&policy(limit), &keys, &entry, LICENSE, session);
+        g.redelivery = true;
+        g
+    };
+    let session_args = |session: &'static str| SessionArgs {
+        session,
+        lease: None,
+        default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+    };
+    let expect = match mode {
+        "direct" | "worker" | "limits" => ["ACQUIRED", "RELEASED"],
+        "heartbeat" => ["HEARTBEAT_UPDATED"; 2],
+        "reap" => ["", ""],
+        _ => return Err(format!("unknown mode {mode:?}").into()),
+    };
+    let mut held = Vec::new();
+    if mode == "heartbeat" || mode == "reap" {
+        for n in 0..10 {
+            let session: &'static str = format!("h{run}-{n}").leak();
+            let a = acquire_args(session);
+            let outcome = scripts
+                .acquire(&lk, &Guard::none(&keys, LICENSE, session), &a)
+                .run(&mut con)
+                .await?;
+            if outcome.status.as_str() != "ACQUIRED" {
+                return Err(format!("setup acquire: {}", outcome.status.as_str()).into());
+            }
+            held.push(session);
+        }
+    }
+    let cursor = OutboxCursor::start();
+    let mut done = 0;
+    while done < calls {
+        let batch = DEPTH.min(calls - done);
+        let mut pipe = redis::pipe();
+        let mut decoders = Vec::with_capacity(batch);
+        for i in done..done + batch {
+            let session: &'static str = match mode {
+                "heartbeat" | "reap" => held[i % held.len()],
+                _ => format!("s{run}-{}", i / 2).leak(),
+            };
+            let g = guard(session, i);
+            if mode == "reap" {
+                let step = scripts.reap(
+                    &lk,
+                    &ReapArgs {
+                        default_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+                        limit: 100,
+                        redeliver_after_ms: 30_000,
+                        outbox: &cursor,
+                    },
+                );
+                pipe.add_command(step.cmd());
+                decoders.push(None);
+                continue;
+            }
+            let call = match (mode, i % 2) {
+                ("heartbeat", _) => scripts.heartbeat(&lk, &g, &session_args(session)),
+                (_, 0) => scripts.acquire(&lk, &g, &acquire_args(session)),
+                _ => scripts.release(&lk, &g, &session_args(session)),
+            };
+            pipe.add_command(call.cmd());
+            decoders.push(Some((call, expect[i % 2])));
+        }
+        let replies: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+        for (reply, decoder) in replies.into_iter().zip(decoders) {
+            if let Some((call, want)) = decoder {
+                let got = call.decode(Ok(reply))?;
+                if got.status.as_str() != want {
+                    return Err(format!("{}: {} instead of {want}", call.name(), got.status.as_str()).into());
+                }
+            } else if let redis::Value::ServerError(e) = reply {
+                return Err(format!("reap: {e:?}").into());
+            }
+        }
+        done += batch;
+    }
+    Ok(())
+}
+
+/// An acquire that does not wait, as the benchmark's direct path sends it.
+fn acquire_args(session: &str) -> AcquireArgs<'_> {
+    AcquireArgs {
+        session,
+        lease: None,
+        meta: META,
+        wait_ms: 0,
+        request_id: "",
+        reply_to: "",
+        default_queue_max: u64::MAX,
+        default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+    }
+}

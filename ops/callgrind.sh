@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Counts the instructions a private redis-server spends per seat-script call,
+# under valgrind's callgrind: the same count for the same work (within about
+# 1%) however busy the machine is, where Redis's CPU time on two shared cores
+# moves by 10% and more. docs/performance.md ("Where the time goes") has the
+# figures.
+#
+#   bash ops/callgrind.sh                  # direct and worker, 2,000 calls each
+#   CALLS=4000 bash ops/callgrind.sh direct worker limits heartbeat reap
+#
+# Modes (examples/script_calls.rs makes the calls, pipelined 100 deep, on one
+# license, and checks every answer):
+#   direct     acquire + release, no dedupe, no limits (the benchmark's direct path)
+#   worker     the same as the worker calls them: the redelivery lookup and record
+#   limits     worker, with both rate limits on (never reached)
+#   heartbeat  heartbeats of holders (direct)
+#   reap       reaper steps of a license with 10 holders and nothing to do
+# Each mode runs 200 calls first, outside the count (the first calls compile
+# nothing, but they grow the hashes to their size), then CALLS counted ones.
+# The count includes Redis reading the commands and writing the replies: what a
+# call costs Redis, not the Lua alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source ops/ensure-redis.sh
+if ! command -v valgrind >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq valgrind >/dev/null
+fi
+modes=("$@")
+[ "${#modes[@]}" -eq 0 ] && modes=(direct worker)
+calls=${CALLS:-2000}
+
+cargo build --quiet --example script_calls
+bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
+
+dir=$(mktemp -d)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+  >"$dir/valgrind.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 300); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+url="redis://127.0.0.1:$port"
+"$bin" "$url" setup
+
+# The instructions counted since the last zeroing, from a fresh dump.
+count() {
+  local before
+  before=$(ls "$dir" | grep -c '^callgrind.out\.' || true)
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  for _ in $(seq 100); do
+    [ "$(ls "$dir" | grep -c '^callgrind.out\.')" -gt "$before" ] && break
+    sleep 0.1
+  done
+  sleep 0.5
+  grep -h '^totals:' "$(ls -t "$dir"/callgrind.out.* | head -1)" | awk '{print $2}'
+}
+
+printf '%-10s %8s %16s %12s\n' mode calls instructions per-call
+for mode in "${modes[@]}"; do
+  "$bin" "$url" "$mode" 200
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  "$bin" "$url" "$mode" "$calls"
+  ir=$(count)
+  printf '%-10s %8d %16d %12d\n' "$mode" "$calls" "$ir" "$((ir / calls))"
+done
