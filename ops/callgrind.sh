@@ -17,6 +17,8 @@
 #   reap       reaper steps of a license with 10 holders and nothing to do
 # Each mode runs 200 calls first, outside the count (the first calls compile
 # nothing, but they grow the hashes to their size), then CALLS counted ones.
+# KEEP=DIR keeps each mode's dump as DIR/MODE.callgrind, for callgrind_annotate
+# (which Redis and Lua functions the instructions went to).
 # The count includes Redis reading the commands and writing the replies: what a
 # call costs Redis, not the Lua alone.
 set -euo pipefail
@@ -59,7 +61,10 @@ count() {
     sleep 0.1
   done
   sleep 0.5
-  grep -h '^totals:' "$(ls -t "$dir"/callgrind.out.* | head -1)" | awk '{print $2}'
+  local dump
+  dump=$(ls -t "$dir"/callgrind.out.* | head -1)
+  [ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$dump" "$KEEP/$1.callgrind"
+  grep -h '^totals:' "$dump" | awk '{print $2}'
 }
 
 printf '%-10s %8s %16s %12s\n' mode calls instructions per-call
@@ -67,6 +72,6 @@ for mode in "${modes[@]}"; do
   "$bin" "$url" "$mode" 200
   callgrind_control -z "$pid" >/dev/null 2>&1
   "$bin" "$url" "$mode" "$calls"
-  ir=$(count)
+  ir=$(count "$mode")
   printf '%-10s %8d %16d %12d\n' "$mode" "$calls" "$ir" "$((ir / calls))"
 done
