@@ -55,14 +55,7 @@ local function policy()
   end
   local M = {}
 
-  -- The policy fields' rules, as license.lua lists them: its
-  -- license_number checks them, so one rule holds each field everywhere.
-  LICENSE_RULES.max_per_user = {0, 999999999999999, 15}
-  LICENSE_RULES.max_priority = {0, 9, 1}
-  LICENSE_RULES.linger_ms = {0, 999999999999999, 15}
-  LICENSE_RULES.max_borrow_ms = {0, 31536000000, 11}
-  LICENSE_RULES.group_max = {0, 1000000, 7}
-  LICENSE_RULES.group_reserve = {0, 1000000, 7}
+  -- The policy fields' rules are license.lua's, in license_number.
   local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms'}
 
   -- The license's policies, read from its whole record, and the first field
