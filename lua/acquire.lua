@@ -75,6 +75,7 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "policy"
 --- @include "lease"
+--- @include "seat_lease"
 --- @include "revoked"
 --- @include "prologue"
 --- @include "due"
@@ -92,13 +93,7 @@ end
 local default_timeout = tonumber(ARGV[16])
 
 local now = now_ms()
-local early = prologue(now, true, function()
-  local bound = holder_lease(session)
-  if bound == nil then
-    bound = waiter_lease(session)
-  end
-  return lease_refusal(now, bound, lease)
-end)
+local early = prologue(now, true, seat_lease_refusal, session, lease)
 if early then
   return due_report(early, now, default_timeout)
 end

@@ -48,10 +48,30 @@ local rcall = redis.call
 local session, lease = ARGV[8], lease_hash(ARGV[9])
 local default_timeout = tonumber(ARGV[10])
 
-local now = now_ms()
-local early = prologue(now, true, function()
+-- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
+-- `lease`: the `refuse` of prologue.lua.
+local function holder_lease_refusal(session, lease, now)
   return lease_refusal(now, holder_lease(session), lease)
-end)
+end
+
+-- Counts one heartbeat (the session record's form: session_record.lua) of `session` at `now`. Returns the new count.
+local function count_heartbeat(session, now)
+  local acquired_at, beats, lease, meta
+  local record = rcall('HGET', K.sessions, session)
+  if record then
+    acquired_at, beats, lease, meta = parse_session_record(record)
+  end
+  if not acquired_at then
+    -- A missing or foreign record: start a fresh one rather than lose the
+    -- count. It is bound to no lease: nothing says which one it had.
+    acquired_at, beats, lease, meta = now, 0, '', '{}'
+  end
+  rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, lease, meta))
+  return beats + 1
+end
+
+local now = now_ms()
+local early = prologue(now, true, holder_lease_refusal, session, lease)
 -- Set by decide: the license's stale time when this heartbeat, the oldest
 -- holder's, moved it on.
 local stale_at

@@ -44,6 +44,7 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "policy"
 --- @include "lease"
+--- @include "seat_lease"
 --- @include "revoked"
 --- @include "prologue"
 --- @include "due"
@@ -52,13 +53,7 @@ local session, lease = ARGV[8], lease_hash(ARGV[9])
 local default_timeout = tonumber(ARGV[10])
 
 local now = now_ms()
-local early = prologue(now, false, function()
-  local bound = holder_lease(session)
-  if bound == nil then
-    bound = waiter_lease(session)
-  end
-  return lease_refusal(now, bound, lease)
-end)
+local early = prologue(now, false, seat_lease_refusal, session, lease)
 if early then
   return due_report(early, now, default_timeout)
 end
@@ -96,9 +91,12 @@ local function decide()
       owners().gone(session, owner)
     end
     expire_waiters(now, notes, 100)
-    local used = rcall('ZCARD', K.holders)
+    -- grant_waiters counts the seats in use itself.
+    local used
     if not license.refusal and not invalid then
       used = grant_waiters(now, total, notes, 100, P)
+    else
+      used = rcall('ZCARD', K.holders)
     end
     return outcome('RELEASED', used, total, 0, now, notes)
   end

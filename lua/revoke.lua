@@ -55,6 +55,32 @@ local rcall = redis.call
 --- @include "prologue"
 --- @include "due"
 
+-- Remembers that `session` was revoked at `now`, and keeps the memory bounded
+-- (see the header of includes/revoked.lua; only revoke writes an entry).
+local function remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+  local stale = rcall('ZRANGEBYSCORE', K.revoked, '-inf', now, 'LIMIT', 0, 100)
+  for _, s in ipairs(stale) do
+    forget_revocation(s)
+  end
+  local over = rcall('ZCARD', K.revoked) - max + 1
+  if over > 0 then
+    for _, s in ipairs(rcall('ZRANGE', K.revoked, 0, math.min(over, 100) - 1)) do
+      forget_revocation(s)
+    end
+  end
+  local cooldown_until = 0
+  if cooldown_ms > 0 then
+    cooldown_until = now + cooldown_ms
+  end
+  rcall('ZADD', K.revoked, now + math.max(remember_ms, cooldown_ms), session)
+  rcall('HSET', K.revocations, session, cjson.encode({
+    reason = reason, actor = actor, at = now, cooldown_until = cooldown_until,
+  }))
+  local last = rcall('ZRANGE', K.revoked, -1, -1, 'WITHSCORES')
+  rcall('PEXPIREAT', K.revoked, last[2])
+  rcall('PEXPIREAT', K.revocations, last[2])
+end
+
 local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local default_timeout = tonumber(ARGV[15])

@@ -24,12 +24,14 @@
 -- A replayed outcome, or LEASE_MISMATCH, or RATE_LIMITED, or nil to go on
 -- deciding. `limited` says whether this op is rate limited at all (release
 -- is not: giving a seat back always works; nor is an administrator's
--- revoke). `refuse`, when given, returns the script's LEASE_MISMATCH outcome
--- or nil: it runs before the rate limits and a refusal is not counted in
+-- revoke). `refuse`, when given, is called as refuse(session, lease, now)
+-- with the script's session and lease hash, and returns its LEASE_MISMATCH
+-- outcome or nil (a helper passed as it is: a function made for the call
+-- would cost a closure on every run): it runs before the rate limits and a refusal is not counted in
 -- them, so a caller without the lease cannot use up the holder's budget and
 -- get its heartbeats refused. (Revoke passes none: it is the
 -- administrator's way around a lease.)
-local function prologue(now, limited, refuse)
+local function prologue(now, limited, refuse, session, lease)
   local entry_id = ARGV[1]
   if ARGV[6] == '1' then
     local previous = replay(entry_id, now)
@@ -37,7 +39,7 @@ local function prologue(now, limited, refuse)
       return previous
     end
   end
-  local refusal = refuse and refuse()
+  local refusal = refuse and refuse(session, lease, now)
   if refusal then
     return remember(entry_id, ARGV[2], tonumber(ARGV[7]), refusal)
   end

@@ -63,19 +63,3 @@ end
 local function start_session(session, now, meta, lease)
   rcall('HSET', K.sessions, session, encode_session_record(now, 0, lease, meta))
 end
-
--- Counts one heartbeat of `session` at `now`. Returns the new count.
-local function count_heartbeat(session, now)
-  local acquired_at, beats, lease, meta
-  local record = rcall('HGET', K.sessions, session)
-  if record then
-    acquired_at, beats, lease, meta = parse_session_record(record)
-  end
-  if not acquired_at then
-    -- A missing or foreign record: start a fresh one rather than lose the
-    -- count. It is bound to no lease: nothing says which one it had.
-    acquired_at, beats, lease, meta = now, 0, '', '{}'
-  end
-  rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, lease, meta))
-  return beats + 1
-end

@@ -699,6 +699,23 @@ mod tests {
                 1,
                 "{name}: one copy per helper"
             );
+            // Each helper costs a closure on every run: a script carries
+            // none that only another script calls.
+            assert_eq!(
+                text.contains("local function seat_lease_refusal"),
+                name == "acquire" || name == "release",
+                "{name}"
+            );
+            assert_eq!(
+                text.contains("local function remember_revocation"),
+                name == "revoke",
+                "{name}"
+            );
+            assert_eq!(
+                text.contains("local function count_heartbeat"),
+                name == "heartbeat",
+                "{name}"
+            );
         }
         for name in ["reply", "unlock", "renew", "due_claim", "due_settle"] {
             assert!(

@@ -22,6 +22,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("queue", include_str!("../../../lua/includes/queue.lua")),
     ("policy", include_str!("../../../lua/includes/policy.lua")),
     ("lease", include_str!("../../../lua/includes/lease.lua")),
+    ("seat_lease", include_str!("../../../lua/includes/seat_lease.lua")),
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
     ("due", include_str!("../../../lua/includes/due.lua")),

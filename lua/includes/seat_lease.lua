@@ -1,0 +1,19 @@
+--[[
+  seat_lease: the lease check of acquire and release, which look at both a
+  session's seat and its place in the queue (lease.lua; heartbeat looks at
+  the seat only).
+]]
+--- @include "session_record"
+--- @include "queue"
+--- @include "lease"
+
+-- LEASE_MISMATCH when `session` holds a seat, or else waits, bound to
+-- another lease than hash `lease`; nil when the request may go on. The
+-- `refuse` of prologue.lua.
+local function seat_lease_refusal(session, lease, now)
+  local bound = holder_lease(session)
+  if bound == nil then
+    bound = waiter_lease(session)
+  end
+  return lease_refusal(now, bound, lease)
+end
