@@ -69,6 +69,13 @@ local rcall = redis.call
 --- @include "policy"
 --- @include "due"
 
+-- The note (outbox.lua) of outbox field `id` and its decoded record `n`.
+-- Here, not in outbox.lua: only the reaper hands out notes again, and a
+-- helper costs its closure on every run of each script that carries it.
+local function outbox_note(id, n)
+  return {n.kind, n.session, n.id, n.reply_to, n.waited_ms, id}
+end
+
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cursor = ARGV[4]
 local pending = {}

@@ -28,26 +28,6 @@
 --- @include "keys"
 --- @include "outcome"
 
--- The outcome stored for `entry_id` in `key` as a replay at `now` answers
--- it (changed = 0, replayed = 1), or nil.
-local function stored_outcome(key, entry_id, now)
-  local raw = rcall('HGET', key, entry_id)
-  if not raw then
-    return nil
-  end
-  local status, used, total, detail = string.match(raw, '^(%u[%u_]*):(%d+):(%d+):(%d+)$')
-  if status then
-    return {status, tonumber(used), tonumber(total), tonumber(detail), now, {}, 0, 1}
-  end
-  -- A record in neither form counts as none: the entry is decided again, as
-  -- past the window.
-  local ok, r = pcall(cjson.decode, raw)
-  if not ok or type(r) ~= 'table' or type(r[6]) ~= 'table' then
-    return nil
-  end
-  return {r[1], r[2], r[3], r[4], now, r[6], 0, 1}
-end
-
 -- The outcome stored for `entry_id`, marked changed = 0 and replayed = 1 so
 -- the worker re-sends it (and re-delivers its notes) but publishes no second
 -- event; nil when the entry was not decided before.
@@ -55,6 +35,28 @@ local function replay(entry_id, now)
   if entry_id == '' then
     return nil
   end
+  -- Defined here, not beside replay: a helper costs its closure on every
+  -- run of a script, and only a run that looks for a replay needs this one.
+  -- The outcome stored for `entry_id` in `key` as a replay at `now` answers
+  -- it (changed = 0, replayed = 1), or nil.
+  local function stored_outcome(key, entry_id, now)
+    local raw = rcall('HGET', key, entry_id)
+    if not raw then
+      return nil
+    end
+    local status, used, total, detail = string.match(raw, '^(%u[%u_]*):(%d+):(%d+):(%d+)$')
+    if status then
+      return {status, tonumber(used), tonumber(total), tonumber(detail), now, {}, 0, 1}
+    end
+    -- A record in neither form counts as none: the entry is decided again, as
+    -- past the window.
+    local ok, r = pcall(cjson.decode, raw)
+    if not ok or type(r) ~= 'table' or type(r[6]) ~= 'table' then
+      return nil
+    end
+    return {r[1], r[2], r[3], r[4], now, r[6], 0, 1}
+  end
+
   local r = stored_outcome(K.done, entry_id, now)
   if not r and K.done_before ~= K.done then
     r = stored_outcome(K.done_before, entry_id, now)

@@ -29,8 +29,3 @@ local function note(notes, now, kind, session, w)
   end
   notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id}
 end
-
--- The note of outbox field `id` and its decoded record `n`.
-local function outbox_note(id, n)
-  return {n.kind, n.session, n.id, n.reply_to, n.waited_ms, id}
-end

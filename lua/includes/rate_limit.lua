@@ -27,30 +27,6 @@
 ]]
 --- @include "keys"
 
--- The counts stored in `key` as seen from fixed window `index` (`at`, the
--- same as a string): this window's and the one before's, and whether the
--- record is of this window already (and so has this window's expiry). A
--- record of an older window counts as nothing, one of the window before
--- moves back a slot, and one of a later window (the Redis clock was set
--- back) is read as this one.
-local function window_counts(key, index, at)
-  local raw = rcall('GET', key)
-  if not raw then
-    return 0, 0, false
-  end
-  local stored, count, before = string.match(raw, '^(%d+):(%d+):(%d+)$')
-  if not stored then
-    return 0, 0, false
-  end
-  -- Compared as strings first: the common case needs no number parsed.
-  if stored == at or tonumber(stored) > index then
-    return tonumber(count), tonumber(before), true
-  elseif tonumber(stored) == index - 1 then
-    return 0, tonumber(count), false
-  end
-  return 0, 0, false
-end
-
 -- Whether the request arriving at `now` is refused. The session's limit and
 -- the license's are checked first, and only a request both admit is
 -- counted, in both (a refused one is not counted anywhere). A limit of 0 is
@@ -58,6 +34,31 @@ end
 local function rate_limited(now, session_limit, license_limit, window)
   if session_limit <= 0 and license_limit <= 0 then
     return false
+  end
+  -- Defined here, past the return above: a helper costs its closure on
+  -- every run of a script, and a run without limits needs none.
+  -- The counts stored in `key` as seen from fixed window `index` (`at`, the
+  -- same as a string): this window's and the one before's, and whether the
+  -- record is of this window already (and so has this window's expiry). A
+  -- record of an older window counts as nothing, one of the window before
+  -- moves back a slot, and one of a later window (the Redis clock was set
+  -- back) is read as this one.
+  local function window_counts(key, index, at)
+    local raw = rcall('GET', key)
+    if not raw then
+      return 0, 0, false
+    end
+    local stored, count, before = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    if not stored then
+      return 0, 0, false
+    end
+    -- Compared as strings first: the common case needs no number parsed.
+    if stored == at or tonumber(stored) > index then
+      return tonumber(count), tonumber(before), true
+    elseif tonumber(stored) == index - 1 then
+      return 0, tonumber(count), false
+    end
+    return 0, 0, false
   end
   local index = math.floor(now / window)
   local at = string.format('%d', index)
