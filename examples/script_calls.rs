@@ -48,7 +48,9 @@ async fn main() -> Result<(), Failure> {
     // No response timeout: under valgrind a pipeline of 100 calls takes
     // longer than redis-rs's default 500 ms.
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    let mut con = client.get_multiplexed_async_connection_with_config(&config).await?;
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
     let scripts = Scripts::get();
     let keys = Keys::new("seat");
     let lk = keys.license(LICENSE);
