@@ -85,9 +85,9 @@ fn with<'a>(mut fields: Vec<(&'a str, &'a str)>, more: &[(&'a str, &'a str)]) ->
     fields
 }
 
-/// `verb` on `license`'s `session`, carrying `lease`.
-fn leased<'a>(verb: &'a str, license: &'a str, session: &'a str, lease: &'a str) -> Vec<(&'a str, &'a str)> {
-    with(op(verb, license, session), &[("lease", lease)])
+/// `verb` on `session` of license "cad", carrying `lease`.
+fn leased<'a>(verb: &'a str, session: &'a str, lease: &'a str) -> Vec<(&'a str, &'a str)> {
+    with(op(verb, "cad", session), &[("lease", lease)])
 }
 
 /// [`ask`], whose reply must have `status`.
@@ -140,11 +140,9 @@ async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
         set_license_field(&mut con, &s, &license, field, value).await;
         if field == "expires_at_ms" {
             // An expiry that is no number never came; one in the past did.
-            let r = ask(&mut con, &s, &op("acquire", &license, "probe")).await;
-            assert_eq!(r["status"], "LICENSE_INVALID", "{r:?}");
+            expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_INVALID").await;
             set_license_field(&mut con, &s, &license, field, far_past).await;
-            let r = ask(&mut con, &s, &op("acquire", &license, "probe")).await;
-            assert_eq!(r["status"], "LICENSE_EXPIRED", "{r:?}");
+            expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_EXPIRED").await;
             continue;
         }
         let before = seat_state(&mut con, &s, &license).await;
@@ -282,13 +280,7 @@ async fn the_cli_refuses_to_write_an_invalid_record_and_flags_one_written_by_han
 #[tokio::test]
 async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
     let (_redis, s, worker, mut con) = serve_cad(1).await;
-    let r = expect(
-        &mut con,
-        &s,
-        &leased("acquire", "cad", "alice", LEASE),
-        "ACQUIRED",
-    )
-    .await;
+    let r = expect(&mut con, &s, &leased("acquire", "alice", LEASE), "ACQUIRED").await;
     assert!(
         !r.values().any(|v| v.contains(LEASE)),
         "a reply never carries the lease: {r:?}"
@@ -318,32 +310,20 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
     );
 
     // The holder's own lease works, a retried acquire included.
-    expect(
-        &mut con,
-        &s,
-        &leased("acquire", "cad", "alice", LEASE),
-        "ALREADY_ACTIVE",
-    )
-    .await;
-    let r = ask(&mut con, &s, &leased("heartbeat", "cad", "alice", LEASE)).await;
+    expect(&mut con, &s, &leased("acquire", "alice", LEASE), "ALREADY_ACTIVE").await;
+    let r = ask(&mut con, &s, &leased("heartbeat", "alice", LEASE)).await;
     assert_eq!(
         (r["status"].as_str(), r["heartbeats"].as_str()),
         ("HEARTBEAT_UPDATED", "1")
     );
-    expect(
-        &mut con,
-        &s,
-        &leased("release", "cad", "alice", LEASE),
-        "RELEASED",
-    )
-    .await;
+    expect(&mut con, &s, &leased("release", "alice", LEASE), "RELEASED").await;
 
     // Sessions acquired without a lease behave as before.
     expect(&mut con, &s, &op("acquire", "cad", "bob"), "ACQUIRED").await;
     expect(
         &mut con,
         &s,
-        &leased("heartbeat", "cad", "bob", OTHER),
+        &leased("heartbeat", "bob", OTHER),
         "HEARTBEAT_UPDATED",
     )
     .await;
@@ -354,17 +334,11 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
 #[tokio::test]
 async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
     let (_redis, s, worker, mut con) = serve_cad(1).await;
-    expect(
-        &mut con,
-        &s,
-        &leased("acquire", "cad", "holder", OTHER),
-        "ACQUIRED",
-    )
-    .await;
+    expect(&mut con, &s, &leased("acquire", "holder", OTHER), "ACQUIRED").await;
     let queued = send(
         &mut con,
         &s,
-        &with(leased("acquire", "cad", "waiter", LEASE), &[("wait_ms", "60000")]),
+        &with(leased("acquire", "waiter", LEASE), &[("wait_ms", "60000")]),
     )
     .await;
     assert_eq!(reply(&mut con, &s, &queued).await["status"], "QUEUED");
@@ -373,34 +347,28 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
     expect(
         &mut con,
         &s,
-        &leased("release", "cad", "waiter", OTHER),
+        &leased("release", "waiter", OTHER),
         "LEASE_MISMATCH",
     )
     .await;
     expect(
         &mut con,
         &s,
-        &with(leased("acquire", "cad", "waiter", OTHER), &[("wait_ms", "60000")]),
+        &with(leased("acquire", "waiter", OTHER), &[("wait_ms", "60000")]),
         "LEASE_MISMATCH",
     )
     .await;
     let r = ask(
         &mut con,
         &s,
-        &with(leased("acquire", "cad", "waiter", LEASE), &[("wait_ms", "60000")]),
+        &with(leased("acquire", "waiter", LEASE), &[("wait_ms", "60000")]),
     )
     .await;
     assert_eq!((r["status"].as_str(), r["position"].as_str()), ("QUEUED", "1"));
     // The re-send with the lease is the request the grant now answers.
     let resent = r["id"].clone();
 
-    expect(
-        &mut con,
-        &s,
-        &leased("release", "cad", "holder", OTHER),
-        "RELEASED",
-    )
-    .await;
+    expect(&mut con, &s, &leased("release", "holder", OTHER), "RELEASED").await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while reply(&mut con, &s, &resent).await["status"] != "GRANTED" {
         assert!(Instant::now() < deadline, "no GRANTED");
@@ -414,17 +382,11 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
     expect(
         &mut con,
         &s,
-        &leased("heartbeat", "cad", "waiter", LEASE),
+        &leased("heartbeat", "waiter", LEASE),
         "HEARTBEAT_UPDATED",
     )
     .await;
-    expect(
-        &mut con,
-        &s,
-        &leased("release", "cad", "waiter", LEASE),
-        "RELEASED",
-    )
-    .await;
+    expect(&mut con, &s, &leased("release", "waiter", LEASE), "RELEASED").await;
     worker.stop().await;
 }
 
