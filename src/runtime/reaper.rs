@@ -431,15 +431,7 @@ impl Reaper {
                 }
                 let _ = self
                     .publisher
-                    .deliver(
-                        &mut con,
-                        license,
-                        note,
-                        step.seats_used,
-                        step.seats_total,
-                        step.now_ms,
-                        first_time,
-                    )
+                    .deliver(&mut con, license, note, step.seats_at(), first_time)
                     .await;
                 if !first_time {
                     continue;
