@@ -254,7 +254,8 @@ mod tests {
 
     #[test]
     fn waiter_records_read_in_both_forms() {
-        let plain = WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}").unwrap();
+        let plain =
+            WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}").unwrap();
         assert_eq!(
             plain,
             WaiterRecord {
@@ -268,13 +269,18 @@ mod tests {
         // The metadata is the rest, newlines and all; nowhere to reply is empty.
         let leased = WaiterRecord::parse("1:0123456789abcdef:r\n\n{\n}").unwrap();
         assert_eq!(
-            (leased.lease_hash.as_deref(), leased.reply_to.as_str(), leased.meta.as_str()),
+            (
+                leased.lease_hash.as_deref(),
+                leased.reply_to.as_str(),
+                leased.meta.as_str()
+            ),
             (Some("0123456789abcdef"), "", "{\n}")
         );
         // Written before the plain form: the same record as JSON.
         let json = r#"{"id":"req: 1","reply_to":"seat:reply:c-1","meta":"{\"a\":\"b:c\\nd\"}","queued_at":1796011839633}"#;
         assert_eq!(WaiterRecord::parse(json), Some(plain));
-        let json_leased = r#"{"id":"r","reply_to":"","meta":"{}","queued_at":1,"lease_hash":"0123456789abcdef"}"#;
+        let json_leased =
+            r#"{"id":"r","reply_to":"","meta":"{}","queued_at":1,"lease_hash":"0123456789abcdef"}"#;
         assert_eq!(
             WaiterRecord::parse(json_leased).and_then(|w| w.lease_hash),
             Some("0123456789abcdef".into())
