@@ -95,7 +95,8 @@ local now = now_ms()
 local early = prologue(now, true, function()
   local bound = holder_lease(session)
   if bound == nil then
-    bound = waiter_lease(session)
+    local w = waiter_record(session)
+    bound = w and w.lease_hash
   end
   return lease_refusal(now, bound, lease)
 end)
