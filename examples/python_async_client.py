@@ -27,7 +27,7 @@ The __main__ below runs 200 concurrent acquire/release pairs from one client
 and prints a summary. Run it against a Redis with a `seatgate run` worker and
 a provisioned license:
 
-    pip install redis
+    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 50
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_async_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
