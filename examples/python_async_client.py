@@ -27,7 +27,7 @@ The __main__ below runs 200 concurrent acquire/release pairs from one client
 and prints a summary. Run it against a Redis with a `seatgate run` worker and
 a provisioned license:
 
-    pip install redis
+    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 50
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_async_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
@@ -60,6 +60,22 @@ READ_BLOCK_MS = 5000
 WRITE_BATCH = 512
 
 log = logging.getLogger("seatgate.async_client")
+
+
+def _one_connection(url, **options):
+    """A redis.asyncio client that keeps to one connection of its own.
+    Built from a pool rather than with from_url(single_connection_client=True),
+    which redis-py 4.x (Debian 12's python3-redis is 4.3) hands on to the
+    connection and fails with."""
+    pool = aioredis.ConnectionPool.from_url(url, decode_responses=True, **options)
+    return aioredis.Redis(connection_pool=pool, single_connection_client=True)
+
+
+async def _close(r):
+    """Closes a client of _one_connection, and its pool (a client given a pool
+    leaves it open). redis-py 5 names it aclose(); 4.x only has close()."""
+    await (getattr(r, "aclose", None) or r.close)()
+    await r.connection_pool.disconnect()
 
 
 class _Waiter:
@@ -118,13 +134,12 @@ class SeatClient:
     def __init__(self, url, *, app="seatgate-py", requests_stream=REQUESTS_STREAM, shards=1,
                  reply_prefix=REPLY_PREFIX, max_in_flight=256, password=None):
         auth = {"password": password} if password else {}
-        # single_connection_client: one connection each, not a pool that
-        # would open one per concurrent command.
-        self._write = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True, **auth)
+        # One connection each, not a pool that would open one per concurrent
+        # command.
+        self._write = _one_connection(url, **auth)
         # The reader's socket timeout must outlast its block: a shorter one
         # would abort a read the server still answers.
-        self._read = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True,
-                                             socket_timeout=READ_BLOCK_MS / 1000 + 5, **auth)
+        self._read = _one_connection(url, socket_timeout=READ_BLOCK_MS / 1000 + 5, **auth)
         self.requests_stream = requests_stream
         self.shards = shards
         self.reply_to = reply_stream(reply_prefix, app)
@@ -151,8 +166,8 @@ class SeatClient:
             await self._write.delete(self.reply_to)
         except redis.RedisError:
             pass  # best effort: an idle reply stream expires by itself
-        await self._write.aclose()
-        await self._read.aclose()
+        await _close(self._write)
+        await _close(self._read)
 
     def stream_for(self, license):
         """The requests stream (shard) that serves `license`."""
@@ -234,9 +249,11 @@ class SeatClient:
                 pipe.xadd(stream, request)
             try:
                 results = await pipe.execute(raise_on_error=False)
-            except (redis.RedisError, OSError) as e:
+            except Exception as e:
                 # The connection failed: every XADD of the batch fails (some
-                # may have been applied; their replies find no waiter).
+                # may have been applied; their replies find no waiter). Any
+                # other error fails them too: were it to end this task, every
+                # caller would wait for its XADD forever.
                 results = [e] * len(batch)
             self.stats["pipelines"] += 1
             for (_, _, sent), result in zip(batch, results):

@@ -22,7 +22,7 @@ the seat. It prints the lease, never logs it elsewhere; pass it back with
 
 Run it against a Redis with a `seatgate run` worker and a provisioned license:
 
-    pip install redis
+    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 1
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo &
