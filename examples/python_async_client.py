@@ -27,7 +27,7 @@ The __main__ below runs 200 concurrent acquire/release pairs from one client
 and prints a summary. Run it against a Redis with a `seatgate run` worker and
 a provisioned license:
 
-    pip install redis
+    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 50
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_async_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
@@ -42,41 +42,40 @@ was refused, 3 on errors (Redis unreachable, no reply in time).
 import argparse
 import asyncio
 import collections
-import json
 import logging
-import os
-import re
-import secrets
 import sys
 import time
 import uuid
-import zlib
 
 import redis
 import redis.asyncio as aioredis
 
-REQUESTS_STREAM = "seat:requests"
-# The service's replies.prefix: a reply_to outside it is never answered (the
-# request is dead-lettered instead).
-REPLY_PREFIX = "seat:reply:"
+from seatgate_wire import (QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout, acquire_fields,
+                           add_common_args, redis_password, reply_stream, request_fields, stream_for)
+
 # How long one XREAD blocks. The reader is stopped by cancelling it, so this
 # only bounds how long a silent connection goes unnoticed.
 READ_BLOCK_MS = 5000
 # Most XADDs per pipeline.
 WRITE_BATCH = 512
-# A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
-# wait ran out, later still if its first delivery failed: allow for it.
-QUEUE_MARGIN_S = 30.0
-# What the service takes as a lease.
-LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
-# Replies after which the session's seat or place is given back (or was never held).
-GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
 
 log = logging.getLogger("seatgate.async_client")
 
 
-class ReplyTimeout(Exception):
-    """No reply arrived in time: is a `seatgate run` worker serving this Redis?"""
+def _one_connection(url, **options):
+    """A redis.asyncio client that keeps to one connection of its own.
+    Built from a pool rather than with from_url(single_connection_client=True),
+    which redis-py 4.x (Debian 12's python3-redis is 4.3) hands on to the
+    connection and fails with."""
+    pool = aioredis.ConnectionPool.from_url(url, decode_responses=True, **options)
+    return aioredis.Redis(connection_pool=pool, single_connection_client=True)
+
+
+async def _close(r):
+    """Closes a client of _one_connection, and its pool (a client given a pool
+    leaves it open). redis-py 5 names it aclose(); 4.x only has close()."""
+    await (getattr(r, "aclose", None) or r.close)()
+    await r.connection_pool.disconnect()
 
 
 class _Waiter:
@@ -135,26 +134,22 @@ class SeatClient:
     def __init__(self, url, *, app="seatgate-py", requests_stream=REQUESTS_STREAM, shards=1,
                  reply_prefix=REPLY_PREFIX, max_in_flight=256, password=None):
         auth = {"password": password} if password else {}
-        # single_connection_client: one connection each, not a pool that
-        # would open one per concurrent command.
-        self._write = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True, **auth)
+        # One connection each, not a pool that would open one per concurrent
+        # command.
+        self._write = _one_connection(url, **auth)
         # The reader's socket timeout must outlast its block: a shorter one
         # would abort a read the server still answers.
-        self._read = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True,
-                                             socket_timeout=READ_BLOCK_MS / 1000 + 5, **auth)
+        self._read = _one_connection(url, socket_timeout=READ_BLOCK_MS / 1000 + 5, **auth)
         self.requests_stream = requests_stream
         self.shards = shards
-        # Inside the service's reply namespace, under the application's name
-        # (its ACL user may read only <prefix><app>:*); the random part keeps
-        # it unguessable, so nobody else can aim replies at it.
-        self.reply_to = f"{reply_prefix}{app}:{uuid.uuid4().hex}"
+        self.reply_to = reply_stream(reply_prefix, app)
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._waiters = {}
         self._outbox = asyncio.Queue()
         self._tasks = []
         # The lease each (license, session) is bound to, sent with its later requests.
-        self.leases = {}
+        self.leases = Leases()
         # Counters for the curious: replies without a waiter, read retries,
         # pipelines written, and the most requests in flight at once.
         self.stats = collections.Counter()
@@ -171,14 +166,12 @@ class SeatClient:
             await self._write.delete(self.reply_to)
         except redis.RedisError:
             pass  # best effort: an idle reply stream expires by itself
-        await self._write.aclose()
-        await self._read.aclose()
+        await _close(self._write)
+        await _close(self._read)
 
     def stream_for(self, license):
         """The requests stream (shard) that serves `license`."""
-        if self.shards <= 1:
-            return self.requests_stream
-        return f"{self.requests_stream}:{{{zlib.crc32(license.encode()) % self.shards}}}"
+        return stream_for(self.requests_stream, self.shards, license)
 
     async def request(self, op, license, session, **fields):
         """Sends one request once an in-flight slot is free; returns its Pending."""
@@ -187,8 +180,7 @@ class SeatClient:
         # Registered before the XADD: the reply may come before XADD returns.
         self._waiters[request_id] = _Waiter(holds_slot=True)
         self.stats["most_in_flight"] = max(self.stats["most_in_flight"], self.in_flight())
-        request = {"op": op, "id": request_id, "license": license, "session": session,
-                   "reply_to": self.reply_to, **{k: str(v) for k, v in fields.items()}}
+        request = request_fields(op, request_id, license, session, self.reply_to, fields)
         sent = asyncio.get_running_loop().create_future()
         await self._outbox.put((self.stream_for(license), request, sent))
         try:
@@ -211,24 +203,14 @@ class SeatClient:
 
     def lease(self, license, session):
         """The lease this client holds for the session, or None."""
-        return self.leases.get((license, session))
+        return self.leases.get(license, session)
 
     async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
         """Takes a seat, waiting up to `wait_s` seconds in the license's queue
         when none is free, bound to `lease` (default: the one held for the
         session, else a new random one). Returns the final reply;
         `on_queued(reply)` is called with the QUEUED reply, if any."""
-        if lease is None:
-            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
-            lease = self.lease(license, session) or secrets.token_urlsafe(24)
-        if not LEASE_RE.fullmatch(lease):
-            raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
-        self.leases[(license, session)] = lease
-        fields = {"lease": lease}
-        if meta is not None:
-            fields["meta"] = json.dumps(meta, separators=(",", ":"))
-        if wait_s > 0:
-            fields["wait_ms"] = int(wait_s * 1000)
+        fields = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s)
         async with await self.request("acquire", license, session, **fields) as pending:
             reply = await pending.reply(timeout)
             if reply.get("status") != "QUEUED":
@@ -239,18 +221,13 @@ class SeatClient:
 
     async def heartbeat(self, license, session, timeout=5.0):
         """Keeps the session's seat alive, with the lease it was acquired with."""
-        return await self.call("heartbeat", license, session, timeout, **self._lease_field(license, session))
+        return await self.call("heartbeat", license, session, timeout, **self.leases.field(license, session))
 
     async def release(self, license, session, timeout=5.0):
         """Gives the session's seat back (or leaves the queue), with its lease."""
-        reply = await self.call("release", license, session, timeout, **self._lease_field(license, session))
-        if reply.get("status") in GIVEN_BACK:
-            self.leases.pop((license, session), None)
+        reply = await self.call("release", license, session, timeout, **self.leases.field(license, session))
+        self.leases.settle(license, session, reply)
         return reply
-
-    def _lease_field(self, license, session):
-        lease = self.lease(license, session)
-        return {"lease": lease} if lease else {}
 
     def in_flight(self):
         """Requests sent (or about to be) and not answered yet."""
@@ -272,9 +249,11 @@ class SeatClient:
                 pipe.xadd(stream, request)
             try:
                 results = await pipe.execute(raise_on_error=False)
-            except (redis.RedisError, OSError) as e:
+            except Exception as e:
                 # The connection failed: every XADD of the batch fails (some
-                # may have been applied; their replies find no waiter).
+                # may have been applied; their replies find no waiter). Any
+                # other error fails them too: were it to end this task, every
+                # caller would wait for its XADD forever.
                 results = [e] * len(batch)
             self.stats["pipelines"] += 1
             for (_, _, sent), result in zip(batch, results):
@@ -320,7 +299,7 @@ def percentile(values, p):
 
 
 async def pairs(args):
-    password = os.environ.get("SEATGATE_REDIS_PASSWORD") or None
+    password = redis_password()
     statuses = collections.Counter()
     latencies = []
 
@@ -366,8 +345,7 @@ async def pairs(args):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Many concurrent acquire/release pairs from one asyncio seatgate client.")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
-    parser.add_argument("--license", required=True, help="license id, e.g. demo")
+    add_common_args(parser)
     parser.add_argument("--pairs", type=int, default=200, help="concurrent acquire/release pairs (default: %(default)s)")
     parser.add_argument("--wait", type=float, default=30.0,
                         help="seconds an acquire may wait in the queue when no seat is free (default: %(default)s)")
@@ -375,8 +353,6 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each reply (default: %(default)s)")
     parser.add_argument("--max-in-flight", type=int, default=64, help="most requests in flight (default: %(default)s)")
     parser.add_argument("--shards", type=int, default=1, help="the service's stream.shards (default: %(default)s)")
-    parser.add_argument("--app", default="seatgate-py",
-                        help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:

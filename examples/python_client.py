@@ -22,7 +22,7 @@ the seat. It prints the lease, never logs it elsewhere; pass it back with
 
 Run it against a Redis with a `seatgate run` worker and a provisioned license:
 
-    pip install redis
+    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 1
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo &
@@ -43,33 +43,15 @@ was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 2 for a malformed
 
 import argparse
 import json
-import os
-import re
-import secrets
 import sys
 import time
 import uuid
-import zlib
 
 import redis
 
-REQUESTS_STREAM = "seat:requests"
-# Where the workers record settings every client must agree with (`shards`).
-CONFIG_KEY = "seat:config"
-# The service's replies.prefix: a reply_to outside it is never answered (the
-# request is dead-lettered instead).
-REPLY_PREFIX = "seat:reply:"
-# A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
-# wait ran out, later still if its first delivery failed: allow for it.
-QUEUE_MARGIN_S = 30.0
-# What the service takes as a lease.
-LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
-# Replies after which the session's seat or place is given back (or was never held).
-GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
-
-
-class ReplyTimeout(Exception):
-    """No reply arrived in time: is a `seatgate run` worker serving this Redis?"""
+from seatgate_wire import (CONFIG_KEY, QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout,
+                           acquire_fields, add_common_args, redis_password, reply_stream, request_fields,
+                           stream_for)
 
 
 class SeatClient:
@@ -81,36 +63,22 @@ class SeatClient:
         self.r = r
         self.requests_stream = requests_stream
         self.shards = shards
-        # One reply stream per client, inside the service's reply namespace and
-        # under the application's name (its ACL user may read only
-        # <prefix><app>:*). The random part keeps it unguessable, so nobody
-        # else can aim replies at it. The worker trims replies older than
-        # replies.ttl_ms and lets the stream expire once idle.
-        self.reply_to = f"{reply_prefix}{app}:{uuid.uuid4().hex}"
+        # One reply stream per client.
+        self.reply_to = reply_stream(reply_prefix, app)
         self.last_seen = "0-0"  # last reply entry read from our stream
         # The lease each (license, session) is bound to, sent with its later requests.
-        self.leases = {}
+        self.leases = Leases()
 
     def lease(self, license, session):
         """The lease this client holds for the session, or None."""
-        return self.leases.get((license, session))
+        return self.leases.get(license, session)
 
     def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
         """Takes a seat, waiting up to `wait_s` seconds in the license's queue
         when none is free, bound to `lease` (default: the one held for the
         session, else a new random one). Returns the final reply;
         `on_queued(reply)` is called with the QUEUED reply, if any."""
-        if lease is None:
-            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
-            lease = self.lease(license, session) or secrets.token_urlsafe(24)
-        if not LEASE_RE.fullmatch(lease):
-            raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
-        self.leases[(license, session)] = lease
-        extra = {"lease": lease}
-        if meta is not None:
-            extra["meta"] = json.dumps(meta, separators=(",", ":"))
-        if wait_s > 0:
-            extra["wait_ms"] = str(int(wait_s * 1000))
+        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s)
         reply = self.call("acquire", license, session, extra, timeout)
         if reply["status"] == "QUEUED":
             if on_queued:
@@ -121,25 +89,19 @@ class SeatClient:
 
     def heartbeat(self, license, session, timeout=5.0):
         """Keeps the session's seat alive, with the lease it was acquired with."""
-        return self.call("heartbeat", license, session, self._lease_field(license, session), timeout)
+        return self.call("heartbeat", license, session, self.leases.field(license, session), timeout)
 
     def release(self, license, session, timeout=5.0):
         """Gives the session's seat back (or leaves the queue), with its lease."""
-        reply = self.call("release", license, session, self._lease_field(license, session), timeout)
-        if reply["status"] in GIVEN_BACK:
-            self.leases.pop((license, session), None)
+        reply = self.call("release", license, session, self.leases.field(license, session), timeout)
+        self.leases.settle(license, session, reply)
         return reply
-
-    def _lease_field(self, license, session):
-        lease = self.lease(license, session)
-        return {"lease": lease} if lease else {}
 
     def call(self, op, license, session, extra, timeout):
         """Sends one request and returns its first reply as a dict of strings."""
         deadline = time.monotonic() + timeout
         request_id = uuid.uuid4().hex
-        request = {"op": op, "id": request_id, "license": license, "session": session,
-                   "reply_to": self.reply_to, **extra}
+        request = request_fields(op, request_id, license, session, self.reply_to, extra)
         # XADD and the first XREAD BLOCK in one round trip: Redis runs one
         # connection's commands in order, so the read starts after the request
         # is on the stream, and usually returns with the reply.
@@ -151,9 +113,7 @@ class SeatClient:
 
     def stream_for(self, license):
         """The requests stream (shard) that serves `license`."""
-        if self.shards <= 1:
-            return self.requests_stream
-        return f"{self.requests_stream}:{{{zlib.crc32(license.encode()) % self.shards}}}"
+        return stream_for(self.requests_stream, self.shards, license)
 
     def wait_for(self, request_id, timeout, final=False):
         """Reads our reply stream until the reply to `request_id` arrives (with
@@ -208,23 +168,18 @@ def show(label, reply):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Acquire, heartbeat twice and release a seatgate seat.")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
-    parser.add_argument("--license", required=True, help="license id, e.g. demo")
+    add_common_args(parser)
     parser.add_argument("--session", default=f"py-{uuid.uuid4().hex[:12]}", help="session id (default: random)")
     parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait in the queue when no seat is free (default: 0)")
     parser.add_argument("--interval", type=float, default=None,
                         help="seconds between heartbeats (default: a third of the heartbeat timeout the acquire's reply names)")
     parser.add_argument("--shards", type=int, default=None,
                         help="the service's stream.shards (default: what the workers recorded in seat:config, else 1)")
-    parser.add_argument("--app", default="seatgate-py",
-                        help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
     parser.add_argument("--lease", default=None,
                         help="bind the seat to this lease (default: a new random one); it is printed after the acquire")
     args = parser.parse_args(argv)
 
-    # A password in the URL would be on the command line: take it from the
-    # environment instead, when set.
-    password = os.environ.get("SEATGATE_REDIS_PASSWORD") or None
+    password = redis_password()
     r = redis.Redis.from_url(args.redis_url, decode_responses=True, **({"password": password} if password else {}))
     client = SeatClient(r, app=args.app, shards=args.shards or discover_shards(r))
     try:

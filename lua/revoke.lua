@@ -121,16 +121,16 @@ local function decide()
     end
     return outcome('REVOKED', used, total, 1, now, notes)
   end
-  local raw = rcall('HGET', K.waiters, session)
+  local w = waiter_record(session)
   if rcall('ZSCORE', K.queue, session) then
     remove_waiter(session)
     if owner then
       owners().forget(session)
     end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
-    if raw then
+    if w then
       -- Its acquire waits for a final answer: this is it.
-      note(notes, now, 'SESSION_REVOKED', session, cjson.decode(raw))
+      note(notes, now, 'SESSION_REVOKED', session, w)
     end
     return outcome('REVOKED', rcall('ZCARD', K.holders), total, 0, now, notes)
   end

@@ -322,6 +322,18 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The log level when `RUST_LOG` is unset: `info`, but `warn` for the
+/// benchmark, whose in-process workers and reaper would otherwise log every
+/// start, stop and (in the reaper scenario) each of thousands of evictions
+/// between the rows of its table.
+fn log_default(command: &Command) -> &'static str {
+    match command {
+        #[cfg(feature = "tools")]
+        Command::Bench(_) => "warn",
+        _ => "info",
+    }
+}
+
 fn fail(e: &Error) -> ExitCode {
     eprintln!("seatgate: error: {e}");
     ExitCode::from(match e {
@@ -332,7 +344,7 @@ fn fail(e: &Error) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
     let mut settings = Settings::load(cli.config.as_deref())?;
-    telemetry::init_tracing(settings.log.format);
+    telemetry::init_tracing(settings.log.format, log_default(&cli.command));
     if let Some(url) = cli.redis {
         settings.redis.url = url;
     }

@@ -13,7 +13,8 @@
 local function seat_lease_refusal(session, lease, now)
   local bound = holder_lease(session)
   if bound == nil then
-    bound = waiter_lease(session)
+    local w = waiter_record(session)
+    bound = w and w.lease_hash
   end
   return lease_refusal(now, bound, lease)
 end

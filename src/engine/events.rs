@@ -129,6 +129,18 @@ pub mod field {
     pub const HELD: &str = "held";
 }
 
+/// A license's seats after the script that decided, and that script's
+/// Redis time: what an event or a queue reply reports of the license.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeatsAt {
+    /// Seats held afterwards.
+    pub used: i64,
+    /// The license's seats.
+    pub total: i64,
+    /// The Redis clock of that script, ms.
+    pub at_ms: i64,
+}
+
 /// One seat event, as the runtime writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -198,18 +210,15 @@ impl<'a> Event<'a> {
     /// The event a request's first decision publishes, if any (see
     /// [`EventType::for_status`]): a denial carries its status as the
     /// reason, an acquire the user of its `meta`.
-    #[allow(clippy::too_many_arguments)]
     pub fn of_decision(
         status: Status,
         license: &'a str,
         session: &'a str,
         meta: &str,
-        seats_used: i64,
-        seats_total: i64,
-        at_ms: i64,
+        seats: SeatsAt,
     ) -> Option<Event<'a>> {
         let kind = EventType::for_status(status)?;
-        let mut event = Event::new(kind, license, session, seats_used, seats_total, at_ms);
+        let mut event = Event::new(kind, license, session, seats.used, seats.total, seats.at_ms);
         match kind {
             EventType::Denied => event.reason = Some(status.as_str()),
             EventType::Acquired => event.user = user_of(meta),
@@ -427,19 +436,25 @@ mod tests {
 
     #[test]
     fn a_decision_carries_its_denial_reason_or_its_user() {
-        let denied = Event::of_decision(Status::LicenseExpired, "l", "s", "{}", 0, 2, 7).unwrap();
+        let seats = |used| SeatsAt {
+            used,
+            total: 2,
+            at_ms: 7,
+        };
+        let denied = Event::of_decision(Status::LicenseExpired, "l", "s", "{}", seats(0)).unwrap();
         assert_eq!(
             (denied.kind, denied.reason),
             (EventType::Denied, Some("LICENSE_EXPIRED"))
         );
+        assert_eq!((denied.seats_used, denied.seats_total, denied.at_ms), (0, 2, 7));
         let meta = r#"{"user_email":"ann@example.com","hardware_id":"h"}"#;
-        let acquired = Event::of_decision(Status::Acquired, "l", "s", meta, 1, 2, 7).unwrap();
+        let acquired = Event::of_decision(Status::Acquired, "l", "s", meta, seats(1)).unwrap();
         assert_eq!(acquired.user.as_deref(), Some("ann@example.com"));
         assert_eq!(acquired.reason, None);
         for meta in ["{}", r#"{"user_email":7}"#, r#"{"user_email":""}"#, "not json"] {
             assert_eq!(user_of(meta), None, "{meta}");
         }
-        assert!(Event::of_decision(Status::HeartbeatUpdated, "l", "s", "{}", 1, 2, 7).is_none());
+        assert!(Event::of_decision(Status::HeartbeatUpdated, "l", "s", "{}", seats(1)).is_none());
     }
 
     #[test]

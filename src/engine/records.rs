@@ -65,8 +65,12 @@ impl SessionRecord {
 }
 
 /// A waiting session's record, the value of its session in
-/// `seat:{L}:waiters`, written by lua/includes/queue.lua as JSON
-/// `{"id", "reply_to", "meta", "queued_at", "lease_hash"?}`.
+/// `seat:{L}:waiters`, written by lua/includes/queue.lua:
+/// `"<queued_at>:<lease_hash>:<id>\n<reply_to>\n<meta>"`, the lease hash
+/// empty when the place is bound to none. Records written before that form
+/// (and any whose id or reply_to holds a newline, which the protocol never
+/// lets through) are JSON, `{"id", "reply_to", "meta", "queued_at",
+/// "lease_hash"?}`; [`WaiterRecord::parse`] reads both.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct WaiterRecord {
     /// The request id its later GRANTED / QUEUE_TIMEOUT carries.
@@ -84,9 +88,32 @@ pub struct WaiterRecord {
 }
 
 impl WaiterRecord {
-    /// Reads a record; `None` when it is not of the scripts' form.
+    /// Reads a record of either form; `None` when it is of neither (the
+    /// Lua parser's rule: a JSON object, or digits, a colon, nothing or 16
+    /// hex digits, a colon, then two lines and the rest).
     pub fn parse(raw: &str) -> Option<WaiterRecord> {
-        serde_json::from_str(raw).ok()
+        if raw.starts_with('{') {
+            return serde_json::from_str(raw).ok();
+        }
+        let (queued_at, rest) = raw.split_once(':')?;
+        if queued_at.is_empty() || !queued_at.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let (lease, rest) = rest.split_once(':')?;
+        let lease_hash = match lease.len() {
+            0 => None,
+            LEASE_HASH_LEN if lease.bytes().all(|b| b.is_ascii_hexdigit()) => Some(lease.to_owned()),
+            _ => return None,
+        };
+        let (id, rest) = rest.split_once('\n')?;
+        let (reply_to, meta) = rest.split_once('\n')?;
+        Some(WaiterRecord {
+            id: id.to_owned(),
+            reply_to: reply_to.to_owned(),
+            meta: meta.to_owned(),
+            queued_at: queued_at.parse().ok()?,
+            lease_hash,
+        })
     }
 }
 
@@ -222,6 +249,55 @@ mod tests {
         assert_eq!((odd.lease_hash, odd.meta.as_str()), (None, "0123456789abcdeg:x"));
         for foreign in ["", "12", "12:3", "x:3:{}", "12:-3:{}", ":3:{}"] {
             assert_eq!(SessionRecord::parse(foreign), None, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn waiter_records_read_in_both_forms() {
+        let plain =
+            WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}").unwrap();
+        assert_eq!(
+            plain,
+            WaiterRecord {
+                id: "req: 1".into(),
+                reply_to: "seat:reply:c-1".into(),
+                meta: r#"{"a":"b:c\nd"}"#.into(),
+                queued_at: 1796011839633,
+                lease_hash: None,
+            }
+        );
+        // The metadata is the rest, newlines and all; nowhere to reply is empty.
+        let leased = WaiterRecord::parse("1:0123456789abcdef:r\n\n{\n}").unwrap();
+        assert_eq!(
+            (
+                leased.lease_hash.as_deref(),
+                leased.reply_to.as_str(),
+                leased.meta.as_str()
+            ),
+            (Some("0123456789abcdef"), "", "{\n}")
+        );
+        // Written before the plain form: the same record as JSON.
+        let json = r#"{"id":"req: 1","reply_to":"seat:reply:c-1","meta":"{\"a\":\"b:c\\nd\"}","queued_at":1796011839633}"#;
+        assert_eq!(WaiterRecord::parse(json), Some(plain));
+        let json_leased =
+            r#"{"id":"r","reply_to":"","meta":"{}","queued_at":1,"lease_hash":"0123456789abcdef"}"#;
+        assert_eq!(
+            WaiterRecord::parse(json_leased).and_then(|w| w.lease_hash),
+            Some("0123456789abcdef".into())
+        );
+        for foreign in [
+            "",
+            "1::r\nseat:reply:c",
+            "x::r\n\n{}",
+            ":::r\n\n{}",
+            "1:0123:r\n\n{}",
+            "1:0123456789abcdeg:r\n\n{}",
+            "1:r\n\n{}",
+            "-1::r\n\n{}",
+            "{\"id\":\"r\"}",
+            "{",
+        ] {
+            assert_eq!(WaiterRecord::parse(foreign), None, "{foreign:?}");
         }
     }
 

@@ -18,10 +18,11 @@ const WAIT_BUCKETS: &[f64] = &[
 ];
 
 /// Sets up the log subscriber on stderr in `format`: `RUST_LOG` filters,
-/// default `info`. A second call (tests, embedding) keeps the first subscriber.
-pub fn init_tracing(format: LogFormat) {
+/// else `default` (a level such as `info`). A second call (tests,
+/// embedding) keeps the first subscriber.
+pub fn init_tracing(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

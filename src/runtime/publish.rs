@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use tracing::{debug, warn};
 
 use crate::config::Settings;
-pub use crate::engine::events::{Event, EventType};
+pub use crate::engine::events::{Event, EventType, SeatsAt};
 use crate::engine::protocol::Reply;
 use crate::engine::records::SessionRecord;
 use crate::engine::scripts::{Note, Scripts};
@@ -352,15 +352,12 @@ impl Publisher {
     /// SESSION_REVOKED) and, when `first_time`, publishes the matching event
     /// and counts it (a replayed note is only re-delivered). Returns the
     /// reply error, if any.
-    #[allow(clippy::too_many_arguments)]
     pub async fn deliver<C: ConnectionLike>(
         &self,
         con: &mut C,
         license: &str,
         note: &Note,
-        seats_used: i64,
-        seats_total: i64,
-        at_ms: i64,
+        seats: SeatsAt,
         first_time: bool,
     ) -> redis::RedisResult<()> {
         if first_time {
@@ -375,8 +372,8 @@ impl Publisher {
                 status: note.status,
                 license: license.to_owned(),
                 session: note.session.clone(),
-                seats_used,
-                seats_total,
+                seats_used: seats.used,
+                seats_total: seats.total,
                 heartbeats: None,
                 position: None,
                 waited_ms: Some(note.waited_ms),
@@ -389,17 +386,12 @@ impl Publisher {
                     other => other.refusal_reason().map(str::to_owned),
                 },
             };
-            result = self.reply_at(con, &note.reply_to, &reply, Some(at_ms)).await;
+            result = self
+                .reply_at(con, &note.reply_to, &reply, Some(seats.at_ms))
+                .await;
             match &result {
                 // Delivered: out of the outbox, so the reaper does not send it again.
-                Ok(()) => {
-                    let outbox = self.keys.license(license).outbox;
-                    let _: redis::RedisResult<i64> = redis::cmd("HDEL")
-                        .arg(outbox)
-                        .arg(&note.note_id)
-                        .query_async(con)
-                        .await;
-                }
+                Ok(()) => self.forget_note(con, license, note).await,
                 Err(e) if crate::db::is_transient(e) => {
                     metrics::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "cannot deliver queue reply; the reaper retries it");
@@ -408,17 +400,12 @@ impl Publisher {
                     // Its reply stream became something else: it will never be deliverable.
                     metrics::reply_error();
                     warn!(error = %e, license, session = %note.session, status = %note.status, "dropping an undeliverable queue reply");
-                    let outbox = self.keys.license(license).outbox;
-                    let _: redis::RedisResult<i64> = redis::cmd("HDEL")
-                        .arg(outbox)
-                        .arg(&note.note_id)
-                        .query_async(con)
-                        .await;
+                    self.forget_note(con, license, note).await;
                 }
             }
         }
         if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {
-            let mut event = Event::new(kind, license, &note.session, seats_used, seats_total, at_ms);
+            let mut event = Event::new(kind, license, &note.session, seats.used, seats.total, seats.at_ms);
             event.waited_ms = Some(note.waited_ms);
             if kind == EventType::Granted {
                 event.user = self.user_of_session(con, license, &note.session).await;
@@ -426,6 +413,18 @@ impl Publisher {
             self.event(con, &event).await;
         }
         result
+    }
+
+    /// Takes `note` out of `license`'s outbox, so the reaper does not send
+    /// it again. Not done (a failed HDEL), the note stays for the reaper's
+    /// next pass to handle.
+    async fn forget_note<C: ConnectionLike>(&self, con: &mut C, license: &str, note: &Note) {
+        let outbox = self.keys.license(license).outbox;
+        let _: redis::RedisResult<i64> = redis::cmd("HDEL")
+            .arg(outbox)
+            .arg(&note.note_id)
+            .query_async(con)
+            .await;
     }
 
     /// The `user_email` a seat holder's session was stored with. A grant's

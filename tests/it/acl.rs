@@ -13,8 +13,8 @@ use seatgate::config::Settings;
 use seatgate::engine::keys::consumer_alive;
 
 use crate::support::{
-    free_port, http_get, keys, license_keys, output, reply_stream, seatgate_cmd, RedisServer, RedisServerExt,
-    Spawned, WorkerProcess, BIN,
+    add_request, free_port, http_get, keys, license_keys, output, reply_stream, seatgate_cmd, RedisServer,
+    RedisServerExt, Spawned, WorkerProcess, BIN,
 };
 
 const WORKER: &str = "seatgate-worker";
@@ -118,11 +118,35 @@ fn stdout(o: &Output) -> String {
 }
 
 /// The error code a command gets as that connection's user.
-async fn refusal(con: &mut redis::aio::MultiplexedConnection, cmd: &mut redis::Cmd) -> String {
+async fn refusal(con: &mut redis::aio::MultiplexedConnection, cmd: &redis::Cmd) -> String {
     match cmd.query_async::<redis::Value>(con).await {
         Ok(v) => panic!("{cmd:?} was allowed: {v:?}"),
         Err(e) => e.code().unwrap_or("(none)").to_owned(),
     }
+}
+
+/// A Redis command from its words.
+fn command(words: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(words[0]);
+    for word in &words[1..] {
+        cmd.arg(*word);
+    }
+    cmd
+}
+
+/// Runs each command (its words) as that connection's user: Redis must
+/// refuse every one for want of permission (NOPERM).
+async fn assert_refused(con: &mut redis::aio::MultiplexedConnection, commands: &[&[&str]]) {
+    for words in commands {
+        assert_eq!(refusal(con, &command(words)).await, "NOPERM", "{words:?}");
+    }
+}
+
+/// `seatgate <verb> --license cad --session <session> <more>`'s arguments.
+fn on_cad<'a>(verb: &'a str, session: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![verb, "--license", "cad", "--session", session];
+    args.extend_from_slice(more);
+    args
 }
 
 #[test]
@@ -197,18 +221,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let worker = WorkerProcess::start(&redis.url(), &env).await;
 
     let alice = redis
-        .seatgate(
-            CLIENT,
-            &[
-                "acquire",
-                "--license",
-                "cad",
-                "--session",
-                "alice",
-                "--user",
-                "alice",
-            ],
-        )
+        .seatgate(CLIENT, &on_cad("acquire", "alice", &["--user", "alice"]))
         .await;
     assert_eq!(alice.status.code(), Some(0), "{alice:?}");
     assert!(stdout(&alice).starts_with("ACQUIRED"), "{}", stdout(&alice));
@@ -217,17 +230,7 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let bob = redis
         .command(
             CLIENT,
-            &[
-                "acquire",
-                "--license",
-                "cad",
-                "--session",
-                "bob",
-                "--user",
-                "bob",
-                "--wait",
-                "30s",
-            ],
+            &on_cad("acquire", "bob", &["--user", "bob", "--wait", "30s"]),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -285,51 +288,19 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
 
     let lease = crate::support::printed_lease(&stdout(&bob));
     let hb = redis
-        .seatgate(
-            CLIENT,
-            &[
-                "heartbeat",
-                "--license",
-                "cad",
-                "--session",
-                "bob",
-                "--lease",
-                &lease,
-            ],
-        )
+        .seatgate(CLIENT, &on_cad("heartbeat", "bob", &["--lease", &lease]))
         .await;
     assert!(stdout(&hb).starts_with("HEARTBEAT_UPDATED"), "{hb:?}");
     let revoke = redis
         .seatgate(
             ADMIN,
-            &[
-                "revoke",
-                "--license",
-                "cad",
-                "--session",
-                "bob",
-                "--reason",
-                "audit",
-                "--actor",
-                "ada",
-            ],
+            &on_cad("revoke", "bob", &["--reason", "audit", "--actor", "ada"]),
         )
         .await;
     assert_eq!(revoke.status.code(), Some(0), "{revoke:?}");
     assert!(stdout(&revoke).starts_with("REVOKED"), "{revoke:?}");
     let rel = redis
-        .seatgate(
-            CLIENT,
-            &[
-                "release",
-                "--license",
-                "cad",
-                "--session",
-                "bob",
-                "--lease",
-                &lease,
-            ],
-        )
+        .seatgate(CLIENT, &on_cad("release", "bob", &["--lease", &lease]))
         .await;
     assert!(
         stdout(&rel).starts_with("SESSION_REVOKED") && stdout(&rel).contains("(revoked by ada: audit)"),
@@ -340,48 +311,17 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let license_key = license_keys(&settings, "cad").license;
     let other_apps_replies = reply_stream(&settings, "other-app:1");
     let mut client = redis.con_as(CLIENT).await;
-    let refused = [
-        refusal(
-            &mut client,
-            redis::cmd("HSET").arg(&license_key).arg("seats_total").arg(100),
-        )
-        .await,
-        refusal(
-            &mut client,
-            redis::cmd("XADD")
-                .arg(&settings.events.stream)
-                .arg("*")
-                .arg("type")
-                .arg("acquired"),
-        )
-        .await,
-        refusal(
-            &mut client,
-            redis::cmd("XREAD")
-                .arg("STREAMS")
-                .arg(&other_apps_replies)
-                .arg("0"),
-        )
-        .await,
-        refusal(
-            &mut client,
-            redis::cmd("XADD")
-                .arg(&settings.stream.dead_letter)
-                .arg("*")
-                .arg("x")
-                .arg("y"),
-        )
-        .await,
-        refusal(
-            &mut client,
-            redis::cmd("XRANGE")
-                .arg(&settings.stream.requests)
-                .arg("-")
-                .arg("+"),
-        )
-        .await,
-    ];
-    assert!(refused.iter().all(|code| code == "NOPERM"), "{refused:?}");
+    assert_refused(
+        &mut client,
+        &[
+            &["HSET", &license_key, "seats_total", "100"],
+            &["XADD", &settings.events.stream, "*", "type", "acquired"],
+            &["XREAD", "STREAMS", &other_apps_replies, "0"],
+            &["XADD", &settings.stream.dead_letter, "*", "x", "y"],
+            &["XRANGE", &settings.stream.requests, "-", "+"],
+        ],
+    )
+    .await;
     // A client may read the shard count the workers recorded, and no more of it.
     let deployment = keys(&settings).deployment();
     let shards: redis::RedisResult<String> = redis::cmd("HGET")
@@ -392,35 +332,25 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     assert_eq!(shards.ok().as_deref(), Some("1"), "clients find the shard count");
     // A client cannot revoke: the admin stream is not its to write, and the
     // requests stream it may write refuses the op.
-    let code = refusal(
+    assert_refused(
         &mut client,
-        redis::cmd("XADD")
-            .arg(&settings.stream.admin_requests)
-            .arg("*")
-            .arg("op")
-            .arg("revoke"),
+        &[&["XADD", &settings.stream.admin_requests, "*", "op", "revoke"]],
     )
     .await;
-    assert_eq!(code, "NOPERM");
     let own_replies = reply_stream(&settings, "demo:revoke-attempt");
-    let _: String = redis::cmd("XADD")
-        .arg(&settings.stream.requests)
-        .arg("*")
-        .arg("op")
-        .arg("revoke")
-        .arg("id")
-        .arg("r-1")
-        .arg("license")
-        .arg("cad")
-        .arg("session")
-        .arg("alice")
-        .arg("reason")
-        .arg("mine now")
-        .arg("reply_to")
-        .arg(&own_replies)
-        .query_async(&mut client)
-        .await
-        .unwrap();
+    add_request(
+        &mut client,
+        &settings,
+        &[
+            ("op", "revoke"),
+            ("id", "r-1"),
+            ("license", "cad"),
+            ("session", "alice"),
+            ("reason", "mine now"),
+            ("reply_to", &own_replies),
+        ],
+    )
+    .await;
     let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
         .arg("BLOCK")
         .arg(5000)
@@ -437,30 +367,16 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
         .and_then(|e| e.get::<String>("status"));
     assert_eq!(status.as_deref(), Some("INVALID_REQUEST"), "{read:?}");
     let mut dashboard = redis.con_as(DASHBOARD).await;
-    let code = refusal(
-        &mut dashboard,
-        redis::cmd("HSET").arg(&license_key).arg("active").arg(0),
-    )
-    .await;
-    assert_eq!(code, "NOPERM");
+    assert_refused(&mut dashboard, &[&["HSET", &license_key, "active", "0"]]).await;
     let mut admin = redis.con_as(ADMIN).await;
-    let code = refusal(
+    assert_refused(
         &mut admin,
-        redis::cmd("XADD")
-            .arg(&settings.stream.requests)
-            .arg("*")
-            .arg("op")
-            .arg("acquire"),
+        &[&["XADD", &settings.stream.requests, "*", "op", "acquire"]],
     )
     .await;
-    assert_eq!(code, "NOPERM");
     let mut as_worker = redis.con_as(WORKER).await;
-    let code = refusal(
-        &mut as_worker,
-        redis::cmd("XADD").arg("orders:jobs").arg("*").arg("x").arg("y"),
-    )
-    .await;
-    assert_eq!(code, "NOPERM", "the worker cannot write outside seat:");
+    // The worker cannot write outside seat:.
+    assert_refused(&mut as_worker, &[&["XADD", "orders:jobs", "*", "x", "y"]]).await;
     // What the worker does on rarer paths than the flow above: the consumer
     // cleanup's liveness check, and handing back deliveries Redis refused.
     let alive = consumer_alive(&settings.stream.requests, &settings.stream.group, "gone");

@@ -187,6 +187,46 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
     worker.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pass_reaps_every_license_due_page_after_page() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    // More licenses due than a claim takes at a time (128), in one shard.
+    const LICENSES: usize = 300;
+    for i in 0..LICENSES {
+        provision(&settings, &format!("p{i}"), &seats_with_timeout(1, 300)).await;
+    }
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let acquires = (0..LICENSES).map(|i| {
+        let c = c.clone();
+        async move {
+            c.call(&acquire(&format!("p{i}"), "s", 0), T)
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    let statuses = futures_util::future::join_all(acquires).await;
+    assert!(statuses.iter().all(|s| *s == Status::Acquired), "{statuses:?}");
+    worker.stop().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let reaper = reaper(&settings).await;
+    let report = reaper.pass().await.unwrap();
+    assert_eq!(
+        (report.licenses, report.evicted),
+        (LICENSES, LICENSES),
+        "every stale seat, over three claims: {report:?}"
+    );
+    for i in [0, 127, 128, 255, 256, LICENSES - 1] {
+        assert!(holders(&settings, &format!("p{i}")).await.is_empty(), "p{i}");
+        assert_eq!(filed(&settings, &format!("p{i}")).await, (None, None), "p{i}");
+    }
+    let report = reaper.pass().await.unwrap();
+    assert_eq!(report.licenses, 0, "nothing is left due: {report:?}");
+}
+
 #[tokio::test]
 async fn heartbeats_keep_a_license_from_falling_due() {
     let redis = RedisServer::start_with(&[]).await;

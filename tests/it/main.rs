@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod cluster;
 mod due;
+mod examples;
 mod faults;
 mod hardening;
 mod invalid;

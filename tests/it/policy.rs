@@ -15,8 +15,9 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, license_keys, metric, output, provision, provision_policy,
-    reaper, seatgate_cmd, seats_with_timeout, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt,
+    acquire, client, db, direct, events, holders, keys, license_keys, license_record, metric, output,
+    provision, provision_policy, put_policy, reaper, seatgate_cmd, seats_with_timeout, send_alone,
+    set_license_field, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt, WorkerHandle,
     WorkerProcess, T,
 };
 
@@ -143,24 +144,69 @@ async fn call(c: &Client, request: Call) -> ReplyMsg {
     c.call(&request, T).await.unwrap()
 }
 
+/// [`call`], whose reply must have `status`.
+async fn expect(c: &Client, request: Call, status: Status) -> ReplyMsg {
+    let r = c.call(&request, T).await.unwrap();
+    assert_eq!(r.status(), status, "{request:?}: {r:?}");
+    r
+}
+
+/// Sends `request` (an acquire with a wait) from a client of its own, which
+/// must be QUEUED: the QUEUED reply, the request id (its GRANTED or
+/// QUEUE_TIMEOUT carries it) and the client.
+async fn queued(s: &Settings, request: Call) -> (ReplyMsg, String, Client) {
+    let (first, id, waiter) = send_alone(s, &request).await;
+    assert_eq!(first.status(), Status::Queued, "{request:?}: {first:?}");
+    (first, id, waiter)
+}
+
+/// The next reply to request `id` on `waiter`, which must have `status`.
+async fn expect_reply(waiter: &Client, id: &str, status: Status) -> ReplyMsg {
+    let r = waiter.wait_for(id, T).await.unwrap();
+    assert_eq!(r.status(), status, "{id}: {r:?}");
+    r
+}
+
+/// A redis-server with license "cad" of `seats` seats under `policy`, a
+/// worker on it and a client. Bind the server to a name (`_redis`, not `_`):
+/// dropping it stops the server.
+async fn serve_cad(seats: u64, policy: &LicensePolicy) -> (RedisServer, Settings, WorkerHandle, Client) {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    provision_policy(&s, "cad", seats, policy).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    (redis, s, worker, c)
+}
+
+/// `license`'s status as `seatgate status` reads it.
+async fn license_status(s: &Settings, license: &str) -> seatgate::client::report::LicenseStatus {
+    seatgate::client::report::license_status(&mut db(s).await, &keys(s), license)
+        .await
+        .unwrap()
+}
+
+/// The `(session, reason)` of each `evicted` event.
+fn evictions(events: &[Entry]) -> Vec<(&str, &str)> {
+    of_type(events, "evicted")
+        .iter()
+        .map(|e| (e["session"].as_str(), e["reason"].as_str()))
+        .collect()
+}
+
 // ---------------------------------------------------------------------------
 // Each policy alone, through the worker.
 
 #[tokio::test]
 async fn max_per_user_alone_with_and_without_wait() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         max_per_user: Some(2),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 5, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
+    let (_redis, s, worker, c) = serve_cad(5, &policy).await;
 
     for session in ["a1", "a2"] {
-        let r = call(&c, acquire_as("cad", session, "ada", "", 0)).await;
-        assert_eq!(r.status(), Status::Acquired, "{session}");
+        expect(&c, acquire_as("cad", session, "ada", "", 0), Status::Acquired).await;
     }
     let r = call(&c, acquire_as("cad", "a3", "ada", "", 0)).await;
     assert_eq!((r.status(), r.get("ok")), (Status::LimitReached, "0"));
@@ -170,26 +216,15 @@ async fn max_per_user_alone_with_and_without_wait() {
     );
     assert_eq!(r.int("seats_used"), 2);
     // Another user, and a request without a user, are not held back.
-    assert_eq!(
-        call(&c, acquire_as("cad", "b1", "bob", "", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(
-        call(&c, acquire("cad", "anon", 0)).await.status(),
-        Status::Acquired
-    );
+    expect(&c, acquire_as("cad", "b1", "bob", "", 0), Status::Acquired).await;
+    expect(&c, acquire("cad", "anon", 0), Status::Acquired).await;
 
     // With wait_ms the third queues although a seat is free, and is granted
     // once ada is under her limit.
-    let waiter = client(&s).await;
-    let id = waiter
-        .send(&acquire_as("cad", "a3", "ada", "", 30_000))
-        .await
-        .unwrap();
-    let first = waiter.wait_for(&id, T).await.unwrap();
+    let (first, id, waiter) = queued(&s, acquire_as("cad", "a3", "ada", "", 30_000)).await;
     assert_eq!((first.status(), first.int("position")), (Status::Queued, 1));
     assert_eq!(holders(&s, "cad").await.len(), 4, "the free seat stays free");
-    assert_eq!(call(&c, release("cad", "a1")).await.status(), Status::Released);
+    expect(&c, release("cad", "a1"), Status::Released).await;
     let granted = waiter.wait_for(&id, T).await.unwrap();
     assert_eq!(
         (granted.status(), granted.get("session")),
@@ -204,62 +239,36 @@ async fn max_per_user_alone_with_and_without_wait() {
         max_per_user: Some(1),
         ..LicensePolicy::default()
     };
-    seatgate::engine::license::put_policy(&mut db(&s).await, &crate::support::keys(&s), "cad", &lower)
-        .await
-        .unwrap();
+    put_policy(&s, "cad", &lower).await;
     assert_eq!(holders(&s, "cad").await, ["a2", "a3", "anon", "b1"]);
-    let r = call(&c, acquire_as("cad", "a4", "ada", "", 0)).await;
-    assert_eq!(r.status(), Status::LimitReached);
-    assert_eq!(call(&c, release("cad", "a2")).await.status(), Status::Released);
-    let r = call(&c, acquire_as("cad", "a4", "ada", "", 0)).await;
-    assert_eq!(r.status(), Status::LimitReached);
+    expect(&c, acquire_as("cad", "a4", "ada", "", 0), Status::LimitReached).await;
+    expect(&c, release("cad", "a2"), Status::Released).await;
+    expect(&c, acquire_as("cad", "a4", "ada", "", 0), Status::LimitReached).await;
     worker.stop().await;
 }
 
 #[tokio::test]
 async fn group_max_alone_with_and_without_wait() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         group_max: [("eng".to_owned(), 2)].into(),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 4, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
+    let (_redis, s, worker, c) = serve_cad(4, &policy).await;
 
-    assert_eq!(
-        call(&c, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(
-        call(&c, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(),
-        Status::Acquired
-    );
-    let r = call(&c, acquire_as("cad", "e3", "cyd", "eng", 0)).await;
-    assert_eq!(r.status(), Status::LimitReached);
+    expect(&c, acquire_as("cad", "e1", "ada", "eng", 0), Status::Acquired).await;
+    expect(&c, acquire_as("cad", "e2", "bob", "eng", 0), Status::Acquired).await;
+    let r = expect(&c, acquire_as("cad", "e3", "cyd", "eng", 0), Status::LimitReached).await;
     assert!(
         r.get("error").contains("group eng") && r.get("error").contains("group_max:eng"),
         "{r:?}"
     );
-    assert_eq!(
-        call(&c, acquire_as("cad", "o1", "dan", "ops", 0)).await.status(),
-        Status::Acquired
-    );
+    expect(&c, acquire_as("cad", "o1", "dan", "ops", 0), Status::Acquired).await;
 
-    let waiter = client(&s).await;
-    let id = waiter
-        .send(&acquire_as("cad", "e3", "cyd", "eng", 30_000))
-        .await
-        .unwrap();
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    let (_, id, waiter) = queued(&s, acquire_as("cad", "e3", "cyd", "eng", 30_000)).await;
     // A free seat the group may not take goes to someone else outside it.
-    assert_eq!(
-        call(&c, acquire_as("cad", "o2", "eve", "ops", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(call(&c, release("cad", "e1")).await.status(), Status::Released);
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    expect(&c, acquire_as("cad", "o2", "eve", "ops", 0), Status::Acquired).await;
+    expect(&c, release("cad", "e1"), Status::Released).await;
+    expect_reply(&waiter, &id, Status::Granted).await;
     assert_eq!(holders(&s, "cad").await, ["e2", "e3", "o1", "o2"]);
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
@@ -267,85 +276,62 @@ async fn group_max_alone_with_and_without_wait() {
 
 #[tokio::test]
 async fn a_reservation_alone_and_with_a_queue() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         group_reserve: [("eng".to_owned(), 1)].into(),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 3, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
+    let (_redis, s, worker, c) = serve_cad(3, &policy).await;
 
-    assert_eq!(
-        call(&c, acquire_as("cad", "x1", "xi", "ops", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(call(&c, acquire("cad", "x2", 0)).await.status(), Status::Acquired);
+    expect(&c, acquire_as("cad", "x1", "xi", "ops", 0), Status::Acquired).await;
+    expect(&c, acquire("cad", "x2", 0), Status::Acquired).await;
     // One seat is free, but it is eng's.
-    let r = call(&c, acquire_as("cad", "x3", "xu", "ops", 0)).await;
-    assert_eq!(r.status(), Status::NoSeatsAvailable);
+    let r = expect(
+        &c,
+        acquire_as("cad", "x3", "xu", "ops", 0),
+        Status::NoSeatsAvailable,
+    )
+    .await;
     assert!(r.get("error").contains("reserved"), "{r:?}");
     assert_eq!(r.int("seats_used"), 2);
 
     // Queued behind the reservation: x3 waits, and an eng acquire that
     // arrives later takes the reserved seat past it (x3 could not have).
-    let waiter = client(&s).await;
-    let id = waiter
-        .send(&acquire_as("cad", "x3", "xu", "ops", 30_000))
-        .await
-        .unwrap();
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
-    assert_eq!(
-        call(&c, acquire_as("cad", "e1", "ada", "eng", 0)).await.status(),
-        Status::Acquired
-    );
+    let (_, id, waiter) = queued(&s, acquire_as("cad", "x3", "xu", "ops", 30_000)).await;
+    expect(&c, acquire_as("cad", "e1", "ada", "eng", 0), Status::Acquired).await;
     // Once eng uses its reservation, a freed seat is anybody's: x3's.
-    assert_eq!(call(&c, release("cad", "x1")).await.status(), Status::Released);
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    expect(&c, release("cad", "x1"), Status::Released).await;
+    expect_reply(&waiter, &id, Status::Granted).await;
     assert_eq!(holders(&s, "cad").await, ["e1", "x2", "x3"]);
 
     // A reservation used beyond its size leaves no seat reserved: eng's
     // second seat is an ordinary one, and others take what eng frees.
-    assert_eq!(call(&c, release("cad", "x2")).await.status(), Status::Released);
-    assert_eq!(
-        call(&c, acquire_as("cad", "e2", "bob", "eng", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(call(&c, release("cad", "e2")).await.status(), Status::Released);
-    assert_eq!(call(&c, acquire("cad", "x4", 0)).await.status(), Status::Acquired);
+    expect(&c, release("cad", "x2"), Status::Released).await;
+    expect(&c, acquire_as("cad", "e2", "bob", "eng", 0), Status::Acquired).await;
+    expect(&c, release("cad", "e2"), Status::Released).await;
+    expect(&c, acquire("cad", "x4", 0), Status::Acquired).await;
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
 }
 
 #[tokio::test]
 async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         max_priority: Some(7),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 1, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
-    assert_eq!(
-        call(&c, acquire("cad", "holder", 0)).await.status(),
-        Status::Acquired
-    );
+    let (_redis, s, worker, c) = serve_cad(1, &policy).await;
+    expect(&c, acquire("cad", "holder", 0), Status::Acquired).await;
 
     // Arrivals: low, mid-1, top (asks 9, gets 7), mid-2, low-2.
     let arrivals = [("low", 0), ("mid-1", 5), ("top", 9), ("mid-2", 5), ("low-2", 0)];
     let mut waiting = Vec::new();
     let mut positions = Vec::new();
     for (session, priority) in arrivals {
-        let c = client(&s).await;
-        let id = c
-            .send(&acquire("cad", session, 30_000).with_policy(ask("", "", priority)))
-            .await
-            .unwrap();
-        let r = c.wait_for(&id, T).await.unwrap();
-        assert_eq!(r.status(), Status::Queued, "{session}");
+        let (r, id, c) = queued(
+            &s,
+            acquire("cad", session, 30_000).with_policy(ask("", "", priority)),
+        )
+        .await;
         positions.push((session, r.int("position"), r.get("priority").to_owned()));
         waiting.push((session, id, c));
     }
@@ -359,10 +345,7 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
             ("low-2", 5, String::new()),
         ]
     );
-    let status =
-        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-            .await
-            .unwrap();
+    let status = license_status(&s, "cad").await;
     let queue: Vec<(&str, u8)> = status
         .queue
         .iter()
@@ -375,10 +358,7 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
 
     // One seat handed on five times: granted in queue order, each waiter
     // releasing it (with the lease its client holds) once granted.
-    assert_eq!(
-        call(&c, release("cad", "holder")).await.status(),
-        Status::Released
-    );
+    expect(&c, release("cad", "holder"), Status::Released).await;
     waiting.sort_by_key(|(session, _, _)| {
         ["top", "mid-1", "mid-2", "low", "low-2"]
             .iter()
@@ -387,7 +367,7 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     for (session, id, c) in &mut waiting {
         let r = c.wait_for(id, T).await.unwrap();
         assert_eq!(r.status(), Status::Granted, "{session}");
-        assert_eq!(call(c, release("cad", session)).await.status(), Status::Released);
+        expect(c, release("cad", session), Status::Released).await;
     }
     let ev = events(&s, "cad").await;
     assert_eq!(grant_order(&ev), ["top", "mid-1", "mid-2", "low", "low-2"]);
@@ -410,55 +390,31 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
 
 #[tokio::test]
 async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         linger_ms: Some(400),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 1, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
+    let (_redis, s, worker, c) = serve_cad(1, &policy).await;
 
-    assert_eq!(
-        call(&c, acquire_as("cad", "a", "ada", "", 0)).await.status(),
-        Status::Acquired
-    );
+    expect(&c, acquire_as("cad", "a", "ada", "", 0), Status::Acquired).await;
     let r = call(&c, release("cad", "a")).await;
     assert_eq!(
         (r.status(), r.get("linger_ms"), r.int("seats_used")),
         (Status::Released, "400", 1)
     );
     // Nobody else takes it; its own session takes it back at once.
-    assert_eq!(
-        call(&c, acquire("cad", "b", 0)).await.status(),
-        Status::NoSeatsAvailable
-    );
-    assert_eq!(call(&c, acquire("cad", "a", 0)).await.status(), Status::Acquired);
-    assert_eq!(
-        call(&c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
-        Status::HeartbeatUpdated
-    );
+    expect(&c, acquire("cad", "b", 0), Status::NoSeatsAvailable).await;
+    expect(&c, acquire("cad", "a", 0), Status::Acquired).await;
+    expect(&c, Call::new(Op::Heartbeat, "cad", "a"), Status::HeartbeatUpdated).await;
     let r = call(&c, release("cad", "a")).await;
     assert_eq!(r.get("linger_ms"), "400");
     // Released, it is the session's no more: no heartbeat, no second release.
-    assert_eq!(
-        call(&c, Call::new(Op::Heartbeat, "cad", "a")).await.status(),
-        Status::SessionNotActive
-    );
-    assert_eq!(
-        call(&c, release("cad", "a")).await.status(),
-        Status::SessionNotFound
-    );
+    expect(&c, Call::new(Op::Heartbeat, "cad", "a"), Status::SessionNotActive).await;
+    expect(&c, release("cad", "a"), Status::SessionNotFound).await;
 
     // A waiter gets it from the reaper once the linger ends, not before.
-    let waiter = client(&s).await;
-    let id = waiter.send(&acquire("cad", "b", 30_000)).await.unwrap();
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
-    let status =
-        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-            .await
-            .unwrap();
+    let (_, id, waiter) = queued(&s, acquire("cad", "b", 30_000)).await;
+    let status = license_status(&s, "cad").await;
     assert_eq!((status.seats_used, status.seats_lingering), (1, 1));
     assert!(status.holders[0].lingering_until_ms.is_some());
     let r = reaper(&s).await;
@@ -466,13 +422,10 @@ async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it(
     tokio::time::sleep(Duration::from_millis(450)).await;
     let report = r.pass().await.unwrap();
     assert_eq!((report.ended, report.granted), (1, 1));
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+    expect_reply(&waiter, &id, Status::Granted).await;
     assert_eq!(holders(&s, "cad").await, ["b"]);
     let ev = events(&s, "cad").await;
-    let ended: Vec<(&str, &str)> = of_type(&ev, "evicted")
-        .iter()
-        .map(|e| (e["session"].as_str(), e["reason"].as_str()))
-        .collect();
+    let ended = evictions(&ev);
     assert_eq!(ended, [("a", "linger_ended")]);
     let released: Vec<&str> = of_type(&ev, "released")
         .iter()
@@ -493,9 +446,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
         max_borrow_ms: Some(700),
         ..LicensePolicy::default()
     };
-    seatgate::engine::license::put_policy(&mut db(&s).await, &crate::support::keys(&s), "cad", &policy)
-        .await
-        .unwrap();
+    put_policy(&s, "cad", &policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let c = client(&s).await;
     let borrow = |license: &str, session: &str, ms: u64| {
@@ -506,26 +457,20 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     };
 
     // No borrowing without max_borrow_ms, nor longer than it.
-    let r = call(&c, borrow("plain", "p", 500)).await;
-    assert_eq!(r.status(), Status::LimitReached);
+    let r = expect(&c, borrow("plain", "p", 500), Status::LimitReached).await;
     assert!(r.get("error").contains("max_borrow_ms"), "{r:?}");
-    assert_eq!(
-        call(&c, borrow("cad", "long", 701)).await.status(),
-        Status::LimitReached
-    );
+    expect(&c, borrow("cad", "long", 701), Status::LimitReached).await;
 
     let started = crate::support::redis_ms(&mut db(&s).await).await;
-    let r = call(&c, borrow("cad", "laptop", 700)).await;
-    assert_eq!(r.status(), Status::Acquired);
+    let r = expect(&c, borrow("cad", "laptop", 700), Status::Acquired).await;
     let until = r.int("borrowed_until_ms");
     assert!(
         (started + 700..started + 800).contains(&until),
         "{until} vs {started}"
     );
-    let r2 = call(&c, borrow("cad", "early", 600)).await;
-    assert_eq!(r2.status(), Status::Acquired);
+    expect(&c, borrow("cad", "early", 600), Status::Acquired).await;
     // An early release returns it at once.
-    assert_eq!(call(&c, release("cad", "early")).await.status(), Status::Released);
+    expect(&c, release("cad", "early"), Status::Released).await;
 
     // Past the heartbeat timeout without a heartbeat: still held.
     let reap = reaper(&s).await;
@@ -533,59 +478,50 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
     let report = reap.pass().await.unwrap();
     assert_eq!((report.evicted, report.ended), (0, 0));
     assert_eq!(holders(&s, "cad").await, ["laptop"]);
-    let status =
-        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-            .await
-            .unwrap();
+    let status = license_status(&s, "cad").await;
     assert_eq!(
         (status.seats_borrowed, status.holders[0].borrowed_until_ms),
         (1, Some(until))
     );
     // A heartbeat does not shorten the borrow.
-    assert_eq!(
-        call(&c, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
-        Status::HeartbeatUpdated
-    );
+    expect(
+        &c,
+        Call::new(Op::Heartbeat, "cad", "laptop"),
+        Status::HeartbeatUpdated,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let report = reap.pass().await.unwrap();
     assert_eq!((report.evicted, report.ended), (0, 1));
     assert!(holders(&s, "cad").await.is_empty());
     let ev = events(&s, "cad").await;
-    let evicted: Vec<(&str, &str)> = of_type(&ev, "evicted")
-        .iter()
-        .map(|e| (e["session"].as_str(), e["reason"].as_str()))
-        .collect();
+    let evicted = evictions(&ev);
     assert_eq!(evicted, [("laptop", "borrow_ended")]);
     let acquired = of_type(&ev, "acquired");
     assert_eq!(acquired[0]["borrowed_until_ms"], until.to_string());
-    assert_eq!(
-        call(&c, Call::new(Op::Heartbeat, "cad", "laptop")).await.status(),
-        Status::SessionNotActive
-    );
+    expect(
+        &c,
+        Call::new(Op::Heartbeat, "cad", "laptop"),
+        Status::SessionNotActive,
+    )
+    .await;
     assert_counts_match_holders(&s, "cad").await;
 
     // With wait_ms: a borrow queues like any acquire, and starts at its grant.
     for session in ["x1", "x2"] {
-        assert_eq!(
-            call(&c, acquire("cad", session, 0)).await.status(),
-            Status::Acquired
-        );
+        expect(&c, acquire("cad", session, 0), Status::Acquired).await;
     }
-    let waiter = client(&s).await;
-    let id = waiter
-        .send(&acquire("cad", "travel", 30_000).with_policy(RequestPolicy {
+    let (_, id, waiter) = queued(
+        &s,
+        acquire("cad", "travel", 30_000).with_policy(RequestPolicy {
             borrow_ms: 400,
             ..ask("ada", "", 0)
-        }))
-        .await
-        .unwrap();
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Queued);
-    assert_eq!(call(&c, release("cad", "x1")).await.status(), Status::Released);
-    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
-    let status =
-        seatgate::client::report::license_status(&mut db(&s).await, &crate::support::keys(&s), "cad")
-            .await
-            .unwrap();
+        }),
+    )
+    .await;
+    expect(&c, release("cad", "x1"), Status::Released).await;
+    expect_reply(&waiter, &id, Status::Granted).await;
+    let status = license_status(&s, "cad").await;
     let travel = status.holders.iter().find(|h| h.session == "travel").unwrap();
     assert!(travel.borrowed_until_ms.is_some(), "{travel:?}");
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -752,11 +688,7 @@ async fn license_put_status_and_metrics_show_the_policies() {
         .await
         .status
         .success());
-    let record: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(license_keys(&s, "cad").license)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let record = license_record(&mut con, &s, "cad").await;
     let mut fields: Vec<&str> = record.keys().map(String::as_str).collect();
     fields.sort();
     assert_eq!(fields, ["active", "expires_at_ms", "seats_total"]);
@@ -789,19 +721,8 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
     for (i, (field, value)) in refused.into_iter().enumerate() {
         let license = format!("rules-{i}");
         provision_policy(&s, &license, 5, &policy).await;
-        let key = license_keys(&s, &license).license;
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg(field)
-            .arg(value)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        let record: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        set_license_field(&mut con, &s, &license, field, value).await;
+        let record = license_record(&mut con, &s, &license).await;
         let rust = StoredRecord::from_map(&record).validate().expect_err(field);
         let o = direct(&s, &license, "probe").acquire(&mut con).await;
         assert_eq!(o.status, Status::LicenseInvalid, "{field} = {value:?}");
@@ -811,18 +732,8 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
         assert!(holders(&s, &license).await.is_empty());
         // With the flag off the scripts read no policy field, and neither does Rust.
         if field != "policy" {
-            let _: () = redis::cmd("HSET")
-                .arg(&key)
-                .arg("policy")
-                .arg("0")
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            let record: HashMap<String, String> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            set_license_field(&mut con, &s, &license, "policy", "0").await;
+            let record = license_record(&mut con, &s, &license).await;
             assert_eq!(StoredRecord::from_map(&record).validate(), Ok(()), "{field}");
             let o = direct(&s, &license, "probe").acquire(&mut con).await;
             assert_eq!(
@@ -841,48 +752,27 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
 /// not block those behind them; FIFO holds among those who can be granted.
 #[tokio::test]
 async fn a_per_user_limit_with_a_queue_skips_fairly() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
     let policy = LicensePolicy {
         max_per_user: Some(1),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 2, &policy).await;
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
-    assert_eq!(
-        call(&c, acquire_as("cad", "a1", "ada", "", 0)).await.status(),
-        Status::Acquired
-    );
-    assert_eq!(call(&c, acquire("cad", "x1", 0)).await.status(), Status::Acquired);
+    let (_redis, s, worker, c) = serve_cad(2, &policy).await;
+    expect(&c, acquire_as("cad", "a1", "ada", "", 0), Status::Acquired).await;
+    expect(&c, acquire("cad", "x1", 0), Status::Acquired).await;
 
     let mut waiting = HashMap::new();
     for (session, user) in [("a2", "ada"), ("b1", "bob"), ("a3", "ada"), ("c1", "cyd")] {
-        let c = client(&s).await;
-        let id = c
-            .send(&acquire_as("cad", session, user, "", 30_000))
-            .await
-            .unwrap();
-        assert_eq!(
-            c.wait_for(&id, T).await.unwrap().status(),
-            Status::Queued,
-            "{session}"
-        );
+        let (_, id, c) = queued(&s, acquire_as("cad", session, user, "", 30_000)).await;
         waiting.insert(session, (id, c));
     }
     // Waits for `session`'s GRANTED on its client, which then holds its lease.
     async fn granted(waiting: &mut HashMap<&str, (String, Client)>, session: &str) {
         let (id, c) = waiting.get_mut(session).unwrap();
-        let r = c.wait_for(id, T).await.unwrap();
-        assert_eq!(r.status(), Status::Granted, "{session}");
+        expect_reply(c, id, Status::Granted).await;
     }
     async fn give_back(waiting: &mut HashMap<&str, (String, Client)>, session: &str) {
         let (_, c) = waiting.get_mut(session).unwrap();
-        assert_eq!(
-            call(c, release("cad", session)).await.status(),
-            Status::Released,
-            "{session}"
-        );
+        expect(c, release("cad", session), Status::Released).await;
     }
     // A freed seat skips a2 (ada holds her one seat) and goes to b1.
     call(&c, release("cad", "x1")).await;
@@ -1256,43 +1146,25 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
     let c = client(&s).await;
     for l in by_master.values() {
         let l = l.as_str();
-        assert_eq!(
-            call(&c, acquire_as(l, "a1", "ada", "", 0)).await.status(),
-            Status::Acquired
-        );
-        assert_eq!(
-            call(&c, acquire_as(l, "a2", "ada", "", 0)).await.status(),
-            Status::LimitReached
-        );
+        expect(&c, acquire_as(l, "a1", "ada", "", 0), Status::Acquired).await;
+        expect(&c, acquire_as(l, "a2", "ada", "", 0), Status::LimitReached).await;
         let borrowed = acquire(l, "b1", 0).with_policy(RequestPolicy {
             borrow_ms: 30_000,
             ..ask("bob", "", 0)
         });
-        let r = call(&c, borrowed).await;
-        assert_eq!(r.status(), Status::Acquired);
+        let r = expect(&c, borrowed, Status::Acquired).await;
         assert!(r.int("borrowed_until_ms") > 0);
         // The last seat is ops's.
-        assert_eq!(
-            call(&c, acquire_as(l, "c1", "cyd", "", 0)).await.status(),
-            Status::NoSeatsAvailable
-        );
-        let waiter = client(&s).await;
-        let id = waiter
-            .send(&acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9)))
-            .await
-            .unwrap();
-        let q = waiter.wait_for(&id, T).await.unwrap();
+        expect(&c, acquire_as(l, "c1", "cyd", "", 0), Status::NoSeatsAvailable).await;
+        let (q, id, waiter) = queued(&s, acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9))).await;
         assert_eq!((q.status(), q.get("priority")), (Status::Queued, "5"));
-        assert_eq!(
-            call(&c, acquire_as(l, "o1", "olga", "ops", 0)).await.status(),
-            Status::Acquired
-        );
+        expect(&c, acquire_as(l, "o1", "olga", "ops", 0), Status::Acquired).await;
         // ada's release lingers; the reaper then grants the seat to cyd.
         assert_eq!(call(&c, release(l, "a1")).await.get("linger_ms"), "300");
         tokio::time::sleep(Duration::from_millis(350)).await;
         let report = reaper(&s).await.reap_license(l).await.unwrap();
         assert_eq!((report.ended, report.granted), (1, 1), "{l}");
-        assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+        expect_reply(&waiter, &id, Status::Granted).await;
         assert_eq!(holders(&s, l).await, ["b1", "c1", "o1"]);
         assert_counts_match_holders(&s, l).await;
     }

@@ -13,8 +13,9 @@ use seatgate::engine::scripts::{Guard, Outcome};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    client, db, direct, events, holders, keys, license_keys, metric, output, put_license, queue_up, redis_ms,
-    seatgate_cmd, snapshot, spawn_worker, Entry, RedisServer, RedisServerExt, WorkerHandle, WorkerProcess, T,
+    add_request, client, db, direct, events, holders, keys, license_keys, metric, output, put_license,
+    queue_up, redis_ms, seatgate_cmd, snapshot, spawn_worker, Entry, RedisServer, RedisServerExt,
+    WorkerHandle, WorkerProcess, T,
 };
 
 fn revoke(session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
@@ -395,24 +396,19 @@ async fn each_stream_takes_its_own_ops_only() {
     call(&c, Op::Acquire, "alice").await;
     let before = snapshot(&s).await;
     let mut con = db(&s).await;
-    let _: String = redis::cmd("XADD")
-        .arg(&s.stream.requests)
-        .arg("*")
-        .arg("op")
-        .arg("revoke")
-        .arg("id")
-        .arg("sneaky")
-        .arg("license")
-        .arg("lic")
-        .arg("session")
-        .arg("alice")
-        .arg("reason")
-        .arg("I want it")
-        .arg("reply_to")
-        .arg(c.reply_to())
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "revoke"),
+            ("id", "sneaky"),
+            ("license", "lic"),
+            ("session", "alice"),
+            ("reason", "I want it"),
+            ("reply_to", c.reply_to()),
+        ],
+    )
+    .await;
     let refused = c.wait_for("sneaky", T).await.unwrap();
     assert_eq!(
         (refused.status(), refused.get("op")),

@@ -581,6 +581,24 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         queued_at: queued.now_ms,
         lease_hash: None,
     };
+    assert!(
+        raw.starts_with(&format!("{}::req-b\n", queued.now_ms)),
+        "the plain form: {raw:?}"
+    );
+    assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
+    let leased = direct(&settings, "lic", "c")
+        .with_lease(Some(LEASE))
+        .with_meta(meta_of("c"))
+        .queue(&mut con, 60_000, "req-c", "")
+        .await;
+    let raw: String = con.hget(&k.waiters, "c").await.unwrap();
+    let waiter = WaiterRecord {
+        id: "req-c".into(),
+        reply_to: String::new(),
+        meta: meta_of("c"),
+        queued_at: leased.now_ms,
+        lease_hash: Some(sha1_16(&mut con, LEASE).await),
+    };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
     // `seatgate status` reads them through the same types.
@@ -602,6 +620,261 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         (w.session.as_str(), w.queued_at_ms, w.user.as_deref()),
         ("b", queued.now_ms, Some("b@example.com"))
     );
+}
+
+/// A lease for the tests that bind a place to one.
+const LEASE: &str = "lease-0123456789abcdef";
+
+/// What lua/includes/lease.lua stores for `lease`: the first 16 hex digits
+/// of its SHA-1, as Redis computes it.
+async fn sha1_16(con: &mut Db, lease: &str) -> String {
+    let hex: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg(lease)
+        .query_async(con)
+        .await
+        .unwrap();
+    hex[..16].to_owned()
+}
+
+/// Queues `session` on `license` as a worker before the plain waiter record
+/// did: its record in the JSON form, its place and deadline as enqueue
+/// makes them. Returns the record.
+async fn queue_in_json_form(
+    con: &mut Db,
+    s: &Settings,
+    license: &str,
+    session: &str,
+    lease_hash: Option<&str>,
+    queued_at: i64,
+    deadline: i64,
+) -> WaiterRecord {
+    let k = license_keys(s, license);
+    let record = WaiterRecord {
+        id: format!("req-{session}"),
+        reply_to: reply_stream(s, session),
+        meta: meta_of(session),
+        queued_at,
+        lease_hash: lease_hash.map(str::to_owned),
+    };
+    let mut json = serde_json::json!({
+        "id": record.id,
+        "reply_to": record.reply_to,
+        "meta": record.meta,
+        "queued_at": queued_at,
+    });
+    if let Some(hash) = lease_hash {
+        json["lease_hash"] = hash.into();
+    }
+    let arrival: i64 = con.incr(&k.queue_seq, 1).await.unwrap();
+    let _: () = redis::pipe()
+        .zadd(&k.queue, session, arrival)
+        .zadd(&k.deadlines, session, deadline)
+        .hset(&k.waiters, session, json.to_string())
+        .query_async(con)
+        .await
+        .unwrap();
+    record
+}
+
+#[tokio::test]
+async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_before() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    let k = license_keys(&settings, "lic");
+    run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
+    let now = redis_ms(&mut con).await;
+    let hash = sha1_16(&mut con, LEASE).await;
+    // Queued before the upgrade: one bound to a lease, one to be revoked,
+    // one that re-sends its acquire (and, below, one whose wait has run out).
+    let old = queue_in_json_form(
+        &mut con,
+        &settings,
+        "lic",
+        "old",
+        Some(&hash),
+        now - 1_000,
+        now + 60_000,
+    )
+    .await;
+    let revoked = queue_in_json_form(
+        &mut con,
+        &settings,
+        "lic",
+        "revoked",
+        None,
+        now - 500,
+        now + 60_000,
+    )
+    .await;
+    let moved = queue_in_json_form(
+        &mut con,
+        &settings,
+        "lic",
+        "moved",
+        Some(&hash),
+        now - 400,
+        now + 60_000,
+    )
+    .await;
+    let raw: String = con.hget(&k.waiters, "old").await.unwrap();
+    assert!(raw.starts_with('{'), "{raw}");
+    assert_eq!(
+        WaiterRecord::parse(&raw),
+        Some(old.clone()),
+        "Rust reads the JSON form"
+    );
+
+    // Its lease is read from the JSON form: a re-send without it is refused.
+    let wrong = direct(&settings, "lic", "old")
+        .queue(&mut con, 60_000, "req-x", "")
+        .await;
+    assert_eq!(wrong.status, Status::LeaseMismatch);
+    // A re-send naming a new reply_to rewrites the record in the plain form,
+    // keeping its time, lease and metadata.
+    let again = direct(&settings, "lic", "moved")
+        .with_lease(Some(LEASE))
+        .queue(
+            &mut con,
+            60_000,
+            "req-moved-2",
+            &reply_stream(&settings, "moved-2"),
+        )
+        .await;
+    assert_eq!(
+        (again.status, again.position, again.changed),
+        (Status::Queued, Some(3), false)
+    );
+    let raw: String = con.hget(&k.waiters, "moved").await.unwrap();
+    assert!(
+        raw.starts_with(&format!("{}:{hash}:req-moved-2\n", moved.queued_at)),
+        "{raw:?}"
+    );
+    assert_eq!(
+        WaiterRecord::parse(&raw),
+        Some(WaiterRecord {
+            id: "req-moved-2".into(),
+            reply_to: reply_stream(&settings, "moved-2"),
+            ..moved
+        })
+    );
+
+    let gone = direct(&settings, "lic", "revoked")
+        .revoke(&mut con, "test", "admin", 0)
+        .await;
+    assert_eq!(gone.status, Status::Revoked);
+    let note = &gone.notes[0];
+    assert_eq!(
+        (
+            note.status,
+            note.request_id.as_str(),
+            note.reply_to.as_str(),
+            note.waited_ms
+        ),
+        (
+            Status::SessionRevoked,
+            revoked.id.as_str(),
+            revoked.reply_to.as_str(),
+            gone.now_ms - revoked.queued_at
+        )
+    );
+
+    let late = queue_in_json_form(&mut con, &settings, "lic", "late", None, now - 2_000, now - 1).await;
+    // The holder leaves: the late one times out, the old one is granted,
+    // each answered on the request and stream it queued with.
+    let freed = run(&mut con, &settings, "lic", Req::Release("holder")).await;
+    let notes: Vec<_> = freed
+        .notes
+        .iter()
+        .map(|n| {
+            (
+                n.status,
+                n.session.as_str(),
+                n.request_id.as_str(),
+                n.reply_to.as_str(),
+                n.waited_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (
+                Status::QueueTimeout,
+                "late",
+                late.id.as_str(),
+                late.reply_to.as_str(),
+                freed.now_ms - late.queued_at
+            ),
+            (
+                Status::Granted,
+                "old",
+                old.id.as_str(),
+                old.reply_to.as_str(),
+                freed.now_ms - old.queued_at
+            ),
+        ]
+    );
+    let outbox: std::collections::HashMap<String, String> = con.hgetall(&k.outbox).await.unwrap();
+    let granted: serde_json::Value = serde_json::from_str(&outbox[&freed.notes[1].note_id]).unwrap();
+    assert_eq!(
+        (granted["id"].as_str(), granted["reply_to"].as_str()),
+        (Some(old.id.as_str()), Some(old.reply_to.as_str()))
+    );
+    // Its seat holds the metadata it queued with and is bound to its lease.
+    let raw: String = con.hget(&k.sessions, "old").await.unwrap();
+    assert_eq!(
+        SessionRecord::parse(&raw),
+        Some(SessionRecord {
+            acquired_at_ms: freed.now_ms,
+            heartbeats: 0,
+            lease_hash: Some(hash),
+            meta: old.meta,
+        })
+    );
+    let unleased = direct(&settings, "lic", "old").heartbeat(&mut con).await;
+    assert_eq!(unleased.status, Status::LeaseMismatch);
+    let beat = direct(&settings, "lic", "old")
+        .with_lease(Some(LEASE))
+        .heartbeat(&mut con)
+        .await;
+    assert_eq!(beat.status, Status::HeartbeatUpdated);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_request_id_holds_a_newline_is_kept_in_the_json_form() {
+    // The protocol refuses such an id; a direct caller of the scripts may
+    // still pass one, and its record must not be misread.
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    let k = license_keys(&settings, "lic");
+    run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
+    let id = "line one\nline two";
+    let queued = direct(&settings, "lic", "w")
+        .with_meta(meta_of("w"))
+        .queue(&mut con, 60_000, id, &reply_stream(&settings, "w"))
+        .await;
+    assert_eq!(queued.status, Status::Queued);
+    let raw: String = con.hget(&k.waiters, "w").await.unwrap();
+    assert!(raw.starts_with('{'), "{raw:?}");
+    assert_eq!(
+        WaiterRecord::parse(&raw),
+        Some(WaiterRecord {
+            id: id.into(),
+            reply_to: reply_stream(&settings, "w"),
+            meta: meta_of("w"),
+            queued_at: queued.now_ms,
+            lease_hash: None,
+        })
+    );
+    let freed = run(&mut con, &settings, "lic", Req::Release("holder")).await;
+    let note = &freed.notes[0];
+    assert_eq!((note.status, note.request_id.as_str()), (Status::Granted, id));
 }
 
 /// One step of lua/reap.lua on `license`.

@@ -121,9 +121,44 @@ pub async fn provision(s: &Settings, license: &str, spec: &LicenseSpec) {
 /// `seatgate license put` does.
 pub async fn provision_policy(s: &Settings, license: &str, n: u64, policy: &LicensePolicy) {
     provision(s, license, &seats(n)).await;
+    put_policy(s, license, policy).await;
+}
+
+/// Sets the policy of the existing `license` (its seats unchanged).
+pub async fn put_policy(s: &Settings, license: &str, policy: &LicensePolicy) {
     license::put_policy(&mut db(s).await, &keys(s), license, policy)
         .await
         .expect("put license policy");
+}
+
+/// Writes one field of `license`'s record by hand, as a billing system may.
+pub async fn set_license_field(
+    con: &mut impl ConnectionLike,
+    s: &Settings,
+    license: &str,
+    field: &str,
+    value: &str,
+) {
+    let _: () = redis::cmd("HSET")
+        .arg(license_keys(s, license).license)
+        .arg(field)
+        .arg(value)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// `license`'s record as stored, every field.
+pub async fn license_record(
+    con: &mut impl ConnectionLike,
+    s: &Settings,
+    license: &str,
+) -> HashMap<String, String> {
+    redis::cmd("HGETALL")
+        .arg(license_keys(s, license).license)
+        .query_async(con)
+        .await
+        .unwrap()
 }
 
 /// Provisions `license` with `n` seats, active, never expiring.
@@ -532,8 +567,15 @@ pub async fn queue_up(
     session: &str,
     wait_ms: u64,
 ) -> (ReplyMsg, String, Client) {
+    send_alone(s, &acquire(license, session, wait_ms)).await
+}
+
+/// Sends `request` from a client of its own; returns the first reply, the
+/// request id (a later GRANTED carries it) and the client (which holds the
+/// lease of a seat it is granted).
+pub async fn send_alone(s: &Settings, request: &Call) -> (ReplyMsg, String, Client) {
     let c = client(s).await;
-    let id = c.send(&acquire(license, session, wait_ms)).await.unwrap();
+    let id = c.send(request).await.unwrap();
     let first = c.wait_for(&id, T).await.unwrap();
     (first, id, c)
 }

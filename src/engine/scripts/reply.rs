@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::engine::events::SeatsAt;
 use crate::engine::license::{Field, InvalidField};
 use crate::engine::policy::PolicyRefusal;
 use crate::engine::revocation::Revocation;
@@ -119,6 +120,15 @@ impl Outcome {
             heartbeat_timeout_ms: None,
         }
     }
+
+    /// The license's seats after the script, at its time.
+    pub fn seats_at(&self) -> SeatsAt {
+        SeatsAt {
+            used: self.seats_used,
+            total: self.seats_total,
+            at_ms: self.now_ms,
+        }
+    }
 }
 
 /// Where a reaper pass stands in a license's outbox: reap.lua reads it one
@@ -186,6 +196,17 @@ pub struct Reaped {
     pub due_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms.
     pub heartbeat_timeout_ms: Option<i64>,
+}
+
+impl Reaped {
+    /// The license's seats after the step, at its time.
+    pub fn seats_at(&self) -> SeatsAt {
+        SeatsAt {
+            used: self.seats_used,
+            total: self.seats_total,
+            at_ms: self.now_ms,
+        }
+    }
 }
 
 fn bad(script: &'static str, detail: String) -> Error {

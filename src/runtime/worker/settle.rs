@@ -106,15 +106,7 @@ impl Decider {
                         for note in &outcome.notes {
                             let _ = self
                                 .publisher
-                                .deliver(
-                                    con,
-                                    &req.license,
-                                    note,
-                                    outcome.seats_used,
-                                    outcome.seats_total,
-                                    outcome.now_ms,
-                                    true,
-                                )
+                                .deliver(con, &req.license, note, outcome.seats_at(), true)
                                 .await;
                         }
                     }
@@ -388,9 +380,7 @@ impl Item {
             &req.license,
             &req.session,
             &req.meta,
-            outcome.seats_used,
-            outcome.seats_total,
-            outcome.now_ms,
+            outcome.seats_at(),
         )?;
         event.priority = outcome.priority;
         event.linger_ms = outcome.linger_ms;

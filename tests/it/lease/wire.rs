@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use seatgate::config::Settings;
+use seatgate::db::Db;
 
 use crate::support::{
-    db, events, license_keys, output, put_license, reaper, reply_stream, request_xadd, seatgate_cmd,
-    snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt,
+    create_group, db, events, license_keys, output, put_license, reaper, reply_stream, request_xadd,
+    seatgate_cmd, set_license_field, snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt,
+    WorkerHandle,
 };
 
 /// A lease as a client would make one (32 hex digits).
@@ -83,15 +85,33 @@ fn with<'a>(mut fields: Vec<(&'a str, &'a str)>, more: &[(&'a str, &'a str)]) ->
     fields
 }
 
-/// Writes a license record field by hand, as a billing system may.
-async fn hset(con: &mut impl ConnectionLike, s: &Settings, license: &str, field: &str, value: &str) {
-    let _: () = redis::cmd("HSET")
-        .arg(license_keys(s, license).license)
-        .arg(field)
-        .arg(value)
-        .query_async(con)
-        .await
-        .unwrap();
+/// `verb` on `session` of license "cad", carrying `lease`.
+fn leased<'a>(verb: &'a str, session: &'a str, lease: &'a str) -> Vec<(&'a str, &'a str)> {
+    with(op(verb, "cad", session), &[("lease", lease)])
+}
+
+/// [`ask`], whose reply must have `status`.
+async fn expect(
+    con: &mut impl ConnectionLike,
+    s: &Settings,
+    fields: &[(&str, &str)],
+    status: &str,
+) -> HashMap<String, String> {
+    let r = ask(con, s, fields).await;
+    assert_eq!(r["status"], status, "{fields:?}: {r:?}");
+    r
+}
+
+/// A redis-server with license "cad" of `seats` seats, a worker on it and a
+/// connection to send it requests. Bind the server to a name (`_redis`, not
+/// `_`): dropping it stops the server.
+async fn serve_cad(seats: u64) -> (RedisServer, Settings, WorkerHandle, Db) {
+    let redis = RedisServer::start_with(&[]).await;
+    let s = redis.settings();
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let con = db(&s).await;
+    put_license(&s, "cad", seats).await;
+    (redis, s, worker, con)
 }
 
 // ---------------------------------------------------------------------------
@@ -117,14 +137,12 @@ async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
     ] {
         let license = format!("bad-{field}-{}", value.trim());
         put_license(&s, &license, 5).await;
-        hset(&mut con, &s, &license, field, value).await;
+        set_license_field(&mut con, &s, &license, field, value).await;
         if field == "expires_at_ms" {
             // An expiry that is no number never came; one in the past did.
-            let r = ask(&mut con, &s, &op("acquire", &license, "probe")).await;
-            assert_eq!(r["status"], "LICENSE_INVALID", "{r:?}");
-            hset(&mut con, &s, &license, field, far_past).await;
-            let r = ask(&mut con, &s, &op("acquire", &license, "probe")).await;
-            assert_eq!(r["status"], "LICENSE_EXPIRED", "{r:?}");
+            expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_INVALID").await;
+            set_license_field(&mut con, &s, &license, field, far_past).await;
+            expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_EXPIRED").await;
             continue;
         }
         let before = seat_state(&mut con, &s, &license).await;
@@ -156,8 +174,7 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
     let mut con = db(&s).await;
     put_license(&s, "cad", 2).await;
     for who in ["stays", "goes"] {
-        let r = ask(&mut con, &s, &op("acquire", "cad", who)).await;
-        assert_eq!(r["status"], "ACQUIRED");
+        expect(&mut con, &s, &op("acquire", "cad", who), "ACQUIRED").await;
     }
     let r = ask(
         &mut con,
@@ -168,7 +185,7 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
     assert_eq!(r["status"], "QUEUED");
 
     // Two and a half seats: read leniently that is three, a free one for the waiter.
-    hset(&mut con, &s, "cad", "seats_total", "2.5").await;
+    set_license_field(&mut con, &s, "cad", "seats_total", "2.5").await;
     let r = ask(&mut con, &s, &op("heartbeat", "cad", "stays")).await;
     assert_eq!(r["status"], "HEARTBEAT_UPDATED", "a holder keeps its seat alive");
     let r = ask(&mut con, &s, &op("release", "cad", "goes")).await;
@@ -196,7 +213,7 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
     assert!(crate::support::holders(&s, "cad").await.is_empty());
 
     // Fixed: the next pass grants the waiter.
-    hset(&mut con, &s, "cad", "seats_total", "2").await;
+    set_license_field(&mut con, &s, "cad", "seats_total", "2").await;
     let pass = reaper(&s).await.pass().await.unwrap();
     assert_eq!(pass.granted, 1, "{pass:?}");
     worker.stop().await;
@@ -234,7 +251,7 @@ async fn the_cli_refuses_to_write_an_invalid_record_and_flags_one_written_by_han
     );
 
     put_license(&s, "cad", 5).await;
-    hset(&mut db(&s).await, &s, "cad", "seats_total", "5.5").await;
+    set_license_field(&mut db(&s).await, &s, "cad", "seats_total", "5.5").await;
     let show = cli(&["license", "show", "cad"]).await;
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("[INVALID: seats_total=\"5.5\"]"), "{text}");
@@ -262,18 +279,8 @@ async fn the_cli_refuses_to_write_an_invalid_record_and_flags_one_written_by_han
 
 #[tokio::test]
 async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
-    put_license(&s, "cad", 1).await;
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("acquire", "cad", "alice"), &[("lease", LEASE)]),
-    )
-    .await;
-    assert_eq!(r["status"], "ACQUIRED");
+    let (_redis, s, worker, mut con) = serve_cad(1).await;
+    let r = expect(&mut con, &s, &leased("acquire", "alice", LEASE), "ACQUIRED").await;
     assert!(
         !r.values().any(|v| v.contains(LEASE)),
         "a reply never carries the lease: {r:?}"
@@ -303,109 +310,65 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
     );
 
     // The holder's own lease works, a retried acquire included.
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("acquire", "cad", "alice"), &[("lease", LEASE)]),
-    )
-    .await;
-    assert_eq!(r["status"], "ALREADY_ACTIVE");
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("heartbeat", "cad", "alice"), &[("lease", LEASE)]),
-    )
-    .await;
+    expect(&mut con, &s, &leased("acquire", "alice", LEASE), "ALREADY_ACTIVE").await;
+    let r = ask(&mut con, &s, &leased("heartbeat", "alice", LEASE)).await;
     assert_eq!(
         (r["status"].as_str(), r["heartbeats"].as_str()),
         ("HEARTBEAT_UPDATED", "1")
     );
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("release", "cad", "alice"), &[("lease", LEASE)]),
-    )
-    .await;
-    assert_eq!(r["status"], "RELEASED");
+    expect(&mut con, &s, &leased("release", "alice", LEASE), "RELEASED").await;
 
     // Sessions acquired without a lease behave as before.
-    let r = ask(&mut con, &s, &op("acquire", "cad", "bob")).await;
-    assert_eq!(r["status"], "ACQUIRED");
-    let r = ask(
+    expect(&mut con, &s, &op("acquire", "cad", "bob"), "ACQUIRED").await;
+    expect(
         &mut con,
         &s,
-        &with(op("heartbeat", "cad", "bob"), &[("lease", OTHER)]),
+        &leased("heartbeat", "bob", OTHER),
+        "HEARTBEAT_UPDATED",
     )
     .await;
-    assert_eq!(r["status"], "HEARTBEAT_UPDATED");
-    let r = ask(&mut con, &s, &op("release", "cad", "bob")).await;
-    assert_eq!(r["status"], "RELEASED");
+    expect(&mut con, &s, &op("release", "cad", "bob"), "RELEASED").await;
     worker.stop().await;
 }
 
 #[tokio::test]
 async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
-    put_license(&s, "cad", 1).await;
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("acquire", "cad", "holder"), &[("lease", OTHER)]),
-    )
-    .await;
-    assert_eq!(r["status"], "ACQUIRED");
+    let (_redis, s, worker, mut con) = serve_cad(1).await;
+    expect(&mut con, &s, &leased("acquire", "holder", OTHER), "ACQUIRED").await;
     let queued = send(
         &mut con,
         &s,
-        &with(
-            op("acquire", "cad", "waiter"),
-            &[("lease", LEASE), ("wait_ms", "60000")],
-        ),
+        &with(leased("acquire", "waiter", LEASE), &[("wait_ms", "60000")]),
     )
     .await;
     assert_eq!(reply(&mut con, &s, &queued).await["status"], "QUEUED");
 
     // Its place is bound: a re-sent acquire or a release needs the lease.
-    let r = ask(
+    expect(
         &mut con,
         &s,
-        &with(op("release", "cad", "waiter"), &[("lease", OTHER)]),
+        &leased("release", "waiter", OTHER),
+        "LEASE_MISMATCH",
     )
     .await;
-    assert_eq!(r["status"], "LEASE_MISMATCH");
-    let r = ask(
+    expect(
         &mut con,
         &s,
-        &with(
-            op("acquire", "cad", "waiter"),
-            &[("lease", OTHER), ("wait_ms", "60000")],
-        ),
+        &with(leased("acquire", "waiter", OTHER), &[("wait_ms", "60000")]),
+        "LEASE_MISMATCH",
     )
     .await;
-    assert_eq!(r["status"], "LEASE_MISMATCH");
     let r = ask(
         &mut con,
         &s,
-        &with(
-            op("acquire", "cad", "waiter"),
-            &[("lease", LEASE), ("wait_ms", "60000")],
-        ),
+        &with(leased("acquire", "waiter", LEASE), &[("wait_ms", "60000")]),
     )
     .await;
     assert_eq!((r["status"].as_str(), r["position"].as_str()), ("QUEUED", "1"));
     // The re-send with the lease is the request the grant now answers.
     let resent = r["id"].clone();
 
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("release", "cad", "holder"), &[("lease", OTHER)]),
-    )
-    .await;
-    assert_eq!(r["status"], "RELEASED");
+    expect(&mut con, &s, &leased("release", "holder", OTHER), "RELEASED").await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while reply(&mut con, &s, &resent).await["status"] != "GRANTED" {
         assert!(Instant::now() < deadline, "no GRANTED");
@@ -416,20 +379,14 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
         r["status"], "LEASE_MISMATCH",
         "the granted seat is bound to the queued lease"
     );
-    let r = ask(
+    expect(
         &mut con,
         &s,
-        &with(op("heartbeat", "cad", "waiter"), &[("lease", LEASE)]),
+        &leased("heartbeat", "waiter", LEASE),
+        "HEARTBEAT_UPDATED",
     )
     .await;
-    assert_eq!(r["status"], "HEARTBEAT_UPDATED");
-    let r = ask(
-        &mut con,
-        &s,
-        &with(op("release", "cad", "waiter"), &[("lease", LEASE)]),
-    )
-    .await;
-    assert_eq!(r["status"], "RELEASED");
+    expect(&mut con, &s, &leased("release", "waiter", LEASE), "RELEASED").await;
     worker.stop().await;
 }
 
@@ -460,15 +417,7 @@ async fn entries_far_ahead_of_the_clock_are_answered_deduplicated_and_forgotten_
     let mut con = db(&s).await;
     // A fresh stream whose first id a caller chose far in the future: every
     // later `XADD *` reuses its millisecond.
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&s.stream.requests)
-        .arg(&s.stream.group)
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    create_group(&s).await;
     let mut first = redis::cmd("XADD");
     first.arg(&s.stream.requests).arg("9999999999999-0");
     for (k, v) in [
@@ -541,11 +490,7 @@ async fn entries_far_ahead_of_the_clock_are_answered_deduplicated_and_forgotten_
 
 #[tokio::test]
 async fn oversized_entries_are_refused_whatever_the_op() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
-    put_license(&s, "cad", 5).await;
+    let (_redis, s, worker, mut con) = serve_cad(5).await;
     let chunk = "x".repeat(6_000);
     let long_name = "n".repeat(65);
     let meta = format!("{{\"pad\":\"{}\"}}", "p".repeat(5_000));

@@ -1,0 +1,118 @@
+"""What the example Python clients share: the wire protocol's names and
+rules (docs/protocol.md), the shard a license's requests go to, and the
+leases a client keeps per session. python_client.py and
+python_async_client.py import it; run either from any directory, Python
+finds this file beside them.
+"""
+
+import json
+import os
+import re
+import secrets
+import uuid
+import zlib
+
+REQUESTS_STREAM = "seat:requests"
+# Where the workers record settings every client must agree with (`shards`).
+CONFIG_KEY = "seat:config"
+# The service's replies.prefix: a reply_to outside it is never answered (the
+# request is dead-lettered instead).
+REPLY_PREFIX = "seat:reply:"
+# A QUEUE_TIMEOUT can come up to a reaper period (5 s by default) after the
+# wait ran out, later still if its first delivery failed: allow for it.
+QUEUE_MARGIN_S = 30.0
+# What the service takes as a lease.
+LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# Replies after which the session's seat or place is given back (or was never held).
+GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
+
+
+class ReplyTimeout(Exception):
+    """No reply arrived in time: is a `seatgate run` worker serving this Redis?"""
+
+
+def reply_stream(reply_prefix, app):
+    """A new client's reply stream: inside the service's reply namespace and
+    under the application's name (its ACL user may read only <prefix><app>:*).
+    The random part keeps it unguessable, so nobody else can aim replies at
+    it. The worker trims replies older than replies.ttl_ms and lets the
+    stream expire once idle."""
+    return f"{reply_prefix}{app}:{uuid.uuid4().hex}"
+
+
+def stream_for(requests_stream, shards, license):
+    """The requests stream (shard) that serves `license`: with `stream.shards`
+    = N > 1, `<stream>:{i}`, i = crc32(license) % N (docs/protocol.md, "Shards
+    and Redis Cluster")."""
+    if shards <= 1:
+        return requests_stream
+    return f"{requests_stream}:{{{zlib.crc32(license.encode()) % shards}}}"
+
+
+def request_fields(op, request_id, license, session, reply_to, extra):
+    """One request entry's fields, every value a string."""
+    return {"op": op, "id": request_id, "license": license, "session": session,
+            "reply_to": reply_to, **{k: str(v) for k, v in extra.items()}}
+
+
+def redis_password():
+    """The Redis password from SEATGATE_REDIS_PASSWORD, or None: a password in
+    the URL would be on the command line."""
+    return os.environ.get("SEATGATE_REDIS_PASSWORD") or None
+
+
+class Leases:
+    """The lease each (license, session) is bound to (docs/protocol.md,
+    "Leases"): made (or taken from the caller) at the acquire, sent with the
+    session's heartbeats, releases and re-sent acquires, forgotten once the
+    seat or place is given back."""
+
+    def __init__(self):
+        self._by_session = {}
+
+    def get(self, license, session):
+        """The lease held for the session, or None."""
+        return self._by_session.get((license, session))
+
+    def bind(self, license, session, lease=None):
+        """The lease an acquire of the session carries: `lease`, else the one
+        held for the session, else a new random one. Raises ValueError for a
+        lease the service would refuse."""
+        if lease is None:
+            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
+            lease = self.get(license, session) or secrets.token_urlsafe(24)
+        if not LEASE_RE.fullmatch(lease):
+            raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
+        self._by_session[(license, session)] = lease
+        return lease
+
+    def field(self, license, session):
+        """The `lease` field of the session's heartbeat or release ({} when
+        none is held)."""
+        lease = self.get(license, session)
+        return {"lease": lease} if lease else {}
+
+    def settle(self, license, session, reply):
+        """Forgets the session's lease when `reply` (to a release) says the
+        seat or place is given back."""
+        if reply.get("status") in GIVEN_BACK:
+            self._by_session.pop((license, session), None)
+
+
+def acquire_fields(lease, meta=None, wait_s=0.0):
+    """An acquire's own fields: its lease, `meta` as compact JSON, and the
+    queue wait in ms when it may wait."""
+    fields = {"lease": lease}
+    if meta is not None:
+        fields["meta"] = json.dumps(meta, separators=(",", ":"))
+    if wait_s > 0:
+        fields["wait_ms"] = str(int(wait_s * 1000))
+    return fields
+
+
+def add_common_args(parser):
+    """The command-line options both examples take."""
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
+    parser.add_argument("--license", required=True, help="license id, e.g. demo")
+    parser.add_argument("--app", default="seatgate-py",
+                        help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
