@@ -28,6 +28,8 @@ local rcall = redis.call
 local now, limit, claim_end, base = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local marker = base + claim_end
 
+-- The marker goes to Redis as this string: a Lua number would be written
+-- with '%.17g' for every ZADD.
 local out, taken = {string.format('%d', marker)}, {}
 local function take(key, min, max)
   local room = limit - (#out - 1)
@@ -49,7 +51,7 @@ for _, key in ipairs(KEYS) do
 end
 for i = 2, #out do
   for _, key in ipairs(KEYS) do
-    rcall('ZADD', key, 'XX', marker, out[i])
+    rcall('ZADD', key, 'XX', out[1], out[i])
   end
 end
 return out

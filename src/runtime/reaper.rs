@@ -37,10 +37,11 @@ use crate::runtime::publish::{Event, EventType, Publisher};
 
 /// Licenses a pass claims from a due index shard at a time: one
 /// lua/due_claim.lua and one lua/due_settle.lua call per page, each well
-/// under a millisecond of Redis time (256 took 1.8 ms for a page of
-/// stale licenses on a 2-core machine under load: the claim marks each
-/// license in both halves of the index).
-const DUE_PAGE: usize = 128;
+/// under a millisecond of Redis time (256 took 1.8 ms for a page of stale
+/// licenses on a 2-core machine under load, and 128 up to 3 ms on a slower
+/// one: the claim marks each license in both halves of a 1,000,000-entry
+/// index).
+const DUE_PAGE: usize = 64;
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
