@@ -21,22 +21,25 @@ local rcall = redis.call
 local marker = tonumber(ARGV[1])
 local removed = 0
 
+-- `at` is the time as the reaper sent it: handed to ZADD as that string,
+-- not as a Lua number, which would be written with '%.17g'.
 local function file(key, license, at)
+  local filed = tonumber(at) > 0
   local score = rcall('ZSCORE', key, license)
   if score and tonumber(score) == marker then
-    if at > 0 then
+    if filed then
       rcall('ZADD', key, at, license)
     else
       removed = removed + rcall('ZREM', key, license)
     end
-  elseif at > 0 then
+  elseif filed then
     rcall('ZADD', key, 'LT', at, license)
   end
 end
 
 for i = 2, #ARGV - 2, 3 do
   local license = ARGV[i]
-  file(KEYS[1], license, tonumber(ARGV[i + 1]))
-  file(KEYS[2], license, tonumber(ARGV[i + 2]))
+  file(KEYS[1], license, ARGV[i + 1])
+  file(KEYS[2], license, ARGV[i + 2])
 end
 return removed

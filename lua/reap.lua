@@ -108,7 +108,7 @@ local function scan_outbox(now, fresh)
   if cursor == '' then
     return out, '', rest
   end
-  local page = rcall('HSCAN', K.outbox, cursor, 'COUNT', limit)
+  local page = rcall('HSCAN', K.outbox, cursor, 'COUNT', ARGV[2])
   local cutoff = now - max_age
   for i = 1, #page[2], 2 do
     local id = page[2][i]
@@ -141,7 +141,9 @@ local timeout = license.heartbeat_timeout_ms or default_timeout
 local borrow_ended = owners().end_seats(K.borrowed, now, limit)
 local linger_ended = owners().end_seats(K.lingering, now, limit)
 -- Stale: last heartbeat strictly older than now - timeout.
-local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. (now - timeout), 'LIMIT', 0, limit)
+-- Numbers go to Redis as strings made with '%d' (clock.lua's ms): Lua would
+-- write each with '%.17g', which was a tenth of this script's instructions.
+local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(now - timeout), 'LIMIT', '0', ARGV[2])
 for _, session in ipairs(stale) do
   rcall('ZREM', K.holders, session)
   rcall('HDEL', K.sessions, session)

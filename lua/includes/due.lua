@@ -79,7 +79,7 @@ local function due_report(result, now, default, timeout, outbox_due)
   if alone then
     stale_at = math.max(now, tonumber(result[4]) or 0) + timeout + 1
   elseif stale then
-    local oldest = rcall('ZRANGE', K.holders, 0, 0, 'WITHSCORES')[2]
+    local oldest = rcall('ZRANGE', K.holders, '0', '0', 'WITHSCORES')[2]
     if oldest and oldest ~= 'inf' then
       stale_at = tonumber(oldest) + timeout + 1
     end
@@ -89,8 +89,8 @@ local function due_report(result, now, default, timeout, outbox_due)
       work_at = now
     else
       local ends = {
-        rcall('ZRANGE', K.lingering, 0, 0, 'WITHSCORES')[2],
-        rcall('ZRANGE', K.borrowed, 0, 0, 'WITHSCORES')[2],
+        rcall('ZRANGE', K.lingering, '0', '0', 'WITHSCORES')[2],
+        rcall('ZRANGE', K.borrowed, '0', '0', 'WITHSCORES')[2],
       }
       if rcall('EXISTS', K.outbox) == 1 then
         ends[3] = outbox_due

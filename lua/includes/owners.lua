@@ -149,7 +149,7 @@ local function owners()
   -- Frees up to `limit` seats of `zset` (lingering or borrowed) whose end
   -- has come. Returns their sessions.
   function O.end_seats(zset, now, limit)
-    local due = rcall('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
+    local due = rcall('ZRANGEBYSCORE', zset, '-inf', ms(now), 'LIMIT', '0', ms(limit))
     for _, session in ipairs(due) do
       rcall('ZREM', zset, session)
       rcall('ZREM', K.holders, session)
