@@ -5,8 +5,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::support::{
-    free_port, http_get, metric, output, printed_lease, seatgate_cmd, RedisServer, RedisServerExt, Spawned,
-    WorkerProcess, BIN,
+    db, free_port, http_get, metric, output, printed_lease, seatgate_cmd, RedisServer, RedisServerExt,
+    Spawned, WorkerProcess, BIN,
 };
 
 /// `seatgate <args>` against `redis`, to its end.
@@ -364,4 +364,45 @@ async fn status_escapes_control_characters_and_json_keeps_them() {
     let json: serde_json::Value =
         serde_json::from_slice(&seatgate(&redis, &["status", "--json"]).await.stdout).unwrap();
     assert_eq!(json["licenses"][0]["holders"][0]["user"], hostile);
+}
+
+/// `seatgate bench --bench-redis URL` without `--flush`, on a Redis it may
+/// not wipe, runs row after row: each row gives back the seats its callers
+/// took, so the next row's callers, new clients with leases of their own,
+/// find them free instead of refused (`LEASE_MISMATCH`), and the Redis is
+/// left with no seat held.
+#[tokio::test]
+async fn bench_runs_row_after_row_on_a_redis_it_may_not_flush() {
+    let redis = RedisServer::start_with(&[]).await;
+    let url = redis.url();
+    let o = seatgate(
+        &redis,
+        &[
+            "bench",
+            "--bench-redis",
+            &url,
+            "--only",
+            "seatgate,fixed-rate",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    )
+    .await;
+    let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert!(o.status.success(), "{err}");
+    for row in ["clients=64 workers=1", "clients=64 workers=2", "80% of max"] {
+        assert!(out.contains(row), "no {row:?} row in:\n{out}");
+    }
+    let mut con = db(&redis.settings()).await;
+    let holders: Vec<String> = redis::cmd("KEYS")
+        .arg("seat:{bench-*}:holders")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        holders.is_empty(),
+        "seats still held after the benchmark: {holders:?}"
+    );
 }

@@ -138,6 +138,12 @@ async fn open_loop(
                 acquire = !acquire;
                 due += interval;
             }
+            if !acquire {
+                // Leave nothing held for the next row (see closed_loop).
+                client
+                    .call(&cycle_call(false, &license, &session), Duration::from_secs(10))
+                    .await?;
+            }
             shared.lock().await.add(&h).map_err(bench_err)?;
             Ok::<u64, Error>(ops)
         }));

@@ -305,6 +305,13 @@ pub(super) async fn closed_loop(
                 }
                 acquire = !acquire;
             }
+            if !acquire {
+                // Give the seat back, unmeasured: the next row's callers hold
+                // leases of their own, and on a Redis the benchmark may not
+                // FLUSHALL (`--bench-redis` without `--flush`) they would
+                // meet this row's seats and be refused (LEASE_MISMATCH).
+                caller.step(false, &license, &session).await?;
+            }
             shared.lock().await.add(&h).map_err(bench_err)?;
             Ok::<u64, Error>(ops)
         }));
