@@ -18,13 +18,24 @@
 //!   limits     worker, with both rate limits on (never reached)
 //!   heartbeat  heartbeats of sessions holding a seat (direct)
 //!   reap       reaper steps of the license (10 holders, nothing to do)
+//!   e2e        CALLS requests end to end, not script calls: 50 users of one
+//!              multiplexed client, acquire, release, ..., through a worker
+//!              in this process (its own startup commands are counted too,
+//!              a few dozen); CALLS a multiple of 100
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use seatgate::client::{Call, Client};
+use seatgate::config::Settings;
 use seatgate::engine::keys::Keys;
+use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{
     AcquireArgs, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
 };
+use seatgate::engine::status::Status;
+use seatgate::runtime::health::Readiness;
+use seatgate::runtime::worker::Worker;
+use tokio_util::sync::CancellationToken;
 
 /// The license every call is about.
 const LICENSE: &str = "callgrind";
@@ -70,6 +81,9 @@ async fn main() -> Result<(), Failure> {
         .get(2)
         .and_then(|n| n.parse().ok())
         .ok_or("CALLS: a number of calls")?;
+    if mode == "e2e" {
+        return end_to_end(url, calls).await;
+    }
     let run = std::process::id();
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let policy = |limit: u64| GuardPolicy {
@@ -178,4 +192,62 @@ fn acquire_args(session: &str) -> AcquireArgs<'_> {
         default_queue_max: u64::MAX,
         default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
     }
+}
+
+/// `calls` requests through the streams: `USERS` users share one
+/// multiplexed client, each running acquire → release on a session of its
+/// own, decided by a worker in this process set up as the benchmark's are
+/// (no per-session limit, no reaper), as `seatgate bench --only seatgate`
+/// sends them.
+async fn end_to_end(url: &str, calls: usize) -> Result<(), Failure> {
+    const USERS: usize = 50;
+    if calls % (2 * USERS) != 0 {
+        return Err(format!("e2e: CALLS must be a multiple of {}", 2 * USERS).into());
+    }
+    let mut settings = Settings::load(None)?;
+    settings.redis.url = url.to_owned();
+    // Under valgrind a batch's pipeline takes seconds, not the default's 5.
+    settings.redis.response_timeout_ms = 600_000;
+    settings.metrics.listen = String::new();
+    settings.limits.session_requests = 0;
+    settings.reaper.enabled = false;
+    settings.stream.block_ms = 100;
+    let stop = CancellationToken::new();
+    let worker = Worker::connect(settings.clone(), Readiness::default()).await?;
+    let worker = tokio::spawn(worker.run(stop.clone()));
+    let client = Client::connect_with(&settings).await?;
+    let run = std::process::id();
+    let mut users = Vec::new();
+    for u in 0..USERS {
+        let client = client.clone();
+        users.push(tokio::spawn(async move {
+            let session = format!("e{run}-{u}");
+            for i in 0..calls / USERS {
+                let (call, want) = if i % 2 == 0 {
+                    (
+                        Call::new(Op::Acquire, LICENSE, session.as_str()).with_meta(META),
+                        Status::Acquired,
+                    )
+                } else {
+                    (
+                        Call::new(Op::Release, LICENSE, session.as_str()),
+                        Status::Released,
+                    )
+                };
+                let reply = client.call(&call, Duration::from_secs(600)).await;
+                let got = reply.map_err(|e| format!("e2e: {e}"))?.status();
+                if got != want {
+                    return Err(format!("e2e: {got} instead of {want}"));
+                }
+            }
+            Ok(())
+        }));
+    }
+    for user in users {
+        user.await??;
+    }
+    client.close().await?;
+    stop.cancel();
+    worker.await??;
+    Ok(())
 }

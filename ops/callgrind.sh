@@ -6,7 +6,7 @@
 # figures.
 #
 #   bash ops/callgrind.sh                  # direct and worker, 2,000 calls each
-#   CALLS=4000 bash ops/callgrind.sh direct worker limits heartbeat reap
+#   CALLS=4000 bash ops/callgrind.sh direct worker limits heartbeat reap e2e
 #
 # Modes (examples/script_calls.rs makes the calls, pipelined 100 deep, on one
 # license, and checks every answer):
@@ -15,6 +15,10 @@
 #   limits     worker, with both rate limits on (never reached)
 #   heartbeat  heartbeats of holders (direct)
 #   reap       reaper steps of a license with 10 holders and nothing to do
+#   e2e        requests end to end, not script calls: 50 users of one
+#              multiplexed client through a worker (CALLS a multiple of 100);
+#              every command a request costs Redis, the XADDs, reads and acks
+#              with the script, over the requests
 # Each mode runs 200 calls first, outside the count (the first calls compile
 # nothing, but they grow the hashes to their size), then CALLS counted ones.
 # KEEP=DIR keeps each mode's dump as DIR/MODE.callgrind, for callgrind_annotate
