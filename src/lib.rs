@@ -6,7 +6,8 @@
 //! caller's `reply_to` stream. docs/architecture.md walks one request through
 //! the layers below; arrows point down only.
 //!
-//! - [`cli`]      the `seatgate` command line; `main.rs` only calls it
+//! - [`cli`]      the `seatgate` command line; `main.rs` only calls it (and
+//!   sets the binary's allocator, mimalloc, behind the default `mimalloc` feature)
 //! - [`ops`]      running it as a service
 //!   - [`ops::service`]    `seatgate run`: worker + reaper + HTTP endpoint + graceful shutdown
 //!   - [`ops::http`]       `/metrics`, `/live`, `/ready`
