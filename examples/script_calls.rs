@@ -3,8 +3,8 @@
 //! calls cost a `redis-server` running under `valgrind --tool=callgrind`.
 //!
 //! ```sh
-//! cargo run --example script_calls -- URL setup
-//! cargo run --example script_calls -- URL MODE CALLS
+//! cargo run --features tools --example script_calls -- URL setup
+//! cargo run --features tools --example script_calls -- URL MODE CALLS
 //! ```
 //!
 //! `setup` loads the scripts and provisions the license (1,000 seats). Each
@@ -25,17 +25,14 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use seatgate::client::{Call, Client};
+use seatgate::client::Client;
 use seatgate::config::Settings;
 use seatgate::engine::keys::Keys;
-use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{
     AcquireArgs, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
 };
 use seatgate::engine::status::Status;
-use seatgate::runtime::health::Readiness;
-use seatgate::runtime::worker::Worker;
-use tokio_util::sync::CancellationToken;
+use seatgate::tools::bench::{bench_settings, cycle_call, Fleet};
 
 /// The license every call is about.
 const LICENSE: &str = "callgrind";
@@ -195,26 +192,19 @@ fn acquire_args(session: &str) -> AcquireArgs<'_> {
 }
 
 /// `calls` requests through the streams: `USERS` users share one
-/// multiplexed client, each running acquire → release on a session of its
-/// own, decided by a worker in this process set up as the benchmark's are
-/// (no per-session limit, no reaper), as `seatgate bench --only seatgate`
-/// sends them.
+/// multiplexed client, each running the benchmark's acquire → release cycle
+/// on a session of its own, decided by a worker in this process set up as
+/// the benchmark's are, as `seatgate bench --only seatgate` sends them.
 async fn end_to_end(url: &str, calls: usize) -> Result<(), Failure> {
     const USERS: usize = 50;
     if calls % (2 * USERS) != 0 {
         return Err(format!("e2e: CALLS must be a multiple of {}", 2 * USERS).into());
     }
-    let mut settings = Settings::load(None)?;
+    let mut settings = bench_settings(&Settings::load(None)?);
     settings.redis.url = url.to_owned();
     // Under valgrind a batch's pipeline takes seconds, not the default's 5.
     settings.redis.response_timeout_ms = 600_000;
-    settings.metrics.listen = String::new();
-    settings.limits.session_requests = 0;
-    settings.reaper.enabled = false;
-    settings.stream.block_ms = 100;
-    let stop = CancellationToken::new();
-    let worker = Worker::connect(settings.clone(), Readiness::default()).await?;
-    let worker = tokio::spawn(worker.run(stop.clone()));
+    let fleet = Fleet::start(&settings, 1).await?;
     let client = Client::connect_with(&settings).await?;
     let run = std::process::id();
     let mut users = Vec::new();
@@ -223,17 +213,13 @@ async fn end_to_end(url: &str, calls: usize) -> Result<(), Failure> {
         users.push(tokio::spawn(async move {
             let session = format!("e{run}-{u}");
             for i in 0..calls / USERS {
-                let (call, want) = if i % 2 == 0 {
-                    (
-                        Call::new(Op::Acquire, LICENSE, session.as_str()).with_meta(META),
-                        Status::Acquired,
-                    )
+                let acquire = i % 2 == 0;
+                let want = if acquire {
+                    Status::Acquired
                 } else {
-                    (
-                        Call::new(Op::Release, LICENSE, session.as_str()),
-                        Status::Released,
-                    )
+                    Status::Released
                 };
+                let call = cycle_call(acquire, LICENSE, &session);
                 let reply = client.call(&call, Duration::from_secs(600)).await;
                 let got = reply.map_err(|e| format!("e2e: {e}"))?.status();
                 if got != want {
@@ -247,7 +233,6 @@ async fn end_to_end(url: &str, calls: usize) -> Result<(), Failure> {
         user.await??;
     }
     client.close().await?;
-    stop.cancel();
-    worker.await??;
+    fleet.stop().await;
     Ok(())
 }

@@ -31,7 +31,7 @@ pub(super) fn bench_err(e: impl std::fmt::Display) -> Error {
 /// `loaded` as the benchmark runs it: no metrics endpoint, short blocks, no
 /// per-session limit (a benchmark client is a retry loop by design) and no
 /// scheduled reaper (the reaper scenario runs its passes itself).
-pub(super) fn bench_settings(loaded: &Settings) -> Settings {
+pub fn bench_settings(loaded: &Settings) -> Settings {
     let mut s = loaded.clone();
     s.metrics.listen = String::new();
     s.stream.block_ms = 100;
@@ -160,7 +160,7 @@ pub(super) async fn used_memory(con: &mut Db) -> Result<i64, Error> {
 }
 
 /// In-process workers for the seatgate scenarios.
-pub(super) struct Fleet {
+pub struct Fleet {
     /// Stops them all.
     token: CancellationToken,
     /// Their run loops, awaited on stop.
@@ -168,7 +168,8 @@ pub(super) struct Fleet {
 }
 
 impl Fleet {
-    pub(super) async fn start(settings: &Settings, workers: usize) -> Result<Fleet, Error> {
+    /// Starts `workers` in-process workers (`bench-worker-<i>`) on `settings`.
+    pub async fn start(settings: &Settings, workers: usize) -> Result<Fleet, Error> {
         let token = CancellationToken::new();
         let mut tasks = Vec::new();
         for i in 0..workers {
@@ -180,7 +181,8 @@ impl Fleet {
         Ok(Fleet { token, tasks })
     }
 
-    pub(super) async fn stop(self) {
+    /// Stops them and waits for each to finish.
+    pub async fn stop(self) {
         self.token.cancel();
         for t in self.tasks {
             let _ = t.await;
@@ -194,7 +196,7 @@ pub(super) fn session_of(client: usize) -> (String, String) {
 }
 
 /// One step of a client's acquire → release cycle (the acquire carries metadata).
-pub(super) fn cycle_call(acquire: bool, license: &str, session: &str) -> Call {
+pub fn cycle_call(acquire: bool, license: &str, session: &str) -> Call {
     if acquire {
         Call::new(Op::Acquire, license, session).with_meta(META)
     } else {

@@ -26,6 +26,9 @@ mod throughput;
 
 pub use compare::{load_baseline, render_against};
 pub use cost::{CommandCost, RedisCost};
+// What ops/callgrind.sh's end-to-end count (examples/script_calls.rs) shares
+// with the benchmark: its workers' settings and fleet, and its request cycle.
+pub use harness::{bench_settings, cycle_call, Fleet};
 
 use std::collections::HashMap;
 use std::time::Duration;
