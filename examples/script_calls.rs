@@ -121,8 +121,8 @@ async fn main() -> Result<(), Failure> {
                 .acquire(&lk, &Guard::none(&keys, LICENSE, session), &a)
                 .run(&mut con)
                 .await?;
-            if outcome.status.as_str() != "ACQUIRED" {
-                return Err(format!("setup acquire: {}", outcome.status.as_str()).into());
+            if outcome.status().as_str() != "ACQUIRED" {
+                return Err(format!("setup acquire: {}", outcome.status().as_str()).into());
             }
             held.push(session);
         }
@@ -165,8 +165,10 @@ async fn main() -> Result<(), Failure> {
         for (reply, decoder) in replies.into_iter().zip(decoders) {
             if let Some((call, want)) = decoder {
                 let got = call.decode(Ok(reply))?;
-                if got.status.as_str() != want {
-                    return Err(format!("{}: {} instead of {want}", call.name(), got.status.as_str()).into());
+                if got.status().as_str() != want {
+                    return Err(
+                        format!("{}: {} instead of {want}", call.name(), got.status().as_str()).into(),
+                    );
                 }
             } else if let redis::Value::ServerError(e) = reply {
                 return Err(format!("reap: {e:?}").into());

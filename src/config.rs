@@ -664,6 +664,17 @@ impl Settings {
         }
     }
 
+    /// The defaults a seat script call is handed for a license that sets
+    /// none of its own, and the revocation memory.
+    pub fn service_defaults(&self) -> crate::engine::scripts::ServiceDefaults {
+        crate::engine::scripts::ServiceDefaults {
+            queue_max: self.queue.max_length,
+            heartbeat_timeout_ms: self.sessions.heartbeat_timeout_ms,
+            revoke_remember_ms: self.revoke.remember_ms,
+            revoke_max_per_license: self.revoke.max_per_license,
+        }
+    }
+
     /// XREADGROUP BLOCK as a duration.
     pub fn block(&self) -> Duration {
         Duration::from_millis(self.stream.block_ms)

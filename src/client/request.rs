@@ -33,8 +33,9 @@ use super::waiters::{Waiters, Waiting};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::shard_name;
+use crate::engine::ops::Op;
 use crate::engine::policy::RequestPolicy;
-use crate::engine::protocol::{Lease, Op};
+use crate::engine::protocol::Lease;
 use crate::engine::status::Status;
 use crate::error::Error;
 

@@ -246,7 +246,7 @@ mod tests {
     fn a_liveness_key_lies_under_its_shard_and_its_hash_tag() {
         let key = consumer_alive("seat:requests:{3}", "seatgate", "host-42");
         assert_eq!(key, "seat:requests:{3}:alive:seatgate:host-42");
-        let refused = crate::engine::protocol::parse_request(
+        let refused = crate::engine::ops::parse_request(
             "1-0",
             &[
                 ("op".to_owned(), b"release".to_vec()),

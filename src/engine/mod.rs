@@ -1,6 +1,7 @@
 //! The engine: what a seat decision is, independent of how it is served.
 //!
-//! Key names and id rules, the wire statuses and protocol, the seat event
+//! Key names and id rules, the wire statuses and protocol, the ops (one
+//! file each: a request's own fields, parsing and script call), the seat event
 //! record, the license record and its policies, the Lua script registry
 //! with one typed call per script, and the records the scripts store,
 //! decoded. It knows nothing of HTTP, settings files or the tokio runtime:
@@ -9,6 +10,7 @@
 pub mod events;
 pub mod keys;
 pub mod license;
+pub mod ops;
 pub mod policy;
 pub mod protocol;
 pub mod records;

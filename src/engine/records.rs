@@ -229,6 +229,7 @@ fn to_redis(json: &serde_json::Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::scripts::{Decision, NoSeats};
     use crate::engine::status::Status;
 
     #[test]
@@ -324,22 +325,24 @@ mod tests {
         for raw in [r#"["QUEUED",1,1,2,1796013949007,{}]"#, "QUEUED:1:1:2"] {
             let o = parse_dedupe_record(raw, NOW).unwrap();
             assert_eq!(
+                (&o.decision, o.seats_used, o.now_ms, o.changed, o.replayed),
                 (
-                    o.status,
-                    o.seats_used,
-                    o.position,
-                    o.now_ms,
-                    o.changed,
-                    o.replayed
+                    &Decision::Queued {
+                        position: 2,
+                        priority: 0
+                    },
+                    1,
+                    NOW,
+                    false,
+                    true
                 ),
-                (Status::Queued, 1, Some(2), NOW, false, true),
                 "{raw}"
             );
             assert!(o.notes.is_empty());
         }
         let full =
             parse_dedupe_record(r#"["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]"#, NOW).unwrap();
-        assert!(full.queue_full);
+        assert_eq!(full.decision, Decision::NoSeatsAvailable(NoSeats::QueueFull));
         let raw = r#"["RELEASED",1,1,0,1796013944505,[["GRANTED","w1","r-1","seat:reply:w1",2749,"GRANTED:w1:1796013944505"]]]"#;
         let o = parse_dedupe_record(raw, NOW).unwrap();
         assert_eq!(o.notes.len(), 1);

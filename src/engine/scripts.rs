@@ -25,7 +25,7 @@ use crate::error::Error;
 
 use includes::IncludeError;
 pub(crate) use reply::decode_outcome;
-pub use reply::{Note, OutboxCursor, Outcome, Reaped};
+pub use reply::{Decision, NoSeats, Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script file, by name, before its includes are resolved.
 const SOURCES: [(&str, &str); 11] = [
@@ -232,6 +232,22 @@ impl Guard {
             redelivery: false,
         }
     }
+}
+
+/// What the service's settings tell a seat script call beyond the request:
+/// the defaults for a license that sets none of its own, and the revocation
+/// memory. Handed in, so that the engine reads no settings itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceDefaults {
+    /// `queue.max_length`: the queue length limit when the license sets no `queue_max`.
+    pub queue_max: u64,
+    /// `sessions.heartbeat_timeout_ms`: the heartbeat timeout when the
+    /// license sets none.
+    pub heartbeat_timeout_ms: u64,
+    /// `revoke.remember_ms`: how long a revocation is remembered at least.
+    pub revoke_remember_ms: u64,
+    /// `revoke.max_per_license`: most revocations remembered per license.
+    pub revoke_max_per_license: u64,
 }
 
 /// `ARGV[8..14]` of lua/acquire.lua (`ARGV[15]`, who asks, comes from a

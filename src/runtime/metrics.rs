@@ -23,7 +23,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
-use crate::engine::protocol::Op;
+use crate::engine::ops::Op;
+use crate::engine::protocol::RequestField;
 use crate::engine::status::Status;
 
 /// Seed metric: seat script executions by `script_name` and `result`
@@ -115,83 +116,10 @@ pub const DEAD_LETTERS: &str = "seatgate_dead_letters";
 /// The `license` label value holding the sum over every license without a series of its own.
 pub const OTHER: &str = "_other";
 
-/// The statuses each op (and `invalid`, for a request without a usable op)
-/// can be answered with (see each script's header under lua/), present at 0
-/// from startup.
-const OP_STATUSES: [(&str, &[Status]); 5] = [
-    (
-        "acquire",
-        &[
-            Status::Acquired,
-            Status::AlreadyActive,
-            Status::NoSeatsAvailable,
-            Status::Queued,
-            Status::LicenseNotFound,
-            Status::LicenseInactive,
-            Status::LicenseExpired,
-            Status::LicenseInvalid,
-            Status::LeaseMismatch,
-            Status::RateLimited,
-            Status::LimitReached,
-            Status::SessionRevoked,
-            Status::Error,
-        ],
-    ),
-    (
-        "release",
-        &[
-            Status::Released,
-            Status::SessionNotFound,
-            Status::LeftQueue,
-            Status::LicenseNotFound,
-            Status::LeaseMismatch,
-            Status::SessionRevoked,
-            Status::Error,
-        ],
-    ),
-    (
-        "heartbeat",
-        &[
-            Status::HeartbeatUpdated,
-            Status::SessionNotActive,
-            Status::LicenseNotFound,
-            Status::LicenseInactive,
-            Status::LicenseExpired,
-            Status::LeaseMismatch,
-            Status::RateLimited,
-            Status::SessionRevoked,
-            Status::Error,
-        ],
-    ),
-    (
-        "revoke",
-        &[Status::Revoked, Status::SessionNotFound, Status::Error],
-    ),
-    ("invalid", &[Status::InvalidRequest]),
-];
 /// The seat scripts, as `script_name`.
 const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"];
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
-/// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
-const INVALID_FIELDS: [&str; 16] = [
-    "reply_to",
-    "id",
-    "fields",
-    "op",
-    "license",
-    "session",
-    "meta",
-    "wait_ms",
-    "lease",
-    "user",
-    "group",
-    "priority",
-    "borrow_ms",
-    "reason",
-    "actor",
-    "cooldown_ms",
-];
 /// Why the reaper frees a seat held without heartbeats.
 const POLICY_FREED_REASONS: [&str; 2] = ["linger_ended", "borrow_ended"];
 /// The worker's Redis error stages.
@@ -318,18 +246,21 @@ pub fn init(license_series_limit: usize) {
         "Unix time of this process's last successful reaper pass."
     );
 
-    for (op, statuses) in OP_STATUSES {
-        for status in statuses {
-            counter!(REQUESTS, "op" => op, "status" => status.as_str()).absolute(0);
+    // Each op's statuses (its file in engine::ops lists them), and `invalid`
+    // for a request without a usable op.
+    for &op in Op::ALL {
+        for status in op.statuses() {
+            counter!(REQUESTS, "op" => op.as_str(), "status" => status.as_str()).absolute(0);
         }
     }
+    counter!(REQUESTS, "op" => "invalid", "status" => Status::InvalidRequest.as_str()).absolute(0);
     for script in SCRIPTS {
         for result in RESULTS {
             counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).absolute(0);
         }
     }
-    for field in INVALID_FIELDS {
-        counter!(INVALID_REQUESTS, "field" => field).absolute(0);
+    for field in RequestField::ALL {
+        counter!(INVALID_REQUESTS, "field" => field.as_str()).absolute(0);
     }
     for stage in REDIS_STAGES {
         counter!(REDIS_ERRORS, "stage" => stage).absolute(0);

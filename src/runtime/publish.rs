@@ -368,7 +368,7 @@ impl Publisher {
         if !note.reply_to.is_empty() {
             let reply = Reply {
                 id: note.request_id.clone(),
-                op: crate::engine::protocol::Op::Acquire.as_str().to_owned(),
+                op: crate::engine::ops::Op::Acquire.as_str().to_owned(),
                 status: note.status,
                 license: license.to_owned(),
                 session: note.session.clone(),

@@ -11,7 +11,7 @@ use redis::AsyncCommands;
 use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
 use seatgate::db::Db;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::Error;
 

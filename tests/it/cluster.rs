@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
@@ -354,7 +354,7 @@ async fn the_sweep_finds_hash_only_licenses_on_every_master(cluster: &LocalClust
             .await
             .unwrap();
         let took = direct(&s, l, "gone").acquire(&mut con).await;
-        assert_eq!(took.status, Status::Acquired);
+        assert_eq!(took.status(), Status::Acquired);
     }
     assert_eq!(masters.len(), 3, "the licenses lie on every master");
     tokio::time::sleep(Duration::from_millis(200)).await;

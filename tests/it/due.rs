@@ -10,8 +10,8 @@ use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::keys::shard_of;
+use seatgate::engine::ops::Op;
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
-use seatgate::engine::protocol::Op;
 use seatgate::engine::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate::engine::status::Status;
 

@@ -8,7 +8,7 @@ use std::future::Future;
 
 use seatgate::client::Call;
 use seatgate::config::Settings;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
@@ -77,11 +77,11 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     let first = Direct::for_entry(&settings, &acquire_id, "lic", "s1")
         .acquire(&mut con)
         .await;
-    assert_eq!(first.status, Status::Acquired);
+    assert_eq!(first.status(), Status::Acquired);
     let first_release = Direct::for_entry(&settings, &release_id, "lic", "held")
         .release(&mut con)
         .await;
-    assert_eq!(first_release.status, Status::Released);
+    assert_eq!(first_release.status(), Status::Released);
 
     let worker = spawn_worker(settings.clone(), "survivor").await;
     let deadline = Instant::now() + T;

@@ -17,7 +17,7 @@ use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::keys::consumer_alive;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::scripts::{Guard, GuardPolicy, Scripts};
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;

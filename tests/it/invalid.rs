@@ -6,7 +6,7 @@ use std::time::Duration;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
 use seatgate::client::Call;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
@@ -16,7 +16,7 @@ use crate::support::{
 
 // Generated hostile entries; the parser's own property test over them lives
 // next to the parser (src/engine/protocol.rs), this file sends them through a worker.
-#[path = "../../src/engine/protocol/hostile.rs"]
+#[path = "../../src/engine/ops/hostile.rs"]
 mod hostile;
 
 /// (description, fields of the entry besides `id` and `reply_to`, word the error must mention)

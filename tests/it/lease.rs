@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
 use seatgate::engine::license::{Field, StoredRecord};
-use seatgate::engine::protocol::{Lease, Op};
-use seatgate::engine::scripts::Guard;
+use seatgate::engine::ops::Op;
+use seatgate::engine::protocol::Lease;
+use seatgate::engine::scripts::{Decision, Guard};
 use seatgate::engine::status::Status;
 
 use crate::support::{
@@ -107,8 +108,10 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
         let record = record_with(&s, &license, field, value).await;
         let rust = record.validate().expect_err(value);
         let o = direct(&s, &license, "probe").acquire(&mut con).await;
-        assert_eq!(o.status, Status::LicenseInvalid, "{field} = {value:?}");
-        let lua = o.invalid.expect("the script names the field");
+        assert_eq!(o.status(), Status::LicenseInvalid, "{field} = {value:?}");
+        let Decision::LicenseInvalid(lua) = o.decision else {
+            panic!("the script names the field: {o:?}")
+        };
         assert_eq!(lua, rust, "{field} = {value:?}");
         assert_eq!(lua.to_string(), rust.to_string());
         assert!(crate::support::holders(&s, &license).await.is_empty());
@@ -120,8 +123,8 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
         let record = record_with(&s, &license, field, value).await;
         assert_eq!(record.validate(), Ok(()), "{field} = {value:?}");
         let o = direct(&s, &license, "probe").acquire(&mut con).await;
-        assert_ne!(o.status, Status::LicenseInvalid, "{field} = {value:?}");
-        assert_eq!(o.invalid, None);
+        assert_ne!(o.status(), Status::LicenseInvalid, "{field} = {value:?}");
+        assert!(!matches!(o.decision, Decision::LicenseInvalid(_)));
     }
     // A record breaking two rules: both name the first, in the rules' order.
     let record = record_with(&s, "two", Field::QueueMax, "x").await;
@@ -133,7 +136,10 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
         .await
         .unwrap();
     let o = direct(&s, "two", "probe").acquire(&mut con).await;
-    assert_eq!(o.invalid.map(|f| f.field), Some(Field::Active));
+    let Decision::LicenseInvalid(invalid) = &o.decision else {
+        panic!("{o:?}")
+    };
+    assert_eq!(invalid.field, Field::Active);
     assert_eq!(
         record.validate().unwrap_err().field,
         Field::QueueMax,
@@ -442,7 +448,7 @@ async fn a_lease_adds_about_16_bytes_per_held_seat() {
                 .with_lease(lease)
                 .acquire(&mut con)
                 .await;
-            assert_eq!(o.status, Status::Acquired);
+            assert_eq!(o.status(), Status::Acquired);
         }
         let bytes: i64 = redis::cmd("MEMORY")
             .arg("USAGE")
@@ -472,7 +478,7 @@ async fn a_bucket_never_outlives_two_windows_of_the_redis_clock() {
     let entry = "9999999999999-0";
     // Placed by its id (the clock unknown to the caller): the script still caps the expiry.
     let blind = Direct::for_entry(&s, entry, "cad", "s1");
-    assert_eq!(blind.acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(blind.acquire(&mut con).await.status(), Status::Acquired);
     let far_key =
         seatgate::engine::keys::Keys::new(s.keys.prefix.clone()).dedupe("cad", 9_999_999_999_999 / window);
     let ttl: i64 = redis::cmd("PTTL")
@@ -500,13 +506,13 @@ async fn a_bucket_never_outlives_two_windows_of_the_redis_clock() {
         .with_guard(guard(now))
         .acquire(&mut con)
         .await;
-    assert_eq!((first.status, first.replayed), (Status::Acquired, false));
+    assert_eq!((first.status(), first.replayed), (Status::Acquired, false));
     let later = direct(&s, "cad", "s2")
         .with_guard(guard(now + window))
         .acquire(&mut con)
         .await;
     assert_eq!(
-        (later.status, later.replayed),
+        (later.status(), later.replayed),
         (Status::Acquired, true),
         "replayed, not ALREADY_ACTIVE"
     );

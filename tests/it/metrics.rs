@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{acquire, client, metric, put_license, RedisServer, RedisServerExt, WorkerProcess, T};

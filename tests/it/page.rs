@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
 use seatgate::engine::license::LicenseSpec;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use seatgate::client::{Call, Client, ReplyMsg};
 use seatgate::config::Settings;
+use seatgate::engine::ops::Op;
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
-use seatgate::engine::protocol::Op;
 use seatgate::engine::records::OwnerRecord;
+use seatgate::engine::scripts::Decision;
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
@@ -605,14 +606,19 @@ async fn license_put_status_and_metrics_show_the_policies() {
             ..ask("ada", "eng", 0)
         })
     };
-    assert_eq!(ada("a1", 0).acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(ada("a1", 0).acquire(&mut con).await.status(), Status::Acquired);
     assert_eq!(
-        ada("a2", 3_600_000).acquire(&mut con).await.status,
+        ada("a2", 3_600_000).acquire(&mut con).await.status(),
         Status::Acquired
     );
     let bob = direct(&s, "cad", "b1").with_policy(ask("bob", "", 0));
-    assert_eq!(bob.acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(bob.release(&mut con).await.linger_ms, Some(600_000));
+    assert_eq!(bob.acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(
+        bob.release(&mut con).await.decision,
+        Decision::Released {
+            linger_ms: Some(600_000)
+        }
+    );
 
     let status = run(&["status", "--json"]).await;
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -725,8 +731,10 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
         let record = license_record(&mut con, &s, &license).await;
         let rust = StoredRecord::from_map(&record).validate().expect_err(field);
         let o = direct(&s, &license, "probe").acquire(&mut con).await;
-        assert_eq!(o.status, Status::LicenseInvalid, "{field} = {value:?}");
-        let lua = o.invalid.expect("the script names the field");
+        assert_eq!(o.status(), Status::LicenseInvalid, "{field} = {value:?}");
+        let Decision::LicenseInvalid(lua) = o.decision else {
+            panic!("the script names the field: {o:?}")
+        };
         assert_eq!(lua, rust, "{field} = {value:?}");
         assert_eq!(lua.name(), field);
         assert!(holders(&s, &license).await.is_empty());
@@ -737,7 +745,7 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
             assert_eq!(StoredRecord::from_map(&record).validate(), Ok(()), "{field}");
             let o = direct(&s, &license, "probe").acquire(&mut con).await;
             assert_eq!(
-                o.status,
+                o.status(),
                 Status::Acquired,
                 "{field} = {value:?} with the flag off"
             );
@@ -815,22 +823,22 @@ async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
     provision_policy(&s, "cad", 2, &policy).await;
     let mut con = db(&s).await;
     let ada = |session: &str| direct(&s, "cad", session).with_policy(ask("ada", "", 0));
-    assert_eq!(ada("a0").acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(ada("a0").acquire(&mut con).await.status(), Status::Acquired);
     for i in 0..SKIP_LIMIT + 1 {
         let o = ada(&format!("a{}", i + 1)).queue(&mut con, 30_000, "", "").await;
-        assert_eq!(o.status, Status::Queued);
+        assert_eq!(o.status(), Status::Queued);
     }
     let bob = direct(&s, "cad", "b1").with_policy(ask("bob", "", 0));
-    assert_eq!(bob.queue(&mut con, 30_000, "", "").await.status, Status::Queued);
+    assert_eq!(bob.queue(&mut con, 30_000, "", "").await.status(), Status::Queued);
     // One seat is free, but bob is behind SKIP_LIMIT + 1 blocked waiters:
     // not granted, and nobody without a wait takes the seat past him.
     let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
-    assert_eq!((o.status, o.seats_used), (Status::NoSeatsAvailable, 1));
+    assert_eq!((o.status(), o.seats_used), (Status::NoSeatsAvailable, 1));
     assert!(o.notes.is_empty());
     // One ada waiter leaves: bob is now within reach.
-    assert_eq!(ada("a1").release(&mut con).await.status, Status::LeftQueue);
+    assert_eq!(ada("a1").release(&mut con).await.status(), Status::LeftQueue);
     let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
-    assert_eq!(o.status, Status::NoSeatsAvailable, "the seat went to bob first");
+    assert_eq!(o.status(), Status::NoSeatsAvailable, "the seat went to bob first");
     let granted: Vec<&str> = o.notes.iter().map(|n| n.session.as_str()).collect();
     assert_eq!(granted, ["b1"]);
     assert_counts_match_holders(&s, "cad").await;
@@ -849,29 +857,32 @@ async fn counts_follow_every_holder_change_in_the_scripts() {
         direct(&s, "plain", session).with_policy(ask(user, group, 0))
     };
     assert_eq!(
-        who("s1", "ada", "eng").acquire(&mut con).await.status,
+        who("s1", "ada", "eng").acquire(&mut con).await.status(),
         Status::Acquired
     );
     assert_eq!(
-        who("s2", "ada", "").acquire(&mut con).await.status,
+        who("s2", "ada", "").acquire(&mut con).await.status(),
         Status::Acquired
     );
     assert_eq!(
         who("s3", "bob", "eng")
             .queue(&mut con, 60_000, "", "")
             .await
-            .status,
+            .status(),
         Status::Queued
     );
     assert_eq!(
-        who("s4", "cyd", "ops").queue(&mut con, 100, "", "").await.status,
+        who("s4", "cyd", "ops")
+            .queue(&mut con, 100, "", "")
+            .await
+            .status(),
         Status::Queued
     );
     assert_eq!(
         who("s5", "dan", "ops")
             .queue(&mut con, 60_000, "", "")
             .await
-            .status,
+            .status(),
         Status::Queued
     );
     assert_counts_match_holders(&s, "plain").await;
@@ -879,10 +890,13 @@ async fn counts_follow_every_holder_change_in_the_scripts() {
     assert_eq!(kept.users, [("ada".to_owned(), 2)].into());
 
     assert_eq!(
-        who("s5", "", "").release(&mut con).await.status,
+        who("s5", "", "").release(&mut con).await.status(),
         Status::LeftQueue
     );
-    assert_eq!(who("s1", "", "").release(&mut con).await.status, Status::Released);
+    assert_eq!(
+        who("s1", "", "").release(&mut con).await.status(),
+        Status::Released
+    );
     // s4's wait ran out: s3 got s1's seat, then the reaper evicts both
     // silent holders and ends s4's wait.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -916,32 +930,43 @@ async fn a_revoke_keeps_the_counts_and_grants_under_the_policies() {
         })
     };
     assert_eq!(
-        who("a1", "ada", 0).acquire(&mut con).await.status,
+        who("a1", "ada", 0).acquire(&mut con).await.status(),
         Status::Acquired
     );
     assert_eq!(
-        who("b1", "bob", 3_600_000).acquire(&mut con).await.status,
+        who("b1", "bob", 3_600_000).acquire(&mut con).await.status(),
         Status::Acquired
     );
     for (session, user) in [("a2", "ada"), ("c1", "cyd"), ("d1", "dan")] {
         let o = who(session, user, 0).queue(&mut con, 60_000, "", "").await;
-        assert_eq!(o.status, Status::Queued, "{session}");
+        assert_eq!(o.status(), Status::Queued, "{session}");
     }
     let granted = |o: &seatgate::engine::scripts::Outcome| -> Vec<String> {
         o.notes.iter().map(|n| n.session.clone()).collect()
     };
     // The borrowed seat goes at once, past a2 (ada holds a1) to c1.
     let o = who("b1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
-    assert_eq!((o.status, granted(&o)), (Status::Revoked, vec!["c1".to_owned()]));
+    assert_eq!(
+        (o.status(), granted(&o)),
+        (Status::Revoked, vec!["c1".to_owned()])
+    );
     assert_counts_match_holders(&s, "cad").await;
     // A lingering seat is revoked at once too; ada's waiter gets it.
-    assert_eq!(who("a1", "", 0).release(&mut con).await.linger_ms, Some(60_000));
+    assert_eq!(
+        who("a1", "", 0).release(&mut con).await.decision,
+        Decision::Released {
+            linger_ms: Some(60_000)
+        }
+    );
     let o = who("a1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
-    assert_eq!((o.status, granted(&o)), (Status::Revoked, vec!["a2".to_owned()]));
+    assert_eq!(
+        (o.status(), granted(&o)),
+        (Status::Revoked, vec!["a2".to_owned()])
+    );
     assert_counts_match_holders(&s, "cad").await;
     // A revoked waiter's owner record goes with its place.
     let o = who("d1", "", 0).revoke(&mut con, "audit", "admin", 0).await;
-    assert_eq!((o.status, o.held), (Status::Revoked, Some(false)));
+    assert_eq!(o.decision, Decision::Revoked { held: false });
     assert_counts_match_holders(&s, "cad").await;
     let (truth, _, _) = read_owners(&s, "cad").await;
     assert_eq!(truth.users, [("ada".to_owned(), 1), ("cyd".to_owned(), 1)].into());
@@ -1026,7 +1051,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     let mut con = db(&s).await;
     let ivy = |session: &str| direct(&s, "burst", session).with_policy(ask("ivy", "", 0));
     for session in ["ivy-1", "ivy-2"] {
-        assert_eq!(ivy(session).acquire(&mut con).await.status, Status::Acquired);
+        assert_eq!(ivy(session).acquire(&mut con).await.status(), Status::Acquired);
     }
 
     let users = [
@@ -1091,7 +1116,7 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     assert_eq!(holders(&s, "burst").await, ["ivy-1", "ivy-2"]);
     assert_counts_match_holders(&s, "burst").await;
     for session in ["ivy-1", "ivy-2"] {
-        assert_eq!(ivy(session).release(&mut con).await.status, Status::Released);
+        assert_eq!(ivy(session).release(&mut con).await.status(), Status::Released);
     }
     assert!(holders(&s, "burst").await.is_empty());
     assert_counts_match_holders(&s, "burst").await;

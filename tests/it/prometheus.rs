@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
 use seatgate::config::Settings;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use serde_json::Value;
 

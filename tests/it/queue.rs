@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use seatgate::client::Call;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
@@ -480,7 +480,7 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         let o = direct(&settings, "lic", &session)
             .queue(&mut con, 200, &request_id, &reply_stream(&settings, &session))
             .await;
-        assert_eq!(o.status, Status::Queued);
+        assert_eq!(o.status(), Status::Queued);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
     // A script ends all 20 waits and its worker dies before delivering.

@@ -10,7 +10,7 @@ use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::engine::events::{Event, EventType};
 use seatgate::engine::keys::shard_of;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::runtime::publish::Publisher;
 

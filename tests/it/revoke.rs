@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client, ReplyMsg, Revoke};
 use seatgate::config::Settings;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::records::parse_dedupe_record;
-use seatgate::engine::scripts::{Guard, Outcome};
+use seatgate::engine::scripts::{Decision, Guard, Outcome};
 use seatgate::engine::status::Status;
 
 use crate::support::{
@@ -57,25 +57,27 @@ async fn revoke_answers_the_documented_outcomes() {
         direct(&s, "lic", "b"),
         direct(&s, "lic", "c"),
     );
-    assert_eq!(a.acquire(&mut con).await.status, Status::Acquired);
+    assert_eq!(a.acquire(&mut con).await.status(), Status::Acquired);
     assert_eq!(
-        b.queue(&mut con, 60_000, "req-b", "seat:reply:b").await.status,
+        b.queue(&mut con, 60_000, "req-b", "seat:reply:b").await.status(),
         Status::Queued
     );
 
     // A holder: its seat goes to the head of the queue in the same script.
     let o = a.revoke(&mut con, "audit", "ada", 0).await;
     assert_eq!(
-        (o.status, o.seats_used, o.seats_total, o.changed, o.replayed),
+        (o.status(), o.seats_used, o.seats_total, o.changed, o.replayed),
         (Status::Revoked, 1, 1, true, false)
     );
-    assert_eq!(o.held, Some(true));
+    assert_eq!(o.decision, Decision::Revoked { held: true });
     let notes: Vec<(Status, &str)> = o.notes.iter().map(|n| (n.status, n.session.as_str())).collect();
     assert_eq!(notes, [(Status::Granted, "b")]);
     assert_eq!(holders(&s, "lic").await, ["b"]);
     for heard in [a.heartbeat(&mut con).await, a.release(&mut con).await] {
-        assert_eq!(heard.status, Status::SessionRevoked);
-        let r = heard.revocation.expect("the record comes back");
+        assert_eq!(heard.status(), Status::SessionRevoked);
+        let Decision::SessionRevoked(Some(r)) = heard.decision else {
+            panic!("the record comes back: {heard:?}")
+        };
         assert_eq!(
             (r.reason.as_str(), r.actor.as_str(), r.cooldown_until),
             ("audit", "ada", 0)
@@ -85,13 +87,13 @@ async fn revoke_answers_the_documented_outcomes() {
 
     // A waiter: out of the queue, its acquire answered through the outbox.
     assert_eq!(
-        c.queue(&mut con, 60_000, "req-c", "seat:reply:c").await.status,
+        c.queue(&mut con, 60_000, "req-c", "seat:reply:c").await.status(),
         Status::Queued
     );
     let o = c.revoke(&mut con, "not entitled", "ada", 60_000).await;
     assert_eq!(
-        (o.status, o.seats_used, o.held),
-        (Status::Revoked, 1, Some(false))
+        (&o.decision, o.seats_used),
+        (&Decision::Revoked { held: false }, 1)
     );
     let [n] = &o.notes[..] else {
         panic!("{:?}", o.notes)
@@ -121,19 +123,22 @@ async fn revoke_answers_the_documented_outcomes() {
         .unwrap();
     assert_eq!(queued, 0);
     let refused = c.acquire(&mut con).await;
-    assert_eq!(refused.status, Status::SessionRevoked, "in its cooldown");
-    let until = refused.revocation.unwrap().cooldown_until;
+    assert_eq!(refused.status(), Status::SessionRevoked, "in its cooldown");
+    let Decision::SessionRevoked(Some(revocation)) = &refused.decision else {
+        panic!("{refused:?}")
+    };
+    let until = revocation.cooldown_until;
     assert!(until > refused.now_ms && until <= o.now_ms + 60_000, "{until}");
 
     // Neither: nothing changes, nothing is remembered.
     let before = snapshot(&s).await;
     let ghost = direct(&s, "lic", "ghost");
     assert_eq!(
-        ghost.revoke(&mut con, "typo", "ada", 60_000).await.status,
+        ghost.revoke(&mut con, "typo", "ada", 60_000).await.status(),
         Status::SessionNotFound
     );
     assert_eq!(snapshot(&s).await, before);
-    assert_eq!(ghost.heartbeat(&mut con).await.status, Status::SessionNotActive);
+    assert_eq!(ghost.heartbeat(&mut con).await.status(), Status::SessionNotActive);
 }
 
 /// A redelivered revoke (and a redelivered SESSION_REVOKED) answers its
@@ -157,10 +162,10 @@ async fn a_replayed_revoke_answers_its_stored_outcome() {
     let revoked = entry(&revoke_id).revoke(&mut con, "audit", "ada", 0).await;
     let heard = entry(&heartbeat_id).heartbeat(&mut con).await;
     assert_eq!(
-        (revoked.status, heard.status),
+        (revoked.status(), heard.status()),
         (Status::Revoked, Status::SessionRevoked)
     );
-    assert!(heard.revocation.is_some());
+    assert!(matches!(heard.decision, Decision::SessionRevoked(Some(_))));
     let again = [
         entry(&revoke_id).revoke(&mut con, "other", "eve", 0).await,
         entry(&heartbeat_id).heartbeat(&mut con).await,

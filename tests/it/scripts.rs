@@ -6,7 +6,9 @@ use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
-use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts};
+use seatgate::engine::scripts::{
+    Decision, Guard, GuardPolicy, NoSeats, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts,
+};
 use seatgate::engine::status::Status;
 
 use crate::support::{
@@ -22,7 +24,10 @@ async fn acquire_takes_a_seat_and_records_the_session() {
     let mut con = db(&settings).await;
 
     let o = direct(&settings, "lic", "s1").acquire(&mut con).await;
-    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Acquired, 1, 5));
+    assert_eq!(
+        (o.status(), o.seats_used, o.seats_total),
+        (Status::Acquired, 1, 5)
+    );
 
     let k = license_keys(&settings, "lic");
     let beat: Option<i64> = con.zscore(&k.holders, "s1").await.unwrap();
@@ -38,11 +43,11 @@ async fn acquire_is_idempotent_per_session() {
     put_license(&settings, "lic", 5).await;
     let mut con = db(&settings).await;
     assert_eq!(
-        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
         Status::Acquired
     );
     let again = direct(&settings, "lic", "s1").acquire(&mut con).await;
-    assert_eq!((again.status, again.seats_used), (Status::AlreadyActive, 1));
+    assert_eq!((again.status(), again.seats_used), (Status::AlreadyActive, 1));
 }
 
 #[tokio::test]
@@ -53,13 +58,13 @@ async fn no_seats_available_when_all_are_held() {
     let mut con = db(&settings).await;
     for s in ["a", "b"] {
         assert_eq!(
-            direct(&settings, "lic", s).acquire(&mut con).await.status,
+            direct(&settings, "lic", s).acquire(&mut con).await.status(),
             Status::Acquired
         );
     }
     let o = direct(&settings, "lic", "c").acquire(&mut con).await;
     assert_eq!(
-        (o.status, o.seats_used, o.seats_total),
+        (o.status(), o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 2, 2)
     );
     assert_eq!(holders(&settings, "lic").await, ["a", "b"]);
@@ -74,16 +79,19 @@ async fn release_frees_only_the_sessions_own_seat() {
     direct(&settings, "lic", "s1").acquire(&mut con).await;
 
     let o = direct(&settings, "lic", "someone-else").release(&mut con).await;
-    assert_eq!((o.status, o.seats_used), (Status::SessionNotFound, 1));
+    assert_eq!((o.status(), o.seats_used), (Status::SessionNotFound, 1));
     let o = direct(&settings, "lic", "s1").release(&mut con).await;
-    assert_eq!((o.status, o.seats_used, o.seats_total), (Status::Released, 0, 1));
+    assert_eq!(
+        (o.status(), o.seats_used, o.seats_total),
+        (Status::Released, 0, 1)
+    );
     let record: Option<String> = con
         .hget(license_keys(&settings, "lic").sessions, "s1")
         .await
         .unwrap();
     assert_eq!(record, None, "metadata removed with the seat");
     assert_eq!(
-        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status(),
         Status::Acquired,
         "the seat is free again"
     );
@@ -96,7 +104,7 @@ async fn heartbeat_moves_the_clock_and_counts() {
     put_license(&settings, "lic", 3).await;
     let mut con = db(&settings).await;
     let o = direct(&settings, "lic", "ghost").heartbeat(&mut con).await;
-    assert_eq!(o.status, Status::SessionNotActive);
+    assert_eq!(o.status(), Status::SessionNotActive);
 
     let s1 = direct(&settings, "lic", "s1");
     s1.acquire(&mut con).await;
@@ -106,8 +114,8 @@ async fn heartbeat_moves_the_clock_and_counts() {
     for n in 1..=2 {
         let o = s1.heartbeat(&mut con).await;
         assert_eq!(
-            (o.status, o.heartbeats, o.seats_used),
-            (Status::HeartbeatUpdated, Some(n), 1)
+            (o.decision, o.seats_used),
+            (Decision::HeartbeatUpdated { heartbeats: n }, 1)
         );
     }
     let after: i64 = con.zscore(&k.holders, "s1").await.unwrap();
@@ -145,7 +153,7 @@ async fn license_state_is_checked_inside_the_script() {
         }
         let before = holders(&settings, id).await;
         let o = direct(&settings, id, "s1").acquire(&mut con).await;
-        assert_eq!(o.status, expected, "license {id}");
+        assert_eq!(o.status(), expected, "license {id}");
         if expected != Status::Acquired {
             assert_eq!(
                 holders(&settings, id).await,
@@ -169,18 +177,18 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
     assert_eq!(holders(&settings, "lic").await.len(), 3, "nobody evicted");
     let o = direct(&settings, "lic", "d").acquire(&mut con).await;
     assert_eq!(
-        (o.status, o.seats_used, o.seats_total),
+        (o.status(), o.seats_used, o.seats_total),
         (Status::NoSeatsAvailable, 3, 2)
     );
     direct(&settings, "lic", "a").release(&mut con).await;
     assert_eq!(
-        direct(&settings, "lic", "d").acquire(&mut con).await.status,
+        direct(&settings, "lic", "d").acquire(&mut con).await.status(),
         Status::NoSeatsAvailable,
         "2 of 2 still held"
     );
     direct(&settings, "lic", "b").release(&mut con).await;
     assert_eq!(
-        direct(&settings, "lic", "d").acquire(&mut con).await.status,
+        direct(&settings, "lic", "d").acquire(&mut con).await.status(),
         Status::Acquired
     );
 }
@@ -206,11 +214,11 @@ async fn scripts_reload_after_script_flush() {
     assert!(exists.iter().all(|e| !e), "flush removed the scripts");
     // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
     assert_eq!(
-        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status(),
         Status::Acquired
     );
     let o = direct(&settings, "lic", "s1").heartbeat(&mut con).await;
-    assert_eq!(o.status, Status::HeartbeatUpdated);
+    assert_eq!(o.status(), Status::HeartbeatUpdated);
 }
 
 #[tokio::test]
@@ -226,7 +234,7 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
             direct(&settings, "load", &format!("session-{i}"))
                 .acquire(&mut con)
                 .await
-                .status
+                .status()
         }));
     }
     let mut acquired = 0;
@@ -249,7 +257,7 @@ async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
     put_license(&settings, "lic", 2).await;
     let mut con = db(&settings).await;
     assert_eq!(
-        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
         Status::Acquired
     );
     let inactive = LicenseSpec {
@@ -258,11 +266,11 @@ async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
     };
     provision(&settings, "lic", &inactive).await;
     assert_eq!(
-        direct(&settings, "lic", "s1").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
         Status::AlreadyActive
     );
     assert_eq!(
-        direct(&settings, "lic", "s2").acquire(&mut con).await.status,
+        direct(&settings, "lic", "s2").acquire(&mut con).await.status(),
         Status::LicenseInactive
     );
 }
@@ -315,22 +323,16 @@ async fn run_as(con: &mut Db, s: &Settings, session: Direct, req: Req<'_>) -> Ou
 
 /// What a contract table expects of an outcome (seats_total is 1 throughout).
 struct Want {
-    status: Status,
+    decision: Decision,
     seats_used: i64,
-    heartbeats: Option<i64>,
-    position: Option<i64>,
-    queue_full: bool,
     changed: bool,
     granted: &'static [&'static str],
 }
 
-fn want(status: Status, seats_used: i64) -> Want {
+fn want(decision: Decision, seats_used: i64) -> Want {
     Want {
-        status,
+        decision,
         seats_used,
-        heartbeats: None,
-        position: None,
-        queue_full: false,
         changed: true,
         granted: &[],
     }
@@ -345,70 +347,57 @@ async fn every_seat_script_answers_the_documented_outcome() {
     let k = license_keys(&settings, "lic");
     let _: () = con.hset(&k.license, "queue_max", 1).await.unwrap();
     use Req::{Acquire, Heartbeat, Release};
+    let plain = Decision::Plain;
+    let acquired = Decision::Acquired {
+        borrowed_until_ms: None,
+    };
+    let queued_first = Decision::Queued {
+        position: 1,
+        priority: 0,
+    };
     // Run in order: each row starts from the state the rows above left.
     let table = [
-        (Acquire("a", 0), want(Status::Acquired, 1)),
-        (Acquire("a", 0), want(Status::AlreadyActive, 1)),
+        (Acquire("a", 0), want(acquired, 1)),
+        (Acquire("a", 0), want(plain(Status::AlreadyActive), 1)),
         (
             Heartbeat("a"),
-            Want {
-                heartbeats: Some(1),
-                ..want(Status::HeartbeatUpdated, 1)
-            },
+            want(Decision::HeartbeatUpdated { heartbeats: 1 }, 1),
         ),
-        (Heartbeat("ghost"), want(Status::SessionNotActive, 1)),
-        (Acquire("b", 0), want(Status::NoSeatsAvailable, 1)),
+        (Heartbeat("ghost"), want(plain(Status::SessionNotActive), 1)),
+        (
+            Acquire("b", 0),
+            want(Decision::NoSeatsAvailable(NoSeats::InUse), 1),
+        ),
+        (Acquire("b", 60_000), want(queued_first.clone(), 1)),
         (
             Acquire("b", 60_000),
             Want {
-                position: Some(1),
-                ..want(Status::Queued, 1)
-            },
-        ),
-        (
-            Acquire("b", 60_000),
-            Want {
-                position: Some(1),
                 changed: false,
-                ..want(Status::Queued, 1)
+                ..want(queued_first.clone(), 1)
             },
         ),
         (
             Acquire("c", 60_000),
-            Want {
-                queue_full: true,
-                ..want(Status::NoSeatsAvailable, 1)
-            },
+            want(Decision::NoSeatsAvailable(NoSeats::QueueFull), 1),
         ),
         (
             Release("a"),
             Want {
                 granted: &["b"],
-                ..want(Status::Released, 1)
+                ..want(Decision::Released { linger_ms: None }, 1)
             },
         ),
-        (
-            Acquire("c", 60_000),
-            Want {
-                position: Some(1),
-                ..want(Status::Queued, 1)
-            },
-        ),
-        (Release("c"), want(Status::LeftQueue, 1)),
-        (Release("c"), want(Status::SessionNotFound, 1)),
+        (Acquire("c", 60_000), want(queued_first, 1)),
+        (Release("c"), want(plain(Status::LeftQueue), 1)),
+        (Release("c"), want(plain(Status::SessionNotFound), 1)),
     ];
     for (req, want) in table {
         let before = redis_ms(&mut con).await;
         let o = run(&mut con, &settings, "lic", req).await;
         let after = redis_ms(&mut con).await;
         assert_eq!(
-            (o.status, o.seats_used, o.seats_total),
-            (want.status, want.seats_used, 1),
-            "{req:?}"
-        );
-        assert_eq!(
-            (o.heartbeats, o.position, o.queue_full),
-            (want.heartbeats, want.position, want.queue_full),
+            (&o.decision, o.seats_used, o.seats_total),
+            (&want.decision, want.seats_used, 1),
             "{req:?}"
         );
         assert_eq!((o.changed, o.replayed), (want.changed, false), "{req:?}");
@@ -444,13 +433,13 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
     assert_eq!(
         run_as(&mut con, &settings, a(), Req::Acquire("a", 0))
             .await
-            .status,
+            .status(),
         Status::Acquired
     );
     let o = run_as(&mut con, &settings, a(), Req::Heartbeat("a")).await;
     assert_eq!(
-        (o.status, o.seats_used, o.seats_total, o.heartbeats, o.replayed),
-        (Status::RateLimited, 1, 2, None, false)
+        (&o.decision, o.seats_used, o.seats_total, o.replayed),
+        (&Decision::Plain(Status::RateLimited), 1, 2, false)
     );
     assert!(o.notes.is_empty());
     let record: String = con
@@ -509,7 +498,7 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
         let g = entry(n, req.session());
         let guarded = || direct(&settings, "lic", req.session()).with_guard(g.clone());
         let first = run_as(&mut con, &settings, guarded(), req).await;
-        assert_eq!(first.status, status);
+        assert_eq!(first.status(), status);
         let again = run_as(&mut con, &settings, guarded(), req).await;
         // The same answer; the time is the replay's own (no reply carries it).
         let replayed = Outcome {
@@ -732,7 +721,7 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
     let wrong = direct(&settings, "lic", "old")
         .queue(&mut con, 60_000, "req-x", "")
         .await;
-    assert_eq!(wrong.status, Status::LeaseMismatch);
+    assert_eq!(wrong.status(), Status::LeaseMismatch);
     // A re-send naming a new reply_to rewrites the record in the plain form,
     // keeping its time, lease and metadata.
     let again = direct(&settings, "lic", "moved")
@@ -745,8 +734,14 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
         )
         .await;
     assert_eq!(
-        (again.status, again.position, again.changed),
-        (Status::Queued, Some(3), false)
+        (again.decision, again.changed),
+        (
+            Decision::Queued {
+                position: 3,
+                priority: 0
+            },
+            false
+        )
     );
     let raw: String = con.hget(&k.waiters, "moved").await.unwrap();
     assert!(
@@ -765,7 +760,7 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
     let gone = direct(&settings, "lic", "revoked")
         .revoke(&mut con, "test", "admin", 0)
         .await;
-    assert_eq!(gone.status, Status::Revoked);
+    assert_eq!(gone.status(), Status::Revoked);
     let note = &gone.notes[0];
     assert_eq!(
         (
@@ -836,12 +831,12 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
         })
     );
     let unleased = direct(&settings, "lic", "old").heartbeat(&mut con).await;
-    assert_eq!(unleased.status, Status::LeaseMismatch);
+    assert_eq!(unleased.status(), Status::LeaseMismatch);
     let beat = direct(&settings, "lic", "old")
         .with_lease(Some(LEASE))
         .heartbeat(&mut con)
         .await;
-    assert_eq!(beat.status, Status::HeartbeatUpdated);
+    assert_eq!(beat.status(), Status::HeartbeatUpdated);
 }
 
 #[tokio::test]
@@ -859,7 +854,7 @@ async fn a_waiter_whose_request_id_holds_a_newline_is_kept_in_the_json_form() {
         .with_meta(meta_of("w"))
         .queue(&mut con, 60_000, id, &reply_stream(&settings, "w"))
         .await;
-    assert_eq!(queued.status, Status::Queued);
+    assert_eq!(queued.status(), Status::Queued);
     let raw: String = con.hget(&k.waiters, "w").await.unwrap();
     assert!(raw.starts_with('{'), "{raw:?}");
     assert_eq!(
@@ -1005,7 +1000,7 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
             let sessions: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
             for s in &sessions {
                 let o = run(&mut con, &settings, "lic", Req::Acquire(s, 1)).await;
-                assert_eq!(o.status, Status::Queued);
+                assert_eq!(o.status(), Status::Queued);
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             // The waits ran out (seen by later acquires or by this step) and

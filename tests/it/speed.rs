@@ -67,7 +67,7 @@ async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() 
     // The seat comes free: the grant goes to the newest request.
     let released = holder
         .call(
-            &seatgate::client::Call::new(seatgate::engine::protocol::Op::Release, "lic", "h"),
+            &seatgate::client::Call::new(seatgate::engine::ops::Op::Release, "lic", "h"),
             T,
         )
         .await
@@ -167,7 +167,7 @@ async fn the_window_counters_admit_a_burst_refuse_the_rest_and_forget_it() {
     let a = direct(&s, "lic", "a").with_guard(guard("a", 3, 0));
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(a.acquire(&mut con).await.status);
+        statuses.push(a.acquire(&mut con).await.status());
     }
     assert_eq!(
         statuses,
@@ -195,17 +195,17 @@ async fn the_window_counters_admit_a_burst_refuse_the_rest_and_forget_it() {
     );
     // Release is never limited nor counted.
     let released = a.release(&mut con).await;
-    assert_eq!(released.status, Status::Released);
+    assert_eq!(released.status(), Status::Released);
     assert_eq!(con.get::<_, String>(&key).await.unwrap(), record);
 
     // The license's limit counts every session together.
     let b = |session: &str| direct(&s, "lic", session).with_guard(guard(session, 0, 2));
-    assert_eq!(b("b").acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(b("c").acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(b("d").acquire(&mut con).await.status, Status::RateLimited);
+    assert_eq!(b("b").acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(b("c").acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(b("d").acquire(&mut con).await.status(), Status::RateLimited);
 
     // Two windows later nothing of the burst counts any more.
     tokio::time::sleep(Duration::from_millis(2 * WINDOW + 50)).await;
-    assert_eq!(a.acquire(&mut con).await.status, Status::Acquired);
-    assert_eq!(b("d").acquire(&mut con).await.status, Status::NoSeatsAvailable);
+    assert_eq!(a.acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(b("d").acquire(&mut con).await.status(), Status::NoSeatsAvailable);
 }

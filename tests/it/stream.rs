@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use seatgate::client::Call;
 use seatgate::config::Settings;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{

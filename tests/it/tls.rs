@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
 use seatgate::db::Db;
-use seatgate::engine::protocol::Op;
+use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::tools::local_redis::{ClientAuth, LocalCluster};
 use secrecy::SecretString;

@@ -34,41 +34,97 @@ pub struct Note {
     pub heartbeat_timeout_ms: Option<i64>,
 }
 
-/// What a seat script decided.
+/// What a seat script decided: its status, with what only that status
+/// carries (the outcome's detail slot, lua/includes/outcome.lua, read
+/// according to the status once, here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// ACQUIRED; for a borrowed seat, when it comes back (unix ms).
+    Acquired {
+        /// When the borrowed seat comes back, ms; `None` for a plain seat.
+        borrowed_until_ms: Option<i64>,
+    },
+    /// QUEUED.
+    Queued {
+        /// 1-based place in the queue.
+        position: i64,
+        /// The queue priority the session got (0 = none; capped by the
+        /// license's `max_priority`).
+        priority: i64,
+    },
+    /// NO_SEATS_AVAILABLE, and why.
+    NoSeatsAvailable(NoSeats),
+    /// LIMIT_REACHED: the policy limit that refused the seat (never
+    /// [`PolicyRefusal::Reserved`], which is a [`NoSeats`] reason).
+    LimitReached(PolicyRefusal),
+    /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
+    LicenseInvalid(InvalidField),
+    /// SESSION_REVOKED: who revoked the session, why, and its cooldown
+    /// (`None` when the stored record is not of the scripts' form).
+    SessionRevoked(Option<Revocation>),
+    /// REVOKED (an administrator's revoke).
+    Revoked {
+        /// Whether the session held a seat (freed now) or waited in the
+        /// queue: usage reports count only the first as the end of a hold.
+        held: bool,
+    },
+    /// RELEASED; under a license's `linger_ms`, how long the seat lingers.
+    Released {
+        /// How long the released seat lingers with the session, ms; `None`
+        /// when it was freed at once.
+        linger_ms: Option<i64>,
+    },
+    /// HEARTBEAT_UPDATED.
+    HeartbeatUpdated {
+        /// Heartbeats the session has sent.
+        heartbeats: i64,
+    },
+    /// Any other status: one that carries nothing of its own (ALREADY_ACTIVE,
+    /// SESSION_NOT_FOUND, LICENSE_EXPIRED, …). The decoder never puts a
+    /// status of the variants above here.
+    Plain(Status),
+}
+
+/// Why NO_SEATS_AVAILABLE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoSeats {
+    /// Every seat is held (or others already wait for one).
+    InUse,
+    /// The license's wait queue is full as well.
+    QueueFull,
+    /// The free seats are reserved for others' groups.
+    Reserved,
+}
+
+impl Decision {
+    /// The wire status.
+    pub fn status(&self) -> Status {
+        match self {
+            Decision::Acquired { .. } => Status::Acquired,
+            Decision::Queued { .. } => Status::Queued,
+            Decision::NoSeatsAvailable(_) => Status::NoSeatsAvailable,
+            Decision::LimitReached(_) => Status::LimitReached,
+            Decision::LicenseInvalid(_) => Status::LicenseInvalid,
+            Decision::SessionRevoked(_) => Status::SessionRevoked,
+            Decision::Revoked { .. } => Status::Revoked,
+            Decision::Released { .. } => Status::Released,
+            Decision::HeartbeatUpdated { .. } => Status::HeartbeatUpdated,
+            Decision::Plain(status) => *status,
+        }
+    }
+}
+
+/// What a seat script answered: its [`Decision`] and what every decision
+/// carries (the seats, the Redis time, the waiters told on the way, and
+/// what the worker files for the reaper).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// The decision.
-    pub status: Status,
+    /// The decision, with what only it carries.
+    pub decision: Decision,
     /// Seats held after the script ran.
     pub seats_used: i64,
     /// The license's seat count (0 when there is no license).
     pub seats_total: i64,
-    /// Heartbeat count (HEARTBEAT_UPDATED only).
-    pub heartbeats: Option<i64>,
-    /// 1-based queue position (QUEUED only).
-    pub position: Option<i64>,
-    /// NO_SEATS_AVAILABLE because the queue is full.
-    pub queue_full: bool,
-    /// Which policy refused: the limit of a LIMIT_REACHED, or `Reserved`
-    /// for a NO_SEATS_AVAILABLE whose free seats are others' reservations.
-    pub policy_refusal: Option<PolicyRefusal>,
-    /// The queue priority the session got (QUEUED only; capped by the
-    /// license's `max_priority`).
-    pub priority: Option<i64>,
-    /// How long the released seat lingers with the session, ms (RELEASED
-    /// under a license's `linger_ms` only).
-    pub linger_ms: Option<i64>,
-    /// When a borrowed seat comes back, ms (ACQUIRED with `borrow_ms` only).
-    pub borrowed_until_ms: Option<i64>,
-    /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
-    pub invalid: Option<InvalidField>,
-    /// Who revoked the session, why, and its cooldown (SESSION_REVOKED
-    /// only; `None` too when the stored record is not of the scripts' form).
-    pub revocation: Option<Revocation>,
-    /// REVOKED only: whether the session held a seat (`true`, the seat was
-    /// freed) or waited in the queue (`false`): usage reports count only the
-    /// first as the end of a hold.
-    pub held: Option<bool>,
     /// Whether the script changed state (false for a re-sent QUEUED acquire
     /// and for replays), so that an event is published once per change.
     pub changed: bool,
@@ -98,19 +154,9 @@ impl Outcome {
     /// An outcome for a request that could not be decided.
     pub fn failed(status: Status) -> Outcome {
         Outcome {
-            status,
+            decision: Decision::Plain(status),
             seats_used: 0,
             seats_total: 0,
-            heartbeats: None,
-            position: None,
-            queue_full: false,
-            policy_refusal: None,
-            priority: None,
-            linger_ms: None,
-            borrowed_until_ms: None,
-            invalid: None,
-            revocation: None,
-            held: None,
             changed: false,
             replayed: false,
             now_ms: 0,
@@ -119,6 +165,11 @@ impl Outcome {
             due_ms: None,
             heartbeat_timeout_ms: None,
         }
+    }
+
+    /// The wire status of the decision.
+    pub fn status(&self) -> Status {
+        self.decision.status()
     }
 
     /// The license's seats after the script, at its time.
@@ -333,23 +384,10 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     let status = string(script, items.first(), "status")?
         .parse::<Status>()
         .map_err(|e| bad(script, e.to_string()))?;
-    let detail = Detail::decode(script, status, &items[3])?;
-    let count = detail.count;
-    let for_status = |wanted: Status| count.filter(|n| status == wanted && *n > 0);
     Ok(Outcome {
-        status,
+        decision: decision(script, status, &items[3])?,
         seats_used: int(script, items.get(1), "seats_used")?,
         seats_total: int(script, items.get(2), "seats_total")?,
-        heartbeats: count.filter(|_| status == Status::HeartbeatUpdated),
-        position: count.filter(|_| status == Status::Queued),
-        queue_full: detail.queue_full,
-        policy_refusal: detail.refusal,
-        priority: detail.priority.or(Some(0)).filter(|_| status == Status::Queued),
-        linger_ms: for_status(Status::Released),
-        borrowed_until_ms: for_status(Status::Acquired),
-        invalid: detail.invalid,
-        revocation: detail.revocation,
-        held: count.filter(|_| status == Status::Revoked).map(|n| n == 1),
         now_ms: int(script, items.get(4), "now_ms")?,
         notes: notes(script, items.get(5), "notes", heartbeat_timeout_ms)?,
         changed: flag(script, items.get(6), "changed")?,
@@ -360,78 +398,75 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
     })
 }
 
-/// An outcome's detail slot, taken apart (lua/includes/outcome.lua).
-#[derive(Debug, Default)]
-struct Detail {
-    /// The number it carries: a count, a position, a time.
-    count: Option<i64>,
-    /// NO_SEATS_AVAILABLE: 'queue_full'.
-    queue_full: bool,
-    /// LIMIT_REACHED: the limit; NO_SEATS_AVAILABLE: 'reserved'.
-    refusal: Option<PolicyRefusal>,
-    /// QUEUED: {position, priority}.
-    priority: Option<i64>,
-    /// LICENSE_INVALID: {field, value}.
-    invalid: Option<InvalidField>,
-    /// SESSION_REVOKED: the revocation record (when it reads as one).
-    revocation: Option<Revocation>,
-}
-
-impl Detail {
-    fn decode(script: &'static str, status: Status, detail: &Value) -> Result<Detail, Error> {
-        let refuse = || {
-            bad(
-                script,
-                format!("{status} detail is not one the scripts return: {detail:?}"),
-            )
-        };
-        match detail {
-            _ if status == Status::LicenseInvalid => Ok(Detail {
-                invalid: Some(invalid_field(script, detail)?),
-                ..Detail::default()
-            }),
-            // A revocation record the scripts stored; one that does not read
-            // as one (written by a later version) is no revocation to show.
-            _ if status == Status::SessionRevoked => Ok(Detail {
-                revocation: text(detail).and_then(|raw| Revocation::parse(&raw)),
-                count: match detail {
-                    Value::Int(n) => Some(*n),
-                    _ => None,
-                },
-                ..Detail::default()
-            }),
-            Value::Int(n) if status != Status::LimitReached => Ok(Detail {
-                count: Some(*n),
-                ..Detail::default()
-            }),
-            Value::Array(pair) if status == Status::Queued => match pair.as_slice() {
-                [Value::Int(position), Value::Int(priority)] => Ok(Detail {
-                    count: Some(*position),
-                    priority: Some(*priority),
-                    ..Detail::default()
-                }),
-                _ => Err(refuse()),
+/// Reads an outcome's detail slot (lua/includes/outcome.lua) as `status`
+/// says: one match, so that what a slot means is decided in one place.
+fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Decision, Error> {
+    let refuse = || {
+        bad(
+            script,
+            format!("{status} detail is not one the scripts return: {detail:?}"),
+        )
+    };
+    // A number the status carries, where 0 stands for none.
+    let positive = || match detail {
+        Value::Int(0) => Ok(None),
+        Value::Int(n) => Ok(Some(*n)),
+        _ => Err(refuse()),
+    };
+    Ok(match status {
+        Status::Acquired => Decision::Acquired {
+            borrowed_until_ms: positive()?,
+        },
+        Status::Released => Decision::Released {
+            linger_ms: positive()?,
+        },
+        Status::HeartbeatUpdated => match detail {
+            Value::Int(n) => Decision::HeartbeatUpdated { heartbeats: *n },
+            _ => return Err(refuse()),
+        },
+        Status::Revoked => match detail {
+            Value::Int(n) => Decision::Revoked { held: *n == 1 },
+            _ => return Err(refuse()),
+        },
+        Status::Queued => match detail {
+            Value::Int(position) => Decision::Queued {
+                position: *position,
+                priority: 0,
             },
-            other => match (status, text(other).as_deref()) {
-                (Status::NoSeatsAvailable, Some("queue_full")) => Ok(Detail {
-                    queue_full: true,
-                    ..Detail::default()
-                }),
-                (Status::NoSeatsAvailable, Some("reserved")) => Ok(Detail {
-                    refusal: Some(PolicyRefusal::Reserved),
-                    ..Detail::default()
-                }),
-                (Status::LimitReached, Some(limit)) => match PolicyRefusal::parse(limit) {
-                    Some(r) if r != PolicyRefusal::Reserved => Ok(Detail {
-                        refusal: Some(r),
-                        ..Detail::default()
-                    }),
-                    _ => Err(refuse()),
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::Int(position), Value::Int(priority)] => Decision::Queued {
+                    position: *position,
+                    priority: *priority,
                 },
-                _ => Err(refuse()),
+                _ => return Err(refuse()),
             },
+            _ => return Err(refuse()),
+        },
+        Status::LicenseInvalid => Decision::LicenseInvalid(invalid_field(script, detail)?),
+        // A revocation record the scripts stored; one that does not read
+        // as one (written by a later version) is no revocation to show.
+        Status::SessionRevoked => {
+            Decision::SessionRevoked(text(detail).and_then(|raw| Revocation::parse(&raw)))
         }
-    }
+        Status::NoSeatsAvailable => match detail {
+            Value::Int(_) => Decision::NoSeatsAvailable(NoSeats::InUse),
+            other => match text(other).as_deref() {
+                Some("queue_full") => Decision::NoSeatsAvailable(NoSeats::QueueFull),
+                Some("reserved") => Decision::NoSeatsAvailable(NoSeats::Reserved),
+                _ => return Err(refuse()),
+            },
+        },
+        Status::LimitReached => match text(detail).as_deref().and_then(PolicyRefusal::parse) {
+            Some(limit) if limit != PolicyRefusal::Reserved && !matches!(detail, Value::Int(_)) => {
+                Decision::LimitReached(limit)
+            }
+            _ => return Err(refuse()),
+        },
+        other => match detail {
+            Value::Int(_) => Decision::Plain(other),
+            _ => return Err(refuse()),
+        },
+    })
 }
 
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
@@ -539,19 +574,37 @@ mod tests {
     #[test]
     fn the_detail_slot_means_what_the_status_says() {
         let o = decode_outcome("heartbeat", outcome("HEARTBEAT_UPDATED", Value::Int(7), vec![])).unwrap();
-        assert_eq!((o.heartbeats, o.position, o.queue_full), (Some(7), None, false));
+        assert_eq!(o.decision, Decision::HeartbeatUpdated { heartbeats: 7 });
         let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(3), vec![])).unwrap();
-        assert_eq!((o.heartbeats, o.position, o.queue_full), (None, Some(3), false));
+        assert_eq!(
+            o.decision,
+            Decision::Queued {
+                position: 3,
+                priority: 0
+            }
+        );
+        let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", Value::Int(0), vec![])).unwrap();
+        assert_eq!(o.decision, Decision::NoSeatsAvailable(NoSeats::InUse));
         let o = decode_outcome(
             "acquire",
             outcome("NO_SEATS_AVAILABLE", bulk("queue_full"), vec![]),
         )
         .unwrap();
-        assert_eq!((o.heartbeats, o.position, o.queue_full), (None, None, true));
+        assert_eq!(o.decision, Decision::NoSeatsAvailable(NoSeats::QueueFull));
         let record = r#"{"reason":"audit","actor":"ada","at":1,"cooldown_until":0}"#;
         let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk(record), vec![])).unwrap();
-        assert_eq!(o.revocation.map(|r| r.actor), Some("ada".to_owned()));
-        assert!(!o.queue_full);
+        let Decision::SessionRevoked(Some(revocation)) = o.decision else {
+            panic!("{o:?}")
+        };
+        assert_eq!(revocation.actor, "ada");
+        let o = decode_outcome("heartbeat", outcome("SESSION_REVOKED", bulk("{nope"), vec![])).unwrap();
+        assert_eq!(
+            o.decision,
+            Decision::SessionRevoked(None),
+            "a record of another form"
+        );
+        let o = decode_outcome("acquire", outcome("ALREADY_ACTIVE", Value::Int(0), vec![])).unwrap();
+        assert_eq!(o.decision, Decision::Plain(Status::AlreadyActive));
     }
 
     #[test]
@@ -561,26 +614,52 @@ mod tests {
             outcome("QUEUED", Value::Array(vec![Value::Int(2), Value::Int(7)]), vec![]),
         )
         .unwrap();
-        assert_eq!((o.position, o.priority), (Some(2), Some(7)));
-        let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(4), vec![])).unwrap();
-        assert_eq!((o.position, o.priority), (Some(4), Some(0)));
-        let o = decode_outcome("acquire", outcome("LIMIT_REACHED", bulk("group_max"), vec![])).unwrap();
-        assert_eq!(o.policy_refusal, Some(PolicyRefusal::GroupMax));
-        let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", bulk("reserved"), vec![])).unwrap();
         assert_eq!(
-            (o.policy_refusal, o.queue_full),
-            (Some(PolicyRefusal::Reserved), false)
+            o.decision,
+            Decision::Queued {
+                position: 2,
+                priority: 7
+            }
         );
+        let o = decode_outcome("acquire", outcome("QUEUED", Value::Int(4), vec![])).unwrap();
+        assert_eq!(
+            o.decision,
+            Decision::Queued {
+                position: 4,
+                priority: 0
+            }
+        );
+        let o = decode_outcome("acquire", outcome("LIMIT_REACHED", bulk("group_max"), vec![])).unwrap();
+        assert_eq!(o.decision, Decision::LimitReached(PolicyRefusal::GroupMax));
+        let o = decode_outcome("acquire", outcome("NO_SEATS_AVAILABLE", bulk("reserved"), vec![])).unwrap();
+        assert_eq!(o.decision, Decision::NoSeatsAvailable(NoSeats::Reserved));
         let o = decode_outcome("release", outcome("RELEASED", Value::Int(30_000), vec![])).unwrap();
-        assert_eq!((o.linger_ms, o.borrowed_until_ms), (Some(30_000), None));
+        assert_eq!(
+            o.decision,
+            Decision::Released {
+                linger_ms: Some(30_000)
+            }
+        );
         let o = decode_outcome("release", outcome("RELEASED", Value::Int(0), vec![])).unwrap();
-        assert_eq!(o.linger_ms, None);
+        assert_eq!(o.decision, Decision::Released { linger_ms: None });
         let o = decode_outcome(
             "acquire",
             outcome("ACQUIRED", Value::Int(1_800_000_000_000), vec![]),
         )
         .unwrap();
-        assert_eq!(o.borrowed_until_ms, Some(1_800_000_000_000));
+        assert_eq!(
+            o.decision,
+            Decision::Acquired {
+                borrowed_until_ms: Some(1_800_000_000_000)
+            }
+        );
+        let o = decode_outcome("acquire", outcome("ACQUIRED", Value::Int(0), vec![])).unwrap();
+        assert_eq!(
+            o.decision,
+            Decision::Acquired {
+                borrowed_until_ms: None
+            }
+        );
         for (status, detail) in [
             ("LIMIT_REACHED", Value::Int(1)),
             ("LIMIT_REACHED", bulk("reserved")),
@@ -599,7 +678,9 @@ mod tests {
     fn license_invalid_carries_the_field_and_its_value() {
         let detail = Value::Array(vec![bulk("seats_total"), Value::BulkString(b"5.5\xff".to_vec())]);
         let o = decode_outcome("acquire", outcome("LICENSE_INVALID", detail, vec![])).unwrap();
-        let invalid = o.invalid.unwrap();
+        let Decision::LicenseInvalid(invalid) = o.decision else {
+            panic!("{o:?}")
+        };
         assert_eq!(
             (invalid.field, invalid.value.as_str()),
             (Field::SeatsTotal, "5.5\u{fffd}")

@@ -11,8 +11,9 @@ use super::read::{Entry, Source};
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
 use crate::engine::keys::Keys;
-use crate::engine::protocol::{self, Lane, Op, Reply, Request};
-use crate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SeatCall, SessionArgs};
+use crate::engine::ops::{Action, Lane, Request};
+use crate::engine::protocol::{self, Reply};
+use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
@@ -219,7 +220,7 @@ impl Decider {
                     let request = entry
                         .fields
                         .as_ref()
-                        .map(|f| protocol::parse_entry(lane, &entry.id, f, &rules));
+                        .map(|f| crate::engine::ops::parse_entry(lane, &entry.id, f, &rules));
                     (request, None)
                 };
                 Item {
@@ -286,7 +287,7 @@ impl Decider {
             }
             metrics::script_call(
                 call.name(),
-                result.as_ref().map(|o| Some(o.status)).map_err(|_| ()),
+                result.as_ref().map(|o| Some(o.status())).map_err(|_| ()),
                 elapsed,
             );
             item.outcome = Some(result);
@@ -308,71 +309,14 @@ impl Decider {
         // Even a first delivery may have been decided before: a worker that
         // stalled past claim_idle_ms had its batch claimed by another.
         guard.redelivery = true;
-        match req.op {
-            Op::Acquire => scripts.acquire_as(
-                &keys,
-                &guard,
-                &AcquireArgs {
-                    session: &req.session,
-                    lease: lease(req),
-                    meta: &req.meta,
-                    wait_ms: req.wait_ms,
-                    request_id: &req.id,
-                    reply_to: req.reply_to.as_deref().unwrap_or(""),
-                    default_queue_max: self.settings.queue.max_length,
-                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
-                },
-                &req.policy,
-            ),
-            Op::Release => scripts.release(
-                &keys,
-                &guard,
-                &SessionArgs {
-                    session: &req.session,
-                    lease: lease(req),
-                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
-                },
-            ),
-            Op::Heartbeat => scripts.heartbeat(
-                &keys,
-                &guard,
-                &SessionArgs {
-                    session: &req.session,
-                    lease: lease(req),
-                    default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
-                },
-            ),
-            Op::Revoke => {
-                // Entry ids are per stream: an admin entry may carry the id of
-                // a request entry of the same license, and must not find its
-                // dedupe record (nor leave one that request would find).
-                guard.entry_id = format!("admin:{}", entry.id);
-                let (reason, actor, cooldown_ms) = match &req.revoke {
-                    Some(r) => (r.reason.as_str(), r.actor.as_str(), r.cooldown_ms),
-                    // The parser always fills them for a revoke.
-                    None => ("", protocol::UNKNOWN_ACTOR, 0),
-                };
-                scripts.revoke(
-                    &keys,
-                    &guard,
-                    &RevokeArgs {
-                        session: &req.session,
-                        reason,
-                        actor,
-                        cooldown_ms,
-                        remember_ms: self.settings.revoke.remember_ms,
-                        max_remembered: self.settings.revoke.max_per_license,
-                        default_heartbeat_timeout_ms: self.settings.sessions.heartbeat_timeout_ms,
-                    },
-                )
-            }
+        if let Action::Revoke(_) = req.action {
+            // Entry ids are per stream: an admin entry may carry the id of
+            // a request entry of the same license, and must not find its
+            // dedupe record (nor leave one that request would find).
+            guard.entry_id = format!("admin:{}", entry.id);
         }
+        req.call(scripts, &keys, &guard, &self.settings.service_defaults())
     }
-}
-
-/// The lease `req` carries, as the scripts take it.
-fn lease(req: &Request) -> Option<&str> {
-    req.lease.as_ref().map(protocol::Lease::as_str)
 }
 
 /// Lets a log line through at most once per period and counts the ones it

@@ -42,7 +42,7 @@ use self::schedule::Schedule;
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
 use crate::engine::keys::consumer_alive;
-use crate::engine::protocol::Lane;
+use crate::engine::ops::Lane;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
 use crate::runtime::health::Readiness;

@@ -10,8 +10,10 @@ use tracing::{debug, error, info, warn};
 use super::decide::{Cause, Decider, Handled, Item};
 use super::read::{Entry, Source};
 use crate::db::{is_transient, Db};
-use crate::engine::protocol::{self, Lane, Reply, Request};
-use crate::engine::scripts::Outcome;
+use crate::engine::ops::{parse_entry, Action, Lane, Request};
+use crate::engine::policy::{PolicyRefusal, RequestPolicy};
+use crate::engine::protocol::Reply;
+use crate::engine::scripts::{Decision, NoSeats, Outcome};
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::metrics;
@@ -96,10 +98,10 @@ impl Decider {
                 (Some(Ok(req)), Some(Ok(outcome))) => {
                     if outcome.replayed {
                         metrics::replayed();
-                    } else if outcome.status == Status::Revoked {
+                    } else if outcome.status() == Status::Revoked {
                         metrics::revoked();
                     }
-                    metrics::request_answered(req.op.as_str(), outcome.status.as_str(), item.entry.age());
+                    metrics::request_answered(req.op().as_str(), outcome.status().as_str(), item.entry.age());
                     // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
                     // A replayed outcome's notes wait in the outbox for the reaper.
                     if !outcome.replayed {
@@ -301,7 +303,7 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
-            if let Ok(req) = protocol::parse_entry(lane, &entry.id, fields, &self.settings.parse_rules()) {
+            if let Ok(req) = parse_entry(lane, &entry.id, fields, &self.settings.parse_rules()) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let reply = reply_for(&req, &failed, Some(answer.to_owned()));
@@ -375,21 +377,30 @@ impl Item {
         if !outcome.changed || outcome.replayed {
             return None;
         }
+        let meta = match &req.action {
+            Action::Acquire(acquire) => acquire.meta.as_str(),
+            _ => "{}",
+        };
         let mut event = Event::of_decision(
-            outcome.status,
+            outcome.status(),
             &req.license,
             &req.session,
-            &req.meta,
+            meta,
             outcome.seats_at(),
         )?;
-        event.priority = outcome.priority;
-        event.linger_ms = outcome.linger_ms;
-        event.borrowed_until_ms = outcome.borrowed_until_ms;
-        // A revocation's audit trail: who and why, as the admin sent them.
-        if let (EventType::Revoked, Some(revoke)) = (event.kind, &req.revoke) {
-            event.reason = Some(&revoke.reason);
-            event.actor = Some(&revoke.actor);
-            event.held = outcome.held;
+        match outcome.decision {
+            Decision::Queued { priority, .. } => event.priority = Some(priority),
+            Decision::Released { linger_ms } => event.linger_ms = linger_ms,
+            Decision::Acquired { borrowed_until_ms } => event.borrowed_until_ms = borrowed_until_ms,
+            // A revocation's audit trail: who and why, as the admin sent them.
+            Decision::Revoked { held } => {
+                if let (EventType::Revoked, Action::Revoke(revoke)) = (event.kind, &req.action) {
+                    event.reason = Some(&revoke.reason);
+                    event.actor = Some(&revoke.actor);
+                    event.held = Some(held);
+                }
+            }
+            _ => {}
         }
         Some(event)
     }
@@ -400,36 +411,60 @@ const REDACTED: &[u8] = b"redacted";
 
 /// Builds the reply for a decided request.
 fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
-    Reply {
+    let status = outcome.status();
+    let mut reply = Reply {
         id: req.id.clone(),
-        op: req.op.as_str().to_owned(),
-        status: outcome.status,
+        op: req.op().as_str().to_owned(),
+        status,
         license: req.license.clone(),
         session: req.session.clone(),
         seats_used: outcome.seats_used,
         seats_total: outcome.seats_total,
-        heartbeats: outcome.heartbeats,
-        position: outcome.position,
+        heartbeats: None,
+        position: None,
         waited_ms: None,
         // What the holder needs to keep the seat: on every answer that says it holds one.
         heartbeat_timeout_ms: outcome
             .heartbeat_timeout_ms
-            .filter(|_| matches!(outcome.status, Status::Acquired | Status::AlreadyActive)),
-        priority: outcome.priority.filter(|p| *p > 0),
-        linger_ms: outcome.linger_ms,
-        borrowed_until_ms: outcome.borrowed_until_ms,
-        error: error.or_else(|| {
-            if outcome.queue_full {
-                Some("every seat is in use and the license's wait queue is full".to_owned())
-            } else if let Some(invalid) = &outcome.invalid {
-                Some(invalid.to_string())
-            } else if let Some(revocation) = &outcome.revocation {
-                Some(revocation.describe(outcome.now_ms))
-            } else if let Some(refusal) = outcome.policy_refusal {
-                Some(refusal.reason(&req.policy))
-            } else {
-                outcome.status.refusal_reason().map(str::to_owned)
-            }
-        }),
-    }
+            .filter(|_| matches!(status, Status::Acquired | Status::AlreadyActive)),
+        priority: None,
+        linger_ms: None,
+        borrowed_until_ms: None,
+        error: None,
+    };
+    let who = match &req.action {
+        Action::Acquire(acquire) => &acquire.policy,
+        _ => &RequestPolicy::NONE,
+    };
+    let refusal = match &outcome.decision {
+        Decision::Acquired { borrowed_until_ms } => {
+            reply.borrowed_until_ms = *borrowed_until_ms;
+            None
+        }
+        Decision::Queued { position, priority } => {
+            reply.position = Some(*position);
+            reply.priority = Some(*priority).filter(|p| *p > 0);
+            None
+        }
+        Decision::Released { linger_ms } => {
+            reply.linger_ms = *linger_ms;
+            None
+        }
+        Decision::HeartbeatUpdated { heartbeats } => {
+            reply.heartbeats = Some(*heartbeats);
+            None
+        }
+        Decision::NoSeatsAvailable(NoSeats::QueueFull) => {
+            Some("every seat is in use and the license's wait queue is full".to_owned())
+        }
+        Decision::NoSeatsAvailable(NoSeats::Reserved) => Some(PolicyRefusal::Reserved.reason(who)),
+        Decision::LimitReached(limit) => Some(limit.reason(who)),
+        Decision::LicenseInvalid(invalid) => Some(invalid.to_string()),
+        Decision::SessionRevoked(Some(revocation)) => Some(revocation.describe(outcome.now_ms)),
+        _ => None,
+    };
+    reply.error = error
+        .or(refusal)
+        .or_else(|| status.refusal_reason().map(str::to_owned));
+    reply
 }

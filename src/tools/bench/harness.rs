@@ -12,7 +12,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
-use crate::engine::protocol::Op;
+use crate::engine::ops::Op;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
 use crate::runtime::health::Readiness;

@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
-use crate::engine::protocol::Op;
+use crate::engine::ops::Op;
 use crate::engine::status::Status;
 use crate::error::Error;
 

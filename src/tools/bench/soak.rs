@@ -13,7 +13,7 @@ use crate::config::{LimitSettings, Settings};
 use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
-use crate::engine::protocol::Op;
+use crate::engine::ops::Op;
 use crate::error::Error;
 use crate::runtime::reaper::Reaper;
 

@@ -242,7 +242,7 @@ impl Caller {
                 } else {
                     Step::Release
                 };
-                seat.run(con, step).await?.status
+                seat.run(con, step).await?.status()
             }
             Caller::Seed(con, seat) => {
                 let (step, expected) = if acquire {

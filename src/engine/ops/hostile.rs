@@ -1,6 +1,6 @@
 //! Generated hostile request entries: arbitrary field maps, byte strings and
 //! sizes. One generator for two tests: the parser's property test next to the
-//! parser (`engine::protocol`), and the integration test that feeds such
+//! parser (`engine::ops`), and the integration test that feeds such
 //! entries through a real worker (tests/it/invalid.rs includes this file by
 //! path, since an integration test cannot see the library's test code).
 
