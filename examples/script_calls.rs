@@ -3,8 +3,8 @@
 //! calls cost a `redis-server` running under `valgrind --tool=callgrind`.
 //!
 //! ```sh
-//! cargo run --features tools --example script_calls -- URL setup
-//! cargo run --features tools --example script_calls -- URL MODE CALLS
+//! cargo run --example script_calls -- URL setup
+//! cargo run --example script_calls -- URL MODE CALLS
 //! ```
 //!
 //! `setup` loads the scripts and provisions the license (1,000 seats). Each

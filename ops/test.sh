@@ -10,4 +10,4 @@ source ops/ensure-prometheus.sh
 source ops/ensure-chromium.sh
 source ops/ensure-python.sh
 bash ops/check-prometheus.sh
-cargo test --locked --features tools "$@"
+cargo test --locked "$@"

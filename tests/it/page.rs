@@ -566,7 +566,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
 
 /// A few licenses under load, as the README shows them. Writes the PNG to
 /// `$SEATGATE_SCREENSHOT` when set (`SEATGATE_SCREENSHOT=$PWD/docs/status-page.png
-/// cargo test --features tools page::`), else only checks that it is one.
+/// cargo test page::`), else only checks that it is one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_screenshot_of_the_page_under_load() {
     let redis = RedisServer::start_with(&[]).await;
