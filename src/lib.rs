@@ -18,9 +18,10 @@
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
 //!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
 //! - [`client`]   the caller's side
-//!   - [`client::Client`]  the request/reply client: clones share one connection and one reply stream
-//!   - [`client::report`]  `seatgate status`: holders and queues per license
-//!   - [`client::usage`]   `seatgate report`: usage per license over a period, from the events
+//!   - [`client::Client`]    the request/reply client: clones share one connection and one reply stream
+//!   - [`client::ReplyMsg`]  a reply as received (client/reply.rs, below the reader and the waiter table)
+//!   - [`client::report`]    `seatgate status`: holders and queues per license
+//!   - [`client::usage`]     `seatgate report`: usage per license over a period, from the events
 //! - [`engine`]   what a seat decision is
 //!   - [`engine::keys`]      every Redis key name, the per-license hash tag `{<license>}`, shards
 //!   - [`engine::status`]    the wire statuses, one enum
