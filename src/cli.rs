@@ -9,8 +9,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::report::printable;
-use crate::client::usage::{self, When};
 use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
@@ -21,6 +19,8 @@ use crate::engine::protocol::Lease;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::ops::{service, telemetry};
+use crate::views::usage::{self, When};
+use crate::views::{self, printable};
 
 /// Exit code when the request was answered but not granted (e.g. NO_SEATS_AVAILABLE).
 pub const EXIT_REFUSED: u8 = 1;
@@ -398,11 +398,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             }
             let mut con = crate::connect(&settings).await?;
             let keys = Keys::new(settings.keys.prefix.clone());
-            let status = crate::client::report::status(&mut con, &keys, license.as_deref()).await?;
+            let status = views::status::status(&mut con, &keys, license.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&status).unwrap_or_default());
             } else {
-                print!("{}", crate::client::report::render(&status));
+                print!("{}", views::status::render(&status));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -17,10 +17,12 @@
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
 //!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
+//! - [`views`]    read models for operators, below both `ops` and `cli`
+//!   - [`views::status`]  `seatgate status` and `/status.json`: holders and queues per license
+//!   - [`views::usage`]   `seatgate report`: usage per license over a period, from the events
 //! - [`client`]   the caller's side
-//!   - [`client::Client`]  the request/reply client: clones share one connection and one reply stream
-//!   - [`client::report`]  `seatgate status`: holders and queues per license
-//!   - [`client::usage`]   `seatgate report`: usage per license over a period, from the events
+//!   - [`client::Client`]    the request/reply client: clones share one connection and one reply stream
+//!   - [`client::ReplyMsg`]  a reply as received (client/reply.rs, below the reader and the waiter table)
 //! - [`engine`]   what a seat decision is
 //!   - [`engine::keys`]      every Redis key name, the per-license hash tag `{<license>}`, shards
 //!   - [`engine::status`]    the wire statuses, one enum
@@ -46,6 +48,7 @@ pub mod ops;
 pub mod runtime;
 #[cfg(feature = "tools")]
 pub mod tools;
+pub mod views;
 
 pub use error::{Error, Result};
 

@@ -1,11 +1,12 @@
-//! The caller's side: the request/reply client, `seatgate status` and
-//! `seatgate report` (usage over a period, from the events).
+//! The caller's side: the request/reply client (request.rs), its reply
+//! reader (reader.rs), the waiter table (waiters.rs) and the reply itself
+//! (reply.rs), imported by the other three; arrows point one way.
 //! Uses the engine only (plus the connection and settings).
 
 mod reader;
-pub mod report;
+mod reply;
 mod request;
-pub mod usage;
 mod waiters;
 
-pub use request::{Call, Client, Pending, ReplyMsg, Revoke, Stats, ADMIN_CLIENT_NAME};
+pub use reply::ReplyMsg;
+pub use request::{Call, Client, Pending, Revoke, Stats, ADMIN_CLIENT_NAME};

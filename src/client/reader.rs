@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::streams::{StreamId, StreamReadReply};
 use tokio_util::sync::CancellationToken;
 
-use super::request::ReplyMsg;
+use super::reply::ReplyMsg;
 use super::waiters::Waiters;
 use crate::config::RedisSettings;
 use crate::db::Db;
@@ -86,7 +86,7 @@ impl Reader {
                     }
                     for entry in entries {
                         last.clone_from(&entry.id);
-                        self.waiters.deliver(reply_of(entry));
+                        self.waiters.deliver(ReplyMsg::from_entry(entry));
                     }
                 }
                 Err(e) => {
@@ -135,19 +135,6 @@ impl Reader {
                 ))
             })??;
         Ok(read.keys.into_iter().flat_map(|key| key.ids).collect())
-    }
-}
-
-/// A reply entry as a [`ReplyMsg`]; a value that is not text reads as "".
-fn reply_of(entry: StreamId) -> ReplyMsg {
-    ReplyMsg {
-        fields: entry
-            .map
-            .into_iter()
-            .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
-            .collect(),
-        // The client adds the lease when it hands the reply to its caller.
-        lease: None,
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::request::ReplyMsg;
+use super::reply::ReplyMsg;
 
 /// Most unclaimed replies kept. Past it the oldest is dropped: a caller that
 /// sends thousands of requests without ever waiting for them must not make

@@ -2,7 +2,7 @@
 //!
 //! The runtime appends one event per change of seat state (and per denial)
 //! to the events stream (`runtime::publish`); `seatgate events` follows them
-//! and `seatgate report` (`client::usage`) aggregates them. Both sides use
+//! and `seatgate report` (`views::usage`) aggregates them. Both sides use
 //! this one description, so the writer and the readers cannot drift apart.
 //! docs/protocol.md ("Events") lists every type and field.
 

@@ -1,7 +1,7 @@
 //! Running seatgate as a service: logs and metrics, the HTTP endpoint
 //! (`/metrics`, `/live`, `/ready`, the status page) and `seatgate run`, which
 //! wires the runtime together and shuts it down gracefully. Uses the runtime
-//! (and the client's status report, for the page).
+//! (and the status view, for the page).
 
 pub mod http;
 pub mod page;

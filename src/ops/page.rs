@@ -15,9 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::client::report;
 use crate::db::Db;
 use crate::engine::keys::Keys;
+use crate::views;
 
 const INDEX_HTML: &str = include_str!("page/index.html");
 const STATUS_CSS: &str = include_str!("page/status.css");
@@ -103,7 +103,7 @@ fn failure(code: StatusCode, error: String) -> Response {
 
 async fn status_json(source: StatusSource) -> Response {
     let StatusSource { mut db, keys } = source;
-    match tokio::time::timeout(READ_TIMEOUT, report::status(&mut db, &keys, None)).await {
+    match tokio::time::timeout(READ_TIMEOUT, views::status::status(&mut db, &keys, None)).await {
         Ok(Ok(status)) => match serde_json::to_string(&status) {
             Ok(body) => guarded(StatusCode::OK, "application/json", body),
             Err(e) => failure(

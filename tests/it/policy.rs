@@ -181,8 +181,8 @@ async fn serve_cad(seats: u64, policy: &LicensePolicy) -> (RedisServer, Settings
 }
 
 /// `license`'s status as `seatgate status` reads it.
-async fn license_status(s: &Settings, license: &str) -> seatgate::client::report::LicenseStatus {
-    seatgate::client::report::license_status(&mut db(s).await, &keys(s), license)
+async fn license_status(s: &Settings, license: &str) -> seatgate::views::status::LicenseStatus {
+    seatgate::views::status::license_status(&mut db(s).await, &keys(s), license)
         .await
         .unwrap()
 }

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use seatgate::client::usage::{self, LicenseUsage, Query, UsageReport, Waits, When};
 use seatgate::client::Call;
 use seatgate::config::Settings;
 use seatgate::engine::events::{Event, EventType};
@@ -13,6 +12,7 @@ use seatgate::engine::keys::shard_of;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::runtime::publish::Publisher;
+use seatgate::views::usage::{self, LicenseUsage, Query, UsageReport, Waits, When};
 
 use crate::support::{
     add_request, client, db, events, output, put_license, redis_ms, seatgate_cmd, spawn_worker, Entry,

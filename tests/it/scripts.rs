@@ -591,7 +591,7 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
     // `seatgate status` reads them through the same types.
-    let status = seatgate::client::report::license_status(&mut con, &keys(&settings), "lic")
+    let status = seatgate::views::status::license_status(&mut con, &keys(&settings), "lic")
         .await
         .unwrap();
     let h = &status.holders[0];

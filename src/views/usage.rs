@@ -21,7 +21,7 @@ use redis::Value;
 use serde::Serialize;
 use sketches_ddsketch::{Config as SketchConfig, DDSketch};
 
-use crate::client::report::printable;
+use super::printable;
 use crate::config::Settings;
 use crate::engine::events::{EventRecord, EventType, SeatChange};
 use crate::engine::keys::{shard_name, shard_names};

@@ -2,16 +2,17 @@
 //! FlexLM's `lmstat`. Each license is read in one MULTI, so its holders and
 //! queue are a consistent snapshot.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
+use super::printable;
 use crate::engine::keys::Keys;
 use crate::engine::license::{InvalidField, StoredRecord};
 use crate::engine::policy::{score_priority, LicensePolicy};
+use crate::engine::protocol::valid_id;
 use crate::engine::records::{OwnerRecord, SessionRecord, WaiterRecord};
 use crate::error::Error;
 
@@ -288,7 +289,7 @@ pub async fn status<C: ConnectionLike>(
         }
     };
     let mut licenses = Vec::with_capacity(ids.len());
-    for id in ids.iter().filter(|id| crate::engine::protocol::valid_id(id)) {
+    for id in ids.iter().filter(|id| valid_id(id)) {
         licenses.push(license_status(con, keys, id).await?);
     }
     Ok(Status {
@@ -307,28 +308,6 @@ fn ago(ms: i64) -> String {
         60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
-}
-
-/// `s` with control characters, and the bidirectional overrides that reorder
-/// a line, escaped (`\u{1b}`, `\n`): a value some caller stored (session
-/// metadata) must not move the cursor, clear the screen or disguise itself on
-/// the operator's terminal. Other text, non-ASCII letters included, is kept.
-pub fn printable(s: &str) -> Cow<'_, str> {
-    fn unsafe_char(c: char) -> bool {
-        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-    }
-    if !s.chars().any(unsafe_char) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if unsafe_char(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// `  user=ada group=cad priority=5` after a row: who a seat counts for, and

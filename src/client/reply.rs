@@ -1,0 +1,118 @@
+//! A reply as the client receives it: [`ReplyMsg`], its typed accessors and
+//! how a reply-stream entry becomes one. The reader, the waiter table and
+//! the request side all import it; it imports none of them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redis::streams::StreamId;
+use serde::Serialize;
+
+use crate::engine::protocol::Lease;
+use crate::engine::status::Status;
+
+/// A reply as received: every field, plus typed accessors for the common
+/// ones, and the lease the client sent the request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyMsg {
+    /// The reply entry's fields.
+    pub fields: BTreeMap<String, String>,
+    /// The lease this client sent with the request (the reply never carries
+    /// it): what the session's heartbeats and release must send.
+    pub lease: Option<Lease>,
+}
+
+/// The reply's fields, and `lease` when the request carried one: the CLI's
+/// `--json` output, so a script can pick up the lease it must send later.
+impl Serialize for ReplyMsg {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (k, v) in &self.fields {
+            if k != "lease" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        if let Some(lease) = &self.lease {
+            map.serialize_entry("lease", lease.as_str())?;
+        }
+        map.end()
+    }
+}
+
+impl ReplyMsg {
+    /// The lease the request was sent with, if any.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// A field's value, or "" when absent.
+    pub fn get(&self, field: &str) -> &str {
+        self.fields.get(field).map(String::as_str).unwrap_or("")
+    }
+
+    /// The parsed status (unknown statuses are reported as `Error`).
+    pub fn status(&self) -> Status {
+        self.get("status").parse().unwrap_or(Status::Error)
+    }
+
+    /// Whether the request got what it asked for.
+    pub fn ok(&self) -> bool {
+        self.get("ok") == "1"
+    }
+
+    /// Whether this is the last reply to its request (anything but QUEUED).
+    pub fn is_final(&self) -> bool {
+        self.status().is_final()
+    }
+
+    /// An integer field, 0 when absent or malformed.
+    pub fn int(&self, field: &str) -> i64 {
+        self.get(field).parse().unwrap_or(0)
+    }
+
+    /// The license's heartbeat timeout in force, which ACQUIRED,
+    /// ALREADY_ACTIVE and GRANTED replies carry: a seat whose last heartbeat
+    /// is older is evicted. Heartbeat at a third of it, so one lost or late
+    /// heartbeat never costs the seat. `None` on other replies (and from a
+    /// service older than this field).
+    pub fn heartbeat_timeout(&self) -> Option<Duration> {
+        self.get("heartbeat_timeout_ms")
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis)
+    }
+
+    /// A reply entry as read from the reply stream; a value that is not
+    /// text reads as "". The client adds the lease when it hands the reply
+    /// to its caller.
+    pub(crate) fn from_entry(entry: StreamId) -> ReplyMsg {
+        ReplyMsg {
+            fields: entry
+                .map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                .collect(),
+            lease: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_serialises_with_the_lease_it_was_sent_with() {
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let reply = ReplyMsg {
+            fields: BTreeMap::from([("status".to_owned(), "ACQUIRED".to_owned())]),
+            lease: Some(lease),
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"status":"ACQUIRED","lease":"abcdefghijklmnop"}"#
+        );
+    }
+}
