@@ -26,11 +26,13 @@
 //! - [`engine`]   what a seat decision is
 //!   - [`engine::keys`]      every Redis key name, the per-license hash tag `{<license>}`, shards
 //!   - [`engine::status`]    the wire statuses, one enum
-//!   - [`engine::protocol`]  request parsing and validation, reply formatting (docs/protocol.md)
+//!   - [`engine::protocol`]  what every request shares on the wire: limits, field names, leases, the reply (docs/protocol.md)
+//!   - [`engine::ops`]       one file per op (acquire, release, heartbeat, revoke): its fields, parsing, script call, statuses
 //!   - [`engine::events`]    the seat event record: types, fields, encoded and decoded
 //!   - [`engine::license`]   the license record: put / show / list / delete, its rules
 //!   - [`engine::policy`]    license policies: per-user and per-group limits, reservations, priority, linger, borrowing
-//!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script
+//!   - [`engine::scripts`]   the embedded Lua registry (lua/*.lua, lua/includes/), one typed call per script,
+//!     every reply decoded (a seat script's into a `Decision`)
 //!   - [`engine::records`]   the records the scripts store (sessions, waiters, owners, dedupe), decoded
 //!   - [`engine::revocation`] the record of a revoked session, and what it is told
 //! - [`config`]   typed settings: config/default.toml → `--config` file → `SEATGATE__*` env
