@@ -117,139 +117,121 @@ fn meta_field(meta: &serde_json::Value, field: &str) -> Option<String> {
     meta.get(field).and_then(|v| v.as_str()).map(str::to_owned)
 }
 
+/// A session's metadata as JSON; `null` when there is none or it does not parse.
+fn meta_json(raw: Option<&str>) -> serde_json::Value {
+    raw.and_then(|m| serde_json::from_str(m).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// One license's keys as read in one MULTI, still in the form the scripts
+/// store them: what [`assemble`] makes a [`LicenseStatus`] of.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// The license record: seats, expiry, the active flag, policies.
+    pub record: HashMap<String, String>,
+    /// Seat holders in score order, with their score: the last heartbeat
+    /// (ms), `+inf` for a lingering seat, the borrow's end for a borrowed one.
+    pub holders: Vec<(String, f64)>,
+    /// Session id → its [`SessionRecord`].
+    pub sessions: HashMap<String, String>,
+    /// Waiting sessions in queue order, with their score (priority and
+    /// arrival, [`score_priority`]).
+    pub queue: Vec<(String, i64)>,
+    /// Session id → its [`WaiterRecord`].
+    pub waiters: HashMap<String, String>,
+    /// Session id → when it gives up waiting, ms.
+    pub deadlines: HashMap<String, i64>,
+    /// `s:<session>` → its [`OwnerRecord`]; `u:<user>` and `g:<group>` →
+    /// seats held.
+    pub owners: HashMap<String, String>,
+    /// Session id → until when its released seat lingers, ms.
+    pub lingering: HashMap<String, i64>,
+    /// Session id → until when its seat is borrowed, ms.
+    pub borrowed: HashMap<String, i64>,
+}
+
+impl Snapshot {
+    /// Who `session`'s seat (or place in the queue) counts for.
+    fn owner(&self, session: &str) -> Option<OwnerRecord> {
+        self.owners
+            .get(&format!("s:{session}"))
+            .and_then(|r| OwnerRecord::parse(r))
+    }
+}
+
+/// Reads one license's [`Snapshot`] in one MULTI, so that its holders and
+/// queue are consistent with each other.
+pub async fn read_snapshot<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+) -> Result<Snapshot, Error> {
+    fn zrange(pipe: &mut redis::Pipeline, key: &str) {
+        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+    }
+    let k = keys.license(license);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    pipe.cmd("HGETALL").arg(&k.license);
+    zrange(&mut pipe, &k.holders);
+    pipe.cmd("HGETALL").arg(&k.sessions);
+    zrange(&mut pipe, &k.queue);
+    pipe.cmd("HGETALL").arg(&k.waiters);
+    zrange(&mut pipe, &k.deadlines);
+    pipe.cmd("HGETALL").arg(&k.owners);
+    zrange(&mut pipe, &k.lingering);
+    zrange(&mut pipe, &k.borrowed);
+    // One reply per command, in the order sent; the types are the fields'.
+    let (record, holders, sessions, queue, waiters, deadlines, owners, lingering, borrowed) =
+        pipe.query_async(con).await?;
+    Ok(Snapshot {
+        record,
+        holders,
+        sessions,
+        queue,
+        waiters,
+        deadlines,
+        owners,
+        lingering,
+        borrowed,
+    })
+}
+
 /// Reads one license.
 pub async fn license_status<C: ConnectionLike>(
     con: &mut C,
     keys: &Keys,
     license: &str,
 ) -> Result<LicenseStatus, Error> {
-    let k = keys.license(license);
-    type Snapshot = (
-        HashMap<String, String>,
-        Vec<(String, f64)>,
-        HashMap<String, String>,
-        Vec<(String, i64)>,
-        HashMap<String, String>,
-        Vec<(String, i64)>,
-        HashMap<String, String>,
-        HashMap<String, i64>,
-        HashMap<String, i64>,
-    );
-    let (fields, holders, sessions, queue, waiters, deadlines, owners, lingering, borrowed): Snapshot =
-        redis::pipe()
-            .atomic()
-            .cmd("HGETALL")
-            .arg(&k.license)
-            .cmd("ZRANGE")
-            .arg(&k.holders)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("HGETALL")
-            .arg(&k.sessions)
-            .cmd("ZRANGE")
-            .arg(&k.queue)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("HGETALL")
-            .arg(&k.waiters)
-            .cmd("ZRANGE")
-            .arg(&k.deadlines)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("HGETALL")
-            .arg(&k.owners)
-            .cmd("ZRANGE")
-            .arg(&k.lingering)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("ZRANGE")
-            .arg(&k.borrowed)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(con)
-            .await?;
-    let deadlines: HashMap<String, i64> = deadlines.into_iter().collect();
-    let record = StoredRecord::from_map(&fields);
+    Ok(assemble(license, &read_snapshot(con, keys, license).await?))
+}
+
+/// License `license`'s status as `snapshot` shows it: its seats and
+/// policies as the scripts read them, holders longest-held first, waiters in
+/// queue order.
+pub fn assemble(license: &str, snapshot: &Snapshot) -> LicenseStatus {
+    let record = StoredRecord::from_map(&snapshot.record);
     let spec = record.spec();
-    let owner = |session: &str| {
-        owners
-            .get(&format!("s:{session}"))
-            .and_then(|r| OwnerRecord::parse(r))
-    };
-    let counts = |prefix: &str| -> BTreeMap<String, i64> {
-        owners
+    let mut holders: Vec<Holder> = snapshot
+        .holders
+        .iter()
+        .map(|(session, score)| holder(snapshot, session, *score))
+        .collect();
+    holders.sort_by_key(|h| h.acquired_at_ms);
+    let queue = snapshot
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, (session, score))| waiter(snapshot, i + 1, session, *score))
+        .collect();
+    let held = |prefix: &str| -> BTreeMap<String, i64> {
+        snapshot
+            .owners
             .iter()
             .filter_map(|(field, n)| Some((field.strip_prefix(prefix)?.to_owned(), n.parse().ok()?)))
             .collect()
     };
-    let holders = holders
-        .into_iter()
-        .map(|(session, score)| {
-            let record = sessions.get(&session).and_then(|r| SessionRecord::parse(r));
-            let lingering_until_ms = lingering.get(&session).copied();
-            let borrowed_until_ms = borrowed.get(&session).copied();
-            // A lingering seat is scored +inf, a borrowed one with its end
-            // (lua/includes/owners.lua): neither is a heartbeat.
-            let held_without_heartbeats = lingering_until_ms.is_some() || borrowed_until_ms.is_some();
-            let last = score as i64;
-            let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
-            let heartbeats = record.as_ref().map_or(0, |r| r.heartbeats);
-            let leased = record.as_ref().is_some_and(|r| r.lease_hash.is_some());
-            let meta = record
-                .and_then(|r| serde_json::from_str(&r.meta).ok())
-                .unwrap_or(serde_json::Value::Null);
-            let who = owner(&session);
-            Holder {
-                user: meta_field(&meta, "user_email"),
-                hardware_id: meta_field(&meta, "hardware_id"),
-                acquired_at_ms,
-                last_heartbeat_ms: if held_without_heartbeats {
-                    acquired_at_ms
-                } else {
-                    last
-                },
-                heartbeats,
-                leased,
-                meta,
-                user_id: who.as_ref().and_then(|o| o.user.clone()),
-                group: who.and_then(|o| o.group),
-                lingering_until_ms,
-                borrowed_until_ms,
-                session,
-            }
-        })
-        .collect::<Vec<_>>();
-    let mut holders = holders;
-    holders.sort_by_key(|h| h.acquired_at_ms);
-    let queue = queue
-        .into_iter()
-        .enumerate()
-        .map(|(i, (session, score))| {
-            let record = waiters.get(&session).and_then(|r| WaiterRecord::parse(r));
-            let meta = record
-                .as_ref()
-                .and_then(|r| serde_json::from_str(&r.meta).ok())
-                .unwrap_or(serde_json::Value::Null);
-            let who = owner(&session);
-            Waiter {
-                position: i + 1,
-                user: meta_field(&meta, "user_email"),
-                queued_at_ms: record.map_or(0, |r| r.queued_at),
-                deadline_ms: deadlines.get(&session).copied().unwrap_or(0),
-                priority: score_priority(score),
-                user_id: who.as_ref().and_then(|o| o.user.clone()),
-                group: who.as_ref().and_then(|o| o.group.clone()),
-                borrow_ms: who.map_or(0, |o| o.borrow_ms),
-                session,
-            }
-        })
-        .collect();
-    Ok(LicenseStatus {
+    LicenseStatus {
         license: license.to_owned(),
         seats_used: holders.len(),
         seats_lingering: holders.iter().filter(|h| h.lingering_until_ms.is_some()).count(),
@@ -262,12 +244,65 @@ pub async fn license_status<C: ConnectionLike>(
         } else {
             None
         },
-        policy: LicensePolicy::from_record(&fields).0,
-        held_by_user: counts("u:"),
-        held_by_group: counts("g:"),
+        policy: LicensePolicy::from_record(&snapshot.record).0,
+        held_by_user: held("u:"),
+        held_by_group: held("g:"),
         holders,
         queue,
-    })
+    }
+}
+
+/// The holder `session`, whose holders score is `score`.
+fn holder(snapshot: &Snapshot, session: &str, score: f64) -> Holder {
+    let record = snapshot
+        .sessions
+        .get(session)
+        .and_then(|r| SessionRecord::parse(r));
+    let lingering_until_ms = snapshot.lingering.get(session).copied();
+    let borrowed_until_ms = snapshot.borrowed.get(session).copied();
+    // A lingering seat is scored +inf, a borrowed one with its end
+    // (lua/includes/owners.lua): neither is a heartbeat.
+    let held_without_heartbeats = lingering_until_ms.is_some() || borrowed_until_ms.is_some();
+    let last = score as i64;
+    let acquired_at_ms = record.as_ref().map_or(last, |r| r.acquired_at_ms);
+    let meta = meta_json(record.as_ref().map(|r| r.meta.as_str()));
+    let who = snapshot.owner(session);
+    Holder {
+        session: session.to_owned(),
+        user: meta_field(&meta, "user_email"),
+        hardware_id: meta_field(&meta, "hardware_id"),
+        acquired_at_ms,
+        last_heartbeat_ms: if held_without_heartbeats {
+            acquired_at_ms
+        } else {
+            last
+        },
+        heartbeats: record.as_ref().map_or(0, |r| r.heartbeats),
+        leased: record.as_ref().is_some_and(|r| r.lease_hash.is_some()),
+        meta,
+        user_id: who.as_ref().and_then(|o| o.user.clone()),
+        group: who.and_then(|o| o.group),
+        lingering_until_ms,
+        borrowed_until_ms,
+    }
+}
+
+/// The waiter `session` at 1-based `position`, whose queue score is `score`.
+fn waiter(snapshot: &Snapshot, position: usize, session: &str, score: i64) -> Waiter {
+    let record = snapshot.waiters.get(session).and_then(|r| WaiterRecord::parse(r));
+    let meta = meta_json(record.as_ref().map(|r| r.meta.as_str()));
+    let who = snapshot.owner(session);
+    Waiter {
+        position,
+        session: session.to_owned(),
+        user: meta_field(&meta, "user_email"),
+        queued_at_ms: record.map_or(0, |r| r.queued_at),
+        deadline_ms: snapshot.deadlines.get(session).copied().unwrap_or(0),
+        priority: score_priority(score),
+        user_id: who.as_ref().and_then(|o| o.user.clone()),
+        group: who.as_ref().and_then(|o| o.group.clone()),
+        borrow_ms: who.map_or(0, |o| o.borrow_ms),
+    }
 }
 
 /// Reads `only` (or every indexed license).
@@ -500,6 +535,140 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(&status).unwrap();
         assert_eq!(json["licenses"][0]["holders"][0]["meta"], meta);
         assert_eq!(printable("ünïcödé ok"), "ünïcödé ok");
+    }
+
+    fn map<V: Clone>(pairs: &[(&str, V)]) -> HashMap<String, V> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+    }
+
+    /// Queue score of the `arrival`th waiter at `priority` (lua/includes/queue.lua).
+    fn queue_score(arrival: i64, priority: i64) -> i64 {
+        arrival - priority * crate::engine::policy::PRIORITY_STEP
+    }
+
+    #[test]
+    fn a_snapshot_assembles_holders_longest_held_first_and_waiters_in_queue_order() {
+        let snapshot = Snapshot {
+            record: map(&[
+                ("seats_total", "3".to_owned()),
+                ("expires_at_ms", "0".to_owned()),
+                ("active", "1".to_owned()),
+                ("policy", "1".to_owned()),
+                ("max_per_user", "2".to_owned()),
+            ]),
+            holders: vec![
+                ("beating".into(), 5_000.0),
+                ("borrowing".into(), 90_000.0),
+                ("lingering".into(), f64::INFINITY),
+            ],
+            sessions: map(&[
+                (
+                    "beating",
+                    r#"2000:3:0123456789abcdef:{"user_email":"ada@x","hardware_id":"hw-1"}"#.to_owned(),
+                ),
+                ("borrowing", "3000:0:{}".to_owned()),
+                ("lingering", "1000:7:{}".to_owned()),
+            ]),
+            queue: vec![
+                ("w-late".into(), queue_score(9, 3)),
+                ("w-early".into(), queue_score(8, 0)),
+            ],
+            waiters: map(&[
+                (
+                    "w-late",
+                    "2500::req-9\nseat:reply:app:1\n{\"user_email\":\"bob@x\"}".to_owned(),
+                ),
+                ("w-early", "2400::req-8\nseat:reply:app:1\n{}".to_owned()),
+            ]),
+            deadlines: map(&[("w-late", 9_500), ("w-early", 9_400)]),
+            owners: map(&[
+                ("s:beating", "ada|cad|0".to_owned()),
+                ("s:w-late", "bob||60000".to_owned()),
+                ("u:ada", "1".to_owned()),
+                ("g:cad", "2".to_owned()),
+            ]),
+            lingering: map(&[("lingering", 7_000)]),
+            borrowed: map(&[("borrowing", 90_000)]),
+        };
+        let l = assemble("cad", &snapshot);
+        assert_eq!(l.license, "cad");
+        assert_eq!((l.seats_used, l.seats_lingering, l.seats_borrowed), (3, 1, 1));
+        assert_eq!(
+            (l.seats_total, l.active, l.expires_at_ms, l.invalid),
+            (3, true, 0, None)
+        );
+        assert_eq!(l.policy.max_per_user, Some(2));
+        assert_eq!(l.held_by_user, BTreeMap::from([("ada".to_owned(), 1)]));
+        assert_eq!(l.held_by_group, BTreeMap::from([("cad".to_owned(), 2)]));
+
+        let sessions: Vec<&str> = l.holders.iter().map(|h| h.session.as_str()).collect();
+        assert_eq!(sessions, ["lingering", "beating", "borrowing"]);
+        let [lingering, beating, borrowing] = &l.holders[..] else {
+            panic!("three holders: {:?}", l.holders)
+        };
+        // Held without heartbeats: the last one is when the seat was taken.
+        assert_eq!(
+            (lingering.last_heartbeat_ms, lingering.lingering_until_ms),
+            (1_000, Some(7_000))
+        );
+        assert_eq!(
+            (borrowing.last_heartbeat_ms, borrowing.borrowed_until_ms),
+            (3_000, Some(90_000))
+        );
+        assert_eq!(
+            (
+                beating.acquired_at_ms,
+                beating.last_heartbeat_ms,
+                beating.heartbeats
+            ),
+            (2_000, 5_000, 3)
+        );
+        assert!(beating.leased && !lingering.leased);
+        assert_eq!(
+            (beating.user.as_deref(), beating.hardware_id.as_deref()),
+            (Some("ada@x"), Some("hw-1"))
+        );
+        assert_eq!(
+            (beating.user_id.as_deref(), beating.group.as_deref()),
+            (Some("ada"), Some("cad"))
+        );
+
+        let [late, early] = &l.queue[..] else {
+            panic!("two waiters: {:?}", l.queue)
+        };
+        assert_eq!(
+            (late.position, late.session.as_str(), late.priority),
+            (1, "w-late", 3)
+        );
+        assert_eq!(
+            (early.position, early.session.as_str(), early.priority),
+            (2, "w-early", 0)
+        );
+        assert_eq!(
+            (late.queued_at_ms, late.deadline_ms, late.user.as_deref()),
+            (2_500, 9_500, Some("bob@x"))
+        );
+        assert_eq!(
+            (late.user_id.as_deref(), late.group.as_deref(), late.borrow_ms),
+            (Some("bob"), None, 60_000)
+        );
+        assert_eq!((early.user_id.as_deref(), early.borrow_ms), (None, 0));
+    }
+
+    #[test]
+    fn a_broken_record_is_named_and_a_missing_one_reads_as_no_seats() {
+        let broken = Snapshot {
+            record: map(&[("seats_total", "5.5".to_owned())]),
+            ..Snapshot::default()
+        };
+        let l = assemble("cad", &broken);
+        assert_eq!(l.invalid.map(|bad| bad.field), Some(Field::SeatsTotal));
+        assert_eq!(l.seats_total, 0);
+
+        let missing = assemble("gone", &Snapshot::default());
+        assert_eq!(missing.invalid, None);
+        assert_eq!((missing.seats_total, missing.seats_used), (0, 0));
+        assert!(missing.holders.is_empty() && missing.queue.is_empty());
     }
 
     #[test]
