@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{
     add_request, client, consumers, create_group, db, holders, http_get, keys, metric, pending, put_license,
-    reaper, redis_ms, spawn_worker, stream_entries, Entry, RedisServer, RedisServerExt, WorkerProcess, T,
+    reaper, redis_ms, spawn_app, spawn_app_with, spawn_worker, stream_entries, Entry, TestApp, WorkerProcess,
+    T,
 };
 
 /// The largest stream entry id Redis accepts.
@@ -102,10 +103,8 @@ async fn reply(con: &mut Db, reply_to: &str, id: &str, within: Duration) -> Opti
 /// sweep now goes on where the last page stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     // 400 heartbeats ahead of it: more than one XAUTOCLAIM scan (10 × COUNT 32).
     let mut pipe = redis::pipe();
@@ -176,8 +175,7 @@ async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
 /// nothing pending, is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_removed() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "live").await;
     let client = client(&settings).await;
@@ -186,7 +184,6 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
         .await
         .unwrap();
     assert_eq!(r.status(), Status::SessionNotActive);
-    let mut con = db(&settings).await;
     let (stream, group) = (&settings.stream.requests, &settings.stream.group);
     let _: i64 = redis::cmd("XGROUP")
         .arg("CREATECONSUMER")
@@ -240,9 +237,7 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
 /// cannot lose them from the pending list.
 #[tokio::test]
 async fn removing_a_consumer_refuses_while_it_holds_entries() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
-    let mut con = db(&settings).await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     create_group(&settings).await;
     add_request(
         &mut con,
@@ -289,10 +284,8 @@ async fn removing_a_consumer_refuses_while_it_holds_entries() {
 /// would succeed, and no seat is taken.
 #[tokio::test]
 async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_deciding_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     let id = client.send(&Call::new(Op::Acquire, "lic", "s1")).await.unwrap();
@@ -350,10 +343,8 @@ async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_de
 /// handed back each time, and the request is decided once memory is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
-    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app_with(&["--maxmemory-policy", "noeviction"]).await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     let id = client
@@ -434,10 +425,8 @@ fn the_guard_of_the_largest_entry_id_saturates() {
 /// is answered like any other, and counted (and logged) as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let worker = WorkerProcess::start(&redis.url(), &[]).await;
     let before = worker.scrape().await;
@@ -484,12 +473,10 @@ async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
 /// one at once, and a drain worker answers what the old one still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runbook_recovers_a_stream_pushed_to_the_last_id_and_loses_no_pending_entry() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, mut con) = spawn_app().await;
     let requests = &settings.stream.requests;
     let old = format!("{requests}:old");
     put_license(&settings, "lic", 10).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     // Two requests held by a worker that died, and one nobody has read yet.

@@ -17,8 +17,8 @@ use seatgate::engine::status::Status;
 
 use crate::support::{
     acquire, client, db, direct, events, free_port, http_get, license_keys, output, printed_lease,
-    put_license, redis_ms, reply_stream, request_xadd, seatgate_cmd, spawn_worker, stream_entries, Direct,
-    RedisServer, RedisServerExt, Spawned, BIN, T,
+    put_license, redis_ms, reply_stream, request_xadd, seatgate_cmd, spawn_app, spawn_worker, stream_entries,
+    Direct, Spawned, TestApp, BIN, T,
 };
 
 /// Values the license rules refuse, field by field: the kinds Lua's
@@ -99,9 +99,7 @@ async fn record_with(
 
 #[tokio::test]
 async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let mut con = db(&s).await;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     for (i, &(field, value)) in REFUSED.iter().enumerate() {
         let license = format!("refused-{i}");
         let record = record_with(&s, &license, field, value).await;
@@ -143,12 +141,10 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
 
 #[tokio::test]
 async fn require_lease_makes_the_lease_mandatory_on_every_op() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.sessions.require_lease = true;
     put_license(&s, "cad", 2).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
     let reply_to = reply_stream(&s, "bare");
     for verb in ["acquire", "heartbeat", "release"] {
         let mut xadd = request_xadd(&s);
@@ -194,8 +190,7 @@ async fn require_lease_makes_the_lease_mandatory_on_every_op() {
 
 #[tokio::test]
 async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let owner = client(&s).await;
@@ -243,8 +238,7 @@ async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
 
 #[tokio::test]
 async fn the_cli_prints_the_lease_and_takes_it_back() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, _) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let cli = |args: &[&str]| output(seatgate_cmd(&redis.url(), args));
@@ -299,8 +293,7 @@ async fn the_cli_prints_the_lease_and_takes_it_back() {
 
 #[tokio::test]
 async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let lease = "Secret-lease_0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
@@ -344,7 +337,6 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
     let status = String::from_utf8_lossy(&status.stdout).into_owned();
     assert!(status.contains("\"leased\":true"), "{status}");
 
-    let mut con = db(&s).await;
     // A malformed lease (refused, and not repeated), an unanswerable request
     // carrying the lease (dead-lettered at once), a poison one (dead-lettered
     // after failing: its license's holders key is broken by hand).
@@ -427,9 +419,7 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
 
 #[tokio::test]
 async fn a_lease_adds_about_16_bytes_per_held_seat() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let mut con = db(&s).await;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let mut usage = Vec::new();
     for (license, lease) in [
         ("plain", None),
@@ -464,11 +454,9 @@ async fn a_lease_adds_about_16_bytes_per_held_seat() {
 
 #[tokio::test]
 async fn a_bucket_never_outlives_two_windows_of_the_redis_clock() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let window = s.dedupe.window_ms;
     put_license(&s, "cad", 5).await;
-    let mut con = db(&s).await;
     let entry = "9999999999999-0";
     // Placed by its id (the clock unknown to the caller): the script still caps the expiry.
     let blind = Direct::for_entry(&s, entry, "cad", "s1");

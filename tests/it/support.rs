@@ -69,6 +69,37 @@ impl RedisServerExt for RedisServer {
     }
 }
 
+/// One test's own world, zero2prod's `spawn_app`: a private Redis, the
+/// settings pointing at it and a connection to it, from one call.
+///
+/// Tests take it apart, `let TestApp(redis, settings, mut con) =
+/// spawn_app().await;`, naming the parts as they like (a tuple struct, so
+/// the pattern stays on one line), with `_` for a connection they do not
+/// use. The server must stay bound to the end, as `_redis` if unused (never
+/// `_`): dropping it stops the server. Settings may still be changed after
+/// the call: the connection only read `settings.redis`.
+pub struct TestApp(
+    /// The server, killed on drop.
+    pub RedisServer,
+    /// Settings pointing at it ([`RedisServerExt::settings`]).
+    pub Settings,
+    /// A connection to it, as seatgate makes one.
+    pub Db,
+);
+
+/// A [`TestApp`] on a plain server.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+/// A [`TestApp`] on a server started with extra `--name value` arguments.
+pub async fn spawn_app_with(extra: &[&str]) -> TestApp {
+    let redis = RedisServer::start_with(extra).await;
+    let settings = redis.settings();
+    let con = db(&settings).await;
+    TestApp(redis, settings, con)
+}
+
 /// A connection as seatgate makes one from `s` (one node or a cluster).
 pub async fn db(s: &Settings) -> Db {
     Db::connect(&s.redis).await.expect("connect to test redis")
