@@ -13,24 +13,10 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    add_request, client, consumers, create_group, db, direct, events, holders, license_keys, pending,
-    put_license, reaper, reply_stream, request_xadd, spawn_app, spawn_app_with, spawn_worker, stream_entries,
-    watch_holders, Direct, TestApp, WorkerProcess, T,
+    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, license_keys,
+    pending, put_license, reaper, reply_stream, request_xadd, run_out_of_memory, spawn_app, spawn_app_with,
+    spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp, WorkerProcess, T,
 };
-
-/// `XREADGROUP` of up to `count` new requests as `consumer`, without acknowledging them.
-fn read_as(s: &Settings, consumer: &str, count: usize) -> redis::Cmd {
-    let mut cmd = redis::cmd("XREADGROUP");
-    cmd.arg("GROUP")
-        .arg(&s.stream.group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(&s.stream.requests)
-        .arg(">");
-    cmd
-}
 
 /// A worker crashed after its script ran but before it replied: another
 /// worker claims the entry, and the redelivery has the effect of one.
@@ -66,10 +52,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         ],
     )
     .await;
-    let _: redis::Value = read_as(&settings, "crashed", 10)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    take(&settings, "crashed", 10).await;
     // "held" already has a seat; the crashed worker ran both scripts, then died.
     direct(&settings, "lic", "held").acquire(&mut con).await;
     let first = Direct::for_entry(&settings, &acquire_id, "lic", "s1")
@@ -530,7 +513,7 @@ async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
     let status = exit.expect("fault ran");
     assert!(status.success(), "SIGTERM exit status {status:?}");
     // Nothing of the stopped worker is left pending: it finished its batch and left the group.
-    for (name, pending) in consumers(&settings).await {
+    for Consumer { name, pending, .. } in consumers(&settings).await {
         assert!(
             name != "leaving" || pending == 0,
             "the stopped worker left {pending} entries pending"
@@ -584,20 +567,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
     create_group(&settings).await;
     let c = client(&settings).await;
     let id = c.send(&Call::new(Op::Acquire, "lic", "patient")).await.unwrap();
-    let _: i64 = redis::cmd("SETRANGE")
-        .arg("ballast")
-        .arg(8 * 1024 * 1024)
-        .arg("x")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("4mb")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    run_out_of_memory(&mut con).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while worker.ready.get() {
@@ -610,11 +580,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
         .await
         .unwrap();
     assert_eq!(replies, 0, "no reply can be written while Redis is out of memory");
-    let _: () = redis::cmd("DEL")
-        .arg("ballast")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    free_memory(&mut con).await;
     let r = c.wait_for(&id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(r.status(), Status::Acquired, "served once memory was freed");
     assert_eq!(holders(&settings, "lic").await, ["patient"]);
@@ -640,7 +606,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         ids.push(add_request(&mut con, &settings, &fields).await);
     }
     // "gone" reads 6 and acknowledges them; "busy" reads 2 and holds them; 2 stay undelivered.
-    let _: redis::Value = read_as(&settings, "gone", 6).query_async(&mut con).await.unwrap();
+    take(&settings, "gone", 6).await;
     let _: i64 = redis::cmd("XACK")
         .arg(&settings.stream.requests)
         .arg(&settings.stream.group)
@@ -648,7 +614,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: redis::Value = read_as(&settings, "busy", 2).query_async(&mut con).await.unwrap();
+    take(&settings, "busy", 2).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     reaper(&settings).await.maintain_stream().await.unwrap();
@@ -659,11 +625,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         .map(|e| e.id)
         .collect();
     assert_eq!(left, ids[6..], "only acknowledged entries trimmed");
-    let names: Vec<String> = consumers(&settings)
-        .await
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let names: Vec<String> = consumers(&settings).await.into_iter().map(|c| c.name).collect();
     assert_eq!(
         names,
         ["busy"],

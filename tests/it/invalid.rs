@@ -10,8 +10,8 @@ use seatgate::engine::protocol::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    client, holders, http_get, license_keys, metric, pending, put_license, reply_stream, request_xadd,
-    snapshot, spawn_app, spawn_worker, stream_entries, TestApp, WorkerProcess, T,
+    add_request, client, holders, http_get, license_keys, metric, pending, put_license, reply_stream,
+    request_xadd, snapshot, spawn_app, spawn_worker, stream_entries, TestApp, WorkerProcess, T,
 };
 
 // Generated hostile entries; the parser's own property test over them lives
@@ -182,14 +182,15 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
     );
 
     // A request without a usable reply address is still acknowledged; the worker lives on.
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("acquire")
-        .arg("reply_to")
-        .arg(license_keys(&settings, "lic").holders)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "acquire"),
+            ("reply_to", &license_keys(&settings, "lic").holders),
+        ],
+    )
+    .await;
     let r = client.call(&good("second"), T).await.unwrap();
     assert_eq!(
         r.status(),
@@ -212,18 +213,17 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("acquire")
-        .arg("license")
-        .arg("lic")
-        .arg("session")
-        .arg("s1")
-        .arg("reply_to")
-        .arg(&not_a_stream)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "acquire"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", &not_a_stream),
+        ],
+    )
+    .await;
     let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
     let r = client.call(&call, T).await.unwrap();
@@ -244,18 +244,17 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("heartbeat")
-        .arg("license")
-        .arg("lic")
-        .arg("session")
-        .arg("s1")
-        .arg("reply_to")
-        .arg(&victim)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "heartbeat"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", &victim),
+        ],
+    )
+    .await;
     // A request sent after it is answered: the bad one has been read too.
     let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
@@ -393,20 +392,18 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
 
     let worker = WorkerProcess::start(&redis.url(), &[]).await;
     for op in ["acquire", "release"] {
-        let _: String = request_xadd(&settings)
-            .arg("op")
-            .arg(op)
-            .arg("id")
-            .arg(format!("hostile-{op}"))
-            .arg("license")
-            .arg("lic")
-            .arg("session")
-            .arg("s1")
-            .arg("reply_to")
-            .arg("orders:jobs")
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        add_request(
+            &mut con,
+            &settings,
+            &[
+                ("op", op),
+                ("id", &format!("hostile-{op}")),
+                ("license", "lic"),
+                ("session", "s1"),
+                ("reply_to", "orders:jobs"),
+            ],
+        )
+        .await;
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let dead = loop {

@@ -16,9 +16,9 @@ use seatgate::engine::scripts::Guard;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, db, direct, events, free_port, http_get, license_keys, output, printed_lease,
-    put_license, redis_ms, reply_stream, request_xadd, seatgate_cmd, spawn_app, spawn_worker, stream_entries,
-    Direct, Spawned, TestApp, BIN, T,
+    acquire, add_request, client, db, direct, events, free_port, http_get, license_keys, output,
+    printed_lease, put_license, redis_ms, reply_stream, seatgate_cmd, spawn_app, spawn_worker,
+    stream_entries, Direct, Spawned, TestApp, BIN, T,
 };
 
 /// Values the license rules refuse, field by field: the kinds Lua's
@@ -147,17 +147,18 @@ async fn require_lease_makes_the_lease_mandatory_on_every_op() {
     let worker = spawn_worker(s.clone(), "w1").await;
     let reply_to = reply_stream(&s, "bare");
     for verb in ["acquire", "heartbeat", "release"] {
-        let mut xadd = request_xadd(&s);
-        xadd.arg("op")
-            .arg(verb)
-            .arg("id")
-            .arg(verb)
-            .arg("license")
-            .arg("cad")
-            .arg("session")
-            .arg("bare");
-        xadd.arg("reply_to").arg(&reply_to);
-        let _: String = xadd.query_async(&mut con).await.unwrap();
+        add_request(
+            &mut con,
+            &s,
+            &[
+                ("op", verb),
+                ("id", verb),
+                ("license", "cad"),
+                ("session", "bare"),
+                ("reply_to", &reply_to),
+            ],
+        )
+        .await;
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     let replies = loop {
@@ -341,45 +342,48 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
     // carrying the lease (dead-lettered at once), a poison one (dead-lettered
     // after failing: its license's holders key is broken by hand).
     let bad = format!("{lease}!");
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("heartbeat")
-        .arg("license")
-        .arg("cad")
-        .arg("session")
-        .arg("s1")
-        .arg("lease")
-        .arg(&bad);
-    xadd.arg("reply_to").arg(reply_stream(&s, "x"));
-    let _: String = xadd.query_async(&mut con).await.unwrap();
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("release")
-        .arg("license")
-        .arg("cad")
-        .arg("session")
-        .arg("s1")
-        .arg("lease")
-        .arg(lease);
-    xadd.arg("reply_to").arg("orders:jobs");
-    let _: String = xadd.query_async(&mut con).await.unwrap();
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "heartbeat"),
+            ("license", "cad"),
+            ("session", "s1"),
+            ("lease", &bad),
+            ("reply_to", &reply_stream(&s, "x")),
+        ],
+    )
+    .await;
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "release"),
+            ("license", "cad"),
+            ("session", "s1"),
+            ("lease", lease),
+            ("reply_to", "orders:jobs"),
+        ],
+    )
+    .await;
     let _: () = redis::cmd("SET")
         .arg(license_keys(&s, "poison").holders)
         .arg("oops")
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("acquire")
-        .arg("license")
-        .arg("poison")
-        .arg("session")
-        .arg("p")
-        .arg("lease")
-        .arg(lease);
-    xadd.arg("reply_to").arg(reply_stream(&s, "p"));
-    let _: String = xadd.query_async(&mut con).await.unwrap();
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "acquire"),
+            ("license", "poison"),
+            ("session", "p"),
+            ("lease", lease),
+            ("reply_to", &reply_stream(&s, "p")),
+        ],
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {
         let dead = stream_entries(&mut con, &s.stream.dead_letter).await;

@@ -451,6 +451,34 @@ pub async fn redis_ms(con: &mut impl ConnectionLike) -> i64 {
     secs * 1000 + micros / 1000
 }
 
+/// The key [`run_out_of_memory`] fills.
+const BALLAST: &str = "ballast";
+
+/// Puts the server out of memory: an 8 MB ballast key, then `maxmemory
+/// 4mb`. Started with `--maxmemory-policy noeviction`, it then refuses
+/// every write (even an XADD) and evicts nothing, until [`free_memory`].
+pub async fn run_out_of_memory(con: &mut impl ConnectionLike) {
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg(BALLAST)
+        .arg(8 * 1024 * 1024)
+        .arg("x")
+        .query_async(con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// Frees what [`run_out_of_memory`] took: writes are accepted again.
+pub async fn free_memory(con: &mut impl ConnectionLike) {
+    let _: () = redis::cmd("DEL").arg(BALLAST).query_async(con).await.unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Streams: requests, replies, events.
 
@@ -483,6 +511,24 @@ pub async fn create_group(s: &Settings) {
         .unwrap();
 }
 
+/// Delivers up to `count` new entries of the requests stream to `consumer`,
+/// which then never acknowledges them (a worker that died); their ids.
+pub async fn take(s: &Settings, consumer: &str, count: usize) -> Vec<String> {
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&s.stream.group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(&s.stream.requests)
+        .arg(">")
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    read.keys.into_iter().flat_map(|k| k.ids).map(|e| e.id).collect()
+}
+
 /// Entries of the requests stream still pending in the group.
 pub async fn pending(s: &Settings) -> i64 {
     let v: redis::Value = redis::cmd("XPENDING")
@@ -500,8 +546,19 @@ pub async fn pending(s: &Settings) -> i64 {
     }
 }
 
-/// The consumers of the group, with the entries each holds pending.
-pub async fn consumers(s: &Settings) -> Vec<(String, i64)> {
+/// One consumer of the group, as `XINFO CONSUMERS` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    /// Its name (a worker's `stream.consumer`).
+    pub name: String,
+    /// Entries it holds pending.
+    pub pending: u64,
+    /// Milliseconds since it last read or claimed.
+    pub idle_ms: u64,
+}
+
+/// The consumers of the group on the requests stream.
+pub async fn consumers(s: &Settings) -> Vec<Consumer> {
     let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg(&s.stream.requests)
@@ -512,10 +569,12 @@ pub async fn consumers(s: &Settings) -> Vec<(String, i64)> {
     consumers
         .into_iter()
         .map(|c| {
-            (
-                redis::from_redis_value(c["name"].clone()).unwrap(),
-                redis::from_redis_value(c["pending"].clone()).unwrap(),
-            )
+            let int = |k: &str| redis::from_redis_value::<u64>(c[k].clone()).unwrap();
+            Consumer {
+                name: redis::from_redis_value(c["name"].clone()).unwrap(),
+                pending: int("pending"),
+                idle_ms: int("idle"),
+            }
         })
         .collect()
 }
