@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
-use seatgate::engine::license::{Field, StoredRecord};
+use seatgate::engine::license::{Field, StoredRecord, REFUSED_VALUES, TAKEN_VALUES};
 use seatgate::engine::protocol::{Lease, Op};
 use seatgate::engine::scripts::Guard;
 use seatgate::engine::status::Status;
@@ -21,56 +21,9 @@ use crate::support::{
     stream_entries, Direct, Spawned, TestApp, BIN, T,
 };
 
-/// Values the license rules refuse, field by field: the kinds Lua's
-/// `tonumber` would take, and those out of range.
-const REFUSED: &[(Field, &str)] = &[
-    (Field::SeatsTotal, "5.5"),
-    (Field::SeatsTotal, "inf"),
-    (Field::SeatsTotal, "-inf"),
-    (Field::SeatsTotal, "nan"),
-    (Field::SeatsTotal, "0x10"),
-    (Field::SeatsTotal, " 5"),
-    (Field::SeatsTotal, "5 "),
-    (Field::SeatsTotal, "1e3"),
-    (Field::SeatsTotal, "-1"),
-    (Field::SeatsTotal, "+5"),
-    (Field::SeatsTotal, ""),
-    (Field::SeatsTotal, "1000001"),
-    (Field::SeatsTotal, "99999999999999999999"),
-    (Field::SeatsTotal, "5\n"),
-    (Field::ExpiresAtMs, "soon"),
-    (Field::ExpiresAtMs, "1.7e12"),
-    (Field::ExpiresAtMs, "-5"),
-    (Field::ExpiresAtMs, "0x1"),
-    (Field::ExpiresAtMs, "1000000000000000"),
-    (Field::Active, "false"),
-    (Field::Active, "true"),
-    (Field::Active, "2"),
-    (Field::Active, "00"),
-    (Field::Active, ""),
-    (Field::HeartbeatTimeoutMs, "0"),
-    (Field::HeartbeatTimeoutMs, "90s"),
-    (Field::HeartbeatTimeoutMs, "9e9"),
-    (Field::QueueMax, "0"),
-    (Field::QueueMax, "ten"),
-    (Field::QueueMax, "1.5"),
-];
-
-/// Values the rules take.
-const TAKEN: &[(Field, &str)] = &[
-    (Field::SeatsTotal, "0"),
-    (Field::SeatsTotal, "007"),
-    (Field::SeatsTotal, "1000000"),
-    (Field::ExpiresAtMs, "0"),
-    (Field::ExpiresAtMs, "999999999999999"),
-    (Field::Active, "1"),
-    (Field::Active, "0"),
-    (Field::HeartbeatTimeoutMs, "1"),
-    (Field::QueueMax, "999999999999999"),
-];
-
-/// The record `license put` writes for 5 seats, then `field` = `value`, as a
-/// Rust reader and as the scripts see it.
+/// The record `license put` writes for 5 seats, then `field` = `value` (with
+/// the `policy` flag on for a policy field: the scripts read those only
+/// then), as a Rust reader and as the scripts see it.
 async fn record_with(
     s: &seatgate::config::Settings,
     license: &str,
@@ -80,6 +33,15 @@ async fn record_with(
     put_license(s, license, 5).await;
     let mut con = db(s).await;
     let key = license_keys(s, license).license;
+    if field.is_policy() {
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(Field::Policy.as_str())
+            .arg("1")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
     let _: () = redis::cmd("HSET")
         .arg(&key)
         .arg(field.as_str())
@@ -100,7 +62,7 @@ async fn record_with(
 #[tokio::test]
 async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
-    for (i, &(field, value)) in REFUSED.iter().enumerate() {
+    for (i, &(field, value)) in REFUSED_VALUES.iter().enumerate() {
         let license = format!("refused-{i}");
         let record = record_with(&s, &license, field, value).await;
         let rust = record.validate().expect_err(value);
@@ -113,7 +75,7 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
         // The rule in Rust alone, as `license put` and `status` use it.
         assert!(field.check(value).is_err(), "{field} = {value:?}");
     }
-    for (i, &(field, value)) in TAKEN.iter().enumerate() {
+    for (i, &(field, value, _)) in TAKEN_VALUES.iter().enumerate() {
         let license = format!("taken-{i}");
         let record = record_with(&s, &license, field, value).await;
         assert_eq!(record.validate(), Ok(()), "{field} = {value:?}");
