@@ -544,69 +544,83 @@ pub async fn delete<C: ConnectionLike>(con: &mut C, keys: &Keys, license: &str) 
     Ok(deleted > 0)
 }
 
+/// Values each field's rule refuses: the kinds Lua's `tonumber` would take,
+/// and those out of range. One table for both homes of the rules: the unit
+/// tests below check [`StoredRecord::validate`] with it,
+/// tests/it/lease.rs runs every value through lua/includes/license.lua
+/// (and policy.lua) and expects the same [`InvalidField`].
+#[cfg(any(test, feature = "tools"))]
+#[doc(hidden)]
+pub const REFUSED_VALUES: &[(Field, &str)] = &[
+    (Field::SeatsTotal, "5.5"),
+    (Field::SeatsTotal, "inf"),
+    (Field::SeatsTotal, "-inf"),
+    (Field::SeatsTotal, "nan"),
+    (Field::SeatsTotal, "0x10"),
+    (Field::SeatsTotal, " 5"),
+    (Field::SeatsTotal, "5 "),
+    (Field::SeatsTotal, "5\n"),
+    (Field::SeatsTotal, "1e3"),
+    (Field::SeatsTotal, "-1"),
+    (Field::SeatsTotal, "+5"),
+    (Field::SeatsTotal, ""),
+    (Field::SeatsTotal, "1000001"),
+    (Field::SeatsTotal, "99999999999999999999"),
+    (Field::ExpiresAtMs, "soon"),
+    (Field::ExpiresAtMs, "1.7e12"),
+    (Field::ExpiresAtMs, "-5"),
+    (Field::ExpiresAtMs, "0x1"),
+    (Field::ExpiresAtMs, "1000000000000000"),
+    (Field::Active, "false"),
+    (Field::Active, "true"),
+    (Field::Active, "2"),
+    (Field::Active, "00"),
+    (Field::Active, "yes"),
+    (Field::Active, ""),
+    (Field::HeartbeatTimeoutMs, "0"),
+    (Field::HeartbeatTimeoutMs, "90s"),
+    (Field::HeartbeatTimeoutMs, "9e9"),
+    (Field::QueueMax, "0"),
+    (Field::QueueMax, "ten"),
+    (Field::QueueMax, "1.5"),
+    (Field::Policy, "2"),
+    (Field::Policy, "on"),
+    (Field::MaxPerUser, "-1"),
+    (Field::MaxPerUser, "2.5"),
+    (Field::MaxPriority, "10"),
+    (Field::LingerMs, "30s"),
+    (Field::MaxBorrowMs, "31536000001"),
+];
+
+/// Values each field's rule takes, with what they stand for; used as
+/// [`REFUSED_VALUES`] is.
+#[cfg(any(test, feature = "tools"))]
+#[doc(hidden)]
+pub const TAKEN_VALUES: &[(Field, &str, u64)] = &[
+    (Field::SeatsTotal, "0", 0),
+    (Field::SeatsTotal, "5", 5),
+    (Field::SeatsTotal, "007", 7),
+    (Field::SeatsTotal, "1000000", MAX_SEATS),
+    (Field::ExpiresAtMs, "0", 0),
+    (Field::ExpiresAtMs, "1796011191648", 1_796_011_191_648),
+    (Field::ExpiresAtMs, "999999999999999", MAX_NUMBER),
+    (Field::Active, "0", 0),
+    (Field::Active, "1", 1),
+    (Field::HeartbeatTimeoutMs, "1", 1),
+    (Field::HeartbeatTimeoutMs, "90000", 90_000),
+    (Field::QueueMax, "1", 1),
+    (Field::QueueMax, "999999999999999", MAX_NUMBER),
+    (Field::Policy, "0", 0),
+    (Field::Policy, "1", 1),
+    (Field::MaxPerUser, "0", 0),
+    (Field::MaxPriority, "9", 9),
+    (Field::LingerMs, "600000", 600_000),
+    (Field::MaxBorrowMs, "31536000000", MAX_BORROW_MS),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Values each field refuses. tests/it/lease.rs runs the same kinds of
-    /// values through lua/includes/license.lua.
-    const REFUSED: &[(Field, &str)] = &[
-        (Field::SeatsTotal, "5.5"),
-        (Field::SeatsTotal, "inf"),
-        (Field::SeatsTotal, "nan"),
-        (Field::SeatsTotal, "0x10"),
-        (Field::SeatsTotal, " 5"),
-        (Field::SeatsTotal, "5 "),
-        (Field::SeatsTotal, "1e3"),
-        (Field::SeatsTotal, "-1"),
-        (Field::SeatsTotal, "+5"),
-        (Field::SeatsTotal, ""),
-        (Field::SeatsTotal, "1000001"),
-        (Field::SeatsTotal, "99999999999999999999"),
-        (Field::ExpiresAtMs, "soon"),
-        (Field::ExpiresAtMs, "1.7e12"),
-        (Field::ExpiresAtMs, "-5"),
-        (Field::ExpiresAtMs, "1000000000000000"),
-        (Field::Active, "false"),
-        (Field::Active, "true"),
-        (Field::Active, "2"),
-        (Field::Active, "yes"),
-        (Field::Active, ""),
-        (Field::HeartbeatTimeoutMs, "0"),
-        (Field::HeartbeatTimeoutMs, "90s"),
-        (Field::HeartbeatTimeoutMs, "9e9"),
-        (Field::QueueMax, "0"),
-        (Field::QueueMax, "ten"),
-        (Field::Policy, "2"),
-        (Field::Policy, "on"),
-        (Field::MaxPerUser, "-1"),
-        (Field::MaxPerUser, "2.5"),
-        (Field::MaxPriority, "10"),
-        (Field::LingerMs, "30s"),
-        (Field::MaxBorrowMs, "31536000001"),
-    ];
-
-    /// Values each field takes, with what they stand for.
-    const TAKEN: &[(Field, &str, u64)] = &[
-        (Field::SeatsTotal, "0", 0),
-        (Field::SeatsTotal, "5", 5),
-        (Field::SeatsTotal, "007", 7),
-        (Field::SeatsTotal, "1000000", 1_000_000),
-        (Field::ExpiresAtMs, "0", 0),
-        (Field::ExpiresAtMs, "1796011191648", 1_796_011_191_648),
-        (Field::ExpiresAtMs, "999999999999999", MAX_NUMBER),
-        (Field::Active, "0", 0),
-        (Field::Active, "1", 1),
-        (Field::HeartbeatTimeoutMs, "1", 1),
-        (Field::HeartbeatTimeoutMs, "90000", 90_000),
-        (Field::QueueMax, "1", 1),
-        (Field::Policy, "0", 0),
-        (Field::Policy, "1", 1),
-        (Field::MaxPerUser, "0", 0),
-        (Field::MaxPriority, "9", 9),
-        (Field::LingerMs, "600000", 600_000),
-        (Field::MaxBorrowMs, "31536000000", MAX_BORROW_MS),
-    ];
 
     fn record(field: Field, value: &str) -> StoredRecord {
         let mut values = vec![None; Field::ALL.len()];
@@ -621,7 +635,7 @@ mod tests {
 
     #[test]
     fn each_field_refuses_what_breaks_its_rule_and_names_field_and_value() {
-        for &(field, value) in REFUSED {
+        for &(field, value) in REFUSED_VALUES {
             let err = record(field, value).validate().expect_err(value);
             assert_eq!((err.field, err.value.as_str()), (field, value));
             let message = err.to_string();
@@ -640,7 +654,7 @@ mod tests {
 
     #[test]
     fn each_field_takes_plain_digits_in_range() {
-        for &(field, value, number) in TAKEN {
+        for &(field, value, number) in TAKEN_VALUES {
             assert_eq!(field.check(value), Ok(number), "{field} = {value:?}");
             assert_eq!(record(field, value).validate(), Ok(()), "{field} = {value:?}");
         }

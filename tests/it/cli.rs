@@ -5,8 +5,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::support::{
-    db, free_port, http_get, metric, output, printed_lease, seatgate_cmd, RedisServer, RedisServerExt,
-    Spawned, WorkerProcess, BIN,
+    db, free_port, http_get, metric, output, printed_lease, seatgate_cmd, spawn_app, RedisServer,
+    RedisServerExt, Spawned, TestApp, WorkerProcess, BIN,
 };
 
 /// `seatgate <args>` against `redis`, to its end.
@@ -218,8 +218,7 @@ async fn errors_are_one_clear_line() {
 #[tokio::test]
 async fn sharded_streams_and_following_every_events_shard() {
     use std::io::BufRead;
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(redis, mut settings, _) = spawn_app().await;
     settings.stream.shards = 3;
     let shards = [("SEATGATE__STREAM__SHARDS", "3".to_string())];
     let _worker = WorkerProcess::start(&redis.url(), &shards).await;

@@ -68,8 +68,7 @@ async fn cycle(client: &Client, license: String, session: String) -> Vec<Status>
 async fn one_client_on_one_connection_answers_1000_concurrent_sessions() {
     const LICENSES: usize = 10;
     const SESSIONS: usize = 1_000;
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut probe) = spawn_app().await;
     for l in 0..LICENSES {
         put_license(&settings, &format!("lic-{l}"), (SESSIONS / LICENSES) as u64).await;
     }
@@ -80,7 +79,6 @@ async fn one_client_on_one_connection_answers_1000_concurrent_sessions() {
         assert!(Instant::now() < deadline, "the worker never read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut probe = db(&settings).await;
     let before = connected_clients(&mut probe).await;
     let client = client(&settings).await;
     let with_client = connected_clients(&mut probe).await;
@@ -144,8 +142,7 @@ async fn one_client_on_one_connection_answers_1000_concurrent_sessions() {
 
 #[tokio::test]
 async fn a_request_that_times_out_does_not_disturb_the_others() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 100).await;
     let client = client(&settings).await;
     // No worker yet: nothing is answered until one starts.
@@ -196,8 +193,8 @@ async fn a_request_that_times_out_does_not_disturb_the_others() {
 #[tokio::test]
 async fn the_reply_reader_survives_a_redis_restart_and_keeps_its_waiters() {
     // Persistence on, so that the request and the license outlive the restart.
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
-    let settings = redis.settings();
+    let TestApp(mut redis, settings, _) =
+        spawn_app_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
     put_license(&settings, "lic", 2).await;
     let client = client(&settings).await;
     // Sent with no worker running: it waits through the restart.
@@ -226,8 +223,7 @@ async fn the_reply_reader_survives_a_redis_restart_and_keeps_its_waiters() {
 
 #[tokio::test]
 async fn a_queued_acquire_is_answered_queued_then_granted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
@@ -284,8 +280,7 @@ async fn a_queued_acquire_is_answered_queued_then_granted() {
 
 #[tokio::test]
 async fn backpressure_caps_the_requests_in_flight() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, _) = spawn_app().await;
     settings.client.max_in_flight = 3;
     put_license(&settings, "lic", 100).await;
     let client = client(&settings).await;
@@ -326,8 +321,7 @@ async fn backpressure_caps_the_requests_in_flight() {
 
 #[tokio::test]
 async fn the_last_clone_stops_the_reader_and_deletes_the_reply_stream() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let mut probe = db(&settings).await;

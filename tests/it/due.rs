@@ -17,7 +17,7 @@ use seatgate::engine::status::Status;
 
 use crate::support::{
     acquire, client, db, direct, holders, keys, license_keys, provision, queue_up, reaper, reply_stream,
-    seats_with_timeout, spawn_worker, RedisServer, RedisServerExt, T,
+    seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
 };
 
 /// Writes `license`'s record the way a billing system may (the documented
@@ -65,8 +65,7 @@ async fn filed(s: &Settings, license: &str) -> (Option<i64>, Option<i64>) {
 
 #[tokio::test]
 async fn a_license_written_as_its_hash_alone_has_its_stale_seat_reaped_and_its_waiter_granted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     hash_only(&settings, "billed", 1, 300).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -105,13 +104,11 @@ async fn a_license_written_as_its_hash_alone_has_its_stale_seat_reaped_and_its_w
 
 #[tokio::test]
 async fn the_sweep_files_licenses_the_due_index_lacks_and_the_same_pass_reaps_them() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     // Seats taken by calling the scripts directly: nobody filed the licenses,
     // one of them not even in the license index.
     hash_only(&settings, "unlisted", 1, 100).await;
     provision(&settings, "listed", &seats_with_timeout(1, 100)).await;
-    let mut con = db(&settings).await;
     for license in ["unlisted", "listed"] {
         direct(&settings, license, "a").acquire(&mut con).await;
     }
@@ -146,8 +143,7 @@ async fn the_sweep_files_licenses_the_due_index_lacks_and_the_same_pass_reaps_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     const LICENSES: usize = 200;
     let short = |i: usize| i % 40 == 0; // 5 of them
     for i in 0..LICENSES {
@@ -163,7 +159,6 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let reaper = reaper(&settings).await;
-    let mut con = db(&settings).await;
     // reap.lua reads the license's outbox with one HSCAN per call; no other
     // script or command of a pass does.
     let before = calls(&mut con, "hscan").await;
@@ -189,8 +184,7 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pass_reaps_every_license_due_page_after_page() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     // More licenses due than a claim takes at a time (64), in one shard.
     const LICENSES: usize = 300;
     for i in 0..LICENSES {
@@ -229,8 +223,7 @@ async fn one_pass_reaps_every_license_due_page_after_page() {
 
 #[tokio::test]
 async fn heartbeats_keep_a_license_from_falling_due() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     provision(&settings, "hb", &seats_with_timeout(2, 300)).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -285,8 +278,7 @@ async fn filed_when(
 
 #[tokio::test]
 async fn a_borrow_and_a_linger_make_their_license_due_when_they_end() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     provision(&settings, "cad", &seats_with_timeout(2, 600_000)).await;
     let policy = LicensePolicy {
         linger_ms: Some(300),
@@ -349,9 +341,7 @@ async fn a_borrow_and_a_linger_make_their_license_due_when_they_end() {
 
 #[tokio::test]
 async fn a_time_filed_while_a_license_is_reaped_is_kept() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
-    let mut con = db(&settings).await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     let index = keys(&settings).due_index(0);
     let _: () = con
         .zadd_multiple(&index.stale, &[(100, "a"), (100, "b"), (5_000, "d")])

@@ -24,7 +24,7 @@ use seatgate::db::Db;
 use tokio::sync::mpsc;
 
 use crate::support::{
-    db, holders, output, put_license, seatgate_cmd, RedisServer, RedisServerExt, Spawned, WorkerProcess,
+    holders, output, put_license, seatgate_cmd, spawn_app, Spawned, TestApp, WorkerProcess,
 };
 
 /// How long one run of an example may take before the test gives up on it.
@@ -338,8 +338,7 @@ async fn entries_added(con: &mut Db, stream: &str) -> u64 {
 /// release, each printed; exit 0; nothing left behind.
 #[tokio::test]
 async fn sync_client_acquires_heartbeats_and_releases() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     put_license(&s, "demo", 1).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
 
@@ -394,7 +393,6 @@ async fn sync_client_acquires_heartbeats_and_releases() {
     assert_eq!(ids.len(), 4, "{run}");
 
     assert!(holders(&s, "demo").await.is_empty());
-    let mut con = db(&s).await;
     assert!(reply_streams(&mut con, &s.replies.prefix).await.is_empty());
 }
 
@@ -403,9 +401,8 @@ async fn sync_client_acquires_heartbeats_and_releases() {
 /// is refused at once (exit 1). The lease the first prints is the seat's.
 #[tokio::test]
 async fn a_second_sync_client_queues_until_the_first_releases() {
-    let redis = RedisServer::start_with(&[]).await;
+    let TestApp(redis, s, _) = spawn_app().await;
     let url = redis.url();
-    let s = redis.settings();
     put_license(&s, "demo", 1).await;
     let _worker = WorkerProcess::start(&url, &[]).await;
 
@@ -501,8 +498,7 @@ async fn a_second_sync_client_queues_until_the_first_releases() {
 /// A malformed --lease exits 2 with one clear line, before anything is sent.
 #[tokio::test]
 async fn sync_client_refuses_a_malformed_lease() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     // No worker: nothing may be sent for it to answer.
     for bad in ["too-short", "sixteen or more but with spaces"] {
         let args = ["--license", "demo", "--lease", bad];
@@ -515,7 +511,6 @@ async fn sync_client_refuses_a_malformed_lease() {
             "{run}"
         );
     }
-    let mut con = db(&s).await;
     assert_eq!(
         entries_added(&mut con, &s.stream.requests).await,
         0,
@@ -529,11 +524,9 @@ async fn sync_client_refuses_a_malformed_lease() {
 /// given back, no reply lost.
 #[tokio::test]
 async fn async_client_answers_every_concurrent_pair() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     put_license(&s, "demo", 5).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
-    let mut con = db(&s).await;
     let connections = connections_received(&mut con).await;
 
     let args = [
@@ -596,14 +589,12 @@ async fn async_client_answers_every_concurrent_pair() {
 /// shard the service reads it from (crc32 routing, as Rust computes it).
 #[tokio::test]
 async fn both_examples_route_to_the_license_shard() {
-    let redis = RedisServer::start_with(&[]).await;
+    let TestApp(redis, mut s, mut con) = spawn_app().await;
     let url = redis.url();
-    let mut s = redis.settings();
     s.stream.shards = 3;
     put_license(&s, "north", 1).await;
     put_license(&s, "south", 2).await;
     let _worker = WorkerProcess::start(&url, &[("SEATGATE__STREAM__SHARDS", "3".to_owned())]).await;
-    let mut con = db(&s).await;
 
     let args = ["--license", "north", "--interval", "0.01"];
     let run = Running::run(sync_client(&url, &args).await).await;

@@ -13,34 +13,18 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    add_request, client, consumers, create_group, db, direct, events, holders, license_keys, pending,
-    put_license, reaper, reply_stream, request_xadd, spawn_worker, stream_entries, watch_holders, Direct,
-    RedisServer, RedisServerExt, WorkerProcess, T,
+    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, license_keys,
+    pending, put_license, reaper, reply_stream, request_xadd, run_out_of_memory, spawn_app, spawn_app_with,
+    spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp, WorkerProcess, T,
 };
-
-/// `XREADGROUP` of up to `count` new requests as `consumer`, without acknowledging them.
-fn read_as(s: &Settings, consumer: &str, count: usize) -> redis::Cmd {
-    let mut cmd = redis::cmd("XREADGROUP");
-    cmd.arg("GROUP")
-        .arg(&s.stream.group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(&s.stream.requests)
-        .arg(">");
-    cmd
-}
 
 /// A worker crashed after its script ran but before it replied: another
 /// worker claims the entry, and the redelivery has the effect of one.
 #[tokio::test]
 async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     settings.stream.claim_idle_ms = 200;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     // The group exists, and a consumer that will "crash" takes two entries.
     create_group(&settings).await;
     let replies = reply_stream(&settings, "t");
@@ -68,10 +52,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         ],
     )
     .await;
-    let _: redis::Value = read_as(&settings, "crashed", 10)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    take(&settings, "crashed", 10).await;
     // "held" already has a seat; the crashed worker ran both scripts, then died.
     direct(&settings, "lic", "held").acquire(&mut con).await;
     let first = Direct::for_entry(&settings, &acquire_id, "lic", "s1")
@@ -113,11 +94,9 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
 /// max_deliveries, answered ERROR, and never holds back the requests behind it.
 #[tokio::test]
 async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     settings.stream.max_deliveries = 3;
     put_license(&settings, "good", 100).await;
-    let mut con = db(&settings).await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
     let _: () = redis::cmd("SET")
         .arg(license_keys(&settings, "poison").holders)
@@ -184,8 +163,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
 
 #[tokio::test]
 async fn a_client_in_a_retry_loop_is_rate_limited_and_others_are_not() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, _) = spawn_app().await;
     settings.limits.session_requests = 5;
     put_license(&settings, "lic", 5).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
@@ -458,8 +436,7 @@ fn burst_env() -> Vec<(&'static str, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
-    let redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, _) = spawn_app_with(&["--appendonly", "yes"]).await;
     let mut env = burst_env();
     env.push(("SEATGATE__STREAM__CONSUMER", "victim".into()));
     let mut victim = WorkerProcess::start(&redis.url(), &env).await;
@@ -506,8 +483,7 @@ async fn kill_9_of_a_worker_mid_burst_loses_nothing_and_overbooks_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
-    let settings = redis.settings();
+    let TestApp(mut redis, settings, _) = spawn_app_with(&["--appendonly", "yes"]).await;
     let env = burst_env();
     let _a = WorkerProcess::start(&redis.url(), &env).await;
     let _b = WorkerProcess::start(&redis.url(), &env).await;
@@ -522,8 +498,7 @@ async fn redis_stopped_and_restarted_mid_burst_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, _) = spawn_app().await;
     let mut env = burst_env();
     env.push(("SEATGATE__STREAM__CONSUMER", "leaving".into()));
     let mut leaving = WorkerProcess::start(&redis.url(), &env).await;
@@ -538,7 +513,7 @@ async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
     let status = exit.expect("fault ran");
     assert!(status.success(), "SIGTERM exit status {status:?}");
     // Nothing of the stopped worker is left pending: it finished its batch and left the group.
-    for (name, pending) in consumers(&settings).await {
+    for Consumer { name, pending, .. } in consumers(&settings).await {
         assert!(
             name != "leaving" || pending == 0,
             "the stopped worker left {pending} entries pending"
@@ -549,8 +524,7 @@ async fn sigterm_mid_burst_is_a_clean_exit_and_the_other_worker_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns() {
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes"]).await;
-    let settings = redis.settings();
+    let TestApp(mut redis, settings, _) = spawn_app_with(&["--appendonly", "yes"]).await;
     put_license(&settings, "lic", 1).await;
     let worker = WorkerProcess::start(&redis.url(), &[]).await;
     assert_eq!(worker.status("/ready").await, Some(200));
@@ -587,28 +561,13 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
 /// evicted, and once memory is freed it is answered, with its effect applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_out_of_memory_is_not_ready_and_recovers() {
-    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app_with(&["--maxmemory-policy", "noeviction"]).await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     // The group and a request exist before memory runs out (under OOM even an XADD is refused).
     create_group(&settings).await;
     let c = client(&settings).await;
     let id = c.send(&Call::new(Op::Acquire, "lic", "patient")).await.unwrap();
-    let _: i64 = redis::cmd("SETRANGE")
-        .arg("ballast")
-        .arg(8 * 1024 * 1024)
-        .arg("x")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("4mb")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    run_out_of_memory(&mut con).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while worker.ready.get() {
@@ -621,11 +580,7 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
         .await
         .unwrap();
     assert_eq!(replies, 0, "no reply can be written while Redis is out of memory");
-    let _: () = redis::cmd("DEL")
-        .arg("ballast")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    free_memory(&mut con).await;
     let r = c.wait_for(&id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(r.status(), Status::Acquired, "served once memory was freed");
     assert_eq!(holders(&settings, "lic").await, ["patient"]);
@@ -641,10 +596,8 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
 /// what is pending or undelivered) and removes long-idle empty consumers.
 #[tokio::test]
 async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     settings.stream.consumer_idle_ms = 20;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let mut ids = Vec::new();
     for i in 0..10 {
@@ -653,7 +606,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         ids.push(add_request(&mut con, &settings, &fields).await);
     }
     // "gone" reads 6 and acknowledges them; "busy" reads 2 and holds them; 2 stay undelivered.
-    let _: redis::Value = read_as(&settings, "gone", 6).query_async(&mut con).await.unwrap();
+    take(&settings, "gone", 6).await;
     let _: i64 = redis::cmd("XACK")
         .arg(&settings.stream.requests)
         .arg(&settings.stream.group)
@@ -661,7 +614,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: redis::Value = read_as(&settings, "busy", 2).query_async(&mut con).await.unwrap();
+    take(&settings, "busy", 2).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     reaper(&settings).await.maintain_stream().await.unwrap();
@@ -672,11 +625,7 @@ async fn stream_upkeep_trims_acknowledged_entries_and_removes_idle_consumers() {
         .map(|e| e.id)
         .collect();
     assert_eq!(left, ids[6..], "only acknowledged entries trimmed");
-    let names: Vec<String> = consumers(&settings)
-        .await
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let names: Vec<String> = consumers(&settings).await.into_iter().map(|c| c.name).collect();
     assert_eq!(
         names,
         ["busy"],

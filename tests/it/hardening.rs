@@ -23,8 +23,9 @@ use seatgate::engine::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    add_request, client, consumers, create_group, db, holders, http_get, keys, metric, pending, put_license,
-    reaper, redis_ms, spawn_worker, stream_entries, Entry, RedisServer, RedisServerExt, WorkerProcess, T,
+    add_request, client, consumers, create_group, db, free_memory, holders, http_get, keys, metric, pending,
+    put_license, reaper, redis_ms, run_out_of_memory, spawn_app, spawn_app_with, spawn_worker,
+    stream_entries, take, Entry, TestApp, WorkerProcess, T,
 };
 
 /// The largest stream entry id Redis accepts.
@@ -40,45 +41,9 @@ async fn xadd(con: &mut Db, stream: &str, id: &str, fields: &[(&str, &str)]) -> 
     cmd.query_async(con).await
 }
 
-/// Delivers up to `count` new entries of the requests stream to `consumer`,
-/// which then never acknowledges them (a worker that died); their ids.
-async fn take(s: &Settings, consumer: &str, count: usize) -> Vec<String> {
-    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(&s.stream.group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(&s.stream.requests)
-        .arg(">")
-        .query_async(&mut db(s).await)
-        .await
-        .unwrap();
-    read.keys.into_iter().flat_map(|k| k.ids).map(|e| e.id).collect()
-}
-
 /// Names of the consumers of the group on the requests stream.
 async fn consumer_names(s: &Settings) -> Vec<String> {
-    consumers(s).await.into_iter().map(|(name, _)| name).collect()
-}
-
-/// Consumer name → (pending, idle ms) of the group on the requests stream.
-async fn consumer_info(s: &Settings) -> HashMap<String, (u64, u64)> {
-    let rows: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg(&s.stream.requests)
-        .arg(&s.stream.group)
-        .query_async(&mut db(s).await)
-        .await
-        .unwrap();
-    rows.into_iter()
-        .map(|c| {
-            let int = |k: &str| redis::from_redis_value::<u64>(c[k].clone()).unwrap();
-            let name = redis::from_redis_value::<String>(c["name"].clone()).unwrap();
-            (name, (int("pending"), int("idle")))
-        })
-        .collect()
+    consumers(s).await.into_iter().map(|c| c.name).collect()
 }
 
 /// The reply to request `id` on `reply_to`, waiting up to `within` for it.
@@ -102,10 +67,8 @@ async fn reply(con: &mut Db, reply_to: &str, id: &str, within: Duration) -> Opti
 /// sweep now goes on where the last page stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     // 400 heartbeats ahead of it: more than one XAUTOCLAIM scan (10 × COUNT 32).
     let mut pipe = redis::pipe();
@@ -176,8 +139,7 @@ async fn an_idle_entry_behind_more_than_a_claim_scan_of_busy_ones_is_claimed() {
 /// nothing pending, is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_removed() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "live").await;
     let client = client(&settings).await;
@@ -186,7 +148,6 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
         .await
         .unwrap();
     assert_eq!(r.status(), Status::SessionNotActive);
-    let mut con = db(&settings).await;
     let (stream, group) = (&settings.stream.requests, &settings.stream.group);
     let _: i64 = redis::cmd("XGROUP")
         .arg("CREATECONSUMER")
@@ -209,14 +170,13 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
     let mut looked_idle = 0;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let before = consumer_info(&settings).await;
+        let before = consumers(&settings).await.into_iter().find(|c| c.name == "live");
         reaper.maintain_stream().await.unwrap();
         assert!(
             consumer_names(&settings).await.contains(&"live".to_owned()),
-            "the reaper removed a live worker's consumer (it was {:?})",
-            before.get("live")
+            "the reaper removed a live worker's consumer (it was {before:?})"
         );
-        looked_idle = looked_idle.max(before.get("live").map_or(0, |(_, idle)| *idle));
+        looked_idle = looked_idle.max(before.map_or(0, |c| c.idle_ms));
     }
     assert!(
         looked_idle > tiny.stream.consumer_idle_ms,
@@ -240,9 +200,7 @@ async fn a_live_worker_on_a_quiet_stream_keeps_its_consumer_and_a_dead_one_is_re
 /// cannot lose them from the pending list.
 #[tokio::test]
 async fn removing_a_consumer_refuses_while_it_holds_entries() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
-    let mut con = db(&settings).await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     create_group(&settings).await;
     add_request(
         &mut con,
@@ -259,8 +217,12 @@ async fn removing_a_consumer_refuses_while_it_holds_entries() {
         .unwrap();
     assert!(!gone, "refused while an entry is pending");
     assert_eq!(
-        consumer_info(&settings).await["holder"].0,
-        1,
+        consumers(&settings)
+            .await
+            .iter()
+            .find(|c| c.name == "holder")
+            .map(|c| c.pending),
+        Some(1),
         "its entry is still pending"
     );
     let _: i64 = redis::cmd("XACK")
@@ -289,10 +251,8 @@ async fn removing_a_consumer_refuses_while_it_holds_entries() {
 /// would succeed, and no seat is taken.
 #[tokio::test]
 async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_deciding_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     let id = client.send(&Call::new(Op::Acquire, "lic", "s1")).await.unwrap();
@@ -350,30 +310,15 @@ async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_without_de
 /// handed back each time, and the request is decided once memory is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
-    let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app_with(&["--maxmemory-policy", "noeviction"]).await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     let id = client
         .send(&Call::new(Op::Acquire, "lic", "patient"))
         .await
         .unwrap();
-    let _: i64 = redis::cmd("SETRANGE")
-        .arg("ballast")
-        .arg(8 * 1024 * 1024)
-        .arg("x")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("4mb")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    run_out_of_memory(&mut con).await;
     settings.stream.max_deliveries = 2;
     let worker = spawn_worker(settings.clone(), "w1").await;
     // Re-read with a backoff of 50 ms doubling to 1 s: about six retries in 3 s.
@@ -388,11 +333,7 @@ async fn a_long_refusal_by_redis_never_dead_letters_a_request() {
         .await
         .unwrap();
     assert_eq!(pel.len(), 1, "still pending while Redis refuses");
-    let _: () = redis::cmd("DEL")
-        .arg("ballast")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    free_memory(&mut con).await;
     let r = client.wait_for(&id, Duration::from_secs(10)).await.unwrap();
     worker.stop().await;
     assert_eq!(
@@ -434,10 +375,8 @@ fn the_guard_of_the_largest_entry_id_saturates() {
 /// is answered like any other, and counted (and logged) as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let worker = WorkerProcess::start(&redis.url(), &[]).await;
     let before = worker.scrape().await;
@@ -484,12 +423,10 @@ async fn an_entry_id_ahead_of_the_clock_is_answered_and_counted() {
 /// one at once, and a drain worker answers what the old one still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runbook_recovers_a_stream_pushed_to_the_last_id_and_loses_no_pending_entry() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, mut con) = spawn_app().await;
     let requests = &settings.stream.requests;
     let old = format!("{requests}:old");
     put_license(&settings, "lic", 10).await;
-    let mut con = db(&settings).await;
     create_group(&settings).await;
     let client = client(&settings).await;
     // Two requests held by a worker that died, and one nobody has read yet.

@@ -10,8 +10,8 @@ use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    client, db, holders, http_get, license_keys, metric, pending, put_license, reply_stream, request_xadd,
-    snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt, WorkerProcess, T,
+    add_request, client, holders, http_get, license_keys, metric, pending, put_license, reply_stream,
+    request_xadd, snapshot, spawn_app, spawn_worker, stream_entries, TestApp, WorkerProcess, T,
 };
 
 // Generated hostile entries; the parser's own property test over them lives
@@ -146,8 +146,7 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test]
 async fn every_malformed_request_is_answered_and_changes_nothing() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
@@ -156,7 +155,6 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
     assert_eq!(r.status(), Status::Acquired);
     let before = snapshot(&settings).await;
 
-    let mut con = db(&settings).await;
     for (i, (what, fields, mention)) in cases().into_iter().enumerate() {
         let id = format!("bad-{i}");
         let mut xadd = request_xadd(&settings);
@@ -184,14 +182,15 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
     );
 
     // A request without a usable reply address is still acknowledged; the worker lives on.
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("acquire")
-        .arg("reply_to")
-        .arg(license_keys(&settings, "lic").holders)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "acquire"),
+            ("reply_to", &license_keys(&settings, "lic").holders),
+        ],
+    )
+    .await;
     let r = client.call(&good("second"), T).await.unwrap();
     assert_eq!(
         r.status(),
@@ -204,11 +203,9 @@ async fn every_malformed_request_is_answered_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut con = db(&settings).await;
     let not_a_stream = reply_stream(&settings, "not-a-stream");
     let _: () = redis::cmd("SET")
         .arg(&not_a_stream)
@@ -216,18 +213,17 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("acquire")
-        .arg("license")
-        .arg("lic")
-        .arg("session")
-        .arg("s1")
-        .arg("reply_to")
-        .arg(&not_a_stream)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "acquire"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", &not_a_stream),
+        ],
+    )
+    .await;
     let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
     let r = client.call(&call, T).await.unwrap();
@@ -238,11 +234,9 @@ async fn a_reply_stream_of_the_wrong_type_does_not_wedge_the_worker() {
 
 #[tokio::test]
 async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut con = db(&settings).await;
     let victim = reply_stream(&settings, "victim");
     let _: () = redis::cmd("SET")
         .arg(&victim)
@@ -250,18 +244,17 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: String = request_xadd(&settings)
-        .arg("op")
-        .arg("heartbeat")
-        .arg("license")
-        .arg("lic")
-        .arg("session")
-        .arg("s1")
-        .arg("reply_to")
-        .arg(&victim)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    add_request(
+        &mut con,
+        &settings,
+        &[
+            ("op", "heartbeat"),
+            ("license", "lic"),
+            ("session", "s1"),
+            ("reply_to", &victim),
+        ],
+    )
+    .await;
     // A request sent after it is answered: the bad one has been read too.
     let client = client(&settings).await;
     let call = Call::new(Op::Acquire, "lic", "s2");
@@ -293,14 +286,12 @@ async fn a_reply_to_that_is_not_a_stream_is_left_untouched() {
 /// status, and every seat in Redis is one that some reply says was acquired.
 #[tokio::test]
 async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_unasked() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     for l in ["s-1", "fuzz", "acquire"] {
         put_license(&settings, l, 3).await;
     }
     settings.limits.session_requests = 0;
     let worker = spawn_worker(settings.clone(), "w1").await;
-    let mut con = db(&settings).await;
     let fuzz_replies = reply_stream(&settings, "fuzz");
     let mut runner = TestRunner::deterministic();
     let n = 300;
@@ -368,10 +359,8 @@ async fn generated_entries_through_a_worker_are_all_answered_and_change_nothing_
 /// stream with a reason naming `reply_to`, and the refusal is counted.
 #[tokio::test]
 async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_untouched() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     let mut pipe = redis::pipe();
     for i in 0..1_000 {
         pipe.cmd("XADD")
@@ -403,20 +392,18 @@ async fn a_reply_to_outside_the_reply_namespace_is_dead_lettered_and_the_key_unt
 
     let worker = WorkerProcess::start(&redis.url(), &[]).await;
     for op in ["acquire", "release"] {
-        let _: String = request_xadd(&settings)
-            .arg("op")
-            .arg(op)
-            .arg("id")
-            .arg(format!("hostile-{op}"))
-            .arg("license")
-            .arg("lic")
-            .arg("session")
-            .arg("s1")
-            .arg("reply_to")
-            .arg("orders:jobs")
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        add_request(
+            &mut con,
+            &settings,
+            &[
+                ("op", op),
+                ("id", &format!("hostile-{op}")),
+                ("license", "lic"),
+                ("session", "s1"),
+                ("reply_to", "orders:jobs"),
+            ],
+        )
+        .await;
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let dead = loop {

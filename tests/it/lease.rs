@@ -10,68 +10,21 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
-use seatgate::engine::license::{Field, StoredRecord};
+use seatgate::engine::license::{Field, StoredRecord, REFUSED_VALUES, TAKEN_VALUES};
 use seatgate::engine::ops::Op;
 use seatgate::engine::protocol::Lease;
 use seatgate::engine::scripts::{Decision, Guard};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, db, direct, events, free_port, http_get, license_keys, output, printed_lease,
-    put_license, redis_ms, reply_stream, request_xadd, seatgate_cmd, spawn_worker, stream_entries, Direct,
-    RedisServer, RedisServerExt, Spawned, BIN, T,
+    acquire, add_request, client, db, direct, events, free_port, http_get, license_keys, output,
+    printed_lease, put_license, redis_ms, reply_stream, seatgate_cmd, spawn_app, spawn_worker,
+    stream_entries, Direct, Spawned, TestApp, BIN, T,
 };
 
-/// Values the license rules refuse, field by field: the kinds Lua's
-/// `tonumber` would take, and those out of range.
-const REFUSED: &[(Field, &str)] = &[
-    (Field::SeatsTotal, "5.5"),
-    (Field::SeatsTotal, "inf"),
-    (Field::SeatsTotal, "-inf"),
-    (Field::SeatsTotal, "nan"),
-    (Field::SeatsTotal, "0x10"),
-    (Field::SeatsTotal, " 5"),
-    (Field::SeatsTotal, "5 "),
-    (Field::SeatsTotal, "1e3"),
-    (Field::SeatsTotal, "-1"),
-    (Field::SeatsTotal, "+5"),
-    (Field::SeatsTotal, ""),
-    (Field::SeatsTotal, "1000001"),
-    (Field::SeatsTotal, "99999999999999999999"),
-    (Field::SeatsTotal, "5\n"),
-    (Field::ExpiresAtMs, "soon"),
-    (Field::ExpiresAtMs, "1.7e12"),
-    (Field::ExpiresAtMs, "-5"),
-    (Field::ExpiresAtMs, "0x1"),
-    (Field::ExpiresAtMs, "1000000000000000"),
-    (Field::Active, "false"),
-    (Field::Active, "true"),
-    (Field::Active, "2"),
-    (Field::Active, "00"),
-    (Field::Active, ""),
-    (Field::HeartbeatTimeoutMs, "0"),
-    (Field::HeartbeatTimeoutMs, "90s"),
-    (Field::HeartbeatTimeoutMs, "9e9"),
-    (Field::QueueMax, "0"),
-    (Field::QueueMax, "ten"),
-    (Field::QueueMax, "1.5"),
-];
-
-/// Values the rules take.
-const TAKEN: &[(Field, &str)] = &[
-    (Field::SeatsTotal, "0"),
-    (Field::SeatsTotal, "007"),
-    (Field::SeatsTotal, "1000000"),
-    (Field::ExpiresAtMs, "0"),
-    (Field::ExpiresAtMs, "999999999999999"),
-    (Field::Active, "1"),
-    (Field::Active, "0"),
-    (Field::HeartbeatTimeoutMs, "1"),
-    (Field::QueueMax, "999999999999999"),
-];
-
-/// The record `license put` writes for 5 seats, then `field` = `value`, as a
-/// Rust reader and as the scripts see it.
+/// The record `license put` writes for 5 seats, then `field` = `value` (with
+/// the `policy` flag on for a policy field: the scripts read those only
+/// then), as a Rust reader and as the scripts see it.
 async fn record_with(
     s: &seatgate::config::Settings,
     license: &str,
@@ -81,6 +34,15 @@ async fn record_with(
     put_license(s, license, 5).await;
     let mut con = db(s).await;
     let key = license_keys(s, license).license;
+    if field.is_policy() {
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(Field::Policy.as_str())
+            .arg("1")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
     let _: () = redis::cmd("HSET")
         .arg(&key)
         .arg(field.as_str())
@@ -100,10 +62,8 @@ async fn record_with(
 
 #[tokio::test]
 async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let mut con = db(&s).await;
-    for (i, &(field, value)) in REFUSED.iter().enumerate() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    for (i, &(field, value)) in REFUSED_VALUES.iter().enumerate() {
         let license = format!("refused-{i}");
         let record = record_with(&s, &license, field, value).await;
         let rust = record.validate().expect_err(value);
@@ -118,7 +78,7 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
         // The rule in Rust alone, as `license put` and `status` use it.
         assert!(field.check(value).is_err(), "{field} = {value:?}");
     }
-    for (i, &(field, value)) in TAKEN.iter().enumerate() {
+    for (i, &(field, value, _)) in TAKEN_VALUES.iter().enumerate() {
         let license = format!("taken-{i}");
         let record = record_with(&s, &license, field, value).await;
         assert_eq!(record.validate(), Ok(()), "{field} = {value:?}");
@@ -149,25 +109,24 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
 
 #[tokio::test]
 async fn require_lease_makes_the_lease_mandatory_on_every_op() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.sessions.require_lease = true;
     put_license(&s, "cad", 2).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
     let reply_to = reply_stream(&s, "bare");
     for verb in ["acquire", "heartbeat", "release"] {
-        let mut xadd = request_xadd(&s);
-        xadd.arg("op")
-            .arg(verb)
-            .arg("id")
-            .arg(verb)
-            .arg("license")
-            .arg("cad")
-            .arg("session")
-            .arg("bare");
-        xadd.arg("reply_to").arg(&reply_to);
-        let _: String = xadd.query_async(&mut con).await.unwrap();
+        add_request(
+            &mut con,
+            &s,
+            &[
+                ("op", verb),
+                ("id", verb),
+                ("license", "cad"),
+                ("session", "bare"),
+                ("reply_to", &reply_to),
+            ],
+        )
+        .await;
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     let replies = loop {
@@ -200,8 +159,7 @@ async fn require_lease_makes_the_lease_mandatory_on_every_op() {
 
 #[tokio::test]
 async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let owner = client(&s).await;
@@ -249,8 +207,7 @@ async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
 
 #[tokio::test]
 async fn the_cli_prints_the_lease_and_takes_it_back() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, _) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let cli = |args: &[&str]| output(seatgate_cmd(&redis.url(), args));
@@ -305,8 +262,7 @@ async fn the_cli_prints_the_lease_and_takes_it_back() {
 
 #[tokio::test]
 async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     put_license(&s, "cad", 1).await;
     let lease = "Secret-lease_0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
@@ -350,50 +306,52 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
     let status = String::from_utf8_lossy(&status.stdout).into_owned();
     assert!(status.contains("\"leased\":true"), "{status}");
 
-    let mut con = db(&s).await;
     // A malformed lease (refused, and not repeated), an unanswerable request
     // carrying the lease (dead-lettered at once), a poison one (dead-lettered
     // after failing: its license's holders key is broken by hand).
     let bad = format!("{lease}!");
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("heartbeat")
-        .arg("license")
-        .arg("cad")
-        .arg("session")
-        .arg("s1")
-        .arg("lease")
-        .arg(&bad);
-    xadd.arg("reply_to").arg(reply_stream(&s, "x"));
-    let _: String = xadd.query_async(&mut con).await.unwrap();
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("release")
-        .arg("license")
-        .arg("cad")
-        .arg("session")
-        .arg("s1")
-        .arg("lease")
-        .arg(lease);
-    xadd.arg("reply_to").arg("orders:jobs");
-    let _: String = xadd.query_async(&mut con).await.unwrap();
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "heartbeat"),
+            ("license", "cad"),
+            ("session", "s1"),
+            ("lease", &bad),
+            ("reply_to", &reply_stream(&s, "x")),
+        ],
+    )
+    .await;
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "release"),
+            ("license", "cad"),
+            ("session", "s1"),
+            ("lease", lease),
+            ("reply_to", "orders:jobs"),
+        ],
+    )
+    .await;
     let _: () = redis::cmd("SET")
         .arg(license_keys(&s, "poison").holders)
         .arg("oops")
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut xadd = request_xadd(&s);
-    xadd.arg("op")
-        .arg("acquire")
-        .arg("license")
-        .arg("poison")
-        .arg("session")
-        .arg("p")
-        .arg("lease")
-        .arg(lease);
-    xadd.arg("reply_to").arg(reply_stream(&s, "p"));
-    let _: String = xadd.query_async(&mut con).await.unwrap();
+    add_request(
+        &mut con,
+        &s,
+        &[
+            ("op", "acquire"),
+            ("license", "poison"),
+            ("session", "p"),
+            ("lease", lease),
+            ("reply_to", &reply_stream(&s, "p")),
+        ],
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {
         let dead = stream_entries(&mut con, &s.stream.dead_letter).await;
@@ -433,9 +391,7 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
 
 #[tokio::test]
 async fn a_lease_adds_about_16_bytes_per_held_seat() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let mut con = db(&s).await;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let mut usage = Vec::new();
     for (license, lease) in [
         ("plain", None),
@@ -470,11 +426,9 @@ async fn a_lease_adds_about_16_bytes_per_held_seat() {
 
 #[tokio::test]
 async fn a_bucket_never_outlives_two_windows_of_the_redis_clock() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let window = s.dedupe.window_ms;
     put_license(&s, "cad", 5).await;
-    let mut con = db(&s).await;
     let entry = "9999999999999-0";
     // Placed by its id (the clock unknown to the caller): the script still caps the expiry.
     let blind = Direct::for_entry(&s, entry, "cad", "s1");

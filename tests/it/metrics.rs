@@ -8,7 +8,9 @@ use seatgate::client::{Call, Client};
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
-use crate::support::{acquire, client, metric, put_license, RedisServer, RedisServerExt, WorkerProcess, T};
+use crate::support::{
+    acquire, client, metric, put_license, spawn_app, RedisServer, RedisServerExt, TestApp, WorkerProcess, T,
+};
 
 /// Scrapes until `check` holds, at most `within`; returns the last page.
 async fn until(worker: &WorkerProcess, within: Duration, what: &str, check: impl Fn(&str) -> bool) -> String {
@@ -35,8 +37,7 @@ fn every_second(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
 
 #[tokio::test]
 async fn per_license_series_follow_the_top_n_and_denials_stay_bounded() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, _) = spawn_app().await;
     put_license(&settings, "a", 1).await;
     put_license(&settings, "b", 2).await;
     let worker = WorkerProcess::start(

@@ -27,8 +27,8 @@ use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};
 
 use crate::support::{
-    acquire, client, http_get, output, provision, seatgate_cmd, seats, seats_with_timeout, RedisServer,
-    RedisServerExt, WorkerProcess, T,
+    acquire, client, http_get, output, provision, seatgate_cmd, seats, seats_with_timeout, spawn_app,
+    TestApp, WorkerProcess, T,
 };
 
 /// How long the page gets to show each new state: a poll every second, plus
@@ -392,8 +392,7 @@ fn without_time(mut status: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     let started = Instant::now();
-    let mut redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(mut redis, settings, _) = spawn_app().await;
     // Two-second heartbeats and a reaper every second: an abandoned seat
     // changes hands within about three seconds.
     provision(&settings, "cad", &seats(1)).await;
@@ -569,8 +568,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
 /// cargo test page::`), else only checks that it is one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_screenshot_of_the_page_under_load() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(redis, settings, _) = spawn_app().await;
     let expires = 1_801_353_600_000; // 2027-01-31 00:00 UTC
     provision(&settings, "cad-suite", &seats(4)).await;
     let sim_pro = LicenseSpec {

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{
     acquire, client, db, direct, events, holders, keys, license_keys, license_record, metric, output,
     provision, provision_policy, put_policy, reaper, seatgate_cmd, seats_with_timeout, send_alone,
-    set_license_field, spawn_worker, Entry, LocalCluster, RedisServer, RedisServerExt, WorkerHandle,
+    set_license_field, spawn_app, spawn_worker, Entry, LocalCluster, RedisServer, TestApp, WorkerHandle,
     WorkerProcess, T,
 };
 
@@ -172,8 +172,7 @@ async fn expect_reply(waiter: &Client, id: &str, status: Status) -> ReplyMsg {
 /// worker on it and a client. Bind the server to a name (`_redis`, not `_`):
 /// dropping it stops the server.
 async fn serve_cad(seats: u64, policy: &LicensePolicy) -> (RedisServer, Settings, WorkerHandle, Client) {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, _) = spawn_app().await;
     provision_policy(&s, "cad", seats, policy).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let c = client(&s).await;
@@ -439,8 +438,7 @@ async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it(
 
 #[tokio::test]
 async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     provision(&s, "plain", &seats_with_timeout(1, 200)).await;
     provision(&s, "cad", &seats_with_timeout(2, 200)).await;
     let policy = LicensePolicy {
@@ -542,8 +540,7 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
 /// metrics show the policies, the counts and the lingering and borrowed seats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn license_put_status_and_metrics_show_the_policies() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, mut con) = spawn_app().await;
     let url = redis.url();
     let run = |args: &[&str]| output(seatgate_cmd(&url, args));
     let put = run(&[
@@ -599,7 +596,6 @@ async fn license_put_status_and_metrics_show_the_policies() {
     );
 
     // ada holds two seats (one borrowed), bob's released seat lingers.
-    let mut con = db(&s).await;
     let ada = |session: &str, borrow_ms| {
         direct(&s, "cad", session).with_policy(RequestPolicy {
             borrow_ms,
@@ -706,9 +702,7 @@ async fn license_put_status_and_metrics_show_the_policies() {
 #[tokio::test]
 async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
     use seatgate::engine::license::StoredRecord;
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
-    let mut con = db(&s).await;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let refused = [
         ("max_per_user", "2.5"),
         ("max_per_user", "-1"),
@@ -814,14 +808,12 @@ async fn a_per_user_limit_with_a_queue_skips_fairly() {
 #[tokio::test]
 async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
     use seatgate::engine::policy::SKIP_LIMIT;
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let policy = LicensePolicy {
         max_per_user: Some(1),
         ..LicensePolicy::default()
     };
     provision_policy(&s, "cad", 2, &policy).await;
-    let mut con = db(&s).await;
     let ada = |session: &str| direct(&s, "cad", session).with_policy(ask("ada", "", 0));
     assert_eq!(ada("a0").acquire(&mut con).await.status(), Status::Acquired);
     for i in 0..SKIP_LIMIT + 1 {
@@ -849,10 +841,8 @@ async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
 /// the license's policy flag.
 #[tokio::test]
 async fn counts_follow_every_holder_change_in_the_scripts() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     provision(&s, "plain", &seats_with_timeout(2, 150)).await;
-    let mut con = db(&s).await;
     let who = |session: &str, user: &str, group: &str| {
         direct(&s, "plain", session).with_policy(ask(user, group, 0))
     };
@@ -913,8 +903,7 @@ async fn counts_follow_every_holder_change_in_the_scripts() {
 /// waiter's owner record.
 #[tokio::test]
 async fn a_revoke_keeps_the_counts_and_grants_under_the_policies() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let policy = LicensePolicy {
         max_per_user: Some(1),
         linger_ms: Some(60_000),
@@ -922,7 +911,6 @@ async fn a_revoke_keeps_the_counts_and_grants_under_the_policies() {
         ..LicensePolicy::default()
     };
     provision_policy(&s, "cad", 2, &policy).await;
-    let mut con = db(&s).await;
     let who = |session: &str, user: &str, borrow_ms| {
         direct(&s, "cad", session).with_policy(RequestPolicy {
             borrow_ms,
@@ -1038,8 +1026,7 @@ fn watch_policy(
 /// holders afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_keeps_every_limit_and_the_counts() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.limits.session_requests = 0;
     provision_policy(&s, "burst", 8, &burst_policy()).await;
     let w1 = spawn_worker(s.clone(), "w1").await;
@@ -1048,7 +1035,6 @@ async fn a_burst_keeps_every_limit_and_the_counts() {
     let watch = watch_policy(&s, "burst", 8, stop.clone());
     // ivy holds her two seats throughout: her acquires in the burst are over
     // her limit, whatever the timing.
-    let mut con = db(&s).await;
     let ivy = |session: &str| direct(&s, "burst", session).with_policy(ask("ivy", "", 0));
     for session in ["ivy-1", "ivy-2"] {
         assert_eq!(ivy(session).acquire(&mut con).await.status(), Status::Acquired);

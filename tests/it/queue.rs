@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{
     acquire, client, db, direct, events, holders, license_keys, provision, put_license, queue_up, reaper,
-    reply_stream, seats_with_timeout, spawn_worker, stream_entries, watch_holders, Entry, RedisServer,
-    RedisServerExt, T,
+    reply_stream, seats_with_timeout, spawn_app, spawn_worker, stream_entries, watch_holders, Entry, TestApp,
+    T,
 };
 
 fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
@@ -85,8 +85,7 @@ fn a_missing_grant_is_caught() {
 
 #[tokio::test]
 async fn stale_sessions_are_evicted_and_live_ones_kept() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     provision(&settings, "lic", &seats_with_timeout(3, 300)).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -124,10 +123,8 @@ async fn stale_sessions_are_evicted_and_live_ones_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reapers_evict_each_session_once() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     provision(&settings, "lic", &seats_with_timeout(200, 100)).await;
-    let mut con = db(&settings).await;
     for i in 0..150 {
         direct(&settings, "lic", &format!("s{i}")).acquire(&mut con).await;
     }
@@ -153,8 +150,7 @@ async fn concurrent_reapers_evict_each_session_once() {
 
 #[tokio::test]
 async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
 
@@ -241,10 +237,8 @@ async fn waiters_queue_in_order_and_the_head_is_granted_a_freed_seat() {
 
 #[tokio::test]
 async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let _: () = redis::cmd("HSET")
         .arg(license_keys(&settings, "lic").license)
         .arg("queue_max")
@@ -308,8 +302,7 @@ async fn queue_timeout_leaving_full_queue_and_idempotent_requeue() {
 
 #[tokio::test]
 async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -318,7 +311,6 @@ async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
     assert_eq!(first.status(), Status::Queued);
 
     // Free the seat behind seatgate's back: no event, no grant.
-    let mut con = db(&settings).await;
     let _: () = redis::cmd("ZREM")
         .arg(license_keys(&settings, "lic").holders)
         .arg("holder")
@@ -335,8 +327,7 @@ async fn a_seat_freed_without_a_grant_is_healed_by_the_next_reaper_pass() {
 
 #[tokio::test]
 async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     provision(&settings, "lic", &seats_with_timeout(1, 300)).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -365,8 +356,7 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
 /// the seats are never exceeded (sampled throughout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, _) = spawn_app().await;
     provision(&settings, "e2e", &seats_with_timeout(3, 400)).await;
     settings.reaper.schedule = "* * * * * *".into(); // every second
     let worker = spawn_worker(settings.clone(), "w1").await;
@@ -471,10 +461,8 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
 /// step's limit are all delivered by one reaper pass, over several bounded steps.
 #[tokio::test]
 async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_one_pass() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 0).await;
-    let mut con = db(&settings).await;
     for i in 0..20 {
         let (session, request_id) = (format!("w{i:02}"), format!("r{i:02}"));
         let o = direct(&settings, "lic", &session)

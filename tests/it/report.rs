@@ -15,8 +15,8 @@ use seatgate::runtime::publish::Publisher;
 use seatgate::views::usage::{self, LicenseUsage, Query, UsageReport, Waits, When};
 
 use crate::support::{
-    add_request, client, db, events, output, put_license, redis_ms, seatgate_cmd, spawn_worker, Entry,
-    RedisServer, RedisServerExt, T,
+    add_request, client, db, events, output, put_license, redis_ms, seatgate_cmd, spawn_app, spawn_worker,
+    Entry, TestApp, T,
 };
 
 const MIN: i64 = 60_000;
@@ -206,11 +206,9 @@ fn assert_acme(l: &LicenseUsage, t: i64) {
 
 #[tokio::test]
 async fn known_events_give_exact_figures_as_a_table_as_csv_and_as_json() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(redis, mut s, mut con) = spawn_app().await;
     s.stream.shards = 2;
     let (acme, beta) = on_two_shards(2);
-    let mut con = db(&s).await;
     // A whole hour two days ago, so the period lies inside the retention.
     let t = (redis_ms(&mut con).await - 48 * HOUR) / HOUR * HOUR;
     // Something else on a stream is skipped, not fatal.
@@ -369,8 +367,7 @@ fn at(e: &Entry) -> i64 {
 
 #[tokio::test]
 async fn a_run_through_real_workers_reports_what_its_events_say() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     // ann's third heartbeat is her fourth request in the window: refused.
     s.limits.session_requests = 3;
     put_license(&s, "lab", 1).await;
@@ -395,7 +392,6 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     let carl = c.call(&Call::new(Op::Acquire, "lab", "s-carl"), T).await.unwrap();
     assert_eq!(carl.status(), Status::NoSeatsAvailable);
     // Refused without a reply_to: published all the same.
-    let mut con = db(&s).await;
     add_request(
         &mut con,
         &s,
@@ -506,10 +502,8 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
 
 #[tokio::test]
 async fn events_are_trimmed_by_their_own_age_not_by_count() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.events.retention = Duration::from_secs(60);
-    let mut con = db(&s).await;
     let now = redis_ms(&mut con).await;
     let stream = s.events_stream_for("acme");
     // 300 events two hours old, then 5 of the last ten seconds.
@@ -546,10 +540,8 @@ async fn events_are_trimmed_by_their_own_age_not_by_count() {
 /// ("Events: retention and memory") gives it: about 160 bytes an event.
 #[tokio::test]
 async fn an_event_costs_about_160_bytes_of_redis_memory() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let publisher = Publisher::new(&s);
-    let mut con = db(&s).await;
     let now = redis_ms(&mut con).await;
     const N: usize = 10_000;
     let licenses: Vec<String> = (0..200).map(|i| format!("lic-{i:04}")).collect();

@@ -13,9 +13,9 @@ use seatgate::engine::scripts::{Decision, Guard, Outcome};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    add_request, client, db, direct, events, holders, keys, license_keys, metric, output, put_license,
-    queue_up, redis_ms, seatgate_cmd, snapshot, spawn_worker, Entry, RedisServer, RedisServerExt,
-    WorkerHandle, WorkerProcess, T,
+    add_request, client, direct, events, holders, keys, license_keys, metric, output, put_license, queue_up,
+    redis_ms, seatgate_cmd, snapshot, spawn_app, spawn_worker, Entry, TestApp, WorkerHandle, WorkerProcess,
+    T,
 };
 
 fn revoke(session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
@@ -48,10 +48,8 @@ async fn serve(s: &Settings, seats: u64) -> (WorkerHandle, Client, Client) {
 /// other scripts with the record decoded, called directly.
 #[tokio::test]
 async fn revoke_answers_the_documented_outcomes() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "lic", 1).await;
-    let mut con = db(&s).await;
     let (a, b, c) = (
         direct(&s, "lic", "a"),
         direct(&s, "lic", "b"),
@@ -145,10 +143,8 @@ async fn revoke_answers_the_documented_outcomes() {
 /// stored outcome, and the dedupe record decodes to it, record and all.
 #[tokio::test]
 async fn a_replayed_revoke_answers_its_stored_outcome() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "lic", 1).await;
-    let mut con = db(&s).await;
     direct(&s, "lic", "a").acquire(&mut con).await;
     // Entry ids of now: their dedupe bucket lives a window or two from now.
     let now = redis_ms(&mut con).await;
@@ -199,8 +195,7 @@ async fn a_replayed_revoke_answers_its_stored_outcome() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     let (worker, alice, admin) = serve(&s, 1).await;
     assert_eq!(
         call(&alice, Op::Acquire, "alice").await.status(),
@@ -278,8 +273,7 @@ async fn a_revoked_holder_loses_its_seat_to_the_queue_and_hears_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cooldown_refuses_acquires_until_it_ends() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     let (worker, c, admin) = serve(&s, 2).await;
     call(&c, Op::Acquire, "alice").await;
     let reply = admin
@@ -322,8 +316,7 @@ async fn a_cooldown_refuses_acquires_until_it_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let (worker, c, admin) = serve(&s, 1).await;
     call(&c, Op::Acquire, "alice").await;
     let (queued, bob_id, bob) = queue_up(&s, "lic", "bob", 30_000).await;
@@ -340,7 +333,6 @@ async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
     assert_eq!(last.get("error"), "the session was revoked by an administrator");
     assert!(last.fields.contains_key("waited_ms"));
     let k = license_keys(&s, "lic");
-    let mut con = db(&s).await;
     for key in [&k.queue, &k.waiters, &k.deadlines, &k.outbox] {
         let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut con).await.unwrap();
         assert_eq!(n, 0, "{key} left behind");
@@ -363,8 +355,7 @@ async fn a_revoked_waiter_leaves_the_queue_and_its_acquire_is_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_session_is_not_found_and_nothing_changes() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, _) = spawn_app().await;
     let (worker, c, admin) = serve(&s, 1).await;
     call(&c, Op::Acquire, "alice").await;
     let not_dedupe = |snap: Vec<(String, Vec<u8>)>| -> Vec<(String, Vec<u8>)> {
@@ -395,12 +386,10 @@ async fn an_unknown_session_is_not_found_and_nothing_changes() {
 /// the admin stream every other op.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_stream_takes_its_own_ops_only() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let (worker, c, admin) = serve(&s, 1).await;
     call(&c, Op::Acquire, "alice").await;
     let before = snapshot(&s).await;
-    let mut con = db(&s).await;
     add_request(
         &mut con,
         &s,
@@ -442,10 +431,8 @@ async fn each_stream_takes_its_own_ops_only() {
 /// (ids are per stream): neither must be taken for a redelivery of the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let (worker, c, admin) = serve(&s, 1).await;
-    let mut con = db(&s).await;
     // One id for both, a second ahead of the server's clock so neither
     // stream has passed it.
     let id = format!("{}-0", redis_ms(&mut con).await + 1_000);
@@ -484,8 +471,7 @@ async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.revoke.remember_ms = 800;
     s.revoke.max_per_license = 2;
     let (worker, c, admin) = serve(&s, 5).await;
@@ -495,7 +481,6 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
         assert_eq!(r.status(), Status::Revoked);
     }
     let k = license_keys(&s, "lic");
-    let mut con = db(&s).await;
     let remembered: Vec<String> = redis::cmd("ZRANGE")
         .arg(&k.revoked)
         .arg(0)
@@ -547,8 +532,7 @@ async fn revocations_are_forgotten_in_time_and_bounded_per_license() {
 /// default actor, the event, the metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_revokes_through_a_running_worker() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, _) = spawn_app().await;
     let url = redis.url();
     let run = |args: &[&str]| output(seatgate_cmd(&url, args));
     let put = run(&["license", "put", "lic", "--seats", "1"]).await;
@@ -617,8 +601,7 @@ async fn the_cli_revokes_through_a_running_worker() {
 /// loses its place the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_bound_session_is_revoked_without_its_lease() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, _) = spawn_app().await;
     s.sessions.require_lease = true;
     let (worker, holder, admin) = serve(&s, 1).await;
     let acquired = call(&holder, Op::Acquire, "alice").await;

@@ -13,15 +13,13 @@ use seatgate::engine::status::Status;
 
 use crate::support::{
     db, direct, holders, keys, license_keys, provision, put_license, redis_ms, reply_stream, seats,
-    seats_with_timeout, Direct, RedisServer, RedisServerExt, META,
+    seats_with_timeout, spawn_app, Direct, RedisServer, RedisServerExt, TestApp, META,
 };
 
 #[tokio::test]
 async fn acquire_takes_a_seat_and_records_the_session() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 5).await;
-    let mut con = db(&settings).await;
 
     let o = direct(&settings, "lic", "s1").acquire(&mut con).await;
     assert_eq!(
@@ -38,10 +36,8 @@ async fn acquire_takes_a_seat_and_records_the_session() {
 
 #[tokio::test]
 async fn acquire_is_idempotent_per_session() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 5).await;
-    let mut con = db(&settings).await;
     assert_eq!(
         direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
         Status::Acquired
@@ -52,10 +48,8 @@ async fn acquire_is_idempotent_per_session() {
 
 #[tokio::test]
 async fn no_seats_available_when_all_are_held() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     for s in ["a", "b"] {
         assert_eq!(
             direct(&settings, "lic", s).acquire(&mut con).await.status(),
@@ -72,10 +66,8 @@ async fn no_seats_available_when_all_are_held() {
 
 #[tokio::test]
 async fn release_frees_only_the_sessions_own_seat() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     direct(&settings, "lic", "s1").acquire(&mut con).await;
 
     let o = direct(&settings, "lic", "someone-else").release(&mut con).await;
@@ -99,10 +91,8 @@ async fn release_frees_only_the_sessions_own_seat() {
 
 #[tokio::test]
 async fn heartbeat_moves_the_clock_and_counts() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 3).await;
-    let mut con = db(&settings).await;
     let o = direct(&settings, "lic", "ghost").heartbeat(&mut con).await;
     assert_eq!(o.status(), Status::SessionNotActive);
 
@@ -126,9 +116,7 @@ async fn heartbeat_moves_the_clock_and_counts() {
 
 #[tokio::test]
 async fn license_state_is_checked_inside_the_script() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
-    let mut con = db(&settings).await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -166,10 +154,8 @@ async fn license_state_is_checked_inside_the_script() {
 
 #[tokio::test]
 async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 3).await;
-    let mut con = db(&settings).await;
     for s in ["a", "b", "c"] {
         direct(&settings, "lic", s).acquire(&mut con).await;
     }
@@ -195,10 +181,8 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
 
 #[tokio::test]
 async fn scripts_reload_after_script_flush() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     direct(&settings, "lic", "s1").acquire(&mut con).await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -223,8 +207,7 @@ async fn scripts_reload_after_script_flush() {
 
 #[tokio::test]
 async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "load", 10).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
@@ -252,10 +235,8 @@ async fn hundred_concurrent_acquirers_get_exactly_the_seats() {
 
 #[tokio::test]
 async fn a_retried_acquire_keeps_its_answer_after_the_license_changes() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     assert_eq!(
         direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
         Status::Acquired
@@ -340,10 +321,8 @@ fn want(decision: Decision, seats_used: i64) -> Want {
 
 #[tokio::test]
 async fn every_seat_script_answers_the_documented_outcome() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let k = license_keys(&settings, "lic");
     let _: () = con.hset(&k.license, "queue_max", 1).await.unwrap();
     use Req::{Acquire, Heartbeat, Release};
@@ -422,10 +401,8 @@ async fn every_seat_script_answers_the_documented_outcome() {
 
 #[tokio::test]
 async fn a_rate_limited_request_gets_the_documented_outcome() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
-    let mut con = db(&settings).await;
     let mut limited = Guard::none(&keys(&settings), "lic", "a");
     limited.session_limit = 1;
     limited.window_ms = 60_000;
@@ -468,10 +445,8 @@ fn as_stored(o: &Outcome) -> Outcome {
 
 #[tokio::test]
 async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let policy = GuardPolicy {
         dedupe_window_ms: 60_000,
         session_limit: 0,
@@ -536,10 +511,8 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
 
 #[tokio::test]
 async fn the_session_and_waiter_records_decode_in_rust() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let k = license_keys(&settings, "lic");
     let took = run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
     let raw: String = con.hget(&k.sessions, "a").await.unwrap();
@@ -669,10 +642,8 @@ async fn queue_in_json_form(
 
 #[tokio::test]
 async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_before() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let k = license_keys(&settings, "lic");
     run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
     let now = redis_ms(&mut con).await;
@@ -843,10 +814,8 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
 async fn a_waiter_whose_request_id_holds_a_newline_is_kept_in_the_json_form() {
     // The protocol refuses such an id; a direct caller of the scripts may
     // still pass one, and its record must not be misread.
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let mut con = db(&settings).await;
     let k = license_keys(&settings, "lic");
     run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
     let id = "line one\nline two";
@@ -896,9 +865,7 @@ async fn reap(
 
 #[tokio::test]
 async fn reap_answers_the_documented_step() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
-    let mut con = db(&settings).await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     provision(&settings, "lic", &seats_with_timeout(1, 50)).await;
     run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
     run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;

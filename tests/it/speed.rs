@@ -9,8 +9,8 @@ use seatgate::engine::records::WaiterRecord;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, add_request, client, db, direct, keys, license_keys, put_license, queue_up, redis_ms,
-    reply_stream, spawn_worker, stream_entries, Entry, RedisServer, RedisServerExt, T,
+    acquire, add_request, client, direct, keys, license_keys, put_license, queue_up, redis_ms, reply_stream,
+    spawn_app, spawn_worker, stream_entries, Entry, TestApp, T,
 };
 
 /// Waits up to [`T`] for the reply to request `id` on `stream`.
@@ -31,8 +31,7 @@ async fn reply_to_id(con: &mut seatgate::db::Db, stream: &str, id: &str, status:
 
 #[tokio::test]
 async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "lic", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let holder = client(&s).await;
@@ -56,7 +55,6 @@ async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() 
         stranger.wait_for(&stranger_id, T).await.unwrap().status(),
         Status::LeaseMismatch
     );
-    let mut con = db(&s).await;
     let raw: String = con.hget(license_keys(&s, "lic").waiters, "w").await.unwrap();
     let record = WaiterRecord::parse(&raw).expect("a waiter record");
     assert_eq!(
@@ -94,11 +92,9 @@ async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() 
 
 #[tokio::test]
 async fn a_waiter_bound_to_no_lease_follows_every_re_send_that_names_a_stream() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "lic", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
     let (r0, r1, r2) = (
         reply_stream(&s, "h"),
         reply_stream(&s, "old"),
@@ -150,10 +146,8 @@ async fn a_waiter_bound_to_no_lease_follows_every_re_send_that_names_a_stream() 
 /// once the windows have passed the whole budget is back.
 #[tokio::test]
 async fn the_window_counters_admit_a_burst_refuse_the_rest_and_forget_it() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "lic", 3).await;
-    let mut con = db(&s).await;
     const WINDOW: u64 = 400;
     let guard = |session: &str, per_session: u64, per_license: u64| {
         let mut g = seatgate::engine::scripts::Guard::none(&keys(&s), "lic", session);

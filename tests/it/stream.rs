@@ -9,14 +9,13 @@ use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_worker, RedisServer,
-    RedisServerExt, T,
+    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_app, spawn_worker,
+    RedisServerExt, TestApp, T,
 };
 
 #[tokio::test]
 async fn acquire_heartbeat_release_round_trip() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
@@ -77,8 +76,7 @@ async fn acquire_heartbeat_release_round_trip() {
 
 #[tokio::test]
 async fn reply_streams_expire_after_their_last_reply() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
@@ -89,7 +87,6 @@ async fn reply_streams_expire_after_their_last_reply() {
         .call(&Call::new(Op::Heartbeat, "lic", "s1"), T)
         .await
         .unwrap();
-    let mut con = db(&settings).await;
     let ttl: i64 = redis::cmd("PTTL")
         .arg(client.reply_to())
         .query_async(&mut con)
@@ -154,8 +151,7 @@ async fn reply_ids(settings: &Settings, stream: &str) -> Vec<String> {
 /// `replies.maxlen` = 100 kept about the last 100).
 #[tokio::test]
 async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
@@ -180,8 +176,7 @@ async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
 /// later replies come; younger ones never are.
 #[tokio::test]
 async fn replies_older_than_the_ttl_are_trimmed() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, _) = spawn_app().await;
     settings.replies.ttl_ms = 1_000;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
@@ -220,8 +215,7 @@ async fn replies_older_than_the_ttl_are_trimmed() {
 
 #[tokio::test]
 async fn requests_written_before_any_worker_are_served() {
-    let redis = RedisServer::start_with(&[]).await;
-    let settings = redis.settings();
+    let TestApp(_redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     let client = client(&settings).await;
     let early = client.send(&acquire("lic", "early", 0)).await.unwrap();
@@ -234,8 +228,7 @@ async fn requests_written_before_any_worker_are_served() {
 /// The seed's load test, through the stream: 100 concurrent acquirers, 10 seats, two workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_acquires_over_the_stream_with_two_workers() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut settings = redis.settings();
+    let TestApp(_redis, mut settings, _) = spawn_app().await;
     put_license(&settings, "load", 10).await;
     settings.stream.batch_size = 8; // several batches per worker, so both take part
     let w1 = spawn_worker(settings.clone(), "w1").await;
@@ -283,8 +276,7 @@ async fn hundred_acquires_over_the_stream_with_two_workers() {
 /// write to.
 #[tokio::test]
 async fn sharded_workers_answer_the_base_stream_and_guard_the_shard_count() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut sharded = redis.settings();
+    let TestApp(redis, mut sharded, _) = spawn_app().await;
     sharded.stream.shards = 3;
     put_license(&sharded, "lic", 2).await;
     let worker = spawn_worker(sharded.clone(), "w1").await;

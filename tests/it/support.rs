@@ -69,6 +69,37 @@ impl RedisServerExt for RedisServer {
     }
 }
 
+/// One test's own world, zero2prod's `spawn_app`: a private Redis, the
+/// settings pointing at it and a connection to it, from one call.
+///
+/// Tests take it apart, `let TestApp(redis, settings, mut con) =
+/// spawn_app().await;`, naming the parts as they like (a tuple struct, so
+/// the pattern stays on one line), with `_` for a connection they do not
+/// use. The server must stay bound to the end, as `_redis` if unused (never
+/// `_`): dropping it stops the server. Settings may still be changed after
+/// the call: the connection only read `settings.redis`.
+pub struct TestApp(
+    /// The server, killed on drop.
+    pub RedisServer,
+    /// Settings pointing at it ([`RedisServerExt::settings`]).
+    pub Settings,
+    /// A connection to it, as seatgate makes one.
+    pub Db,
+);
+
+/// A [`TestApp`] on a plain server.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+/// A [`TestApp`] on a server started with extra `--name value` arguments.
+pub async fn spawn_app_with(extra: &[&str]) -> TestApp {
+    let redis = RedisServer::start_with(extra).await;
+    let settings = redis.settings();
+    let con = db(&settings).await;
+    TestApp(redis, settings, con)
+}
+
 /// A connection as seatgate makes one from `s` (one node or a cluster).
 pub async fn db(s: &Settings) -> Db {
     Db::connect(&s.redis).await.expect("connect to test redis")
@@ -420,6 +451,34 @@ pub async fn redis_ms(con: &mut impl ConnectionLike) -> i64 {
     secs * 1000 + micros / 1000
 }
 
+/// The key [`run_out_of_memory`] fills.
+const BALLAST: &str = "ballast";
+
+/// Puts the server out of memory: an 8 MB ballast key, then `maxmemory
+/// 4mb`. Started with `--maxmemory-policy noeviction`, it then refuses
+/// every write (even an XADD) and evicts nothing, until [`free_memory`].
+pub async fn run_out_of_memory(con: &mut impl ConnectionLike) {
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg(BALLAST)
+        .arg(8 * 1024 * 1024)
+        .arg("x")
+        .query_async(con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// Frees what [`run_out_of_memory`] took: writes are accepted again.
+pub async fn free_memory(con: &mut impl ConnectionLike) {
+    let _: () = redis::cmd("DEL").arg(BALLAST).query_async(con).await.unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Streams: requests, replies, events.
 
@@ -452,6 +511,24 @@ pub async fn create_group(s: &Settings) {
         .unwrap();
 }
 
+/// Delivers up to `count` new entries of the requests stream to `consumer`,
+/// which then never acknowledges them (a worker that died); their ids.
+pub async fn take(s: &Settings, consumer: &str, count: usize) -> Vec<String> {
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&s.stream.group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(&s.stream.requests)
+        .arg(">")
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    read.keys.into_iter().flat_map(|k| k.ids).map(|e| e.id).collect()
+}
+
 /// Entries of the requests stream still pending in the group.
 pub async fn pending(s: &Settings) -> i64 {
     let v: redis::Value = redis::cmd("XPENDING")
@@ -469,8 +546,19 @@ pub async fn pending(s: &Settings) -> i64 {
     }
 }
 
-/// The consumers of the group, with the entries each holds pending.
-pub async fn consumers(s: &Settings) -> Vec<(String, i64)> {
+/// One consumer of the group, as `XINFO CONSUMERS` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    /// Its name (a worker's `stream.consumer`).
+    pub name: String,
+    /// Entries it holds pending.
+    pub pending: u64,
+    /// Milliseconds since it last read or claimed.
+    pub idle_ms: u64,
+}
+
+/// The consumers of the group on the requests stream.
+pub async fn consumers(s: &Settings) -> Vec<Consumer> {
     let consumers: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg(&s.stream.requests)
@@ -481,10 +569,12 @@ pub async fn consumers(s: &Settings) -> Vec<(String, i64)> {
     consumers
         .into_iter()
         .map(|c| {
-            (
-                redis::from_redis_value(c["name"].clone()).unwrap(),
-                redis::from_redis_value(c["pending"].clone()).unwrap(),
-            )
+            let int = |k: &str| redis::from_redis_value::<u64>(c[k].clone()).unwrap();
+            Consumer {
+                name: redis::from_redis_value(c["name"].clone()).unwrap(),
+                pending: int("pending"),
+                idle_ms: int("idle"),
+            }
         })
         .collect()
 }

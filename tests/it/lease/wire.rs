@@ -12,7 +12,7 @@ use seatgate::db::Db;
 
 use crate::support::{
     create_group, db, events, license_keys, output, put_license, reaper, reply_stream, request_xadd,
-    seatgate_cmd, set_license_field, snapshot, spawn_worker, stream_entries, RedisServer, RedisServerExt,
+    seatgate_cmd, set_license_field, snapshot, spawn_app, spawn_worker, stream_entries, RedisServer, TestApp,
     WorkerHandle,
 };
 
@@ -106,10 +106,8 @@ async fn expect(
 /// connection to send it requests. Bind the server to a name (`_redis`, not
 /// `_`): dropping it stops the server.
 async fn serve_cad(seats: u64) -> (RedisServer, Settings, WorkerHandle, Db) {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, con) = spawn_app().await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let con = db(&s).await;
     put_license(&s, "cad", seats).await;
     (redis, s, worker, con)
 }
@@ -119,10 +117,8 @@ async fn serve_cad(seats: u64) -> (RedisServer, Settings, WorkerHandle, Db) {
 
 #[tokio::test]
 async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
     let far_past = "1000";
     for (field, value) in [
         ("seats_total", "5.5"),
@@ -167,11 +163,9 @@ async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
 
 #[tokio::test]
 async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobody_is_granted() {
-    let redis = RedisServer::start_with(&[]).await;
-    let mut s = redis.settings();
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
     s.sessions.heartbeat_timeout_ms = 300;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
     put_license(&s, "cad", 2).await;
     for who in ["stays", "goes"] {
         expect(&mut con, &s, &op("acquire", "cad", who), "ACQUIRED").await;
@@ -221,8 +215,7 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
 
 #[tokio::test]
 async fn the_cli_refuses_to_write_an_invalid_record_and_flags_one_written_by_hand() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(redis, s, _) = spawn_app().await;
     let cli = |args: &[&str]| output(seatgate_cmd(&redis.url(), args));
     for args in [
         &["license", "put", "big", "--seats", "1000001"][..],
@@ -410,11 +403,9 @@ async fn dedupe_buckets(con: &mut impl ConnectionLike, s: &Settings, license: &s
 
 #[tokio::test]
 async fn entries_far_ahead_of_the_clock_are_answered_deduplicated_and_forgotten_in_time() {
-    let redis = RedisServer::start_with(&[]).await;
-    let s = redis.settings();
+    let TestApp(_redis, s, mut con) = spawn_app().await;
     let window = s.dedupe.window_ms as i64;
     put_license(&s, "cad", 5).await;
-    let mut con = db(&s).await;
     // A fresh stream whose first id a caller chose far in the future: every
     // later `XADD *` reuses its millisecond.
     create_group(&s).await;
