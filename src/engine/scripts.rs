@@ -94,7 +94,7 @@ static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
 /// Redelivery dedupe and rate limiting for one request: `KEYS[12..15]` and
-/// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua; revoke
+/// `ARGV[1..7]` of the request scripts (lua/includes/request.lua; revoke
 /// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -234,8 +234,8 @@ impl Guard {
     }
 }
 
-/// `ARGV[8..14]` of lua/acquire.lua (`ARGV[15]`, who asks, comes from a
-/// [`RequestPolicy`]: see [`Scripts::acquire_as`]).
+/// `ARGV[8..10]` and `ARGV[11..15]` of lua/acquire.lua (`ARGV[16]`, who
+/// asks, comes from a [`RequestPolicy`]: see [`Scripts::acquire_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The session asking for a seat (validated by the caller).
@@ -259,7 +259,8 @@ pub struct AcquireArgs<'a> {
     pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua.
+/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua: all they take
+/// beside the [`Guard`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
     /// The session releasing or heartbeating.
@@ -272,7 +273,8 @@ pub struct SessionArgs<'a> {
     pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8]` and `ARGV[10..15]` of lua/revoke.lua: an administrator's revoke.
+/// `ARGV[8]`, `ARGV[10]` and `ARGV[11..15]` of lua/revoke.lua: an
+/// administrator's revoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -370,15 +372,17 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..17]`,
-/// `ARGV[1..7]` (lua/includes/prologue.lua) and the session and its lease,
-/// `ARGV[8..9]`.
+/// Binds what acquire, release, heartbeat and revoke share
+/// (lua/includes/request.lua): `KEYS[1..17]`, the guard's `ARGV[1..7]`, the
+/// session and its lease, `ARGV[8..9]`, and the service's heartbeat timeout,
+/// `ARGV[10]`, in force where the license sets none.
 fn request_call<'a>(
     script: &'a Script,
     keys: &LicenseKeys,
     guard: &Guard,
     session: &str,
     lease: Option<&str>,
+    default_heartbeat_timeout_ms: u64,
 ) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
     call.key(&guard.done_key) // KEYS[12]
@@ -395,7 +399,8 @@ fn request_call<'a>(
         .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
         .arg(guard.dedupe_window_ms) // ARGV[7]
         .arg(session) // ARGV[8]
-        .arg(lease.unwrap_or("")); // ARGV[9]
+        .arg(lease.unwrap_or("")) // ARGV[9]
+        .arg(default_heartbeat_timeout_ms); // ARGV[10]
     call
 }
 
@@ -449,14 +454,20 @@ impl Scripts {
         args: &AcquireArgs<'_>,
         who: &RequestPolicy,
     ) -> SeatCall<'_> {
-        let mut call = request_call(&self.acquire, keys, guard, args.session, args.lease);
-        call.arg(args.meta) // ARGV[10]
-            .arg(args.wait_ms) // ARGV[11]
-            .arg(args.request_id) // ARGV[12]
-            .arg(args.reply_to) // ARGV[13]
-            .arg(args.default_queue_max) // ARGV[14]
-            .arg(who.script_arg()) // ARGV[15]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[16]
+        let mut call = request_call(
+            &self.acquire,
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
+        call.arg(args.meta) // ARGV[11]
+            .arg(args.wait_ms) // ARGV[12]
+            .arg(args.request_id) // ARGV[13]
+            .arg(args.reply_to) // ARGV[14]
+            .arg(args.default_queue_max) // ARGV[15]
+            .arg(who.script_arg()); // ARGV[16]
         ScriptCall {
             name: "acquire",
             invocation: call,
@@ -467,8 +478,14 @@ impl Scripts {
     /// lua/release.lua: free the session's seat (granting it to the next
     /// waiter), or take the session out of the queue.
     pub fn release(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.release, keys, guard, args.session, args.lease);
-        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+        let call = request_call(
+            &self.release,
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
         ScriptCall {
             name: "release",
             invocation: call,
@@ -478,8 +495,14 @@ impl Scripts {
 
     /// lua/heartbeat.lua: restart the session's heartbeat clock.
     pub fn heartbeat(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.heartbeat, keys, guard, args.session, args.lease);
-        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+        let call = request_call(
+            &self.heartbeat,
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
         ScriptCall {
             name: "heartbeat",
             invocation: call,
@@ -491,13 +514,19 @@ impl Scripts {
     /// waiter) or its place in the queue, and remember why.
     pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
         // No lease (ARGV[9] empty): a revoke goes around the one the seat is bound to.
-        let mut call = request_call(&self.revoke, keys, guard, args.session, None);
-        call.arg(args.reason) // ARGV[10]
-            .arg(args.actor) // ARGV[11]
-            .arg(args.cooldown_ms) // ARGV[12]
-            .arg(args.remember_ms) // ARGV[13]
-            .arg(args.max_remembered) // ARGV[14]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[15]
+        let mut call = request_call(
+            &self.revoke,
+            keys,
+            guard,
+            args.session,
+            None,
+            args.default_heartbeat_timeout_ms,
+        );
+        call.arg(args.reason) // ARGV[11]
+            .arg(args.actor) // ARGV[12]
+            .arg(args.cooldown_ms) // ARGV[13]
+            .arg(args.remember_ms) // ARGV[14]
+            .arg(args.max_remembered); // ARGV[15]
         ScriptCall {
             name: "revoke",
             invocation: call,
@@ -669,11 +698,12 @@ mod tests {
             "local function replay",
             "local function remember",
             "local function rate_limited",
-            "local function prologue",
+            "local function run_request",
         ] {
             assert!(!reap.contains(helper), "reap.lua carries {helper}");
         }
         assert!(reap.contains("local function promote"));
+        assert!(reap.contains("local function grant_if_valid"));
         assert!(
             !reap.contains("local function forget_revocation"),
             "reap takes no revocation keys"
@@ -686,7 +716,7 @@ mod tests {
         assert!(heartbeat.contains("local function count_heartbeat"));
         for name in ["acquire", "release", "heartbeat", "revoke"] {
             let text = source(name).unwrap();
-            assert!(text.contains("local function prologue"), "{name}");
+            assert!(text.contains("local function run_request"), "{name}");
             assert!(text.contains("local function forget_revocation"), "{name}");
             // A revoke is the administrator's way around a lease: it checks none.
             assert_eq!(
@@ -716,6 +746,14 @@ mod tests {
                 name == "heartbeat",
                 "{name}"
             );
+            // Acquire decides its own grants; heartbeat grants nothing.
+            assert_eq!(
+                text.contains("local function grant_if_valid"),
+                name == "release" || name == "revoke",
+                "{name}"
+            );
+            // One parser of the owner record, outside the owners() builder.
+            assert_eq!(text.matches("'^([^|]*)|([^|]*)|(%d+)$'").count(), 1, "{name}");
         }
         for name in ["reply", "unlock", "renew", "due_claim", "due_settle"] {
             assert!(
