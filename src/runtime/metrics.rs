@@ -22,8 +22,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use strum::VariantArray;
 
 use crate::engine::protocol::Op;
+use crate::engine::scripts::ScriptName;
 use crate::engine::status::Status;
 
 /// Seed metric: seat script executions by `script_name` and `result`
@@ -169,8 +171,13 @@ const OP_STATUSES: [(&str, &[Status]); 5] = [
     ),
     ("invalid", &[Status::InvalidRequest]),
 ];
-/// The seat scripts, as `script_name`.
-const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"];
+/// The seat scripts, as `script_name`: those the runtime times and counts.
+fn seat_scripts() -> impl Iterator<Item = &'static str> {
+    ScriptName::VARIANTS
+        .iter()
+        .filter(|s| s.is_seat())
+        .map(|s| s.as_str())
+}
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// The fields an invalid request is blamed on (`Invalid::field` in engine::protocol).
@@ -323,7 +330,7 @@ pub fn init(license_series_limit: usize) {
             counter!(REQUESTS, "op" => op, "status" => status.as_str()).absolute(0);
         }
     }
-    for script in SCRIPTS {
+    for script in seat_scripts() {
         for result in RESULTS {
             counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).absolute(0);
         }
