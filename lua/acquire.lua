@@ -3,16 +3,16 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
-  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
-  ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
-  ARGV[9]  lease the seat or place is bound to ('' = none; validated by the
-           worker: [A-Za-z0-9_-]{16,128}); stored as a hash (includes/lease.lua)
-  ARGV[10] metadata, a JSON object (validated by the worker)
-  ARGV[11] wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[12] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[13] reply_to of the request ('' = none)
-  ARGV[14] queue length limit when the license sets no queue_max
-  ARGV[15] who asks, for the license's policies (includes/policy.lua): ''
+  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
+              the service's heartbeat timeout (includes/request.lua); the
+              seat or place is bound to the lease, stored as a hash
+              (includes/lease.lua)
+  ARGV[11] metadata, a JSON object (validated by the worker)
+  ARGV[12] wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[13] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[14] reply_to of the request ('' = none)
+  ARGV[15] queue length limit when the license sets no queue_max
+  ARGV[16] who asks, for the license's policies (includes/policy.lua): ''
            for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
              user, group  the ids the seat counts for ('' = none; validated
                           like session ids, so never containing '|')
@@ -21,7 +21,6 @@
                           without them (at most the license's max_borrow_ms)
            One argument rather than four: the common acquire, asked by
            nobody in particular, then costs Redis nothing more.
-  ARGV[16] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
 
   Returns an outcome (includes/outcome.lua) with status
     ACQUIRED            seat taken, heartbeat clock started; detail = the
@@ -77,31 +76,25 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "seat_lease"
 --- @include "revoked"
---- @include "prologue"
+--- @include "request"
 --- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
-local meta = ARGV[10]
-local wait_ms, request_id, reply_to = tonumber(ARGV[11]), ARGV[12], ARGV[13]
-local default_queue_max = tonumber(ARGV[14])
+local meta = ARGV[11]
+local wait_ms, request_id, reply_to = tonumber(ARGV[12]), ARGV[13], ARGV[14]
+local default_queue_max = tonumber(ARGV[15])
 -- Who asks: nil for nobody in particular.
 local asker = nil
-if ARGV[15] ~= '' then
-  local user, group, priority, borrow_ms = string.match(ARGV[15], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+if ARGV[16] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[16], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
-end
-local default_timeout = tonumber(ARGV[16])
-
-local now = now_ms()
-local early = prologue(now, true, seat_lease_refusal, session, lease)
-if early then
-  return due_report(early, now, default_timeout)
 end
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout
 
-local function decide()
+-- The decision (run_request, includes/request.lua).
+local function decide(now, default_timeout)
   local license = license_state(now)
   timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, license.invalid
@@ -116,7 +109,7 @@ local function decide()
 
   -- A retried acquire gets the answer the first one got, whatever happened to
   -- the license since: the session holds its seat until it releases or is
-  -- reaped. (Its lease was checked in the prologue.)
+  -- reaped. (Its lease was checked in run_request.)
   local score = rcall('ZSCORE', K.holders, session)
   if score then
     if score == LINGERING then
@@ -131,7 +124,7 @@ local function decide()
   if rank then
     -- Re-sent while waiting: same place, current position, no second
     -- event; the later answer goes to this request (its lease was checked
-    -- in the prologue).
+    -- in run_request).
     redirect_waiter(session, request_id, reply_to)
     local M = policy()
     local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
@@ -197,5 +190,5 @@ local function decide()
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
-local result = settle(decide())
+local result, now, default_timeout = run_request(decide, true, seat_lease_refusal, session, lease)
 return due_report(result, now, default_timeout, timeout)

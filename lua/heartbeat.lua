@@ -3,10 +3,9 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua); the queue keys are not touched
-  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua)
-  ARGV[8]  session id
-  ARGV[9]  lease ('' = none): must be the one the seat is bound to, if any
-  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
+  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
+              the service's heartbeat timeout (includes/request.lua); the
+              lease must be the one the seat is bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
@@ -43,13 +42,12 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "lease"
 --- @include "revoked"
---- @include "prologue"
+--- @include "request"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
-local default_timeout = tonumber(ARGV[10])
 
 -- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
--- `lease`: the `refuse` of prologue.lua.
+-- `lease`: the `refuse` of run_request (includes/request.lua).
 local function holder_lease_refusal(session, lease, now)
   return lease_refusal(now, holder_lease(session), lease)
 end
@@ -70,13 +68,12 @@ local function count_heartbeat(session, now)
   return beats + 1
 end
 
-local now = now_ms()
-local early = prologue(now, true, holder_lease_refusal, session, lease)
 -- Set by decide: the license's stale time when this heartbeat, the oldest
 -- holder's, moved it on.
 local stale_at
 
-local function decide()
+-- The decision (run_request, includes/request.lua).
+local function decide(now, default_timeout)
   local raw = rcall('HMGET', K.license, 'seats_total', 'heartbeat_timeout_ms')
   local total = raw[1] and license_number('seats_total', raw[1]) or 0
   -- The first two holders: when the session is the oldest, its heartbeat
@@ -111,7 +108,7 @@ local function decide()
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-local result = early or settle(decide())
+local result = run_request(decide, true, holder_lease_refusal, session, lease)
 -- The due index slots (outcome.lua [9]..[11]); a replay (dedupe.lua) comes
 -- with [1..8] only.
 result[9], result[10], result[11] = stale_at or 0, 0, 0

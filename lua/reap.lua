@@ -67,6 +67,7 @@ local rcall = redis.call
 --- @include "queue"
 --- @include "owners"
 --- @include "policy"
+--- @include "grant"
 --- @include "due"
 
 -- The note (outbox.lua) of outbox field `id` and its decoded record `n`.
@@ -155,17 +156,7 @@ end
 local expired = expire_waiters(now, notes, limit)
 
 local total = license.total
-local used, granted = rcall('ZCARD', K.holders), 0
-if not license.refusal then
-  -- A policy field that breaks its rule grants nothing, as a record that does.
-  local P, invalid = nil, nil
-  if license.policy then
-    P, invalid = policy().read()
-  end
-  if not invalid then
-    used, granted = grant_waiters(now, total, notes, limit, P)
-  end
-end
+local used, granted = grant_if_valid(license, now, notes, limit)
 
 local fresh = {}
 for _, n in ipairs(notes) do

@@ -5,11 +5,10 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
-  ARGV[1..7]  dedupe and rate-limit arguments (includes/prologue.lua); release
-              is never rate limited
-  ARGV[8]  session id
-  ARGV[9]  lease ('' = none): must be the one the seat or place is bound to, if any
-  ARGV[10] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
+  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
+              the service's heartbeat timeout (includes/request.lua); release
+              is never rate limited, and its lease must be the one the seat
+              or place is bound to, if any
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
@@ -46,22 +45,17 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "seat_lease"
 --- @include "revoked"
---- @include "prologue"
+--- @include "request"
+--- @include "grant"
 --- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
-local default_timeout = tonumber(ARGV[10])
-
-local now = now_ms()
-local early = prologue(now, false, seat_lease_refusal, session, lease)
-if early then
-  return due_report(early, now, default_timeout)
-end
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout
 
-local function decide()
+-- The decision (run_request, includes/request.lua).
+local function decide(now, default_timeout)
   local notes = {}
   local license = license_state(now)
   timeout = license.heartbeat_timeout_ms or default_timeout
@@ -91,13 +85,7 @@ local function decide()
       owners().gone(session, owner)
     end
     expire_waiters(now, notes, 100)
-    -- grant_waiters counts the seats in use itself.
-    local used
-    if not license.refusal and not invalid then
-      used = grant_waiters(now, total, notes, 100, P)
-    else
-      used = rcall('ZCARD', K.holders)
-    end
+    local used = grant_if_valid(license, now, notes, 100, P, invalid)
     return outcome('RELEASED', used, total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
@@ -114,5 +102,5 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-local result = settle(decide())
+local result, now, default_timeout = run_request(decide, false, seat_lease_refusal, session, lease)
 return due_report(result, now, default_timeout, timeout)

@@ -11,16 +11,16 @@
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows (never
               touched: revoke is not rate limited) and the revocation keys
               (includes/keys.lua)
-  ARGV[1..7]  dedupe arguments (includes/prologue.lua); the rate limits are not read
-  ARGV[8]  session id
-  ARGV[9]  lease: ignored (the request scripts' slot; a revoke carries none)
-  ARGV[10] reason (validated by the worker: 1-512 bytes of text)
-  ARGV[11] actor, who revokes (validated by the worker)
-  ARGV[12] cooldown_ms: 0 = the session may acquire again at once; > 0 =
+  ARGV[1..10] dedupe arguments, the session, its lease and the service's
+              heartbeat timeout (includes/request.lua); the rate limits are
+              not read, and the lease is ignored (the request scripts'
+              slot; a revoke carries none)
+  ARGV[11] reason (validated by the worker: 1-512 bytes of text)
+  ARGV[12] actor, who revokes (validated by the worker)
+  ARGV[13] cooldown_ms: 0 = the session may acquire again at once; > 0 =
            its acquires get SESSION_REVOKED for that long
-  ARGV[13] remember_ms: how long a revocation is remembered at least
-  ARGV[14] most revocations remembered per license
-  ARGV[15] heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
+  ARGV[14] remember_ms: how long a revocation is remembered at least
+  ARGV[15] most revocations remembered per license
 
   Returns an outcome (includes/outcome.lua) with status
     REVOKED            detail 1: the session held a seat, now free (it went
@@ -52,7 +52,8 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "policy"
 --- @include "revoked"
---- @include "prologue"
+--- @include "request"
+--- @include "grant"
 --- @include "due"
 
 -- Remembers that `session` was revoked at `now`, and keeps the memory bounded
@@ -81,20 +82,14 @@ local function remember_revocation(session, now, reason, actor, cooldown_ms, rem
   rcall('PEXPIREAT', K.revocations, last[2])
 end
 
-local session, reason, actor = ARGV[8], ARGV[10], ARGV[11]
-local cooldown_ms, remember_ms, max = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local default_timeout = tonumber(ARGV[15])
-
-local now = now_ms()
-local early = prologue(now, false)
-if early then
-  return due_report(early, now, default_timeout)
-end
+local session, reason, actor = ARGV[8], ARGV[11], ARGV[12]
+local cooldown_ms, remember_ms, max = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout
 
-local function decide()
+-- The decision (run_request, includes/request.lua).
+local function decide(now, default_timeout)
   local notes = {}
   local license = license_state(now)
   timeout = license.heartbeat_timeout_ms or default_timeout
@@ -108,17 +103,7 @@ local function decide()
     end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
     expire_waiters(now, notes, 100)
-    local used = rcall('ZCARD', K.holders)
-    if not license.refusal then
-      -- A policy field that breaks its rule grants nothing, as a record that does.
-      local P, invalid = nil, nil
-      if license.policy then
-        P, invalid = policy().read()
-      end
-      if not invalid then
-        used = grant_waiters(now, total, notes, 100, P)
-      end
-    end
+    local used = grant_if_valid(license, now, notes, 100)
     return outcome('REVOKED', used, total, 1, now, notes)
   end
   local w = waiter_record(session)
@@ -137,5 +122,5 @@ local function decide()
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
-local result = settle(decide())
+local result, now, default_timeout = run_request(decide, false, nil, session, nil)
 return due_report(result, now, default_timeout, timeout)

@@ -36,9 +36,12 @@
 --- @include "keys"
 
 -- {user, group, borrow_ms} of `session`'s owner record; nil for none (or a
--- record of another form).
-local function owner_of(session)
-  local raw = rcall('HGET', K.owners, 's:' .. session)
+-- record of another form). The one parser of the record: `raw` is the record
+-- when the caller read it already, with others (false: none); nil reads it.
+local function owner_of(session, raw)
+  if raw == nil then
+    raw = rcall('HGET', K.owners, 's:' .. session)
+  end
   if not raw then
     return nil
   end
@@ -66,18 +69,6 @@ local function owners()
       return nil
     end
     return user .. '|' .. group .. '|' .. borrow_ms
-  end
-
-  -- {user, group, borrow_ms} of owner record `raw` (from an HMGET); nil for none.
-  function O.parse(raw)
-    if not raw then
-      return nil
-    end
-    local user, group, borrow_ms = string.match(raw, '^([^|]*)|([^|]*)|(%d+)$')
-    if not user then
-      return nil
-    end
-    return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
   end
 
   local function bump(field, delta)

@@ -194,7 +194,7 @@ local function policy()
       if used >= total or granted >= max then
         return used, granted, false
       end
-      local who = owners().parse(records[i]) or NOBODY
+      local who = owner_of(session, records[i]) or NOBODY
       if M.seat_refusal(P, who, used, total) then
         skipped = skipped + 1
         if skipped > SKIP_LIMIT then

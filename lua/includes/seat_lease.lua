@@ -9,7 +9,7 @@
 
 -- LEASE_MISMATCH when `session` holds a seat, or else waits, bound to
 -- another lease than hash `lease`; nil when the request may go on. The
--- `refuse` of prologue.lua.
+-- `refuse` of run_request (request.lua).
 local function seat_lease_refusal(session, lease, now)
   local bound = holder_lease(session)
   if bound == nil then

@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
+use strum::{EnumCount, EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::{DueKeys, LicenseKeys};
 use crate::engine::policy::RequestPolicy;
@@ -27,64 +28,101 @@ use includes::IncludeError;
 pub(crate) use reply::decode_outcome;
 pub use reply::{Decision, NoSeats, Note, OutboxCursor, Outcome, Reaped};
 
-/// Every script file, by name, before its includes are resolved.
-const SOURCES: [(&str, &str); 11] = [
-    ("acquire", include_str!("../../lua/acquire.lua")),
-    ("release", include_str!("../../lua/release.lua")),
-    ("heartbeat", include_str!("../../lua/heartbeat.lua")),
-    ("revoke", include_str!("../../lua/revoke.lua")),
-    ("reap", include_str!("../../lua/reap.lua")),
-    ("reply", include_str!("../../lua/reply.lua")),
-    ("remove_consumer", include_str!("../../lua/remove_consumer.lua")),
-    ("unlock", include_str!("../../lua/unlock.lua")),
-    ("renew", include_str!("../../lua/renew.lua")),
-    ("due_claim", include_str!("../../lua/due_claim.lua")),
-    ("due_settle", include_str!("../../lua/due_settle.lua")),
-];
-
-/// The script `name` as Redis runs it: its includes resolved.
-fn source(name: &str) -> Result<String, IncludeError> {
-    let (_, text) = SOURCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .ok_or_else(|| IncludeError::Unknown {
-            script: "registry".to_owned(),
-            name: name.to_owned(),
-        })?;
-    includes::resolve(&format!("{name}.lua"), text)
+/// Every script under `lua/`, one variant each, named after its file: the
+/// registry ([`Scripts`]) is indexed by it, and `runtime::metrics` derives
+/// its `script_name` labels from it ([`ScriptName::is_seat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumCount, EnumString, IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum ScriptName {
+    /// lua/acquire.lua
+    Acquire,
+    /// lua/release.lua
+    Release,
+    /// lua/heartbeat.lua
+    Heartbeat,
+    /// lua/revoke.lua
+    Revoke,
+    /// lua/reap.lua
+    Reap,
+    /// lua/reply.lua
+    Reply,
+    /// lua/remove_consumer.lua
+    RemoveConsumer,
+    /// lua/unlock.lua
+    Unlock,
+    /// lua/renew.lua
+    Renew,
+    /// lua/due_claim.lua
+    DueClaim,
+    /// lua/due_settle.lua
+    DueSettle,
 }
 
-/// The scripts, built (and hashed) once per process.
+impl ScriptName {
+    /// The script's name, its file's without `.lua`: the `script_name` of
+    /// the metrics and the name in errors.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Whether this is a seat script, called through a [`ScriptCall`]: the
+    /// runtime times it and counts its results (`script_name` of the seed's
+    /// two metrics).
+    pub fn is_seat(self) -> bool {
+        matches!(
+            self,
+            ScriptName::Acquire
+                | ScriptName::Release
+                | ScriptName::Heartbeat
+                | ScriptName::Revoke
+                | ScriptName::Reap
+        )
+    }
+
+    /// The script file, before its includes are resolved.
+    fn text(self) -> &'static str {
+        match self {
+            ScriptName::Acquire => include_str!("../../lua/acquire.lua"),
+            ScriptName::Release => include_str!("../../lua/release.lua"),
+            ScriptName::Heartbeat => include_str!("../../lua/heartbeat.lua"),
+            ScriptName::Revoke => include_str!("../../lua/revoke.lua"),
+            ScriptName::Reap => include_str!("../../lua/reap.lua"),
+            ScriptName::Reply => include_str!("../../lua/reply.lua"),
+            ScriptName::RemoveConsumer => include_str!("../../lua/remove_consumer.lua"),
+            ScriptName::Unlock => include_str!("../../lua/unlock.lua"),
+            ScriptName::Renew => include_str!("../../lua/renew.lua"),
+            ScriptName::DueClaim => include_str!("../../lua/due_claim.lua"),
+            ScriptName::DueSettle => include_str!("../../lua/due_settle.lua"),
+        }
+    }
+
+    /// The script as Redis runs it: its includes resolved.
+    fn source(self) -> Result<String, IncludeError> {
+        includes::resolve(&format!("{}.lua", self.as_str()), self.text())
+    }
+}
+
+/// The scripts, built (and hashed) once per process, indexed by [`ScriptName`].
 pub struct Scripts {
-    acquire: Script,
-    release: Script,
-    heartbeat: Script,
-    revoke: Script,
-    reap: Script,
-    reply: Script,
-    remove_consumer: Script,
-    unlock: Script,
-    renew: Script,
-    due_claim: Script,
-    due_settle: Script,
+    scripts: [Script; ScriptName::COUNT],
 }
 
 impl Scripts {
     fn build() -> Result<Scripts, IncludeError> {
-        let script = |name: &str| source(name).map(|s| Script::new(&s));
+        let sources = ScriptName::VARIANTS
+            .iter()
+            .map(|name| name.source())
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Scripts {
-            acquire: script("acquire")?,
-            release: script("release")?,
-            heartbeat: script("heartbeat")?,
-            revoke: script("revoke")?,
-            reap: script("reap")?,
-            reply: script("reply")?,
-            remove_consumer: script("remove_consumer")?,
-            unlock: script("unlock")?,
-            renew: script("renew")?,
-            due_claim: script("due_claim")?,
-            due_settle: script("due_settle")?,
+            scripts: std::array::from_fn(|i| Script::new(&sources[i])),
         })
+    }
+
+    /// Script `name`.
+    fn script(&self, name: ScriptName) -> &Script {
+        // VARIANTS lists the variants in declaration order, which is also
+        // their discriminants' (a test checks it), so `i` above is `name as usize`.
+        &self.scripts[name as usize]
     }
 }
 
@@ -94,7 +132,7 @@ static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
 /// Redelivery dedupe and rate limiting for one request: `KEYS[12..15]` and
-/// `ARGV[1..7]` of the request scripts (lua/includes/prologue.lua; revoke
+/// `ARGV[1..7]` of the request scripts (lua/includes/request.lua; revoke
 /// reads the dedupe part only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -250,8 +288,8 @@ pub struct ServiceDefaults {
     pub revoke_max_per_license: u64,
 }
 
-/// `ARGV[8..14]` of lua/acquire.lua (`ARGV[15]`, who asks, comes from a
-/// [`RequestPolicy`]: see [`Scripts::acquire_as`]).
+/// `ARGV[8..10]` and `ARGV[11..15]` of lua/acquire.lua (`ARGV[16]`, who
+/// asks, comes from a [`RequestPolicy`]: see [`Scripts::acquire_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     /// The session asking for a seat (validated by the caller).
@@ -275,7 +313,8 @@ pub struct AcquireArgs<'a> {
     pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua.
+/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua: all they take
+/// beside the [`Guard`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
     /// The session releasing or heartbeating.
@@ -288,7 +327,8 @@ pub struct SessionArgs<'a> {
     pub default_heartbeat_timeout_ms: u64,
 }
 
-/// `ARGV[8]` and `ARGV[10..15]` of lua/revoke.lua: an administrator's revoke.
+/// `ARGV[8]`, `ARGV[10]` and `ARGV[11..15]` of lua/revoke.lua: an
+/// administrator's revoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -386,15 +426,17 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release, heartbeat and revoke share: `KEYS[1..17]`,
-/// `ARGV[1..7]` (lua/includes/prologue.lua) and the session and its lease,
-/// `ARGV[8..9]`.
+/// Binds what acquire, release, heartbeat and revoke share
+/// (lua/includes/request.lua): `KEYS[1..17]`, the guard's `ARGV[1..7]`, the
+/// session and its lease, `ARGV[8..9]`, and the service's heartbeat timeout,
+/// `ARGV[10]`, in force where the license sets none.
 fn request_call<'a>(
     script: &'a Script,
     keys: &LicenseKeys,
     guard: &Guard,
     session: &str,
     lease: Option<&str>,
+    default_heartbeat_timeout_ms: u64,
 ) -> ScriptInvocation<'a> {
     let mut call = license_keys(script, keys);
     call.key(&guard.done_key) // KEYS[12]
@@ -411,7 +453,8 @@ fn request_call<'a>(
         .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
         .arg(guard.dedupe_window_ms) // ARGV[7]
         .arg(session) // ARGV[8]
-        .arg(lease.unwrap_or("")); // ARGV[9]
+        .arg(lease.unwrap_or("")) // ARGV[9]
+        .arg(default_heartbeat_timeout_ms); // ARGV[10]
     call
 }
 
@@ -421,30 +464,14 @@ impl Scripts {
         &SCRIPTS
     }
 
-    fn all(&self) -> [&Script; 11] {
-        [
-            &self.acquire,
-            &self.release,
-            &self.heartbeat,
-            &self.revoke,
-            &self.reap,
-            &self.reply,
-            &self.remove_consumer,
-            &self.unlock,
-            &self.renew,
-            &self.due_claim,
-            &self.due_settle,
-        ]
-    }
-
-    /// The SHA1 of every script, as EVALSHA uses them.
+    /// The SHA1 of every script, as EVALSHA uses them, in [`ScriptName`] order.
     pub fn hashes(&self) -> Vec<&str> {
-        self.all().map(|s| s.get_hash()).to_vec()
+        self.scripts.iter().map(|s| s.get_hash()).collect()
     }
 
     /// Loads every script, so that pipelines (which do not retry NOSCRIPT) can use them.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
-        for script in self.all() {
+        for script in &self.scripts {
             script.prepare_invoke().load_async(con).await?;
         }
         Ok(())
@@ -465,16 +492,22 @@ impl Scripts {
         args: &AcquireArgs<'_>,
         who: &RequestPolicy,
     ) -> SeatCall<'_> {
-        let mut call = request_call(&self.acquire, keys, guard, args.session, args.lease);
-        call.arg(args.meta) // ARGV[10]
-            .arg(args.wait_ms) // ARGV[11]
-            .arg(args.request_id) // ARGV[12]
-            .arg(args.reply_to) // ARGV[13]
-            .arg(args.default_queue_max) // ARGV[14]
-            .arg(who.script_arg()) // ARGV[15]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[16]
+        let mut call = request_call(
+            self.script(ScriptName::Acquire),
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
+        call.arg(args.meta) // ARGV[11]
+            .arg(args.wait_ms) // ARGV[12]
+            .arg(args.request_id) // ARGV[13]
+            .arg(args.reply_to) // ARGV[14]
+            .arg(args.default_queue_max) // ARGV[15]
+            .arg(who.script_arg()); // ARGV[16]
         ScriptCall {
-            name: "acquire",
+            name: ScriptName::Acquire.as_str(),
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -483,10 +516,16 @@ impl Scripts {
     /// lua/release.lua: free the session's seat (granting it to the next
     /// waiter), or take the session out of the queue.
     pub fn release(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.release, keys, guard, args.session, args.lease);
-        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+        let call = request_call(
+            self.script(ScriptName::Release),
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
         ScriptCall {
-            name: "release",
+            name: ScriptName::Release.as_str(),
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -494,10 +533,16 @@ impl Scripts {
 
     /// lua/heartbeat.lua: restart the session's heartbeat clock.
     pub fn heartbeat(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let mut call = request_call(&self.heartbeat, keys, guard, args.session, args.lease);
-        call.arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+        let call = request_call(
+            self.script(ScriptName::Heartbeat),
+            keys,
+            guard,
+            args.session,
+            args.lease,
+            args.default_heartbeat_timeout_ms,
+        );
         ScriptCall {
-            name: "heartbeat",
+            name: ScriptName::Heartbeat.as_str(),
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -507,15 +552,21 @@ impl Scripts {
     /// waiter) or its place in the queue, and remember why.
     pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
         // No lease (ARGV[9] empty): a revoke goes around the one the seat is bound to.
-        let mut call = request_call(&self.revoke, keys, guard, args.session, None);
-        call.arg(args.reason) // ARGV[10]
-            .arg(args.actor) // ARGV[11]
-            .arg(args.cooldown_ms) // ARGV[12]
-            .arg(args.remember_ms) // ARGV[13]
-            .arg(args.max_remembered) // ARGV[14]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[15]
+        let mut call = request_call(
+            self.script(ScriptName::Revoke),
+            keys,
+            guard,
+            args.session,
+            None,
+            args.default_heartbeat_timeout_ms,
+        );
+        call.arg(args.reason) // ARGV[11]
+            .arg(args.actor) // ARGV[12]
+            .arg(args.cooldown_ms) // ARGV[13]
+            .arg(args.remember_ms) // ARGV[14]
+            .arg(args.max_remembered); // ARGV[15]
         ScriptCall {
-            name: "revoke",
+            name: ScriptName::Revoke.as_str(),
             invocation: call,
             decoder: reply::decode_outcome,
         }
@@ -523,7 +574,7 @@ impl Scripts {
 
     /// lua/reap.lua: one bounded reaper step for one license.
     pub fn reap(&self, keys: &LicenseKeys, args: &ReapArgs<'_>) -> ReapCall<'_> {
-        let mut call = license_keys(&self.reap, keys);
+        let mut call = license_keys(self.script(ScriptName::Reap), keys);
         call.arg(args.default_timeout_ms) // ARGV[1]
             .arg(args.limit) // ARGV[2]
             .arg(args.redeliver_after_ms) // ARGV[3]
@@ -532,7 +583,7 @@ impl Scripts {
             call.arg(id); // ARGV[5..]
         }
         ScriptCall {
-            name: "reap",
+            name: ScriptName::Reap.as_str(),
             invocation: call,
             decoder: reply::decode_reaped,
         }
@@ -549,7 +600,7 @@ impl Scripts {
         expire_ms: u64,
         fields: &[(&str, String)],
     ) -> redis::RedisResult<()> {
-        let mut call = self.reply.prepare_invoke();
+        let mut call = self.script(ScriptName::Reply).prepare_invoke();
         call.key(stream) // KEYS[1]
             .arg(keep_ms) // ARGV[1]
             .arg(expire_ms); // ARGV[2]
@@ -568,7 +619,7 @@ impl Scripts {
         group: &str,
         consumer: &str,
     ) -> redis::RedisResult<bool> {
-        self.remove_consumer
+        self.script(ScriptName::RemoveConsumer)
             .key(stream) // KEYS[1]
             .arg(group) // ARGV[1]
             .arg(consumer) // ARGV[2]
@@ -583,7 +634,7 @@ impl Scripts {
         lock: &str,
         token: &str,
     ) -> redis::RedisResult<i64> {
-        self.unlock
+        self.script(ScriptName::Unlock)
             .key(lock) // KEYS[1]
             .arg(token) // ARGV[1]
             .invoke_async(con)
@@ -602,7 +653,7 @@ impl Scripts {
         claim_end_ms: i64,
     ) -> Result<(i64, Vec<String>), Error> {
         let reply: Vec<String> = self
-            .due_claim
+            .script(ScriptName::DueClaim)
             .key(&index.stale) // KEYS[1]
             .key(&index.due) // KEYS[2]
             .arg(now_ms) // ARGV[1]
@@ -616,7 +667,7 @@ impl Scripts {
             .next()
             .and_then(|m| m.parse().ok())
             .ok_or_else(|| Error::ScriptReply {
-                script: "due_claim",
+                script: ScriptName::DueClaim.as_str(),
                 detail: "no marker".to_owned(),
             })?;
         Ok((marker, reply.collect()))
@@ -633,7 +684,7 @@ impl Scripts {
         marker: i64,
         times: &[(&str, i64, i64)],
     ) -> redis::RedisResult<i64> {
-        let mut call = self.due_settle.prepare_invoke();
+        let mut call = self.script(ScriptName::DueSettle).prepare_invoke();
         call.key(&index.stale) // KEYS[1]
             .key(&index.due) // KEYS[2]
             .arg(marker); // ARGV[1]
@@ -651,7 +702,7 @@ impl Scripts {
         token: &str,
         ttl_ms: u64,
     ) -> redis::RedisResult<bool> {
-        self.renew
+        self.script(ScriptName::Renew)
             .key(lock) // KEYS[1]
             .arg(token) // ARGV[1]
             .arg(ttl_ms) // ARGV[2]
@@ -667,25 +718,45 @@ mod tests {
     #[test]
     fn the_registry_builds_and_no_include_is_left_unresolved() {
         assert!(Scripts::build().is_ok());
-        for (name, raw) in SOURCES {
+        for &script in ScriptName::VARIANTS {
+            let name = script.as_str();
             assert!(
-                includes::header_is_closed_on_its_own_line(raw),
+                includes::header_is_closed_on_its_own_line(script.text()),
                 "{name}.lua: a ]] inside the header"
             );
-            let text = source(name).unwrap();
+            let text = script.source().unwrap();
             assert!(!text.contains("@include"), "{name}");
             assert!(text.contains("local rcall = redis.call"), "{name}");
         }
     }
 
     #[test]
+    fn the_registry_is_indexed_by_script_name() {
+        let scripts = Scripts::build().unwrap();
+        for (i, &name) in ScriptName::VARIANTS.iter().enumerate() {
+            assert_eq!(name as usize, i, "{name:?}");
+            let text = name.source().unwrap();
+            assert_eq!(
+                scripts.script(name).get_hash(),
+                Script::new(&text).get_hash(),
+                "{name:?}"
+            );
+            // Its header names it: the text is its own file's.
+            let header = format!("--[[\n  {}: ", name.as_str());
+            assert!(name.text().starts_with(&header), "{name:?}");
+        }
+        assert_eq!(scripts.hashes().len(), ScriptName::COUNT);
+    }
+
+    #[test]
     fn each_script_carries_only_the_helpers_it_uses() {
-        let reap = source("reap").unwrap();
+        let source = |name: ScriptName| name.source().unwrap();
+        let reap = source(ScriptName::Reap);
         for helper in [
             "local function replay",
             "local function remember",
             "local function rate_limited",
-            "local function prologue",
+            "local function run_request",
         ] {
             assert!(!reap.contains(helper), "reap.lua carries {helper}");
         }
@@ -694,15 +765,22 @@ mod tests {
             !reap.contains("local function forget_revocation"),
             "reap takes no revocation keys"
         );
-        let heartbeat = source("heartbeat").unwrap();
+        let heartbeat = source(ScriptName::Heartbeat);
         assert!(
             !heartbeat.contains("local function promote"),
             "heartbeat touches no queue"
         );
         assert!(heartbeat.contains("local function count_heartbeat"));
-        for name in ["acquire", "release", "heartbeat", "revoke"] {
-            let text = source(name).unwrap();
-            assert!(text.contains("local function prologue"), "{name}");
+        assert!(reap.contains("local function grant_if_valid"));
+        for script in [
+            ScriptName::Acquire,
+            ScriptName::Release,
+            ScriptName::Heartbeat,
+            ScriptName::Revoke,
+        ] {
+            let name = script.as_str();
+            let text = source(script);
+            assert!(text.contains("local function run_request"), "{name}");
             assert!(text.contains("local function forget_revocation"), "{name}");
             // A revoke is the administrator's way around a lease: it checks none.
             assert_eq!(
@@ -732,11 +810,20 @@ mod tests {
                 name == "heartbeat",
                 "{name}"
             );
+            // Acquire decides its own grants; heartbeat grants nothing.
+            assert_eq!(
+                text.contains("local function grant_if_valid"),
+                name == "release" || name == "revoke",
+                "{name}"
+            );
+            // One parser of the owner record, outside the owners() builder.
+            assert_eq!(text.matches("'^([^|]*)|([^|]*)|(%d+)$'").count(), 1, "{name}");
         }
-        for name in ["reply", "unlock", "renew", "due_claim", "due_settle"] {
-            assert!(
-                !source(name).unwrap().contains("local K ="),
-                "{name} is not a seat script"
+        for &script in ScriptName::VARIANTS {
+            assert_eq!(
+                source(script).contains("local K ="),
+                script.is_seat(),
+                "{script:?}: a seat script takes the license keys"
             );
         }
     }
@@ -786,6 +873,9 @@ mod tests {
 
     #[test]
     fn a_script_name_outside_the_registry_is_an_error() {
-        assert!(matches!(source("nope"), Err(IncludeError::Unknown { .. })));
+        assert!("nope".parse::<ScriptName>().is_err());
+        for &name in ScriptName::VARIANTS {
+            assert_eq!(name.as_str().parse::<ScriptName>(), Ok(name));
+        }
     }
 }

@@ -22,9 +22,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use strum::VariantArray;
 
 use crate::engine::ops::Op;
 use crate::engine::protocol::RequestField;
+use crate::engine::scripts::ScriptName;
 use crate::engine::status::Status;
 
 /// Seed metric: seat script executions by `script_name` and `result`
@@ -116,8 +118,13 @@ pub const DEAD_LETTERS: &str = "seatgate_dead_letters";
 /// The `license` label value holding the sum over every license without a series of its own.
 pub const OTHER: &str = "_other";
 
-/// The seat scripts, as `script_name`.
-const SCRIPTS: [&str; 5] = ["acquire", "release", "heartbeat", "revoke", "reap"];
+/// The seat scripts, as `script_name`: those the runtime times and counts.
+fn seat_scripts() -> impl Iterator<Item = &'static str> {
+    ScriptName::VARIANTS
+        .iter()
+        .filter(|s| s.is_seat())
+        .map(|s| s.as_str())
+}
 /// Script call results.
 const RESULTS: [&str; 3] = ["success", "failure", "error"];
 /// Why the reaper frees a seat held without heartbeats.
@@ -254,7 +261,7 @@ pub fn init(license_series_limit: usize) {
         }
     }
     counter!(REQUESTS, "op" => "invalid", "status" => Status::InvalidRequest.as_str()).absolute(0);
-    for script in SCRIPTS {
+    for script in seat_scripts() {
         for result in RESULTS {
             counter!(SCRIPT_EXECUTIONS, "script_name" => script, "result" => result).absolute(0);
         }

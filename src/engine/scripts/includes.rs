@@ -26,7 +26,8 @@ const INCLUDES: &[(&str, &str)] = &[
     ("dedupe", include_str!("../../../lua/includes/dedupe.lua")),
     ("rate_limit", include_str!("../../../lua/includes/rate_limit.lua")),
     ("due", include_str!("../../../lua/includes/due.lua")),
-    ("prologue", include_str!("../../../lua/includes/prologue.lua")),
+    ("request", include_str!("../../../lua/includes/request.lua")),
+    ("grant", include_str!("../../../lua/includes/grant.lua")),
     ("revoked", include_str!("../../../lua/includes/revoked.lua")),
 ];
 

@@ -1,0 +1,76 @@
+--[[
+  request: the skeleton of acquire, release, heartbeat and revoke, the one
+  place their run is laid out: the clock, the redelivery lookup, the lease
+  check, the rate limits, then the script's own decision, and its outcome
+  remembered for the entry.
+
+  They take KEYS[1..17] (keys.lua) and share their first ten ARGV:
+    ARGV[1]  stream entry id of the request ('' = no dedupe)
+    ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
+             bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
+    ARGV[3]  most requests per session per window (0 = no limit)
+    ARGV[4]  most requests per license per window (0 = no limit)
+    ARGV[5]  rate window, ms
+    ARGV[6]  '1' to look for the reply the entry got before (the worker always
+             asks: even a first delivery may have been decided by a worker that
+             stalled past claim_idle_ms and had its batch claimed); '0' skips it
+    ARGV[7]  dedupe window, ms
+    ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
+    ARGV[9]  lease ('' = none; validated by the worker:
+             [A-Za-z0-9_-]{16,128}); revoke sends none and checks none
+    ARGV[10] the service's heartbeat timeout (ms), in force where the license
+             sets no heartbeat_timeout_ms: what due_report (due.lua) fills
+             the outcome's last slots with
+  Their own arguments start at ARGV[11].
+
+  A script is then its arguments, its decide(now, default_timeout) and
+    return due_report(run_request(decide, limited, refuse, session, lease))
+  (due.lua; heartbeat fills in the due slots itself).
+  Cost: a Lua function costs its closure on every run of a script, so the
+  skeleton is one function, handed the script's `decide` and `refuse` as
+  they are (no function made for the call).
+]]
+--- @include "keys"
+--- @include "clock"
+--- @include "license"
+--- @include "outcome"
+--- @include "dedupe"
+--- @include "rate_limit"
+
+-- Runs one request: returns its outcome, the Redis clock it ran at and the
+-- service's heartbeat timeout (ARGV[10]), for the script's due report
+-- (due.lua).
+--   A redelivered entry's stored outcome is returned as it is (a replay).
+--   `refuse`, when given, is called as refuse(session, lease, now) with the
+--   script's session and lease hash, and returns its LEASE_MISMATCH outcome
+--   or nil. It runs before the rate limits and a refusal is not counted in
+--   them, so a caller without the lease cannot use up the holder's budget
+--   and get its heartbeats refused. (Revoke passes none: it is the
+--   administrator's way around a lease.)
+--   `limited` says whether this op is rate limited at all (release is not:
+--   giving a seat back always works; nor is an administrator's revoke).
+--   Else decide(now, default_timeout) makes the decision and returns its
+--   outcome; what the due report needs of what it read (the heartbeat
+--   timeout in force, the heartbeat's stale time) it leaves in the script's
+--   locals.
+-- Every outcome but a replay is remembered for the entry (dedupe.lua).
+local function run_request(decide, limited, refuse, session, lease)
+  local now = now_ms()
+  local default_timeout = tonumber(ARGV[10])
+  local entry_id = ARGV[1]
+  if ARGV[6] == '1' then
+    local previous = replay(entry_id, now)
+    if previous then
+      return previous, now, default_timeout
+    end
+  end
+  local result = refuse and refuse(session, lease, now)
+  if not result then
+    if limited and rate_limited(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
+      result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
+    else
+      result = decide(now, default_timeout)
+    end
+  end
+  return remember(entry_id, ARGV[2], tonumber(ARGV[7]), result), now, default_timeout
+end
