@@ -28,9 +28,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use seatgate::client::Client;
 use seatgate::config::Settings;
 use seatgate::engine::keys::Keys;
-use seatgate::engine::scripts::{
-    AcquireArgs, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
-};
+use seatgate::engine::ops::{heartbeat, release, AcquireArgs};
+use seatgate::engine::policy::RequestPolicy;
+use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs};
 use seatgate::engine::status::Status;
 use seatgate::tools::bench::{bench_settings, cycle_call, Fleet};
 
@@ -117,8 +117,8 @@ async fn main() -> Result<(), Failure> {
         for n in 0..10 {
             let session: &'static str = format!("h{run}-{n}").leak();
             let a = acquire_args(session);
-            let outcome = scripts
-                .acquire(&lk, &Guard::none(&keys, LICENSE, session), &a)
+            let outcome = a
+                .call(scripts, &lk, &Guard::none(&keys, LICENSE, session))
                 .run(&mut con)
                 .await?;
             if outcome.status().as_str() != "ACQUIRED" {
@@ -154,9 +154,9 @@ async fn main() -> Result<(), Failure> {
                 continue;
             }
             let call = match (mode, i % 2) {
-                ("heartbeat", _) => scripts.heartbeat(&lk, &g, &session_args(session)),
-                (_, 0) => scripts.acquire(&lk, &g, &acquire_args(session)),
-                _ => scripts.release(&lk, &g, &session_args(session)),
+                ("heartbeat", _) => heartbeat::call(scripts, &lk, &g, &session_args(session)),
+                (_, 0) => acquire_args(session).call(scripts, &lk, &g),
+                _ => release::call(scripts, &lk, &g, &session_args(session)),
             };
             pipe.add_command(call.cmd());
             decoders.push(Some((call, expect[i % 2])));
@@ -190,6 +190,7 @@ fn acquire_args(session: &str) -> AcquireArgs<'_> {
         reply_to: "",
         default_queue_max: u64::MAX,
         default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+        who: &RequestPolicy::NONE,
     }
 }
 

@@ -21,7 +21,6 @@ use redis::{Script, ScriptInvocation, Value};
 use strum::{EnumCount, EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::{DueKeys, LicenseKeys};
-use crate::engine::policy::RequestPolicy;
 use crate::error::Error;
 
 use includes::IncludeError;
@@ -288,33 +287,10 @@ pub struct ServiceDefaults {
     pub revoke_max_per_license: u64,
 }
 
-/// `ARGV[8..10]` and `ARGV[11..15]` of lua/acquire.lua (`ARGV[16]`, who
-/// asks, comes from a [`RequestPolicy`]: see [`Scripts::acquire_as`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AcquireArgs<'a> {
-    /// The session asking for a seat (validated by the caller).
-    pub session: &'a str,
-    /// The lease the seat (or place in the queue) is bound to, validated by
-    /// the caller; the script stores only its hash. `None` binds it to none.
-    pub lease: Option<&'a str>,
-    /// Its metadata, a JSON object (validated by the caller), stored with the seat.
-    pub meta: &'a str,
-    /// 0 = answer at once; more = wait in the queue up to this long, ms.
-    pub wait_ms: u64,
-    /// The request id a later GRANTED / QUEUE_TIMEOUT carries.
-    pub request_id: &'a str,
-    /// Where that later reply goes ("" = nowhere).
-    pub reply_to: &'a str,
-    /// The queue length limit when the license sets no `queue_max`.
-    pub default_queue_max: u64,
-    /// The heartbeat timeout (ms) when the license sets no
-    /// `heartbeat_timeout_ms`: the one an ACQUIRED reply then carries, and
-    /// the one the license's next due time is reckoned with.
-    pub default_heartbeat_timeout_ms: u64,
-}
-
-/// `ARGV[8..10]` of lua/release.lua and lua/heartbeat.lua: all they take
-/// beside the [`Guard`].
+/// `ARGV[8..10]` of every seat script (lua/includes/request.lua), after
+/// the [`Guard`]'s: the session, its lease and the service's heartbeat
+/// timeout. All release and heartbeat take; acquire and revoke add their
+/// own (engine::ops).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
     /// The session releasing or heartbeating.
@@ -324,28 +300,6 @@ pub struct SessionArgs<'a> {
     pub lease: Option<&'a str>,
     /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
     /// made on the way carries, and what the next due time is reckoned with.
-    pub default_heartbeat_timeout_ms: u64,
-}
-
-/// `ARGV[8]`, `ARGV[10]` and `ARGV[11..15]` of lua/revoke.lua: an
-/// administrator's revoke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RevokeArgs<'a> {
-    /// The session whose seat (or place in the queue) is taken away.
-    pub session: &'a str,
-    /// Why (validated by the caller), told to the session and published.
-    pub reason: &'a str,
-    /// Who revokes (validated by the caller), told and published likewise.
-    pub actor: &'a str,
-    /// How long the session's acquires are refused, ms (0 = not at all).
-    pub cooldown_ms: u64,
-    /// How long the revocation is remembered at least, ms (`revoke.remember_ms`).
-    pub remember_ms: u64,
-    /// Most revocations remembered per license (`revoke.max_per_license`).
-    pub max_remembered: u64,
-    /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
-    /// made on the way carries, and what the license's stale time is
-    /// reckoned with.
     pub default_heartbeat_timeout_ms: u64,
 }
 
@@ -380,6 +334,32 @@ pub struct ScriptCall<'a, T> {
 
 /// A call of acquire, release, heartbeat or revoke.
 pub type SeatCall<'a> = ScriptCall<'a, Outcome>;
+
+/// A seat script call being bound: the shared part done
+/// ([`Scripts::request`]), the op's own ARGV to add.
+pub struct SeatCallBuilder<'a> {
+    /// Which script.
+    name: ScriptName,
+    /// The invocation so far.
+    call: ScriptInvocation<'a>,
+}
+
+impl<'a> SeatCallBuilder<'a> {
+    /// Adds the next ARGV.
+    pub fn arg<T: redis::ToRedisArgs>(mut self, arg: T) -> SeatCallBuilder<'a> {
+        self.call.arg(arg);
+        self
+    }
+
+    /// The call, its reply decoded as an [`Outcome`].
+    pub fn finish(self) -> SeatCall<'a> {
+        ScriptCall {
+            name: self.name.as_str(),
+            invocation: self.call,
+            decoder: reply::decode_outcome,
+        }
+    }
+}
 
 /// A call of reap.
 pub type ReapCall<'a> = ScriptCall<'a, Reaped>;
@@ -426,38 +406,6 @@ fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<
     call
 }
 
-/// Binds what acquire, release, heartbeat and revoke share
-/// (lua/includes/request.lua): `KEYS[1..17]`, the guard's `ARGV[1..7]`, the
-/// session and its lease, `ARGV[8..9]`, and the service's heartbeat timeout,
-/// `ARGV[10]`, in force where the license sets none.
-fn request_call<'a>(
-    script: &'a Script,
-    keys: &LicenseKeys,
-    guard: &Guard,
-    session: &str,
-    lease: Option<&str>,
-    default_heartbeat_timeout_ms: u64,
-) -> ScriptInvocation<'a> {
-    let mut call = license_keys(script, keys);
-    call.key(&guard.done_key) // KEYS[12]
-        .key(&guard.session_rate_key) // KEYS[13]
-        .key(&guard.license_rate_key) // KEYS[14]
-        .key(&guard.done_before_key) // KEYS[15]
-        .key(&keys.revoked) // KEYS[16]
-        .key(&keys.revocations) // KEYS[17]
-        .arg(&guard.entry_id) // ARGV[1]
-        .arg(guard.done_until_ms) // ARGV[2]
-        .arg(guard.session_limit) // ARGV[3]
-        .arg(guard.license_limit) // ARGV[4]
-        .arg(guard.window_ms) // ARGV[5]
-        .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
-        .arg(guard.dedupe_window_ms) // ARGV[7]
-        .arg(session) // ARGV[8]
-        .arg(lease.unwrap_or("")) // ARGV[9]
-        .arg(default_heartbeat_timeout_ms); // ARGV[10]
-    call
-}
-
 impl Scripts {
     /// The process-wide registry.
     pub fn get() -> &'static Scripts {
@@ -477,99 +425,36 @@ impl Scripts {
         Ok(())
     }
 
-    /// lua/acquire.lua: take a seat for `args.session`, or queue it for up
-    /// to `args.wait_ms` when none is free; asked by nobody in particular.
-    pub fn acquire(&self, keys: &LicenseKeys, guard: &Guard, args: &AcquireArgs<'_>) -> SeatCall<'_> {
-        self.acquire_as(keys, guard, args, &RequestPolicy::NONE)
-    }
-
-    /// lua/acquire.lua asked by `who`: its user and group (the per-user and
-    /// per-group policies), its priority in the queue and its borrow.
-    pub fn acquire_as(
+    /// A seat script call of `name` with what every seat script shares
+    /// (lua/includes/request.lua): the license's `KEYS[1..11]`, the guard's
+    /// `KEYS[12..17]` and `ARGV[1..7]`, and `args`, `ARGV[8..10]`. Each op's
+    /// file in engine::ops binds its own ARGV after these with
+    /// [`SeatCallBuilder::arg`].
+    pub fn request(
         &self,
+        name: ScriptName,
         keys: &LicenseKeys,
         guard: &Guard,
-        args: &AcquireArgs<'_>,
-        who: &RequestPolicy,
-    ) -> SeatCall<'_> {
-        let mut call = request_call(
-            self.script(ScriptName::Acquire),
-            keys,
-            guard,
-            args.session,
-            args.lease,
-            args.default_heartbeat_timeout_ms,
-        );
-        call.arg(args.meta) // ARGV[11]
-            .arg(args.wait_ms) // ARGV[12]
-            .arg(args.request_id) // ARGV[13]
-            .arg(args.reply_to) // ARGV[14]
-            .arg(args.default_queue_max) // ARGV[15]
-            .arg(who.script_arg()); // ARGV[16]
-        ScriptCall {
-            name: ScriptName::Acquire.as_str(),
-            invocation: call,
-            decoder: reply::decode_outcome,
-        }
-    }
-
-    /// lua/release.lua: free the session's seat (granting it to the next
-    /// waiter), or take the session out of the queue.
-    pub fn release(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let call = request_call(
-            self.script(ScriptName::Release),
-            keys,
-            guard,
-            args.session,
-            args.lease,
-            args.default_heartbeat_timeout_ms,
-        );
-        ScriptCall {
-            name: ScriptName::Release.as_str(),
-            invocation: call,
-            decoder: reply::decode_outcome,
-        }
-    }
-
-    /// lua/heartbeat.lua: restart the session's heartbeat clock.
-    pub fn heartbeat(&self, keys: &LicenseKeys, guard: &Guard, args: &SessionArgs<'_>) -> SeatCall<'_> {
-        let call = request_call(
-            self.script(ScriptName::Heartbeat),
-            keys,
-            guard,
-            args.session,
-            args.lease,
-            args.default_heartbeat_timeout_ms,
-        );
-        ScriptCall {
-            name: ScriptName::Heartbeat.as_str(),
-            invocation: call,
-            decoder: reply::decode_outcome,
-        }
-    }
-
-    /// lua/revoke.lua: take the session's seat away (granting it to the next
-    /// waiter) or its place in the queue, and remember why.
-    pub fn revoke(&self, keys: &LicenseKeys, guard: &Guard, args: &RevokeArgs<'_>) -> SeatCall<'_> {
-        // No lease (ARGV[9] empty): a revoke goes around the one the seat is bound to.
-        let mut call = request_call(
-            self.script(ScriptName::Revoke),
-            keys,
-            guard,
-            args.session,
-            None,
-            args.default_heartbeat_timeout_ms,
-        );
-        call.arg(args.reason) // ARGV[11]
-            .arg(args.actor) // ARGV[12]
-            .arg(args.cooldown_ms) // ARGV[13]
-            .arg(args.remember_ms) // ARGV[14]
-            .arg(args.max_remembered); // ARGV[15]
-        ScriptCall {
-            name: ScriptName::Revoke.as_str(),
-            invocation: call,
-            decoder: reply::decode_outcome,
-        }
+        args: &SessionArgs<'_>,
+    ) -> SeatCallBuilder<'_> {
+        let mut call = license_keys(self.script(name), keys);
+        call.key(&guard.done_key) // KEYS[12]
+            .key(&guard.session_rate_key) // KEYS[13]
+            .key(&guard.license_rate_key) // KEYS[14]
+            .key(&guard.done_before_key) // KEYS[15]
+            .key(&keys.revoked) // KEYS[16]
+            .key(&keys.revocations) // KEYS[17]
+            .arg(&guard.entry_id) // ARGV[1]
+            .arg(guard.done_until_ms) // ARGV[2]
+            .arg(guard.session_limit) // ARGV[3]
+            .arg(guard.license_limit) // ARGV[4]
+            .arg(guard.window_ms) // ARGV[5]
+            .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
+            .arg(guard.dedupe_window_ms) // ARGV[7]
+            .arg(args.session) // ARGV[8]
+            .arg(args.lease.unwrap_or("")) // ARGV[9]
+            .arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+        SeatCallBuilder { name, call }
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.

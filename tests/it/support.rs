@@ -20,8 +20,9 @@ use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::ops::Op;
+use seatgate::engine::ops::{heartbeat, release, AcquireArgs, RevokeArgs};
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
-use seatgate::engine::scripts::{AcquireArgs, Guard, Outcome, RevokeArgs, Scripts, SessionArgs};
+use seatgate::engine::scripts::{Guard, Outcome, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
 use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
@@ -383,9 +384,9 @@ impl Direct {
             reply_to,
             default_queue_max: self.default_queue_max,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            who: &self.policy,
         };
-        Scripts::get()
-            .acquire_as(&self.keys, &self.guard, &args, &self.policy)
+        args.call(Scripts::get(), &self.keys, &self.guard)
             .run(con)
             .await
             .expect("acquire.lua")
@@ -398,8 +399,7 @@ impl Direct {
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        Scripts::get()
-            .release(&self.keys, &self.guard, &args)
+        release::call(Scripts::get(), &self.keys, &self.guard, &args)
             .run(con)
             .await
             .expect("release.lua")
@@ -412,8 +412,7 @@ impl Direct {
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        Scripts::get()
-            .heartbeat(&self.keys, &self.guard, &args)
+        heartbeat::call(Scripts::get(), &self.keys, &self.guard, &args)
             .run(con)
             .await
             .expect("heartbeat.lua")
@@ -437,8 +436,7 @@ impl Direct {
             max_remembered: self.revoke.max_per_license,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        Scripts::get()
-            .revoke(&self.keys, &self.guard, &args)
+        args.call(Scripts::get(), &self.keys, &self.guard)
             .run(con)
             .await
             .expect("revoke.lua")

@@ -5,7 +5,7 @@
 use crate::engine::keys::LicenseKeys;
 use crate::engine::policy::RequestPolicy;
 use crate::engine::protocol::{Lease, RequestField, Rules, MAX_META_DEPTH};
-use crate::engine::scripts::{AcquireArgs, Guard, Scripts, SeatCall, ServiceDefaults};
+use crate::engine::scripts::{Guard, ScriptName, Scripts, SeatCall, ServiceDefaults, SessionArgs};
 use crate::engine::status::Status;
 
 use super::fields::{parse_lease, parse_policy, parse_wait_ms, Fields, Refusal};
@@ -68,7 +68,7 @@ impl Acquire {
         (request_id, reply_to): (&str, &str),
         defaults: &ServiceDefaults,
     ) -> SeatCall<'s> {
-        let args = AcquireArgs {
+        AcquireArgs {
             session,
             lease: self.lease.as_ref().map(Lease::as_str),
             meta: &self.meta,
@@ -77,8 +77,60 @@ impl Acquire {
             reply_to,
             default_queue_max: defaults.queue_max,
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
+            who: &self.policy,
+        }
+        .call(scripts, keys, guard)
+    }
+}
+
+/// lua/acquire.lua's arguments: `ARGV[8..10]` (session, lease, the
+/// service's heartbeat timeout) and its own `ARGV[11..16]`; the worker
+/// builds them from an [`Acquire`], tests and the benchmark directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    /// The session asking for a seat (validated by the caller).
+    pub session: &'a str,
+    /// The lease the seat (or place in the queue) is bound to, validated by
+    /// the caller; the script stores only its hash. `None` binds it to none.
+    pub lease: Option<&'a str>,
+    /// Its metadata, a JSON object (validated by the caller), stored with the seat.
+    pub meta: &'a str,
+    /// 0 = answer at once; more = wait in the queue up to this long, ms.
+    pub wait_ms: u64,
+    /// The request id a later GRANTED / QUEUE_TIMEOUT carries.
+    pub request_id: &'a str,
+    /// Where that later reply goes ("" = nowhere).
+    pub reply_to: &'a str,
+    /// The queue length limit when the license sets no `queue_max`.
+    pub default_queue_max: u64,
+    /// The heartbeat timeout (ms) when the license sets no
+    /// `heartbeat_timeout_ms`: the one an ACQUIRED reply then carries, and
+    /// the one the license's next due time is reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
+    /// Who asks: the user and group (the per-user and per-group policies),
+    /// the priority in the queue and the borrow ([`RequestPolicy::NONE`]:
+    /// nobody in particular).
+    pub who: &'a RequestPolicy,
+}
+
+impl AcquireArgs<'_> {
+    /// lua/acquire.lua: take a seat for `session`, or queue it for up to
+    /// `wait_ms` when none is free.
+    pub fn call<'s>(&self, scripts: &'s Scripts, keys: &LicenseKeys, guard: &Guard) -> SeatCall<'s> {
+        let shared = SessionArgs {
+            session: self.session,
+            lease: self.lease,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        scripts.acquire_as(keys, guard, &args, &self.policy)
+        scripts
+            .request(ScriptName::Acquire, keys, guard, &shared)
+            .arg(self.meta) // ARGV[11]
+            .arg(self.wait_ms) // ARGV[12]
+            .arg(self.request_id) // ARGV[13]
+            .arg(self.reply_to) // ARGV[14]
+            .arg(self.default_queue_max) // ARGV[15]
+            .arg(self.who.script_arg()) // ARGV[16]
+            .finish()
     }
 }
 

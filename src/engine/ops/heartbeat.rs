@@ -3,7 +3,7 @@
 
 use crate::engine::keys::LicenseKeys;
 use crate::engine::protocol::{Lease, Rules};
-use crate::engine::scripts::{Guard, Scripts, SeatCall, ServiceDefaults, SessionArgs};
+use crate::engine::scripts::{Guard, ScriptName, Scripts, SeatCall, ServiceDefaults, SessionArgs};
 use crate::engine::status::Status;
 
 use super::fields::{parse_ignored_acquire_fields, Fields, Refusal};
@@ -51,6 +51,17 @@ impl Heartbeat {
             lease: self.lease.as_ref().map(Lease::as_str),
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
         };
-        scripts.heartbeat(keys, guard, &args)
+        call(scripts, keys, guard, &args)
     }
+}
+
+/// lua/heartbeat.lua for `args` (it takes nothing beyond what every seat script
+/// does): the worker calls it for a [`Heartbeat`], tests and the benchmark directly.
+pub fn call<'s>(
+    scripts: &'s Scripts,
+    keys: &LicenseKeys,
+    guard: &Guard,
+    args: &SessionArgs<'_>,
+) -> SeatCall<'s> {
+    scripts.request(ScriptName::Heartbeat, keys, guard, args).finish()
 }

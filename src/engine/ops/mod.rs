@@ -10,11 +10,11 @@
 //! docs/protocol.md. The metric label sets and the parser's messages
 //! follow from [`Op::ALL`] and [`Op::statuses`].
 
-mod acquire;
+pub mod acquire;
 mod fields;
-mod heartbeat;
-mod release;
-mod revoke;
+pub mod heartbeat;
+pub mod release;
+pub mod revoke;
 
 use std::fmt;
 
@@ -29,10 +29,10 @@ use fields::{
     truncate, Fields, Refusal,
 };
 
-pub use acquire::Acquire;
+pub use acquire::{Acquire, AcquireArgs};
 pub use heartbeat::Heartbeat;
 pub use release::Release;
-pub use revoke::{Revoke, UNKNOWN_ACTOR};
+pub use revoke::{Revoke, RevokeArgs, UNKNOWN_ACTOR};
 
 /// What a request asks for.
 ///

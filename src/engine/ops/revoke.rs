@@ -4,7 +4,7 @@
 
 use crate::engine::keys::LicenseKeys;
 use crate::engine::protocol::{RequestField, MAX_ACTOR_LEN, MAX_COOLDOWN_MS, MAX_REASON_LEN};
-use crate::engine::scripts::{Guard, RevokeArgs, Scripts, SeatCall, ServiceDefaults};
+use crate::engine::scripts::{Guard, ScriptName, Scripts, SeatCall, ServiceDefaults, SessionArgs};
 use crate::engine::status::Status;
 
 use super::fields::{parse_policy, parse_text, parse_wait_ms, Fields, Refusal};
@@ -58,7 +58,7 @@ impl Revoke {
         session: &str,
         defaults: &ServiceDefaults,
     ) -> SeatCall<'s> {
-        let args = RevokeArgs {
+        RevokeArgs {
             session,
             reason: &self.reason,
             actor: &self.actor,
@@ -66,8 +66,51 @@ impl Revoke {
             remember_ms: defaults.revoke_remember_ms,
             max_remembered: defaults.revoke_max_per_license,
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
+        }
+        .call(scripts, keys, guard)
+    }
+}
+
+/// lua/revoke.lua's arguments: `ARGV[8]` and `ARGV[10]` (the session, the
+/// service's heartbeat timeout; no lease: a revoke goes around the one the
+/// seat is bound to) and its own `ARGV[11..15]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RevokeArgs<'a> {
+    /// The session whose seat (or place in the queue) is taken away.
+    pub session: &'a str,
+    /// Why (validated by the caller), told to the session and published.
+    pub reason: &'a str,
+    /// Who revokes (validated by the caller), told and published likewise.
+    pub actor: &'a str,
+    /// How long the session's acquires are refused, ms (0 = not at all).
+    pub cooldown_ms: u64,
+    /// How long the revocation is remembered at least, ms (`revoke.remember_ms`).
+    pub remember_ms: u64,
+    /// Most revocations remembered per license (`revoke.max_per_license`).
+    pub max_remembered: u64,
+    /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
+    /// made on the way carries, and what the license's stale time is
+    /// reckoned with.
+    pub default_heartbeat_timeout_ms: u64,
+}
+
+impl RevokeArgs<'_> {
+    /// lua/revoke.lua: take the session's seat away (granting it to the
+    /// next waiter) or its place in the queue, and remember why.
+    pub fn call<'s>(&self, scripts: &'s Scripts, keys: &LicenseKeys, guard: &Guard) -> SeatCall<'s> {
+        let shared = SessionArgs {
+            session: self.session,
+            lease: None,
+            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        scripts.revoke(keys, guard, &args)
+        scripts
+            .request(ScriptName::Revoke, keys, guard, &shared)
+            .arg(self.reason) // ARGV[11]
+            .arg(self.actor) // ARGV[12]
+            .arg(self.cooldown_ms) // ARGV[13]
+            .arg(self.remember_ms) // ARGV[14]
+            .arg(self.max_remembered) // ARGV[15]
+            .finish()
     }
 }
 

@@ -5,8 +5,9 @@
 
 use crate::db::Db;
 use crate::engine::keys::{Keys, LicenseKeys};
+use crate::engine::ops::{release, AcquireArgs};
 use crate::engine::policy::RequestPolicy;
-use crate::engine::scripts::{AcquireArgs, Guard, Outcome, Scripts, SeatCall, SessionArgs};
+use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall, SessionArgs};
 use crate::error::Error;
 
 /// The queue limit a direct acquire passes for licenses without their own
@@ -70,7 +71,7 @@ impl Seat {
     fn call(&self, step: Step<'_>) -> SeatCall<'static> {
         let s = Scripts::get();
         let session = self.session.as_str();
-        let acquire = |meta, wait_ms, request_id, reply_to| AcquireArgs {
+        let acquire = |meta, wait_ms, request_id, reply_to, who| AcquireArgs {
             session,
             lease: None,
             meta,
@@ -79,23 +80,20 @@ impl Seat {
             reply_to,
             default_queue_max: DEFAULT_QUEUE_MAX,
             default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+            who,
         };
+        let nobody = &RequestPolicy::NONE;
         match step {
-            Step::Acquire { meta } => s.acquire(&self.keys, &self.guard, &acquire(meta, 0, "", "")),
+            Step::Acquire { meta } => acquire(meta, 0, "", "", nobody).call(s, &self.keys, &self.guard),
             Step::Queue {
                 meta,
                 wait_ms,
                 request_id,
                 reply_to,
-            } => s.acquire(
-                &self.keys,
-                &self.guard,
-                &acquire(meta, wait_ms, request_id, reply_to),
-            ),
-            Step::AcquireAs { meta, who } => {
-                s.acquire_as(&self.keys, &self.guard, &acquire(meta, 0, "", ""), who)
-            }
-            Step::Release => s.release(
+            } => acquire(meta, wait_ms, request_id, reply_to, nobody).call(s, &self.keys, &self.guard),
+            Step::AcquireAs { meta, who } => acquire(meta, 0, "", "", who).call(s, &self.keys, &self.guard),
+            Step::Release => release::call(
+                s,
                 &self.keys,
                 &self.guard,
                 &SessionArgs {
