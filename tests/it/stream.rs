@@ -9,8 +9,8 @@ use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_worker, RedisServer,
-    RedisServerExt, T,
+    acquire, client, consumers, db, holders, pending, provision, put_license, reply_stream,
+    seats_with_timeout, spawn_worker, RedisServer, RedisServerExt, T,
 };
 
 #[tokio::test]
@@ -50,8 +50,8 @@ async fn acquire_heartbeat_release_round_trip() {
     assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
     assert_eq!(
         r.heartbeat_timeout(),
-        None,
-        "only the replies that give a seat carry it"
+        Some(default),
+        "the replies that keep a seat carry it too"
     );
     let r = client
         .call(&Call::new(Op::Release, "lic", "s1"), T)
@@ -73,6 +73,40 @@ async fn acquire_heartbeat_release_round_trip() {
 
     worker.stop().await;
     assert_eq!(pending(&settings).await, 0, "every request acknowledged");
+}
+
+/// An operator lowering a license's heartbeat timeout: a client that takes
+/// the value from the latest reply that carries it (docs/protocol.md,
+/// "Writing a client") learns of it from its next heartbeat's reply.
+#[tokio::test]
+async fn heartbeat_replies_carry_the_timeout_in_force() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "lic", &seats_with_timeout(1, 30_000)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let heartbeat = Call::new(Op::Heartbeat, "lic", "s1");
+
+    let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.heartbeat_timeout()),
+        (Status::Acquired, Some(Duration::from_secs(30)))
+    );
+    let r = client.call(&heartbeat, T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.get("heartbeat_timeout_ms")),
+        (Status::HeartbeatUpdated, "30000")
+    );
+
+    // `seatgate license put --heartbeat-timeout 3s`.
+    provision(&settings, "lic", &seats_with_timeout(1, 3_000)).await;
+    let r = client.call(&heartbeat, T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.get("heartbeat_timeout_ms")),
+        (Status::HeartbeatUpdated, "3000")
+    );
+
+    worker.stop().await;
 }
 
 #[tokio::test]
