@@ -56,23 +56,34 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
             assert!(stdout(&o).starts_with("NO_SEATS_AVAILABLE"), "{}", stdout(&o));
         }
     }
-    for _ in 0..2 {
-        let o = seatgate(
-            &redis,
-            &[
-                "heartbeat",
-                "--license",
-                "cad",
-                "--session",
-                "s0",
-                "--lease",
-                &leases[0],
-                "--json",
-            ],
-        )
-        .await;
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
-        assert_eq!(v["status"], "HEARTBEAT_UPDATED");
+    // Each heartbeat says the timeout in force (an operator may change it),
+    // as JSON and in the printed line.
+    for (n, json) in [(1, true), (2, false)] {
+        let mut args = vec![
+            "heartbeat",
+            "--license",
+            "cad",
+            "--session",
+            "s0",
+            "--lease",
+            &leases[0],
+        ];
+        if json {
+            args.push("--json");
+        }
+        let o = seatgate(&redis, &args).await;
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+            assert_eq!(v["status"], "HEARTBEAT_UPDATED");
+            assert_eq!(v["heartbeat_timeout_ms"], "90000");
+        } else {
+            assert_eq!(
+                stdout(&o),
+                format!(
+                    "HEARTBEAT_UPDATED  license=cad session=s0 seats=3/3 heartbeats={n} heartbeat_timeout_ms=90000\n"
+                )
+            );
+        }
     }
     let o = seatgate(
         &redis,
