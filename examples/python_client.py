@@ -155,8 +155,9 @@ def discover_shards(r):
 
 
 def heartbeat_interval(reply):
-    """Seconds between heartbeats for the seat `reply` gave: a third of the
-    license's heartbeat timeout (`heartbeat_timeout_ms`), so one lost or late
+    """Seconds between heartbeats for the seat `reply` gave or kept: a third
+    of the license's heartbeat timeout (`heartbeat_timeout_ms`, on ACQUIRED,
+    ALREADY_ACTIVE, GRANTED and HEARTBEAT_UPDATED), so one lost or late
     heartbeat never costs the seat; 1 s from a service too old to say."""
     timeout_ms = int(reply.get("heartbeat_timeout_ms") or 3000)
     return timeout_ms / 3000.0
@@ -198,7 +199,12 @@ def main(argv=None) -> int:
         try:
             for _ in range(2):
                 time.sleep(interval)
-                show("heartbeat", client.heartbeat(args.license, args.session))
+                beat = client.heartbeat(args.license, args.session)
+                show("heartbeat", beat)
+                if args.interval is None and beat.get("heartbeat_timeout_ms"):
+                    # An operator may have changed the license's timeout:
+                    # each heartbeat's reply names the one in force.
+                    interval = heartbeat_interval(beat)
         finally:
             show("release", client.release(args.license, args.session))
         return 0

@@ -24,11 +24,13 @@
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's stale time (includes/due.lua) when this
   heartbeat, the oldest holder's, moved it on; nothing else of the due
-  index, and no heartbeat timeout: a heartbeat neither takes a seat nor
-  makes other work. So it includes no due.lua (whose function would cost
-  every heartbeat its closure) and reads nothing more than before but the
-  first two holders, which also give it the session's own score when it is
-  the oldest.
+  index: a heartbeat neither takes a seat nor makes other work. So it
+  includes no due.lua (whose function would cost every heartbeat its
+  closure) and reads nothing more than before but the first two holders,
+  which also give it the session's own score when it is the oldest.
+  HEARTBEAT_UPDATED, replayed or not, carries the heartbeat timeout in force
+  (outcome.lua [11]), so a holder learns of a timeout lowered while it holds
+  the seat from its next heartbeat's reply.
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Emits no events.
@@ -69,13 +71,14 @@ local function count_heartbeat(session, now)
 end
 
 -- Set by decide: the license's stale time when this heartbeat, the oldest
--- holder's, moved it on.
-local stale_at
+-- holder's, moved it on; the heartbeat timeout in force.
+local stale_at, timeout
 
 -- The decision (run_request, includes/request.lua).
 local function decide(now, default_timeout)
   local raw = rcall('HMGET', K.license, 'seats_total', 'heartbeat_timeout_ms')
   local total = raw[1] and license_number('seats_total', raw[1]) or 0
+  timeout = raw[2] and license_number('heartbeat_timeout_ms', raw[2]) or default_timeout
   -- The first two holders: when the session is the oldest, its heartbeat
   -- moves the license's stale time on (and they give its score).
   local first = rcall('ZRANGE', K.holders, 0, 1, 'WITHSCORES')
@@ -95,7 +98,6 @@ local function decide(now, default_timeout)
   -- The oldest holder's heartbeat moves the stale time on: to the earlier
   -- of its new score (now, or a borrow's later end) and the next oldest's.
   if first[1] == session then
-    local timeout = raw[2] and license_number('heartbeat_timeout_ms', raw[2]) or default_timeout
     local oldest = math.max(tonumber(score), now)
     local next_oldest = tonumber(first[4])
     if next_oldest and next_oldest < oldest then
@@ -112,4 +114,12 @@ local result = run_request(decide, true, holder_lease_refusal, session, lease)
 -- The due index slots (outcome.lua [9]..[11]); a replay (dedupe.lua) comes
 -- with [1..8] only.
 result[9], result[10], result[11] = stale_at or 0, 0, 0
+if result[1] == 'HEARTBEAT_UPDATED' then
+  if not timeout then
+    -- A replay: the timeout in force now, which is what the holder must meet.
+    local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
+    timeout = raw and license_number('heartbeat_timeout_ms', raw) or default_timeout
+  end
+  result[11] = timeout
+end
 return result

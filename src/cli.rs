@@ -399,6 +399,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             let mut con = crate::connect(&settings).await?;
             let keys = Keys::new(settings.keys.prefix.clone());
             let status = views::status::status(&mut con, &keys, license.as_deref()).await?;
+            if let (Some(l), true) = (&license, status.licenses.is_empty()) {
+                // A refusal, as `license show` of a missing license: no
+                // "0 of 0 seats" a script would read as a license without seats.
+                eprintln!("seatgate: license {l} does not exist");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
             if json {
                 println!("{}", serde_json::to_string(&status).unwrap_or_default());
             } else {

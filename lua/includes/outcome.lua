@@ -35,8 +35,9 @@
                      nothing to file
     [11] heartbeat_timeout_ms  the heartbeat timeout in force for the
                      license (its own, else the service's), which ACQUIRED,
-                     ALREADY_ACTIVE and GRANTED replies carry: on those
-                     statuses and with notes, else 0
+                     ALREADY_ACTIVE, GRANTED and HEARTBEAT_UPDATED replies
+                     carry: on those statuses and with notes, else 0
+                     (HEARTBEAT_UPDATED's is filled in by heartbeat.lua)
   The worker files [9] and [10] in the due index. [9]..[11] are filled in
   last (due.lua, due_report), from the state the script leaves, replays
   included: the dedupe record keeps only [1..6].

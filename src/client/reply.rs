@@ -72,10 +72,11 @@ impl ReplyMsg {
     }
 
     /// The license's heartbeat timeout in force, which ACQUIRED,
-    /// ALREADY_ACTIVE and GRANTED replies carry: a seat whose last heartbeat
-    /// is older is evicted. Heartbeat at a third of it, so one lost or late
-    /// heartbeat never costs the seat. `None` on other replies (and from a
-    /// service older than this field).
+    /// ALREADY_ACTIVE, GRANTED and HEARTBEAT_UPDATED replies carry: a seat
+    /// whose last heartbeat is older is evicted. Heartbeat at a third of the
+    /// latest value, so one lost or late heartbeat never costs the seat and
+    /// a timeout an operator lowers is followed from the next heartbeat on.
+    /// `None` on other replies (and from a service older than this field).
     pub fn heartbeat_timeout(&self) -> Option<Duration> {
         self.get("heartbeat_timeout_ms")
             .parse::<u64>()

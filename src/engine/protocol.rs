@@ -200,8 +200,9 @@ pub struct Reply {
     /// How long the session waited in the queue, ms (GRANTED, QUEUE_TIMEOUT).
     pub waited_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms (ACQUIRED,
-    /// ALREADY_ACTIVE, GRANTED): the holder heartbeats well within it (a
-    /// third of it), without having to know the service's settings.
+    /// ALREADY_ACTIVE, GRANTED, HEARTBEAT_UPDATED): the holder heartbeats
+    /// well within it (a third of it), without having to know the service's
+    /// settings, and follows it when an operator changes it.
     pub heartbeat_timeout_ms: Option<i64>,
     /// The queue priority the session got (QUEUED with a priority above 0).
     pub priority: Option<i64>,

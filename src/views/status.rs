@@ -151,6 +151,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Whether there is nothing to show: no license record (none with
+    /// `seats_total`: what acquires answer LICENSE_NOT_FOUND to), nobody
+    /// holding a seat, nobody waiting. A record removed by hand while
+    /// sessions hold seats still shows them.
+    pub fn is_missing(&self) -> bool {
+        !StoredRecord::from_map(&self.record).exists() && self.holders.is_empty() && self.queue.is_empty()
+    }
+
     /// Who `session`'s seat (or place in the queue) counts for.
     fn owner(&self, session: &str) -> Option<OwnerRecord> {
         self.owners
@@ -305,7 +313,9 @@ fn waiter(snapshot: &Snapshot, position: usize, session: &str, score: i64) -> Wa
     }
 }
 
-/// Reads `only` (or every indexed license).
+/// Reads `only` (or every indexed license). `only` is left out when it
+/// [is missing](Snapshot::is_missing), so `licenses` is empty when the one
+/// license asked for does not exist.
 pub async fn status<C: ConnectionLike>(
     con: &mut C,
     keys: &Keys,
@@ -325,7 +335,11 @@ pub async fn status<C: ConnectionLike>(
     };
     let mut licenses = Vec::with_capacity(ids.len());
     for id in ids.iter().filter(|id| valid_id(id)) {
-        licenses.push(license_status(con, keys, id).await?);
+        let snapshot = read_snapshot(con, keys, id).await?;
+        if only.is_some() && snapshot.is_missing() {
+            continue;
+        }
+        licenses.push(assemble(id, &snapshot));
     }
     Ok(Status {
         at_ms: secs * 1000 + micros / 1000,
@@ -669,6 +683,19 @@ mod tests {
         assert_eq!(missing.invalid, None);
         assert_eq!((missing.seats_total, missing.seats_used), (0, 0));
         assert!(missing.holders.is_empty() && missing.queue.is_empty());
+
+        assert!(Snapshot::default().is_missing());
+        assert!(!broken.is_missing(), "a broken record is there to be fixed");
+        let stranded = Snapshot {
+            holders: vec![("s1".to_owned(), 1.0)],
+            ..Snapshot::default()
+        };
+        assert!(!stranded.is_missing(), "seats held without a record are shown");
+        let stranded = Snapshot {
+            queue: vec![("s1".to_owned(), 1)],
+            ..Snapshot::default()
+        };
+        assert!(!stranded.is_missing(), "waiters without a record are shown");
     }
 
     #[test]

@@ -56,23 +56,34 @@ async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served()
             assert!(stdout(&o).starts_with("NO_SEATS_AVAILABLE"), "{}", stdout(&o));
         }
     }
-    for _ in 0..2 {
-        let o = seatgate(
-            &redis,
-            &[
-                "heartbeat",
-                "--license",
-                "cad",
-                "--session",
-                "s0",
-                "--lease",
-                &leases[0],
-                "--json",
-            ],
-        )
-        .await;
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
-        assert_eq!(v["status"], "HEARTBEAT_UPDATED");
+    // Each heartbeat says the timeout in force (an operator may change it),
+    // as JSON and in the printed line.
+    for (n, json) in [(1, true), (2, false)] {
+        let mut args = vec![
+            "heartbeat",
+            "--license",
+            "cad",
+            "--session",
+            "s0",
+            "--lease",
+            &leases[0],
+        ];
+        if json {
+            args.push("--json");
+        }
+        let o = seatgate(&redis, &args).await;
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+            assert_eq!(v["status"], "HEARTBEAT_UPDATED");
+            assert_eq!(v["heartbeat_timeout_ms"], "90000");
+        } else {
+            assert_eq!(
+                stdout(&o),
+                format!(
+                    "HEARTBEAT_UPDATED  license=cad session=s0 seats=3/3 heartbeats={n} heartbeat_timeout_ms=90000\n"
+                )
+            );
+        }
     }
     let o = seatgate(
         &redis,
@@ -404,4 +415,50 @@ async fn bench_runs_row_after_row_on_a_redis_it_may_not_flush() {
         holders.is_empty(),
         "seats still held after the benchmark: {holders:?}"
     );
+}
+
+/// `seatgate status --license L` for a license that does not exist is a
+/// refusal, like `license show`: one line naming it, exit 1, nothing on
+/// stdout (`--json` too, so a script never reads an empty license as one
+/// with no seats); a license that exists is shown and exits 0.
+#[tokio::test]
+async fn status_of_a_missing_license_is_one_line_and_exit_1() {
+    let redis = RedisServer::start_with(&[]).await;
+    assert!(seatgate(&redis, &["license", "put", "cad", "--seats", "2"])
+        .await
+        .status
+        .success());
+    let o = seatgate(&redis, &["status", "--license", "cad"]).await;
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        stdout(&o).starts_with("cad: 0 of 2 seats in use"),
+        "{}",
+        stdout(&o)
+    );
+    let o = seatgate(&redis, &["status", "--license", "cad", "--json"]).await;
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["licenses"][0]["seats_total"], 2);
+
+    assert!(seatgate(&redis, &["license", "delete", "cad"])
+        .await
+        .status
+        .success());
+    for license in ["nosuch", "cad"] {
+        for json in [false, true] {
+            let mut args = vec!["status", "--license", license];
+            if json {
+                args.push("--json");
+            }
+            let o = seatgate(&redis, &args).await;
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+            assert_eq!(
+                err.trim(),
+                format!("seatgate: license {license} does not exist"),
+                "{args:?}"
+            );
+            assert_eq!(stdout(&o), "", "{args:?}");
+        }
+    }
 }

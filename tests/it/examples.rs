@@ -374,6 +374,7 @@ async fn sync_client_acquires_heartbeats_and_releases() {
                 ("status", "HEARTBEAT_UPDATED"),
                 ("ok", "1"),
                 ("heartbeats", &count),
+                ("heartbeat_timeout_ms", &timeout),
             ],
         );
     }

@@ -114,6 +114,54 @@ async fn heartbeat_moves_the_clock_and_counts() {
     assert!(record.starts_with(&format!("{before}:2:")), "{record}");
 }
 
+/// HEARTBEAT_UPDATED carries the heartbeat timeout in force, the service's
+/// or the license's, as it stands when the heartbeat (or its replay) runs;
+/// the other heartbeat answers carry none.
+#[tokio::test]
+async fn a_heartbeat_and_its_replay_carry_the_timeout_in_force() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let mut con = db(&settings).await;
+    let default = settings.sessions.heartbeat_timeout_ms as i64;
+    let ghost = direct(&settings, "lic", "ghost").heartbeat(&mut con).await;
+    assert_eq!(
+        (ghost.status(), ghost.heartbeat_timeout_ms),
+        (Status::SessionNotActive, None)
+    );
+
+    direct(&settings, "lic", "s1").acquire(&mut con).await;
+    let o = direct(&settings, "lic", "s1").heartbeat(&mut con).await;
+    assert_eq!(
+        (o.status(), o.heartbeat_timeout_ms),
+        (Status::HeartbeatUpdated, Some(default))
+    );
+
+    provision(&settings, "lic", &seats_with_timeout(1, 30_000)).await;
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 1_000,
+    };
+    let id = format!("{}-0", redis_ms(&mut con).await);
+    let mut g = Guard::for_entry(&policy, &keys(&settings), &id, "lic", "s1");
+    g.redelivery = true;
+    let guarded = || direct(&settings, "lic", "s1").with_guard(g.clone());
+    let first = guarded().heartbeat(&mut con).await;
+    assert_eq!(
+        (first.status(), first.replayed, first.heartbeat_timeout_ms),
+        (Status::HeartbeatUpdated, false, Some(30_000))
+    );
+    // Lowered since: the replay tells the timeout the holder must now meet.
+    provision(&settings, "lic", &seats_with_timeout(1, 3_000)).await;
+    let again = guarded().heartbeat(&mut con).await;
+    assert_eq!(
+        (again.status(), again.replayed, again.heartbeat_timeout_ms),
+        (Status::HeartbeatUpdated, true, Some(3_000))
+    );
+}
+
 #[tokio::test]
 async fn license_state_is_checked_inside_the_script() {
     let TestApp(_redis, settings, mut con) = spawn_app().await;

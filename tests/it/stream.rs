@@ -9,8 +9,8 @@ use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, consumers, db, holders, pending, put_license, reply_stream, spawn_app, spawn_worker,
-    RedisServerExt, TestApp, T,
+    acquire, client, consumers, db, holders, pending, provision, put_license, queue_up, reply_stream,
+    seats_with_timeout, spawn_app, spawn_worker, RedisServer, RedisServerExt, TestApp, T,
 };
 
 #[tokio::test]
@@ -49,8 +49,8 @@ async fn acquire_heartbeat_release_round_trip() {
     assert_eq!((r.status(), r.int("heartbeats")), (Status::HeartbeatUpdated, 1));
     assert_eq!(
         r.heartbeat_timeout(),
-        None,
-        "only the replies that give a seat carry it"
+        Some(default),
+        "the replies that keep a seat carry it too"
     );
     let r = client
         .call(&Call::new(Op::Release, "lic", "s1"), T)
@@ -72,6 +72,83 @@ async fn acquire_heartbeat_release_round_trip() {
 
     worker.stop().await;
     assert_eq!(pending(&settings).await, 0, "every request acknowledged");
+}
+
+/// An operator lowering a license's heartbeat timeout: a client that takes
+/// the value from the latest reply that carries it (docs/protocol.md,
+/// "Writing a client") learns of it from its next heartbeat's reply.
+#[tokio::test]
+async fn heartbeat_replies_carry_the_timeout_in_force() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    provision(&settings, "lic", &seats_with_timeout(1, 30_000)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let heartbeat = Call::new(Op::Heartbeat, "lic", "s1");
+
+    let r = client.call(&acquire("lic", "s1", 0), T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.heartbeat_timeout()),
+        (Status::Acquired, Some(Duration::from_secs(30)))
+    );
+    let r = client.call(&heartbeat, T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.get("heartbeat_timeout_ms")),
+        (Status::HeartbeatUpdated, "30000")
+    );
+
+    // `seatgate license put --heartbeat-timeout 3s`.
+    provision(&settings, "lic", &seats_with_timeout(1, 3_000)).await;
+    let r = client.call(&heartbeat, T).await.unwrap();
+    assert_eq!(
+        (r.status(), r.get("heartbeat_timeout_ms")),
+        (Status::HeartbeatUpdated, "3000")
+    );
+
+    worker.stop().await;
+}
+
+/// A client that gives up waiting in the queue releases with its lease
+/// (docs/protocol.md, "Giving up a wait"): before a grant it leaves the
+/// queue, so the next freed seat goes to nobody; after one, the seat it was
+/// granted is freed at once.
+#[tokio::test]
+async fn giving_up_a_wait_is_a_release_with_the_lease() {
+    let redis = RedisServer::start_with(&[]).await;
+    let settings = redis.settings();
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let holder = client(&settings).await;
+    let release = |session: &str| Call::new(Op::Release, "lic", session);
+    assert_eq!(
+        holder.call(&acquire("lic", "a", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+
+    // Given up before a grant: LEFT_QUEUE, and the freed seat goes to nobody.
+    let (queued, _, waiter) = queue_up(&settings, "lic", "b", 60_000).await;
+    assert_eq!(queued.status(), Status::Queued);
+    let r = waiter.call(&release("b"), T).await.unwrap();
+    assert_eq!((r.status(), r.ok()), (Status::LeftQueue, true));
+    let r = holder.call(&release("a"), T).await.unwrap();
+    assert_eq!((r.status(), r.int("seats_used")), (Status::Released, 0));
+
+    // Given up after a grant it has not seen yet: RELEASED frees the seat.
+    assert_eq!(
+        holder.call(&acquire("lic", "a", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+    let (queued, id, waiter) = queue_up(&settings, "lic", "c", 60_000).await;
+    assert_eq!(queued.status(), Status::Queued);
+    let r = holder.call(&release("a"), T).await.unwrap();
+    assert_eq!((r.status(), r.int("seats_used")), (Status::Released, 1));
+    let r = waiter.call(&release("c"), T).await.unwrap();
+    assert_eq!((r.status(), r.int("seats_used")), (Status::Released, 0));
+    assert!(holders(&settings, "lic").await.is_empty());
+    // The GRANTED it gave up on still arrives: to be ignored.
+    assert_eq!(waiter.wait_for(&id, T).await.unwrap().status(), Status::Granted);
+
+    worker.stop().await;
 }
 
 #[tokio::test]

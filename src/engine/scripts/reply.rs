@@ -144,7 +144,8 @@ pub struct Outcome {
     /// nothing to file.
     pub due_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms (its own, else the
-    /// service's): ACQUIRED and ALREADY_ACTIVE replies carry it. `None`
+    /// service's): ACQUIRED, ALREADY_ACTIVE and HEARTBEAT_UPDATED replies
+    /// carry it (heartbeat.lua fills it in for a replay too). `None`
     /// where it is not known: an outcome that could not be decided, or one
     /// read back from a dedupe record, which does not keep it.
     pub heartbeat_timeout_ms: Option<i64>,

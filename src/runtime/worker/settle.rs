@@ -423,10 +423,15 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeats: None,
         position: None,
         waited_ms: None,
-        // What the holder needs to keep the seat: on every answer that says it holds one.
-        heartbeat_timeout_ms: outcome
-            .heartbeat_timeout_ms
-            .filter(|_| matches!(status, Status::Acquired | Status::AlreadyActive)),
+        // What the holder needs to keep the seat: on every answer that says
+        // it holds one, a heartbeat's included, so a timeout lowered while
+        // it holds the seat reaches it with its next heartbeat's reply.
+        heartbeat_timeout_ms: outcome.heartbeat_timeout_ms.filter(|_| {
+            matches!(
+                status,
+                Status::Acquired | Status::AlreadyActive | Status::HeartbeatUpdated
+            )
+        }),
         priority: None,
         linger_ms: None,
         borrowed_until_ms: None,
