@@ -79,6 +79,51 @@ local rcall = redis.call
 --- @include "request"
 --- @include "due"
 
+-- Only acquire queues a session, redirects a waiter and refuses one in its
+-- cooldown, so these queue.lua and revoked.lua helpers live here: a helper
+-- costs its closure on every run of each script that carries it.
+
+-- Puts `session` in the queue, behind those of its priority (0-9), until
+-- `now + wait_ms`, bound to lease hash `lease` ('' = none).
+local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
+  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq) - priority * PRIORITY_STEP, session)
+  rcall('ZADD', K.deadlines, now + wait_ms, session)
+  rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
+end
+
+-- Sends the later GRANTED / QUEUE_TIMEOUT of waiting `session` to request
+-- `request_id` on `reply_to` instead: a waiter that re-sends its acquire
+-- (say from a new process, listening on a new reply stream) hears the answer
+-- there. A re-send naming no reply_to changes nothing: the answer still goes
+-- where someone may listen. Only call it once the request's lease matched
+-- the place's (lease.lua).
+local function redirect_waiter(session, request_id, reply_to)
+  if reply_to == '' then
+    return
+  end
+  local w = waiter_record(session)
+  if w and (w.id ~= request_id or w.reply_to ~= reply_to) then
+    -- A record of the JSON form is rewritten in the plain one.
+    rcall('HSET', K.waiters, session, encode_waiter_record(w.queued_at, w.lease_hash, request_id, reply_to, w.meta))
+  end
+end
+
+-- For an acquire by `session`: its revocation record while its cooldown
+-- lasts (refuse the acquire), else nil. An acquire past the cooldown (or
+-- without one) starts afresh: the revocation is forgotten.
+local function cooldown_of(session, now)
+  local raw = rcall('HGET', K.revocations, session)
+  if not raw then
+    return nil
+  end
+  local ok, r = pcall(cjson.decode, raw)
+  if ok and type(r) == 'table' and (tonumber(r.cooldown_until) or 0) > now then
+    return raw
+  end
+  forget_revocation(session)
+  return nil
+end
+
 local session, lease = ARGV[8], lease_hash(ARGV[9])
 local meta = ARGV[11]
 local wait_ms, request_id, reply_to = tonumber(ARGV[12]), ARGV[13], ARGV[14]

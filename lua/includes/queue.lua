@@ -28,6 +28,8 @@
   (lease_hash absent when bound to none), read as well: a waiter queued
   before an upgrade is granted, timed out or revoked as it would have been.
   A JSON record always starts with '{', the plain form with a digit.
+  Putting a session in the queue and redirecting a waiter's answer are
+  acquire's alone (enqueue, redirect_waiter in acquire.lua).
 ]]
 --- @include "keys"
 --- @include "clock"
@@ -78,31 +80,6 @@ local function waiter_record(session)
     return nil
   end
   return {queued_at = tonumber(queued_at), lease_hash = lease, id = id, reply_to = reply_to, meta = meta}
-end
-
--- Puts `session` in the queue, behind those of its priority (0-9), until
--- `now + wait_ms`, bound to lease hash `lease` ('' = none).
-local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
-  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq) - priority * PRIORITY_STEP, session)
-  rcall('ZADD', K.deadlines, now + wait_ms, session)
-  rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
-end
-
--- Sends the later GRANTED / QUEUE_TIMEOUT of waiting `session` to request
--- `request_id` on `reply_to` instead: a waiter that re-sends its acquire
--- (say from a new process, listening on a new reply stream) hears the answer
--- there. A re-send naming no reply_to changes nothing: the answer still goes
--- where someone may listen. Only call it once the request's lease matched
--- the place's (lease.lua).
-local function redirect_waiter(session, request_id, reply_to)
-  if reply_to == '' then
-    return
-  end
-  local w = waiter_record(session)
-  if w and (w.id ~= request_id or w.reply_to ~= reply_to) then
-    -- A record of the JSON form is rewritten in the plain one.
-    rcall('HSET', K.waiters, session, encode_waiter_record(w.queued_at, w.lease_hash, request_id, reply_to, w.meta))
-  end
 end
 
 local function remove_waiter(session)

@@ -19,7 +19,7 @@
   entry is forgotten, so a license nobody revokes on again holds none. The
   other scripts only look up the session at hand (nothing on a holder's
   heartbeat) and forget its entry when it is stale or the session acquires
-  again.
+  again (acquire.lua's cooldown_of).
 ]]
 --- @include "keys"
 
@@ -41,20 +41,4 @@ local function revocation_of(session, now)
     return nil
   end
   return raw
-end
-
--- For an acquire by `session`: its revocation record while its cooldown
--- lasts (refuse the acquire), else nil. An acquire past the cooldown (or
--- without one) starts afresh: the revocation is forgotten.
-local function cooldown_of(session, now)
-  local raw = rcall('HGET', K.revocations, session)
-  if not raw then
-    return nil
-  end
-  local ok, r = pcall(cjson.decode, raw)
-  if ok and type(r) == 'table' and (tonumber(r.cooldown_until) or 0) > now then
-    return raw
-  end
-  forget_revocation(session)
-  return nil
 end

@@ -695,6 +695,13 @@ mod tests {
                 name == "heartbeat",
                 "{name}"
             );
+            for helper in [
+                "local function enqueue",
+                "local function redirect_waiter",
+                "local function cooldown_of",
+            ] {
+                assert_eq!(text.contains(helper), name == "acquire", "{name}: {helper}");
+            }
             // Acquire decides its own grants; heartbeat grants nothing.
             assert_eq!(
                 text.contains("local function grant_if_valid"),
