@@ -148,6 +148,11 @@ struct ClientArgs {
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The request is decided within this long of reaching Redis or not at
+    /// all (answered REQUEST_EXPIRED), e.g. 5s; sent as `ttl_ms`. Default:
+    /// the `client.ttl_ms` setting.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
     /// Print the reply as JSON.
     #[arg(long)]
     json: bool,
@@ -476,6 +481,9 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
         None => None,
     };
     let wait_ms = args.wait.map(|d| d.as_millis() as u64).unwrap_or(0);
+    if args.ttl == Some(Duration::ZERO) {
+        return Err(Error::Usage("--ttl must be longer than 0".into()));
+    }
     let call = Call {
         op,
         license: args.license,
@@ -489,7 +497,9 @@ async fn client_call(settings: &Settings, op: Op, args: ClientArgs) -> Result<Ex
             priority: args.priority,
             borrow_ms: args.borrow.map_or(0, |d| d.as_millis() as u64),
         },
-    };
+        ttl_ms: None,
+    }
+    .with_ttl(args.ttl.unwrap_or(Duration::from_millis(settings.client.ttl_ms)));
     let client = Client::connect_with(settings).await?;
     let result = async {
         let mut pending = client.request(&call).await?;

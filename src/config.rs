@@ -311,6 +311,12 @@ pub struct ClientSettings {
     /// callers wait for a slot, so a burst cannot pile up without bound in
     /// the requests stream and the client's waiter table.
     pub max_in_flight: usize,
+    /// The `ttl_ms` the CLI's requests and a seat handle's carry: past it
+    /// the service answers REQUEST_EXPIRED and changes nothing, which is
+    /// what makes re-sending a timed-out request under a new id safe.
+    /// At most the reply timeout the caller waits, so that a request
+    /// given up on can no longer be decided after it was sent again.
+    pub ttl_ms: u64,
 }
 
 /// `[events]`
@@ -549,6 +555,9 @@ impl Settings {
         }
         if self.client.max_in_flight == 0 {
             return bad("client.max_in_flight must be at least 1");
+        }
+        if self.client.ttl_ms == 0 {
+            return bad("client.ttl_ms must be positive");
         }
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");

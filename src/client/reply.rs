@@ -20,6 +20,10 @@ pub struct ReplyMsg {
     /// The lease this client sent with the request (the reply never carries
     /// it): what the session's heartbeats and release must send.
     pub lease: Option<Lease>,
+    /// When the reply was written, on Redis's clock (the ms part of its
+    /// reply-stream entry id); `None` for a reply not read from a stream.
+    /// Beside `held_since_ms` it says how old a grant's news is.
+    pub written_ms: Option<u64>,
 }
 
 /// The reply's fields, and `lease` when the request carried one: the CLI's
@@ -85,11 +89,30 @@ impl ReplyMsg {
             .map(Duration::from_millis)
     }
 
+    /// When the seat's heartbeat clock started, on Redis's clock
+    /// (`held_since_ms`, on replies that grant or replay a seat); `None`
+    /// from a service that does not send it.
+    pub fn held_since_ms(&self) -> Option<u64> {
+        self.get("held_since_ms").parse().ok()
+    }
+
+    /// How long before its writing the seat's heartbeat clock started,
+    /// both on Redis's clock: a reply replayed from an outbox or a dedupe
+    /// record may bring old news. `None` unless the reply carries
+    /// `held_since_ms` and was read from a stream.
+    pub fn clock_age(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            self.written_ms?.saturating_sub(self.held_since_ms()?),
+        ))
+    }
+
     /// A reply entry as read from the reply stream; a value that is not
     /// text reads as "". The client adds the lease when it hands the reply
     /// to its caller.
     pub(crate) fn from_entry(entry: StreamId) -> ReplyMsg {
+        let written_ms = entry.id.split('-').next().and_then(|ms| ms.parse().ok());
         ReplyMsg {
+            written_ms,
             fields: entry
                 .map
                 .into_iter()
@@ -110,10 +133,38 @@ mod tests {
         let reply = ReplyMsg {
             fields: BTreeMap::from([("status".to_owned(), "ACQUIRED".to_owned())]),
             lease: Some(lease),
+            written_ms: Some(5),
         };
         assert_eq!(
             serde_json::to_string(&reply).unwrap(),
             r#"{"status":"ACQUIRED","lease":"abcdefghijklmnop"}"#
         );
+    }
+}
+
+#[cfg(test)]
+mod age_tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_tells_its_age_from_its_entry_id_and_held_since() {
+        let entry = StreamId {
+            id: "1700000009000-3".to_owned(),
+            map: [
+                ("status".to_owned(), redis::Value::BulkString(b"GRANTED".to_vec())),
+                (
+                    "held_since_ms".to_owned(),
+                    redis::Value::BulkString(b"1700000006500".to_vec()),
+                ),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let reply = ReplyMsg::from_entry(entry);
+        assert_eq!(reply.written_ms, Some(1_700_000_009_000));
+        assert_eq!(reply.clock_age(), Some(Duration::from_millis(2500)));
+        let mut without = reply.clone();
+        without.fields.remove("held_since_ms");
+        assert_eq!(without.clock_age(), None, "no held_since_ms, no age");
     }
 }

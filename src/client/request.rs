@@ -58,6 +58,11 @@ pub struct Call {
     /// Who asks (acquire): user, group, priority and borrow, for the
     /// license's policies; [`RequestPolicy::NONE`] sends none of them.
     pub policy: RequestPolicy,
+    /// How long after it reaches Redis the request may still be decided, ms
+    /// (`ttl_ms`); later the service answers REQUEST_EXPIRED and changes
+    /// nothing. `None` sends none (the service's `requests.default_ttl_ms`
+    /// applies).
+    pub ttl_ms: Option<u64>,
 }
 
 impl Call {
@@ -71,7 +76,15 @@ impl Call {
             wait_ms: 0,
             lease: None,
             policy: RequestPolicy::NONE,
+            ttl_ms: None,
         }
+    }
+
+    /// The same request, to be decided within `ttl` of reaching Redis or
+    /// not at all (REQUEST_EXPIRED). Rounded up to whole milliseconds.
+    pub fn with_ttl(mut self, ttl: Duration) -> Call {
+        self.ttl_ms = Some(duration_ms(ttl));
+        self
     }
 
     /// The same request carrying `meta` (a JSON object).
@@ -131,6 +144,9 @@ impl Call {
         }
         if p.borrow_ms > 0 {
             fields.push(("borrow_ms", p.borrow_ms.to_string()));
+        }
+        if let Some(ttl_ms) = self.ttl_ms {
+            fields.push(("ttl_ms", ttl_ms.to_string()));
         }
         fields
     }
@@ -209,6 +225,12 @@ struct Inner {
     slots: Arc<Semaphore>,
     /// `client.max_in_flight`, for [`Stats::in_flight`].
     max_in_flight: usize,
+    /// `client.ttl_ms`: the `ttl_ms` a seat handle's requests carry unless
+    /// its options say otherwise.
+    ttl: Duration,
+    /// `sessions.heartbeat_timeout_ms`: the timeout a seat handle assumes
+    /// when a grant does not say (a service older than that reply field).
+    heartbeat_timeout: Duration,
     /// The reader's counters.
     counters: Arc<ReaderCounters>,
     /// The lease each (license, session) this client acquired is bound to,
@@ -263,6 +285,14 @@ impl Pending {
             Ok(None) => Err(stopped()),
             Err(_) => Err(Error::ReplyTimeout(timeout)),
         }
+    }
+
+    /// The next reply, however long it takes; `None` once the client
+    /// stopped reading replies. (Cancel-safe: dropping the future loses no
+    /// reply.)
+    pub(super) async fn next_reply(&mut self) -> Option<ReplyMsg> {
+        let reply = self.waiting.next().await?;
+        Some(self.client.with_lease(reply))
     }
 
     /// The final reply (anything but QUEUED), waiting up to `timeout` in all.
@@ -364,6 +394,8 @@ impl Client {
                 waiters,
                 slots: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
+                ttl: Duration::from_millis(settings.client.ttl_ms),
+                heartbeat_timeout: Duration::from_millis(settings.sessions.heartbeat_timeout_ms),
                 counters,
                 leases: Mutex::new(HashMap::new()),
                 reader: Mutex::new(Some(reader)),
@@ -378,6 +410,17 @@ impl Client {
         self.leases()
             .get(&(license.to_owned(), session.to_owned()))
             .cloned()
+    }
+
+    /// `client.ttl_ms`, the ttl a seat handle's requests carry by default.
+    pub(super) fn default_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// `sessions.heartbeat_timeout_ms`, what a seat handle assumes when a
+    /// grant does not carry the license's heartbeat timeout.
+    pub(super) fn default_heartbeat_timeout(&self) -> Duration {
+        self.inner.heartbeat_timeout
     }
 
     /// This client's reply stream key.
@@ -596,10 +639,15 @@ impl Client {
     }
 }
 
+/// `d` in whole milliseconds, rounded up (a 0.5 ms ttl is 1 ms, not 0).
+pub(super) fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 /// A new random lease: a UUID v4 in its 32-hex-digit form, 122 random bits
 /// from the operating system's generator.
 /// (32 hex digits always form a lease; `None` cannot happen.)
-fn new_lease() -> Option<Lease> {
+pub(super) fn new_lease() -> Option<Lease> {
     Lease::parse(&uuid::Uuid::new_v4().simple().to_string())
 }
 
@@ -622,12 +670,21 @@ mod tests {
         let full = Call::new(Op::Acquire, "lic", "s1")
             .with_meta("{}")
             .with_wait(500)
-            .with_lease(lease);
+            .with_lease(lease)
+            .with_ttl(Duration::from_micros(2_500_100));
         let names: Vec<&str> = full.fields().iter().map(|(k, _)| *k).collect();
-        assert_eq!(names, ["op", "license", "session", "meta", "wait_ms", "lease"]);
         assert_eq!(
-            (full.fields()[4].1.as_str(), full.fields()[5].1.as_str()),
-            ("500", "abcdefghijklmnop")
+            names,
+            ["op", "license", "session", "meta", "wait_ms", "lease", "ttl_ms"]
+        );
+        assert_eq!(
+            (
+                full.fields()[4].1.as_str(),
+                full.fields()[5].1.as_str(),
+                full.fields()[6].1.as_str()
+            ),
+            ("500", "abcdefghijklmnop", "2501"),
+            "a ttl is sent in whole ms, rounded up"
         );
     }
 

@@ -242,7 +242,11 @@ mod tests {
         let mut fields = BTreeMap::new();
         fields.insert("id".to_owned(), id.to_owned());
         fields.insert("status".to_owned(), status.to_owned());
-        ReplyMsg { fields, lease: None }
+        ReplyMsg {
+            fields,
+            lease: None,
+            written_ms: None,
+        }
     }
 
     #[tokio::test]
