@@ -1,19 +1,24 @@
 //! The multiplexed request client: one connection and one reply stream
 //! shared by any number of concurrent requests, each reply handed to the
 //! request it answers; bounded in flight, a timeout per request, a reader
-//! that survives a Redis restart, QUEUED then GRANTED through the API.
+//! that survives a Redis restart, QUEUED then GRANTED through the API;
+//! and the seat handle (`Client::acquire_seat`): it keeps its seat across
+//! heartbeat timeouts, follows a lowered timeout, sends a request a frozen
+//! worker holds again under a new id and the same lease, waits out QUEUED,
+//! undoes an acquire given up in the queue, and releases when dropped.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::AsyncCommands;
-use seatgate::client::{Call, Client};
+use seatgate::client::{Call, Client, Seat, SeatOptions, SeatState};
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::Error;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::support::*;
 
@@ -362,5 +367,311 @@ async fn the_last_clone_stops_the_reader_and_deletes_the_reply_stream() {
         assert!(Instant::now() < deadline, "reply stream left behind");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    worker.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// The seat handle.
+
+/// Reaper passes every 200 ms until the guard drops, so that a seat nobody
+/// heartbeats is evicted soon after its timeout.
+async fn reaping(s: &Settings) -> DropGuard {
+    let reaper = reaper(s).await;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        while !token.is_cancelled() {
+            reaper.pass().await.expect("reaper pass");
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    stop.drop_guard()
+}
+
+/// The heartbeat timeout and heartbeat count of a held seat; panics otherwise.
+fn held(seat: &Seat) -> (Duration, u64) {
+    match seat.state() {
+        SeatState::Held {
+            heartbeat_timeout,
+            heartbeats,
+        } => (heartbeat_timeout, heartbeats),
+        other => panic!("the seat is not held: {other:?}"),
+    }
+}
+
+/// Waits up to `within` for the seat's state to satisfy `cond`.
+async fn state_becomes(seat: &Seat, within: Duration, cond: impl FnMut(&SeatState) -> bool) {
+    let mut rx = seat.watch();
+    tokio::time::timeout(within, rx.wait_for(cond))
+        .await
+        .unwrap_or_else(|_| panic!("the seat's state stayed {:?}", seat.state()))
+        .expect("the seat's state is kept");
+}
+
+/// Waits up to `within` until `cond` holds of `license`'s holders.
+async fn holders_become(s: &Settings, license: &str, within: Duration, cond: impl Fn(&[String]) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = holders(s, license).await;
+        if cond(&now) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "holders of {license} stayed {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits up to `T` for a `kind` event of `session` on `license`.
+async fn event_comes(s: &Settings, license: &str, session: &str, kind: &str) {
+    let deadline = Instant::now() + T;
+    while !events(s, license)
+        .await
+        .iter()
+        .any(|e| e["type"] == kind && e["session"] == session)
+    {
+        assert!(Instant::now() < deadline, "no {kind} event of {session}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_handle_keeps_its_seat_across_heartbeat_timeouts() {
+    let TestApp(_redis, settings, _) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(2, 1500)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let _reaping = reaping(&settings).await;
+    let c = client(&settings).await;
+    let seat = c
+        .acquire_seat(&acquire("lic", "kept", 0), &SeatOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(seat.grant().status(), Status::Acquired);
+    // Beside it a seat nobody heartbeats: the reaper does evict.
+    let left = c.call(&acquire("lic", "left", 0), T).await.unwrap();
+    assert_eq!(left.status(), Status::Acquired);
+
+    // Three heartbeat timeouts; the caller does nothing.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert_eq!(
+        holders(&settings, "lic").await,
+        ["kept"],
+        "only the kept seat survived"
+    );
+    let (timeout, beats) = held(&seat);
+    assert_eq!(timeout, Duration::from_millis(1500));
+    // Every 500 ms: about 9; fewer than 5 would let a seat lapse.
+    assert!(beats >= 5, "{beats} heartbeats in 4.5 s");
+
+    let gone = seat.release().await.unwrap();
+    assert_eq!(gone.status(), Status::Released);
+    assert!(holders(&settings, "lic").await.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seat_handle_follows_a_lowered_heartbeat_timeout() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(1, 6000)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let seat = c
+        .acquire_seat(&acquire("lic", "s1", 0), &SeatOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(held(&seat).0, Duration::from_millis(6000), "the grant's timeout");
+    // An operator lowers the timeout below the handle's 2 s cadence. No
+    // reaper runs until the handle has heard of it: the seat may be
+    // evicted in that gap, which is the operator's doing, not the client's.
+    set_license_field(&mut con, &settings, "lic", "heartbeat_timeout_ms", "1500").await;
+    state_becomes(&seat, Duration::from_secs(5), |s| {
+        matches!(s, SeatState::Held { heartbeat_timeout, .. } if *heartbeat_timeout == Duration::from_millis(1500))
+    })
+    .await;
+    let before = held(&seat).1;
+    // Now with a reaper: a handle still heartbeating every 2 s would lose
+    // the seat within the next 2 s.
+    let _reaping = reaping(&settings).await;
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert_eq!(holders(&settings, "lic").await, ["s1"]);
+    let (timeout, after) = held(&seat);
+    assert_eq!(timeout, Duration::from_millis(1500));
+    assert!(
+        after - before >= 5,
+        "{} heartbeats in 4 s at a 1.5 s timeout",
+        after - before
+    );
+    seat.release().await.unwrap();
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn dropping_a_seat_handle_releases_its_seat() {
+    let TestApp(_redis, settings, _) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let seat = c
+        .acquire_seat(&acquire("lic", "s1", 0), &SeatOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(holders(&settings, "lic").await, ["s1"]);
+    drop(seat);
+    // The heartbeat timeout is 90 s: only the release frees it this soon.
+    holders_become(&settings, "lic", T, |h| h.is_empty()).await;
+    event_comes(&settings, "lic", "s1", "released").await;
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_same_lease() {
+    let TestApp(redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    // A worker process whose read blocks for a minute: frozen while
+    // blocked, Redis still hands it the next request, which then sits in
+    // its pending list undecided.
+    let frozen = WorkerProcess::start(
+        &redis.url(),
+        &[("SEATGATE__STREAM__BLOCK_MS", "60000".to_owned())],
+    )
+    .await;
+    let deadline = Instant::now() + T;
+    while consumers(&settings).await.is_empty() {
+        assert!(Instant::now() < deadline, "the worker process never read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    frozen.signal("STOP");
+
+    let c = client(&settings).await;
+    let opts = SeatOptions {
+        request_timeout: Duration::from_secs(1),
+        ttl: Some(Duration::from_secs(1)),
+        give_up_after: Duration::from_secs(20),
+    };
+    let acquiring = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire_seat(&acquire("lic", "s1", 0), &opts).await }
+    });
+    let deadline = Instant::now() + T;
+    while pending(&settings).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the frozen worker was not handed the acquire"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A live worker decides the attempt sent after the request timeout.
+    let worker = spawn_worker(settings.clone(), "w2").await;
+    let seat = acquiring
+        .await
+        .unwrap()
+        .expect("a seat through the second attempt");
+    assert_eq!(seat.grant().status(), Status::Acquired);
+    let sent: Vec<_> = stream_entries(&mut con, &settings.stream.requests)
+        .await
+        .into_iter()
+        .filter(|e| e["op"] == "acquire")
+        .collect();
+    assert!(sent.len() >= 2, "sent again: {sent:?}");
+    let ids: std::collections::HashSet<&str> = sent.iter().map(|e| e["id"].as_str()).collect();
+    assert_eq!(ids.len(), sent.len(), "each attempt under a new id");
+    for e in &sent {
+        assert_eq!(
+            e["lease"],
+            seat.lease().as_str(),
+            "every attempt under the same lease"
+        );
+        assert_eq!(e["ttl_ms"], "1000", "every attempt with its ttl");
+    }
+
+    // Thawed, the worker decides the attempt it held (ALREADY_ACTIVE from a
+    // service that does not expire requests, else REQUEST_EXPIRED).
+    frozen.signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(&settings).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the thawed worker left its entry pending"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Exactly one seat, bound to the handle's lease.
+    assert_eq!(holders(&settings, "lic").await, ["s1"]);
+    let heartbeat = |lease| Call::new(Op::Heartbeat, "lic", "s1").with_lease(lease);
+    let other = seatgate::engine::protocol::Lease::parse("someone-elses-lease-0000").unwrap();
+    assert_eq!(
+        c.call(&heartbeat(other), T).await.unwrap().status(),
+        Status::LeaseMismatch
+    );
+    assert_eq!(
+        c.call(&heartbeat(seat.lease().clone()), T)
+            .await
+            .unwrap()
+            .status(),
+        Status::HeartbeatUpdated
+    );
+    held(&seat);
+    assert_eq!(seat.release().await.unwrap().status(), Status::Released);
+    assert!(holders(&settings, "lic").await.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
+    let TestApp(_redis, settings, _) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    assert_eq!(
+        c.call(&acquire("lic", "first", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire_seat(&acquire("lic", "second", 10_000), &SeatOptions::default())
+                .await
+        }
+    });
+    event_comes(&settings, "lic", "second", "queued").await;
+    let released = c.call(&Call::new(Op::Release, "lic", "first"), T).await.unwrap();
+    assert_eq!(released.status(), Status::Released);
+    let seat = waiting.await.unwrap().expect("granted");
+    assert_eq!(seat.grant().status(), Status::Granted);
+    assert_eq!(holders(&settings, "lic").await, ["second"]);
+    held(&seat);
+    assert_eq!(seat.release().await.unwrap().status(), Status::Released);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn an_acquire_given_up_in_the_queue_is_undone() {
+    let TestApp(_redis, settings, _) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    assert_eq!(
+        c.call(&acquire("lic", "first", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire_seat(&acquire("lic", "second", 30_000), &SeatOptions::default())
+                .await
+        }
+    });
+    event_comes(&settings, "lic", "second", "queued").await;
+    // The caller goes away while queued: the handle leaves the queue for it.
+    waiting.abort();
+    event_comes(&settings, "lic", "second", "left_queue").await;
+    let released = c.call(&Call::new(Op::Release, "lic", "first"), T).await.unwrap();
+    assert_eq!(released.status(), Status::Released);
+    // Nobody waits any more: the seat goes to no one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(holders(&settings, "lic").await.is_empty());
     worker.stop().await;
 }

@@ -799,6 +799,17 @@ impl WorkerProcess {
             .unwrap_or_default()
     }
 
+    /// Sends it `kill -<name>` (STOP freezes it mid-read, CONT lets it go
+    /// on), through the child's pid, which stays its own until reaped.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.0.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill9(&mut self) {
         let _ = self.child.0.kill();
