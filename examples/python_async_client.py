@@ -22,9 +22,21 @@ seatgate's own Rust client does:
 - Every acquire carries a lease (docs/protocol.md, "Leases"), a random secret
   the seat is bound to, kept per session and sent with its heartbeats and
   release, so that nobody without it can release or keep alive the seat.
+- A seat handle, `await client.acquire_seat(...)`, keeps the seat the way
+  docs/protocol.md ("Writing a client") says a client must: every request
+  carries `ttl_ms`; one unanswered within the request timeout (or answered
+  REQUEST_EXPIRED) is sent again under a new id with the same lease, and a
+  reply to any attempt answers it; a QUEUED acquire waits for its GRANTED; a
+  task heartbeats at a third of the heartbeat timeout the service last gave
+  (the grant's, then each HEARTBEAT_UPDATED's), at once when the grant is old
+  news; `seat.lost()` says when and why the service took the seat; an acquire
+  given up on (cancelled, or no final answer in time) is undone by a release,
+  and a grant that still comes is released again; `seat.release()`, leaving
+  `async with seat:`, or leaving the client releases the seat.
 
-The __main__ below runs 200 concurrent acquire/release pairs from one client
-and prints a summary. Run it against a Redis with a `seatgate run` worker and
+The __main__ below runs 200 concurrent acquire/release pairs from one client,
+each through a seat handle (which heartbeats while a seat is held longer than
+a third of its timeout), and prints a summary. Run it against a Redis with a `seatgate run` worker and
 a provisioned license:
 
     pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
@@ -50,14 +62,19 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from seatgate_wire import (QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout, acquire_fields,
-                           add_common_args, redis_password, reply_stream, request_fields, stream_for)
+from seatgate_wire import (DEFAULT_HEARTBEAT_TIMEOUT_S, GRANTS, QUEUE_MARGIN_S, REPLY_PREFIX, REQUEST_EXPIRED,
+                           REQUESTS_STREAM, RETRY_LATER, Leases, ReplyTimeout, acquire_fields, add_common_args,
+                           clock_age_s, heartbeat_timeout_s, redis_password, reply_stream, request_fields,
+                           stream_for, ttl_field)
 
 # How long one XREAD blocks. The reader is stopped by cancelling it, so this
 # only bounds how long a silent connection goes unnoticed.
 READ_BLOCK_MS = 5000
 # Most XADDs per pipeline.
 WRITE_BATCH = 512
+# Attempts of one request whose replies a seat handle still awaits; older
+# ones are forgotten (with ttl_ms they have long expired).
+ATTEMPTS_KEPT = 4
 
 log = logging.getLogger("seatgate.async_client")
 
@@ -78,11 +95,18 @@ async def _close(r):
     await r.connection_pool.disconnect()
 
 
-class _Waiter:
-    """Where one request id's replies go."""
+class Reply(dict):
+    """A reply's fields (every value a string), and the id of its entry on
+    the reply stream: Redis's clock when it was written."""
+    entry_id = ""
 
-    def __init__(self, holds_slot):
-        self.replies = asyncio.Queue()
+
+class _Waiter:
+    """Where one request id's replies go: a queue of its own, or one it
+    shares with the other attempts of the same request."""
+
+    def __init__(self, holds_slot, replies=None):
+        self.replies = replies if replies is not None else asyncio.Queue()
         # Whether it still holds an in-flight slot (until its first reply).
         self.holds_slot = holds_slot
 
@@ -150,6 +174,12 @@ class SeatClient:
         self._tasks = []
         # The lease each (license, session) is bound to, sent with its later requests.
         self.leases = Leases()
+        # Seat handles not yet released, released when the client closes;
+        # the tasks undoing acquires given up on, awaited then while they
+        # still release, stopped once they only listen for late grants.
+        self._seats = set()
+        self._undoing = set()
+        self._listening = set()
         # Counters for the curious: replies without a waiter, read retries,
         # pipelines written, and the most requests in flight at once.
         self.stats = collections.Counter()
@@ -159,6 +189,18 @@ class SeatClient:
         return self
 
     async def __aexit__(self, *exc):
+        # Give back what is still held, and let undoing acquires finish,
+        # while the reader and writer still run.
+        for seat in list(self._seats):
+            try:
+                await seat.release()
+            except (ReplyTimeout, redis.RedisError, OSError) as e:
+                log.warning("could not release %s/%s on exit: %s", seat.license, seat.session, e)
+        if self._undoing:
+            await asyncio.gather(*self._undoing, return_exceptions=True)
+        for task in list(self._listening):
+            task.cancel()
+        await asyncio.gather(*self._listening, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -173,12 +215,12 @@ class SeatClient:
         """The requests stream (shard) that serves `license`."""
         return stream_for(self.requests_stream, self.shards, license)
 
-    async def request(self, op, license, session, **fields):
+    async def request(self, op, license, session, _replies=None, **fields):
         """Sends one request once an in-flight slot is free; returns its Pending."""
         await self._slots.acquire()
         request_id = uuid.uuid4().hex
         # Registered before the XADD: the reply may come before XADD returns.
-        self._waiters[request_id] = _Waiter(holds_slot=True)
+        self._waiters[request_id] = _Waiter(holds_slot=True, replies=_replies)
         self.stats["most_in_flight"] = max(self.stats["most_in_flight"], self.in_flight())
         request = request_fields(op, request_id, license, session, self.reply_to, fields)
         sent = asyncio.get_running_loop().create_future()
@@ -228,6 +270,88 @@ class SeatClient:
         reply = await self.call("release", license, session, timeout, **self.leases.field(license, session))
         self.leases.settle(license, session, reply)
         return reply
+
+    async def acquire_seat(self, license, session, meta=None, wait_s=0.0, lease=None, request_timeout=5.0,
+                           ttl_s=None, give_up_s=30.0, on_queued=None):
+        """Takes a seat and returns a Seat that keeps it (see the module's
+        doc); raises SeatRefused with the reply when the service says no
+        (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), ReplyTimeout when no attempt
+        is answered within `give_up_s` (or, once QUEUED, within the wait and a
+        margin). Every request carries `ttl_s` (default: `request_timeout`)."""
+        lease = self.leases.bind(license, session, lease)
+        ttl = ttl_field(request_timeout if ttl_s is None else ttl_s)
+        fields = {**acquire_fields(lease, meta, wait_s), **ttl}
+        acquire = _Exchange(self, "acquire", license, session, fields, request_timeout)
+        undo = True
+        try:
+            reply = await acquire.answer(time.monotonic() + give_up_s)
+            if reply.get("status") == "QUEUED":
+                # Decided: wait for GRANTED or QUEUE_TIMEOUT under the id of
+                # whichever attempt queued it last, and send nothing more.
+                if on_queued:
+                    on_queued(reply)
+                deadline = time.monotonic() + wait_s + request_timeout + QUEUE_MARGIN_S
+                while reply.get("status") in ("QUEUED", REQUEST_EXPIRED):
+                    reply = await acquire.next(deadline)
+                    if reply is None:
+                        raise ReplyTimeout(f"no final answer to the queued acquire of {license}/{session}")
+            if reply.get("status") not in GRANTS:
+                # One attempt answered is the whole story; with more, an older
+                # one might still be decided by a service that does not expire
+                # requests: undo that grant too.
+                undo = acquire.sent > 1
+                raise SeatRefused(reply)
+            undo = False
+        finally:
+            if undo:
+                task = asyncio.ensure_future(self._undo(acquire, license, session, {"lease": lease, **ttl},
+                                                        request_timeout, give_up_s))
+                self._undoing.add(task)
+                task.add_done_callback(self._undoing.discard)
+            else:
+                acquire.close()
+        timeout = heartbeat_timeout_s(reply, DEFAULT_HEARTBEAT_TIMEOUT_S)
+        # How long ago the seat's heartbeat clock started: the service says
+        # so (held_since_ms); else a clock started for this acquire started
+        # after its first attempt went out, and ALREADY_ACTIVE's may be older
+        # still, so it is taken as run out.
+        age = clock_age_s(reply, reply.entry_id)
+        if age is None:
+            age = timeout if reply.get("status") == "ALREADY_ACTIVE" else time.monotonic() - acquire.first_sent
+        return Seat(self, license, session, {"lease": lease, **ttl}, reply, timeout,
+                    max(0.0, timeout / 3 - age), request_timeout, give_up_s)
+
+    async def _undo(self, acquire, license, session, fields, request_timeout, give_up_s):
+        """Releases a session whose acquire was given up on (a queued one
+        leaves the queue), then releases again after any grant that still
+        comes to one of the acquire's attempts."""
+        task = asyncio.current_task()
+        try:
+            await self.exchange("release", license, session, fields, request_timeout, give_up_s)
+            self._undoing.discard(task)
+            self._listening.add(task)
+            until = time.monotonic() + give_up_s
+            while True:
+                reply = await acquire.next(until)
+                if reply is None:
+                    return
+                if reply.get("status") in GRANTS:
+                    log.info("releasing %s/%s, granted after its acquire was given up on", license, session)
+                    await self.exchange("release", license, session, fields, request_timeout, give_up_s)
+        except (ReplyTimeout, redis.RedisError, OSError) as e:
+            log.warning("could not undo the acquire of %s/%s: %s", license, session, e)
+        finally:
+            self._listening.discard(task)
+            acquire.close()
+
+    async def exchange(self, op, license, session, fields, request_timeout=5.0, give_up_s=30.0):
+        """Sends a request until one of its attempts is answered (see
+        _Exchange) or `give_up_s` passes (None: never); returns the reply."""
+        ex = _Exchange(self, op, license, session, fields, request_timeout)
+        try:
+            return await ex.answer(None if give_up_s is None else time.monotonic() + give_up_s)
+        finally:
+            ex.close()
 
     def in_flight(self):
         """Requests sent (or about to be) and not answered yet."""
@@ -290,7 +414,157 @@ class SeatClient:
                     if waiter.holds_slot:
                         waiter.holds_slot = False
                         self._slots.release()
-                    waiter.replies.put_nowait(fields)
+                    reply = Reply(fields)
+                    reply.entry_id = entry_id
+                    waiter.replies.put_nowait(reply)
+
+
+class SeatRefused(Exception):
+    """The service answered an acquire, and not with a seat; `reply` says why."""
+
+    def __init__(self, reply):
+        super().__init__(f"{reply.get('status')} {reply.get('error', '')}".strip())
+        self.reply = reply
+
+
+class _Exchange:
+    """One request carried through timeouts: every attempt under a new id
+    with the same fields (lease and ttl_ms included), all answering into one
+    queue, so that a reply to any attempt answers the request."""
+
+    def __init__(self, client, op, license, session, fields, request_timeout):
+        self.client, self.op, self.license, self.session = client, op, license, session
+        self.fields = fields
+        self.request_timeout = request_timeout
+        self.replies = asyncio.Queue()
+        self.ids = collections.deque()
+        self.sent = 0
+        self.first_sent = self.last_sent = time.monotonic()
+
+    async def send(self):
+        """One more attempt. A failed XADD (Redis unreachable) is only
+        logged: the next attempt follows after the request timeout."""
+        self.last_sent = time.monotonic()
+        if not self.sent:
+            self.first_sent = self.last_sent
+        self.sent += 1
+        try:
+            pending = await self.client.request(self.op, self.license, self.session, _replies=self.replies,
+                                                **self.fields)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            log.warning("cannot send %s for %s/%s (%s); trying again", self.op, self.license, self.session, e)
+            return
+        self.ids.append(pending.id)
+        if len(self.ids) > ATTEMPTS_KEPT:
+            self.client._unregister(self.ids.popleft())
+
+    async def next(self, until):
+        """The next reply to any attempt, or None once `until` (monotonic) passes."""
+        try:
+            return await asyncio.wait_for(self.replies.get(), max(0.0, until - time.monotonic()))
+        except asyncio.TimeoutError:
+            return None
+
+    async def answer(self, give_up=None):
+        """The first reply that is not REQUEST_EXPIRED. Sends the first
+        attempt, another after each request timeout without a reply and at
+        once when the latest expired; gives up at `give_up` (None: never)."""
+        if not self.sent:
+            await self.send()
+        while True:
+            until = self.last_sent + self.request_timeout
+            if give_up is not None:
+                until = min(until, give_up)
+            reply = await self.next(until)
+            if reply is None:
+                if give_up is not None and time.monotonic() >= give_up:
+                    raise ReplyTimeout(f"no reply to {self.op} {self.license}/{self.session} "
+                                       f"after {self.sent} attempts")
+                await self.send()
+            elif reply.get("status") == REQUEST_EXPIRED:
+                if self.ids and reply.get("id") == self.ids[-1]:
+                    await self.send()
+            else:
+                return reply
+
+    def close(self):
+        """Stops waiting for any attempt's reply."""
+        while self.ids:
+            self.client._unregister(self.ids.popleft())
+
+
+class Seat:
+    """A seat the session holds, kept by a heartbeat task of its own.
+
+    `state` is "held", "lost" or "released"; `lost_status` the status that
+    took it (SESSION_NOT_ACTIVE, SESSION_REVOKED, LEASE_MISMATCH, ...);
+    `heartbeat_timeout` the one the service last gave, in seconds;
+    `heartbeats` how many were answered. `await seat.lost()` returns when the
+    seat is no longer held. `async with seat:` releases it on the way out."""
+
+    def __init__(self, client, license, session, fields, grant, timeout, first_pause, request_timeout, give_up_s):
+        self.client, self.license, self.session = client, license, session
+        self.grant = grant
+        self.lease = fields["lease"]
+        self._fields = fields
+        self._request_timeout, self._give_up_s = request_timeout, give_up_s
+        self.state = "held"
+        self.lost_status = None
+        self.heartbeat_timeout = timeout
+        self.heartbeats = 0
+        self._gone = asyncio.Event()
+        self._task = asyncio.ensure_future(self._heartbeat(first_pause))
+        client._seats.add(self)
+
+    async def lost(self):
+        """Waits until the seat is no longer held; its state then."""
+        await self._gone.wait()
+        return self.state
+
+    async def release(self):
+        """Stops heartbeating and gives the seat back; the reply (RELEASED,
+        or SESSION_NOT_FOUND when it was already gone)."""
+        self.client._seats.discard(self)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        reply = await self.client.exchange("release", self.license, self.session, self._fields,
+                                           self._request_timeout, self._give_up_s)
+        self.client.leases.settle(self.license, self.session, reply)
+        if self.state == "held":
+            self.state = "released"
+        self._gone.set()
+        return reply
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        if self in self.client._seats:
+            await self.release()
+
+    async def _heartbeat(self, pause):
+        """Heartbeats, the first after `pause`, then at a third of the
+        timeout last heard, until cancelled or the seat is lost."""
+        while True:
+            await asyncio.sleep(pause)
+            reply = await self.client.exchange("heartbeat", self.license, self.session, self._fields,
+                                               self._request_timeout, None)
+            status = reply.get("status")
+            if status == "HEARTBEAT_UPDATED":
+                # A service that does not send the timeout on heartbeats
+                # leaves the grant's in force.
+                self.heartbeat_timeout = heartbeat_timeout_s(reply, self.heartbeat_timeout)
+                self.heartbeats += 1
+                pause = self.heartbeat_timeout / 3
+            elif status in RETRY_LATER:
+                pause = self.heartbeat_timeout / 6
+            else:
+                log.warning("lost the seat of %s/%s: %s %s", self.license, self.session, status,
+                            reply.get("error", ""))
+                self.state, self.lost_status = "lost", status
+                self.client._seats.discard(self)
+                self._gone.set()
+                return
 
 
 def percentile(values, p):
@@ -302,22 +576,29 @@ async def pairs(args):
     password = redis_password()
     statuses = collections.Counter()
     latencies = []
+    heartbeats = []
 
     async with SeatClient(args.redis_url, app=args.app, shards=args.shards,
                           max_in_flight=args.max_in_flight, password=password) as client:
         async def pair(i):
             session = f"py-async-{i}"
             started = time.monotonic()
-            got = await client.acquire(args.license, session, meta={"client": "python_async_client.py"},
-                                       wait_s=args.wait, timeout=args.timeout,
-                                       on_queued=lambda r: statuses.update(["QUEUED"]))
-            latencies.append(time.monotonic() - started)
-            statuses[got["status"]] += 1
-            if got.get("ok") != "1":
+            try:
+                seat = await client.acquire_seat(args.license, session, meta={"client": "python_async_client.py"},
+                                                 wait_s=args.wait, request_timeout=args.timeout,
+                                                 on_queued=lambda r: statuses.update(["QUEUED"]))
+            except SeatRefused as refused:
+                latencies.append(time.monotonic() - started)
+                statuses[refused.reply["status"]] += 1
                 return
+            latencies.append(time.monotonic() - started)
+            statuses[seat.grant["status"]] += 1
             await asyncio.sleep(args.hold)
+            if seat.state == "lost":
+                statuses[f"LOST:{seat.lost_status}"] += 1
+            heartbeats.append(seat.heartbeats)
             started = time.monotonic()
-            gone = await client.release(args.license, session, timeout=args.timeout)
+            gone = await seat.release()
             latencies.append(time.monotonic() - started)
             statuses[gone["status"]] += 1
 
@@ -335,6 +616,7 @@ async def pairs(args):
           "(acquire: until the final reply, queue wait included)")
     print(f"  pipelines:   {stats.get('pipelines', 0)} written, most in flight at once {stats.get('most_in_flight', 0)}, "
           f"replies without a waiter {stats.get('unclaimed', 0)}, read retries {stats.get('read_retries', 0)}")
+    print(f"  seats:       {sum(heartbeats)} heartbeats while held, at most {max(heartbeats, default=0)} for one seat")
     for e in errors[:5]:
         print(f"  error: {e!r}", file=sys.stderr)
     if errors:

@@ -25,6 +25,16 @@ QUEUE_MARGIN_S = 30.0
 LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 # Replies after which the session's seat or place is given back (or was never held).
 GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
+# Replies by which the session holds a seat.
+GRANTS = {"ACQUIRED", "ALREADY_ACTIVE", "GRANTED"}
+# A request that reached a worker after its ttl_ms: nothing changed, send it
+# again (under a new id).
+REQUEST_EXPIRED = "REQUEST_EXPIRED"
+# Replies to a heartbeat that decide nothing about the seat: try again sooner.
+RETRY_LATER = {"RATE_LIMITED", "ERROR"}
+# What a client assumes when a grant carries no heartbeat_timeout_ms (the
+# service's default, sessions.heartbeat_timeout_ms).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 90.0
 
 
 class ReplyTimeout(Exception):
@@ -53,6 +63,36 @@ def request_fields(op, request_id, license, session, reply_to, extra):
     """One request entry's fields, every value a string."""
     return {"op": op, "id": request_id, "license": license, "session": session,
             "reply_to": reply_to, **{k: str(v) for k, v in extra.items()}}
+
+
+def ttl_field(ttl_s):
+    """The `ttl_ms` field: the request is decided within `ttl_s` seconds of
+    reaching Redis or not at all (REQUEST_EXPIRED). Keep it at most the reply
+    timeout, so that a request given up on can no longer be decided after the
+    one sent in its place."""
+    return {"ttl_ms": str(max(1, int(ttl_s * 1000)))}
+
+
+def heartbeat_timeout_s(reply, default):
+    """The license's heartbeat timeout in seconds, from a reply that carries
+    it (ACQUIRED, ALREADY_ACTIVE, GRANTED, HEARTBEAT_UPDATED), else `default`."""
+    try:
+        ms = int(reply.get("heartbeat_timeout_ms", ""))
+    except ValueError:
+        return default
+    return ms / 1000 if ms > 0 else default
+
+
+def clock_age_s(reply, reply_entry_id):
+    """How long before its writing the seat's heartbeat clock started, both
+    on Redis's clock: the reply entry's id against its `held_since_ms`. None
+    when the reply does not carry it."""
+    try:
+        held_since = int(reply["held_since_ms"])
+        written = int(reply_entry_id.split("-")[0])
+    except (KeyError, ValueError):
+        return None
+    return max(0, written - held_since) / 1000
 
 
 def redis_password():

@@ -18,7 +18,6 @@ use seatgate::db::Db;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::Error;
-use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::support::*;
 
@@ -372,24 +371,6 @@ async fn the_last_clone_stops_the_reader_and_deletes_the_reply_stream() {
 
 // ---------------------------------------------------------------------------
 // The seat handle.
-
-/// Reaper passes every 200 ms until the guard drops, so that a seat nobody
-/// heartbeats is evicted soon after its timeout.
-async fn reaping(s: &Settings) -> DropGuard {
-    let reaper = reaper(s).await;
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        while !token.is_cancelled() {
-            reaper.pass().await.expect("reaper pass");
-            tokio::select! {
-                _ = token.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-    });
-    stop.drop_guard()
-}
 
 /// The heartbeat timeout and heartbeat count of a held seat; panics otherwise.
 fn held(seat: &Seat) -> (Duration, u64) {

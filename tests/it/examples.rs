@@ -24,7 +24,8 @@ use seatgate::db::Db;
 use tokio::sync::mpsc;
 
 use crate::support::{
-    holders, output, put_license, seatgate_cmd, spawn_app, Spawned, TestApp, WorkerProcess,
+    holders, output, provision, put_license, reaping, seatgate_cmd, seats_with_timeout, spawn_app, Spawned,
+    TestApp, WorkerProcess,
 };
 
 /// How long one run of an example may take before the test gives up on it.
@@ -583,6 +584,32 @@ async fn async_client_answers_every_concurrent_pair() {
     assert_eq!(opened, 2, "connections the async client opened: {run}");
     assert!(holders(&s, "demo").await.is_empty());
     assert!(reply_streams(&mut con, &s.replies.prefix).await.is_empty());
+}
+
+/// python_async_client.py's seat handles keep their seats: 4 seats held
+/// 3 s each at a 1.5 s heartbeat timeout, with a reaper every 200 ms. A
+/// seat not heartbeated would be evicted and its release answered
+/// SESSION_NOT_FOUND.
+#[tokio::test]
+async fn async_client_seat_handles_heartbeat_while_held() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    provision(&s, "beat", &seats_with_timeout(4, 1500)).await;
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let _reaping = reaping(&s).await;
+    let args = ["--license", "beat", "--pairs", "4", "--hold", "3", "--wait", "0"];
+    let run = Running::run(async_client(&redis.url(), &args).await).await;
+    assert_eq!(run.status.code(), Some(0), "{run}");
+    assert_eq!(run.stderr, "", "no warnings or errors");
+    assert_eq!(run.summary("replies:"), "ACQUIRED 4, RELEASED 4", "{run}");
+    let beats: u64 = run
+        .summary("seats:")
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no heartbeat count: {run}"));
+    // Every 0.5 s for 3 s: about 5 per seat.
+    assert!(beats >= 4 * 4, "{beats} heartbeats: {run}");
+    assert!(holders(&s, "beat").await.is_empty());
 }
 
 /// With `stream.shards` = 3, python_client.py finds the shard count in

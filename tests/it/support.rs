@@ -26,7 +26,7 @@ use seatgate::engine::scripts::{Guard, Outcome, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
 use seatgate::runtime::reaper::Reaper;
 use seatgate::runtime::worker::Worker;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use seatgate::tools::local_redis::{LocalCluster, LocalRedis as RedisServer};
 
@@ -666,6 +666,24 @@ pub async fn send_alone(s: &Settings, request: &Call) -> (ReplyMsg, String, Clie
     let id = c.send(request).await.unwrap();
     let first = c.wait_for(&id, T).await.unwrap();
     (first, id, c)
+}
+
+/// Reaper passes every 200 ms until the guard drops, so that a seat nobody
+/// heartbeats is evicted soon after its timeout.
+pub async fn reaping(s: &Settings) -> DropGuard {
+    let reaper = reaper(s).await;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        while !token.is_cancelled() {
+            reaper.pass().await.expect("reaper pass");
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    stop.drop_guard()
 }
 
 /// A reaper as `s` configures it, on its own connection.
