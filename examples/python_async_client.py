@@ -248,11 +248,12 @@ class SeatClient:
         return self.leases.get(license, session)
 
     async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
-        """Takes a seat, waiting up to `wait_s` seconds in the license's queue
+        """One acquire, no more (acquire_seat re-sends, heartbeats and
+        releases for you); it carries ttl_ms = `timeout`. Takes a seat, waiting up to `wait_s` seconds in the license's queue
         when none is free, bound to `lease` (default: the one held for the
         session, else a new random one). Returns the final reply;
         `on_queued(reply)` is called with the QUEUED reply, if any."""
-        fields = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s)
+        fields = {**acquire_fields(self.leases.bind(license, session, lease), meta, wait_s), **ttl_field(timeout)}
         async with await self.request("acquire", license, session, **fields) as pending:
             reply = await pending.reply(timeout)
             if reply.get("status") != "QUEUED":
@@ -263,11 +264,13 @@ class SeatClient:
 
     async def heartbeat(self, license, session, timeout=5.0):
         """Keeps the session's seat alive, with the lease it was acquired with."""
-        return await self.call("heartbeat", license, session, timeout, **self.leases.field(license, session))
+        return await self.call("heartbeat", license, session, timeout, **self.leases.field(license, session),
+                               **ttl_field(timeout))
 
     async def release(self, license, session, timeout=5.0):
         """Gives the session's seat back (or leaves the queue), with its lease."""
-        reply = await self.call("release", license, session, timeout, **self.leases.field(license, session))
+        reply = await self.call("release", license, session, timeout, **self.leases.field(license, session),
+                                **ttl_field(timeout))
         self.leases.settle(license, session, reply)
         return reply
 

@@ -51,7 +51,7 @@ import redis
 
 from seatgate_wire import (CONFIG_KEY, QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout,
                            acquire_fields, add_common_args, redis_password, reply_stream, request_fields,
-                           stream_for)
+                           stream_for, ttl_field)
 
 
 class SeatClient:
@@ -98,10 +98,12 @@ class SeatClient:
         return reply
 
     def call(self, op, license, session, extra, timeout):
-        """Sends one request and returns its first reply as a dict of strings."""
+        """Sends one request and returns its first reply as a dict of strings.
+        It carries ttl_ms = `timeout`: one not decided by then never will be
+        (REQUEST_EXPIRED), so a caller may send it again."""
         deadline = time.monotonic() + timeout
         request_id = uuid.uuid4().hex
-        request = request_fields(op, request_id, license, session, self.reply_to, extra)
+        request = request_fields(op, request_id, license, session, self.reply_to, {**extra, **ttl_field(timeout)})
         # XADD and the first XREAD BLOCK in one round trip: Redis runs one
         # connection's commands in order, so the read starts after the request
         # is on the stream, and usually returns with the reply.

@@ -124,6 +124,8 @@ pub struct Seat {
     client: Client,
     /// The reply that granted it (ACQUIRED, ALREADY_ACTIVE or GRANTED).
     grant: ReplyMsg,
+    /// The lease the seat is bound to.
+    lease: Lease,
     /// What a release of the seat sends (its lease and ttl filled in).
     release: Call,
     /// How to send.
@@ -238,6 +240,7 @@ impl Client {
         Ok(Seat {
             client: self.clone(),
             grant: reply,
+            lease,
             release,
             opts: opts.clone(),
             state,
@@ -261,9 +264,7 @@ impl Seat {
 
     /// The lease the seat is bound to.
     pub fn lease(&self) -> &Lease {
-        self.grant
-            .lease()
-            .unwrap_or_else(|| unreachable!("a seat's calls carry its lease"))
+        &self.lease
     }
 
     /// The reply that granted the seat (ACQUIRED, ALREADY_ACTIVE or GRANTED).

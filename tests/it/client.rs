@@ -656,3 +656,57 @@ async fn an_acquire_given_up_in_the_queue_is_undone() {
     assert!(holders(&settings, "lic").await.is_empty());
     worker.stop().await;
 }
+
+/// `seatgate acquire/release/heartbeat` send `ttl_ms`: `client.ttl_ms`
+/// unless `--ttl` says otherwise; `--ttl 0s` is refused as a usage error.
+#[tokio::test]
+async fn the_cli_sends_ttl_ms_with_every_request() {
+    let TestApp(redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let url = redis.url();
+    let acquired = output(seatgate_cmd(
+        &url,
+        &["acquire", "--license", "lic", "--session", "s1"],
+    ))
+    .await;
+    assert!(acquired.status.success(), "{acquired:?}");
+    let lease = printed_lease(&String::from_utf8_lossy(&acquired.stdout));
+    let released = output(seatgate_cmd(
+        &url,
+        &[
+            "release",
+            "--license",
+            "lic",
+            "--session",
+            "s1",
+            "--lease",
+            &lease,
+            "--ttl",
+            "2500ms",
+        ],
+    ))
+    .await;
+    assert!(released.status.success(), "{released:?}");
+    let zero = output(seatgate_cmd(
+        &url,
+        &["heartbeat", "--license", "lic", "--session", "s1", "--ttl", "0s"],
+    ))
+    .await;
+    assert_eq!(zero.status.code(), Some(2), "{zero:?}");
+
+    let sent: Vec<(String, String)> = stream_entries(&mut con, &settings.stream.requests)
+        .await
+        .into_iter()
+        .map(|e| (e["op"].clone(), e["ttl_ms"].clone()))
+        .collect();
+    let default = settings.client.ttl_ms.to_string();
+    assert_eq!(
+        sent,
+        [
+            ("acquire".to_owned(), default),
+            ("release".to_owned(), "2500".to_owned())
+        ]
+    );
+    worker.stop().await;
+}
