@@ -215,16 +215,7 @@ impl Client {
         let heartbeat_timeout = reply
             .heartbeat_timeout()
             .unwrap_or_else(|| self.default_heartbeat_timeout());
-        // How long ago the seat's heartbeat clock started. The service says
-        // so (`held_since_ms`) on replies that grant or replay a seat. Without
-        // it: a clock started for this acquire started after its first
-        // attempt went out; ALREADY_ACTIVE's may be older still (an earlier
-        // acquire of the session), so it is taken as run out.
-        let age = reply.clock_age().unwrap_or(match reply.status() {
-            Status::AlreadyActive => heartbeat_timeout,
-            _ => since_first_sent,
-        });
-        let first_pause = (heartbeat_timeout / 3).saturating_sub(age);
+        let first_pause = first_pause(&reply, heartbeat_timeout, since_first_sent);
         let state = Arc::new(watch::Sender::new(SeatState::Held {
             heartbeat_timeout,
             heartbeats: 0,
@@ -340,6 +331,20 @@ impl Drop for Seat {
             }
         });
     }
+}
+
+/// How long after `grant` the first heartbeat goes out: a third of the
+/// timeout after the seat's heartbeat clock started. The service says when
+/// that was (`held_since_ms`) on replies that grant or replay a seat.
+/// Without it: a clock started for this acquire started after its first
+/// attempt went out, `since_first_sent` ago; ALREADY_ACTIVE's may be older
+/// still (an earlier acquire of the session), so it is taken as run out.
+fn first_pause(grant: &ReplyMsg, heartbeat_timeout: Duration, since_first_sent: Duration) -> Duration {
+    let age = grant.clock_age().unwrap_or(match grant.status() {
+        Status::AlreadyActive => heartbeat_timeout,
+        _ => since_first_sent,
+    });
+    (heartbeat_timeout / 3).saturating_sub(age)
 }
 
 /// `call`'s license, session, lease and ttl in a request `op`, with
@@ -583,5 +588,82 @@ impl Exchange {
                 None => self.send().await?,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn grant(status: &str, written_ms: Option<u64>, held_since_ms: Option<u64>) -> ReplyMsg {
+        let mut fields = BTreeMap::from([("status".to_owned(), status.to_owned())]);
+        if let Some(ms) = held_since_ms {
+            fields.insert("held_since_ms".to_owned(), ms.to_string());
+        }
+        ReplyMsg {
+            fields,
+            lease: None,
+            written_ms,
+        }
+    }
+
+    #[test]
+    fn the_first_heartbeat_comes_a_third_of_the_timeout_after_the_clock_started() {
+        let timeout = Duration::from_millis(3000);
+        let ms = Duration::from_millis;
+        // The service says when the clock started: its age counts, not ours.
+        let fresh = grant("GRANTED", Some(10_000), Some(9_800));
+        assert_eq!(first_pause(&fresh, timeout, ms(5000)), ms(800));
+        let old = grant("GRANTED", Some(10_000), Some(6_000));
+        assert_eq!(
+            first_pause(&old, timeout, ms(10)),
+            Duration::ZERO,
+            "old news: at once"
+        );
+        // Without held_since_ms: counted from the acquire's first attempt...
+        assert_eq!(
+            first_pause(&grant("ACQUIRED", Some(10_000), None), timeout, ms(300)),
+            ms(700)
+        );
+        assert_eq!(
+            first_pause(&grant("GRANTED", None, None), timeout, ms(4000)),
+            Duration::ZERO
+        );
+        // ...except ALREADY_ACTIVE, whose clock may be older than the acquire.
+        assert_eq!(
+            first_pause(&grant("ALREADY_ACTIVE", Some(10_000), None), timeout, ms(1)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            first_pause(
+                &grant("ALREADY_ACTIVE", Some(10_000), Some(9_900)),
+                timeout,
+                ms(1)
+            ),
+            ms(900)
+        );
+    }
+
+    #[test]
+    fn a_seat_call_keeps_the_lease_and_ttl_and_drops_the_acquires_own_fields() {
+        let lease = Lease::parse("abcdefghijklmnop").unwrap();
+        let acquire = Call::new(Op::Acquire, "lic", "s1")
+            .with_meta("{}")
+            .with_wait(500)
+            .with_lease(lease)
+            .with_ttl(Duration::from_secs(2));
+        let heartbeat = seat_call(&acquire, Op::Heartbeat);
+        assert_eq!(
+            heartbeat.fields(),
+            [
+                ("op", "heartbeat".to_owned()),
+                ("license", "lic".to_owned()),
+                ("session", "s1".to_owned()),
+                ("lease", "abcdefghijklmnop".to_owned()),
+                ("ttl_ms", "2000".to_owned()),
+            ]
+        );
     }
 }

@@ -710,3 +710,46 @@ async fn the_cli_sends_ttl_ms_with_every_request() {
     );
     worker.stop().await;
 }
+
+/// An administrator revokes a handle's seat: the handle's next heartbeat
+/// hears SESSION_REVOKED, `lost()` returns it, and dropping the lost
+/// handle sends nothing more.
+#[tokio::test]
+async fn a_seat_handle_reports_the_status_that_took_its_seat() {
+    let TestApp(_redis, settings, _) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(1, 1500)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let seat = c
+        .acquire_seat(&acquire("lic", "s1", 0), &SeatOptions::default())
+        .await
+        .unwrap();
+    let admin = Client::connect_admin(&settings).await.unwrap();
+    let revoke = seatgate::client::Revoke {
+        license: "lic".into(),
+        session: "s1".into(),
+        reason: "audit".into(),
+        actor: "ada".into(),
+        cooldown_ms: 0,
+    };
+    assert_eq!(admin.revoke(&revoke, T).await.unwrap().status(), Status::Revoked);
+    let lost = tokio::time::timeout(T, seat.lost())
+        .await
+        .expect("the handle heard");
+    match lost {
+        SeatState::Lost { status, error } => {
+            assert_eq!(status, Status::SessionRevoked);
+            assert!(error.contains("audit"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let sent = requests_written(&settings).await;
+    drop(seat);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        requests_written(&settings).await,
+        sent,
+        "no release for a lost seat"
+    );
+    worker.stop().await;
+}
