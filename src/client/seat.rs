@@ -58,10 +58,11 @@ pub struct SeatOptions {
     /// How long to wait for a reply before sending the request again
     /// under a new id (same lease).
     pub request_timeout: Duration,
-    /// The `ttl_ms` every request carries; `None`: the client's
-    /// `client.ttl_ms` (unless the acquire's [`Call`] has its own). Keep it
-    /// at most `request_timeout`: only then is a request given up on sure
-    /// to be decided, if ever, before the one sent in its place.
+    /// The `ttl_ms` every request carries (unless the acquire's [`Call`]
+    /// has its own); `None`: the client's `client.ttl_ms`, but at most
+    /// `request_timeout`. Keep it at most `request_timeout`: only then is a
+    /// request given up on sure to be decided, if ever, before the one sent
+    /// in its place.
     pub ttl: Option<Duration>,
     /// How long an acquire (before any QUEUED) or a release goes on
     /// sending before it gives up with [`Error::ReplyTimeout`]. Heartbeats
@@ -163,7 +164,7 @@ impl Client {
             .ok_or_else(|| Error::Client("cannot make a lease".into()))?;
         let ttl_ms = call
             .ttl_ms
-            .unwrap_or_else(|| duration_ms(opts.ttl.unwrap_or(self.default_ttl())));
+            .unwrap_or_else(|| duration_ms(opts.ttl.unwrap_or(self.default_ttl().min(opts.request_timeout))));
         let acquire = Call {
             lease: Some(lease.clone()),
             ttl_ms: Some(ttl_ms),

@@ -529,7 +529,8 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
     let c = client(&settings).await;
     let opts = SeatOptions {
         request_timeout: Duration::from_secs(1),
-        ttl: Some(Duration::from_secs(1)),
+        // The client's 5 s ttl, capped at the request timeout.
+        ttl: None,
         give_up_after: Duration::from_secs(20),
     };
     let acquiring = tokio::spawn({
@@ -565,7 +566,10 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
             seat.lease().as_str(),
             "every attempt under the same lease"
         );
-        assert_eq!(e["ttl_ms"], "1000", "every attempt with its ttl");
+        assert_eq!(
+            e["ttl_ms"], "1000",
+            "every attempt with a ttl of its request timeout"
+        );
     }
 
     // Thawed, the worker decides the attempt it held (ALREADY_ACTIVE from a
