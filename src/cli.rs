@@ -303,7 +303,8 @@ enum LicenseCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a license with its sessions.
+    /// Delete a license: every seat on it ends (an `evicted` event, reason
+    /// `license_deleted`) and every waiter gets LICENSE_NOT_FOUND.
     Delete {
         /// License id.
         license: String,
