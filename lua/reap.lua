@@ -35,7 +35,7 @@
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
            linger_ended, seats_lingering, seats_borrowed, stale, due,
-           heartbeat_timeout_ms}
+           heartbeat_timeout_ms, deleted}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -56,6 +56,9 @@
                  reaper files them.
     heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
                  reply carries
+    deleted      sessions whose seat ended because the license record is
+                 gone (each a seat-freed event, reason license_deleted); its
+                 waiters' LICENSE_NOT_FOUND notes are in `notes`
   src/engine/scripts/reply.rs decodes this reply (Reaped).
   Emits no events: the reaper publishes them from the reply.
 ]]
@@ -69,6 +72,7 @@ local rcall = redis.call
 --- @include "policy"
 --- @include "grant"
 --- @include "due"
+--- @include "deleted"
 
 -- The note (outbox.lua) of outbox field `id` and its decoded record `n`.
 -- Here, not in outbox.lua: only the reaper hands out notes again, and a
@@ -132,6 +136,23 @@ end
 
 local now = now_ms()
 local notes = {}
+
+-- The record is gone: end what is left on the license, hand out its outbox.
+if rcall('EXISTS', K.license) == 0 then
+  local deleted, more = end_deleted(now, notes, limit)
+  local fresh = {}
+  for _, n in ipairs(notes) do
+    fresh[n[6]] = true
+  end
+  local redeliver, next_cursor, next_pending = scan_outbox(now, fresh)
+  if next_cursor ~= '' or #next_pending > 0 then
+    more = 1
+  end
+  local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
+  return {0, 0, now, {}, notes, more, 0, redeliver, next_cursor, next_pending, {}, {}, 0, 0, stale_at, work_at,
+    default_timeout, deleted}
+end
+
 local license = license_state(now)
 -- The license's own timeout when it is valid; else the default (a record
 -- that breaks its rules still has its stale sessions evicted).
@@ -172,4 +193,4 @@ end
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
   borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
-  stale_at, work_at, timeout}
+  stale_at, work_at, timeout, {}}

@@ -308,7 +308,8 @@ enum LicenseCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a license with its sessions.
+    /// Delete a license: every seat on it ends (an `evicted` event, reason
+    /// `license_deleted`) and every waiter gets LICENSE_NOT_FOUND.
     Delete {
         /// License id.
         license: String,
@@ -653,8 +654,14 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
             }
         }
         LicenseCommand::Delete { license } => {
-            if license::delete(&mut con, &keys, &license).await? {
-                println!("license {license} deleted");
+            let deleted = crate::runtime::reaper::Reaper::new(con.clone(), settings)
+                .delete_license(&license)
+                .await?;
+            if deleted.existed || deleted.seats + deleted.waits > 0 {
+                println!(
+                    "license {license} deleted; ended {} seats and {} waits",
+                    deleted.seats, deleted.waits
+                );
             } else {
                 eprintln!("seatgate: license {license} does not exist");
                 return Ok(ExitCode::from(EXIT_REFUSED));

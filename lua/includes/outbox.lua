@@ -6,8 +6,9 @@
   src/engine/scripts/reply.rs, Note):
     {kind, session, request_id, reply_to, waited_ms, note_id}
       kind      GRANTED (a waiter now holds a seat), QUEUE_TIMEOUT (a
-                waiter gave up) or SESSION_REVOKED (an administrator took
-                the waiter's place away, revoke.lua)
+                waiter gave up), SESSION_REVOKED (an administrator took
+                the waiter's place away, revoke.lua) or LICENSE_NOT_FOUND
+                (the license was deleted while it waited, deleted.lua)
       note_id   its field in the outbox: "<kind>:<session>:<now_ms>"
   The outbox record, the field's value, JSON:
     {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)

@@ -530,7 +530,10 @@ pub async fn list<C: ConnectionLike>(con: &mut C, keys: &Keys) -> Result<Vec<Lic
     Ok(out)
 }
 
-/// Deletes a license with its holders and sessions. Returns whether it existed.
+/// Drops a license's keys, holders and waiters with them, and ends nothing:
+/// no event ends a hold, no waiter hears. For tools that clean up licenses
+/// of their own; `seatgate license delete` ends every seat and wait first
+/// (`runtime::reaper::Reaper::delete_license`). Returns whether it existed.
 pub async fn delete<C: ConnectionLike>(con: &mut C, keys: &Keys, license: &str) -> Result<bool, Error> {
     check_id(license)?;
     let k = keys.license(license);

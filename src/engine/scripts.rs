@@ -25,7 +25,7 @@ use crate::error::Error;
 
 use includes::IncludeError;
 pub(crate) use reply::decode_outcome;
-pub use reply::{Decision, NoSeats, Note, OutboxCursor, Outcome, Reaped};
+pub use reply::{Decision, Deleted, NoSeats, Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script under `lua/`, one variant each, named after its file: the
 /// registry ([`Scripts`]) is indexed by it, and `runtime::metrics` derives
@@ -55,6 +55,8 @@ pub enum ScriptName {
     DueClaim,
     /// lua/due_settle.lua
     DueSettle,
+    /// lua/delete_license.lua
+    DeleteLicense,
 }
 
 impl ScriptName {
@@ -75,6 +77,7 @@ impl ScriptName {
                 | ScriptName::Heartbeat
                 | ScriptName::Revoke
                 | ScriptName::Reap
+                | ScriptName::DeleteLicense
         )
     }
 
@@ -92,6 +95,7 @@ impl ScriptName {
             ScriptName::Renew => include_str!("../../lua/renew.lua"),
             ScriptName::DueClaim => include_str!("../../lua/due_claim.lua"),
             ScriptName::DueSettle => include_str!("../../lua/due_settle.lua"),
+            ScriptName::DeleteLicense => include_str!("../../lua/delete_license.lua"),
         }
     }
 
@@ -364,6 +368,9 @@ impl<'a> SeatCallBuilder<'a> {
 /// A call of reap.
 pub type ReapCall<'a> = ScriptCall<'a, Reaped>;
 
+/// A call of delete_license.
+pub type DeleteLicenseCall<'a> = ScriptCall<'a, Deleted>;
+
 impl<T> ScriptCall<'_, T> {
     /// The script's name.
     pub fn name(&self) -> &'static str {
@@ -471,6 +478,21 @@ impl Scripts {
             name: ScriptName::Reap.as_str(),
             invocation: call,
             decoder: reply::decode_reaped,
+        }
+    }
+
+    /// lua/delete_license.lua: deletes the license record and ends up to
+    /// `limit` of its seats and `limit` of its waits; call again while the
+    /// step says `more`.
+    pub fn delete_license(&self, keys: &LicenseKeys, limit: usize) -> DeleteLicenseCall<'_> {
+        let mut call = license_keys(self.script(ScriptName::DeleteLicense), keys);
+        call.key(&keys.revoked) // KEYS[12]
+            .key(&keys.revocations) // KEYS[13]
+            .arg(limit); // ARGV[1]
+        ScriptCall {
+            name: ScriptName::DeleteLicense.as_str(),
+            invocation: call,
+            decoder: reply::decode_deleted,
         }
     }
 

@@ -229,10 +229,16 @@ impl Sweep {
             };
             let (used, queued, outbox) = (int(used), int(queued), int(outbox));
             let (lingering, borrowed) = (int(lingering), int(borrowed));
-            // As the scripts read it: a value that breaks the rule counts as no seats.
-            let total = redis::from_redis_value::<Option<String>>(total.clone())
+            let raw_total = redis::from_redis_value::<Option<String>>(total.clone())
                 .ok()
-                .flatten()
+                .flatten();
+            // Seats or waits on a license whose record is gone (deleted
+            // behind seatgate's back): due now, for reap.lua to end them,
+            // whatever time the index holds (a holder who keeps
+            // heartbeating would never make it due).
+            let deleted = raw_total.is_none() && used + queued > 0;
+            // As the scripts read it: a value that breaks the rule counts as no seats.
+            let total = raw_total
                 .and_then(|raw| Field::SeatsTotal.check(&raw).ok())
                 .map_or(0, |n| i64::try_from(n).unwrap_or(0));
             step.looked_at += 1;
@@ -244,7 +250,7 @@ impl Sweep {
                 lingering,
                 borrowed,
             });
-            if lacks(stale, due, used > 0, queued + outbox + lingering + borrowed > 0) {
+            if deleted || lacks(stale, due, used > 0, queued + outbox + lingering + borrowed > 0) {
                 missing.push(license.clone());
             }
         }

@@ -383,6 +383,11 @@ impl Publisher {
                 borrowed_until_ms: None,
                 error: match note.status {
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
+                    // The only note of this kind (lua/includes/deleted.lua).
+                    Status::LicenseNotFound => Some(format!(
+                        "the license was deleted while the session waited ({} ms)",
+                        note.waited_ms
+                    )),
                     other => other.refusal_reason().map(str::to_owned),
                 },
             };
@@ -407,6 +412,9 @@ impl Publisher {
         if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {
             let mut event = Event::new(kind, license, &note.session, seats.used, seats.total, seats.at_ms);
             event.waited_ms = Some(note.waited_ms);
+            if kind == EventType::Denied {
+                event.reason = Some(note.status.as_str());
+            }
             if kind == EventType::Granted {
                 event.user = self.user_of_session(con, license, &note.session).await;
             }

@@ -30,6 +30,7 @@ use crate::db::Db;
 use crate::engine::keys::DueKeys;
 use crate::engine::keys::Keys;
 use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
+use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::due::{DueIndex, Sweep};
 use crate::runtime::metrics::{self, LicenseSeats, SeatCensus, StreamHealth};
@@ -42,6 +43,9 @@ use crate::runtime::publish::{Event, EventType, Publisher};
 /// one: the claim marks each license in both halves of a 1,000,000-entry
 /// index).
 const DUE_PAGE: usize = 64;
+
+/// The `reason` of the `evicted` event that ends a seat of a deleted license.
+pub const LICENSE_DELETED: &str = "license_deleted";
 
 /// What one pass did, summed over licenses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +60,9 @@ pub struct PassReport {
     pub granted: usize,
     /// Waiters timed out.
     pub timed_out: usize,
+    /// Seats and waits ended because the license record was gone (deleted
+    /// behind seatgate's back).
+    pub deleted: usize,
     /// Sessions waiting after the pass, per license with a non-empty queue.
     pub queues: Vec<(String, i64)>,
     /// Seats and queue of every license reaped, as the pass left them.
@@ -69,6 +76,17 @@ pub struct PassReport {
     /// ended a round of the sweep over it (every pass, with fewer licenses
     /// than `reaper.sweep`).
     pub census: Option<SeatCensus>,
+}
+
+/// What `seatgate license delete` ended ([`Reaper::delete_license`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LicenseDeleted {
+    /// The license record existed (and is now deleted).
+    pub existed: bool,
+    /// Seats ended.
+    pub seats: usize,
+    /// Waits ended, each waiter told LICENSE_NOT_FOUND.
+    pub waits: usize,
 }
 
 /// Runs reaper passes.
@@ -294,7 +312,12 @@ impl Reaper {
         drop(sweep);
         metrics::reaper_pass(started.elapsed());
         match first_error {
-            Some(e) if report.evicted + report.ended + report.granted + report.timed_out == 0 => Err(e),
+            Some(e)
+                if report.evicted + report.ended + report.granted + report.timed_out + report.deleted
+                    == 0 =>
+            {
+                Err(e)
+            }
             _ => Ok(report),
         }
     }
@@ -344,6 +367,7 @@ impl Reaper {
                         report.ended += one.ended;
                         report.granted += one.granted;
                         report.timed_out += one.timed_out;
+                        report.deleted += one.deleted;
                         if one.queues.first().is_some_and(|(_, d)| *d > 0) {
                             report.queues.extend(one.queues);
                         }
@@ -423,6 +447,12 @@ impl Reaper {
                 }
             }
             report.ended += step.borrow_ended.len() + step.linger_ended.len();
+            if !step.deleted.is_empty() {
+                warn!(%license, seats = step.deleted.len(), "the license record is gone: ending its seats");
+                self.publish_deleted(&mut con, license, &step.deleted, step.now_ms)
+                    .await;
+                report.deleted += step.deleted.len();
+            }
             // New notes count once; redelivered ones (left in the outbox by a
             // deliverer that died) are only delivered again.
             let redelivered = step.redeliver.iter().map(|n| (n, false));
@@ -438,7 +468,8 @@ impl Reaper {
                     continue;
                 }
                 match note.status {
-                    crate::engine::status::Status::Granted => report.granted += 1,
+                    Status::Granted => report.granted += 1,
+                    Status::LicenseNotFound => report.deleted += 1,
                     _ => report.timed_out += 1,
                 }
             }
@@ -457,6 +488,82 @@ impl Reaper {
                 return Ok((report, (step.stale_ms, step.due_ms)));
             }
         }
+    }
+
+    /// Publishes the end of the seats `sessions` held on `license`, whose
+    /// record is gone, at `at_ms`: an `evicted` event each, reason
+    /// `license_deleted`, with no seats left (the license has none).
+    async fn publish_deleted(&self, con: &mut Db, license: &str, sessions: &[String], at_ms: i64) {
+        for session in sessions {
+            let mut event = Event::new(EventType::Evicted, license, session, 0, 0, at_ms);
+            event.reason = Some(LICENSE_DELETED);
+            self.publisher.event(con, &event).await;
+        }
+    }
+
+    /// `seatgate license delete`: deletes `license`'s record and ends
+    /// everything on it, in steps of lua/delete_license.lua (the first
+    /// deletes the record, so from then on no request gets a seat), each
+    /// publishing the end of the seats it ended (`evicted`, reason
+    /// `license_deleted`) and delivering its waiters' final LICENSE_NOT_FOUND
+    /// replies. Those are in the outbox until delivered: should this
+    /// process die first, the reaper delivers them (the license stays in
+    /// the due index while its outbox holds any).
+    pub async fn delete_license(&self, license: &str) -> Result<LicenseDeleted, Error> {
+        let keys = self.keys.license(license);
+        let mut con = self.con.clone();
+        let mut report = LicenseDeleted::default();
+        loop {
+            let started = Instant::now();
+            let step = Scripts::get()
+                .delete_license(&keys, self.batch.max(1))
+                .run(&mut con)
+                .await;
+            metrics::script_call(
+                "delete_license",
+                step.as_ref().map(|_| None).map_err(|_| ()),
+                started.elapsed(),
+            );
+            let step = step?;
+            report.existed |= step.existed;
+            self.publish_deleted(&mut con, license, &step.ended, step.now_ms)
+                .await;
+            report.seats += step.ended.len();
+            let seats = crate::engine::events::SeatsAt {
+                used: 0,
+                total: 0,
+                at_ms: step.now_ms,
+            };
+            for note in &step.notes {
+                let _ = self.publisher.deliver(&mut con, license, note, seats, true).await;
+                report.waits += 1;
+            }
+            if !step.more {
+                break;
+            }
+        }
+        // The index is another slot: a separate command, after the record.
+        let _: i64 = redis::cmd("SREM")
+            .arg(self.keys.license_index())
+            .arg(license)
+            .query_async(&mut con)
+            .await?;
+        // A reply whose delivery failed waits in the outbox for the reaper.
+        let undelivered: bool = redis::cmd("EXISTS")
+            .arg(&keys.outbox)
+            .query_async(&mut con)
+            .await?;
+        if undelivered {
+            let now_ms = self.redis_ms(&mut con).await?;
+            let _: i64 = self.due.file_due(license, now_ms).query_async(&mut con).await?;
+        }
+        Ok(report)
+    }
+
+    /// The Redis clock, ms.
+    async fn redis_ms(&self, con: &mut Db) -> Result<i64, Error> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+        Ok(secs * 1000 + micros / 1000)
     }
 
     /// A scheduled pass. Takes or renews the reaper lock first: a process
@@ -486,13 +593,14 @@ impl Reaper {
         let seats = match self.pass().await {
             Ok(r) => {
                 metrics::reaper_succeeded();
-                if r.evicted + r.ended + r.granted + r.timed_out > 0 {
+                if r.evicted + r.ended + r.granted + r.timed_out + r.deleted > 0 {
                     info!(
                         licenses = r.licenses,
                         evicted = r.evicted,
                         ended = r.ended,
                         granted = r.granted,
                         timed_out = r.timed_out,
+                        deleted = r.deleted,
                         "reaper pass"
                     );
                 }

@@ -439,6 +439,86 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     assert_eq!(denied, provoked, "ACL LOG: {log:?}");
 }
 
+/// `seatgate license delete` as the admin user ends what is on the license:
+/// it runs lua/delete_license.lua, publishes the holds' ends on the events
+/// stream, tells the waiter on its own app's reply stream and files the due
+/// index, all within what ops/redis-users.acl grants it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_user_may_delete_a_license_with_holders_and_waiters() {
+    let redis = AclRedis::start().await;
+    let settings = redis.settings();
+    let put = redis
+        .seatgate(ADMIN, &["license", "put", "cad", "--seats", "1"])
+        .await;
+    assert!(put.status.success(), "{put:?}");
+    let worker = WorkerProcess::start(&redis.url(), &redis.login(WORKER)).await;
+    let alice = redis.seatgate(CLIENT, &on_cad("acquire", "alice", &[])).await;
+    assert!(stdout(&alice).starts_with("ACQUIRED"), "{alice:?}");
+    let mut bob = Spawned(
+        redis
+            .command(CLIENT, &on_cad("acquire", "bob", &["--wait", "60s"]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let queue = license_keys(&settings, "cad").queue;
+    let mut root = redis.con_as(ROOT).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n: i64 = redis::cmd("ZCARD")
+            .arg(&queue)
+            .query_async(&mut root)
+            .await
+            .unwrap();
+        if n == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bob never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deleted = redis.seatgate(ADMIN, &["license", "delete", "cad"]).await;
+    assert!(deleted.status.success(), "{deleted:?}");
+    assert!(
+        stdout(&deleted).contains("ended 1 seats and 1 waits"),
+        "{deleted:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let code = loop {
+        if let Some(status) = bob.0.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "bob got no final reply: {deleted:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut out = String::new();
+    bob.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("LICENSE_NOT_FOUND"), "{out}");
+    let events: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg(&settings.events.stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert!(format!("{events:?}").contains("license_deleted"), "{events:?}");
+    drop(worker);
+    let log: Vec<HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .arg(1000)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    let denied: Vec<String> = log
+        .iter()
+        .filter_map(|e| e.get("object"))
+        .filter_map(|v| redis::from_redis_value::<String>(v.clone()).ok())
+        .filter(|object| object != "client|setinfo" && object != "config|get")
+        .collect();
+    assert!(denied.is_empty(), "ACL LOG: {log:?}");
+}
+
 /// ops/run-local.sh against a password-protected Redis: the password reaches
 /// seatgate and redis-cli through the environment only, and the URL it
 /// prints is masked.

@@ -5,6 +5,7 @@ mod acl;
 mod cli;
 mod client;
 mod cluster;
+mod delete;
 mod due;
 mod examples;
 mod faults;

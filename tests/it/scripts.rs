@@ -1061,3 +1061,78 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
     }
     assert_eq!(cases, ["hashtable", "hashtable", "listpack", "listpack"]);
 }
+
+/// One step of lua/delete_license.lua ending at most one seat and one wait.
+async fn delete_step(
+    con: &mut Db,
+    k: &seatgate::engine::keys::LicenseKeys,
+) -> seatgate::engine::scripts::Deleted {
+    Scripts::get().delete_license(k, 1).run(con).await.unwrap()
+}
+
+/// lua/delete_license.lua in steps of one: the record goes with the first,
+/// each ends a seat and a wait (a LICENSE_NOT_FOUND note in the outbox, as
+/// a QUEUE_TIMEOUT's), the last removes every other key; reap.lua ends a
+/// license whose record was deleted behind seatgate's back the same way.
+#[tokio::test]
+async fn deleting_a_license_ends_its_seats_and_waits_in_bounded_steps() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "cad", 2).await;
+    for (session, wait_ms) in [("a", 0), ("b", 0), ("w1", 60_000), ("w2", 60_000)] {
+        run(&mut con, &settings, "cad", Req::Acquire(session, wait_ms)).await;
+    }
+    let k = license_keys(&settings, "cad");
+    let first = delete_step(&mut con, &k).await;
+    assert!(first.existed && first.more);
+    assert_eq!(first.ended, ["a"]);
+    let note = &first.notes[0];
+    assert_eq!(
+        (note.status, note.session.as_str(), note.request_id.as_str()),
+        (Status::LicenseNotFound, "w1", "req-w1")
+    );
+    assert_eq!(note.reply_to, reply_stream(&settings, "w1"));
+    assert_eq!(note.note_id, format!("LICENSE_NOT_FOUND:w1:{}", first.now_ms));
+    // From the first step on, the license is gone for every request.
+    let late = run(&mut con, &settings, "cad", Req::Acquire("late", 60_000)).await;
+    assert_eq!(late.status(), Status::LicenseNotFound);
+
+    let second = delete_step(&mut con, &k).await;
+    assert!(!second.existed && second.more);
+    assert_eq!(second.ended, ["b"]);
+    assert_eq!(second.notes[0].session, "w2");
+    let last = delete_step(&mut con, &k).await;
+    assert!(!last.existed && !last.more && last.ended.is_empty() && last.notes.is_empty());
+    // Only the outbox is left, holding the two final replies.
+    for key in k.all() {
+        let exists: bool = con.exists(key).await.unwrap();
+        assert_eq!(exists, key == k.outbox, "{key}");
+    }
+    let outbox: usize = con.hlen(&k.outbox).await.unwrap();
+    assert_eq!(outbox, 2);
+
+    // Behind seatgate's back: a plain DEL of the record; the next reap step
+    // ends the seat and the wait, and reports the outbox due.
+    put_license(&settings, "lab", 1).await;
+    run(&mut con, &settings, "lab", Req::Acquire("x", 0)).await;
+    run(&mut con, &settings, "lab", Req::Acquire("y", 60_000)).await;
+    let _: i64 = con.del(license_keys(&settings, "lab").license).await.unwrap();
+    let gone = reap(&mut con, &settings, "lab", 10, 3_000, &OutboxCursor::start()).await;
+    assert_eq!(gone.deleted, ["x"]);
+    assert!(gone.evicted.is_empty());
+    let notes: Vec<(Status, &str)> = gone
+        .notes
+        .iter()
+        .map(|n| (n.status, n.session.as_str()))
+        .collect();
+    assert_eq!(notes, [(Status::LicenseNotFound, "y")]);
+    assert_eq!(
+        (
+            gone.seats_used,
+            gone.queue_depth,
+            gone.more,
+            gone.stale_ms,
+            gone.due_ms
+        ),
+        (0, 0, false, None, Some(gone.now_ms + 3_000))
+    );
+}

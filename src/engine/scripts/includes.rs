@@ -29,6 +29,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("request", include_str!("../../../lua/includes/request.lua")),
     ("grant", include_str!("../../../lua/includes/grant.lua")),
     ("revoked", include_str!("../../../lua/includes/revoked.lua")),
+    ("deleted", include_str!("../../../lua/includes/deleted.lua")),
 ];
 
 /// The directive, at the start of a line.

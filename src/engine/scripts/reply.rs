@@ -248,6 +248,10 @@ pub struct Reaped {
     pub due_ms: Option<i64>,
     /// The license's heartbeat timeout in force, ms.
     pub heartbeat_timeout_ms: Option<i64>,
+    /// Sessions whose seat ended because the license record is gone
+    /// (deleted behind seatgate's back; lua/includes/deleted.lua). Their
+    /// waiters' LICENSE_NOT_FOUND notes are in `notes`.
+    pub deleted: Vec<String>,
 }
 
 impl Reaped {
@@ -478,10 +482,10 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 17 {
+    if items.len() != 18 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 17", items.len()),
+            format!("reap step has {} slots, not 18", items.len()),
         ));
     }
     let heartbeat_timeout_ms = timeout(script, items.get(16))?;
@@ -509,6 +513,51 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         stale_ms: due(script, items.get(14), "stale")?,
         due_ms: due(script, items.get(15), "due")?,
         heartbeat_timeout_ms,
+        deleted: strings(&items[17], "deleted")?,
+    })
+}
+
+/// What one step of lua/delete_license.lua did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deleted {
+    /// This step deleted the license record (the first step of a delete
+    /// of a license that existed).
+    pub existed: bool,
+    /// The Redis server's time, ms: when the seats and waits ended.
+    pub now_ms: i64,
+    /// Sessions whose seat ended.
+    pub ended: Vec<String>,
+    /// A LICENSE_NOT_FOUND note per waiter whose wait ended.
+    pub notes: Vec<Note>,
+    /// Seats or waits are left: call again.
+    pub more: bool,
+}
+
+/// Decodes a delete step `{existed, now_ms, ended, notes, more}`
+/// (lua/delete_license.lua).
+pub(crate) fn decode_deleted(script: &'static str, value: Value) -> Result<Deleted, Error> {
+    let Value::Array(items) = value else {
+        return Err(bad(script, format!("expected an array, got {value:?}")));
+    };
+    if items.len() != 5 {
+        return Err(bad(
+            script,
+            format!("delete step has {} slots, not 5", items.len()),
+        ));
+    }
+    let ended = match &items[2] {
+        Value::Array(v) => v
+            .iter()
+            .map(|s| string(script, Some(s), "ended"))
+            .collect::<Result<_, _>>()?,
+        other => return Err(bad(script, format!("ended is not a list: {other:?}"))),
+    };
+    Ok(Deleted {
+        existed: flag(script, items.first(), "existed")?,
+        now_ms: int(script, items.get(1), "now_ms")?,
+        ended,
+        notes: notes(script, items.get(3), "notes", None)?,
+        more: flag(script, items.get(4), "more")?,
     })
 }
 
@@ -710,5 +759,6 @@ mod tests {
         no_timeout[10] = Value::Int(-1);
         assert!(decode_outcome("acquire", Value::Array(no_timeout)).is_err());
         assert!(decode_reaped("reap", Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(decode_deleted("delete_license", Value::Array(vec![Value::Int(1)])).is_err());
     }
 }

@@ -1,0 +1,39 @@
+--[[
+  delete_license: `seatgate license delete` (src/runtime/reaper.rs,
+  Reaper::delete_license). Deletes the license record and ends everything
+  on the license (includes/deleted.lua), atomically, at most ARGV[1] seats
+  and ARGV[1] waits per call: the first call deletes the record, so from
+  its moment on every request for the license is answered
+  LICENSE_NOT_FOUND and no seat is handed out; the caller calls again
+  while `more` says so. The revocation keys (KEYS[12..13]) go with the
+  last call; the outbox stays until its notes are delivered.
+
+  KEYS[1..11] the license keys (includes/keys.lua)
+  KEYS[12]    seat:{L}:revoked       (KEYS[16] of the request scripts)
+  KEYS[13]    seat:{L}:revocations   (KEYS[17] of the request scripts)
+  ARGV[1]     limit: most seats and most waits ended by this call
+
+  Returns {existed, now_ms, ended, notes, more}
+    existed  1 when this call deleted the record, else 0
+    now_ms   the Redis clock
+    ended    sessions whose seat ended (each an `evicted` event, reason
+             license_deleted)
+    notes    a LICENSE_NOT_FOUND note per waiter (includes/outbox.lua),
+             each also in the outbox until delivered
+    more     1 when seats or waits are left: call again
+  src/engine/scripts/reply.rs decodes this reply (Deleted).
+  Emits no events: the caller publishes them from the reply.
+]]
+local rcall = redis.call
+--- @include "keys"
+--- @include "clock"
+--- @include "deleted"
+
+local now = now_ms()
+local existed = rcall('DEL', K.license)
+local notes = {}
+local ended, more = end_deleted(now, notes, tonumber(ARGV[1]))
+if more == 0 then
+  rcall('DEL', KEYS[12], KEYS[13])
+end
+return {existed, now, ended, notes, more}
