@@ -12,6 +12,7 @@ mod hardening;
 mod invalid;
 mod lease;
 mod metrics;
+mod once;
 mod page;
 mod policy;
 mod prometheus;
