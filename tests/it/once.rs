@@ -6,11 +6,12 @@
 use std::time::{Duration, Instant};
 
 use seatgate::engine::keys::shard_name;
+use seatgate::engine::scripts::{Guard, GuardPolicy};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    add_request, client, create_group, events, holders, put_license, redis_ms, reply_stream, spawn_app,
-    spawn_worker, stream_entries, take, Entry, TestApp, T,
+    add_request, client, create_group, direct, events, holders, keys, license_keys, put_license, redis_ms,
+    reply_stream, spawn_app, spawn_worker, stream_entries, take, Entry, TestApp, T,
 };
 
 const LEASE: &str = "lease-of-the-one-client-0001";
@@ -201,4 +202,74 @@ async fn the_same_request_id_sent_twice_is_decided_once() {
         ("ACQUIRED", "s2")
     );
     assert_eq!(holders(&settings, "lic").await, ["s2"]);
+}
+
+/// The scripts themselves: past its deadline (ARGV[11]) every op answers
+/// REQUEST_EXPIRED and changes nothing: no seat, no place in the queue, no
+/// rate-limit hit, no revocation; a delivery again hears the same; in time,
+/// the same call decides.
+#[tokio::test]
+async fn past_its_deadline_every_op_changes_nothing() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    direct(&settings, "lic", "holder").acquire(&mut con).await;
+    let now = redis_ms(&mut con).await as u64;
+    let policy = GuardPolicy {
+        session_limit: 1,
+        license_limit: 1,
+        ..settings.guard_policy()
+    };
+    let guard = |entry: &str, session: &str, deadline_ms: u64| {
+        let mut g = Guard::for_entry(&policy, &keys(&settings), entry, "lic", session);
+        g.redelivery = true;
+        g.deadline_ms = deadline_ms;
+        g
+    };
+    let late = |session: &str, i: u64| {
+        direct(&settings, "lic", session).with_guard(guard(
+            &format!("{}-{i}", now - 10_000),
+            session,
+            now - 5_000,
+        ))
+    };
+    let hits = license_keys(&settings, "lic");
+    let count = |con: &mut seatgate::db::Db, key: String| {
+        let mut con = con.clone();
+        async move {
+            let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut con).await.unwrap();
+            n
+        }
+    };
+    let mut outcomes = vec![
+        late("waiter", 1).queue(&mut con, 60_000, "w-1", "").await,
+        late("holder", 2).heartbeat(&mut con).await,
+        late("holder", 3).release(&mut con).await,
+        late("holder", 4).revoke(&mut con, "audit", "ada", 60_000).await,
+    ];
+    outcomes.push(late("waiter", 1).queue(&mut con, 60_000, "w-1", "").await);
+    for o in &outcomes {
+        assert_eq!((o.status(), o.changed), (Status::RequestExpired, false), "{o:?}");
+    }
+    assert!(outcomes[4].replayed, "delivered again: the same answer");
+    assert_eq!(holders(&settings, "lic").await, ["holder"]);
+    let keys = keys(&settings);
+    for key in [
+        hits.queue.clone(),
+        hits.revoked.clone(),
+        keys.session_rate("lic", "waiter"),
+        keys.session_rate("lic", "holder"),
+        keys.license_rate("lic"),
+    ] {
+        assert_eq!(count(&mut con, key.clone()).await, 0, "{key}");
+    }
+    assert!(events(&settings, "lic").await.is_empty());
+
+    // In time, the same heartbeat is decided (and counted in the window).
+    let in_time =
+        direct(&settings, "lic", "holder").with_guard(guard(&format!("{now}-9"), "holder", now + 60_000));
+    assert_eq!(
+        in_time.heartbeat(&mut con).await.status(),
+        Status::HeartbeatUpdated
+    );
+    assert_eq!(count(&mut con, keys.session_rate("lic", "holder")).await, 1);
 }
