@@ -299,8 +299,8 @@ impl Guard {
     /// second, within a window of the first, must find the first's answer.
     /// A decision a window later falls in the next bucket at most, and the
     /// script always looks in the bucket before too. While the clock is not
-    /// known, the entry's time stands in for it (capped like
-    /// [`Guard::for_entry_at`]'s).
+    /// known (a direct call), the entry's time stands in for it; the script
+    /// caps the bucket's expiry by its own clock either way.
     pub fn for_request(
         policy: &GuardPolicy,
         keys: &crate::engine::keys::Keys,
