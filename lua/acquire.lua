@@ -3,16 +3,16 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
-  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
-              the service's heartbeat timeout (includes/request.lua); the
-              seat or place is bound to the lease, stored as a hash
-              (includes/lease.lua)
-  ARGV[11] metadata, a JSON object (validated by the worker)
-  ARGV[12] wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[13] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[14] reply_to of the request ('' = none)
-  ARGV[15] queue length limit when the license sets no queue_max
-  ARGV[16] who asks, for the license's policies (includes/policy.lua): ''
+  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
+              the service's heartbeat timeout and the request's deadline
+              (includes/request.lua); the seat or place is bound to the
+              lease, stored as a hash (includes/lease.lua)
+  ARGV[12] metadata, a JSON object (validated by the worker)
+  ARGV[13] wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[14] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[15] reply_to of the request ('' = none)
+  ARGV[16] queue length limit when the license sets no queue_max
+  ARGV[17] who asks, for the license's policies (includes/policy.lua): ''
            for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
              user, group  the ids the seat counts for ('' = none; validated
                           like session ids, so never containing '|')
@@ -54,6 +54,7 @@
     SESSION_REVOKED     an administrator revoked the session with a cooldown
                         that still lasts; detail = the revocation record
                         (includes/revoked.lua)
+    REQUEST_EXPIRED     read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them, and the heartbeat timeout in force
@@ -125,13 +126,13 @@ local function cooldown_of(session, now)
 end
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
-local meta = ARGV[11]
-local wait_ms, request_id, reply_to = tonumber(ARGV[12]), ARGV[13], ARGV[14]
-local default_queue_max = tonumber(ARGV[15])
+local meta = ARGV[12]
+local wait_ms, request_id, reply_to = tonumber(ARGV[13]), ARGV[14], ARGV[15]
+local default_queue_max = tonumber(ARGV[16])
 -- Who asks: nil for nobody in particular.
 local asker = nil
-if ARGV[16] ~= '' then
-  local user, group, priority, borrow_ms = string.match(ARGV[16], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+if ARGV[17] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[17], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
 end
 

@@ -3,9 +3,10 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua); the queue keys are not touched
-  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
-              the service's heartbeat timeout (includes/request.lua); the
-              lease must be the one the seat is bound to, if any
+  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
+              the service's heartbeat timeout and the request's deadline
+              (includes/request.lua); the lease must be the one the seat is
+              bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
     HEARTBEAT_UPDATED   last heartbeat set to now, count incremented;
@@ -21,6 +22,7 @@
     LEASE_MISMATCH      the seat is bound to another lease; nothing changed,
                         and the refusal is not counted in the rate limits
     RATE_LIMITED        too many requests from this session or license
+    REQUEST_EXPIRED     read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's stale time (includes/due.lua) when this
   heartbeat, the oldest holder's, moved it on; nothing else of the due

@@ -5,10 +5,10 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
-  ARGV[1..10] dedupe and rate-limit arguments, the session, its lease and
-              the service's heartbeat timeout (includes/request.lua); release
-              is never rate limited, and its lease must be the one the seat
-              or place is bound to, if any
+  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
+              the service's heartbeat timeout and the request's deadline
+              (includes/request.lua); release is never rate limited, and its
+              lease must be the one the seat or place is bound to, if any
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
     RELEASED           the seat is free; it went straight to the head of the
@@ -23,6 +23,7 @@
     SESSION_NOT_FOUND  the session neither holds a seat nor waits (a
                        lingering seat was released already)
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
+    REQUEST_EXPIRED    read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them, and the heartbeat timeout in force

@@ -11,16 +11,17 @@
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows (never
               touched: revoke is not rate limited) and the revocation keys
               (includes/keys.lua)
-  ARGV[1..10] dedupe arguments, the session, its lease and the service's
-              heartbeat timeout (includes/request.lua); the rate limits are
-              not read, and the lease is ignored (the request scripts'
-              slot; a revoke carries none)
-  ARGV[11] reason (validated by the worker: 1-512 bytes of text)
-  ARGV[12] actor, who revokes (validated by the worker)
-  ARGV[13] cooldown_ms: 0 = the session may acquire again at once; > 0 =
+  ARGV[1..11] dedupe arguments, the session, its lease, the service's
+              heartbeat timeout and the request's deadline
+              (includes/request.lua); the rate limits are not read, and the
+              lease is ignored (the request scripts' slot; a revoke carries
+              none)
+  ARGV[12] reason (validated by the worker: 1-512 bytes of text)
+  ARGV[13] actor, who revokes (validated by the worker)
+  ARGV[14] cooldown_ms: 0 = the session may acquire again at once; > 0 =
            its acquires get SESSION_REVOKED for that long
-  ARGV[14] remember_ms: how long a revocation is remembered at least
-  ARGV[15] most revocations remembered per license
+  ARGV[15] remember_ms: how long a revocation is remembered at least
+  ARGV[16] most revocations remembered per license
 
   Returns an outcome (includes/outcome.lua) with status
     REVOKED            detail 1: the session held a seat, now free (it went
@@ -30,6 +31,7 @@
                        reply stream it queued with)
     SESSION_NOT_FOUND  detail 0: the session neither holds a seat nor waits;
                        nothing changed, nothing is remembered
+    REQUEST_EXPIRED    read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
   the call may have moved them (includes/due.lua, due_report).
@@ -82,8 +84,8 @@ local function remember_revocation(session, now, reason, actor, cooldown_ms, rem
   rcall('PEXPIREAT', K.revocations, last[2])
 end
 
-local session, reason, actor = ARGV[8], ARGV[11], ARGV[12]
-local cooldown_ms, remember_ms, max = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local session, reason, actor = ARGV[8], ARGV[12], ARGV[13]
+local cooldown_ms, remember_ms, max = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout

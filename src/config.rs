@@ -35,6 +35,8 @@ pub struct Settings {
     pub replies: ReplySettings,
     /// Redelivery dedupe.
     pub dedupe: DedupeSettings,
+    /// Requests that expire.
+    pub requests: RequestSettings,
     /// Rate limits.
     pub limits: LimitSettings,
     /// The events stream.
@@ -268,6 +270,17 @@ pub struct StreamSettings {
 pub struct DedupeSettings {
     /// Guaranteed dedupe window, ms.
     pub window_ms: u64,
+}
+
+/// `[requests]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestSettings {
+    /// The `ttl_ms` of a request that carries none, ms (0 = such requests
+    /// never expire).
+    pub default_ttl_ms: u64,
+    /// The most a request's `ttl_ms` counts for, ms: at most
+    /// `dedupe.window_ms`, so that no request is decided twice.
+    pub max_ttl_ms: u64,
 }
 
 /// `[limits]`
@@ -562,6 +575,14 @@ impl Settings {
         if self.dedupe.window_ms == 0 || self.limits.window_ms == 0 || self.stream.claim_idle_ms == 0 {
             return bad("dedupe.window_ms, limits.window_ms and stream.claim_idle_ms must be positive");
         }
+        let r = &self.requests;
+        if r.max_ttl_ms == 0 || r.default_ttl_ms > r.max_ttl_ms || r.max_ttl_ms > self.dedupe.window_ms {
+            return Err(Error::Config(format!(
+                "requests.max_ttl_ms ({}) must be at least 1 and requests.default_ttl_ms ({}), and at most \
+                 dedupe.window_ms ({}): a request may live no longer than its dedupe record",
+                r.max_ttl_ms, r.default_ttl_ms, self.dedupe.window_ms
+            )));
+        }
         if self.stream.shards == 0 || self.stream.shards > 1024 {
             return bad("stream.shards must be between 1 and 1024");
         }
@@ -660,6 +681,8 @@ impl Settings {
             reply_prefix: &self.replies.prefix,
             require_lease: self.sessions.require_lease,
             max_entry_bytes: self.limits.max_entry_bytes,
+            default_ttl_ms: self.requests.default_ttl_ms,
+            max_ttl_ms: self.requests.max_ttl_ms,
         }
     }
 
@@ -722,6 +745,31 @@ mod tests {
         assert_eq!(s.stream.requests, "seat:requests");
         assert_eq!(s.keys.prefix, "seat");
         assert!(s.metrics_addr().unwrap().is_some());
+    }
+
+    #[test]
+    fn a_request_may_live_no_longer_than_its_dedupe_record() {
+        let s = Settings::load(None).unwrap();
+        assert_eq!(
+            (s.requests.default_ttl_ms, s.requests.max_ttl_ms),
+            (60_000, 60_000)
+        );
+        assert!(s.requests.max_ttl_ms <= s.dedupe.window_ms);
+        let with = |default_ttl_ms, max_ttl_ms, window_ms| {
+            let mut s = s.clone();
+            s.requests = RequestSettings {
+                default_ttl_ms,
+                max_ttl_ms,
+            };
+            s.dedupe.window_ms = window_ms;
+            s.validate()
+        };
+        assert!(with(0, 60_000, 60_000).is_ok(), "0: no default deadline");
+        assert!(with(5_000, 10_000, 60_000).is_ok());
+        for (default, max, window) in [(0, 0, 60_000), (20_000, 10_000, 60_000), (0, 60_001, 60_000)] {
+            let e = with(default, max, window).unwrap_err().to_string();
+            assert!(e.contains("requests.max_ttl_ms"), "{e}");
+        }
     }
 
     #[test]

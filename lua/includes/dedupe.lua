@@ -1,15 +1,36 @@
 --[=[
-  dedupe: the reply each stream entry got, in KEYS[12] (done:<bucket>), so a
-  redelivered entry gets it again and changes nothing.
+  dedupe: the reply each request got, in KEYS[12] (done:<bucket>), so a
+  redelivered entry, or the same request sent again as a new entry, gets it
+  again and changes nothing.
+
+  A request is known by its key (the field of the record):
+    <entry id>                       an entry of the requests stream (or,
+                                     sharded, of the base stream) without
+                                     a caller id
+    <shard>:<entry id>               the same on requests shard <shard>
+    admin:<entry id>                 the same on the admin stream
+    <lease hash><op>|<session>|<id>  a request that carries its caller's
+                                     `id`: op A, R, H or V (acquire,
+                                     release, heartbeat, revoke), the lease
+                                     hash (lease.lua, '' without a lease)
+                                     first, so that only the lease's holder
+                                     can make or find the record
+  Entry ids are unique per stream only, hence the stream in the key; a
+  caller's id only per session and op, hence those (request.lua builds the
+  last form from ARGV[1] when ARGV[6] is '2').
 
   The worker places an entry in the bucket of its id's time, or, when that
   time lies more than a window ahead of the Redis clock (a caller chose the
   id), in the bucket one window ahead of the clock: so a stream whose ids are
   stuck in a far-future millisecond does not grow one bucket forever. Such a
   placement moves on with the clock, so a redelivery may look one bucket
-  later: it looks in KEYS[15], the bucket before, as well.
+  later: it looks in KEYS[15], the bucket before, as well. A request keyed
+  by its caller's id is placed by the clock (the worker's reading of it):
+  two deliveries of it, as one entry or two, decided within a window of
+  each other, look in the same bucket or the next, whichever entry comes
+  first; it always looks in KEYS[15] too.
 
-  The dedupe record, the value of field <entry id>: what the entry's outcome
+  The dedupe record, the value of the request's field: what the entry's outcome
   (outcome.lua) answered, {status, seats_used, seats_total, detail, notes},
   in one of two forms. Nearly every outcome has a number for detail and no
   notes, and is stored as those four numbers and words joined by ':'
@@ -28,9 +49,9 @@
 --- @include "keys"
 --- @include "outcome"
 
--- The outcome stored for `entry_id`, marked changed = 0 and replayed = 1 so
--- the worker re-sends it (and re-delivers its notes) but publishes no second
--- event; nil when the entry was not decided before.
+-- The outcome stored for `entry_id` (a request's key), marked changed = 0
+-- and replayed = 1 so the worker re-sends it (and re-delivers its notes) but
+-- publishes no second event; nil when the request was not decided before.
 local function replay(entry_id, now)
   if entry_id == '' then
     return nil

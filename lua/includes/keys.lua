@@ -21,14 +21,14 @@
     KEYS[10] seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
     KEYS[11] seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
   acquire, release, heartbeat and revoke also take
-    KEYS[12] seat:{L}:done:<b>   HASH  stream entry id -> dedupe record (dedupe.lua),
-                                       for entries placed in time bucket b (expires)
+    KEYS[12] seat:{L}:done:<b>   HASH  request key -> dedupe record (dedupe.lua),
+                                       for requests placed in time bucket b (expires)
     KEYS[13] seat:{L}:hits:<S>   STRING the session's recent request counts
                                        (rate_limit.lua; expires)
     KEYS[14] seat:{L}:hits       STRING the license's recent request counts (expires)
     KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
                                        earlier delivery may have stored the
-                                       entry's reply; KEYS[12] again when none can
+                                       request's reply; KEYS[12] again when none can
     KEYS[16] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
     KEYS[17] seat:{L}:revocations HASH revoked session -> revocation record
                                        (revoked.lua); both keys expire

@@ -4,8 +4,10 @@
   check, the rate limits, then the script's own decision, and its outcome
   remembered for the entry.
 
-  They take KEYS[1..17] (keys.lua) and share their first ten ARGV:
-    ARGV[1]  stream entry id of the request ('' = no dedupe)
+  They take KEYS[1..17] (keys.lua) and share their first eleven ARGV:
+    ARGV[1]  what the request's dedupe record is keyed by ('' = no dedupe):
+             its stream entry ('<id>', '<shard>:<id>' or 'admin:<id>'), or,
+             when the caller sent an id, '<op>|<session>|<id>' (ARGV[6] '2')
     ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
     ARGV[3]  most requests per session per window (0 = no limit)
@@ -13,7 +15,9 @@
     ARGV[5]  rate window, ms
     ARGV[6]  '1' to look for the reply the entry got before (the worker always
              asks: even a first delivery may have been decided by a worker that
-             stalled past claim_idle_ms and had its batch claimed); '0' skips it
+             stalled past claim_idle_ms and had its batch claimed); '2' the
+             same for a key made of the caller's request id, which the
+             session's lease hash then prefixes (dedupe.lua); '0' skips it
     ARGV[7]  dedupe window, ms
     ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
     ARGV[9]  lease ('' = none; validated by the worker:
@@ -21,7 +25,18 @@
     ARGV[10] the service's heartbeat timeout (ms), in force where the license
              sets no heartbeat_timeout_ms: what due_report (due.lua) fills
              the outcome's last slots with
-  Their own arguments start at ARGV[11].
+    ARGV[11] the request's deadline, unix ms on the Redis clock (0 = none):
+             its stream entry's time plus its ttl_ms. A request run after it
+             is answered REQUEST_EXPIRED and changes nothing.
+  Their own arguments start at ARGV[12].
+
+  Expiry is checked here, on this script's clock, after the replay: an
+  entry decided in time and delivered again later gets its decision again,
+  never a second one nor REQUEST_EXPIRED. An expired request takes no seat,
+  place or rate-limit hit and publishes nothing (changed = 0); its answer is
+  remembered like any other, so whatever arrives again under its key (a
+  redelivery, the same request id re-sent) hears REQUEST_EXPIRED too: it
+  replays no decision, there being none.
 
   A script is then its arguments, its decide(now, default_timeout) and
     return due_report(run_request(decide, limited, refuse, session, lease))
@@ -41,6 +56,8 @@
 -- service's heartbeat timeout (ARGV[10]), for the script's due report
 -- (due.lua).
 --   A redelivered entry's stored outcome is returned as it is (a replay).
+--   A request past its deadline (ARGV[11]) is answered REQUEST_EXPIRED,
+--   before the lease check and the rate limits, and nothing else is done.
 --   `refuse`, when given, is called as refuse(session, lease, now) with the
 --   script's session and lease hash, and returns its LEASE_MISMATCH outcome
 --   or nil. It runs before the rate limits and a refusal is not counted in
@@ -53,18 +70,30 @@
 --   outcome; what the due report needs of what it read (the heartbeat
 --   timeout in force, the heartbeat's stale time) it leaves in the script's
 --   locals.
--- Every outcome but a replay is remembered for the entry (dedupe.lua).
+-- Every outcome but a replay is remembered under the request's key (dedupe.lua).
 local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
   local default_timeout = tonumber(ARGV[10])
-  local entry_id = ARGV[1]
-  if ARGV[6] == '1' then
-    local previous = replay(entry_id, now)
+  local key = ARGV[1]
+  if ARGV[6] ~= '0' then
+    if ARGV[6] == '2' then
+      -- Keyed by the caller's id: only the holder of the lease makes or
+      -- finds the record (a caller without it could otherwise answer
+      -- another's request in advance).
+      key = (lease or '') .. key
+    end
+    local previous = replay(key, now)
     if previous then
       return previous, now, default_timeout
     end
   end
-  local result = refuse and refuse(session, lease, now)
+  local deadline = tonumber(ARGV[11])
+  local result = nil
+  if deadline > 0 and now > deadline then
+    result = outcome('REQUEST_EXPIRED', rcall('ZCARD', K.holders), seats_total(), 0, now, {}, 0)
+  else
+    result = refuse and refuse(session, lease, now)
+  end
   if not result then
     if limited and rate_limited(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
       result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
@@ -72,5 +101,5 @@ local function run_request(decide, limited, refuse, session, lease)
       result = decide(now, default_timeout)
     end
   end
-  return remember(entry_id, ARGV[2], tonumber(ARGV[7]), result), now, default_timeout
+  return remember(key, ARGV[2], tonumber(ARGV[7]), result), now, default_timeout
 end

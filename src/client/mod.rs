@@ -12,4 +12,4 @@ mod waiters;
 
 pub use reply::ReplyMsg;
 pub use request::{Call, Client, Pending, Revoke, Stats, ADMIN_CLIENT_NAME};
-pub use seat::{AcquireError, Seat, SeatOptions, SeatState, REQUEST_EXPIRED};
+pub use seat::{AcquireError, Seat, SeatOptions, SeatState};

@@ -625,11 +625,11 @@ impl Client {
             Ok(_) => Ok(()),
             // The managed connection learns that Redis went away (a restart)
             // only when a command fails on the dead socket, and reconnects
-            // then: the request goes once more, on the new connection. Should
-            // the first one have reached Redis after all, the request is
-            // decided twice, which is harmless (acquire is idempotent per
-            // session, release frees nothing twice), and its waiter takes the
-            // first reply.
+            // then: the request goes once more, on the new connection, under
+            // the same id. Should the first one have reached Redis after all,
+            // the request id is the idempotency key (docs/protocol.md,
+            // "Sending a request again"): the second entry gets the first
+            // one's answer, and its waiter takes the first reply.
             Err(e) if e.is_connection_dropped() => {
                 let _: String = xadd.query_async(&mut con).await?;
                 Ok(())

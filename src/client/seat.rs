@@ -34,11 +34,6 @@ use crate::engine::protocol::Lease;
 use crate::engine::status::Status;
 use crate::error::Error;
 
-/// The status of a request that reached a worker after its `ttl_ms` ran
-/// out: nothing was changed, and it may be sent again. Spelled here as
-/// text so that the handle works against services with and without it.
-pub const REQUEST_EXPIRED: &str = "REQUEST_EXPIRED";
-
 /// Attempts of one request whose replies are still awaited. Older ones are
 /// dropped (their in-flight slots given back): with `ttl_ms` each has long
 /// expired by the time four more were sent.
@@ -192,7 +187,7 @@ impl Client {
                     None => {
                         return Err(Error::ReplyTimeout(wait + opts.request_timeout + QUEUE_MARGIN).into())
                     }
-                    Some(r) if r.status() == Status::Queued || r.get("status") == REQUEST_EXPIRED => {}
+                    Some(r) if r.status() == Status::Queued || r.status() == Status::RequestExpired => {}
                     Some(r) => break r,
                 }
             };
@@ -576,7 +571,7 @@ impl Exchange {
             let resend_at = self.last_sent + self.request_timeout;
             let until = give_up.map_or(resend_at, |g| g.min(resend_at));
             match self.next_until(until).await? {
-                Some(reply) if reply.get("status") == REQUEST_EXPIRED => {
+                Some(reply) if reply.status() == Status::RequestExpired => {
                     if self.is_latest(&reply) {
                         self.send().await?;
                     }

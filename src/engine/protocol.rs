@@ -41,6 +41,12 @@ pub const DEFAULT_MAX_ENTRY_BYTES: usize = 16 * 1024;
 pub const MIN_LEASE_LEN: usize = 16;
 /// Longest `lease`, in characters.
 pub const MAX_LEASE_LEN: usize = 128;
+/// Largest `ttl_ms` a request may carry: one day. What counts is at most
+/// `requests.max_ttl_ms` ([`Rules::max_ttl_ms`]); a larger value counts as that.
+pub const MAX_TTL_MS: u64 = 86_400_000;
+/// The default of `requests.default_ttl_ms` and `requests.max_ttl_ms`: the
+/// default dedupe window (config/default.toml says why).
+pub const DEFAULT_TTL_MS: u64 = 60_000;
 
 /// What the service's settings tell the parser: handed to it, so that the
 /// engine reads no settings itself.
@@ -54,16 +60,25 @@ pub struct Rules<'a> {
     /// The most bytes of field names and values one entry may hold
     /// (`limits.max_entry_bytes`).
     pub max_entry_bytes: usize,
+    /// The `ttl_ms` of a request that carries none (`requests.default_ttl_ms`;
+    /// 0 = such a request never expires).
+    pub default_ttl_ms: u64,
+    /// The most a request's `ttl_ms` counts for (`requests.max_ttl_ms`).
+    pub max_ttl_ms: u64,
 }
 
 impl<'a> Rules<'a> {
     /// The default rules under reply namespace `reply_prefix`: leases
-    /// optional, entries up to [`DEFAULT_MAX_ENTRY_BYTES`].
+    /// optional, entries up to [`DEFAULT_MAX_ENTRY_BYTES`], requests that
+    /// expire [`DEFAULT_TTL_MS`] after their entry, or their `ttl_ms` if
+    /// shorter.
     pub fn new(reply_prefix: &'a str) -> Rules<'a> {
         Rules {
             reply_prefix,
             require_lease: false,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            default_ttl_ms: DEFAULT_TTL_MS,
+            max_ttl_ms: DEFAULT_TTL_MS,
         }
     }
 }
@@ -113,6 +128,7 @@ pub enum RequestField {
     Op,
     License,
     Session,
+    TtlMs,
     Meta,
     WaitMs,
     Lease,

@@ -134,12 +134,15 @@ impl Scripts {
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
-/// Redelivery dedupe and rate limiting for one request: `KEYS[12..15]` and
-/// `ARGV[1..7]` of the request scripts (lua/includes/request.lua; revoke
-/// reads the dedupe part only).
+/// Redelivery dedupe, expiry and rate limiting for one request:
+/// `KEYS[12..15]`, `ARGV[1..7]` and `ARGV[11]` of the request scripts
+/// (lua/includes/request.lua; revoke reads the dedupe and expiry parts only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
-    /// The stream entry id ("" = no dedupe, for direct calls).
+    /// `ARGV[1]`: the request's key, the field of its dedupe record ("" = no
+    /// dedupe, for direct calls): the stream entry id, with its stream's tag
+    /// ([`Guard::for_entry`] and engine::ops), or the caller's request id
+    /// ([`Guard::for_request`]).
     pub entry_id: String,
     /// `KEYS[12]`: the dedupe bucket the entry's reply is stored in.
     pub done_key: String,
@@ -164,6 +167,12 @@ pub struct Guard {
     pub window_ms: u64,
     /// The entry is a redelivery: look up the reply it may have got before.
     pub redelivery: bool,
+    /// The key is the caller's request id ([`Guard::for_request`]): the
+    /// script prefixes the lease hash to it, and always looks in both buckets.
+    pub by_request: bool,
+    /// `ARGV[11]`: the Redis time (unix ms) after which the request is no
+    /// longer decided but answered REQUEST_EXPIRED ([`deadline`]); 0 = none.
+    pub deadline_ms: u64,
 }
 
 /// How requests are guarded: the dedupe window and the rate limits, as the
@@ -206,6 +215,37 @@ fn placement(added_ms: u64, window: u64, now_ms: Option<u64>) -> (u64, u64) {
     }
 }
 
+/// The milliseconds part of stream entry id `entry_id` (0 when it has none).
+fn entry_ms(entry_id: &str) -> u64 {
+    entry_id
+        .split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The deadline (`ARGV[11]`) of a request read from stream entry `entry_id`
+/// with `ttl_ms` (0 = no deadline: 0), `window` the dedupe window, when the
+/// Redis clock reads about `redis_now_ms` (if known).
+///
+/// The entry id is the Redis clock at its XADD, so no client clock is
+/// trusted and an entry delivered again (redelivered, claimed from a dead
+/// worker) keeps its deadline. An id further ahead of the clock than a
+/// window (a caller chose it) counts as added one window ahead of the clock,
+/// as its dedupe placement does ([`placement`]): a chosen id buys no more
+/// than that.
+pub fn deadline(entry_id: &str, ttl_ms: u64, window: u64, redis_now_ms: Option<u64>) -> u64 {
+    if ttl_ms == 0 {
+        return 0;
+    }
+    let added = entry_ms(entry_id);
+    let from = match redis_now_ms {
+        Some(now) => added.min(now.saturating_add(window)),
+        None => added,
+    };
+    from.saturating_add(ttl_ms)
+}
+
 impl Guard {
     /// The guard of stream entry `entry_id` under `policy`, the Redis clock
     /// unknown: the dedupe bucket comes from the entry id's time (the Redis
@@ -235,12 +275,7 @@ impl Guard {
         redis_now_ms: Option<u64>,
     ) -> Guard {
         let window = policy.dedupe_window_ms.max(1);
-        let added_ms: u64 = entry_id
-            .split('-')
-            .next()
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(0);
-        let (bucket, before) = placement(added_ms, window, redis_now_ms);
+        let (bucket, before) = placement(entry_ms(entry_id), window, redis_now_ms);
         Guard {
             entry_id: entry_id.to_owned(),
             done_key: keys.dedupe(license, bucket),
@@ -253,7 +288,41 @@ impl Guard {
             license_limit: policy.license_limit,
             window_ms: policy.rate_window_ms,
             redelivery: false,
+            by_request: false,
+            deadline_ms: 0,
         }
+    }
+
+    /// The guard of a request the caller gave an id, keyed by `key`
+    /// (`<op>|<session>|<id>`, engine::ops; the script prefixes the lease
+    /// hash) and read from stream entry `entry_id`.
+    ///
+    /// Its record is placed by the Redis clock (`redis_now_ms`), not by the
+    /// entry: the same request may arrive as two entries (an XADD whose
+    /// acknowledgement was lost, sent again), and whichever is decided
+    /// second, within a window of the first, must find the first's answer.
+    /// A decision a window later falls in the next bucket at most, and the
+    /// script always looks in the bucket before too. While the clock is not
+    /// known (a direct call), the entry's time stands in for it; the script
+    /// caps the bucket's expiry by its own clock either way.
+    pub fn for_request(
+        policy: &GuardPolicy,
+        keys: &crate::engine::keys::Keys,
+        key: &str,
+        entry_id: &str,
+        license: &str,
+        session: &str,
+        redis_now_ms: Option<u64>,
+    ) -> Guard {
+        let window = policy.dedupe_window_ms.max(1);
+        let bucket = redis_now_ms.unwrap_or_else(|| entry_ms(entry_id)) / window;
+        let mut guard = Guard::for_entry_at(policy, keys, entry_id, license, session, redis_now_ms);
+        guard.entry_id = key.to_owned();
+        guard.done_key = keys.dedupe(license, bucket);
+        guard.done_before_key = keys.dedupe(license, bucket.saturating_sub(1));
+        guard.done_until_ms = bucket.saturating_add(2).saturating_mul(window);
+        guard.by_request = true;
+        guard
     }
 
     /// No dedupe and no limits: the seed's direct script path.
@@ -271,6 +340,8 @@ impl Guard {
             license_limit: 0,
             window_ms: 1,
             redelivery: false,
+            by_request: false,
+            deadline_ms: 0,
         }
     }
 }
@@ -291,7 +362,7 @@ pub struct ServiceDefaults {
     pub revoke_max_per_license: u64,
 }
 
-/// `ARGV[8..10]` of every seat script (lua/includes/request.lua), after
+/// `ARGV[8..10]` of every seat script (lua/includes/request.lua), between
 /// the [`Guard`]'s: the session, its lease and the service's heartbeat
 /// timeout. All release and heartbeat take; acquire and revoke add their
 /// own (engine::ops).
@@ -434,7 +505,7 @@ impl Scripts {
 
     /// A seat script call of `name` with what every seat script shares
     /// (lua/includes/request.lua): the license's `KEYS[1..11]`, the guard's
-    /// `KEYS[12..17]` and `ARGV[1..7]`, and `args`, `ARGV[8..10]`. Each op's
+    /// `KEYS[12..17]`, `ARGV[1..7]` and `ARGV[11]`, and `args`, `ARGV[8..10]`. Each op's
     /// file in engine::ops binds its own ARGV after these with
     /// [`SeatCallBuilder::arg`].
     pub fn request(
@@ -456,11 +527,16 @@ impl Scripts {
             .arg(guard.session_limit) // ARGV[3]
             .arg(guard.license_limit) // ARGV[4]
             .arg(guard.window_ms) // ARGV[5]
-            .arg(if guard.redelivery { "1" } else { "0" }) // ARGV[6]
+            .arg(match (guard.redelivery, guard.by_request) {
+                (_, true) => "2",
+                (true, false) => "1",
+                (false, false) => "0",
+            }) // ARGV[6]
             .arg(guard.dedupe_window_ms) // ARGV[7]
             .arg(args.session) // ARGV[8]
             .arg(args.lease.unwrap_or("")) // ARGV[9]
-            .arg(args.default_heartbeat_timeout_ms); // ARGV[10]
+            .arg(args.default_heartbeat_timeout_ms) // ARGV[10]
+            .arg(guard.deadline_ms); // ARGV[11]
         SeatCallBuilder { name, call }
     }
 
@@ -783,6 +859,54 @@ mod tests {
         // An id no u64 holds counts as 0, as before.
         let odd = Guard::for_entry(&policy, &keys, "99999999999999999999999-0", "l", "s");
         assert_eq!(odd.done_key, keys.dedupe("l", 0));
+    }
+
+    #[test]
+    fn a_deadline_counts_from_the_entry_and_a_chosen_id_buys_at_most_a_window() {
+        const W: u64 = 60_000;
+        let now = 1_796_013_949_007;
+        assert_eq!(
+            deadline("1796013949000-0", 0, W, Some(now)),
+            0,
+            "no ttl, no deadline"
+        );
+        // A redelivery, a claim: whenever it is read, the entry's own time counts.
+        assert_eq!(
+            deadline("1796013949000-0", 5_000, W, Some(now)),
+            1_796_013_954_000
+        );
+        assert_eq!(
+            deadline("1796013949000-0", 5_000, W, Some(now + 3_600_000)),
+            1_796_013_954_000
+        );
+        assert_eq!(deadline("1796013949000-0", 5_000, W, None), 1_796_013_954_000);
+        // Far ahead of the clock: as if added a window ahead of it.
+        assert_eq!(deadline("9999999999999-0", 5_000, W, Some(now)), now + W + 5_000);
+        assert_eq!(deadline("18446744073709551615-0", 5_000, W, None), u64::MAX);
+    }
+
+    #[test]
+    fn a_request_keyed_by_its_id_is_placed_by_the_clock() {
+        let policy = GuardPolicy {
+            dedupe_window_ms: 60_000,
+            session_limit: 0,
+            license_limit: 0,
+            rate_window_ms: 1,
+        };
+        let keys = crate::engine::keys::Keys::new("seat");
+        let now = 1_796_013_949_007;
+        // Two entries of one request, decided within a window of each other,
+        // whichever first: the later decision looks where the earlier wrote.
+        for (first, second) in [(now, now + 59_999), (now + 59_999, now + 60_000)] {
+            let a = Guard::for_request(&policy, &keys, "A|s|r", "1796013940000-0", "l", "s", Some(first));
+            let b = Guard::for_request(&policy, &keys, "A|s|r", "1796013990000-0", "l", "s", Some(second));
+            assert!(b.done_key == a.done_key || b.done_before_key == a.done_key);
+            assert!(a.by_request && a.done_key != a.done_before_key);
+            assert!(a.done_until_ms >= first + 60_000);
+        }
+        // The clock unknown: the entry's time.
+        let blind = Guard::for_request(&policy, &keys, "A|s|r", "1796013940000-0", "l", "s", None);
+        assert_eq!(blind.done_key, keys.dedupe("l", 1_796_013_940_000 / 60_000));
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub enum Status {
     /// `max_per_user`, its group's `group_max:<group>`, or a borrow the
     /// license does not allow; the `error` field says which. Nothing changed.
     LimitReached,
+    /// The request was read after its deadline (its stream entry's time plus
+    /// its `ttl_ms`, or `requests.default_ttl_ms`) and was not decided:
+    /// nothing changed. Final: send it again with a new id if still wanted.
+    RequestExpired,
 }
 
 impl Status {
@@ -114,7 +118,8 @@ impl Status {
             | Status::InvalidRequest
             | Status::Error
             | Status::SessionRevoked
-            | Status::LimitReached => false,
+            | Status::LimitReached
+            | Status::RequestExpired => false,
         }
     }
 
@@ -156,6 +161,8 @@ impl Status {
             | Status::InvalidRequest
             | Status::Error
             | Status::Revoked => false,
+            // Not decided at all: it asked too late, nobody refused it.
+            Status::RequestExpired => false,
             // A revocation's consequence, not a shortage of seats: the
             // `revoked` event records the administrator's decision.
             Status::SessionRevoked => false,
@@ -187,6 +194,9 @@ impl Status {
             // (through the outbox) gets this.
             Status::SessionRevoked => Some("the session was revoked by an administrator"),
             Status::LimitReached => Some("limit reached: a per-user or per-group limit of the license"),
+            Status::RequestExpired => Some(
+                "the request was read after its ttl_ms had run out and was not decided; nothing changed: send it again with a new id if still wanted",
+            ),
             Status::Acquired
             | Status::AlreadyActive
             | Status::Released
@@ -251,6 +261,7 @@ mod tests {
             Status::Revoked => ("REVOKED", true),
             Status::SessionRevoked => ("SESSION_REVOKED", false),
             Status::LimitReached => ("LIMIT_REACHED", false),
+            Status::RequestExpired => ("REQUEST_EXPIRED", false),
         }
     }
 

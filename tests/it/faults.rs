@@ -14,8 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{
     add_request, client, consumers, create_group, db, direct, events, free_memory, holders, license_keys,
-    pending, put_license, reaper, reply_stream, request_xadd, run_out_of_memory, spawn_app, spawn_app_with,
-    spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp, WorkerProcess, T,
+    pending, put_license, reaper, redis_ms, reply_stream, request_xadd, run_out_of_memory, spawn_app,
+    spawn_app_with, spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp,
+    WorkerProcess, T,
 };
 
 /// A worker crashed after its script ran but before it replied: another
@@ -28,38 +29,32 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
     // The group exists, and a consumer that will "crash" takes two entries.
     create_group(&settings).await;
     let replies = reply_stream(&settings, "t");
-    let acquire_id = add_request(
-        &mut con,
-        &settings,
-        &[
-            ("op", "acquire"),
-            ("id", "a1"),
-            ("license", "lic"),
-            ("session", "s1"),
-            ("reply_to", &replies),
-        ],
-    )
-    .await;
-    let release_id = add_request(
-        &mut con,
-        &settings,
-        &[
-            ("op", "release"),
-            ("id", "r1"),
-            ("license", "lic"),
-            ("session", "held"),
-            ("reply_to", &replies),
-        ],
-    )
-    .await;
+    let acquire = [
+        ("op", "acquire"),
+        ("id", "a1"),
+        ("license", "lic"),
+        ("session", "s1"),
+        ("reply_to", &replies),
+    ];
+    let acquire_id = add_request(&mut con, &settings, &acquire).await;
+    let release = [
+        ("op", "release"),
+        ("id", "r1"),
+        ("license", "lic"),
+        ("session", "held"),
+        ("reply_to", &replies),
+    ];
+    let release_id = add_request(&mut con, &settings, &release).await;
     take(&settings, "crashed", 10).await;
     // "held" already has a seat; the crashed worker ran both scripts, then died.
     direct(&settings, "lic", "held").acquire(&mut con).await;
-    let first = Direct::for_entry(&settings, &acquire_id, "lic", "s1")
+    // As the crashed worker guarded them: keyed by their ids.
+    let now = redis_ms(&mut con).await;
+    let first = Direct::for_request(&settings, &acquire_id, &acquire, now)
         .acquire(&mut con)
         .await;
     assert_eq!(first.status(), Status::Acquired);
-    let first_release = Direct::for_entry(&settings, &release_id, "lic", "held")
+    let first_release = Direct::for_request(&settings, &release_id, &release, now)
         .release(&mut con)
         .await;
     assert_eq!(first_release.status(), Status::Released);

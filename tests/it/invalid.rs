@@ -141,6 +141,26 @@ fn cases() -> Vec<Case> {
             ]),
             "wait_ms",
         ),
+        (
+            "ttl of zero",
+            f(&[
+                ("op", b"heartbeat"),
+                ("license", b"lic"),
+                ("session", b"holder"),
+                ("ttl_ms", b"0"),
+            ]),
+            "ttl_ms",
+        ),
+        (
+            "ttl not a number",
+            f(&[
+                ("op", b"release"),
+                ("license", b"lic"),
+                ("session", b"holder"),
+                ("ttl_ms", b"5s"),
+            ]),
+            "ttl_ms",
+        ),
     ]
 }
 

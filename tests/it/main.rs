@@ -13,6 +13,7 @@ mod hardening;
 mod invalid;
 mod lease;
 mod metrics;
+mod once;
 mod page;
 mod policy;
 mod prometheus;

@@ -20,7 +20,7 @@ use seatgate::db::Db;
 use seatgate::engine::keys::{Keys, LicenseKeys};
 use seatgate::engine::license::{self, LicenseSpec};
 use seatgate::engine::ops::Op;
-use seatgate::engine::ops::{heartbeat, release, AcquireArgs, RevokeArgs};
+use seatgate::engine::ops::{heartbeat, parse_request, release, AcquireArgs, EntryAt, Lane, RevokeArgs};
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
 use seatgate::engine::scripts::{Guard, Outcome, Scripts, SessionArgs};
 use seatgate::runtime::health::Readiness;
@@ -331,6 +331,26 @@ impl Direct {
         Direct {
             guard: Guard::for_entry(&s.guard_policy(), &keys(s), entry_id, license, session),
             ..direct(s, license, session)
+        }
+    }
+
+    /// Guarded as a worker guards the request of `fields` read from entry
+    /// `entry_id` of the requests stream, the Redis clock reading `now_ms`:
+    /// keyed by its `id` when it has one (engine::ops::Request::guard).
+    pub fn for_request(s: &Settings, entry_id: &str, fields: &[(&str, &str)], now_ms: i64) -> Direct {
+        let pairs: Vec<(String, Vec<u8>)> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        let req = parse_request(entry_id, &pairs, &s.parse_rules()).expect("a valid request");
+        let at = EntryAt {
+            lane: Lane::Requests,
+            shard: None,
+            id: entry_id,
+        };
+        Direct {
+            guard: req.guard(&s.guard_policy(), &keys(s), at, u64::try_from(now_ms).ok()),
+            ..direct(s, &req.license, &req.session)
         }
     }
 

@@ -24,6 +24,7 @@ pub(super) const STATUSES: &[Status] = &[
     Status::RateLimited,
     Status::LimitReached,
     Status::SessionRevoked,
+    Status::RequestExpired,
     Status::Error,
 ];
 
@@ -84,7 +85,7 @@ impl Acquire {
 }
 
 /// lua/acquire.lua's arguments: `ARGV[8..10]` (session, lease, the
-/// service's heartbeat timeout) and its own `ARGV[11..16]`; the worker
+/// service's heartbeat timeout) and its own `ARGV[12..17]`; the worker
 /// builds them from an [`Acquire`], tests and the benchmark directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
@@ -124,12 +125,12 @@ impl AcquireArgs<'_> {
         };
         scripts
             .request(ScriptName::Acquire, keys, guard, &shared)
-            .arg(self.meta) // ARGV[11]
-            .arg(self.wait_ms) // ARGV[12]
-            .arg(self.request_id) // ARGV[13]
-            .arg(self.reply_to) // ARGV[14]
-            .arg(self.default_queue_max) // ARGV[15]
-            .arg(self.who.script_arg()) // ARGV[16]
+            .arg(self.meta) // ARGV[12]
+            .arg(self.wait_ms) // ARGV[13]
+            .arg(self.request_id) // ARGV[14]
+            .arg(self.reply_to) // ARGV[15]
+            .arg(self.default_queue_max) // ARGV[16]
+            .arg(self.who.script_arg()) // ARGV[17]
             .finish()
     }
 }

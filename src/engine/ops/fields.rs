@@ -11,7 +11,7 @@ use crate::engine::policy::{RequestPolicy, MAX_BORROW_MS, MAX_PRIORITY};
 use crate::engine::protocol::{
     valid_id, valid_lease, Echo, Invalid, Lease, RequestField, Rules, MAX_FIELDS, MAX_FIELD_LEN,
     MAX_FIELD_NAME_LEN, MAX_ID_LEN, MAX_LEASE_LEN, MAX_META_LEN, MAX_REPLY_TO_LEN, MAX_REQUEST_ID_LEN,
-    MAX_WAIT_MS, MIN_LEASE_LEN,
+    MAX_TTL_MS, MAX_WAIT_MS, MIN_LEASE_LEN,
 };
 
 /// Longest unknown op echoed back as sent; a longer one is answered with an empty `op`.
@@ -329,6 +329,29 @@ pub(super) fn parse_wait_ms(fields: &Fields) -> Result<u64, Refusal> {
             )),
         },
         Some(Err(_)) => Err(Refusal::new(RequestField::WaitMs, "field `wait_ms` is not UTF-8")),
+    }
+}
+
+/// How long after its entry was added the request may still be decided, ms
+/// (0 = no limit), every op: its `ttl_ms`, 1 to [`MAX_TTL_MS`], counting for
+/// at most `requests.max_ttl_ms` (a client cannot know the service's cap, so
+/// a longer one is not refused), or `requests.default_ttl_ms` without one.
+pub(super) fn parse_ttl_ms(fields: &Fields, rules: &Rules<'_>) -> Result<u64, Refusal> {
+    let refuse = || {
+        Refusal::new(
+            RequestField::TtlMs,
+            format!("field `ttl_ms` must be a whole number of milliseconds from 1 to {MAX_TTL_MS}"),
+        )
+    };
+    match fields.text(RequestField::TtlMs) {
+        None => Ok(rules.default_ttl_ms.min(rules.max_ttl_ms)),
+        Some(Ok(s)) => match s.parse::<u64>() {
+            Ok(ms) if (1..=MAX_TTL_MS).contains(&ms) && s.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(ms.min(rules.max_ttl_ms))
+            }
+            _ => Err(refuse()),
+        },
+        Some(Err(_)) => Err(Refusal::new(RequestField::TtlMs, "field `ttl_ms` is not UTF-8")),
     }
 }
 

@@ -18,6 +18,7 @@ pub(super) const STATUSES: &[Status] = &[
     Status::LeaseMismatch,
     Status::RateLimited,
     Status::SessionRevoked,
+    Status::RequestExpired,
     Status::Error,
 ];
 

@@ -20,13 +20,13 @@ use std::fmt;
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
-use crate::engine::keys::LicenseKeys;
+use crate::engine::keys::{Keys, LicenseKeys};
 use crate::engine::protocol::{Echo, Invalid, Lease, RequestField, Rules};
-use crate::engine::scripts::{Guard, Scripts, SeatCall, ServiceDefaults};
+use crate::engine::scripts::{deadline, Guard, GuardPolicy, Scripts, SeatCall, ServiceDefaults};
 use crate::engine::status::Status;
 use fields::{
-    check_sizes, check_unique, echo_valid_parts, parse_id, parse_reply_to, parse_request_id, salvage_echo,
-    truncate, Fields, Refusal,
+    check_sizes, check_unique, echo_valid_parts, parse_id, parse_reply_to, parse_request_id, parse_ttl_ms,
+    salvage_echo, truncate, Fields, Refusal,
 };
 
 pub use acquire::{Acquire, AcquireArgs};
@@ -60,6 +60,17 @@ impl Op {
     /// The op as written on the wire (and used as the script name).
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The op in a dedupe record's key (lua/includes/dedupe.lua): one
+    /// letter, so that a record stays small.
+    fn key_letter(self) -> char {
+        match self {
+            Op::Acquire => 'A',
+            Op::Release => 'R',
+            Op::Heartbeat => 'H',
+            Op::Revoke => 'V',
+        }
     }
 
     /// The stream an op is accepted on.
@@ -109,12 +120,48 @@ impl Lane {
     }
 }
 
+/// Where a request was read: its stream and its entry there. Entry ids are
+/// unique per stream only, so the dedupe key of a request without a caller
+/// id names both ([`EntryAt::key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryAt<'a> {
+    /// The stream's lane.
+    pub lane: Lane,
+    /// The requests shard the entry was read from; `None` for the base
+    /// requests stream (the only one when unsharded) and the admin stream.
+    pub shard: Option<usize>,
+    /// The stream entry id.
+    pub id: &'a str,
+}
+
+impl EntryAt<'_> {
+    /// The dedupe key of a request read here without a caller id: the entry
+    /// id as it is on the base requests stream (what every record was before
+    /// shards and admin entries had to be told apart, and the smallest),
+    /// `<shard>:<id>` on a shard, `admin:<id>` on the admin stream.
+    pub fn key(&self) -> String {
+        match (self.lane, self.shard) {
+            (Lane::Admin, _) => format!("admin:{}", self.id),
+            (Lane::Requests, Some(shard)) => format!("{shard}:{}", self.id),
+            (Lane::Requests, None) => self.id.to_owned(),
+        }
+    }
+}
+
 /// A well-formed request: what every op carries, and the op with its own fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// The caller's request id, echoed in the reply; the stream entry id when
     /// the caller sent none.
     pub id: String,
+    /// Whether the caller sent `id`: then the request is known by it (with
+    /// its op, session and lease) whatever entry it arrives as, so the same
+    /// request sent twice is decided once ([`Request::guard`]).
+    pub id_sent: bool,
+    /// How long after its stream entry was added the request may still be
+    /// decided, ms (0 = no limit): its `ttl_ms`, at most
+    /// `requests.max_ttl_ms`, or `requests.default_ttl_ms` without one.
+    pub ttl_ms: u64,
     /// The license id (safe charset, no braces: it becomes a hash tag).
     pub license: String,
     /// The session id (safe charset).
@@ -165,6 +212,34 @@ impl Request {
             Action::Heartbeat(h) => h.lease.as_ref(),
             Action::Revoke(_) => None,
         }
+    }
+
+    /// The guard this request is decided under when read at `entry`, the
+    /// Redis clock reading about `redis_now_ms` (if known): keyed by the
+    /// caller's id when it sent one, else by its stream and entry; its
+    /// deadline from the entry's time and its `ttl_ms`; always looking for
+    /// an earlier answer (even a first delivery may have been decided by a
+    /// worker that stalled past `claim_idle_ms` and had its batch claimed).
+    pub fn guard(
+        &self,
+        policy: &GuardPolicy,
+        keys: &Keys,
+        entry: EntryAt<'_>,
+        redis_now_ms: Option<u64>,
+    ) -> Guard {
+        let (license, session) = (self.license.as_str(), self.session.as_str());
+        let mut guard = if self.id_sent {
+            let key = format!("{}|{session}|{}", self.op().key_letter(), self.id);
+            Guard::for_request(policy, keys, &key, entry.id, license, session, redis_now_ms)
+        } else {
+            // An entry id far ahead of the Redis clock is placed by the clock.
+            let mut guard = Guard::for_entry_at(policy, keys, entry.id, license, session, redis_now_ms);
+            guard.entry_id = entry.key();
+            guard
+        };
+        guard.redelivery = true;
+        guard.deadline_ms = deadline(entry.id, self.ttl_ms, policy.dedupe_window_ms, redis_now_ms);
+        guard
     }
 
     /// The script call that decides this request on the license's `keys`,
@@ -230,14 +305,18 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
     // Reply address first, so that every later refusal can be answered.
     let reply_to = parse_reply_to(fields, rules.reply_prefix)?;
     echo.reply_to = reply_to.clone();
-    if let Some(id) = parse_request_id(fields)? {
+    let id_sent = if let Some(id) = parse_request_id(fields)? {
         echo.id = id.to_owned();
-    }
+        true
+    } else {
+        false
+    };
     check_unique(fields)?;
     echo_valid_parts(fields, echo);
     let op = parse_op(fields, lane)?;
     let license = parse_id(fields, RequestField::License)?;
     let session = parse_id(fields, RequestField::Session)?;
+    let ttl_ms = parse_ttl_ms(fields, rules)?;
     let action = match op {
         Op::Acquire => Action::Acquire(Acquire::parse(fields, rules)?),
         Op::Release => Action::Release(Release::parse(fields, rules)?),
@@ -246,6 +325,8 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
     };
     Ok(Request {
         id: echo.id.clone(),
+        id_sent,
+        ttl_ms,
         license,
         session,
         reply_to,

@@ -16,6 +16,7 @@ pub(super) const STATUSES: &[Status] = &[
     Status::LicenseNotFound,
     Status::LeaseMismatch,
     Status::SessionRevoked,
+    Status::RequestExpired,
     Status::Error,
 ];
 

@@ -14,7 +14,12 @@ use super::fields::{parse_policy, parse_text, parse_wait_ms, Fields, Refusal};
 pub const UNKNOWN_ACTOR: &str = "unknown";
 
 /// The statuses a revoke can be answered with (lua/revoke.lua's header).
-pub(super) const STATUSES: &[Status] = &[Status::Revoked, Status::SessionNotFound, Status::Error];
+pub(super) const STATUSES: &[Status] = &[
+    Status::Revoked,
+    Status::SessionNotFound,
+    Status::RequestExpired,
+    Status::Error,
+];
 
 /// A revoke's own fields: who revokes, why, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +78,7 @@ impl Revoke {
 
 /// lua/revoke.lua's arguments: `ARGV[8]` and `ARGV[10]` (the session, the
 /// service's heartbeat timeout; no lease: a revoke goes around the one the
-/// seat is bound to) and its own `ARGV[11..15]`.
+/// seat is bound to) and its own `ARGV[12..16]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -105,11 +110,11 @@ impl RevokeArgs<'_> {
         };
         scripts
             .request(ScriptName::Revoke, keys, guard, &shared)
-            .arg(self.reason) // ARGV[11]
-            .arg(self.actor) // ARGV[12]
-            .arg(self.cooldown_ms) // ARGV[13]
-            .arg(self.remember_ms) // ARGV[14]
-            .arg(self.max_remembered) // ARGV[15]
+            .arg(self.reason) // ARGV[12]
+            .arg(self.actor) // ARGV[13]
+            .arg(self.cooldown_ms) // ARGV[14]
+            .arg(self.remember_ms) // ARGV[15]
+            .arg(self.max_remembered) // ARGV[16]
             .finish()
     }
 }

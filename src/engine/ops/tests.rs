@@ -4,8 +4,10 @@ use proptest::prelude::*;
 
 use super::fields::MAX_ECHOED_OP_LEN;
 use super::*;
+use crate::engine::keys::Keys;
 use crate::engine::policy::{RequestPolicy, MAX_BORROW_MS, MAX_PRIORITY};
 use crate::engine::protocol::*;
+use crate::engine::scripts::GuardPolicy;
 
 /// The acquire `req` is, or a test failure.
 fn acquire(req: &Request) -> &Acquire {
@@ -208,6 +210,44 @@ fn malformed_requests_name_the_field_and_keep_the_reply_address() {
             ],
             "borrow_ms",
         ),
+        (
+            vec![
+                ("op", b"release"),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("ttl_ms", b"0"),
+            ],
+            "ttl_ms",
+        ),
+        (
+            vec![
+                ("op", b"heartbeat"),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("ttl_ms", b"86400001"),
+            ],
+            "ttl_ms",
+        ),
+        (
+            vec![
+                ("op", b"acquire"),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("ttl_ms", b"+5"),
+            ],
+            "ttl_ms",
+        ),
+        (
+            // Checked before the op's own fields.
+            vec![
+                ("op", b"acquire"),
+                ("license", b"a"),
+                ("session", b"s"),
+                ("ttl_ms", b"5s"),
+                ("meta", b"[]"),
+            ],
+            "ttl_ms",
+        ),
     ];
     for (mut pairs, field) in cases {
         pairs.push(("reply_to", b"seat:reply:c1"));
@@ -225,6 +265,7 @@ fn rules(require_lease: bool, max_entry_bytes: usize) -> Rules<'static> {
         reply_prefix: "seat:reply:",
         require_lease,
         max_entry_bytes,
+        ..Rules::new("seat:reply:")
     }
 }
 
@@ -673,4 +714,102 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn ttl_ms_defaults_and_is_capped_by_the_service() {
+    let rules = Rules {
+        default_ttl_ms: 30_000,
+        max_ttl_ms: 45_000,
+        ..Rules::new("seat:reply:")
+    };
+    let ttl = |pairs: &[(&str, &[u8])]| {
+        let mut pairs = pairs.to_vec();
+        pairs.extend_from_slice(&[("license", b"a"), ("session", b"s")]);
+        parse_request("1-0", &entry(&pairs), &rules).unwrap().ttl_ms
+    };
+    assert_eq!(ttl(&[("op", b"acquire")]), 30_000, "the default");
+    assert_eq!(ttl(&[("op", b"heartbeat"), ("ttl_ms", b"5000")]), 5_000);
+    assert_eq!(
+        ttl(&[("op", b"release"), ("ttl_ms", b"86400000")]),
+        45_000,
+        "the cap"
+    );
+    let revoke = parse_entry(
+        Lane::Admin,
+        "1-0",
+        &entry(&[
+            ("op", b"revoke"),
+            ("reason", b"audit"),
+            ("license", b"a"),
+            ("session", b"s"),
+            ("ttl_ms", b"700"),
+        ]),
+        &rules,
+    )
+    .unwrap();
+    assert_eq!(revoke.ttl_ms, 700, "the admin stream's too");
+    let never = Rules {
+        default_ttl_ms: 0,
+        ..rules
+    };
+    let req = parse_request(
+        "1-0",
+        &entry(&[("op", b"acquire"), ("license", b"a"), ("session", b"s")]),
+        &never,
+    );
+    assert_eq!(req.unwrap().ttl_ms, 0, "no default: no deadline");
+}
+
+#[test]
+fn a_request_is_keyed_by_its_callers_id_or_by_its_stream_and_entry() {
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 1,
+    };
+    let keys = Keys::new("seat");
+    let now = 1_796_013_949_007;
+    let entry_id = "1796013949000-3";
+    let at = |lane, shard| EntryAt {
+        lane,
+        shard,
+        id: entry_id,
+    };
+    let with_id = parse(&[
+        ("op", b"release"),
+        ("id", b"r|1"),
+        ("license", b"a"),
+        ("session", b"s"),
+    ])
+    .unwrap();
+    assert!(with_id.id_sent);
+    let g = with_id.guard(&policy, &keys, at(Lane::Requests, Some(2)), Some(now));
+    assert_eq!(
+        g.entry_id, "R|s|r|1",
+        "op, session, id; the script adds the lease hash"
+    );
+    assert!(g.by_request && g.redelivery);
+    // Placed by the clock, looking in the bucket before too.
+    assert_eq!(g.done_key, keys.dedupe("a", now / 60_000));
+    assert_eq!(g.done_before_key, keys.dedupe("a", now / 60_000 - 1));
+    assert_eq!(
+        g.deadline_ms,
+        1_796_013_949_000 + 60_000,
+        "the entry's time plus the default ttl"
+    );
+
+    let bare = parse(&[("op", b"release"), ("license", b"a"), ("session", b"s")]).unwrap();
+    assert!(!bare.id_sent);
+    let key = |lane, shard| bare.guard(&policy, &keys, at(lane, shard), Some(now)).entry_id;
+    assert_eq!(
+        key(Lane::Requests, None),
+        entry_id,
+        "the base stream: the bare id, as before"
+    );
+    assert_eq!(key(Lane::Requests, Some(2)), format!("2:{entry_id}"));
+    assert_eq!(key(Lane::Admin, None), format!("admin:{entry_id}"));
+    let g = bare.guard(&policy, &keys, at(Lane::Requests, None), Some(now));
+    assert!(!g.by_request && g.redelivery);
 }

@@ -10,10 +10,10 @@ use tracing::warn;
 use super::read::{Entry, Source};
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
-use crate::engine::keys::Keys;
-use crate::engine::ops::{Action, Lane, Request};
+use crate::engine::keys::{shard_names, Keys};
+use crate::engine::ops::{EntryAt, Lane, Request};
 use crate::engine::protocol::{self, Reply};
-use crate::engine::scripts::{Guard, Outcome, Scripts, SeatCall};
+use crate::engine::scripts::{Outcome, Scripts, SeatCall};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
@@ -46,8 +46,9 @@ pub(super) struct Decider {
 
 /// The Redis server's clock as seen in the scripts' outcomes (`now_ms`),
 /// carried forward on this host's monotonic clock. Only dedupe placement
-/// uses it (engine::scripts::Guard::for_entry_at); decisions read `TIME`
-/// inside the scripts.
+/// and the cap on a chosen entry id's deadline use it
+/// (engine::scripts::Guard::for_entry_at, Guard::for_request, deadline);
+/// decisions, expiry included, read `TIME` inside the scripts.
 #[derive(Debug, Default)]
 pub(super) struct RedisClock {
     /// The latest Redis time seen, ms, and when it was seen here.
@@ -196,7 +197,8 @@ impl Decider {
             }
         }
         let mut items = self.plan(lane, batch);
-        self.send(&mut con, &mut items).await;
+        let shard = self.shard_index(lane, stream);
+        self.send(&mut con, &mut items, shard).await;
         self.settle(&mut con, stream, &mut items, source).await
     }
 
@@ -238,13 +240,18 @@ impl Decider {
     /// Runs the seat script of every valid request in one pipeline. Scripts
     /// that Redis no longer knows (NOSCRIPT after a restart or SCRIPT FLUSH)
     /// did not run, so they are re-run one by one, which re-loads them.
-    async fn send(&self, con: &mut Db, items: &mut [Item]) {
+    async fn send(&self, con: &mut Db, items: &mut [Item], shard: Option<usize>) {
         let scripts = Scripts::get();
         let mut calls: Vec<(&mut Item, SeatCall<'_>)> = items
             .iter_mut()
             .filter_map(|item| {
                 let Some(Ok(req)) = &item.request else { return None };
-                let call = self.seat_call(scripts, &item.entry, req);
+                let at = EntryAt {
+                    lane: item.lane,
+                    shard,
+                    id: &item.entry.id,
+                };
+                let call = self.seat_call(scripts, at, req);
                 Some((item, call))
             })
             .collect();
@@ -294,28 +301,30 @@ impl Decider {
         }
     }
 
-    /// The seat-script call deciding `req`, read from stream entry `entry`.
-    fn seat_call<'a>(&self, scripts: &'a Scripts, entry: &Entry, req: &Request) -> SeatCall<'a> {
+    /// The seat-script call deciding `req`, read at `entry`.
+    fn seat_call<'a>(&self, scripts: &'a Scripts, entry: EntryAt<'_>, req: &Request) -> SeatCall<'a> {
         let keys = self.keys.license(&req.license);
-        // An entry id far ahead of the Redis clock is placed by the clock.
-        let mut guard = Guard::for_entry_at(
+        let guard = req.guard(
             &self.settings.guard_policy(),
             &self.keys,
-            &entry.id,
-            &req.license,
-            &req.session,
+            entry,
             self.clock.now_ms(),
         );
-        // Even a first delivery may have been decided before: a worker that
-        // stalled past claim_idle_ms had its batch claimed by another.
-        guard.redelivery = true;
-        if let Action::Revoke(_) = req.action {
-            // Entry ids are per stream: an admin entry may carry the id of
-            // a request entry of the same license, and must not find its
-            // dedupe record (nor leave one that request would find).
-            guard.entry_id = format!("admin:{}", entry.id);
-        }
         req.call(scripts, &keys, &guard, &self.settings.service_defaults())
+    }
+
+    /// Which requests shard `stream`, of `lane`, is: `None` for the base
+    /// requests stream (the only one when unsharded) and the admin stream.
+    /// Entry ids are unique per stream only, so a request's dedupe key names
+    /// its shard (engine::ops::EntryAt).
+    fn shard_index(&self, lane: Lane, stream: &str) -> Option<usize> {
+        let s = &self.settings.stream;
+        if lane != Lane::Requests || s.shards <= 1 {
+            return None;
+        }
+        shard_names(&s.requests, s.shards)
+            .iter()
+            .position(|name| name == stream)
     }
 }
 
