@@ -110,7 +110,7 @@ local function decide(now, default_timeout)
   return outcome('HEARTBEAT_UPDATED', rcall('ZCARD', K.holders), total, count, now, {})
 end
 
-local result = run_request(decide, true, holder_lease_refusal, session, lease)
+local result, _, default_timeout = run_request(decide, true, holder_lease_refusal, session, lease)
 -- The due index slots (outcome.lua [9]..[11]); a replay (dedupe.lua) comes
 -- with [1..8] only.
 result[9], result[10], result[11] = stale_at or 0, 0, 0

@@ -378,11 +378,18 @@ impl Publisher {
                 position: None,
                 waited_ms: Some(note.waited_ms),
                 heartbeat_timeout_ms: note.heartbeat_timeout_ms,
+                held_since_ms: note.held_since_ms,
                 priority: None,
                 linger_ms: None,
                 borrowed_until_ms: None,
                 error: match note.status {
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
+                    // A GRANTED the reaper found undelivered, its seat gone
+                    // meanwhile (lua/reap.lua): the final answer.
+                    Status::SessionNotActive => Some(
+                        "the seat granted to this waiter was taken back before the grant was delivered; acquire again"
+                            .to_owned(),
+                    ),
                     other => other.refusal_reason().map(str::to_owned),
                 },
             };
@@ -490,6 +497,7 @@ mod tests {
             linger_ms: None,
             priority: None,
             heartbeat_timeout_ms: None,
+            held_since_ms: None,
         };
         let replies = [(a, &reply), (a, &reply), (b, &reply), ("elsewhere", &reply)];
         let mut results = vec![None; replies.len()];

@@ -12,6 +12,7 @@ mod hardening;
 mod invalid;
 mod lease;
 mod metrics;
+mod outage;
 mod page;
 mod policy;
 mod prometheus;

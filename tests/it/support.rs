@@ -805,6 +805,17 @@ impl WorkerProcess {
         let _ = self.child.0.wait();
     }
 
+    /// Sends signal `name` (`STOP`, `CONT`, ...) to the process, still
+    /// ours: never reaped while the handle lives.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.0.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
     /// SIGTERM, then waits (at most `within`) for the exit status.
     pub async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         let pid = self.child.0.id().to_string();
