@@ -128,7 +128,8 @@ local function unheard_grant(session)
     return false
   end
   local acquired_at, heartbeats = parse_session_record(record)
-  return heartbeats == 0 and rcall('HEXISTS', K.outbox, 'GRANTED:' .. session .. ':' .. acquired_at) == 1
+  -- HGET, not HEXISTS: the worker's ACL user has the one (ops/redis-users.acl).
+  return heartbeats == 0 and rcall('HGET', K.outbox, 'GRANTED:' .. session .. ':' .. acquired_at) ~= false
 end
 
 -- Up to `limit` outbox notes older than `max_age` that this step did not
@@ -195,12 +196,16 @@ local horizon = now
 if watermark > 0 and watermark < now then
   horizon = watermark
 end
-local stale, candidates = {}, {}
+local stale, candidates, skipped = {}, {}, false
+-- Whether the outage rule moved the line at all.
+local ruled = horizon < now or horizon - timeout < resumed_at
 if horizon - timeout >= resumed_at then
   candidates = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(horizon - timeout), 'LIMIT', '0', ARGV[2])
 end
 for _, session in ipairs(candidates) do
-  if not unheard_grant(session) then
+  if unheard_grant(session) then
+    skipped = true
+  else
     stale[#stale + 1] = session
     rcall('ZREM', K.holders, session)
     rcall('HDEL', K.sessions, session)
@@ -210,7 +215,12 @@ for _, session in ipairs(candidates) do
     end
   end
 end
-local held = rcall('ZCOUNT', K.holders, '-inf', '(' .. ms(now - timeout))
+-- Those left stale by now - timeout (at most `limit` counted; ZCOUNT is not
+-- among the worker's commands): only read when the rule or a grant held any.
+local held = 0
+if ruled or skipped then
+  held = #rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(now - timeout), 'LIMIT', '0', ARGV[2])
+end
 local expired = expire_waiters(now, notes, limit)
 
 local total = license.total

@@ -186,9 +186,15 @@ async fn heartbeats_unread_while_every_worker_is_stopped_still_count() {
     worker.signal("STOP");
     let stopped_at = Instant::now();
     let mut sent = Vec::new();
+    let mut held = 0;
     while stopped_at.elapsed() < 2 * TIMEOUT {
         sent.push(c.send(&Call::new(Op::Heartbeat, "lic", "live")).await.unwrap());
         let pass = r.pass().await.unwrap();
+        assert!(
+            pass.outage.watermark_ms.is_some(),
+            "heartbeats wait unread: {pass:?}"
+        );
+        held = held.max(pass.held);
         assert_eq!(
             pass.evicted,
             0,
@@ -197,6 +203,7 @@ async fn heartbeats_unread_while_every_worker_is_stopped_still_count() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    assert_eq!(held, 2, "both holders were stale by the clock, and kept");
     worker.signal("CONT");
     for id in &sent {
         assert_eq!(
