@@ -317,3 +317,45 @@ async fn a_grant_whose_seat_was_taken_back_is_delivered_as_a_refusal() {
     assert!(!g.ok() && g.is_final(), "a final refusal: {g:?}");
     worker.stop().await;
 }
+
+/// Replies that grant or keep a seat say when its heartbeat clock last
+/// started: ACQUIRED the acquire, ALREADY_ACTIVE the last heartbeat.
+#[tokio::test]
+async fn replies_that_hold_a_seat_carry_held_since_ms() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(1, 60_000)).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    let before = crate::support::redis_ms(&mut con).await;
+    let a = c.call(&acquire("lic", "s", 0), T).await.unwrap();
+    assert_eq!(a.status(), Status::Acquired);
+    let since: i64 = a
+        .get("held_since_ms")
+        .parse()
+        .expect("ACQUIRED carries held_since_ms");
+    assert!(since >= before, "{since} vs {before}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let hb = c.call(&Call::new(Op::Heartbeat, "lic", "s"), T).await.unwrap();
+    assert_eq!(hb.status(), Status::HeartbeatUpdated);
+    let again = c.call(&acquire("lic", "s", 0), T).await.unwrap();
+    assert_eq!(again.status(), Status::AlreadyActive);
+    let beat: i64 = again
+        .get("held_since_ms")
+        .parse()
+        .expect("ALREADY_ACTIVE carries held_since_ms");
+    assert!(
+        beat > since,
+        "the clock restarted at the heartbeat: {beat} vs {since}"
+    );
+    // The outcome itself, of the script run directly with the seat's lease.
+    let lease = c.lease("lic", "s").unwrap();
+    let retried = direct(&settings, "lic", "s")
+        .with_lease(Some(lease.as_str()))
+        .acquire(&mut con)
+        .await;
+    assert_eq!(
+        (retried.status(), retried.held_since_ms),
+        (Status::AlreadyActive, Some(beat))
+    );
+    worker.stop().await;
+}

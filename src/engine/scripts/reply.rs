@@ -601,6 +601,53 @@ mod tests {
     }
 
     #[test]
+    fn held_since_ms_comes_with_a_held_seat_and_a_grant() {
+        let Value::Array(mut acquired) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        assert_eq!(
+            decode_outcome("acquire", Value::Array(acquired.clone()))
+                .unwrap()
+                .held_since_ms,
+            None,
+            "11 slots: none"
+        );
+        acquired.push(Value::Int(77_000));
+        let o = decode_outcome("acquire", Value::Array(acquired)).unwrap();
+        assert_eq!(o.held_since_ms, Some(77_000));
+        let note = |kind: &str| {
+            Value::Array(vec![
+                bulk(kind),
+                bulk("w1"),
+                bulk("r-1"),
+                bulk("seat:reply:w"),
+                Value::Int(5),
+                bulk("id"),
+                Value::Int(88_000),
+            ])
+        };
+        let o = decode_outcome(
+            "release",
+            outcome(
+                "RELEASED",
+                Value::Int(0),
+                vec![note("GRANTED"), note("QUEUE_TIMEOUT"), note("SESSION_NOT_ACTIVE")],
+            ),
+        )
+        .unwrap();
+        let since: Vec<(Status, Option<i64>)> = o.notes.iter().map(|n| (n.status, n.held_since_ms)).collect();
+        assert_eq!(
+            since,
+            [
+                (Status::Granted, Some(88_000)),
+                (Status::QueueTimeout, None),
+                (Status::SessionNotActive, None)
+            ],
+            "only a grant carries it"
+        );
+    }
+
+    #[test]
     fn the_detail_slot_means_what_the_status_says() {
         let o = decode_outcome("heartbeat", outcome("HEARTBEAT_UPDATED", Value::Int(7), vec![])).unwrap();
         assert_eq!(o.decision, Decision::HeartbeatUpdated { heartbeats: 7 });
