@@ -147,6 +147,7 @@ async fn main() -> Result<(), Failure> {
                         limit: 100,
                         redeliver_after_ms: 30_000,
                         outbox: &cursor,
+                        outage: Default::default(),
                     },
                 );
                 pipe.add_command(step.cmd());

@@ -57,8 +57,9 @@
     REQUEST_EXPIRED     read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
   The outcome carries the license's times for the reaper's due index where
-  the call may have moved them, and the heartbeat timeout in force
-  (includes/due.lua, due_report).
+  the call may have moved them, the heartbeat timeout in force and, on
+  ACQUIRED and ALREADY_ACTIVE (replays too), held_since_ms: when the seat's
+  heartbeat clock last started (includes/due.lua, due_report).
   notes: waiters granted or timed out on the way (free seats always go to the
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
@@ -237,4 +238,4 @@ local function decide(now, default_timeout)
 end
 
 local result, now, default_timeout = run_request(decide, true, seat_lease_refusal, session, lease)
-return due_report(result, now, default_timeout, timeout)
+return due_report(result, now, default_timeout, timeout, nil, session)

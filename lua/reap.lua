@@ -23,19 +23,33 @@
   left, the step says `more` and the reaper calls it again, passing back the
   outbox position, until `more` is 0; so no single call blocks Redis for long.
 
+  The outage rule (docs/operations.md): time the service was away does not
+  count against heartbeats. A session is evicted only when its last
+  heartbeat is older than H - timeout, where H = min(now, ARGV[5]) (a
+  heartbeat still unread in a requests stream was sent in time), and only
+  once H - timeout >= ARGV[6] (every holder gets a whole timeout after the
+  service resumed). Nor is a session evicted that never heard of its seat:
+  granted from the queue, no heartbeat since, its GRANTED still in the
+  outbox. Sessions left stale this way stay due (the stale time reported is
+  then in the past), so a later pass evicts them.
+
   KEYS[1..11] the license keys (includes/keys.lua)
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
   ARGV[2]  limit: most evictions, waiter removals, grants and re-delivered notes
   ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
   ARGV[4]  outbox cursor: '0' starts a scan of the outbox; '' means this pass
            has scanned it through; else the cursor the last step returned
-  ARGV[5..] note ids the last step's page held beyond the limit, handed out
+  ARGV[5]  read watermark (Redis ms): the time of the oldest request not yet
+           decided in any requests stream; 0 when none waits
+  ARGV[6]  resumed_at (Redis ms): when service last resumed after a gap (a
+           Redis outage or restart, no reaper); 0 for none known
+  ARGV[7..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
            linger_ended, seats_lingering, seats_borrowed, stale, due,
-           heartbeat_timeout_ms, deleted}
+           heartbeat_timeout_ms, deleted, held}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
     evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
@@ -59,6 +73,14 @@
     deleted      sessions whose seat ended because the license record is
                  gone (each a seat-freed event, reason license_deleted); its
                  waiters' LICENSE_NOT_FOUND notes are in `notes`
+    held         how many sessions stale by now - timeout the outage rule (or an
+                 undelivered grant) kept from eviction in this step
+  A redelivered GRANTED note goes out only while its session still holds a
+  seat, whose heartbeat clock then starts again (ZADD XX: the grant counts
+  from its delivery; a borrowed seat keeps its end), with that time as its
+  held_since_ms (the note's 7th slot, outbox.lua); else it goes out as
+  SESSION_NOT_ACTIVE, the final answer that the unclaimed grant was taken
+  back (src/runtime/publish.rs gives its error).
   src/engine/scripts/reply.rs decodes this reply (Reaped).
   Emits no events: the reaper publishes them from the reply.
 ]]
@@ -74,18 +96,44 @@ local rcall = redis.call
 --- @include "due"
 --- @include "deleted"
 
--- The note (outbox.lua) of outbox field `id` and its decoded record `n`.
+local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cursor = ARGV[4]
+local watermark, resumed_at = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+local pending = {}
+for i = 7, #ARGV do
+  pending[#pending + 1] = ARGV[i]
+end
+local now = now_ms()
+
+-- The note (outbox.lua) of outbox field `id` and its decoded record `n`,
+-- to hand out again. A GRANTED goes out only with its seat (see the header).
 -- Here, not in outbox.lua: only the reaper hands out notes again, and a
 -- helper costs its closure on every run of each script that carries it.
 local function outbox_note(id, n)
-  return {n.kind, n.session, n.id, n.reply_to, n.waited_ms, id}
+  local kind, since = n.kind, n.at
+  if kind == 'GRANTED' then
+    local score = rcall('ZSCORE', K.holders, n.session)
+    if not score or score == LINGERING then
+      kind = 'SESSION_NOT_ACTIVE'
+    elseif not rcall('ZSCORE', K.borrowed, n.session) then
+      rcall('ZADD', K.holders, 'XX', ms(now), n.session)
+      since = now
+    end
+  end
+  return {kind, n.session, n.id, n.reply_to, n.waited_ms, id, since}
 end
 
-local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local cursor = ARGV[4]
-local pending = {}
-for i = 5, #ARGV do
-  pending[#pending + 1] = ARGV[i]
+-- Whether `session` was granted its seat from the queue and never heard of
+-- it: no heartbeat since, and its GRANTED still in the outbox (note ids are
+-- "GRANTED:<session>:<grant time>", the session record's acquired_at).
+local function unheard_grant(session)
+  local record = rcall('HGET', K.sessions, session)
+  if not record then
+    return false
+  end
+  local acquired_at, heartbeats = parse_session_record(record)
+  -- HGET, not HEXISTS: the worker's ACL user has the one (ops/redis-users.acl).
+  return heartbeats == 0 and rcall('HGET', K.outbox, 'GRANTED:' .. session .. ':' .. acquired_at) ~= false
 end
 
 -- Up to `limit` outbox notes older than `max_age` that this step did not
@@ -134,7 +182,6 @@ local function scan_outbox(now, fresh)
   return out, page[1], rest
 end
 
-local now = now_ms()
 local notes = {}
 
 -- The record is gone: end what is left on the license, hand out its outbox.
@@ -150,7 +197,7 @@ if rcall('EXISTS', K.license) == 0 then
   end
   local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
   return {0, 0, now, {}, notes, more, 0, redeliver, next_cursor, next_pending, {}, {}, 0, 0, stale_at, work_at,
-    default_timeout, deleted}
+    default_timeout, deleted, 0}
 end
 
 local license = license_state(now)
@@ -162,17 +209,38 @@ local timeout = license.heartbeat_timeout_ms or default_timeout
 -- as borrow_ended, not found stale a timeout later.
 local borrow_ended = owners().end_seats(K.borrowed, now, limit)
 local linger_ended = owners().end_seats(K.lingering, now, limit)
--- Stale: last heartbeat strictly older than now - timeout.
+-- Stale: last heartbeat strictly older than H - timeout (the outage rule,
+-- in the header).
 -- Numbers go to Redis as strings made with '%d' (clock.lua's ms): Lua would
 -- write each with '%.17g', which was a tenth of this script's instructions.
-local stale = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(now - timeout), 'LIMIT', '0', ARGV[2])
-for _, session in ipairs(stale) do
-  rcall('ZREM', K.holders, session)
-  rcall('HDEL', K.sessions, session)
-  local owner = owner_of(session)
-  if owner then
-    owners().gone(session, owner)
+local horizon = now
+if watermark > 0 and watermark < now then
+  horizon = watermark
+end
+local stale, candidates, skipped = {}, {}, false
+-- Whether the outage rule moved the line at all.
+local ruled = horizon < now or horizon - timeout < resumed_at
+if horizon - timeout >= resumed_at then
+  candidates = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(horizon - timeout), 'LIMIT', '0', ARGV[2])
+end
+for _, session in ipairs(candidates) do
+  if unheard_grant(session) then
+    skipped = true
+  else
+    stale[#stale + 1] = session
+    rcall('ZREM', K.holders, session)
+    rcall('HDEL', K.sessions, session)
+    local owner = owner_of(session)
+    if owner then
+      owners().gone(session, owner)
+    end
   end
+end
+-- Those left stale by now - timeout (at most `limit` counted; ZCOUNT is not
+-- among the worker's commands): only read when the rule or a grant held any.
+local held = 0
+if ruled or skipped then
+  held = #rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(now - timeout), 'LIMIT', '0', ARGV[2])
 end
 local expired = expire_waiters(now, notes, limit)
 
@@ -193,4 +261,4 @@ end
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
   borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
-  stale_at, work_at, timeout, {}}
+  stale_at, work_at, timeout, {}, held}

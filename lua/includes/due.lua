@@ -45,14 +45,19 @@
 --     then finds it gone (or, if still there, not yet old enough to hand
 --     out again);
 --   both after a replay (its first delivery may have died before filing);
---   the heartbeat timeout on the replies that carry it.
+--   the heartbeat timeout on the replies that carry it;
+--   with `session` (acquire), [12] held_since_ms on ACQUIRED and
+--     ALREADY_ACTIVE, replays included: when the seat's heartbeat clock
+--     last started, its score in the holders (the seat taken, or its last
+--     heartbeat; now for a borrowed or lingering one, which no heartbeat
+--     keeps), or, for a replay whose seat is gone, the first decision's time.
 -- (heartbeat.lua, which only ever moves the stale time on, fills in its own.)
 -- Without `result` (reap.lua): returns the heartbeat timeout in force, the
 -- stale time and the other-work time, with an undelivered reply due at
 -- `outbox_due`.
 -- `default` is the service's heartbeat timeout (ms); `timeout`, the one in
 -- force, when the script read it already (else nil).
-local function due_report(result, now, default, timeout, outbox_due)
+local function due_report(result, now, default, timeout, outbox_due, session)
   local stale, work, holds, alone = true, true, false, false
   if result then
     for i = 9, 11 do
@@ -109,6 +114,15 @@ local function due_report(result, now, default, timeout, outbox_due)
   result[9], result[10] = stale_at, work_at
   if holds then
     result[11] = timeout
+  end
+  if session and (result[1] == 'ACQUIRED' or result[1] == 'ALREADY_ACTIVE') then
+    local score = tonumber(rcall('ZSCORE', K.holders, session))
+    if not score then
+      score = tonumber(result[5]) or now
+    elseif score > now then
+      score = now
+    end
+    result[12] = score
   end
   return result
 end

@@ -4,12 +4,17 @@
 
   A note, as it appears in a script's reply (decoded by
   src/engine/scripts/reply.rs, Note):
-    {kind, session, request_id, reply_to, waited_ms, note_id}
+    {kind, session, request_id, reply_to, waited_ms, note_id, held_since_ms}
       kind      GRANTED (a waiter now holds a seat), QUEUE_TIMEOUT (a
                 waiter gave up), SESSION_REVOKED (an administrator took
                 the waiter's place away, revoke.lua) or LICENSE_NOT_FOUND
-                (the license was deleted while it waited, deleted.lua)
+                (the license was deleted while it waited, deleted.lua);
+                reap.lua hands out a GRANTED whose seat is gone as
+                SESSION_NOT_ACTIVE
       note_id   its field in the outbox: "<kind>:<session>:<now_ms>"
+      held_since_ms  when the granted seat's heartbeat clock started (Redis
+                ms): the grant, or its redelivery (reap.lua), which a
+                GRANTED reply carries
   The outbox record, the field's value, JSON:
     {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)
   Notes with a reply_to are kept in the outbox until delivered: the worker
@@ -28,5 +33,5 @@ local function note(notes, now, kind, session, w)
       kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
     }))
   end
-  notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id}
+  notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id, now}
 end

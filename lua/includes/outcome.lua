@@ -38,6 +38,9 @@
                      ALREADY_ACTIVE, GRANTED and HEARTBEAT_UPDATED replies
                      carry: on those statuses and with notes, else 0
                      (HEARTBEAT_UPDATED's is filled in by heartbeat.lua)
+    [12] held_since_ms  acquire's ACQUIRED and ALREADY_ACTIVE only (else
+                     absent): when the seat's heartbeat clock last started
+                     (due.lua), which those replies carry
   The worker files [9] and [10] in the due index. [9]..[11] are filled in
   last (due.lua, due_report), from the state the script leaves, replays
   included: the dedupe record keeps only [1..6].

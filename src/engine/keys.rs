@@ -165,6 +165,15 @@ impl Keys {
     pub fn reaper_lock(&self) -> String {
         format!("{}:reaper:lock", self.prefix)
     }
+
+    /// HASH of the reaper's clock, next to its lock: `last_pass` (Redis ms
+    /// of the end of the last pass), `period_ms` (the schedule's period as
+    /// the leader saw it), `resumed_at` and `gap_ms` (when service last
+    /// resumed after a gap, and how long the gap was). The outage rule
+    /// (runtime::reaper, lua/reap.lua) reads it.
+    pub fn reaper_clock(&self) -> String {
+        format!("{}:reaper:clock", self.prefix)
+    }
 }
 
 /// The keys of one shard of the due index.

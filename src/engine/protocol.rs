@@ -220,6 +220,11 @@ pub struct Reply {
     /// well within it (a third of it), without having to know the service's
     /// settings, and follows it when an operator changes it.
     pub heartbeat_timeout_ms: Option<i64>,
+    /// When the seat's heartbeat clock last started, Redis ms (ACQUIRED,
+    /// ALREADY_ACTIVE, GRANTED, and their replays): the session must
+    /// heartbeat before this plus `heartbeat_timeout_ms`; a client that
+    /// reads an old answer sees so and heartbeats at once.
+    pub held_since_ms: Option<i64>,
     /// The queue priority the session got (QUEUED with a priority above 0).
     pub priority: Option<i64>,
     /// How long the released seat lingers with the session, ms (RELEASED
@@ -246,6 +251,7 @@ impl Reply {
             position: None,
             waited_ms: None,
             heartbeat_timeout_ms: None,
+            held_since_ms: None,
             priority: None,
             linger_ms: None,
             borrowed_until_ms: None,
@@ -276,6 +282,9 @@ impl Reply {
         }
         if let Some(n) = self.heartbeat_timeout_ms {
             out.push(("heartbeat_timeout_ms", n.to_string()));
+        }
+        if let Some(n) = self.held_since_ms {
+            out.push(("held_since_ms", n.to_string()));
         }
         let policy = [
             ("priority", self.priority),

@@ -389,6 +389,22 @@ pub struct ReapArgs<'a> {
     pub redeliver_after_ms: u64,
     /// Where this pass stands in the outbox ([`OutboxCursor::start`] for its first step).
     pub outbox: &'a OutboxCursor,
+    /// What the outage rule allows for (docs/operations.md, "The outage rule").
+    pub outage: Outage,
+}
+
+/// What a reaper pass allows for under the outage rule (lua/reap.lua):
+/// time the service was away is not counted against heartbeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outage {
+    /// The read watermark, Redis ms: the time of the oldest request not yet
+    /// decided in any requests stream (a heartbeat waiting there was sent
+    /// in time); `None` when none waits.
+    pub watermark_ms: Option<i64>,
+    /// When service last resumed after a gap (Redis away or restarted, no
+    /// reaper), Redis ms: every holder gets a whole heartbeat timeout after
+    /// it; `None` for none known.
+    pub resumed_at_ms: Option<i64>,
 }
 
 /// The lowest score of a license claimed by a reaper pass in the due index
@@ -546,9 +562,11 @@ impl Scripts {
         call.arg(args.default_timeout_ms) // ARGV[1]
             .arg(args.limit) // ARGV[2]
             .arg(args.redeliver_after_ms) // ARGV[3]
-            .arg(&args.outbox.cursor); // ARGV[4]
+            .arg(&args.outbox.cursor) // ARGV[4]
+            .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
+            .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
         for id in &args.outbox.pending {
-            call.arg(id); // ARGV[5..]
+            call.arg(id); // ARGV[7..]
         }
         ScriptCall {
             name: ScriptName::Reap.as_str(),

@@ -83,6 +83,12 @@ pub const REDIS_UP: &str = "seatgate_redis_up";
 pub const REAPER_LEADER: &str = "seatgate_reaper_leader";
 /// Unix time of this process's last reaper pass that succeeded.
 pub const REAPER_LAST_SUCCESS: &str = "seatgate_reaper_last_success_timestamp_seconds";
+/// The service gap this process's last reaper pass allowed for under the
+/// outage rule, seconds: the read lag, or the last gap between passes while
+/// the holders' grace after it lasts (0: none).
+pub const REAPER_GRACE: &str = "seatgate_reaper_grace_seconds";
+/// Reaper passes that kept stale sessions from eviction under the outage rule.
+pub const REAPER_HELD_PASSES: &str = "seatgate_reaper_held_passes_total";
 
 /// Refusals answered, by `license` (bounded) and `reason` (snapshot series).
 pub const DENIALS: &str = "seatgate_denials_total";
@@ -252,6 +258,14 @@ pub fn init(license_series_limit: usize) {
         REAPER_LAST_SUCCESS,
         "Unix time of this process's last successful reaper pass."
     );
+    describe_gauge!(
+        REAPER_GRACE,
+        "Service gap (unread requests, or no reaper pass: Redis away) this process's last reaper pass did not count against heartbeats, seconds."
+    );
+    describe_counter!(
+        REAPER_HELD_PASSES,
+        "Reaper passes that kept sessions stale by the heartbeat timeout from eviction under the outage rule."
+    );
 
     // Each op's statuses (its file in engine::ops lists them), and `invalid`
     // for a request without a usable op.
@@ -287,6 +301,7 @@ pub fn init(license_series_limit: usize) {
         EVENT_ERRORS,
         REFUSED_REPLY_TO,
         FUTURE_ENTRY_IDS,
+        REAPER_HELD_PASSES,
     ] {
         counter!(name).absolute(0);
     }
@@ -294,6 +309,7 @@ pub fn init(license_series_limit: usize) {
     gauge!(READY).set(0.0);
     gauge!(REDIS_UP).set(0.0);
     gauge!(REAPER_LEADER).set(0.0);
+    gauge!(REAPER_GRACE).set(0.0);
 }
 
 /// Records one seat-script call, the seed's two metrics: its round trip (for
@@ -381,6 +397,15 @@ pub fn queue_outcome(status: Status, waited_ms: i64) {
 /// Records the duration of one reaper pass.
 pub fn reaper_pass(elapsed: Duration) {
     histogram!(REAPER_PASS).record(elapsed.as_secs_f64());
+}
+
+/// Records what a reaper pass allowed for under the outage rule: the gap,
+/// ms, and the sessions it kept from eviction.
+pub fn reaper_grace(gap_ms: i64, held: usize) {
+    gauge!(REAPER_GRACE).set(gap_ms.max(0) as f64 / 1000.0);
+    if held > 0 {
+        counter!(REAPER_HELD_PASSES).increment(1);
+    }
 }
 
 /// Records that a reaper pass of this process succeeded, now.

@@ -378,6 +378,7 @@ impl Publisher {
                 position: None,
                 waited_ms: Some(note.waited_ms),
                 heartbeat_timeout_ms: note.heartbeat_timeout_ms,
+                held_since_ms: note.held_since_ms,
                 priority: None,
                 linger_ms: None,
                 borrowed_until_ms: None,
@@ -388,6 +389,12 @@ impl Publisher {
                         "the license was deleted while the session waited ({} ms)",
                         note.waited_ms
                     )),
+                    // A GRANTED the reaper found undelivered, its seat gone
+                    // meanwhile (lua/reap.lua): the final answer.
+                    Status::SessionNotActive => Some(
+                        "the seat granted to this waiter was taken back before the grant was delivered; acquire again"
+                            .to_owned(),
+                    ),
                     other => other.refusal_reason().map(str::to_owned),
                 },
             };
@@ -498,6 +505,7 @@ mod tests {
             linger_ms: None,
             priority: None,
             heartbeat_timeout_ms: None,
+            held_since_ms: None,
         };
         let replies = [(a, &reply), (a, &reply), (b, &reply), ("elsewhere", &reply)];
         let mut results = vec![None; replies.len()];

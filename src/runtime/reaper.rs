@@ -14,6 +14,13 @@
 //! lock expires. The leader alone exports the shared-state metrics (seats,
 //! queues, stream backlog), so they are right however many processes are
 //! scraped. Correctness never depends on that lock.
+//!
+//! The outage rule: time the service was away is not counted against
+//! heartbeats. Each pass finds the read watermark (the oldest request not yet
+//! decided in any requests stream) and whether service just resumed after a
+//! gap (its previous pass, kept in `seat:reaper:clock`, older than two
+//! periods), and lua/reap.lua evicts by them (its header, and
+//! docs/operations.md, "The outage rule").
 
 use std::collections::HashMap;
 use std::fmt;
@@ -29,7 +36,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::engine::keys::DueKeys;
 use crate::engine::keys::Keys;
-use crate::engine::scripts::{OutboxCursor, ReapArgs, Scripts};
+use crate::engine::scripts::{Outage, OutboxCursor, ReapArgs, Scripts};
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::due::{DueIndex, Sweep};
@@ -54,6 +61,11 @@ pub struct PassReport {
     pub licenses: usize,
     /// Sessions evicted (stale heartbeat).
     pub evicted: usize,
+    /// Sessions stale by the plain heartbeat timeout that the outage rule,
+    /// or a grant not yet delivered, kept from eviction.
+    pub held: usize,
+    /// What the pass allowed for under the outage rule.
+    pub outage: Outage,
     /// Lingering and borrowed seats freed because their linger or borrow ended.
     pub ended: usize,
     /// Waiters granted a seat.
@@ -128,6 +140,10 @@ pub struct Reaper {
     claim_ms: u64,
     /// The admin stream, trimmed and cleaned like a shard.
     admin_stream: String,
+    /// The schedule's period, ms (its longest gap between two ticks; 0
+    /// when it cannot be read). A pass writes it next to its own time, so
+    /// that any reaper can tell a gap between passes from the normal beat.
+    period_ms: u64,
 }
 
 impl Reaper {
@@ -154,7 +170,140 @@ impl Reaper {
             sweep: Arc::default(),
             claim_ms: settings.reaper.lock_ms,
             admin_stream: settings.stream.admin_requests.clone(),
+            period_ms: schedule_period_ms(&settings.reaper.schedule).unwrap_or(0),
         }
+    }
+
+    /// What the next reap may allow for under the outage rule, at Redis
+    /// time `now_ms`: the read watermark, and when service last resumed. A
+    /// previous pass (`last_pass` in `seat:reaper:clock`) older than two
+    /// periods (or than `reaper.lock_ms` while no period is known) means
+    /// nobody could reap for a while: Redis was away or restarted, or no
+    /// reaper ran; service resumed now, and that is recorded.
+    async fn outage(&self, con: &mut Db, now_ms: i64) -> Result<(Outage, Option<i64>), Error> {
+        let clock = self.keys.reaper_clock();
+        let (last, period, resumed, gap): (Option<i64>, Option<i64>, Option<i64>, Option<i64>) =
+            redis::cmd("HMGET")
+                .arg(&clock)
+                .arg("last_pass")
+                .arg("period_ms")
+                .arg("resumed_at")
+                .arg("gap_ms")
+                .query_async(con)
+                .await?;
+        let threshold = match period {
+            Some(p) if p > 0 => 2 * p,
+            _ => i64::try_from(self.claim_ms).unwrap_or(i64::MAX),
+        };
+        let (mut resumed_at, mut gap_ms) = (resumed, gap);
+        if let Some(last) = last.filter(|last| now_ms - last > threshold) {
+            let gap = now_ms - last;
+            warn!(
+                gap_ms = gap,
+                "no reaper pass for longer than two periods (Redis away or restarted, or no reaper):                  every holder gets a whole heartbeat timeout from now before it is evicted"
+            );
+            let _: () = redis::cmd("HSET")
+                .arg(&clock)
+                .arg("resumed_at")
+                .arg(now_ms)
+                .arg("gap_ms")
+                .arg(gap)
+                .query_async(con)
+                .await?;
+            resumed_at = Some(now_ms);
+            gap_ms = Some(gap);
+        }
+        let watermark_ms = self.read_watermark(con).await;
+        let outage = Outage {
+            watermark_ms,
+            resumed_at_ms: resumed_at.filter(|ms| *ms > 0),
+        };
+        // The gap allowed for now: the read lag, or the last gap while the
+        // holders' grace after it lasts (a default timeout).
+        let lag = watermark_ms.map_or(0, |w| (now_ms - w).max(0));
+        let default_timeout = i64::try_from(self.default_timeout_ms).unwrap_or(i64::MAX);
+        let resumed_gap = match (resumed_at, gap_ms) {
+            (Some(at), Some(gap)) if now_ms < at.saturating_add(default_timeout) => gap,
+            _ => 0,
+        };
+        Ok((outage, Some(lag.max(resumed_gap))))
+    }
+
+    /// The read watermark: the Redis time (ms) of the oldest request not yet
+    /// decided in any requests stream, `None` when none waits. Per stream,
+    /// the oldest entry pending in the group (`XPENDING`'s summary), else,
+    /// when entries wait undelivered (`XINFO GROUPS` lag), the last
+    /// delivered one's time, a lower bound of theirs (no `XRANGE`: the
+    /// worker's ACL user has only the commands it needs). A stream that
+    /// cannot be read counts as none.
+    async fn read_watermark(&self, con: &mut Db) -> Option<i64> {
+        let mut oldest: Option<StreamId> = None;
+        for stream in &self.request_streams {
+            let groups: redis::RedisResult<Vec<HashMap<String, Value>>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(stream)
+                .query_async(con)
+                .await;
+            let Ok(groups) = groups else { continue };
+            let field = |g: &HashMap<String, Value>, k: &str| g.get(k).cloned();
+            let Some(ours) = groups.iter().find(|g| {
+                field(g, "name")
+                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                    .is_some_and(|n| n == self.stream.group)
+            }) else {
+                continue;
+            };
+            let int = |k: &str| {
+                field(ours, k)
+                    .and_then(|v| redis::from_redis_value::<Option<i64>>(v).ok())
+                    .flatten()
+            };
+            let mut candidates = Vec::new();
+            if int("pending").unwrap_or(0) > 0 {
+                let summary: redis::RedisResult<Value> = redis::cmd("XPENDING")
+                    .arg(stream)
+                    .arg(&self.stream.group)
+                    .query_async(con)
+                    .await;
+                if let Ok(Value::Array(parts)) = summary {
+                    candidates.extend(
+                        parts
+                            .get(1)
+                            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                            .and_then(|id| StreamId::parse(&id)),
+                    );
+                }
+            }
+            if int("lag").unwrap_or(0) > 0 {
+                let last = field(ours, "last-delivered-id")
+                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                    .and_then(|id| StreamId::parse(&id))
+                    .unwrap_or(StreamId(0, 0));
+                candidates.push(last);
+            }
+            for id in candidates {
+                oldest = Some(oldest.map_or(id, |o| o.min(id)));
+            }
+        }
+        // 0 would read as "none waits": an undelivered entry after 0-0 is
+        // as old as can be.
+        oldest.map(|id| i64::try_from(id.0).unwrap_or(i64::MAX).max(1))
+    }
+
+    /// Records the end of a pass (Redis clock) and the period this process
+    /// sees, for the next pass's look at the gap.
+    async fn record_pass(&self, con: &mut Db) -> Result<(), Error> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.keys.reaper_clock())
+            .arg("last_pass")
+            .arg(secs * 1000 + micros / 1000);
+        let period = self.period_ms;
+        if period > 0 {
+            cmd.arg("period_ms").arg(period);
+        }
+        let _: () = cmd.query_async(con).await?;
+        Ok(())
     }
 
     /// Stream upkeep: trims the requests stream (and the admin stream) of
@@ -288,14 +437,19 @@ impl Reaper {
         if !step.filed.is_empty() {
             info!(count = step.filed.len(), licenses = ?step.filed.iter().take(10).collect::<Vec<_>>(), "filed licenses the due index lacked");
         }
+        let (outage, grace_ms) = self.outage(&mut con, now_ms).await?;
         let mut report = PassReport {
             swept: step.looked_at,
             filed: step.filed,
+            outage,
             ..PassReport::default()
         };
         let mut first_error = None;
         for shard in self.due.shards() {
-            if let Err(e) = self.reap_shard(&mut con, &shard, now_ms, &mut report).await {
+            if let Err(e) = self
+                .reap_shard(&mut con, &shard, now_ms, outage, &mut report)
+                .await
+            {
                 warn!(shard = %shard.due, error = %e, "reaping a due index shard failed; the next pass retries");
                 first_error.get_or_insert(e);
             }
@@ -310,7 +464,19 @@ impl Reaper {
             .collect();
         report.census = sweep.count(seats, step.round_done);
         drop(sweep);
+        if let Err(e) = self.record_pass(&mut con).await {
+            first_error.get_or_insert(e);
+        }
         metrics::reaper_pass(started.elapsed());
+        metrics::reaper_grace(grace_ms.unwrap_or(0), report.held);
+        if report.held > 0 {
+            info!(
+                held = report.held,
+                watermark_ms = ?outage.watermark_ms,
+                resumed_at_ms = ?outage.resumed_at_ms,
+                "outage rule: stale sessions kept for now"
+            );
+        }
         match first_error {
             Some(e)
                 if report.evicted + report.ended + report.granted + report.timed_out + report.deleted
@@ -333,6 +499,7 @@ impl Reaper {
         con: &mut Db,
         shard: &DueKeys,
         now_ms: i64,
+        outage: Outage,
         report: &mut PassReport,
     ) -> Result<(), Error> {
         let (stale, due): (usize, usize) = redis::pipe()
@@ -354,7 +521,7 @@ impl Reaper {
             let page = licenses.len();
             let mut results = futures_util::stream::iter(licenses)
                 .map(|license| async move {
-                    let r = self.reap_one(&license).await;
+                    let r = self.reap_one(&license, outage).await;
                     (license, r)
                 })
                 .buffer_unordered(self.concurrency);
@@ -364,6 +531,7 @@ impl Reaper {
                     Ok((one, (stale, due))) => {
                         report.licenses += 1;
                         report.evicted += one.evicted;
+                        report.held += one.held;
                         report.ended += one.ended;
                         report.granted += one.granted;
                         report.timed_out += one.timed_out;
@@ -391,14 +559,22 @@ impl Reaper {
         Ok(())
     }
 
-    /// Reaps one license until it reports no more work, publishing what happened.
+    /// Reaps one license until it reports no more work, publishing what
+    /// happened, under the outage rule as it stands now.
     pub async fn reap_license(&self, license: &str) -> Result<PassReport, Error> {
-        self.reap_one(license).await.map(|(report, _)| report)
+        let mut con = self.con.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await?;
+        let (outage, _) = self.outage(&mut con, secs * 1000 + micros / 1000).await?;
+        self.reap_one(license, outage).await.map(|(report, _)| report)
     }
 
     /// [`Reaper::reap_license`], and the license's times for the due index
     /// after it (stale, due; `None`: none).
-    async fn reap_one(&self, license: &str) -> Result<(PassReport, (Option<i64>, Option<i64>)), Error> {
+    async fn reap_one(
+        &self,
+        license: &str,
+        outage: Outage,
+    ) -> Result<(PassReport, (Option<i64>, Option<i64>)), Error> {
         let keys = self.keys.license(license);
         let mut con = self.con.clone();
         let mut report = PassReport::default();
@@ -410,6 +586,7 @@ impl Reaper {
                 limit: self.batch,
                 redeliver_after_ms: self.redeliver_after_ms,
                 outbox: &outbox,
+                outage,
             };
             let step = Scripts::get().reap(&keys, &args).run(&mut con).await;
             metrics::script_call(
@@ -476,6 +653,7 @@ impl Reaper {
             report.evicted += step.evicted.len();
             outbox = step.outbox;
             if !step.more {
+                report.held = usize::try_from(step.held).unwrap_or(0);
                 report.queues = vec![(license.to_owned(), step.queue_depth)];
                 report.seats = vec![LicenseSeats {
                     license: license.to_owned(),
@@ -693,6 +871,34 @@ pub async fn drain(reaper: &Reaper, within: Duration) {
     let _ = tokio::time::timeout(within, reaper.running.lock()).await;
 }
 
+/// The period of cron `schedule` (6 fields, as tokio-cron-scheduler reads
+/// it), ms: the longest gap between its next ticks over a day from a fixed
+/// time (`None`: it does not parse, or ticks less than twice a day).
+fn schedule_period_ms(schedule: &str) -> Option<u64> {
+    let cron = croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Required)
+        .build()
+        .parse(schedule)
+        .ok()?;
+    let start = chrono::DateTime::from_timestamp(1_767_225_600, 0)?; // 2026-01-01T00:00:00Z
+    let end = start + chrono::TimeDelta::days(1);
+    let mut prev = cron.find_next_occurrence(&start, false).ok()?;
+    let mut longest = None;
+    // At most a tick a second: 86,400 a day.
+    for _ in 0..86_400 {
+        let Ok(next) = cron.find_next_occurrence(&prev, false) else {
+            break;
+        };
+        if next > end {
+            break;
+        }
+        let gap = u64::try_from((next - prev).num_milliseconds()).ok()?;
+        longest = Some(longest.map_or(gap, |l: u64| l.max(gap)));
+        prev = next;
+    }
+    longest
+}
+
 /// A stream entry id, ordered as Redis orders them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct StreamId(u64, u64);
@@ -713,6 +919,14 @@ impl fmt::Display for StreamId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_schedule_period_is_its_longest_gap() {
+        assert_eq!(schedule_period_ms("*/5 * * * * *"), Some(5_000));
+        assert_eq!(schedule_period_ms("* * * * * *"), Some(1_000));
+        assert_eq!(schedule_period_ms("0,10 * * * * *"), Some(50_000));
+        assert_eq!(schedule_period_ms("*/5 * * * *"), None, "no seconds field");
+    }
 
     #[test]
     fn stream_ids_order_numerically() {

@@ -36,6 +36,22 @@ async fn connected_clients(probe: &mut Db) -> usize {
         .expect("connected_clients in INFO")
 }
 
+/// `connected_clients` once it has stopped moving (the same reading twice,
+/// 250 ms apart): a worker that just joined the group may still be opening
+/// a connection of its own (its reaper's, its liveness key's).
+async fn settled_clients(probe: &mut Db) -> usize {
+    let deadline = Instant::now() + T;
+    let mut last = connected_clients(probe).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = connected_clients(probe).await;
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Entries on the (unsharded) requests stream.
 async fn requests_written(s: &Settings) -> usize {
     db(s).await.xlen(&s.stream.requests).await.unwrap()
@@ -83,7 +99,7 @@ async fn one_client_on_one_connection_answers_1000_concurrent_sessions() {
         assert!(Instant::now() < deadline, "the worker never read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let before = connected_clients(&mut probe).await;
+    let before = settled_clients(&mut probe).await;
     let client = client(&settings).await;
     let with_client = connected_clients(&mut probe).await;
     assert_eq!(

@@ -14,6 +14,7 @@ mod invalid;
 mod lease;
 mod metrics;
 mod once;
+mod outage;
 mod page;
 mod policy;
 mod prometheus;

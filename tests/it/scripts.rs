@@ -485,6 +485,8 @@ fn as_stored(o: &Outcome) -> Outcome {
     stored.stale_ms = None;
     stored.due_ms = None;
     stored.heartbeat_timeout_ms = None;
+    // Read from the holders when replayed, never stored.
+    stored.held_since_ms = None;
     for note in &mut stored.notes {
         note.heartbeat_timeout_ms = None;
     }
@@ -903,6 +905,7 @@ async fn reap(
         limit,
         redeliver_after_ms,
         outbox,
+        outage: Default::default(),
     };
     Scripts::get()
         .reap(&license_keys(s, license), &args)
@@ -970,6 +973,13 @@ async fn reap_answers_the_documented_step() {
     redelivered.sort_by(|x, y| x.note_id.cmp(&y.note_id));
     let mut made = step.notes.clone();
     made.sort_by(|x, y| x.note_id.cmp(&y.note_id));
+    // The grant's seat is still held: its heartbeat clock starts again as
+    // it is handed out, and the GRANTED says so.
+    for note in &mut made {
+        if note.status == Status::Granted {
+            note.held_since_ms = Some(again.now_ms);
+        }
+    }
     assert_eq!(redelivered, made);
     assert!(!again.more && again.outbox.is_done());
     // A pass that has scanned the outbox through skips it.

@@ -500,6 +500,7 @@ fn reply_fields_carry_ok_and_optional_parts() {
         position: None,
         waited_ms: None,
         heartbeat_timeout_ms: None,
+        held_since_ms: None,
         priority: None,
         linger_ms: None,
         borrowed_until_ms: None,

@@ -32,6 +32,10 @@ pub struct Note {
     /// carries: not part of the note's own record, but of the script reply
     /// that carried it (the outcome's or reap step's), set when decoding.
     pub heartbeat_timeout_ms: Option<i64>,
+    /// When the granted seat's heartbeat clock started (Redis ms): the
+    /// grant, or its redelivery by the reaper, which restarts it. A GRANTED
+    /// reply carries it; `None` for other notes.
+    pub held_since_ms: Option<i64>,
 }
 
 /// What a seat script decided: its status, with what only that status
@@ -149,6 +153,11 @@ pub struct Outcome {
     /// where it is not known: an outcome that could not be decided, or one
     /// read back from a dedupe record, which does not keep it.
     pub heartbeat_timeout_ms: Option<i64>,
+    /// When the seat's heartbeat clock last started (Redis ms: the seat
+    /// taken, or its last heartbeat), which ACQUIRED and ALREADY_ACTIVE
+    /// replies carry, replays included, so a client can tell an old answer
+    /// (lua/includes/due.lua). `None` for other statuses.
+    pub held_since_ms: Option<i64>,
 }
 
 impl Outcome {
@@ -165,6 +174,7 @@ impl Outcome {
             stale_ms: None,
             due_ms: None,
             heartbeat_timeout_ms: None,
+            held_since_ms: None,
         }
     }
 
@@ -252,6 +262,9 @@ pub struct Reaped {
     /// (deleted behind seatgate's back; lua/includes/deleted.lua). Their
     /// waiters' LICENSE_NOT_FOUND notes are in `notes`.
     pub deleted: Vec<String>,
+    /// Sessions stale by the plain timeout that the outage rule, or a grant
+    /// not yet delivered, kept from eviction (lua/reap.lua).
+    pub held: i64,
 }
 
 impl Reaped {
@@ -299,7 +312,9 @@ fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Err
 }
 
 /// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms,
-/// note_id}` each, of a license whose heartbeat timeout in force is `timeout`.
+/// note_id, held_since_ms}` each (lua/includes/outbox.lua; a note read back
+/// from a dedupe record written before held_since_ms has 6 slots), of a
+/// license whose heartbeat timeout in force is `timeout`.
 fn notes(
     script: &'static str,
     v: Option<&Value>,
@@ -315,8 +330,8 @@ fn notes(
             let Value::Array(f) = item else {
                 return Err(bad(script, format!("note is not a list: {item:?}")));
             };
-            if f.len() != 6 {
-                return Err(bad(script, format!("note has {} fields, not 6", f.len())));
+            if f.len() != 6 && f.len() != 7 {
+                return Err(bad(script, format!("note has {} fields, not 6 or 7", f.len())));
             }
             let status = string(script, f.first(), "note kind")?
                 .parse::<Status>()
@@ -329,6 +344,11 @@ fn notes(
                 waited_ms: int(script, f.get(4), "waited_ms")?,
                 note_id: string(script, f.get(5), "note_id")?,
                 heartbeat_timeout_ms: timeout.filter(|_| status == Status::Granted),
+                held_since_ms: match f.get(6) {
+                    Some(v) => Some(int(script, Some(v), "held_since_ms")?),
+                    None => None,
+                }
+                .filter(|ms| *ms > 0 && status == Status::Granted),
             })
         })
         .collect()
@@ -376,14 +396,17 @@ fn timeout(script: &'static str, v: Option<&Value>) -> Result<Option<i64>, Error
 }
 
 /// Decodes an outcome `{status, seats_used, seats_total, detail, now_ms,
-/// notes, changed, replayed, stale, due, heartbeat_timeout_ms}`
-/// (lua/includes/outcome.lua) of `script`.
+/// notes, changed, replayed, stale, due, heartbeat_timeout_ms,
+/// held_since_ms?}` (lua/includes/outcome.lua) of `script`.
 pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outcome, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 11 {
-        return Err(bad(script, format!("outcome has {} slots, not 11", items.len())));
+    if items.len() != 11 && items.len() != 12 {
+        return Err(bad(
+            script,
+            format!("outcome has {} slots, not 11 or 12", items.len()),
+        ));
     }
     let heartbeat_timeout_ms = timeout(script, items.get(10))?;
     let status = string(script, items.first(), "status")?
@@ -400,6 +423,10 @@ pub(crate) fn decode_outcome(script: &'static str, value: Value) -> Result<Outco
         stale_ms: due(script, items.get(8), "stale")?,
         due_ms: due(script, items.get(9), "due")?,
         heartbeat_timeout_ms,
+        held_since_ms: match items.get(11) {
+            Some(v) => due(script, Some(v), "held_since_ms")?,
+            None => None,
+        },
     })
 }
 
@@ -477,15 +504,15 @@ fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Deci
 /// Decodes a reap step `{seats_used, seats_total, now_ms, evicted, notes,
 /// more, queue_depth, redeliver, outbox_cursor, outbox_pending, borrow_ended,
 /// linger_ended, seats_lingering, seats_borrowed, stale, due,
-/// heartbeat_timeout_ms}` (lua/reap.lua).
+/// heartbeat_timeout_ms, deleted, held}` (lua/reap.lua).
 pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped, Error> {
     let Value::Array(items) = value else {
         return Err(bad(script, format!("expected an array, got {value:?}")));
     };
-    if items.len() != 18 {
+    if items.len() != 19 {
         return Err(bad(
             script,
-            format!("reap step has {} slots, not 18", items.len()),
+            format!("reap step has {} slots, not 19", items.len()),
         ));
     }
     let heartbeat_timeout_ms = timeout(script, items.get(16))?;
@@ -514,6 +541,7 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
         due_ms: due(script, items.get(15), "due")?,
         heartbeat_timeout_ms,
         deleted: strings(&items[17], "deleted")?,
+        held: int(script, items.get(18), "held")?,
     })
 }
 
@@ -619,6 +647,53 @@ mod tests {
         idle[9] = Value::Int(0);
         let idle = decode_outcome("release", Value::Array(idle)).unwrap();
         assert_eq!((idle.stale_ms, idle.due_ms), (None, None), "nothing to file");
+    }
+
+    #[test]
+    fn held_since_ms_comes_with_a_held_seat_and_a_grant() {
+        let Value::Array(mut acquired) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        assert_eq!(
+            decode_outcome("acquire", Value::Array(acquired.clone()))
+                .unwrap()
+                .held_since_ms,
+            None,
+            "11 slots: none"
+        );
+        acquired.push(Value::Int(77_000));
+        let o = decode_outcome("acquire", Value::Array(acquired)).unwrap();
+        assert_eq!(o.held_since_ms, Some(77_000));
+        let note = |kind: &str| {
+            Value::Array(vec![
+                bulk(kind),
+                bulk("w1"),
+                bulk("r-1"),
+                bulk("seat:reply:w"),
+                Value::Int(5),
+                bulk("id"),
+                Value::Int(88_000),
+            ])
+        };
+        let o = decode_outcome(
+            "release",
+            outcome(
+                "RELEASED",
+                Value::Int(0),
+                vec![note("GRANTED"), note("QUEUE_TIMEOUT"), note("SESSION_NOT_ACTIVE")],
+            ),
+        )
+        .unwrap();
+        let since: Vec<(Status, Option<i64>)> = o.notes.iter().map(|n| (n.status, n.held_since_ms)).collect();
+        assert_eq!(
+            since,
+            [
+                (Status::Granted, Some(88_000)),
+                (Status::QueueTimeout, None),
+                (Status::SessionNotActive, None)
+            ],
+            "only a grant carries it"
+        );
     }
 
     #[test]

@@ -432,6 +432,9 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
                 Status::Acquired | Status::AlreadyActive | Status::HeartbeatUpdated
             )
         }),
+        held_since_ms: outcome
+            .held_since_ms
+            .filter(|_| matches!(status, Status::Acquired | Status::AlreadyActive)),
         priority: None,
         linger_ms: None,
         borrowed_until_ms: None,
