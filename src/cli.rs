@@ -764,9 +764,6 @@ fn describe(info: &LicenseInfo) -> String {
     if !info.policy.is_empty() {
         line.push_str(&format!("  policy: {}", info.policy.describe()));
     }
-    if info.policy_ignored {
-        line.push_str("  (policy fields ignored: the record's `policy` flag is not 1)");
-    }
     line
 }
 

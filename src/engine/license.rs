@@ -1,7 +1,8 @@
 //! License records, the provisioning contract: HASH `seat:{<license>}:license`
 //! with `seats_total`, `expires_at_ms` (0 = never), `active` (1/0) and optional
-//! `heartbeat_timeout_ms` and `queue_max`, the `policy` flag and the policy
-//! fields (engine::policy), plus the license index SET. Billing systems may
+//! `heartbeat_timeout_ms` and `queue_max`, the policy fields
+//! (engine::policy; enforced whenever present) and the legacy `policy` flag,
+//! plus the license index SET. Billing systems may
 //! write the same hash directly; this module is what `seatgate license`
 //! does, and the one Rust home of the record's rules
 //! ([`StoredRecord::validate`]), which lua/includes/license.lua applies in
@@ -31,9 +32,9 @@ pub const MAX_NUMBER: u64 = 999_999_999_999_999;
 /// is the order the rules are checked in, here and in lua/includes/license.lua
 /// (the policy fields in lua/includes/policy.lua), so both report the same
 /// field of a record that breaks several rules. The policy fields, from
-/// `max_per_user` on, are checked only while `policy` is 1 (the scripts read
-/// them only then); the group fields are named `group_max:<group>` and
-/// `group_reserve:<group>` in the record and are checked last, by name.
+/// `max_per_user` on, are read and checked whenever the record holds them,
+/// whatever `policy` says; the group fields are named `group_max:<group>`
+/// and `group_reserve:<group>` in the record and are checked last, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Field {
@@ -47,7 +48,9 @@ pub enum Field {
     HeartbeatTimeoutMs,
     /// Most sessions waiting in the queue: digits, 1 to [`MAX_NUMBER`].
     QueueMax,
-    /// `1` switches the policy fields on, `0` (or absence) off.
+    /// `0` or `1`, and nothing more: kept for compatibility. The policy
+    /// fields apply whenever present; `license put` still writes `1` beside
+    /// them, so a worker from before they did enforces them during an upgrade.
     Policy,
     /// Seats one user holds at most: digits, 0 to [`MAX_NUMBER`].
     MaxPerUser,
@@ -72,7 +75,8 @@ impl Field {
         self.into()
     }
 
-    /// Whether the scripts read it only while the record's `policy` is 1.
+    /// Whether it is a policy field: one the scripts read (with the whole
+    /// record) only when the record holds more than the other fields.
     pub fn is_policy(self) -> bool {
         matches!(
             self,
@@ -297,25 +301,20 @@ impl StoredRecord {
     /// 1000000, `expires_at_ms` 0 or more, `active` 0 or 1, and, when present,
     /// `heartbeat_timeout_ms` and `queue_max` 1 or more, every number in
     /// plain digits. Absent optional fields are fine (`active` absent =
-    /// active). The first field that breaks its rule, in [`Field::ALL`] order.
-    ///
-    /// While `policy` is 1 the policy fields follow, in [`Field::ALL`]
-    /// order, then the group fields by record field name.
+    /// active). The first field that breaks its rule, in [`Field::ALL`]
+    /// order: the policy fields too, whatever `policy` says, then the group
+    /// fields by record field name.
     pub fn validate(&self) -> Result<(), InvalidField> {
-        let policy_on = self.get(Field::Policy) == Some("1");
         for &field in Field::ALL {
-            let group = matches!(field, Field::GroupMax | Field::GroupReserve);
-            if group || (field.is_policy() && !policy_on) {
+            if matches!(field, Field::GroupMax | Field::GroupReserve) {
                 continue;
             }
             if let Some(raw) = self.get(field) {
                 field.check(raw)?;
             }
         }
-        if policy_on {
-            for (field, group, raw) in &self.groups {
-                field.check_group(group, raw)?;
-            }
+        for (field, group, raw) in &self.groups {
+            field.check_group(group, raw)?;
         }
         Ok(())
     }
@@ -368,13 +367,9 @@ pub struct LicenseInfo {
     pub spec: LicenseSpec,
     /// Seats held now.
     pub seats_used: u64,
-    /// Its policies, as the scripts apply them (none while the record's
-    /// `policy` flag is off).
+    /// Its policies, as the scripts apply them (whatever the record's
+    /// `policy` flag says).
     pub policy: LicensePolicy,
-    /// The record has policy fields, but its `policy` flag is off: the
-    /// scripts ignore them.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub policy_ignored: bool,
     /// The field that breaks the record's rules, if one does: acquires get
     /// LICENSE_INVALID until it is fixed. Absent from JSON when the record is valid.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -503,13 +498,11 @@ pub async fn show<C: ConnectionLike>(
     if !record.exists() {
         return Ok(None);
     }
-    let (policy, policy_ignored) = LicensePolicy::from_record(&fields);
     Ok(Some(LicenseInfo {
         license: license.to_owned(),
         spec: record.spec(),
         seats_used: used,
-        policy,
-        policy_ignored,
+        policy: LicensePolicy::from_record(&fields),
         invalid: record.validate().err(),
     }))
 }
@@ -680,7 +673,7 @@ mod tests {
     }
 
     #[test]
-    fn policy_fields_are_checked_only_under_the_flag_and_groups_by_name() {
+    fn policy_fields_are_checked_whatever_the_flag_and_groups_by_name() {
         let map = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
             pairs
                 .iter()
@@ -693,9 +686,17 @@ mod tests {
             ("group_max:cad", "y"),
         ]);
         assert_eq!(
-            StoredRecord::from_map(&off).validate(),
-            Ok(()),
-            "ignored while off"
+            StoredRecord::from_map(&off).validate().unwrap_err().field,
+            Field::MaxPerUser,
+            "checked without the flag"
+        );
+        let mut zero = off.clone();
+        zero.insert("policy".into(), "0".into());
+        zero.insert("max_per_user".into(), "2".into());
+        assert_eq!(
+            StoredRecord::from_map(&zero).validate().unwrap_err().name(),
+            "group_max:cad",
+            "checked with the flag at 0"
         );
         let on = map(&[
             ("seats_total", "5"),
