@@ -16,7 +16,7 @@ use serde::Serialize;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::Keys;
-use crate::engine::policy::{LicensePolicy, MAX_BORROW_MS};
+use crate::engine::policy::{LicensePolicy, FLAG_FIELD, MAX_BORROW_MS};
 use crate::engine::protocol::valid_id;
 use crate::error::Error;
 
@@ -376,7 +376,7 @@ pub struct LicenseInfo {
     pub invalid: Option<InvalidField>,
 }
 
-fn check_id(license: &str) -> Result<(), Error> {
+pub(crate) fn check_id(license: &str) -> Result<(), Error> {
     if valid_id(license) {
         Ok(())
     } else {
@@ -430,6 +430,156 @@ pub async fn put<C: ConnectionLike>(
         .query_async(con)
         .await?;
     Ok(())
+}
+
+/// A change to a license record, as `seatgate license put` is told it: the
+/// fields given are written, the fields named in `unset` removed, and every
+/// other field is kept, unless `replace` asks for the record exactly as
+/// given (the fields not given removed, `queue_max` and the policies too).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LicenseChange {
+    /// Write the whole record as given: `seats_total` is required,
+    /// `expires_at_ms` defaults to 0 (never) and `active` to 1.
+    pub replace: bool,
+    /// `seats_total`; required when the license does not exist yet.
+    pub seats_total: Option<u64>,
+    /// `expires_at_ms` (0 = never).
+    pub expires_at_ms: Option<u64>,
+    /// `active`.
+    pub active: Option<bool>,
+    /// `heartbeat_timeout_ms`.
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// The policy fields to write (one group's field leaves the other groups' alone).
+    pub policy: LicensePolicy,
+    /// Record fields to remove, by name (`linger_ms`, `group_max:cad`, …):
+    /// any field of [`Field`] but `seats_total`.
+    pub unset: Vec<String>,
+}
+
+/// What [`change`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// Whether the license existed before.
+    pub existed: bool,
+    /// The record as written (or as it was, when the change changed nothing).
+    pub record: std::collections::HashMap<String, String>,
+}
+
+impl LicenseChange {
+    /// The record this change makes of `before`, refused when the result
+    /// breaks the record's rules or the policies do not fit it.
+    pub fn apply(
+        &self,
+        license: &str,
+        before: &std::collections::HashMap<String, String>,
+    ) -> Result<std::collections::HashMap<String, String>, Error> {
+        let usage = |m: String| Error::Usage(format!("license {license}: {m}"));
+        for name in &self.unset {
+            match Field::parse_name(name) {
+                None => {
+                    let known: Vec<&str> = Field::ALL
+                        .iter()
+                        .map(|f| match f {
+                            Field::GroupMax => "group_max:<group>",
+                            Field::GroupReserve => "group_reserve:<group>",
+                            f => f.as_str(),
+                        })
+                        .collect();
+                    return Err(usage(format!(
+                        "cannot unset {name:?}: not a license field ({})",
+                        known.join(", ")
+                    )));
+                }
+                Some((Field::SeatsTotal, _)) => {
+                    return Err(usage(
+                        "cannot unset seats_total: a record without it is no license (use `license delete`)"
+                            .into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let creating = !before.contains_key(Field::SeatsTotal.as_str());
+        let mut after = if self.replace {
+            std::collections::HashMap::new()
+        } else {
+            before.clone()
+        };
+        if (self.replace || creating) && self.seats_total.is_none() {
+            return Err(usage(if self.replace {
+                "--replace needs --seats".into()
+            } else {
+                "does not exist yet: give --seats to create it".into()
+            }));
+        }
+        let mut set = |field: Field, value: Option<String>| {
+            if let Some(v) = value {
+                after.insert(field.as_str().to_owned(), v);
+            }
+        };
+        set(Field::SeatsTotal, self.seats_total.map(|n| n.to_string()));
+        // A new record (or a replaced one) always holds these two, as
+        // `license put` has always written them.
+        let fresh = self.replace || creating;
+        set(
+            Field::ExpiresAtMs,
+            self.expires_at_ms.or(fresh.then_some(0)).map(|n| n.to_string()),
+        );
+        set(
+            Field::Active,
+            self.active
+                .or(fresh.then_some(true))
+                .map(|a| if a { "1" } else { "0" }.to_owned()),
+        );
+        set(
+            Field::HeartbeatTimeoutMs,
+            self.heartbeat_timeout_ms.map(|n| n.to_string()),
+        );
+        for (name, value) in self.policy.fields() {
+            if name != FLAG_FIELD {
+                after.insert(name, value);
+            }
+        }
+        for name in &self.unset {
+            if self.sets(name) {
+                return Err(usage(format!("{name} is both given and unset")));
+            }
+            after.remove(name);
+        }
+        // The flag follows the policy fields: 1 while the record holds one
+        // (a worker from before they applied whatever the flag says, during
+        // an upgrade, enforces them too), gone with the last.
+        if after
+            .keys()
+            .any(|f| f != FLAG_FIELD && LicensePolicy::is_policy_field(f))
+        {
+            after.insert(FLAG_FIELD.to_owned(), "1".to_owned());
+        } else if self.replace || !self.policy.is_empty() || !self.unset.is_empty() {
+            after.remove(FLAG_FIELD);
+        }
+        let record = StoredRecord::from_map(&after);
+        record
+            .validate()
+            .map_err(|e| Error::InvalidLicense(format!("license {license}: {e}")))?;
+        LicensePolicy::from_record(&after)
+            .validate(record.spec().seats_total)
+            .map_err(|e| Error::InvalidLicense(format!("license {license} policy: {e}")))?;
+        Ok(after)
+    }
+
+    /// Whether the change writes record field `name`.
+    fn sets(&self, name: &str) -> bool {
+        let given = |field: Field, v: bool| v && name == field.as_str();
+        given(Field::SeatsTotal, self.seats_total.is_some())
+            || given(Field::ExpiresAtMs, self.expires_at_ms.is_some())
+            || given(Field::Active, self.active.is_some())
+            || given(Field::HeartbeatTimeoutMs, self.heartbeat_timeout_ms.is_some())
+            || self
+                .policy
+                .fields()
+                .iter()
+                .any(|(f, _)| f == name && f != FLAG_FIELD)
+    }
 }
 
 /// Provisions `license`'s policies: writes the fields of `policy` with the

@@ -535,8 +535,8 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
 // ---------------------------------------------------------------------------
 // Provisioning, the rules, and what shows the policies.
 
-/// `seatgate license put` sets every policy field with its flag and
-/// removes them without; `license show`, `status` (text and JSON) and the
+/// `seatgate license put` sets every policy field with its flag, and
+/// `--replace` removes them without; `license show`, `status` (text and JSON) and the
 /// metrics show the policies, the counts and the lingering and borrowed seats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn license_put_status_and_metrics_show_the_policies() {
@@ -685,8 +685,8 @@ async fn license_put_status_and_metrics_show_the_policies() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // `license put` without policy flags removes every policy field.
-    assert!(run(&["license", "put", "cad", "--seats", "5"])
+    // `license put --replace` without policy flags removes every policy field.
+    assert!(run(&["license", "put", "cad", "--replace", "--seats", "5"])
         .await
         .status
         .success());
