@@ -915,6 +915,102 @@ mod tests {
     }
 
     #[test]
+    fn a_change_keeps_what_it_is_not_told_and_replace_keeps_nothing() {
+        let map = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let before = map(&[
+            ("seats_total", "2"),
+            ("expires_at_ms", "4070908800000"),
+            ("active", "1"),
+            ("heartbeat_timeout_ms", "45000"),
+            ("queue_max", "7"),
+            ("policy", "1"),
+            ("max_per_user", "1"),
+            ("group_reserve:sim", "1"),
+        ]);
+        let seats = |n| LicenseChange {
+            seats_total: Some(n),
+            ..LicenseChange::default()
+        };
+        let after = seats(4).apply("l", &before).unwrap();
+        let mut expected = before.clone();
+        expected.insert("seats_total".into(), "4".into());
+        assert_eq!(after, expected);
+        // Replace: the record as given, the defaults of a new one.
+        let replaced = LicenseChange {
+            replace: true,
+            ..seats(3)
+        }
+        .apply("l", &before)
+        .unwrap();
+        assert_eq!(
+            replaced,
+            map(&[("seats_total", "3"), ("expires_at_ms", "0"), ("active", "1")])
+        );
+        // Unset: one field; the flag goes with the last policy field.
+        let unset = |names: &[&str]| LicenseChange {
+            unset: names.iter().map(|n| n.to_string()).collect(),
+            ..LicenseChange::default()
+        };
+        let after = unset(&["max_per_user"]).apply("l", &before).unwrap();
+        assert!(!after.contains_key("max_per_user"));
+        assert_eq!(after.get("policy").map(String::as_str), Some("1"));
+        let after = unset(&["max_per_user", "group_reserve:sim", "heartbeat_timeout_ms"])
+            .apply("l", &before)
+            .unwrap();
+        assert_eq!(
+            after,
+            map(&[
+                ("seats_total", "2"),
+                ("expires_at_ms", "4070908800000"),
+                ("active", "1"),
+                ("queue_max", "7")
+            ])
+        );
+        // Refused: seats_total, unknown names, set and unset at once, a new
+        // license without seats, a result breaking a rule or the policies' fit.
+        for refused in [
+            unset(&["seats_total"]),
+            unset(&["colour"]),
+            unset(&["group_max"]),
+            LicenseChange {
+                unset: vec!["seats_total".into()],
+                ..seats(1)
+            },
+            LicenseChange {
+                unset: vec!["heartbeat_timeout_ms".into()],
+                heartbeat_timeout_ms: Some(1),
+                ..LicenseChange::default()
+            },
+            seats(0),
+            LicenseChange {
+                replace: true,
+                ..LicenseChange::default()
+            },
+        ] {
+            assert!(refused.apply("l", &before).is_err(), "{refused:?}");
+        }
+        assert!(seats(1).apply("l", &Default::default()).is_ok());
+        assert!(unset(&["queue_max"]).apply("l", &Default::default()).is_err());
+        let mut broken = before.clone();
+        broken.insert("linger_ms".into(), "10m".into());
+        assert!(
+            seats(4).apply("l", &broken).is_err(),
+            "a broken field stays broken"
+        );
+        assert!(LicenseChange {
+            unset: vec!["linger_ms".into()],
+            ..seats(4)
+        }
+        .apply("l", &broken)
+        .is_ok());
+    }
+
+    #[test]
     fn put_refuses_a_spec_the_rules_refuse() {
         let spec = |seats_total, heartbeat_timeout_ms| LicenseSpec {
             seats_total,
