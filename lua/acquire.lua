@@ -46,7 +46,7 @@
     LEASE_MISMATCH      the session holds a seat or waits, bound to another
                         lease than this one (or this one carries none); nothing changed
     LICENSE_INVALID     the license record breaks its rules (includes/license.lua,
-                        the policy fields' too when its `policy` flag is on);
+                        the policy fields' too, whatever its `policy` says);
                         detail = {field, value}; nothing changed, not even a
                         retried acquire of a holder is answered ALREADY_ACTIVE
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED

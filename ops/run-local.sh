@@ -71,7 +71,9 @@ export SEATGATE__REDIS__USERNAME="$user"
 if [ -z "${SEATGATE__REDIS__PASSWORD_FILE:-}" ]; then
   export SEATGATE__REDIS__PASSWORD="$password"
 fi
-"$bin" license put demo --seats 1 --heartbeat-timeout 15s
+# --replace: the demo license exactly as the README describes it, whatever an
+# earlier run left on it.
+"$bin" license put demo --replace --seats 1 --heartbeat-timeout 15s
 
 metrics="${SEATGATE__METRICS__LISTEN:-127.0.0.1:9464}"
 cat <<MSG

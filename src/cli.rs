@@ -12,10 +12,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
-use crate::engine::license::{self, LicenseInfo, LicenseSpec};
+use crate::engine::license::{self, LicenseChange, LicenseInfo, StoredRecord};
 use crate::engine::ops::Op;
 use crate::engine::policy::{LicensePolicy, RequestPolicy};
 use crate::engine::protocol::Lease;
+use crate::engine::provision;
 use crate::engine::status::Status;
 use crate::error::Error;
 use crate::ops::{service, telemetry};
@@ -274,25 +275,41 @@ fn group_count(s: &str) -> Result<(String, u64), String> {
 
 #[derive(Debug, Subcommand)]
 enum LicenseCommand {
-    /// Create or replace a license.
+    /// Create a license, or change the fields given and keep every other
+    /// (docs/protocol.md, "Provisioning"): `license put L --seats 8` changes
+    /// the seat count alone. `--unset FIELD` removes one field; `--replace`
+    /// writes the whole record as given.
     Put {
         /// License id.
         license: String,
-        /// Seats that may be held at once.
+        /// Seats that may be held at once (required to create a license).
         #[arg(long)]
-        seats: u64,
-        /// When the license expires: RFC 3339 time, unix ms, or "never".
-        #[arg(long, default_value = "never")]
-        expires: String,
-        /// Provision it deactivated (acquires refused).
+        seats: Option<u64>,
+        /// When the license expires: RFC 3339 time, unix ms, or "never"
+        /// (a new license: never).
         #[arg(long)]
+        expires: Option<String>,
+        /// Deactivate it (acquires refused).
+        #[arg(long, conflicts_with = "active")]
         inactive: bool,
-        /// Heartbeat timeout for this license, e.g. 90s (default: the service's).
+        /// Activate it again (a new license is active).
+        #[arg(long)]
+        active: bool,
+        /// Heartbeat timeout for this license, e.g. 90s (absent: the service's).
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         heartbeat_timeout: Option<Duration>,
-        /// The license's policies; `put` without them removes them.
+        /// The license's policies; each flag sets its field and keeps the others.
         #[command(flatten)]
         policy: PolicyArgs,
+        /// Remove a field of the record, by its name: heartbeat_timeout_ms,
+        /// queue_max, max_per_user, group_max:GROUP, linger_ms, …; repeat per field.
+        #[arg(long, value_name = "FIELD")]
+        unset: Vec<String>,
+        /// Write the whole record as given: every field not given (its
+        /// policies, heartbeat timeout, queue_max) is removed, the expiry is
+        /// never unless given, and --seats is required.
+        #[arg(long)]
+        replace: bool,
     },
     /// Show one license.
     Show {
@@ -612,25 +629,34 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
             seats,
             expires,
             inactive,
+            active,
             heartbeat_timeout,
             policy,
+            unset,
+            replace,
         } => {
-            let spec = LicenseSpec {
+            let change = LicenseChange {
+                replace,
                 seats_total: seats,
-                expires_at_ms: parse_expiry(&expires)?,
-                active: !inactive,
+                expires_at_ms: expires.as_deref().map(parse_expiry).transpose()?,
+                active: match (active, inactive) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
                 heartbeat_timeout_ms: heartbeat_timeout.map(|d| d.as_millis() as u64),
+                policy: policy.policy(),
+                unset,
             };
-            let policy = policy.policy();
-            // Checked before anything is written: a refused policy leaves the license as it was.
-            policy
-                .validate(seats)
-                .map_err(|e| Error::Usage(format!("license {license} policy: {e}")))?;
-            license::put(&mut con, &keys, &license, &spec).await?;
-            license::put_policy(&mut con, &keys, &license, &policy).await?;
+            // Checked and written in one step: a refused change writes nothing.
+            let changed = provision::change(&mut con, &keys, &license, &change).await?;
+            let record = StoredRecord::from_map(&changed.record);
+            let spec = record.spec();
             println!(
-                "license {license}: {seats} seats{}",
-                if inactive { " (inactive)" } else { "" }
+                "license {license}: {} seats{}{}",
+                spec.seats_total,
+                if spec.active { "" } else { " (inactive)" },
+                if changed.existed { "" } else { " (created)" }
             );
         }
         LicenseCommand::Show { license, json } => match license::show(&mut con, &keys, &license).await? {
@@ -763,9 +789,6 @@ fn describe(info: &LicenseInfo) -> String {
     }
     if !info.policy.is_empty() {
         line.push_str(&format!("  policy: {}", info.policy.describe()));
-    }
-    if info.policy_ignored {
-        line.push_str("  (policy fields ignored: the record's `policy` flag is not 1)");
     }
     line
 }

@@ -8,9 +8,11 @@
     active                0 or 1 (absent: active)
     heartbeat_timeout_ms  digits, 1 to 999999999999999 (absent: the default)
     queue_max             digits, 1 to 999999999999999 (absent: the default)
-    policy                0 or 1 (absent: 0); 1 switches the policy fields
-                          on, checked (by policy.lua, with license_number)
-                          only then, after the fields above:
+    policy                0 or 1 (absent: 0); accepted for compatibility, it
+                          switches nothing: the policy fields below are read
+                          and checked (by policy.lua, with license_number)
+                          whenever the record holds any, after the fields
+                          above:
     max_per_user          digits, 0 to 999999999999999
     max_priority          digits, 0 to 9
     linger_ms             digits, 0 to 999999999999999
@@ -76,7 +78,8 @@ end
 --   invalid   for LICENSE_INVALID, {field, value} of the first field that
 --             breaks its rule (the value cut to 64 bytes): the outcome's detail
 --   heartbeat_timeout_ms, queue_max   the record's, when present and valid
---   policy    whether the policy fields are on (policy.lua reads them)
+--   policy    whether the record holds more fields than the six read here:
+--             policy fields (or fields of no rule), which policy.lua reads
 -- `value` of `field` (nil: absent) under its rule, and `invalid`, or
 -- {field, value cut to 64 bytes} when `invalid` is nil and `value` breaks
 -- the rule.
@@ -95,17 +98,29 @@ local function license_state(now)
   local raw = rcall('HMGET', K.license, 'seats_total', 'expires_at_ms', 'active', 'heartbeat_timeout_ms', 'queue_max',
     'policy')
   local total, invalid = license_field('seats_total', raw[1], nil)
-  local expires_at, active, timeout, queue_max, policy
+  local expires_at, active, timeout, queue_max, _
   expires_at, invalid = license_field('expires_at_ms', raw[2], invalid)
   active, invalid = license_field('active', raw[3], invalid)
   timeout, invalid = license_field('heartbeat_timeout_ms', raw[4], invalid)
   queue_max, invalid = license_field('queue_max', raw[5], invalid)
-  policy, invalid = license_field('policy', raw[6], invalid)
+  -- `policy` keeps its rule, and means nothing else.
+  _, invalid = license_field('policy', raw[6], invalid)
+  -- The record holds policy fields when it has more fields than the ones
+  -- read above: one HLEN rather than a read of the whole record, so a
+  -- license without policies pays only that (and only when it may hand out
+  -- seats: the policies are read only then). Whatever `policy` says: a
+  -- limit written without the flag is never silently ignored.
+  local present = 0
+  for i = 1, 6 do
+    if raw[i] then
+      present = present + 1
+    end
+  end
   local state = {
     total = total or 0,
     heartbeat_timeout_ms = timeout,
     queue_max = queue_max,
-    policy = policy == 1,
+    policy = false,
   }
   if not raw[1] then
     state.refusal = 'LICENSE_NOT_FOUND'
@@ -115,6 +130,8 @@ local function license_state(now)
     state.refusal = 'LICENSE_INACTIVE'
   elseif (expires_at or 0) > 0 and now >= expires_at then
     state.refusal = 'LICENSE_EXPIRED'
+  else
+    state.policy = rcall('HLEN', K.license) > present
   end
   return state
 end

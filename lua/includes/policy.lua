@@ -2,9 +2,11 @@
   policy: the license policies, decided inside the seat scripts for direct
   acquires and for grants to waiters alike.
 
-  They live in the license record, KEYS[1], and are read (one HGETALL) only
-  while its field `policy` is 1, so a license without them costs one more
-  field of the HMGET check_license makes anyway (license.lua):
+  They live in the license record, KEYS[1], and are read (one HGETALL)
+  whenever the record holds more fields than license_state's HMGET read
+  (one HLEN tells, license.lua), whatever its `policy` field says: a limit
+  written without the flag is enforced, never silently ignored. A license
+  without them costs that HLEN:
     max_per_user       one user holds at most that many seats
     group_max:<g>      group g holds at most that many seats
     group_reserve:<g>  that many seats are kept for group g: others may use
@@ -31,8 +33,8 @@
   a direct acquire takes a free seat while others wait only when the step
   found every one of them unable to take it.
 
-  Cost: a license without policies pays for none of this but the `policy`
-  field of check_license's HMGET and one call of grant_waiters: the helpers
+  Cost: a license without policies pays for none of this but
+  license_state's HLEN and one call of grant_waiters: the helpers
   are built by policy() the first time a script run needs them (a Lua
   function costs its closure on every run).
 ]]

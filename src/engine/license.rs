@@ -1,7 +1,8 @@
 //! License records, the provisioning contract: HASH `seat:{<license>}:license`
 //! with `seats_total`, `expires_at_ms` (0 = never), `active` (1/0) and optional
-//! `heartbeat_timeout_ms` and `queue_max`, the `policy` flag and the policy
-//! fields (engine::policy), plus the license index SET. Billing systems may
+//! `heartbeat_timeout_ms` and `queue_max`, the policy fields
+//! (engine::policy; enforced whenever present) and the legacy `policy` flag,
+//! plus the license index SET. Billing systems may
 //! write the same hash directly; this module is what `seatgate license`
 //! does, and the one Rust home of the record's rules
 //! ([`StoredRecord::validate`]), which lua/includes/license.lua applies in
@@ -15,7 +16,7 @@ use serde::Serialize;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::Keys;
-use crate::engine::policy::{LicensePolicy, MAX_BORROW_MS};
+use crate::engine::policy::{LicensePolicy, FLAG_FIELD, MAX_BORROW_MS};
 use crate::engine::protocol::valid_id;
 use crate::error::Error;
 
@@ -31,9 +32,9 @@ pub const MAX_NUMBER: u64 = 999_999_999_999_999;
 /// is the order the rules are checked in, here and in lua/includes/license.lua
 /// (the policy fields in lua/includes/policy.lua), so both report the same
 /// field of a record that breaks several rules. The policy fields, from
-/// `max_per_user` on, are checked only while `policy` is 1 (the scripts read
-/// them only then); the group fields are named `group_max:<group>` and
-/// `group_reserve:<group>` in the record and are checked last, by name.
+/// `max_per_user` on, are read and checked whenever the record holds them,
+/// whatever `policy` says; the group fields are named `group_max:<group>`
+/// and `group_reserve:<group>` in the record and are checked last, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum Field {
@@ -47,7 +48,9 @@ pub enum Field {
     HeartbeatTimeoutMs,
     /// Most sessions waiting in the queue: digits, 1 to [`MAX_NUMBER`].
     QueueMax,
-    /// `1` switches the policy fields on, `0` (or absence) off.
+    /// `0` or `1`, and nothing more: kept for compatibility. The policy
+    /// fields apply whenever present; `license put` still writes `1` beside
+    /// them, so a worker from before they did enforces them during an upgrade.
     Policy,
     /// Seats one user holds at most: digits, 0 to [`MAX_NUMBER`].
     MaxPerUser,
@@ -72,7 +75,8 @@ impl Field {
         self.into()
     }
 
-    /// Whether the scripts read it only while the record's `policy` is 1.
+    /// Whether it is a policy field: one the scripts read (with the whole
+    /// record) only when the record holds more than the other fields.
     pub fn is_policy(self) -> bool {
         matches!(
             self,
@@ -297,25 +301,20 @@ impl StoredRecord {
     /// 1000000, `expires_at_ms` 0 or more, `active` 0 or 1, and, when present,
     /// `heartbeat_timeout_ms` and `queue_max` 1 or more, every number in
     /// plain digits. Absent optional fields are fine (`active` absent =
-    /// active). The first field that breaks its rule, in [`Field::ALL`] order.
-    ///
-    /// While `policy` is 1 the policy fields follow, in [`Field::ALL`]
-    /// order, then the group fields by record field name.
+    /// active). The first field that breaks its rule, in [`Field::ALL`]
+    /// order: the policy fields too, whatever `policy` says, then the group
+    /// fields by record field name.
     pub fn validate(&self) -> Result<(), InvalidField> {
-        let policy_on = self.get(Field::Policy) == Some("1");
         for &field in Field::ALL {
-            let group = matches!(field, Field::GroupMax | Field::GroupReserve);
-            if group || (field.is_policy() && !policy_on) {
+            if matches!(field, Field::GroupMax | Field::GroupReserve) {
                 continue;
             }
             if let Some(raw) = self.get(field) {
                 field.check(raw)?;
             }
         }
-        if policy_on {
-            for (field, group, raw) in &self.groups {
-                field.check_group(group, raw)?;
-            }
+        for (field, group, raw) in &self.groups {
+            field.check_group(group, raw)?;
         }
         Ok(())
     }
@@ -368,20 +367,16 @@ pub struct LicenseInfo {
     pub spec: LicenseSpec,
     /// Seats held now.
     pub seats_used: u64,
-    /// Its policies, as the scripts apply them (none while the record's
-    /// `policy` flag is off).
+    /// Its policies, as the scripts apply them (whatever the record's
+    /// `policy` flag says).
     pub policy: LicensePolicy,
-    /// The record has policy fields, but its `policy` flag is off: the
-    /// scripts ignore them.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub policy_ignored: bool,
     /// The field that breaks the record's rules, if one does: acquires get
     /// LICENSE_INVALID until it is fixed. Absent from JSON when the record is valid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid: Option<InvalidField>,
 }
 
-fn check_id(license: &str) -> Result<(), Error> {
+pub(crate) fn check_id(license: &str) -> Result<(), Error> {
     if valid_id(license) {
         Ok(())
     } else {
@@ -435,6 +430,156 @@ pub async fn put<C: ConnectionLike>(
         .query_async(con)
         .await?;
     Ok(())
+}
+
+/// A change to a license record, as `seatgate license put` is told it: the
+/// fields given are written, the fields named in `unset` removed, and every
+/// other field is kept, unless `replace` asks for the record exactly as
+/// given (the fields not given removed, `queue_max` and the policies too).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LicenseChange {
+    /// Write the whole record as given: `seats_total` is required,
+    /// `expires_at_ms` defaults to 0 (never) and `active` to 1.
+    pub replace: bool,
+    /// `seats_total`; required when the license does not exist yet.
+    pub seats_total: Option<u64>,
+    /// `expires_at_ms` (0 = never).
+    pub expires_at_ms: Option<u64>,
+    /// `active`.
+    pub active: Option<bool>,
+    /// `heartbeat_timeout_ms`.
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// The policy fields to write (one group's field leaves the other groups' alone).
+    pub policy: LicensePolicy,
+    /// Record fields to remove, by name (`linger_ms`, `group_max:cad`, …):
+    /// any field of [`Field`] but `seats_total`.
+    pub unset: Vec<String>,
+}
+
+/// What [`change`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// Whether the license existed before.
+    pub existed: bool,
+    /// The record as written (or as it was, when the change changed nothing).
+    pub record: std::collections::HashMap<String, String>,
+}
+
+impl LicenseChange {
+    /// The record this change makes of `before`, refused when the result
+    /// breaks the record's rules or the policies do not fit it.
+    pub fn apply(
+        &self,
+        license: &str,
+        before: &std::collections::HashMap<String, String>,
+    ) -> Result<std::collections::HashMap<String, String>, Error> {
+        let usage = |m: String| Error::Usage(format!("license {license}: {m}"));
+        for name in &self.unset {
+            match Field::parse_name(name) {
+                None => {
+                    let known: Vec<&str> = Field::ALL
+                        .iter()
+                        .map(|f| match f {
+                            Field::GroupMax => "group_max:<group>",
+                            Field::GroupReserve => "group_reserve:<group>",
+                            f => f.as_str(),
+                        })
+                        .collect();
+                    return Err(usage(format!(
+                        "cannot unset {name:?}: not a license field ({})",
+                        known.join(", ")
+                    )));
+                }
+                Some((Field::SeatsTotal, _)) => {
+                    return Err(usage(
+                        "cannot unset seats_total: a record without it is no license (use `license delete`)"
+                            .into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let creating = !before.contains_key(Field::SeatsTotal.as_str());
+        let mut after = if self.replace {
+            std::collections::HashMap::new()
+        } else {
+            before.clone()
+        };
+        if (self.replace || creating) && self.seats_total.is_none() {
+            return Err(usage(if self.replace {
+                "--replace needs --seats".into()
+            } else {
+                "does not exist yet: give --seats to create it".into()
+            }));
+        }
+        let mut set = |field: Field, value: Option<String>| {
+            if let Some(v) = value {
+                after.insert(field.as_str().to_owned(), v);
+            }
+        };
+        set(Field::SeatsTotal, self.seats_total.map(|n| n.to_string()));
+        // A new record (or a replaced one) always holds these two, as
+        // `license put` has always written them.
+        let fresh = self.replace || creating;
+        set(
+            Field::ExpiresAtMs,
+            self.expires_at_ms.or(fresh.then_some(0)).map(|n| n.to_string()),
+        );
+        set(
+            Field::Active,
+            self.active
+                .or(fresh.then_some(true))
+                .map(|a| if a { "1" } else { "0" }.to_owned()),
+        );
+        set(
+            Field::HeartbeatTimeoutMs,
+            self.heartbeat_timeout_ms.map(|n| n.to_string()),
+        );
+        for (name, value) in self.policy.fields() {
+            if name != FLAG_FIELD {
+                after.insert(name, value);
+            }
+        }
+        for name in &self.unset {
+            if self.sets(name) {
+                return Err(usage(format!("{name} is both given and unset")));
+            }
+            after.remove(name);
+        }
+        // The flag follows the policy fields: 1 while the record holds one
+        // (a worker from before they applied whatever the flag says, during
+        // an upgrade, enforces them too), gone with the last.
+        if after
+            .keys()
+            .any(|f| f != FLAG_FIELD && LicensePolicy::is_policy_field(f))
+        {
+            after.insert(FLAG_FIELD.to_owned(), "1".to_owned());
+        } else if self.replace || !self.policy.is_empty() || !self.unset.is_empty() {
+            after.remove(FLAG_FIELD);
+        }
+        let record = StoredRecord::from_map(&after);
+        record
+            .validate()
+            .map_err(|e| Error::InvalidLicense(format!("license {license}: {e}")))?;
+        LicensePolicy::from_record(&after)
+            .validate(record.spec().seats_total)
+            .map_err(|e| Error::InvalidLicense(format!("license {license} policy: {e}")))?;
+        Ok(after)
+    }
+
+    /// Whether the change writes record field `name`.
+    fn sets(&self, name: &str) -> bool {
+        let given = |field: Field, v: bool| v && name == field.as_str();
+        given(Field::SeatsTotal, self.seats_total.is_some())
+            || given(Field::ExpiresAtMs, self.expires_at_ms.is_some())
+            || given(Field::Active, self.active.is_some())
+            || given(Field::HeartbeatTimeoutMs, self.heartbeat_timeout_ms.is_some())
+            || self
+                .policy
+                .fields()
+                .iter()
+                .any(|(f, _)| f == name && f != FLAG_FIELD)
+    }
 }
 
 /// Provisions `license`'s policies: writes the fields of `policy` with the
@@ -503,13 +648,11 @@ pub async fn show<C: ConnectionLike>(
     if !record.exists() {
         return Ok(None);
     }
-    let (policy, policy_ignored) = LicensePolicy::from_record(&fields);
     Ok(Some(LicenseInfo {
         license: license.to_owned(),
         spec: record.spec(),
         seats_used: used,
-        policy,
-        policy_ignored,
+        policy: LicensePolicy::from_record(&fields),
         invalid: record.validate().err(),
     }))
 }
@@ -680,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn policy_fields_are_checked_only_under_the_flag_and_groups_by_name() {
+    fn policy_fields_are_checked_whatever_the_flag_and_groups_by_name() {
         let map = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
             pairs
                 .iter()
@@ -693,9 +836,17 @@ mod tests {
             ("group_max:cad", "y"),
         ]);
         assert_eq!(
-            StoredRecord::from_map(&off).validate(),
-            Ok(()),
-            "ignored while off"
+            StoredRecord::from_map(&off).validate().unwrap_err().field,
+            Field::MaxPerUser,
+            "checked without the flag"
+        );
+        let mut zero = off.clone();
+        zero.insert("policy".into(), "0".into());
+        zero.insert("max_per_user".into(), "2".into());
+        assert_eq!(
+            StoredRecord::from_map(&zero).validate().unwrap_err().name(),
+            "group_max:cad",
+            "checked with the flag at 0"
         );
         let on = map(&[
             ("seats_total", "5"),
@@ -761,6 +912,102 @@ mod tests {
             Some(41),
             "JSON keeps the value exactly"
         );
+    }
+
+    #[test]
+    fn a_change_keeps_what_it_is_not_told_and_replace_keeps_nothing() {
+        let map = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let before = map(&[
+            ("seats_total", "2"),
+            ("expires_at_ms", "4070908800000"),
+            ("active", "1"),
+            ("heartbeat_timeout_ms", "45000"),
+            ("queue_max", "7"),
+            ("policy", "1"),
+            ("max_per_user", "1"),
+            ("group_reserve:sim", "1"),
+        ]);
+        let seats = |n| LicenseChange {
+            seats_total: Some(n),
+            ..LicenseChange::default()
+        };
+        let after = seats(4).apply("l", &before).unwrap();
+        let mut expected = before.clone();
+        expected.insert("seats_total".into(), "4".into());
+        assert_eq!(after, expected);
+        // Replace: the record as given, the defaults of a new one.
+        let replaced = LicenseChange {
+            replace: true,
+            ..seats(3)
+        }
+        .apply("l", &before)
+        .unwrap();
+        assert_eq!(
+            replaced,
+            map(&[("seats_total", "3"), ("expires_at_ms", "0"), ("active", "1")])
+        );
+        // Unset: one field; the flag goes with the last policy field.
+        let unset = |names: &[&str]| LicenseChange {
+            unset: names.iter().map(|n| n.to_string()).collect(),
+            ..LicenseChange::default()
+        };
+        let after = unset(&["max_per_user"]).apply("l", &before).unwrap();
+        assert!(!after.contains_key("max_per_user"));
+        assert_eq!(after.get("policy").map(String::as_str), Some("1"));
+        let after = unset(&["max_per_user", "group_reserve:sim", "heartbeat_timeout_ms"])
+            .apply("l", &before)
+            .unwrap();
+        assert_eq!(
+            after,
+            map(&[
+                ("seats_total", "2"),
+                ("expires_at_ms", "4070908800000"),
+                ("active", "1"),
+                ("queue_max", "7")
+            ])
+        );
+        // Refused: seats_total, unknown names, set and unset at once, a new
+        // license without seats, a result breaking a rule or the policies' fit.
+        for refused in [
+            unset(&["seats_total"]),
+            unset(&["colour"]),
+            unset(&["group_max"]),
+            LicenseChange {
+                unset: vec!["seats_total".into()],
+                ..seats(1)
+            },
+            LicenseChange {
+                unset: vec!["heartbeat_timeout_ms".into()],
+                heartbeat_timeout_ms: Some(1),
+                ..LicenseChange::default()
+            },
+            seats(0),
+            LicenseChange {
+                replace: true,
+                ..LicenseChange::default()
+            },
+        ] {
+            assert!(refused.apply("l", &before).is_err(), "{refused:?}");
+        }
+        assert!(seats(1).apply("l", &Default::default()).is_ok());
+        assert!(unset(&["queue_max"]).apply("l", &Default::default()).is_err());
+        let mut broken = before.clone();
+        broken.insert("linger_ms".into(), "10m".into());
+        assert!(
+            seats(4).apply("l", &broken).is_err(),
+            "a broken field stays broken"
+        );
+        assert!(LicenseChange {
+            unset: vec!["linger_ms".into()],
+            ..seats(4)
+        }
+        .apply("l", &broken)
+        .is_ok());
     }
 
     #[test]

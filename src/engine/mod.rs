@@ -13,6 +13,7 @@ pub mod license;
 pub mod ops;
 pub mod policy;
 pub mod protocol;
+pub mod provision;
 pub mod records;
 pub mod revocation;
 pub mod scripts;

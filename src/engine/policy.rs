@@ -29,8 +29,10 @@ pub const SKIP_LIMIT: usize = 50;
 /// score is its arrival number minus its priority times this.
 pub const PRIORITY_STEP: i64 = 1 << 40;
 
-/// The license record field whose value `1` switches the policy fields on:
-/// without it an acquire reads no more of the record than before.
+/// The license record's legacy `policy` flag: `0` or `1`, switching nothing
+/// (the policy fields apply whenever present). Provisioning still writes
+/// `1` beside them, so that a worker from before that rule, during a
+/// rolling upgrade, enforces them too.
 pub const FLAG_FIELD: &str = "policy";
 
 /// Who asks for a seat, as an acquire carries it.
@@ -141,17 +143,10 @@ impl LicensePolicy {
     }
 
     /// The policies of a license record read whole (HGETALL), as the scripts
-    /// read them: only while the flag is `1`, and a value that is not plain
-    /// digits counts as 0 (lua/includes/policy.lua). The second value says
-    /// whether the record has policy fields the scripts ignore because the
-    /// flag is off.
-    pub fn from_record(record: &HashMap<String, String>) -> (LicensePolicy, bool) {
-        let has_fields = record
-            .keys()
-            .any(|f| f != FLAG_FIELD && LicensePolicy::is_policy_field(f));
-        if record.get(FLAG_FIELD).map(String::as_str) != Some("1") {
-            return (LicensePolicy::default(), has_fields);
-        }
+    /// read them: whatever the `policy` flag says, and a value that is not
+    /// plain digits counts as 0 (such a record hands out no seat:
+    /// LICENSE_INVALID, lua/includes/policy.lua).
+    pub fn from_record(record: &HashMap<String, String>) -> LicensePolicy {
         let number = |raw: &str| -> u64 {
             Some(raw)
                 .filter(|r| r.len() <= 15 && !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
@@ -174,7 +169,7 @@ impl LicensePolicy {
                 }
             }
         }
-        (policy, false)
+        policy
     }
 
     /// Checks what the fields' own rules (engine::license, which also checks
@@ -332,7 +327,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_provisions_its_policies_only_under_the_flag() {
+    fn a_record_provisions_its_policies_whatever_the_flag_says() {
         let policy = LicensePolicy {
             max_per_user: Some(2),
             group_max: [("cad".to_owned(), 3)].into(),
@@ -343,17 +338,15 @@ mod tests {
         };
         let mut record: HashMap<String, String> = policy.fields().into_iter().collect();
         record.insert("seats_total".into(), "5".into());
-        assert_eq!(LicensePolicy::from_record(&record), (policy.clone(), false));
+        assert_eq!(LicensePolicy::from_record(&record), policy);
         record.remove(FLAG_FIELD);
-        assert_eq!(
-            LicensePolicy::from_record(&record),
-            (LicensePolicy::default(), true)
-        );
+        assert_eq!(LicensePolicy::from_record(&record), policy, "no flag");
+        record.insert(FLAG_FIELD.into(), "0".into());
+        assert_eq!(LicensePolicy::from_record(&record), policy, "flag 0");
         assert!(LicensePolicy::default().fields().is_empty());
-        record.insert(FLAG_FIELD.into(), "1".into());
         record.insert("max_per_user".into(), "2.5".into());
         assert_eq!(
-            LicensePolicy::from_record(&record).0.max_per_user,
+            LicensePolicy::from_record(&record).max_per_user,
             Some(0),
             "fails closed"
         );

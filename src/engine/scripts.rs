@@ -57,6 +57,8 @@ pub enum ScriptName {
     DueSettle,
     /// lua/delete_license.lua
     DeleteLicense,
+    /// lua/put_license.lua
+    PutLicense,
 }
 
 impl ScriptName {
@@ -96,6 +98,7 @@ impl ScriptName {
             ScriptName::DueClaim => include_str!("../../lua/due_claim.lua"),
             ScriptName::DueSettle => include_str!("../../lua/due_settle.lua"),
             ScriptName::DeleteLicense => include_str!("../../lua/delete_license.lua"),
+            ScriptName::PutLicense => include_str!("../../lua/put_license.lua"),
         }
     }
 
@@ -609,6 +612,34 @@ impl Scripts {
             call.arg(*field).arg(value); // ARGV[3..]
         }
         call.invoke_async::<Value>(con).await.map(|_| ())
+    }
+
+    /// lua/put_license.lua: writes `set` and removes `remove` in the license
+    /// record `record` only if it still holds exactly `read` (every field,
+    /// as read). Returns whether it wrote.
+    pub async fn put_license<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        record: &str,
+        read: &[(&String, &String)],
+        set: &[(&String, &String)],
+        remove: &[&String],
+    ) -> redis::RedisResult<bool> {
+        let mut call = self.script(ScriptName::PutLicense).prepare_invoke();
+        call.key(record) // KEYS[1]
+            .arg(read.len()); // ARGV[1]
+        for (field, value) in read {
+            call.arg(*field).arg(*value); // ARGV[2 .. 2n+1]
+        }
+        call.arg(set.len()); // ARGV[2n+2]
+        for (field, value) in set {
+            call.arg(*field).arg(*value); // ARGV[2n+3 .. 2n+2m+2]
+        }
+        for field in remove {
+            call.arg(*field); // ARGV[2n+2m+3 ..]
+        }
+        let wrote: i64 = call.invoke_async(con).await?;
+        Ok(wrote == 1)
     }
 
     /// lua/remove_consumer.lua: remove `consumer` from `group` of `stream`

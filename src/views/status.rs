@@ -252,7 +252,7 @@ pub fn assemble(license: &str, snapshot: &Snapshot) -> LicenseStatus {
         } else {
             None
         },
-        policy: LicensePolicy::from_record(&snapshot.record).0,
+        policy: LicensePolicy::from_record(&snapshot.record),
         held_by_user: held("u:"),
         held_by_group: held("g:"),
         holders,

@@ -462,3 +462,113 @@ async fn status_of_a_missing_license_is_one_line_and_exit_1() {
         }
     }
 }
+
+/// `license put` changes only the fields it is given: the runbooks'
+/// `license put L --seats N` keeps the policies, expiry and heartbeat
+/// timeout; `--unset FIELD` removes one field; `--replace` writes the whole
+/// record as given (the fields not given are removed).
+#[tokio::test]
+async fn license_put_changes_only_what_it_is_told() {
+    let TestApp(redis, s, mut con) = spawn_app().await;
+    let url = redis.url();
+    let put = |args: &[&str]| {
+        let mut all = vec!["license", "put", "ptest"];
+        all.extend_from_slice(args);
+        output(seatgate_cmd(&url, &all))
+    };
+    let show = || async {
+        let o = seatgate(&redis, &["license", "show", "ptest", "--json"]).await;
+        assert!(o.status.success(), "{o:?}");
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let record = |con: &mut seatgate::db::Db| {
+        let mut con = con.clone();
+        let s = s.clone();
+        async move {
+            let r = crate::support::license_record(&mut con, &s, "ptest").await;
+            r.into_iter().collect::<std::collections::BTreeMap<_, _>>()
+        }
+    };
+    let o = put(&[
+        "--seats",
+        "2",
+        "--max-per-user",
+        "1",
+        "--group-reserve",
+        "sim=1",
+        "--linger",
+        "10m",
+        "--expires",
+        "2099-01-01T00:00:00Z",
+        "--heartbeat-timeout",
+        "45s",
+    ])
+    .await;
+    assert!(o.status.success(), "{o:?}");
+    let before = show().await;
+    let o = put(&["--seats", "4"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let after = show().await;
+    assert_eq!(after["seats_total"], 4, "{after}");
+    for field in ["expires_at_ms", "heartbeat_timeout_ms", "policy", "active"] {
+        assert_eq!(after[field], before[field], "{field} kept: {after}");
+    }
+    assert_eq!(after["expires_at_ms"], 4_070_908_800_000u64);
+    assert_eq!(after["heartbeat_timeout_ms"], 45_000);
+    assert_eq!(
+        after["policy"],
+        serde_json::json!({"max_per_user": 1, "group_reserve": {"sim": 1}, "linger_ms": 600_000})
+    );
+
+    // One more group, one field changed, nothing else touched.
+    assert!(put(&["--group-max", "cad=3", "--inactive"])
+        .await
+        .status
+        .success());
+    let r = record(&mut con).await;
+    assert_eq!(
+        (
+            r.get("group_max:cad").map(String::as_str),
+            r.get("group_reserve:sim").map(String::as_str),
+            r.get("active").map(String::as_str),
+            r.get("seats_total").map(String::as_str)
+        ),
+        (Some("3"), Some("1"), Some("0"), Some("4"))
+    );
+    assert!(put(&["--active"]).await.status.success());
+
+    // --unset removes single fields, and only those.
+    let o = put(&["--unset", "linger_ms", "--unset", "group_max:cad"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let r = record(&mut con).await;
+    assert!(
+        !r.contains_key("linger_ms") && !r.contains_key("group_max:cad"),
+        "{r:?}"
+    );
+    assert_eq!(r.get("max_per_user").map(String::as_str), Some("1"));
+    assert_eq!(r.get("heartbeat_timeout_ms").map(String::as_str), Some("45000"));
+    assert_eq!(r.get("active").map(String::as_str), Some("1"));
+    // seats_total cannot be unset, an unknown field is refused, and a
+    // change that breaks a rule of the merged record writes nothing.
+    for bad in [
+        &["--unset", "seats_total"][..],
+        &["--unset", "colour"],
+        &["--seats", "0"],
+    ] {
+        let o = put(bad).await;
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+    }
+    assert_eq!(record(&mut con).await, r, "refused changes wrote nothing");
+    // A new license needs --seats.
+    let o = seatgate(&redis, &["license", "put", "fresh", "--max-per-user", "1"]).await;
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    // --replace: the old behaviour, the record exactly as given.
+    let o = put(&["--replace", "--seats", "3"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let r = record(&mut con).await;
+    let fields: Vec<&str> = r.keys().map(String::as_str).collect();
+    assert_eq!(fields, ["active", "expires_at_ms", "seats_total"]);
+    assert_eq!(r["seats_total"], "3");
+    assert_eq!(r["expires_at_ms"], "0");
+}

@@ -23,8 +23,8 @@ use crate::support::{
 };
 
 /// The record `license put` writes for 5 seats, then `field` = `value` (with
-/// the `policy` flag on for a policy field: the scripts read those only
-/// then), as a Rust reader and as the scripts see it.
+/// the `policy` flag on for a policy field, as `license put` writes one),
+/// as a Rust reader and as the scripts see it.
 async fn record_with(
     s: &seatgate::config::Settings,
     license: &str,

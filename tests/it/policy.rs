@@ -535,8 +535,8 @@ async fn a_borrow_outlives_the_heartbeat_timeout_and_is_then_reaped() {
 // ---------------------------------------------------------------------------
 // Provisioning, the rules, and what shows the policies.
 
-/// `seatgate license put` sets every policy field with its flag and
-/// removes them without; `license show`, `status` (text and JSON) and the
+/// `seatgate license put` sets every policy field with its flag, and
+/// `--replace` removes them without; `license show`, `status` (text and JSON) and the
 /// metrics show the policies, the counts and the lingering and borrowed seats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn license_put_status_and_metrics_show_the_policies() {
@@ -685,8 +685,8 @@ async fn license_put_status_and_metrics_show_the_policies() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // `license put` without policy flags removes every policy field.
-    assert!(run(&["license", "put", "cad", "--seats", "5"])
+    // `license put --replace` without policy flags removes every policy field.
+    assert!(run(&["license", "put", "cad", "--replace", "--seats", "5"])
         .await
         .status
         .success());
@@ -698,7 +698,7 @@ async fn license_put_status_and_metrics_show_the_policies() {
 
 /// The policy fields keep the license rules, checked the same way by the
 /// scripts (lua/includes/license.lua and policy.lua) and by Rust
-/// (engine::license::StoredRecord), and only while `policy` is 1.
+/// (engine::license::StoredRecord), whatever `policy` says.
 #[tokio::test]
 async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
     use seatgate::engine::license::StoredRecord;
@@ -732,19 +732,98 @@ async fn policy_fields_break_the_rules_alike_in_lua_and_in_rust() {
         assert_eq!(lua, rust, "{field} = {value:?}");
         assert_eq!(lua.name(), field);
         assert!(holders(&s, &license).await.is_empty());
-        // With the flag off the scripts read no policy field, and neither does Rust.
+        // With the flag off (or absent) the scripts still read every policy
+        // field, and so does Rust: the same refusal.
         if field != "policy" {
-            set_license_field(&mut con, &s, &license, "policy", "0").await;
-            let record = license_record(&mut con, &s, &license).await;
-            assert_eq!(StoredRecord::from_map(&record).validate(), Ok(()), "{field}");
-            let o = direct(&s, &license, "probe").acquire(&mut con).await;
-            assert_eq!(
-                o.status(),
-                Status::Acquired,
-                "{field} = {value:?} with the flag off"
-            );
+            for off in ["0", ""] {
+                if off.is_empty() {
+                    let _: i64 = redis::cmd("HDEL")
+                        .arg(license_keys(&s, &license).license)
+                        .arg("policy")
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                } else {
+                    set_license_field(&mut con, &s, &license, "policy", off).await;
+                }
+                let record = license_record(&mut con, &s, &license).await;
+                let rust = StoredRecord::from_map(&record).validate().expect_err(field);
+                let o = direct(&s, &license, "probe").acquire(&mut con).await;
+                assert_eq!(
+                    o.decision,
+                    Decision::LicenseInvalid(rust),
+                    "{field} = {value:?} with the flag {off:?}"
+                );
+                assert!(holders(&s, &license).await.is_empty());
+            }
         }
     }
+}
+
+/// Policy fields a billing system writes straight into the record are
+/// enforced without the `policy` flag (and with it at 0): the record is the
+/// contract, and a limit it holds is never silently ignored. `license show`
+/// and `status` show them, with no "ignored" warning.
+#[tokio::test]
+async fn policy_fields_written_without_the_flag_are_enforced() {
+    use seatgate::engine::scripts::NoSeats;
+    let TestApp(redis, s, mut con) = spawn_app().await;
+    for (license, flag) in [("bare", None), ("flag-off", Some("0"))] {
+        crate::support::put_license(&s, license, 3).await;
+        if let Some(flag) = flag {
+            set_license_field(&mut con, &s, license, "policy", flag).await;
+        }
+        set_license_field(&mut con, &s, license, "max_per_user", "1").await;
+        let ada = |session: &str| direct(&s, license, session).with_policy(ask("ada", "", 0));
+        assert_eq!(ada("a1").acquire(&mut con).await.status(), Status::Acquired);
+        let o = ada("a2").acquire(&mut con).await;
+        assert_eq!(
+            o.decision,
+            Decision::LimitReached(seatgate::engine::policy::PolicyRefusal::MaxPerUser),
+            "{license}: max_per_user without the flag"
+        );
+        assert_eq!(holders(&s, license).await, ["a1"]);
+    }
+    // A reservation alone: the one free seat of two is kept for ops.
+    crate::support::put_license(&s, "reserve", 2).await;
+    set_license_field(&mut con, &s, "reserve", "group_reserve:ops", "1").await;
+    assert_eq!(
+        direct(&s, "reserve", "x1").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    let o = direct(&s, "reserve", "x2").acquire(&mut con).await;
+    assert_eq!(
+        o.decision,
+        Decision::NoSeatsAvailable(NoSeats::Reserved),
+        "group_reserve without the flag"
+    );
+    // Linger alone: a released seat lingers.
+    crate::support::put_license(&s, "linger", 1).await;
+    set_license_field(&mut con, &s, "linger", "linger_ms", "60000").await;
+    let a = direct(&s, "linger", "a");
+    assert_eq!(a.acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(
+        a.release(&mut con).await.decision,
+        Decision::Released {
+            linger_ms: Some(60_000)
+        },
+        "linger_ms without the flag"
+    );
+    // What operators see: the policy, no warning that it is ignored.
+    let show = output(seatgate_cmd(&redis.url(), &["license", "show", "bare"])).await;
+    let text = String::from_utf8_lossy(&show.stdout).into_owned();
+    assert!(text.contains("policy: max_per_user 1"), "{text}");
+    assert!(!text.contains("ignored"), "{text}");
+    let status = output(seatgate_cmd(&redis.url(), &["status", "--json"])).await;
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let bare = json["licenses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["license"] == "bare")
+        .unwrap()
+        .clone();
+    assert_eq!(bare["policy"]["max_per_user"], 1, "{bare}");
 }
 
 // ---------------------------------------------------------------------------
@@ -838,7 +917,7 @@ async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
 
 /// Every holder change keeps the counts: direct acquires, grants, releases,
 /// stale evictions, queue timeouts and leaving the queue, with and without
-/// the license's policy flag.
+/// policies on the license.
 #[tokio::test]
 async fn counts_follow_every_holder_change_in_the_scripts() {
     let TestApp(_redis, s, mut con) = spawn_app().await;

@@ -1146,3 +1146,66 @@ async fn deleting_a_license_ends_its_seats_and_waits_in_bounded_steps() {
         (0, 0, false, None, Some(gone.now_ms + 3_000))
     );
 }
+
+/// lua/put_license.lua writes only over the record as it was read: a stale
+/// read writes nothing. So `license put`'s check of the merged record holds
+/// for what it writes: of two changes that each fit alone but not together
+/// (reservations beyond the seats), racing, one is written and the other,
+/// re-read and re-checked, refused.
+#[tokio::test]
+async fn a_license_change_is_written_only_over_the_record_it_checked() {
+    use seatgate::engine::license::LicenseChange;
+    use seatgate::engine::policy::LicensePolicy;
+    use seatgate::engine::provision;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "cas", 2).await;
+    let key = license_keys(&s, "cas").license;
+    let read: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
+    let (f, v) = ("max_per_user".to_owned(), "1".to_owned());
+    let _: () = con.hset(&key, "queue_max", "5").await.unwrap();
+    let stale: Vec<(&String, &String)> = read.iter().collect();
+    let scripts = Scripts::get();
+    assert!(!scripts
+        .put_license(&mut con, &key, &stale, &[(&f, &v)], &[])
+        .await
+        .unwrap());
+    let now: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
+    assert!(!now.contains_key("max_per_user"), "a stale read writes nothing");
+    let fresh: Vec<(&String, &String)> = now.iter().collect();
+    let queue_max = "queue_max".to_owned();
+    assert!(scripts
+        .put_license(&mut con, &key, &fresh, &[(&f, &v)], &[&queue_max])
+        .await
+        .unwrap());
+    let now: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
+    assert_eq!(now.get("max_per_user"), Some(&v));
+    assert!(!now.contains_key("queue_max"));
+
+    let reserve = |group: &str| LicenseChange {
+        policy: LicensePolicy {
+            group_reserve: [(group.to_owned(), 2)].into(),
+            ..LicensePolicy::default()
+        },
+        ..LicenseChange::default()
+    };
+    for round in 0..20 {
+        let license = format!("race-{round}");
+        put_license(&s, &license, 2).await;
+        let (a, b) = (reserve("a"), reserve("b"));
+        let (mut c1, mut c2) = (db(&s).await, db(&s).await);
+        let k = keys(&s);
+        let (ra, rb) = tokio::join!(
+            provision::change(&mut c1, &k, &license, &a),
+            provision::change(&mut c2, &k, &license, &b)
+        );
+        assert_eq!(
+            [ra.is_ok(), rb.is_ok()].iter().filter(|ok| **ok).count(),
+            1,
+            "round {round}: {ra:?} {rb:?}"
+        );
+        let record: std::collections::HashMap<String, String> =
+            con.hgetall(license_keys(&s, &license).license).await.unwrap();
+        let reserves = record.keys().filter(|f| f.starts_with("group_reserve:")).count();
+        assert_eq!(reserves, 1, "round {round}: {record:?}");
+    }
+}
