@@ -89,7 +89,7 @@ pub const DENIALS: &str = "seatgate_denials_total";
 /// Seats held, per `license` (top N by utilisation, plus `_other`).
 pub const SEATS_USED: &str = "seatgate_seats_used";
 /// Seats of the license, per `license` (top N by utilisation, plus `_other`).
-pub const SEATS_TOTAL: &str = "seatgate_seats_total";
+pub const SEATS_CAPACITY: &str = "seatgate_seats_capacity";
 /// Sessions waiting, per `license` (top N by utilisation, plus `_other`).
 pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 /// Of the seats held, those lingering after a release, per `license` (same licenses).
@@ -103,7 +103,7 @@ pub const FLEET_SEATS_LINGERING: &str = "seatgate_fleet_seats_lingering";
 /// Seats borrowed over all licenses.
 pub const FLEET_SEATS_BORROWED: &str = "seatgate_fleet_seats_borrowed";
 /// Seats over all licenses.
-pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
+pub const FLEET_SEATS_CAPACITY: &str = "seatgate_fleet_seats_capacity";
 /// Sessions waiting over all licenses.
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
 /// Licenses in the license index, as the reaper's last complete census counted them.
@@ -763,7 +763,7 @@ pub fn record_snapshots() {
         "Seats held, per license: the top metrics.license_series_limit by utilisation, the rest summed as _other."
     );
     describe_gauge!(
-        SEATS_TOTAL,
+        SEATS_CAPACITY,
         "Seats of the license, per license (same licenses as seatgate_seats_used)."
     );
     describe_gauge!(
@@ -781,7 +781,7 @@ pub fn record_snapshots() {
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
     describe_gauge!(FLEET_SEATS_LINGERING, "Seats lingering over all licenses.");
     describe_gauge!(FLEET_SEATS_BORROWED, "Seats borrowed over all licenses.");
-    describe_gauge!(FLEET_SEATS_TOTAL, "Seats over all licenses.");
+    describe_gauge!(FLEET_SEATS_CAPACITY, "Seats over all licenses.");
     describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
     describe_gauge!(
         LICENSES,
@@ -799,13 +799,13 @@ pub fn record_snapshots() {
     if let Some(s) = &shared.seats {
         for l in s.top.iter().chain([&s.other]) {
             gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
-            gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
+            gauge!(SEATS_CAPACITY, "license" => l.license.clone()).set(l.total as f64);
             gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
             gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
             gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
         }
         gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
-        gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
+        gauge!(FLEET_SEATS_CAPACITY).set(s.fleet.total as f64);
         gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
         gauge!(FLEET_SEATS_LINGERING).set(s.fleet.lingering as f64);
         gauge!(FLEET_SEATS_BORROWED).set(s.fleet.borrowed as f64);

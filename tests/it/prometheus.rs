@@ -375,10 +375,15 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
     // Shared-state gauges come from the reaper leader alone, so sums are right.
     assert_eq!(prometheus.query("sum(seatgate_reaper_leader) == 1").await, Ok(1));
     assert_eq!(
-        prometheus.query("count(seatgate_fleet_seats_total) == 1").await,
+        prometheus
+            .query("count(seatgate_fleet_seats_capacity) == 1")
+            .await,
         Ok(1)
     );
-    assert_eq!(prometheus.query("sum(seatgate_seats_total) == 13").await, Ok(1));
+    assert_eq!(
+        prometheus.query("sum(seatgate_seats_capacity) == 13").await,
+        Ok(1)
+    );
     assert_eq!(
         prometheus
             .query(&format!(
