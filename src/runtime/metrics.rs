@@ -57,8 +57,11 @@ pub const GRANTS: &str = "seatgate_grants_total";
 pub const QUEUE_TIMEOUTS: &str = "seatgate_queue_timeouts_total";
 /// Time spent in a wait queue, by `outcome` (`granted`, `timeout`).
 pub const QUEUE_WAIT: &str = "seatgate_queue_wait_seconds";
-/// Duration of one reaper pass over every license.
+/// Duration of one reaper pass: the licenses due, and a slice of the census.
 pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
+/// Reaper passes this process completed successfully: staleness is judged by
+/// its `increase()` over a window, whatever the scrape interval.
+pub const REAPER_PASSES: &str = "seatgate_reaper_passes_total";
 /// Pending entries claimed from other consumers (XAUTOCLAIM).
 pub const CLAIMED: &str = "seatgate_claimed_requests_total";
 /// Entries moved to the dead-letter stream.
@@ -209,7 +212,11 @@ pub fn init(license_series_limit: usize) {
     );
     describe_histogram!(
         REAPER_PASS,
-        "Duration of one reaper pass over every license, seconds."
+        "Duration of one reaper pass (the licenses due, and the next reaper.sweep licenses of the census), seconds."
+    );
+    describe_counter!(
+        REAPER_PASSES,
+        "Reaper passes this process completed successfully (while leading)."
     );
     describe_counter!(
         CLAIMED,
@@ -287,6 +294,7 @@ pub fn init(license_series_limit: usize) {
         EVENT_ERRORS,
         REFUSED_REPLY_TO,
         FUTURE_ENTRY_IDS,
+        REAPER_PASSES,
     ] {
         counter!(name).absolute(0);
     }
@@ -383,8 +391,10 @@ pub fn reaper_pass(elapsed: Duration) {
     histogram!(REAPER_PASS).record(elapsed.as_secs_f64());
 }
 
-/// Records that a reaper pass of this process succeeded, now.
+/// Records that a reaper pass of this process succeeded, now: counts it and
+/// sets the time of the last success.
 pub fn reaper_succeeded() {
+    counter!(REAPER_PASSES).increment(1);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

@@ -222,6 +222,7 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
         metric(p, "seatgate_queue_depth{license=\"lint\"}") == Some(1.0)
             && metric(p, "seatgate_seats_capacity{license=\"lint\"}") == Some(1.0)
             && p.contains("seatgate_reaper_pass_seconds_count")
+            && metric(p, "seatgate_reaper_passes_total").is_some_and(|n| n >= 1.0)
             && p.contains("license_lua_script_latency_seconds_count")
     })
     .await;
