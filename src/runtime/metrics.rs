@@ -99,6 +99,9 @@ pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 pub const SEATS_LINGERING: &str = "seatgate_seats_lingering";
 /// Of the seats held, those borrowed (held without heartbeats), per `license` (same licenses).
 pub const SEATS_BORROWED: &str = "seatgate_seats_borrowed";
+/// When the license expires, unix seconds, per `license` (same licenses;
+/// `_other`: the soonest expiry among the rest). No series for a license that never expires.
+pub const LICENSE_EXPIRY: &str = "seatgate_license_expiry_timestamp_seconds";
 /// Seats held over all licenses.
 pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
 /// Seats lingering over all licenses.
@@ -467,6 +470,9 @@ pub struct LicenseSeats {
     pub lingering: i64,
     /// Of `used`, the seats borrowed.
     pub borrowed: i64,
+    /// When the license expires, unix ms; 0 when it never does. For
+    /// [`OTHER`], the soonest expiry among the licenses it sums.
+    pub expires_at_ms: i64,
 }
 
 impl LicenseSeats {
@@ -504,6 +510,10 @@ pub struct SeatCensus {
     fleet: LicenseSeats,
     /// Licenses counted.
     licenses: usize,
+    /// The soonest expiries so far (license, unix ms), soonest first: one
+    /// more than the top can hold, so the soonest of the licenses outside
+    /// the top is among them, whichever licenses end up in it.
+    expiring: Vec<(String, i64)>,
 }
 
 impl SeatCensus {
@@ -516,6 +526,16 @@ impl SeatCensus {
         self.fleet.borrowed += seats.borrowed;
         self.licenses += 1;
         let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+        if seats.expires_at_ms > 0 {
+            let at = self
+                .expiring
+                .partition_point(|(_, ms)| *ms <= seats.expires_at_ms);
+            if at <= limit {
+                self.expiring
+                    .insert(at, (seats.license.clone(), seats.expires_at_ms));
+                self.expiring.truncate(limit + 1);
+            }
+        }
         let at = self.top.partition_point(|l| l.rank(&seats).is_lt());
         if at < limit {
             self.top.insert(at, seats);
@@ -554,6 +574,11 @@ impl From<SeatCensus> for SeatSummary {
             queued: c.fleet.queued - top.iter().map(|l| l.queued).sum::<i64>(),
             lingering: c.fleet.lingering - top.iter().map(|l| l.lingering).sum::<i64>(),
             borrowed: c.fleet.borrowed - top.iter().map(|l| l.borrowed).sum::<i64>(),
+            expires_at_ms: c
+                .expiring
+                .iter()
+                .find(|(license, _)| !top.iter().any(|l| &l.license == license))
+                .map_or(0, |(_, ms)| *ms),
         };
         SeatSummary {
             top,
@@ -788,6 +813,10 @@ pub fn record_snapshots() {
         SEATS_BORROWED,
         "Of the seats held, those borrowed (held without heartbeats), per license (same licenses as seatgate_seats_used)."
     );
+    describe_gauge!(
+        LICENSE_EXPIRY,
+        "When the license expires, unix seconds, per license (same licenses as seatgate_seats_used; _other: the soonest expiry among the rest); none for a license that never expires."
+    );
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
     describe_gauge!(FLEET_SEATS_LINGERING, "Seats lingering over all licenses.");
     describe_gauge!(FLEET_SEATS_BORROWED, "Seats borrowed over all licenses.");
@@ -813,6 +842,9 @@ pub fn record_snapshots() {
             gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
             gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
             gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
+            if l.expires_at_ms > 0 {
+                gauge!(LICENSE_EXPIRY, "license" => l.license.clone()).set(l.expires_at_ms as f64 / 1000.0);
+            }
         }
         gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
         gauge!(FLEET_SEATS_CAPACITY).set(s.fleet.total as f64);
@@ -924,6 +956,46 @@ mod tests {
             SHARED.lock().unwrap().is_none(),
             "a process that stops leading exports none"
         );
+    }
+
+    #[test]
+    fn expiry_follows_the_top_licenses_and_other_holds_the_soonest_of_the_rest() {
+        let seat = |license: &str, used, expires_at_ms| LicenseSeats {
+            license: license.into(),
+            used,
+            total: 10,
+            expires_at_ms,
+            ..LicenseSeats::default()
+        };
+        // The limit every test of the snapshot uses (the statics are shared).
+        LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
+        let mut census = SeatCensus::default();
+        // Counted in this order, the soonest expiries (c, d, b) are seen
+        // before they are known to fall inside or outside the top.
+        for l in [
+            seat("c", 9, 1_000),
+            seat("d", 8, 2_000),
+            seat("never", 0, 0),
+            seat("b", 1, 3_000),
+            seat("a", 0, 5_000),
+        ] {
+            census.add(l);
+        }
+        let s = SeatSummary::from(census);
+        let top: Vec<(&str, i64)> = s
+            .top
+            .iter()
+            .map(|l| (l.license.as_str(), l.expires_at_ms))
+            .collect();
+        assert_eq!(top, [("c", 1_000), ("d", 2_000)]);
+        assert_eq!(s.other.expires_at_ms, 3_000, "b, the soonest outside the top");
+        assert_eq!(s.fleet.expires_at_ms, 0);
+
+        let mut census = SeatCensus::default();
+        for l in [seat("x", 5, 0), seat("y", 4, 0), seat("z", 0, 0)] {
+            census.add(l);
+        }
+        assert_eq!(SeatSummary::from(census).other.expires_at_ms, 0, "none expires");
     }
 
     /// Every metric name declared in this file has HELP text: a new metric

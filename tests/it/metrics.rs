@@ -5,11 +5,13 @@
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, metric, put_license, spawn_app, RedisServer, RedisServerExt, TestApp, WorkerProcess, T,
+    acquire, client, metric, provision, put_license, seats, spawn_app, RedisServer, RedisServerExt, TestApp,
+    WorkerProcess, T,
 };
 
 /// Scrapes until `check` holds, at most `within`; returns the last page.
@@ -206,7 +208,16 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_live_scrape_passes_promtool_check_metrics() {
     let TestApp(redis, settings, _) = spawn_app().await;
-    put_license(&settings, "lint", 1).await;
+    let expires_at_ms = 4_102_444_800_000; // 2100-01-01
+    provision(
+        &settings,
+        "lint",
+        &LicenseSpec {
+            expires_at_ms,
+            ..seats(1)
+        },
+    )
+    .await;
     let worker = WorkerProcess::start(&redis.url(), &every_second(&[])).await;
     let mut c = client(&settings).await;
     assert_eq!(status(&mut c, acquire("lint", "s1", 0)).await, Status::Acquired);
@@ -221,6 +232,8 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
     let page = until(&worker, Duration::from_secs(5), "every family exported", |p| {
         metric(p, "seatgate_queue_depth{license=\"lint\"}") == Some(1.0)
             && metric(p, "seatgate_seats_capacity{license=\"lint\"}") == Some(1.0)
+            && metric(p, "seatgate_license_expiry_timestamp_seconds{license=\"lint\"}")
+                == Some(4_102_444_800.0)
             && p.contains("seatgate_reaper_pass_seconds_count")
             && metric(p, "seatgate_reaper_passes_total").is_some_and(|n| n >= 1.0)
             && p.contains("license_lua_script_latency_seconds_count")

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
 use seatgate::config::Settings;
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use serde_json::Value;
@@ -221,7 +222,17 @@ async fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
 async fn mixed_load(settings: &Settings) {
     provision(settings, LICENSE, &seats(2)).await;
     provision(settings, "short", &seats_with_timeout(1, 1_000)).await;
-    provision(settings, "spare", &seats(10)).await;
+    // Expires in 10 days: the expiry rules look at it.
+    let in_ten_days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 10 * 86_400_000;
+    let spare = LicenseSpec {
+        expires_at_ms: in_ten_days,
+        ..seats(10)
+    };
+    provision(settings, "spare", &spare).await;
     let mut con = db(settings).await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
     let _: () = redis::cmd("SET")
