@@ -735,6 +735,51 @@ mod tests {
 
     use super::*;
 
+    /// docs/operations.md's settings table (one row per `[section]`) names
+    /// every section and every key of config/default.toml, and no section the
+    /// file lacks: a new setting without its line in the table fails here.
+    #[test]
+    fn the_settings_table_lists_every_setting_of_the_defaults() {
+        let docs = include_str!("../docs/operations.md");
+        let rows: std::collections::HashMap<&str, &str> = docs
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `["))
+            .filter_map(|l| l.split_once("]` |"))
+            .collect();
+        let mut sections = Vec::new();
+        let mut missing = Vec::new();
+        let mut section = "";
+        for line in DEFAULT_TOML.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name;
+                sections.push(name);
+                if !rows.contains_key(name) {
+                    missing.push(format!("[{name}]"));
+                }
+            } else if let Some((key, _)) = line.split_once(" = ").filter(|_| !line.starts_with('#')) {
+                let documented = rows
+                    .get(section)
+                    .is_some_and(|row| row.contains(&format!("`{key}`")));
+                if !documented {
+                    missing.push(format!("{section}.{key}"));
+                }
+            }
+        }
+        assert!(
+            sections.len() >= 15,
+            "the defaults' sections were read: {sections:?}"
+        );
+        assert!(
+            missing.is_empty(),
+            "not in docs/operations.md's settings table: {missing:?}"
+        );
+        let extra: Vec<&&str> = rows.keys().filter(|r| !sections.contains(r)).collect();
+        assert!(
+            extra.is_empty(),
+            "rows for sections config/default.toml lacks: {extra:?}"
+        );
+    }
+
     #[test]
     fn defaults_load_and_validate() {
         let s = Settings::load(None).unwrap();

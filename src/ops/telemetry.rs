@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_process::Collector;
 
 use crate::config::LogFormat;
 use crate::runtime::metrics::{self, QUEUE_WAIT};
@@ -53,12 +54,21 @@ pub fn install_metrics(license_series_limit: usize) -> Result<PrometheusHandle, 
                 .install_recorder()
                 .map_err(|e| e.to_string())?;
             metrics::init(license_series_limit);
+            process_collector().describe();
             Ok(handle)
         })
         .clone()
 }
 
-/// The `/metrics` page: the process series from the installed recorder,
+/// The standard `process_*` series (CPU seconds, resident and virtual
+/// memory, open and maximum fds, start time, threads), read from /proc into
+/// the installed recorder at each scrape.
+fn process_collector() -> &'static Collector {
+    static COLLECTOR: OnceLock<Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(Collector::default)
+}
+
+/// The `/metrics` page: the `process_*` series read now, the process series from the installed recorder,
 /// then the snapshot series (denials, and the shared state while this
 /// process leads the reaper), written into a recorder made for this scrape
 /// only. The `metrics` crate cannot delete a series; a fresh recorder per
@@ -66,6 +76,7 @@ pub fn install_metrics(license_series_limit: usize) -> Result<PrometheusHandle, 
 /// top N, or a process that stopped leading, stops exporting at the next scrape.
 pub fn render(handle: &PrometheusHandle, ready: bool) -> String {
     metrics::ready(ready);
+    process_collector().collect();
     let mut page = handle.render();
     let scrape = PrometheusBuilder::new().build_recorder();
     ::metrics::with_local_recorder(&scrape, metrics::record_snapshots);

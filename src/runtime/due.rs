@@ -193,7 +193,7 @@ impl Sweep {
         due_ms: i64,
         step: &mut SweepStep,
     ) -> Result<(), Error> {
-        const PER_LICENSE: usize = 8;
+        const PER_LICENSE: usize = 9;
         let mut cmds = Vec::with_capacity(batch.len() * PER_LICENSE);
         for license in batch {
             let lk = keys.license(license);
@@ -205,6 +205,8 @@ impl Sweep {
             };
             let mut total = redis::cmd("HGET");
             total.arg(&lk.license).arg(Field::SeatsTotal.as_str());
+            let mut expires = redis::cmd("HGET");
+            expires.arg(&lk.license).arg(Field::ExpiresAtMs.as_str());
             let mut outbox = redis::cmd("EXISTS");
             outbox.arg(&lk.outbox);
             cmds.extend([
@@ -216,12 +218,13 @@ impl Sweep {
                 zcard(&lk.borrowed),
                 total,
                 outbox,
+                expires,
             ]);
         }
         let answers = con.query_all(cmds).await?;
         let mut missing = Vec::new();
         for (license, a) in batch.iter().zip(answers.chunks(PER_LICENSE)) {
-            let [Ok(stale), Ok(due), Ok(used), Ok(queued), Ok(lingering), Ok(borrowed), Ok(total), Ok(outbox)] =
+            let [Ok(stale), Ok(due), Ok(used), Ok(queued), Ok(lingering), Ok(borrowed), Ok(total), Ok(outbox), Ok(expires)] =
                 a
             else {
                 debug!(%license, "cannot read a license's seats; the next round looks again");
@@ -241,6 +244,12 @@ impl Sweep {
             let total = raw_total
                 .and_then(|raw| Field::SeatsTotal.check(&raw).ok())
                 .map_or(0, |n| i64::try_from(n).unwrap_or(0));
+            // A value that breaks the rule (the scripts answer LICENSE_INVALID) gets no expiry.
+            let expires_at_ms = redis::from_redis_value::<Option<String>>(expires.clone())
+                .ok()
+                .flatten()
+                .and_then(|raw| Field::ExpiresAtMs.check(&raw).ok())
+                .map_or(0, |n| i64::try_from(n).unwrap_or(0));
             step.looked_at += 1;
             step.seats.push(LicenseSeats {
                 license: license.clone(),
@@ -249,6 +258,7 @@ impl Sweep {
                 queued,
                 lingering,
                 borrowed,
+                expires_at_ms,
             });
             if deleted || lacks(stale, due, used > 0, queued + outbox + lingering + borrowed > 0) {
                 missing.push(license.clone());

@@ -57,8 +57,11 @@ pub const GRANTS: &str = "seatgate_grants_total";
 pub const QUEUE_TIMEOUTS: &str = "seatgate_queue_timeouts_total";
 /// Time spent in a wait queue, by `outcome` (`granted`, `timeout`).
 pub const QUEUE_WAIT: &str = "seatgate_queue_wait_seconds";
-/// Duration of one reaper pass over every license.
+/// Duration of one reaper pass: the licenses due, and a slice of the census.
 pub const REAPER_PASS: &str = "seatgate_reaper_pass_seconds";
+/// Reaper passes this process completed successfully: staleness is judged by
+/// its `increase()` over a window, whatever the scrape interval.
+pub const REAPER_PASSES: &str = "seatgate_reaper_passes_total";
 /// Pending entries claimed from other consumers (XAUTOCLAIM).
 pub const CLAIMED: &str = "seatgate_claimed_requests_total";
 /// Entries moved to the dead-letter stream.
@@ -95,13 +98,16 @@ pub const DENIALS: &str = "seatgate_denials_total";
 /// Seats held, per `license` (top N by utilisation, plus `_other`).
 pub const SEATS_USED: &str = "seatgate_seats_used";
 /// Seats of the license, per `license` (top N by utilisation, plus `_other`).
-pub const SEATS_TOTAL: &str = "seatgate_seats_total";
+pub const SEATS_CAPACITY: &str = "seatgate_seats_capacity";
 /// Sessions waiting, per `license` (top N by utilisation, plus `_other`).
 pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 /// Of the seats held, those lingering after a release, per `license` (same licenses).
 pub const SEATS_LINGERING: &str = "seatgate_seats_lingering";
 /// Of the seats held, those borrowed (held without heartbeats), per `license` (same licenses).
 pub const SEATS_BORROWED: &str = "seatgate_seats_borrowed";
+/// When the license expires, unix seconds, per `license` (same licenses;
+/// `_other`: the soonest expiry among the rest). No series for a license that never expires.
+pub const LICENSE_EXPIRY: &str = "seatgate_license_expiry_timestamp_seconds";
 /// Seats held over all licenses.
 pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
 /// Seats lingering over all licenses.
@@ -109,7 +115,7 @@ pub const FLEET_SEATS_LINGERING: &str = "seatgate_fleet_seats_lingering";
 /// Seats borrowed over all licenses.
 pub const FLEET_SEATS_BORROWED: &str = "seatgate_fleet_seats_borrowed";
 /// Seats over all licenses.
-pub const FLEET_SEATS_TOTAL: &str = "seatgate_fleet_seats_total";
+pub const FLEET_SEATS_CAPACITY: &str = "seatgate_fleet_seats_capacity";
 /// Sessions waiting over all licenses.
 pub const QUEUED_SESSIONS: &str = "seatgate_queued_sessions";
 /// Licenses in the license index, as the reaper's last complete census counted them.
@@ -215,7 +221,11 @@ pub fn init(license_series_limit: usize) {
     );
     describe_histogram!(
         REAPER_PASS,
-        "Duration of one reaper pass over every license, seconds."
+        "Duration of one reaper pass (the licenses due, and the next reaper.sweep licenses of the census), seconds."
+    );
+    describe_counter!(
+        REAPER_PASSES,
+        "Reaper passes this process completed successfully (while leading)."
     );
     describe_counter!(
         CLAIMED,
@@ -302,6 +312,7 @@ pub fn init(license_series_limit: usize) {
         REFUSED_REPLY_TO,
         FUTURE_ENTRY_IDS,
         REAPER_HELD_PASSES,
+        REAPER_PASSES,
     ] {
         counter!(name).absolute(0);
     }
@@ -408,8 +419,10 @@ pub fn reaper_grace(gap_ms: i64, held: usize) {
     }
 }
 
-/// Records that a reaper pass of this process succeeded, now.
+/// Records that a reaper pass of this process succeeded, now: counts it and
+/// sets the time of the last success.
 pub fn reaper_succeeded() {
+    counter!(REAPER_PASSES).increment(1);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -482,6 +495,9 @@ pub struct LicenseSeats {
     pub lingering: i64,
     /// Of `used`, the seats borrowed.
     pub borrowed: i64,
+    /// When the license expires, unix ms; 0 when it never does. For
+    /// [`OTHER`], the soonest expiry among the licenses it sums.
+    pub expires_at_ms: i64,
 }
 
 impl LicenseSeats {
@@ -519,6 +535,10 @@ pub struct SeatCensus {
     fleet: LicenseSeats,
     /// Licenses counted.
     licenses: usize,
+    /// The soonest expiries so far (license, unix ms), soonest first: one
+    /// more than the top can hold, so the soonest of the licenses outside
+    /// the top is among them, whichever licenses end up in it.
+    expiring: Vec<(String, i64)>,
 }
 
 impl SeatCensus {
@@ -531,6 +551,16 @@ impl SeatCensus {
         self.fleet.borrowed += seats.borrowed;
         self.licenses += 1;
         let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
+        if seats.expires_at_ms > 0 {
+            let at = self
+                .expiring
+                .partition_point(|(_, ms)| *ms <= seats.expires_at_ms);
+            if at <= limit {
+                self.expiring
+                    .insert(at, (seats.license.clone(), seats.expires_at_ms));
+                self.expiring.truncate(limit + 1);
+            }
+        }
         let at = self.top.partition_point(|l| l.rank(&seats).is_lt());
         if at < limit {
             self.top.insert(at, seats);
@@ -569,6 +599,11 @@ impl From<SeatCensus> for SeatSummary {
             queued: c.fleet.queued - top.iter().map(|l| l.queued).sum::<i64>(),
             lingering: c.fleet.lingering - top.iter().map(|l| l.lingering).sum::<i64>(),
             borrowed: c.fleet.borrowed - top.iter().map(|l| l.borrowed).sum::<i64>(),
+            expires_at_ms: c
+                .expiring
+                .iter()
+                .find(|(license, _)| !top.iter().any(|l| &l.license == license))
+                .map_or(0, |(_, ms)| *ms),
         };
         SeatSummary {
             top,
@@ -788,7 +823,7 @@ pub fn record_snapshots() {
         "Seats held, per license: the top metrics.license_series_limit by utilisation, the rest summed as _other."
     );
     describe_gauge!(
-        SEATS_TOTAL,
+        SEATS_CAPACITY,
         "Seats of the license, per license (same licenses as seatgate_seats_used)."
     );
     describe_gauge!(
@@ -803,10 +838,14 @@ pub fn record_snapshots() {
         SEATS_BORROWED,
         "Of the seats held, those borrowed (held without heartbeats), per license (same licenses as seatgate_seats_used)."
     );
+    describe_gauge!(
+        LICENSE_EXPIRY,
+        "When the license expires, unix seconds, per license (same licenses as seatgate_seats_used; _other: the soonest expiry among the rest); none for a license that never expires."
+    );
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
     describe_gauge!(FLEET_SEATS_LINGERING, "Seats lingering over all licenses.");
     describe_gauge!(FLEET_SEATS_BORROWED, "Seats borrowed over all licenses.");
-    describe_gauge!(FLEET_SEATS_TOTAL, "Seats over all licenses.");
+    describe_gauge!(FLEET_SEATS_CAPACITY, "Seats over all licenses.");
     describe_gauge!(QUEUED_SESSIONS, "Sessions waiting over all licenses.");
     describe_gauge!(
         LICENSES,
@@ -824,13 +863,16 @@ pub fn record_snapshots() {
     if let Some(s) = &shared.seats {
         for l in s.top.iter().chain([&s.other]) {
             gauge!(SEATS_USED, "license" => l.license.clone()).set(l.used as f64);
-            gauge!(SEATS_TOTAL, "license" => l.license.clone()).set(l.total as f64);
+            gauge!(SEATS_CAPACITY, "license" => l.license.clone()).set(l.total as f64);
             gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
             gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
             gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
+            if l.expires_at_ms > 0 {
+                gauge!(LICENSE_EXPIRY, "license" => l.license.clone()).set(l.expires_at_ms as f64 / 1000.0);
+            }
         }
         gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
-        gauge!(FLEET_SEATS_TOTAL).set(s.fleet.total as f64);
+        gauge!(FLEET_SEATS_CAPACITY).set(s.fleet.total as f64);
         gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
         gauge!(FLEET_SEATS_LINGERING).set(s.fleet.lingering as f64);
         gauge!(FLEET_SEATS_BORROWED).set(s.fleet.borrowed as f64);
@@ -939,6 +981,46 @@ mod tests {
             SHARED.lock().unwrap().is_none(),
             "a process that stops leading exports none"
         );
+    }
+
+    #[test]
+    fn expiry_follows_the_top_licenses_and_other_holds_the_soonest_of_the_rest() {
+        let seat = |license: &str, used, expires_at_ms| LicenseSeats {
+            license: license.into(),
+            used,
+            total: 10,
+            expires_at_ms,
+            ..LicenseSeats::default()
+        };
+        // The limit every test of the snapshot uses (the statics are shared).
+        LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
+        let mut census = SeatCensus::default();
+        // Counted in this order, the soonest expiries (c, d, b) are seen
+        // before they are known to fall inside or outside the top.
+        for l in [
+            seat("c", 9, 1_000),
+            seat("d", 8, 2_000),
+            seat("never", 0, 0),
+            seat("b", 1, 3_000),
+            seat("a", 0, 5_000),
+        ] {
+            census.add(l);
+        }
+        let s = SeatSummary::from(census);
+        let top: Vec<(&str, i64)> = s
+            .top
+            .iter()
+            .map(|l| (l.license.as_str(), l.expires_at_ms))
+            .collect();
+        assert_eq!(top, [("c", 1_000), ("d", 2_000)]);
+        assert_eq!(s.other.expires_at_ms, 3_000, "b, the soonest outside the top");
+        assert_eq!(s.fleet.expires_at_ms, 0);
+
+        let mut census = SeatCensus::default();
+        for l in [seat("x", 5, 0), seat("y", 4, 0), seat("z", 0, 0)] {
+            census.add(l);
+        }
+        assert_eq!(SeatSummary::from(census).other.expires_at_ms, 0, "none expires");
     }
 
     /// Every metric name declared in this file has HELP text: a new metric

@@ -460,7 +460,13 @@ impl Reaper {
         let seats = step
             .seats
             .into_iter()
-            .map(|s| reaped.get(s.license.as_str()).map_or(s, |&r| r.clone()))
+            .map(|s| {
+                let expires_at_ms = s.expires_at_ms; // the census read it; reap.lua does not
+                reaped.get(s.license.as_str()).map_or(s, |&r| LicenseSeats {
+                    expires_at_ms,
+                    ..r.clone()
+                })
+            })
             .collect();
         report.census = sweep.count(seats, step.round_done);
         drop(sweep);
@@ -662,6 +668,7 @@ impl Reaper {
                     queued: step.queue_depth,
                     lingering: step.seats_lingering,
                     borrowed: step.seats_borrowed,
+                    expires_at_ms: 0,
                 }];
                 return Ok((report, (step.stale_ms, step.due_ms)));
             }

@@ -5,11 +5,13 @@
 use std::time::{Duration, Instant};
 
 use seatgate::client::{Call, Client};
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, metric, put_license, spawn_app, RedisServer, RedisServerExt, TestApp, WorkerProcess, T,
+    acquire, client, metric, provision, put_license, seats, spawn_app, RedisServer, RedisServerExt, TestApp,
+    WorkerProcess, T,
 };
 
 /// Scrapes until `check` holds, at most `within`; returns the last page.
@@ -85,7 +87,7 @@ async fn per_license_series_follow_the_top_n_and_denials_stay_bounded() {
         "a has series, b is in _other",
         |p| {
             metric(p, "seatgate_seats_used{license=\"a\"}") == Some(1.0)
-                && metric(p, "seatgate_seats_total{license=\"_other\"}") == Some(2.0)
+                && metric(p, "seatgate_seats_capacity{license=\"_other\"}") == Some(2.0)
                 && !p.contains("license=\"b\"")
         },
     )
@@ -102,12 +104,12 @@ async fn per_license_series_follow_the_top_n_and_denials_stay_bounded() {
     assert_eq!(status(&mut c, release).await, Status::Released);
     let page = until(&worker, Duration::from_secs(5), "b replaced a", |p| {
         metric(p, "seatgate_seats_used{license=\"b\"}") == Some(2.0)
-            && metric(p, "seatgate_seats_total{license=\"_other\"}") == Some(1.0)
+            && metric(p, "seatgate_seats_capacity{license=\"_other\"}") == Some(1.0)
             && !p.contains("seatgate_seats_used{license=\"a\"}")
     })
     .await;
     assert_eq!(metric(&page, "seatgate_fleet_seats_used"), Some(2.0));
-    assert_eq!(metric(&page, "seatgate_fleet_seats_total"), Some(3.0));
+    assert_eq!(metric(&page, "seatgate_fleet_seats_capacity"), Some(3.0));
     assert_eq!(metric(&page, "seatgate_licenses"), Some(2.0));
 
     // Denials: a was denied first and keeps its place; b's denial is under _other.
@@ -137,7 +139,7 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
         WorkerProcess::start(&redis.url(), &env).await,
         WorkerProcess::start(&redis.url(), &env).await,
     ];
-    let exports = |p: &str| metric(p, "seatgate_seats_total{license=\"lic\"}") == Some(2.0);
+    let exports = |p: &str| metric(p, "seatgate_seats_capacity{license=\"lic\"}") == Some(2.0);
     let leads = |p: &str| metric(p, "seatgate_reaper_leader") == Some(1.0);
 
     // One leader, which exports the shared state; the other exports none of it.
@@ -152,7 +154,7 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
             assert!(!leads(other), "two leaders:\n{other}");
             for name in [
                 "seatgate_seats_used",
-                "seatgate_fleet_seats_total",
+                "seatgate_fleet_seats_capacity",
                 "seatgate_stream_lag",
             ] {
                 assert!(!other.contains(name), "a follower exports {name}:\n{other}");
@@ -196,5 +198,81 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
     assert!(
         handover < Duration::from_millis(4_000),
         "a clean stop gives the lock up (lock_ms is 5 s): {handover:?}"
+    );
+}
+
+/// `promtool check metrics` (Prometheus's own linter of names, types, units
+/// and help) on a live scrape holding every family: per-license seats and
+/// denials, a queue, histograms with samples, the reaper's series and the
+/// `process_*` series. The seed's two `license_lua_script_*` names pass it too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_scrape_passes_promtool_check_metrics() {
+    let TestApp(redis, settings, _) = spawn_app().await;
+    let expires_at_ms = 4_102_444_800_000; // 2100-01-01
+    provision(
+        &settings,
+        "lint",
+        &LicenseSpec {
+            expires_at_ms,
+            ..seats(1)
+        },
+    )
+    .await;
+    let worker = WorkerProcess::start(&redis.url(), &every_second(&[])).await;
+    let mut c = client(&settings).await;
+    assert_eq!(status(&mut c, acquire("lint", "s1", 0)).await, Status::Acquired);
+    assert_eq!(
+        status(&mut c, acquire("lint", "s2", 0)).await,
+        Status::NoSeatsAvailable
+    );
+    assert_eq!(
+        status(&mut c, acquire("lint", "s3", 60_000)).await,
+        Status::Queued
+    );
+    let page = until(&worker, Duration::from_secs(5), "every family exported", |p| {
+        metric(p, "seatgate_queue_depth{license=\"lint\"}") == Some(1.0)
+            && metric(p, "seatgate_seats_capacity{license=\"lint\"}") == Some(1.0)
+            && metric(p, "seatgate_license_expiry_timestamp_seconds{license=\"lint\"}")
+                == Some(4_102_444_800.0)
+            && p.contains("seatgate_reaper_pass_seconds_count")
+            && metric(p, "seatgate_reaper_passes_total").is_some_and(|n| n >= 1.0)
+            && p.contains("license_lua_script_latency_seconds_count")
+    })
+    .await;
+    // The response's head is not part of the exposition.
+    let page = page
+        .split_once("\r\n\r\n")
+        .map_or(page.as_str(), |(_, body)| body);
+    assert!(metric(page, "process_cpu_seconds_total").is_some(), "{page}");
+    for family in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            metric(page, family).is_some_and(|v| v > 0.0),
+            "{family} missing or 0:\n{page}"
+        );
+    }
+
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (bash ops/ensure-prometheus.sh installs it)");
+    use std::io::Write;
+    promtool.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics ({}):\n{said}",
+        out.status
     );
 }

@@ -2,6 +2,8 @@
 //! mixed load: every PromQL expression of the Grafana dashboard
 //! (ops/grafana/seatgate.json) and of the alert rules
 //! (ops/prometheus/alerts.yml) must be valid and return data.
+//! And a real Alertmanager running the example configuration
+//! (ops/prometheus/alertmanager.yml): one cause pages once.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
 use seatgate::config::Settings;
+use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use serde_json::Value;
@@ -221,7 +224,17 @@ async fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
 async fn mixed_load(settings: &Settings) {
     provision(settings, LICENSE, &seats(2)).await;
     provision(settings, "short", &seats_with_timeout(1, 1_000)).await;
-    provision(settings, "spare", &seats(10)).await;
+    // Expires in 10 days: the expiry rules look at it.
+    let in_ten_days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 10 * 86_400_000;
+    let spare = LicenseSpec {
+        expires_at_ms: in_ten_days,
+        ..seats(10)
+    };
+    provision(settings, "spare", &spare).await;
     let mut con = db(settings).await;
     // A hand-broken key: every script on this license fails with WRONGTYPE.
     let _: () = redis::cmd("SET")
@@ -375,10 +388,15 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
     // Shared-state gauges come from the reaper leader alone, so sums are right.
     assert_eq!(prometheus.query("sum(seatgate_reaper_leader) == 1").await, Ok(1));
     assert_eq!(
-        prometheus.query("count(seatgate_fleet_seats_total) == 1").await,
+        prometheus
+            .query("count(seatgate_fleet_seats_capacity) == 1")
+            .await,
         Ok(1)
     );
-    assert_eq!(prometheus.query("sum(seatgate_seats_total) == 13").await, Ok(1));
+    assert_eq!(
+        prometheus.query("sum(seatgate_seats_capacity) == 13").await,
+        Ok(1)
+    );
     assert_eq!(
         prometheus
             .query(&format!(
@@ -389,4 +407,127 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
         "one NO_SEATS_AVAILABLE and one QUEUE_TIMEOUT"
     );
     eprintln!("{} expressions checked in {:?}", checks.len(), started.elapsed());
+}
+
+/// The Alertmanager example (ops/prometheus/alertmanager.yml) run by a real
+/// Alertmanager: of the alerts a Redis outage raises, and of a license
+/// expiring within a day, only the causes stay unmuted (the alerts API reports
+/// each alert's inhibitors as it lists them).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_alertmanager_example_pages_once_for_one_cause() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = repo_file("ops/prometheus/alertmanager.yml");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let log = std::fs::File::create(dir.path().join("alertmanager.log")).unwrap();
+    let mut alertmanager = Command::new("prometheus-alertmanager")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address={addr}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus-alertmanager (bash ops/ensure-alertmanager.sh installs it)");
+    /// Kills and reaps it whatever happens.
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _reap = Reap(&mut alertmanager);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while http_get(&addr, "/-/ready").await.map(|(code, _)| code) != Some(200) {
+        assert!(Instant::now() < deadline, "alertmanager did not become ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut raised = Vec::new();
+    for instance in ["w1:9464", "w2:9464", "w3:9464"] {
+        raised.push(format!(
+            "alertname=SeatgateRedisDown severity=page instance={instance}"
+        ));
+        raised.push(format!(
+            "alertname=SeatgateNotReady severity=page instance={instance}"
+        ));
+    }
+    for alert in [
+        "alertname=SeatgateReaperStale severity=page",
+        "alertname=SeatgateNoReaperLeader severity=page",
+        "alertname=SeatgateRequestLagGrowing severity=page stream=seat:requests",
+        "alertname=SeatgateLicenseExpiresWithinADay severity=page license=cad",
+        "alertname=SeatgateLicenseExpiringSoon severity=ticket license=cad",
+        "alertname=SeatgateLicenseExpiringSoon severity=ticket license=sim",
+    ] {
+        raised.push(alert.to_owned());
+    }
+    for alert in &raised {
+        let status = Command::new("amtool")
+            .arg(format!("--alertmanager.url=http://{addr}"))
+            .args(["alert", "add"])
+            .args(alert.split(' '))
+            .status()
+            .expect("amtool");
+        assert!(status.success(), "amtool alert add {alert}");
+    }
+
+    // name and the license or instance of each alert left unmuted, sorted.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (unmuted, all) = loop {
+        let (_, response) = http_get(&addr, "/api/v2/alerts").await.expect("alerts API");
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let alerts: Value = serde_json::from_str(body).expect("alerts JSON");
+        let alerts = alerts.as_array().cloned().unwrap_or_default();
+        let mut unmuted: Vec<String> = alerts
+            .iter()
+            .filter(|a| {
+                a["status"]["inhibitedBy"]
+                    .as_array()
+                    .is_none_or(|by| by.is_empty())
+            })
+            .map(|a| {
+                let labels = &a["labels"];
+                let of = labels["instance"]
+                    .as_str()
+                    .or(labels["license"].as_str())
+                    .unwrap_or("");
+                format!("{} {of}", labels["alertname"].as_str().unwrap_or(""))
+            })
+            .collect();
+        unmuted.sort();
+        if (alerts.len() == raised.len() && unmuted.len() == 5) || Instant::now() > deadline {
+            break (unmuted, alerts.len());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(all, raised.len());
+    assert_eq!(
+        unmuted,
+        [
+            "SeatgateLicenseExpiresWithinADay cad",
+            "SeatgateLicenseExpiringSoon sim",
+            "SeatgateRedisDown w1:9464",
+            "SeatgateRedisDown w2:9464",
+            "SeatgateRedisDown w3:9464",
+        ],
+        "one cause, one page"
+    );
+    // The three instances' RedisDown are one group, so one notification, to the pager.
+    let (_, response) = http_get(&addr, "/api/v2/alerts/groups")
+        .await
+        .expect("groups API");
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let groups: Value = serde_json::from_str(body).expect("groups JSON");
+    let redis_down: Vec<(&str, usize)> = groups
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["labels"]["alertname"] == "SeatgateRedisDown")
+        .map(|g| {
+            let receiver = g["receiver"]["name"].as_str().unwrap_or("");
+            (receiver, g["alerts"].as_array().map_or(0, Vec::len))
+        })
+        .collect();
+    assert_eq!(redis_down, [("seatgate-pager", 3)], "{groups}");
 }
