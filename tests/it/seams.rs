@@ -15,6 +15,8 @@
 //! streams and every request entry with its replies. Then the promises:
 //! every request answered, zero seats held by a lease nobody uses, zero
 //! evictions of a holder that kept heartbeating, holders never above seats.
+//! Every broken promise is reported at once, with the story of each
+//! session concerned; `--nocapture` prints the run's timeline and counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -645,7 +647,7 @@ fn story(log: &[Record], session: &str, origin: u64) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main until the reaper stops counting a Redis outage against heartbeats ([3]: every seat held through the outage is evicted) and requests expire ([2]: an acquire the killed worker held is decided after its re-sent copy's seat was released)"]
+#[ignore = "fails on main until outage grace and request expiry land: [3] in most runs (the reaper's first pass after the restart evicts every seat held through the outage when it comes before the workers read the heartbeats sent meanwhile), [2] in some (the acquire the killed worker held is decided after its re-sent copy's seat was released)"]
 async fn the_whole_flow_keeps_every_promise_through_kill_outage_timeout_change_and_delete() {
     let started = Instant::now();
     let TestApp(mut redis, mut s, _) = spawn_app_with(&["--appendonly", "yes"]).await;
@@ -687,7 +689,9 @@ async fn the_whole_flow_keeps_every_promise_through_kill_outage_timeout_change_a
     //    (the ghost seats). To catch it holding one, whatever the
     //    timing, it is frozen (SIGSTOP) while blocked in its read, so that
     //    Redis hands it the next request and it can do nothing with it; if
-    //    that is no acquire, it is let go (SIGCONT) and frozen again. The
+    //    that is not an acquire likely to take a seat nobody uses when
+    //    decided late ([`ghost_prone`]), it is let go (SIGCONT) and frozen
+    //    again (for at most 10 s, then killed with what it holds). The
     //    other worker claims the acquire after claim_idle_ms (4 s), well
     //    after the client sent it again (1 s). No replacement is started.
     tokio::time::sleep(Duration::from_secs(3)).await;
