@@ -22,6 +22,7 @@ mod queue;
 mod report;
 mod revoke;
 mod scripts;
+mod seams;
 mod speed;
 mod stream;
 mod support;
