@@ -3,6 +3,7 @@
 
   KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
               revocation keys (includes/keys.lua)
+  KEYS[18] the license's group map (includes/keys.lua, includes/policy.lua)
   ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
               the service's heartbeat timeout and the request's deadline
               (includes/request.lua); the seat or place is bound to the
@@ -41,8 +42,12 @@
                         other groups
     LIMIT_REACHED       detail = the limit: 'max_per_user' or 'group_max'
                         (without wait_ms; with it, the session queues and is
-                        granted once under its limits), or 'max_borrow_ms'
-                        (a borrow the license does not allow); nothing changed
+                        granted once under its limits), 'max_borrow_ms'
+                        (a borrow the license does not allow), 'require_user'
+                        (the license's require_user, and no user), or
+                        'group_map' (the license maps users to groups, and
+                        the group claimed is not the user's there, or the
+                        user's mapped group is no id); nothing changed
     LEASE_MISMATCH      the session holds a seat or waits, bound to another
                         lease than this one (or this one carries none); nothing changed
     LICENSE_INVALID     the license record breaks its rules (includes/license.lua,
@@ -51,8 +56,9 @@
                         retried acquire of a holder is answered ALREADY_ACTIVE
     LICENSE_NOT_FOUND | LICENSE_INACTIVE | LICENSE_EXPIRED
     RATE_LIMITED        too many requests from this session or license
-    SESSION_REVOKED     an administrator revoked the session with a cooldown
-                        that still lasts; detail = the revocation record
+    SESSION_REVOKED     an administrator revoked the session (or, user-wide,
+                        a session of this user) with a cooldown that still
+                        lasts; detail = the revocation record
                         (includes/revoked.lua)
     REQUEST_EXPIRED     read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
@@ -177,12 +183,33 @@ local function decide(now, default_timeout)
     local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
   end
-  local revoked = cooldown_of(session, now)
+  local user = asker and asker.user or ''
+  local revoked = cooldown_of(session, now) or (user ~= '' and cooldown_of(USER_REVOCATION .. user, now))
   if revoked then
     return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
   end
   if license.refusal then
     return outcome(license.refusal, rcall('ZCARD', K.holders), license.total, 0, now, notes)
+  end
+  -- Identity the server decides (includes/policy.lua).
+  if user == '' and P and P.require_user == 1 then
+    return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'require_user', now, notes)
+  end
+  if asker and (user ~= '' or asker.group ~= '') then
+    -- The group map, when the license has one: one HGET for a mapped user,
+    -- an EXISTS more otherwise; nothing for an acquire by nobody in particular.
+    local mapped = user ~= '' and rcall('HGET', K.groups, user)
+    if mapped or rcall('EXISTS', K.groups) == 1 then
+      mapped = mapped or ''
+      -- A mapped group that is no id (say holding '|', the owner record's
+      -- separator) is refused like a disagreeing claim: never a seat counted
+      -- for no group, which would escape group_max.
+      local id = mapped == '' or (#mapped <= 128 and string.find(mapped, '^[A-Za-z0-9._:@-]+$'))
+      if not id or (asker.group ~= '' and asker.group ~= mapped) then
+        return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'group_map', now, notes)
+      end
+      asker.group = mapped
+    end
   end
 
   local total = license.total

@@ -22,6 +22,11 @@
            its acquires get SESSION_REVOKED for that long
   ARGV[15] remember_ms: how long a revocation is remembered at least
   ARGV[16] most revocations remembered per license
+  ARGV[17] '1': the cooldown binds the session's user too (cooldown_scope=user):
+           the user's acquires, whatever their session id, get
+           SESSION_REVOKED for cooldown_ms (includes/revoked.lua). The user is
+           the revoked session's owner record's (includes/owners.lua); a
+           session without one binds only itself. '0': the session alone
 
   Returns an outcome (includes/outcome.lua) with status
     REVOKED            detail 1: the session held a seat, now free (it went
@@ -86,6 +91,15 @@ end
 
 local session, reason, actor = ARGV[8], ARGV[12], ARGV[13]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local user_wide = ARGV[17] == '1'
+
+-- With a user-wide cooldown, remembers it for the user of `owner` (the
+-- revoked session's owner record) as well.
+local function remember_user(owner, now)
+  if user_wide and cooldown_ms > 0 and owner and owner.user ~= '' then
+    remember_revocation(USER_REVOCATION .. owner.user, now, reason, actor, cooldown_ms, remember_ms, max)
+  end
+end
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout
@@ -104,6 +118,7 @@ local function decide(now, default_timeout)
       owners().gone(session, owner)
     end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+    remember_user(owner, now)
     expire_waiters(now, notes, 100)
     local used = grant_if_valid(license, now, notes, 100)
     return outcome('REVOKED', used, total, 1, now, notes)
@@ -115,6 +130,7 @@ local function decide(now, default_timeout)
       owners().forget(session)
     end
     remember_revocation(session, now, reason, actor, cooldown_ms, remember_ms, max)
+    remember_user(owner, now)
     if w then
       -- Its acquire waits for a final answer: this is it.
       note(notes, now, 'SESSION_REVOKED', session, w)

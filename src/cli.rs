@@ -242,6 +242,11 @@ struct PolicyArgs {
     /// Allow borrowing a seat for up to this long, e.g. 7d (max_borrow_ms).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     max_borrow: Option<Duration>,
+    /// Refuse an acquire that names no user (require_user 1), so that
+    /// omitting `user` escapes no per-user limit; `license unset L
+    /// require_user` lifts it.
+    #[arg(long)]
+    require_user: bool,
 }
 
 impl PolicyArgs {
@@ -253,6 +258,7 @@ impl PolicyArgs {
             max_priority: self.max_priority,
             linger_ms: self.linger.map(|d| d.as_millis() as u64),
             max_borrow_ms: self.max_borrow.map(|d| d.as_millis() as u64),
+            require_user: self.require_user.then_some(true),
         }
     }
 }

@@ -32,6 +32,9 @@
     KEYS[16] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
     KEYS[17] seat:{L}:revocations HASH revoked session -> revocation record
                                        (revoked.lua); both keys expire
+  acquire alone also takes
+    KEYS[18] seat:{L}:groups     HASH  user -> group: the license's group map
+                                       (policy.lua); written by provisioning
   reap takes only KEYS[1..11]; the other names are then nil.
 ]]
 local K = {
@@ -39,5 +42,5 @@ local K = {
   waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
   owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
   done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
-  revoked = KEYS[16], revocations = KEYS[17],
+  revoked = KEYS[16], revocations = KEYS[17], groups = KEYS[18],
 }

@@ -17,6 +17,7 @@
     max_priority          digits, 0 to 9
     linger_ms             digits, 0 to 999999999999999
     max_borrow_ms         digits, 0 to 31536000000 (a year)
+    require_user          0 or 1: 1 refuses an acquire without a user
     group_max:<g>         digits, 0 to 1000000, in field name order, and
     group_reserve:<g>     <g> an id like a session's
   Digits only: tonumber alone would take "0x10", " 5", "1e3", "inf" and
@@ -38,7 +39,7 @@ local function license_number(field, raw)
     low, high, digits = 0, 1000000, 7
   elseif field == 'expires_at_ms' then
     low, high, digits = 0, 999999999999999, 15
-  elseif field == 'active' or field == 'policy' then
+  elseif field == 'active' or field == 'policy' or field == 'require_user' then
     low, high, digits = 0, 1, 1
   elseif field == 'heartbeat_timeout_ms' or field == 'queue_max' then
     low, high, digits = 1, 999999999999999, 15

@@ -15,12 +15,18 @@
     linger_ms          a released seat stays with its session that long
     max_borrow_ms      the longest borrow an acquire may ask for (absent:
                        borrowing is off)
+    require_user       1: an acquire without a user is refused (LIMIT_REACHED
+                       require_user), so omitting `user` escapes no limit
   Each is a whole number in plain digits, under the rules license.lua lists
   (policy().read() checks them): a record breaking one hands out no seat,
   LICENSE_INVALID naming the field, as for the other fields.
   Who asks comes with the acquire: user, group, priority, borrow_ms. An
-  acquire without a user is under no per-user limit, one without a group
-  under no per-group limit (and takes no reserved seat).
+  acquire without a user is under no per-user limit (unless require_user
+  refuses it), one without a group under no per-group limit (and takes no
+  reserved seat). A license with a group map (KEYS[18] of acquire, keys.lua:
+  user -> group) decides the group itself: the request's group is its
+  user's there (none for a user not in it), and a request claiming another
+  is refused, LIMIT_REACHED group_map (acquire.lua).
 
   Seats held count lingering and borrowed ones (owners.lua), and lowering a
   limit evicts nobody: it only keeps new seats from those above it.
@@ -58,7 +64,7 @@ local function policy()
   local M = {}
 
   -- The policy fields' rules are license.lua's, in license_number.
-  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms'}
+  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms', 'require_user'}
 
   -- The license's policies, read from its whole record, and the first field
   -- that breaks its rule ({field, value}, as license_state reports one:

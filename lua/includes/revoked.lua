@@ -11,6 +11,9 @@
         at              when (Redis clock, ms)
         cooldown_until  until when its acquires are refused (ms); 0 = no cooldown
   Rust reads the record with engine::revocation::Revocation.
+  A user-wide cooldown (revoke.lua, cooldown_scope=user) is an entry of its
+  own under USER_REVOCATION .. <user>, never a session id (ids never contain
+  '|'): acquire.lua refuses that user's acquires, whatever the session.
 
   Bounded memory: revoke.lua writes an entry that is forgotten
   max(remember_ms, cooldown) after the revocation, drops up to 100 entries
@@ -22,6 +25,9 @@
   again (acquire.lua's cooldown_of).
 ]]
 --- @include "keys"
+
+-- The revocation entry of a user-wide cooldown is this followed by the user.
+local USER_REVOCATION = 'user|'
 
 local function forget_revocation(session)
   rcall('ZREM', K.revoked, session)

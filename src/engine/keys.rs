@@ -16,7 +16,8 @@ pub struct Keys {
 /// The keys of one license: `KEYS[1..11]` of every seat script, in that
 /// order, then the two revocation keys, `KEYS[16..17]` of the request
 /// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
-/// per request: the scripts module's `Guard`).
+/// per request: the scripts module's `Guard`), and the group map,
+/// `KEYS[18]` of acquire alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LicenseKeys {
     /// HASH: the license record (`seats_total`, `expires_at_ms`, `active`, ...).
@@ -45,15 +46,19 @@ pub struct LicenseKeys {
     /// ZSET: revoked session -> when its revocation is forgotten (ms), so
     /// that its heartbeat hears SESSION_REVOKED for a bounded time.
     pub revoked: String,
-    /// HASH: revoked session -> revocation record (reason, actor, cooldown).
+    /// HASH: revoked session -> revocation record (reason, actor, cooldown),
+    /// and `user|<user>` -> the record of a user-wide cooldown.
     pub revocations: String,
+    /// HASH: user -> group, the license's group map (`KEYS[18]` of acquire
+    /// alone): when it exists, a request's group is its user's there.
+    pub groups: String,
 }
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
     /// (`license delete` removes them all): the eleven every seat script
-    /// takes, then the two revocation keys.
-    pub fn all(&self) -> [&str; 13] {
+    /// takes, then the two revocation keys and the group map.
+    pub fn all(&self) -> [&str; 14] {
         [
             &self.license,
             &self.holders,
@@ -68,6 +73,7 @@ impl LicenseKeys {
             &self.borrowed,
             &self.revoked,
             &self.revocations,
+            &self.groups,
         ]
     }
 }
@@ -102,6 +108,7 @@ impl Keys {
             borrowed: format!("{p}:{{{license}}}:borrowed"),
             revoked: format!("{p}:{{{license}}}:revoked"),
             revocations: format!("{p}:{{{license}}}:revocations"),
+            groups: format!("{p}:{{{license}}}:groups"),
         }
     }
 

@@ -60,6 +60,9 @@ pub enum Field {
     LingerMs,
     /// The longest borrow allowed, ms: digits, 0 to [`MAX_BORROW_MS`].
     MaxBorrowMs,
+    /// `1`: an acquire without a user is refused (LIMIT_REACHED
+    /// `require_user`), so that omitting `user` escapes no limit; or `0`.
+    RequireUser,
     /// `group_max:<group>`: seats the group holds at most: digits, 0 to [`MAX_SEATS`].
     GroupMax,
     /// `group_reserve:<group>`: seats kept for the group: digits, 0 to [`MAX_SEATS`].
@@ -84,6 +87,7 @@ impl Field {
                 | Field::MaxPriority
                 | Field::LingerMs
                 | Field::MaxBorrowMs
+                | Field::RequireUser
                 | Field::GroupMax
                 | Field::GroupReserve
         )
@@ -118,6 +122,7 @@ impl Field {
             Field::MaxPriority => "is not a whole number from 0 to 9",
             Field::LingerMs => "is not a whole number of ms from 0 to 999999999999999",
             Field::MaxBorrowMs => "is not a whole number of ms from 0 to 31536000000",
+            Field::RequireUser => "is not 0 or 1",
             Field::GroupMax | Field::GroupReserve => {
                 "is not a whole number from 0 to 1000000 for a group of 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
             }
@@ -131,7 +136,7 @@ impl Field {
         let (min, max, digits) = match self {
             Field::SeatsTotal => (0, MAX_SEATS, 7),
             Field::ExpiresAtMs => (0, MAX_NUMBER, 15),
-            Field::Active | Field::Policy => (0, 1, 1),
+            Field::Active | Field::Policy | Field::RequireUser => (0, 1, 1),
             Field::HeartbeatTimeoutMs | Field::QueueMax => (1, MAX_NUMBER, 15),
             Field::MaxPerUser | Field::LingerMs => (0, MAX_NUMBER, 15),
             Field::MaxPriority => (0, 9, 1),
@@ -736,6 +741,8 @@ pub const REFUSED_VALUES: &[(Field, &str)] = &[
     (Field::MaxPriority, "10"),
     (Field::LingerMs, "30s"),
     (Field::MaxBorrowMs, "31536000001"),
+    (Field::RequireUser, "2"),
+    (Field::RequireUser, "yes"),
 ];
 
 /// Values each field's rule takes, with what they stand for; used as
@@ -762,6 +769,8 @@ pub const TAKEN_VALUES: &[(Field, &str, u64)] = &[
     (Field::MaxPriority, "9", 9),
     (Field::LingerMs, "600000", 600_000),
     (Field::MaxBorrowMs, "31536000000", MAX_BORROW_MS),
+    (Field::RequireUser, "0", 0),
+    (Field::RequireUser, "1", 1),
 ];
 
 #[cfg(test)]

@@ -96,6 +96,9 @@ pub struct LicensePolicy {
     /// `max_borrow_ms`: the longest borrow allowed; `None`: borrowing is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_borrow_ms: Option<u64>,
+    /// `require_user`: `Some(true)` refuses an acquire without a user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_user: Option<bool>,
 }
 
 /// Why a policy could not be provisioned as given.
@@ -113,7 +116,7 @@ impl LicensePolicy {
     pub fn is_policy_field(field: &str) -> bool {
         matches!(
             field,
-            FLAG_FIELD | "max_per_user" | "max_priority" | "linger_ms" | "max_borrow_ms"
+            FLAG_FIELD | "max_per_user" | "max_priority" | "linger_ms" | "max_borrow_ms" | "require_user"
         ) || field.starts_with("group_max:")
             || field.starts_with("group_reserve:")
     }
@@ -133,6 +136,7 @@ impl LicensePolicy {
         put("max_priority", self.max_priority.map(u64::from));
         put("linger_ms", self.linger_ms);
         put("max_borrow_ms", self.max_borrow_ms);
+        put("require_user", self.require_user.map(u64::from));
         for (group, n) in &self.group_max {
             out.push((format!("group_max:{group}"), n.to_string()));
         }
@@ -160,6 +164,7 @@ impl LicensePolicy {
                 "max_priority" => policy.max_priority = Some(number(raw).min(u64::from(MAX_PRIORITY)) as u8),
                 "linger_ms" => policy.linger_ms = Some(number(raw)),
                 "max_borrow_ms" => policy.max_borrow_ms = Some(number(raw)),
+                "require_user" => policy.require_user = Some(number(raw) == 1),
                 other => {
                     if let Some(group) = other.strip_prefix("group_max:") {
                         policy.group_max.insert(group.to_owned(), number(raw));
@@ -229,6 +234,9 @@ impl LicensePolicy {
         if let Some(ms) = self.max_borrow_ms {
             parts.push(format!("max_borrow {}", duration(ms)));
         }
+        if self.require_user == Some(true) {
+            parts.push("require_user".to_owned());
+        }
         parts.join(", ")
     }
 }
@@ -245,6 +253,11 @@ pub enum PolicyRefusal {
     MaxBorrow,
     /// NO_SEATS_AVAILABLE: the free seats are reserved for other groups.
     Reserved,
+    /// LIMIT_REACHED: the license's `require_user`, and the acquire named no user.
+    RequireUser,
+    /// LIMIT_REACHED: the license maps users to groups, and the group the
+    /// acquire claimed is not its user's there.
+    GroupMap,
 }
 
 impl PolicyRefusal {
@@ -255,6 +268,8 @@ impl PolicyRefusal {
             PolicyRefusal::GroupMax => "group_max",
             PolicyRefusal::MaxBorrow => "max_borrow_ms",
             PolicyRefusal::Reserved => "reserved",
+            PolicyRefusal::RequireUser => "require_user",
+            PolicyRefusal::GroupMap => "group_map",
         }
     }
 
@@ -265,6 +280,8 @@ impl PolicyRefusal {
             PolicyRefusal::GroupMax,
             PolicyRefusal::MaxBorrow,
             PolicyRefusal::Reserved,
+            PolicyRefusal::RequireUser,
+            PolicyRefusal::GroupMap,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -290,6 +307,14 @@ impl PolicyRefusal {
             PolicyRefusal::Reserved => {
                 "no free seat: the free seats are reserved for other groups (group_reserve)".to_owned()
             }
+            PolicyRefusal::RequireUser => {
+                "refused: this license requires a user on every acquire (require_user); send `user`".to_owned()
+            }
+            PolicyRefusal::GroupMap => format!(
+                "refused: the license's group map decides the group, and `{}` is not user `{}`'s group there (send no group, or the mapped one)",
+                name(&asked.group),
+                name(&asked.user)
+            ),
         }
     }
 }
@@ -335,6 +360,7 @@ mod tests {
             max_priority: Some(5),
             linger_ms: Some(30_000),
             max_borrow_ms: Some(86_400_000),
+            require_user: Some(true),
         };
         let mut record: HashMap<String, String> = policy.fields().into_iter().collect();
         record.insert("seats_total".into(), "5".into());

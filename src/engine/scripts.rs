@@ -439,6 +439,12 @@ pub struct SeatCallBuilder<'a> {
 }
 
 impl<'a> SeatCallBuilder<'a> {
+    /// Adds the next KEYS, after the shared `KEYS[1..17]`.
+    pub fn key<T: redis::ToRedisArgs>(mut self, key: T) -> SeatCallBuilder<'a> {
+        self.call.key(key);
+        self
+    }
+
     /// Adds the next ARGV.
     pub fn arg<T: redis::ToRedisArgs>(mut self, arg: T) -> SeatCallBuilder<'a> {
         self.call.arg(arg);

@@ -1260,3 +1260,70 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
     }
     w.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Identity the server decides: `require_user` and the license's group map.
+
+/// Omitting `user` escaped `max_per_user`: with `require_user` (written
+/// straight into the record, as a billing system does) such an acquire is
+/// refused, with and without a wait.
+#[tokio::test]
+async fn require_user_refuses_an_acquire_without_a_user() {
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        ..LicensePolicy::default()
+    };
+    let (_redis, s, worker, c) = serve_cad(5, &policy).await;
+    set_license_field(&mut db(&s).await, &s, "cad", "require_user", "1").await;
+
+    expect(&c, acquire_as("cad", "a1", "ada", "", 0), Status::Acquired).await;
+    expect(&c, acquire_as("cad", "a2", "ada", "", 0), Status::LimitReached).await;
+    for wait_ms in [0, 10_000] {
+        let r = call(&c, acquire("cad", "anon", wait_ms)).await;
+        assert_eq!((r.status(), r.get("ok")), (Status::LimitReached, "0"), "{r:?}");
+        assert!(r.get("error").contains("require_user"), "{r:?}");
+    }
+    assert_eq!(holders(&s, "cad").await, ["a1"]);
+    worker.stop().await;
+}
+
+/// Sending `group=sim` took sim's reserved seats: with a group map (written
+/// straight into its hash, as a billing system does) a request's group is
+/// its user's, and a claim that disagrees is refused.
+#[tokio::test]
+async fn the_group_map_decides_a_request_s_group() {
+    let policy = LicensePolicy {
+        group_reserve: [("sim".to_owned(), 2)].into(),
+        ..LicensePolicy::default()
+    };
+    let (_redis, s, worker, c) = serve_cad(3, &policy).await;
+    let groups = license_keys(&s, "cad").groups;
+    let _: () = redis::cmd("HSET")
+        .arg(&groups)
+        .arg("sam")
+        .arg("sim")
+        .arg("eve")
+        .arg("eng")
+        .query_async(&mut db(&s).await)
+        .await
+        .unwrap();
+
+    expect(&c, acquire_as("cad", "e1", "eve", "", 0), Status::Acquired).await;
+    // The two seats left are sim's: no claim takes them.
+    for (session, user, group) in [("e2", "eve", "sim"), ("m1", "mallory", "sim"), ("n1", "", "sim")] {
+        let r = call(&c, acquire_as("cad", session, user, group, 0)).await;
+        assert_eq!(
+            (r.status(), r.get("ok")),
+            (Status::LimitReached, "0"),
+            "{session}: {r:?}"
+        );
+        assert!(r.get("error").contains("group map"), "{r:?}");
+    }
+    // sam is sim's without saying so, and may say so.
+    expect(&c, acquire_as("cad", "s1", "sam", "", 0), Status::Acquired).await;
+    expect(&c, acquire_as("cad", "s2", "sam", "sim", 0), Status::Acquired).await;
+    assert_eq!(holders(&s, "cad").await, ["e1", "s1", "s2"]);
+    assert_eq!(license_status(&s, "cad").await.held_by_group.get("sim"), Some(&2));
+    assert_counts_match_holders(&s, "cad").await;
+    worker.stop().await;
+}

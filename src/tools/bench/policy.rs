@@ -36,6 +36,7 @@ fn every_policy() -> LicensePolicy {
         max_priority: Some(5),
         linger_ms: Some(60_000),
         max_borrow_ms: Some(86_400_000),
+        require_user: None,
     }
 }
 
