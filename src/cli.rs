@@ -176,6 +176,10 @@ struct RevokeArgs {
     /// Refuse the session's acquires this long afterwards, e.g. 10m (default: none).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     cooldown: Option<Duration>,
+    /// The cooldown binds the session's user too (cooldown_scope=user): that
+    /// user's acquires are refused whatever their session id. Needs --cooldown.
+    #[arg(long, requires = "cooldown")]
+    user_wide: bool,
     /// How long to wait for the reply, e.g. 5s.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -571,6 +575,7 @@ async fn revoke(settings: &Settings, args: RevokeArgs) -> Result<ExitCode, Error
             .cooldown
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0),
+        user_wide: args.user_wide,
     };
     let client = Client::connect_admin(settings).await?;
     let result = client.revoke(&revoke, args.timeout).await;

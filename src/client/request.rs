@@ -166,6 +166,10 @@ pub struct Revoke {
     pub actor: String,
     /// How long the session's acquires are refused afterwards, ms (0 = not at all).
     pub cooldown_ms: u64,
+    /// Whether the cooldown binds the session's user too
+    /// (`cooldown_scope=user`): that user's acquires are refused whatever
+    /// their session id.
+    pub user_wide: bool,
 }
 
 impl Revoke {
@@ -181,6 +185,9 @@ impl Revoke {
         ];
         if self.cooldown_ms > 0 {
             fields.push(("cooldown_ms", self.cooldown_ms.to_string()));
+        }
+        if self.user_wide {
+            fields.push(("cooldown_scope", "user".to_owned()));
         }
         fields
     }

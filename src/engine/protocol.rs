@@ -139,6 +139,7 @@ pub enum RequestField {
     Reason,
     Actor,
     CooldownMs,
+    CooldownScope,
 }
 
 impl RequestField {

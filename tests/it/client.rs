@@ -751,6 +751,7 @@ async fn a_seat_handle_reports_the_status_that_took_its_seat() {
         reason: "audit".into(),
         actor: "ada".into(),
         cooldown_ms: 0,
+        user_wide: false,
     };
     assert_eq!(admin.revoke(&revoke, T).await.unwrap().status(), Status::Revoked);
     let lost = tokio::time::timeout(T, seat.lost())

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use seatgate::client::{Call, Client, ReplyMsg, Revoke};
 use seatgate::config::Settings;
 use seatgate::engine::ops::Op;
+use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::records::parse_dedupe_record;
 use seatgate::engine::scripts::{Decision, Guard, Outcome};
 use seatgate::engine::status::Status;
@@ -25,6 +26,7 @@ fn revoke(session: &str, reason: &str, cooldown_ms: u64) -> Revoke {
         reason: reason.into(),
         actor: "ada".into(),
         cooldown_ms,
+        user_wide: false,
     }
 }
 
@@ -642,5 +644,58 @@ async fn a_lease_bound_session_is_revoked_without_its_lease() {
         .await
         .unwrap();
     assert_eq!(heard.status(), Status::SessionRevoked);
+    worker.stop().await;
+}
+
+/// A revoke's cooldown bound only the session id: the same user with a new
+/// session id acquired at once. With `user_wide` the cooldown binds the
+/// revoked session's user (from its owner record) until it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_wide_cooldown_refuses_the_user_under_a_new_session_id() {
+    let TestApp(_redis, s, _) = spawn_app().await;
+    let (worker, c, admin) = serve(&s, 3).await;
+    let as_user = |session: &str, user: &str| {
+        Call::new(Op::Acquire, "lic", session).with_policy(RequestPolicy {
+            user: Some(user.to_owned()),
+            ..RequestPolicy::NONE
+        })
+    };
+    let acquire = |session: &'static str, user: &'static str| {
+        let (c, call) = (&c, as_user(session, user));
+        async move { c.call(&call, T).await.unwrap() }
+    };
+    assert_eq!(acquire("a1", "alice").await.status(), Status::Acquired);
+    let reply = admin
+        .revoke(
+            &Revoke {
+                user_wide: true,
+                ..revoke("a1", "shared account", 1_500)
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), Status::Revoked);
+    let started = Instant::now();
+    let refused = acquire("a2", "alice").await;
+    assert_eq!(
+        (refused.status(), refused.get("ok")),
+        (Status::SessionRevoked, "0"),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .get("error")
+            .starts_with("revoked by ada: shared account; acquires refused for another "),
+        "{refused:?}"
+    );
+    assert_eq!(
+        acquire("b1", "bob").await.status(),
+        Status::Acquired,
+        "other users are not concerned"
+    );
+    tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
+    assert_eq!(acquire("a2", "alice").await.status(), Status::Acquired);
+    assert_eq!(holders(&s, "lic").await, ["a2", "b1"]);
     worker.stop().await;
 }

@@ -452,6 +452,7 @@ impl Direct {
             reason,
             actor,
             cooldown_ms,
+            user_wide: false,
             remember_ms: self.revoke.remember_ms,
             max_remembered: self.revoke.max_per_license,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,

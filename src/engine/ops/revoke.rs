@@ -1,6 +1,7 @@
 //! `revoke`: an administrator takes a session's seat (or place in the queue)
 //! away (lua/revoke.lua), accepted on the admin stream only. Its fields: the
-//! audit trail's `reason` and `actor`, and a `cooldown_ms`.
+//! audit trail's `reason` and `actor`, a `cooldown_ms` and its
+//! `cooldown_scope` (the session alone, or its user too).
 
 use crate::engine::keys::LicenseKeys;
 use crate::engine::protocol::{RequestField, MAX_ACTOR_LEN, MAX_COOLDOWN_MS, MAX_REASON_LEN};
@@ -30,6 +31,8 @@ pub struct Revoke {
     pub actor: String,
     /// How long the session's acquires are refused afterwards, ms (0 = not at all).
     pub cooldown_ms: u64,
+    /// Whether the cooldown binds the session's user too (`cooldown_scope=user`).
+    pub user_wide: bool,
 }
 
 impl Revoke {
@@ -46,11 +49,13 @@ impl Revoke {
         })?;
         let actor = parse_text(fields, RequestField::Actor, MAX_ACTOR_LEN)?.unwrap_or(UNKNOWN_ACTOR);
         let cooldown_ms = parse_cooldown_ms(fields)?;
+        let user_wide = parse_cooldown_scope(fields, cooldown_ms)?;
         parse_policy(fields)?;
         Ok(Revoke {
             reason: reason.to_owned(),
             actor: actor.to_owned(),
             cooldown_ms,
+            user_wide,
         })
     }
 
@@ -68,6 +73,7 @@ impl Revoke {
             reason: &self.reason,
             actor: &self.actor,
             cooldown_ms: self.cooldown_ms,
+            user_wide: self.user_wide,
             remember_ms: defaults.revoke_remember_ms,
             max_remembered: defaults.revoke_max_per_license,
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
@@ -78,7 +84,7 @@ impl Revoke {
 
 /// lua/revoke.lua's arguments: `ARGV[8]` and `ARGV[10]` (the session, the
 /// service's heartbeat timeout; no lease: a revoke goes around the one the
-/// seat is bound to) and its own `ARGV[12..16]`.
+/// seat is bound to) and its own `ARGV[12..17]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -89,6 +95,8 @@ pub struct RevokeArgs<'a> {
     pub actor: &'a str,
     /// How long the session's acquires are refused, ms (0 = not at all).
     pub cooldown_ms: u64,
+    /// Whether the cooldown binds the session's user (its owner record's) too.
+    pub user_wide: bool,
     /// How long the revocation is remembered at least, ms (`revoke.remember_ms`).
     pub remember_ms: u64,
     /// Most revocations remembered per license (`revoke.max_per_license`).
@@ -115,7 +123,20 @@ impl RevokeArgs<'_> {
             .arg(self.cooldown_ms) // ARGV[14]
             .arg(self.remember_ms) // ARGV[15]
             .arg(self.max_remembered) // ARGV[16]
+            .arg(if self.user_wide { "1" } else { "0" }) // ARGV[17]
             .finish()
+    }
+}
+
+/// `cooldown_scope`: `session` (or absent) binds the session alone, `user`
+/// its user too, which only a cooldown can do.
+fn parse_cooldown_scope(fields: &Fields, cooldown_ms: u64) -> Result<bool, Refusal> {
+    let refuse = |reason: &str| Err(Refusal::new(RequestField::CooldownScope, reason.to_owned()));
+    match fields.text(RequestField::CooldownScope) {
+        None | Some(Ok("session")) => Ok(false),
+        Some(Ok("user")) if cooldown_ms > 0 => Ok(true),
+        Some(Ok("user")) => refuse("field `cooldown_scope` user needs a `cooldown_ms` above 0"),
+        Some(_) => refuse("field `cooldown_scope` must be `session` or `user`"),
     }
 }
 

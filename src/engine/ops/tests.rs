@@ -565,6 +565,34 @@ fn admin(pairs: &[(&str, &[u8])]) -> Result<Request, Invalid> {
 }
 
 #[test]
+fn a_revoke_s_cooldown_scope_is_session_or_user_and_user_needs_a_cooldown() {
+    let revoke = |scope: &[u8], cooldown: &[u8]| {
+        admin(&[
+            ("op", b"revoke"),
+            ("license", b"cad"),
+            ("session", b"s"),
+            ("reason", b"r"),
+            ("cooldown_ms", cooldown),
+            ("cooldown_scope", scope),
+        ])
+    };
+    let user_wide = |r: Result<Request, Invalid>| match r.unwrap().action {
+        Action::Revoke(r) => r.user_wide,
+        other => panic!("{other:?}"),
+    };
+    assert!(user_wide(revoke(b"user", b"1000")));
+    assert!(!user_wide(revoke(b"session", b"1000")));
+    for (scope, cooldown, says) in [
+        (&b"user"[..], &b"0"[..], "needs a `cooldown_ms` above 0"),
+        (b"users", b"1000", "must be `session` or `user`"),
+    ] {
+        let bad = revoke(scope, cooldown).unwrap_err();
+        assert_eq!(bad.field, "cooldown_scope");
+        assert!(bad.reason.contains(says), "{}", bad.reason);
+    }
+}
+
+#[test]
 fn a_revoke_parses_on_the_admin_stream_only() {
     let full: Vec<(&str, &[u8])> = vec![
         ("op", b"revoke"),
@@ -587,6 +615,7 @@ fn a_revoke_parses_on_the_admin_stream_only() {
             reason: "seat shared outside the team — see ticket 42".into(),
             actor: "ada".into(),
             cooldown_ms: 60_000,
+            user_wide: false,
         })
     );
     let bad = parse(&full).unwrap_err();
