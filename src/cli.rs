@@ -341,6 +341,38 @@ enum LicenseCommand {
         /// License id.
         license: String,
     },
+    /// The license's group map (FlexNet's GROUP lines): while it holds
+    /// anyone, a request's group is its user's there (none for a user not
+    /// in it) and a request claiming another is refused.
+    Groups {
+        /// License id.
+        license: String,
+        #[command(subcommand)]
+        change: GroupsCommand,
+    },
+}
+
+/// `seatgate license groups L …`.
+#[derive(Debug, Subcommand)]
+enum GroupsCommand {
+    /// Put USER in GROUP (creating the map).
+    Set {
+        /// The user, as acquires send it in `user`.
+        user: String,
+        /// Its group.
+        group: String,
+    },
+    /// Take USER out of the map (the last one out removes the map).
+    Unset {
+        /// The user.
+        user: String,
+    },
+    /// Print the map, one `USER GROUP` a line.
+    Show {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Parses the command line and runs it; the process's exit code.
@@ -704,6 +736,31 @@ async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCod
                 return Ok(ExitCode::from(EXIT_REFUSED));
             }
         }
+        LicenseCommand::Groups { license, change } => match change {
+            GroupsCommand::Set { user, group } => {
+                provision::set_group(&mut con, &keys, &license, &user, &group).await?;
+                println!("license {license}: user {user} is in group {group}");
+            }
+            GroupsCommand::Unset { user } => {
+                if !provision::unset_group(&mut con, &keys, &license, &user).await? {
+                    eprintln!("seatgate: user {user} is not in license {license}'s group map");
+                    return Ok(ExitCode::from(EXIT_REFUSED));
+                }
+                println!("license {license}: user {user} is in no group");
+            }
+            GroupsCommand::Show { json } => {
+                let map = provision::groups(&mut con, &keys, &license).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&map).unwrap_or_default());
+                } else if map.is_empty() {
+                    println!("license {license} has no group map: acquires say their own group");
+                } else {
+                    for (user, group) in &map {
+                        println!("{user} {group}");
+                    }
+                }
+            }
+        },
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,12 +5,13 @@
 //! record's rules and the script registry, which itself decodes the
 //! record's refusals (engine::license).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use redis::aio::ConnectionLike;
 
 use crate::engine::keys::Keys;
 use crate::engine::license::{check_id, Changed, Field, LicenseChange};
+use crate::engine::protocol::valid_id;
 use crate::engine::scripts::Scripts;
 use crate::error::Error;
 
@@ -64,4 +65,64 @@ pub async fn change<C: ConnectionLike>(
     Err(Error::InvalidLicense(format!(
         "license {license}: the record kept changing under {ATTEMPTS} attempts to write it; try again"
     )))
+}
+
+/// `license`'s group map, user -> group (`seat:{L}:groups`, docs/protocol.md
+/// "Policies"): while it exists, acquire takes a request's group from its
+/// user there and refuses a claim that disagrees (lua/acquire.lua).
+pub async fn groups<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+) -> Result<BTreeMap<String, String>, Error> {
+    check_id(license)?;
+    Ok(redis::cmd("HGETALL")
+        .arg(&keys.license(license).groups)
+        .query_async(con)
+        .await?)
+}
+
+/// Puts `user` in `group` in `license`'s group map (creating the map: from
+/// then on, users not in it get no group). Both must be ids like a
+/// session's; the license itself need not exist yet.
+pub async fn set_group<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    user: &str,
+    group: &str,
+) -> Result<(), Error> {
+    check_id(license)?;
+    for (what, id) in [("user", user), ("group", group)] {
+        if !valid_id(id) {
+            return Err(Error::InvalidId {
+                what,
+                value: id.to_owned(),
+            });
+        }
+    }
+    let () = redis::cmd("HSET")
+        .arg(&keys.license(license).groups)
+        .arg(user)
+        .arg(group)
+        .query_async(con)
+        .await?;
+    Ok(())
+}
+
+/// Takes `user` out of `license`'s group map; whether it was there. The
+/// last user out removes the map, and with it the map's rule.
+pub async fn unset_group<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    user: &str,
+) -> Result<bool, Error> {
+    check_id(license)?;
+    let removed: i64 = redis::cmd("HDEL")
+        .arg(&keys.license(license).groups)
+        .arg(user)
+        .query_async(con)
+        .await?;
+    Ok(removed > 0)
 }

@@ -572,3 +572,90 @@ async fn license_put_changes_only_what_it_is_told() {
     assert_eq!(r["seats_total"], "3");
     assert_eq!(r["expires_at_ms"], "0");
 }
+
+/// Identity the server decides, as an operator sets it up: `license put
+/// --require-user`, `license groups` (set, show, unset), and `revoke
+/// --user-wide`, through a worker process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_map_require_user_and_a_user_wide_revoke_from_the_command_line() {
+    let TestApp(redis, _s, _) = spawn_app().await;
+    let url = redis.url();
+    let run = |args: &[&str]| output(seatgate_cmd(&url, args));
+    let line = |o: &Output| stdout(o);
+    let o = run(&[
+        "license",
+        "put",
+        "cad",
+        "--seats",
+        "3",
+        "--group-reserve",
+        "sim=2",
+        "--require-user",
+    ])
+    .await;
+    assert!(o.status.success(), "{o:?}");
+    let o = run(&["license", "show", "cad"]).await;
+    assert!(line(&o).contains("require_user"), "{o:?}");
+    for (user, group) in [("sam", "sim"), ("eve", "eng")] {
+        let o = run(&["license", "groups", "cad", "set", user, group]).await;
+        assert!(o.status.success(), "{o:?}");
+    }
+    let o = run(&["license", "groups", "cad", "set", "eve", "a|b"]).await;
+    assert_eq!(o.status.code(), Some(2), "a group that is no id: {o:?}");
+    let o = run(&["license", "groups", "cad", "show"]).await;
+    assert_eq!(line(&o), "eve eng\nsam sim\n");
+    let o = run(&["license", "groups", "cad", "show", "--json"]).await;
+    assert_eq!(line(&o), "{\"eve\":\"eng\",\"sam\":\"sim\"}\n");
+
+    let worker = WorkerProcess::start(&url, &[]).await;
+    let acquire = |session: &str, user: &str, group: &str| {
+        let mut args = vec!["acquire", "--license", "cad", "--session", session];
+        for (flag, value) in [("--user", user), ("--group", group)] {
+            if !value.is_empty() {
+                args.extend([flag, value]);
+            }
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let url = url.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            output(seatgate_cmd(&url, &args)).await
+        }
+    };
+    let o = acquire("e1", "eve", "").await;
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    for (session, user, group, says) in [
+        ("e2", "eve", "sim", "group map"),
+        ("anon", "", "", "require_user"),
+    ] {
+        let o = acquire(session, user, group).await;
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        assert!(
+            line(&o).starts_with("LIMIT_REACHED") && line(&o).contains(says),
+            "{o:?}"
+        );
+    }
+
+    let revoke = [
+        "revoke",
+        "--license",
+        "cad",
+        "--session",
+        "e1",
+        "--reason",
+        "shared login",
+    ];
+    let o = run(&[&revoke[..], &["--user-wide"]].concat()).await;
+    assert_eq!(o.status.code(), Some(2), "--user-wide needs --cooldown: {o:?}");
+    let o = run(&[&revoke[..], &["--cooldown", "1m", "--user-wide"]].concat()).await;
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let o = acquire("e3", "eve", "").await;
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(line(&o).starts_with("SESSION_REVOKED"), "{o:?}");
+
+    let o = run(&["license", "groups", "cad", "unset", "eve"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let o = run(&["license", "groups", "cad", "unset", "eve"]).await;
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    drop(worker);
+}
