@@ -727,6 +727,9 @@ impl Reaper {
                 break;
             }
         }
+        // The group map is provisioning, like the record: it goes with the
+        // license (acquire alone reads it, and nobody acquires any more).
+        let _: i64 = redis::cmd("DEL").arg(&keys.groups).query_async(&mut con).await?;
         // The index is another slot: a separate command, after the record.
         let _: i64 = redis::cmd("SREM")
             .arg(self.keys.license_index())

@@ -657,5 +657,12 @@ async fn the_group_map_require_user_and_a_user_wide_revoke_from_the_command_line
     assert!(o.status.success(), "{o:?}");
     let o = run(&["license", "groups", "cad", "unset", "eve"]).await;
     assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let o = run(&["license", "delete", "cad"]).await;
+    assert!(o.status.success(), "{o:?}");
+    let o = run(&["license", "groups", "cad", "show"]).await;
+    assert!(
+        line(&o).contains("has no group map"),
+        "the map went with the license: {o:?}"
+    );
     drop(worker);
 }
