@@ -404,6 +404,8 @@ mod tests {
             PolicyRefusal::GroupMax,
             PolicyRefusal::MaxBorrow,
             PolicyRefusal::Reserved,
+            PolicyRefusal::RequireUser,
+            PolicyRefusal::GroupMap,
         ] {
             assert_eq!(PolicyRefusal::parse(r.as_str()), Some(r));
         }
@@ -413,5 +415,15 @@ mod tests {
             ..RequestPolicy::NONE
         };
         assert!(PolicyRefusal::MaxPerUser.reason(&asked).contains("user ada"));
+        let claimed = RequestPolicy {
+            group: Some("sim".into()),
+            ..asked
+        };
+        assert!(PolicyRefusal::GroupMap
+            .reason(&claimed)
+            .contains("`sim` is not user `ada`'s group"));
+        assert!(PolicyRefusal::RequireUser
+            .reason(&RequestPolicy::NONE)
+            .contains("require_user"));
     }
 }

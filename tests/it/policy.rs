@@ -1327,3 +1327,52 @@ async fn the_group_map_decides_a_request_s_group() {
     assert_counts_match_holders(&s, "cad").await;
     worker.stop().await;
 }
+
+/// lua/acquire.lua's identity refusals, called directly and decoded:
+/// `require_user` (and its rule), the group map's refusal of a claim, of a
+/// mapped group that is no id, and the mapped group counted for a user who
+/// claims none.
+#[tokio::test]
+async fn identity_refusals_decode_from_the_script() {
+    use seatgate::engine::policy::PolicyRefusal;
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    crate::support::put_license(&s, "cad", 5).await;
+    set_license_field(&mut con, &s, "cad", "require_user", "1").await;
+    let o = direct(&s, "cad", "anon").acquire(&mut con).await;
+    assert_eq!(o.decision, Decision::LimitReached(PolicyRefusal::RequireUser));
+    set_license_field(&mut con, &s, "cad", "require_user", "2").await;
+    let o = direct(&s, "cad", "anon").acquire(&mut con).await;
+    assert_eq!(o.status(), Status::LicenseInvalid, "require_user keeps its rule");
+    set_license_field(&mut con, &s, "cad", "require_user", "0").await;
+
+    let groups = license_keys(&s, "cad").groups;
+    let _: () = redis::cmd("HSET")
+        .arg(&groups)
+        .arg("ada")
+        .arg("eng")
+        .arg("bad")
+        .arg("a|b")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let as_ =
+        |session: &str, user: &str, group: &str| direct(&s, "cad", session).with_policy(ask(user, group, 0));
+    let o = as_("a1", "ada", "ops").acquire(&mut con).await;
+    assert_eq!(o.decision, Decision::LimitReached(PolicyRefusal::GroupMap));
+    let o = as_("b1", "bad", "").acquire(&mut con).await;
+    assert_eq!(
+        o.decision,
+        Decision::LimitReached(PolicyRefusal::GroupMap),
+        "a mapped group that is no id"
+    );
+    assert_eq!(
+        as_("a1", "ada", "").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        as_("anon", "", "").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(holders(&s, "cad").await, ["a1", "anon"]);
+    assert_eq!(license_status(&s, "cad").await.held_by_group.get("eng"), Some(&1));
+}
