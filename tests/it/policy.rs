@@ -1227,10 +1227,15 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
         max_priority: Some(5),
         linger_ms: Some(300),
         max_borrow_ms: Some(60_000),
+        require_user: Some(true),
         ..LicensePolicy::default()
     };
     for l in by_master.values() {
         provision_policy(&s, l, 3, &policy).await;
+        // The group map lives in the license's slot (KEYS[18] of acquire).
+        seatgate::engine::provision::set_group(&mut db(&s).await, &keys(&s), l, "olga", "ops")
+            .await
+            .unwrap();
     }
     let w = spawn_worker(s.clone(), "w1").await;
     let c = client(&s).await;
@@ -1248,6 +1253,9 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
         expect(&c, acquire_as(l, "c1", "cyd", "", 0), Status::NoSeatsAvailable).await;
         let (q, id, waiter) = queued(&s, acquire(l, "c1", 30_000).with_policy(ask("cyd", "", 9))).await;
         assert_eq!((q.status(), q.get("priority")), (Status::Queued, "5"));
+        // Neither a claim of ops's seat nor an acquire without a user gets it.
+        expect(&c, acquire_as(l, "x1", "cyd", "ops", 0), Status::LimitReached).await;
+        expect(&c, acquire(l, "n1", 0), Status::LimitReached).await;
         expect(&c, acquire_as(l, "o1", "olga", "ops", 0), Status::Acquired).await;
         // ada's release lingers; the reaper then grants the seat to cyd.
         assert_eq!(call(&c, release(l, "a1")).await.get("linger_ms"), "300");
