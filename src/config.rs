@@ -584,6 +584,12 @@ impl Settings {
                     "stream.applications: {app:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
                 )));
             }
+            if app == crate::client::ADMIN_CLIENT_NAME {
+                return Err(Error::Config(format!(
+                    "stream.applications may not name {app:?}: {}{app}:* holds the admin tools' replies",
+                    self.replies.prefix
+                )));
+            }
             if self.stream.applications[..i].contains(app) {
                 return Err(Error::Config(format!("stream.applications names {app:?} twice")));
             }
