@@ -65,7 +65,7 @@ import redis.asyncio as aioredis
 from seatgate_wire import (DEFAULT_HEARTBEAT_TIMEOUT_S, GRANTS, QUEUE_MARGIN_S, REPLY_PREFIX, REQUEST_EXPIRED,
                            REQUESTS_STREAM, RETRY_LATER, Leases, ReplyTimeout, acquire_fields, add_common_args,
                            clock_age_s, heartbeat_timeout_s, redis_password, reply_stream, request_fields,
-                           stream_for, ttl_field)
+                           requests_stream_of, stream_for, ttl_field)
 
 # How long one XREAD blocks. The reader is stopped by cancelling it, so this
 # only bounds how long a silent connection goes unnoticed.
@@ -581,7 +581,7 @@ async def pairs(args):
     latencies = []
     heartbeats = []
 
-    async with SeatClient(args.redis_url, app=args.app, shards=args.shards,
+    async with SeatClient(args.redis_url, app=args.app, requests_stream=requests_stream_of(args), shards=args.shards,
                           max_in_flight=args.max_in_flight, password=password) as client:
         async def pair(i):
             session = f"py-async-{i}"

@@ -29,11 +29,13 @@ Run it against a Redis with a `seatgate run` worker and a provisioned license:
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
 
 With ops/redis-users.acl installed, log in as the application's client user
-(the password from the environment, so that it is on no command line) and
-give the application name its ACL key pattern allows (seat:reply:demo:*):
+(the password from the environment, so that it is on no command line),
+give the application name its ACL key pattern allows (seat:reply:demo:*) and
+send to the application's own requests stream, seat:requests:app:demo (the
+workers list it in stream.applications), the only one its user may write:
 
     SEATGATE_REDIS_PASSWORD=... python3 examples/python_client.py \
-        --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --license demo
+        --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --own-stream --license demo
 
 The second copy finds the only seat taken, prints QUEUED, and gets GRANTED
 when the first releases. It prints each reply, and exits 1 when the acquire
@@ -51,7 +53,7 @@ import redis
 
 from seatgate_wire import (CONFIG_KEY, QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout,
                            acquire_fields, add_common_args, redis_password, reply_stream, request_fields,
-                           stream_for, ttl_field)
+                           requests_stream_of, stream_for, ttl_field)
 
 
 class SeatClient:
@@ -184,7 +186,8 @@ def main(argv=None) -> int:
 
     password = redis_password()
     r = redis.Redis.from_url(args.redis_url, decode_responses=True, **({"password": password} if password else {}))
-    client = SeatClient(r, app=args.app, shards=args.shards or discover_shards(r))
+    client = SeatClient(r, app=args.app, requests_stream=requests_stream_of(args),
+                        shards=args.shards or discover_shards(r))
     try:
         reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
                                wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease)

@@ -50,6 +50,19 @@ def reply_stream(reply_prefix, app):
     return f"{reply_prefix}{app}:{uuid.uuid4().hex}"
 
 
+def app_requests_stream(app, requests_stream=REQUESTS_STREAM):
+    """Application `app`'s own requests stream, `<stream.requests>:app:<app>`,
+    for a service whose stream.applications lists it (docs/protocol.md): its
+    ACL user may write there and nowhere else."""
+    return f"{requests_stream}:app:{app}"
+
+
+def requests_stream_of(args):
+    """The requests stream the command line asks for: the application's own
+    with --own-stream, else the shared one."""
+    return app_requests_stream(args.app) if args.own_stream else REQUESTS_STREAM
+
+
 def stream_for(requests_stream, shards, license):
     """The requests stream (shard) that serves `license`: with `stream.shards`
     = N > 1, `<stream>:{i}`, i = crc32(license) % N (docs/protocol.md, "Shards
@@ -156,3 +169,6 @@ def add_common_args(parser):
     parser.add_argument("--license", required=True, help="license id, e.g. demo")
     parser.add_argument("--app", default="seatgate-py",
                         help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
+    parser.add_argument("--own-stream", action="store_true",
+                        help="send to the application's own requests stream, seat:requests:app:<app> (the service "
+                             "lists the application in stream.applications; its ACL user may write nowhere else)")

@@ -225,6 +225,17 @@ fn read_private_key(key: &str, path: &str) -> Result<(Vec<u8>, PrivateKeyDer<'st
     Ok((pem, der))
 }
 
+/// Whether `name` may name an application (`client.name`,
+/// `stream.applications`): 1 to 64 characters of A-Z a-z 0-9 . _ -, so it
+/// is safe inside key names and ACL key patterns.
+fn valid_app_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// `[keys]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct KeySettings {
@@ -247,6 +258,13 @@ pub struct StreamSettings {
     pub consumer: String,
     /// Shards of the requests (and events) stream; 1 = one unsharded stream.
     pub shards: usize,
+    /// Applications with a requests stream of their own,
+    /// `<requests>:app:<application>` (sharded like the requests stream), so
+    /// that an ACL user may write its application's requests and no other's.
+    /// Workers read every one; a client whose `client.name` is listed sends
+    /// there. Empty = one requests stream shared by every client.
+    #[serde(default)]
+    pub applications: Vec<String>,
     /// XREADGROUP COUNT.
     pub batch_size: usize,
     /// Batches decided concurrently.
@@ -460,7 +478,8 @@ impl Settings {
                 .separator("__")
                 .try_parsing(true)
                 .list_separator(",")
-                .with_list_parse_key("redis.cluster_urls"),
+                .with_list_parse_key("redis.cluster_urls")
+                .with_list_parse_key("stream.applications"),
         );
         let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
         // Parsing the environment turns "0012" into the number 12: credentials
@@ -556,15 +575,24 @@ impl Settings {
                 )));
             }
         }
-        if self.client.name.is_empty()
-            || self.client.name.len() > 64
-            || !self
-                .client
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
+        if !valid_app_name(&self.client.name) {
             return bad("client.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -");
+        }
+        for (i, app) in self.stream.applications.iter().enumerate() {
+            if !valid_app_name(app) {
+                return Err(Error::Config(format!(
+                    "stream.applications: {app:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
+                )));
+            }
+            if app == crate::client::ADMIN_CLIENT_NAME {
+                return Err(Error::Config(format!(
+                    "stream.applications may not name {app:?}: {}{app}:* holds the admin tools' replies",
+                    self.replies.prefix
+                )));
+            }
+            if self.stream.applications[..i].contains(app) {
+                return Err(Error::Config(format!("stream.applications names {app:?} twice")));
+            }
         }
         if self.client.max_in_flight == 0 {
             return bad("client.max_in_flight must be at least 1");
@@ -620,25 +648,91 @@ impl Settings {
 
     /// Every requests stream shard: `stream.requests` itself when unsharded,
     /// else `<stream.requests>:{0}` .. `:{N-1}`, each its own hash tag so the
-    /// shards spread over a cluster's masters.
+    /// shards spread over a cluster's masters; then each application's
+    /// stream ([`Settings::app_requests`]), sharded the same way.
     pub fn request_streams(&self) -> Vec<String> {
-        shard_names(&self.stream.requests, self.stream.shards)
+        let mut streams = shard_names(&self.stream.requests, self.stream.shards);
+        for app in &self.stream.applications {
+            streams.extend(shard_names(&self.app_requests(app), self.stream.shards));
+        }
+        streams
     }
 
     /// Every requests stream the workers read: the shards and, when
-    /// sharded, `stream.requests` itself too, so that a request sent there
-    /// by a client that does not shard is answered all the same.
+    /// sharded, `stream.requests` itself too (and each application's
+    /// unsharded name), so that a request sent there by a client that does
+    /// not shard is answered all the same.
     pub fn read_streams(&self) -> Vec<String> {
         let mut streams = self.request_streams();
         if self.stream.shards > 1 {
             streams.push(self.stream.requests.clone());
+            streams.extend(self.stream.applications.iter().map(|app| self.app_requests(app)));
         }
         streams
+    }
+
+    /// The requests stream of application `app` (unsharded name):
+    /// `<stream.requests>:app:<app>`.
+    pub fn app_requests(&self, app: &str) -> String {
+        format!("{}:app:{app}", self.stream.requests)
+    }
+
+    /// The requests stream this process sends its requests to as a client
+    /// (unsharded name): its application's own when `client.name` is one
+    /// of `stream.applications`, else the shared `stream.requests`.
+    pub fn client_requests(&self) -> String {
+        if self.stream.applications.contains(&self.client.name) {
+            self.app_requests(&self.client.name)
+        } else {
+            self.stream.requests.clone()
+        }
     }
 
     /// The requests stream shard that serves `license`.
     pub fn request_stream_for(&self, license: &str) -> String {
         shard_name(&self.stream.requests, self.stream.shards, license)
+    }
+
+    /// The application whose own requests stream (or shard of it) `stream` is.
+    pub fn application_of(&self, stream: &str) -> Option<&str> {
+        self.stream.applications.iter().map(String::as_str).find(|app| {
+            let base = self.app_requests(app);
+            stream == base || shard_names(&base, self.stream.shards).iter().any(|s| s == stream)
+        })
+    }
+
+    /// The reply namespace of requests read from `stream`:
+    /// `<replies.prefix><app>:` on application `app`'s own stream, so that
+    /// no application can have replies written into another's reply
+    /// streams; `replies.prefix` on any other.
+    pub fn reply_prefix_for(&self, stream: &str) -> String {
+        match self.application_of(stream) {
+            Some(app) => format!("{}{app}:", self.replies.prefix),
+            None => self.replies.prefix.clone(),
+        }
+    }
+
+    /// What tells requests stream `stream` apart in the dedupe key of an
+    /// entry read there (entry ids are unique per stream only,
+    /// engine::ops::EntryAt): `None` for `stream.requests` itself, `<i>` for
+    /// its shard i, `app:<app>` for an application's stream and
+    /// `app:<app>:<i>` for its shard i.
+    pub fn stream_tag(&self, stream: &str) -> Option<String> {
+        let shard = |base: &str| {
+            if self.stream.shards <= 1 {
+                return None;
+            }
+            shard_names(base, self.stream.shards)
+                .iter()
+                .position(|name| name == stream)
+        };
+        if let Some(app) = self.application_of(stream) {
+            return Some(match shard(&self.app_requests(app)) {
+                Some(i) => format!("app:{app}:{i}"),
+                None => format!("app:{app}"),
+            });
+        }
+        shard(&self.stream.requests).map(|i| i.to_string())
     }
 
     /// Every events stream shard (sharded like the requests stream).
@@ -731,6 +825,62 @@ mod tests {
         assert_eq!(s.request_stream_for("acme"), format!("seat:requests:{{{shard}}}"));
         assert_eq!(s.events_stream_for("acme"), format!("seat:events:{{{shard}}}"));
         assert_eq!(crate::engine::keys::shard_of("acme", 1), 0);
+    }
+
+    #[test]
+    fn each_application_has_its_own_requests_streams_and_reply_namespace() {
+        let mut s = Settings::load(None).unwrap();
+        assert_eq!(
+            s.client_requests(),
+            "seat:requests",
+            "no applications: the shared stream"
+        );
+        s.stream.applications = vec!["billing".into(), "cad".into()];
+        assert_eq!(
+            s.request_streams(),
+            [
+                "seat:requests",
+                "seat:requests:app:billing",
+                "seat:requests:app:cad"
+            ]
+        );
+        assert_eq!(s.read_streams(), s.request_streams());
+        assert_eq!(s.client_requests(), "seat:requests", "client.name is not listed");
+        s.client.name = "cad".into();
+        assert_eq!(s.client_requests(), "seat:requests:app:cad");
+        assert_eq!(s.application_of("seat:requests:app:cad"), Some("cad"));
+        assert_eq!(s.application_of("seat:requests"), None);
+        assert_eq!(s.reply_prefix_for("seat:requests:app:cad"), "seat:reply:cad:");
+        assert_eq!(s.reply_prefix_for("seat:requests"), "seat:reply:");
+        assert_eq!(s.stream_tag("seat:requests"), None);
+        assert_eq!(s.stream_tag("seat:requests:app:cad").as_deref(), Some("app:cad"));
+        s.validate().unwrap();
+
+        s.stream.shards = 2;
+        let streams = s.read_streams();
+        assert_eq!(streams.len(), 9, "{streams:?}");
+        assert!(streams.contains(&"seat:requests:app:billing:{1}".to_owned()));
+        assert!(streams.contains(&"seat:requests:app:billing".to_owned()));
+        assert_eq!(s.application_of("seat:requests:app:billing:{1}"), Some("billing"));
+        assert_eq!(s.stream_tag("seat:requests:{1}").as_deref(), Some("1"));
+        assert_eq!(
+            s.stream_tag("seat:requests:app:billing:{1}").as_deref(),
+            Some("app:billing:1")
+        );
+        assert_eq!(
+            s.stream_tag("seat:requests:app:billing").as_deref(),
+            Some("app:billing")
+        );
+        assert_eq!(s.stream_tag("seat:requests").as_deref(), None);
+
+        for bad in [
+            vec!["a b".to_owned()],
+            vec![String::new()],
+            vec!["x".into(), "x".into()],
+        ] {
+            s.stream.applications = bad;
+            assert!(s.validate().is_err(), "{:?}", s.stream.applications);
+        }
     }
 
     use super::*;

@@ -338,13 +338,15 @@ impl Client {
         Self::connect_with(&settings).await
     }
 
-    /// Connects as `settings` say: one node or a cluster, sharded or not.
+    /// Connects as `settings` say: one node or a cluster, sharded or not,
+    /// sending to the application's own requests stream when `client.name`
+    /// is one of `stream.applications` ([`Settings::client_requests`]).
     /// Opens the request connection and the reply reader's, and starts the
     /// reader (inside the current tokio runtime).
     pub async fn connect_with(settings: &Settings) -> Result<Client, Error> {
         Self::connect_to(
             settings,
-            settings.stream.requests.clone(),
+            settings.client_requests(),
             settings.stream.shards,
             &settings.client.name,
         )

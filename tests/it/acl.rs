@@ -21,6 +21,10 @@ const WORKER: &str = "seatgate-worker";
 const ADMIN: &str = "seatgate-admin";
 const DASHBOARD: &str = "seatgate-dashboard";
 const CLIENT: &str = "seatgate-client-demo";
+/// A second application's client user, beside `demo`'s.
+const BILLING: &str = "seatgate-client-billing";
+/// The applications with requests streams of their own: the two client users'.
+const APPLICATIONS: &str = "demo,billing";
 /// A superuser added to the test's copy only, to read ACL LOG.
 const ROOT: &str = "test-root";
 
@@ -74,15 +78,22 @@ impl AclRedis {
     /// The settings every process here runs with (but for the login): the
     /// key and stream names the ACL file's patterns must cover.
     fn settings(&self) -> Settings {
-        self.server.settings()
+        let mut s = self.server.settings();
+        s.stream.applications = APPLICATIONS.split(',').map(str::to_owned).collect();
+        s.client.name = "demo".to_owned();
+        s
     }
 
-    /// The environment that logs a process in as `user`.
+    /// The environment that logs a process in as `user`: a client user's
+    /// application (`seatgate-client-<app>`) is its client name, `demo` for
+    /// the other users.
     fn login(&self, user: &str) -> Vec<(&'static str, String)> {
+        let app = user.strip_prefix("seatgate-client-").unwrap_or("demo");
         vec![
             ("SEATGATE__REDIS__USERNAME", user.to_owned()),
             ("SEATGATE__REDIS__PASSWORD", password(user)),
-            ("SEATGATE__CLIENT__NAME", "demo".to_owned()),
+            ("SEATGATE__CLIENT__NAME", app.to_owned()),
+            ("SEATGATE__STREAM__APPLICATIONS", APPLICATIONS.to_owned()),
         ]
     }
 
@@ -437,6 +448,193 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     .collect();
     provoked.sort();
     assert_eq!(denied, provoked, "ACL LOG: {log:?}");
+}
+
+/// The first entry of `stream`, read as `con`'s user, waiting up to 10 s.
+async fn first_reply(
+    con: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Option<HashMap<String, String>> {
+    let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
+        .arg("BLOCK")
+        .arg(10_000)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg("0")
+        .query_async(con)
+        .await
+        .unwrap();
+    let entry = read.keys.into_iter().next()?.ids.into_iter().next()?;
+    Some(
+        entry
+            .map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    redis::from_redis_value::<String>(v.clone()).unwrap_or_default(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Two applications, `demo` and `billing`, each with its own client user of
+/// ops/redis-users.acl as shipped and its own requests streams (sharded two
+/// ways): billing's acquire waits unread while demo's user tries everything
+/// that would destroy or hide it (DEL, trimming by MAXLEN or MINID, XADD with
+/// a trim or an id of its own, on billing's streams), all refused, and what
+/// it may do to its own stream (XADD MAXLEN 0) touches nothing of billing's.
+/// The worker then answers billing's acquire, and each application's requests
+/// are served as usual; a request on demo's stream naming billing's reply
+/// namespace is dead-lettered, not answered there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_application_can_touch_another_applications_requests() {
+    let redis = AclRedis::start().await;
+    let mut settings = redis.settings();
+    settings.stream.shards = 2;
+    let put = redis
+        .seatgate(ADMIN, &["license", "put", "cad", "--seats", "3"])
+        .await;
+    assert!(put.status.success(), "{put:?}");
+
+    // Billing's acquire, sent before any worker runs: unread.
+    let mut billing = redis.con_as(BILLING).await;
+    let billing_base = settings.app_requests("billing");
+    let billing_shard = seatgate::engine::keys::shard_name(&billing_base, 2, "cad");
+    let billing_replies = reply_stream(&settings, "billing:pending-1");
+    let _: String = command(&[
+        "XADD",
+        &billing_shard,
+        "*",
+        "op",
+        "acquire",
+        "id",
+        "b-1",
+        "license",
+        "cad",
+        "session",
+        "b1",
+        "reply_to",
+        &billing_replies,
+    ])
+    .query_async(&mut billing)
+    .await
+    .expect("billing's user writes its own requests stream");
+
+    // Everything demo's user might do to it, and to billing's other streams.
+    let mut demo = redis.con_as(CLIENT).await;
+    for stream in [billing_shard.as_str(), billing_base.as_str()] {
+        assert_refused(
+            &mut demo,
+            &[
+                &["DEL", stream],
+                &["UNLINK", stream],
+                &["XTRIM", stream, "MAXLEN", "0"],
+                &["XTRIM", stream, "MINID", "99999999999999-0"],
+                &["XADD", stream, "MAXLEN", "0", "*", "op", "x"],
+                &["XADD", stream, "MINID", "99999999999999-0", "*", "op", "x"],
+                &["XADD", stream, "99999999999999-0", "op", "x"],
+                &["XDEL", stream, "0-1"],
+                &["XGROUP", "DESTROY", stream, "seatgate"],
+                &["XREAD", "STREAMS", stream, "0"],
+                &["RENAME", stream, "seat:reply:demo:mine"],
+            ],
+        )
+        .await;
+    }
+    // Nor the shared stream, which the workers still read.
+    assert_refused(
+        &mut demo,
+        &[
+            &["XADD", &settings.stream.requests, "*", "op", "acquire"],
+            &["DEL", &settings.stream.requests],
+        ],
+    )
+    .await;
+    // Its own stream it may not delete or trim either; an XADD that trims it
+    // to nothing wipes only demo's own entries.
+    let demo_shard = seatgate::engine::keys::shard_name(&settings.app_requests("demo"), 2, "cad");
+    assert_refused(
+        &mut demo,
+        &[&["DEL", &demo_shard], &["XTRIM", &demo_shard, "MAXLEN", "0"]],
+    )
+    .await;
+    let _: String = command(&["XADD", &demo_shard, "MAXLEN", "0", "*", "op", "x"])
+        .query_async(&mut demo)
+        .await
+        .expect("demo may trim its own stream with XADD");
+    // A request on demo's own stream aimed at billing's reply namespace.
+    let _: String = command(&[
+        "XADD",
+        &demo_shard,
+        "*",
+        "op",
+        "acquire",
+        "id",
+        "d-evil",
+        "license",
+        "cad",
+        "session",
+        "d-evil",
+        "reply_to",
+        &reply_stream(&settings, "billing:pending-1"),
+    ])
+    .query_async(&mut demo)
+    .await
+    .unwrap();
+
+    let mut root = redis.con_as(ROOT).await;
+    let len: usize = redis::cmd("XLEN")
+        .arg(&billing_shard)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert_eq!(len, 1, "billing's acquire is still there, unread");
+
+    let mut env = redis.login(WORKER);
+    env.push(("SEATGATE__STREAM__SHARDS", "2".to_owned()));
+    let _worker = WorkerProcess::start(&redis.url(), &env).await;
+    let reply = first_reply(&mut billing, &billing_replies)
+        .await
+        .expect("billing's pending acquire was never answered");
+    assert_eq!(
+        reply.get("status").map(String::as_str),
+        Some("ACQUIRED"),
+        "{reply:?}"
+    );
+    assert_eq!(reply.get("id").map(String::as_str), Some("b-1"), "{reply:?}");
+
+    // Each application's own requests are served as usual, through the CLI.
+    for (user, session) in [(CLIENT, "d1"), (BILLING, "b2")] {
+        let mut cmd = redis.command(user, &on_cad("acquire", session, &[]));
+        cmd.env("SEATGATE__STREAM__SHARDS", "2");
+        let out = output(cmd).await;
+        assert!(stdout(&out).starts_with("ACQUIRED"), "{user}: {out:?}");
+    }
+    // demo's request aimed at billing's replies was dead-lettered, and
+    // billing's reply stream holds its own reply only.
+    let dead: usize = redis::cmd("XLEN")
+        .arg(&settings.stream.dead_letter)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert_eq!(dead, 1, "the misdirected request is dead-lettered");
+    let replies: usize = redis::cmd("XLEN")
+        .arg(&billing_replies)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert_eq!(replies, 1, "nothing of demo's reached billing's reply stream");
+    let holders: Vec<String> = redis::cmd("ZRANGE")
+        .arg(license_keys(&settings, "cad").holders)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert_eq!(holders.len(), 3, "b1, d1 and b2 hold seats: {holders:?}");
+    assert!(!holders.contains(&"d-evil".to_owned()), "{holders:?}");
 }
 
 /// `seatgate license delete` as the admin user ends what is on the license:

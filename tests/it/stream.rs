@@ -5,6 +5,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use seatgate::client::Call;
 use seatgate::config::Settings;
+use seatgate::engine::keys::shard_name;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 
@@ -388,4 +389,79 @@ async fn sharded_workers_answer_the_base_stream_and_guard_the_shard_count() {
     let mut two = sharded.clone();
     two.stream.shards = 2;
     spawn_worker(two, "w2").await.stop().await;
+}
+
+/// Two applications with requests streams of their own, sharded two ways
+/// (`stream.applications`): each one's Rust client sends to its own stream
+/// and is served there. An entry id one application gives its XADD is no
+/// other stream's entry: two acquires without a caller id under the same
+/// explicit entry id, one on each application's stream, are both decided,
+/// neither replayed as the other (the dedupe key names the stream).
+#[tokio::test]
+async fn each_application_is_served_on_its_own_stream_and_entry_ids_do_not_collide() {
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.stream.applications = vec!["billing".to_owned(), "cad".to_owned()];
+    settings.stream.shards = 2;
+    put_license(&settings, "lic", 4).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let apps = ["billing", "cad"];
+    for app in apps {
+        let mut s = settings.clone();
+        s.client.name = app.to_owned();
+        let r = client(&s)
+            .await
+            .call(&acquire("lic", &format!("{app}-1"), 0), T)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Status::Acquired, "{app}");
+        let own = shard_name(&settings.app_requests(app), 2, "lic");
+        let sent: usize = con.xlen(&own).await.unwrap();
+        assert_eq!(sent, 1, "{app}'s request went to its own stream, {own}");
+    }
+    let shared: usize = con.xlen(settings.request_stream_for("lic")).await.unwrap();
+    assert_eq!(shared, 0, "nothing on the shared stream");
+
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let id = format!("{}-7", secs * 1000 + 1000);
+    for app in apps {
+        let own = shard_name(&settings.app_requests(app), 2, "lic");
+        let reply_to = reply_stream(&settings, &format!("{app}:same-id"));
+        let _: String = redis::cmd("XADD")
+            .arg(&own)
+            .arg(&id)
+            .arg("op")
+            .arg("acquire")
+            .arg("license")
+            .arg("lic")
+            .arg("session")
+            .arg(format!("{app}-2"))
+            .arg("reply_to")
+            .arg(&reply_to)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    for app in apps {
+        let reply_to = reply_stream(&settings, &format!("{app}:same-id"));
+        let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(5000)
+            .arg("STREAMS")
+            .arg(&reply_to)
+            .arg("0")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let entry = &read.keys[0].ids[0];
+        assert_eq!(
+            (entry.get::<String>("status"), entry.get::<String>("session")),
+            (Some("ACQUIRED".to_owned()), Some(format!("{app}-2"))),
+            "{app}: {entry:?}"
+        );
+    }
+    assert_eq!(
+        holders(&settings, "lic").await,
+        ["billing-1", "billing-2", "cad-1", "cad-2"]
+    );
+    worker.stop().await;
 }

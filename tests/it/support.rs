@@ -345,7 +345,7 @@ impl Direct {
         let req = parse_request(entry_id, &pairs, &s.parse_rules()).expect("a valid request");
         let at = EntryAt {
             lane: Lane::Requests,
-            shard: None,
+            stream: None,
             id: entry_id,
         };
         Direct {
@@ -501,10 +501,12 @@ pub async fn free_memory(con: &mut impl ConnectionLike) {
 // ---------------------------------------------------------------------------
 // Streams: requests, replies, events.
 
-/// `XADD <requests stream> *`, for the caller to add fields to.
+/// `XADD <requests stream> *` (the stream a client with these settings sends
+/// to: its application's own when `client.name` is listed in
+/// `stream.applications`), for the caller to add fields to.
 pub fn request_xadd(s: &Settings) -> redis::Cmd {
     let mut cmd = redis::cmd("XADD");
-    cmd.arg(&s.stream.requests).arg("*");
+    cmd.arg(s.client_requests()).arg("*");
     cmd
 }
 

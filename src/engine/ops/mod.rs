@@ -127,9 +127,12 @@ impl Lane {
 pub struct EntryAt<'a> {
     /// The stream's lane.
     pub lane: Lane,
-    /// The requests shard the entry was read from; `None` for the base
-    /// requests stream (the only one when unsharded) and the admin stream.
-    pub shard: Option<usize>,
+    /// What tells the requests stream the entry was read from apart
+    /// (`Settings::stream_tag`): its shard `<i>`, or `app:<app>` /
+    /// `app:<app>:<i>` for an application's own stream (or shard); `None`
+    /// for the base requests stream (the only one when unsharded) and the
+    /// admin stream.
+    pub stream: Option<&'a str>,
     /// The stream entry id.
     pub id: &'a str,
 }
@@ -138,11 +141,14 @@ impl EntryAt<'_> {
     /// The dedupe key of a request read here without a caller id: the entry
     /// id as it is on the base requests stream (what every record was before
     /// shards and admin entries had to be told apart, and the smallest),
-    /// `<shard>:<id>` on a shard, `admin:<id>` on the admin stream.
+    /// `<shard>:<id>` on a shard, `app:<app>:<id>` (`app:<app>:<shard>:<id>`)
+    /// on an application's stream (shard), `admin:<id>` on the admin stream:
+    /// no entry of one stream can pass for another's, whatever id a client
+    /// gives its XADD.
     pub fn key(&self) -> String {
-        match (self.lane, self.shard) {
+        match (self.lane, self.stream) {
             (Lane::Admin, _) => format!("admin:{}", self.id),
-            (Lane::Requests, Some(shard)) => format!("{shard}:{}", self.id),
+            (Lane::Requests, Some(tag)) => format!("{tag}:{}", self.id),
             (Lane::Requests, None) => self.id.to_owned(),
         }
     }

@@ -802,9 +802,9 @@ fn a_request_is_keyed_by_its_callers_id_or_by_its_stream_and_entry() {
     let keys = Keys::new("seat");
     let now = 1_796_013_949_007;
     let entry_id = "1796013949000-3";
-    let at = |lane, shard| EntryAt {
+    let at = |lane, stream| EntryAt {
         lane,
-        shard,
+        stream,
         id: entry_id,
     };
     let with_id = parse(&[
@@ -815,7 +815,7 @@ fn a_request_is_keyed_by_its_callers_id_or_by_its_stream_and_entry() {
     ])
     .unwrap();
     assert!(with_id.id_sent);
-    let g = with_id.guard(&policy, &keys, at(Lane::Requests, Some(2)), Some(now));
+    let g = with_id.guard(&policy, &keys, at(Lane::Requests, Some("2")), Some(now));
     assert_eq!(
         g.entry_id, "R|s|r|1",
         "op, session, id; the script adds the lease hash"
@@ -838,7 +838,12 @@ fn a_request_is_keyed_by_its_callers_id_or_by_its_stream_and_entry() {
         entry_id,
         "the base stream: the bare id, as before"
     );
-    assert_eq!(key(Lane::Requests, Some(2)), format!("2:{entry_id}"));
+    assert_eq!(key(Lane::Requests, Some("2")), format!("2:{entry_id}"));
+    assert_eq!(
+        key(Lane::Requests, Some("app:billing")),
+        format!("app:billing:{entry_id}"),
+        "an application's stream: the same id there is another entry"
+    );
     assert_eq!(key(Lane::Admin, None), format!("admin:{entry_id}"));
     let g = bare.guard(&policy, &keys, at(Lane::Requests, None), Some(now));
     assert!(!g.by_request && g.redelivery);

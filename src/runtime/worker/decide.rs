@@ -10,7 +10,7 @@ use tracing::warn;
 use super::read::{Entry, Source};
 use crate::config::Settings;
 use crate::db::{is_transient, Db};
-use crate::engine::keys::{shard_names, Keys};
+use crate::engine::keys::Keys;
 use crate::engine::ops::{EntryAt, Lane, Request};
 use crate::engine::protocol::{self, Reply};
 use crate::engine::scripts::{Outcome, Scripts, SeatCall};
@@ -196,9 +196,12 @@ impl Decider {
                     .observe(secs.saturating_mul(1000).saturating_add(micros / 1000));
             }
         }
-        let mut items = self.plan(lane, batch);
-        let shard = self.shard_index(lane, stream);
-        self.send(&mut con, &mut items, shard).await;
+        let mut items = self.plan(lane, stream, batch);
+        let tag = match lane {
+            Lane::Requests => self.settings.stream_tag(stream),
+            Lane::Admin => None,
+        };
+        self.send(&mut con, &mut items, tag.as_deref()).await;
         self.settle(&mut con, stream, &mut items, source).await
     }
 
@@ -208,8 +211,13 @@ impl Decider {
     /// may be what crashed or stalled the workers (a giant entry, a script
     /// that times out). It is dead-lettered without another attempt at
     /// deciding it.
-    fn plan(&self, lane: Lane, batch: Vec<Entry>) -> Vec<Item> {
-        let rules = self.settings.parse_rules();
+    fn plan(&self, lane: Lane, stream: &str, batch: Vec<Entry>) -> Vec<Item> {
+        // An application's requests are answered in its own reply namespace only.
+        let prefix = self.settings.reply_prefix_for(stream);
+        let rules = crate::engine::protocol::Rules {
+            reply_prefix: &prefix,
+            ..self.settings.parse_rules()
+        };
         let max = self.settings.stream.max_deliveries;
         batch
             .into_iter()
@@ -240,7 +248,7 @@ impl Decider {
     /// Runs the seat script of every valid request in one pipeline. Scripts
     /// that Redis no longer knows (NOSCRIPT after a restart or SCRIPT FLUSH)
     /// did not run, so they are re-run one by one, which re-loads them.
-    async fn send(&self, con: &mut Db, items: &mut [Item], shard: Option<usize>) {
+    async fn send(&self, con: &mut Db, items: &mut [Item], tag: Option<&str>) {
         let scripts = Scripts::get();
         let mut calls: Vec<(&mut Item, SeatCall<'_>)> = items
             .iter_mut()
@@ -248,7 +256,7 @@ impl Decider {
                 let Some(Ok(req)) = &item.request else { return None };
                 let at = EntryAt {
                     lane: item.lane,
-                    shard,
+                    stream: tag,
                     id: &item.entry.id,
                 };
                 let call = self.seat_call(scripts, at, req);
@@ -311,20 +319,6 @@ impl Decider {
             self.clock.now_ms(),
         );
         req.call(scripts, &keys, &guard, &self.settings.service_defaults())
-    }
-
-    /// Which requests shard `stream`, of `lane`, is: `None` for the base
-    /// requests stream (the only one when unsharded) and the admin stream.
-    /// Entry ids are unique per stream only, so a request's dedupe key names
-    /// its shard (engine::ops::EntryAt).
-    fn shard_index(&self, lane: Lane, stream: &str) -> Option<usize> {
-        let s = &self.settings.stream;
-        if lane != Lane::Requests || s.shards <= 1 {
-            return None;
-        }
-        shard_names(&s.requests, s.shards)
-            .iter()
-            .position(|name| name == stream)
     }
 }
 

@@ -136,7 +136,7 @@ impl Decider {
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::DeadLetter { reason }) => {
-                    if self.dead_letter(entry, lane, reason, None).await {
+                    if self.dead_letter(entry, stream, lane, reason, None).await {
                         metrics::refused_reply_to();
                         done.push(entry.id.as_str());
                     } else {
@@ -145,7 +145,7 @@ impl Decider {
                 }
                 Some(Handled::Exhausted { reason }) => {
                     let answer = format!("request was dead-lettered: {reason}");
-                    if self.dead_letter(entry, lane, reason, Some(&answer)).await {
+                    if self.dead_letter(entry, stream, lane, reason, Some(&answer)).await {
                         done.push(entry.id.as_str());
                     } else {
                         retry = true;
@@ -158,7 +158,7 @@ impl Decider {
                                 "request failed {} times and was dead-lettered: {error}",
                                 entry.deliveries
                             );
-                            if self.dead_letter(entry, lane, error, Some(&answer)).await {
+                            if self.dead_letter(entry, stream, lane, error, Some(&answer)).await {
                                 done.push(entry.id.as_str());
                                 continue;
                             }
@@ -273,7 +273,14 @@ impl Decider {
     /// given an `answer` and a `reply_to` in the reply namespace, answers it
     /// ERROR with that text. `lane` is the stream it was read from, whose
     /// ops its request is parsed by. Returns whether it may now be acknowledged.
-    async fn dead_letter(&self, entry: &Entry, lane: Lane, reason: &str, answer: Option<&str>) -> bool {
+    async fn dead_letter(
+        &self,
+        entry: &Entry,
+        stream: &str,
+        lane: Lane,
+        reason: &str,
+        answer: Option<&str>,
+    ) -> bool {
         let s = &self.settings.stream;
         let mut con = self.con.clone();
         let mut xadd = redis::cmd("XADD");
@@ -303,7 +310,12 @@ impl Decider {
         metrics::dead_lettered();
         error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
-            if let Ok(req) = parse_entry(lane, &entry.id, fields, &self.settings.parse_rules()) {
+            let prefix = self.settings.reply_prefix_for(stream);
+            let rules = crate::engine::protocol::Rules {
+                reply_prefix: &prefix,
+                ..self.settings.parse_rules()
+            };
+            if let Ok(req) = parse_entry(lane, &entry.id, fields, &rules) {
                 if let Some(stream) = &req.reply_to {
                     let failed = Outcome::failed(Status::Error);
                     let reply = reply_for(&req, &failed, Some(answer.to_owned()));
