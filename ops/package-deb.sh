@@ -21,4 +21,5 @@ if ! command -v dpkg-shlibdeps >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dpkg-dev >/dev/null
 fi
-cargo deb --locked "$@"
+# Stripped: the release profile's line tables would make the binary 74 MB.
+cargo deb --locked --strip "$@"
