@@ -1,4 +1,4 @@
-//! The `seatgate` command line: `run`, the `acquire` / `release` / `heartbeat`
+//! The `seatgate` command line: `run`, `check-config`, the `acquire` / `release` / `heartbeat`
 //! client, `license` provisioning, the administrator's `revoke`, and the
 //! `status`, `events` and `report` views. Errors come out as one line.
 
@@ -92,6 +92,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
         format: ReportFormat,
     },
+    /// Check the settings (the built-in defaults, --config FILE and the
+    /// SEATGATE__* variables) without connecting to Redis: prints one line
+    /// and exits 0 when they are valid, 3 with the reason when not.
+    CheckConfig,
     /// Show seats in use, holders and queues per license (like lmstat).
     Status {
         /// Only this license.
@@ -455,6 +459,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::CheckConfig => check_config(&settings, cli.config.as_deref()),
         Command::Status { license, json } => {
             if let Some(l) = &license {
                 if !crate::engine::protocol::valid_id(l) {
@@ -478,6 +483,28 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `seatgate check-config`: `settings` loaded and validated as `seatgate run`
+/// would start with them (an invalid one never gets here: `fail` prints it,
+/// exit 3), and the Redis client they describe built without connecting
+/// (password and TLS files read).
+fn check_config(settings: &Settings, file: Option<&std::path::Path>) -> Result<ExitCode, Error> {
+    crate::db::Db::check(&settings.redis)?;
+    let source = file.map_or_else(|| "the built-in defaults".to_owned(), |f| f.display().to_string());
+    let target = if settings.redis.is_cluster() {
+        format!(
+            "a Redis Cluster of {} seed(s)",
+            settings.redis.cluster_nodes().len()
+        )
+    } else {
+        "one Redis".to_owned()
+    };
+    println!(
+        "seatgate: settings OK ({source}): {target}, {} shard(s)",
+        settings.stream.shards
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(feature = "tools")]

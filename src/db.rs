@@ -74,6 +74,19 @@ impl Db {
         }
     }
 
+    /// Builds the client the settings describe without connecting: the URL
+    /// (or the cluster seeds) parses, the password file and the TLS files
+    /// can be read, and TLS files come with a rediss:// address
+    /// (`seatgate check-config`).
+    pub fn check(redis: &RedisSettings) -> Result<(), Error> {
+        if redis.is_cluster() {
+            cluster_builder(redis)?.build()?;
+        } else {
+            redis_client(redis)?;
+        }
+        Ok(())
+    }
+
     /// A dedicated connection for blocking reads of up to `block`.
     pub async fn connect_blocking(redis: &RedisSettings, block: Duration) -> Result<Db, Error> {
         let connect = Duration::from_millis(redis.connect_timeout_ms);

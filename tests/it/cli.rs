@@ -224,6 +224,65 @@ async fn errors_are_one_clear_line() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--meta"));
 }
 
+/// `seatgate check-config` loads and validates the settings as `run` would,
+/// without Redis: one line and 0 when valid, one line naming the key and 3
+/// when not; a missing password file is caught too.
+#[tokio::test]
+async fn check_config_validates_without_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |args: Vec<String>, env: Option<(&'static str, String)>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).arg("check-config");
+        for var in ["SEATGATE__REDIS__PASSWORD_FILE", "SEATGATE__STREAM__SHARDS"] {
+            cmd.env_remove(var);
+        }
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        output(cmd)
+    };
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "[stream]\nshards = 4\n").unwrap();
+    let o = check(vec!["--config".into(), good.display().to_string()], None).await;
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(out.trim().lines().count(), 1, "{out}");
+    assert!(out.starts_with("seatgate: settings OK ("), "{out}");
+    assert!(out.contains("4 shard(s)"), "the file was read: {out}");
+
+    let o = check(vec![], None).await;
+    assert_eq!(o.status.code(), Some(0), "the built-in defaults are valid: {o:?}");
+    assert!(stdout(&o).contains("built-in defaults"), "{o:?}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[stream]\nbatch_size = 0\n").unwrap();
+    let o = check(vec!["--config".into(), bad.display().to_string()], None).await;
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("stream.batch_size"), "{err}");
+    assert!(o.stdout.is_empty(), "{o:?}");
+
+    let missing = dir.path().join("nowhere.toml");
+    let o = check(vec!["--config".into(), missing.display().to_string()], None).await;
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+
+    let o = check(
+        vec![],
+        Some((
+            "SEATGATE__REDIS__PASSWORD_FILE",
+            dir.path().join("no-secret").display().to_string(),
+        )),
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(3), "an unreadable password file: {o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("redis.password_file"),
+        "{o:?}"
+    );
+}
+
 /// With sharded streams, the CLI sends each license's requests to its shard,
 /// and `seatgate events` follows the events of every shard.
 #[tokio::test]

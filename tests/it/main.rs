@@ -15,6 +15,7 @@ mod lease;
 mod metrics;
 mod once;
 mod outage;
+mod package;
 mod page;
 mod policy;
 mod prometheus;
