@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::AsyncCommands;
-use seatgate::client::{Call, Client, Seat, SeatOptions, SeatState};
+use seatgate::client::{AcquireError, Call, Client, Seat, SeatOptions, SeatState};
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::ops::Op;
@@ -620,9 +620,19 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
     worker.stop().await;
 }
 
-#[tokio::test]
-async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
-    let TestApp(_redis, settings, _) = spawn_app().await;
+/// A 1-seat license `lic` served by a worker: session `first` holds its
+/// seat, and `second` waits in the queue (up to `wait_ms`) through a seat
+/// handle, whose acquire is the returned task.
+async fn second_queued_behind_first(
+    wait_ms: u64,
+) -> (
+    RedisServer,
+    Settings,
+    WorkerHandle,
+    Client,
+    tokio::task::JoinHandle<Result<Seat, AcquireError>>,
+) {
+    let TestApp(redis, settings, _) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let c = client(&settings).await;
@@ -633,11 +643,17 @@ async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
     let waiting = tokio::spawn({
         let c = c.clone();
         async move {
-            c.acquire_seat(&acquire("lic", "second", 10_000), &SeatOptions::default())
+            c.acquire_seat(&acquire("lic", "second", wait_ms), &SeatOptions::default())
                 .await
         }
     });
     event_comes(&settings, "lic", "second", "queued").await;
+    (redis, settings, worker, c, waiting)
+}
+
+#[tokio::test]
+async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
+    let (_redis, settings, worker, c, waiting) = second_queued_behind_first(10_000).await;
     let released = c.call(&Call::new(Op::Release, "lic", "first"), T).await.unwrap();
     assert_eq!(released.status(), Status::Released);
     let seat = waiting.await.unwrap().expect("granted");
@@ -650,22 +666,7 @@ async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
 
 #[tokio::test]
 async fn an_acquire_given_up_in_the_queue_is_undone() {
-    let TestApp(_redis, settings, _) = spawn_app().await;
-    put_license(&settings, "lic", 1).await;
-    let worker = spawn_worker(settings.clone(), "w1").await;
-    let c = client(&settings).await;
-    assert_eq!(
-        c.call(&acquire("lic", "first", 0), T).await.unwrap().status(),
-        Status::Acquired
-    );
-    let waiting = tokio::spawn({
-        let c = c.clone();
-        async move {
-            c.acquire_seat(&acquire("lic", "second", 30_000), &SeatOptions::default())
-                .await
-        }
-    });
-    event_comes(&settings, "lic", "second", "queued").await;
+    let (_redis, settings, worker, c, waiting) = second_queued_behind_first(30_000).await;
     // The caller goes away while queued: the handle leaves the queue for it.
     waiting.abort();
     event_comes(&settings, "lic", "second", "left_queue").await;
