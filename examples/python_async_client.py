@@ -45,7 +45,8 @@ a provisioned license:
     python3 examples/python_async_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
 
 With 50 seats and 200 sessions, most acquires get QUEUED and then GRANTED as
-others release. With `stream.shards` = N > 1, pass --shards N. The password,
+others release. Each acquire names the user its seat counts for (`user`):
+--user, else your OS login name; `seatgate status` shows it. With `stream.shards` = N > 1, pass --shards N. The password,
 if any, comes from SEATGATE_REDIS_PASSWORD, so that it is on no command line.
 Exit code: 0 when every pair got its seat and gave it back, 1 when some acquire
 was refused, 3 on errors (Redis unreachable, no reply in time).
@@ -247,13 +248,16 @@ class SeatClient:
         """The lease this client holds for the session, or None."""
         return self.leases.get(license, session)
 
-    async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
+    async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None,
+                      user=None):
         """One acquire, no more (acquire_seat re-sends, heartbeats and
-        releases for you); it carries ttl_ms = `timeout`. Takes a seat, waiting up to `wait_s` seconds in the license's queue
-        when none is free, bound to `lease` (default: the one held for the
-        session, else a new random one). Returns the final reply;
-        `on_queued(reply)` is called with the QUEUED reply, if any."""
-        fields = {**acquire_fields(self.leases.bind(license, session, lease), meta, wait_s), **ttl_field(timeout)}
+        releases for you); it carries ttl_ms = `timeout`. Takes a seat for
+        `user` (None: nobody in particular), waiting up to `wait_s` seconds in
+        the license's queue when none is free, bound to `lease` (default: the
+        one held for the session, else a new random one). Returns the final
+        reply; `on_queued(reply)` is called with the QUEUED reply, if any."""
+        fields = {**acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user),
+                  **ttl_field(timeout)}
         async with await self.request("acquire", license, session, **fields) as pending:
             reply = await pending.reply(timeout)
             if reply.get("status") != "QUEUED":
@@ -275,15 +279,16 @@ class SeatClient:
         return reply
 
     async def acquire_seat(self, license, session, meta=None, wait_s=0.0, lease=None, request_timeout=5.0,
-                           ttl_s=None, give_up_s=30.0, on_queued=None):
-        """Takes a seat and returns a Seat that keeps it (see the module's
-        doc); raises SeatRefused with the reply when the service says no
-        (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), ReplyTimeout when no attempt
-        is answered within `give_up_s` (or, once QUEUED, within the wait and a
-        margin). Every request carries `ttl_s` (default: `request_timeout`)."""
+                           ttl_s=None, give_up_s=30.0, on_queued=None, user=None):
+        """Takes a seat for `user` (None: nobody in particular) and returns a
+        Seat that keeps it (see the module's doc); raises SeatRefused with the
+        reply when the service says no (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT,
+        ...), ReplyTimeout when no attempt is answered within `give_up_s` (or,
+        once QUEUED, within the wait and a margin). Every request carries
+        `ttl_s` (default: `request_timeout`)."""
         lease = self.leases.bind(license, session, lease)
         ttl = ttl_field(request_timeout if ttl_s is None else ttl_s)
-        fields = {**acquire_fields(lease, meta, wait_s), **ttl}
+        fields = {**acquire_fields(lease, meta, wait_s, user), **ttl}
         acquire = _Exchange(self, "acquire", license, session, fields, request_timeout)
         undo = True
         try:
@@ -588,7 +593,7 @@ async def pairs(args):
             started = time.monotonic()
             try:
                 seat = await client.acquire_seat(args.license, session, meta={"client": "python_async_client.py"},
-                                                 wait_s=args.wait, request_timeout=args.timeout,
+                                                 wait_s=args.wait, request_timeout=args.timeout, user=args.user,
                                                  on_queued=lambda r: statuses.update(["QUEUED"]))
             except SeatRefused as refused:
                 latencies.append(time.monotonic() - started)

@@ -37,8 +37,10 @@ workers list it in stream.applications), the only one its user may write:
     SEATGATE_REDIS_PASSWORD=... python3 examples/python_client.py \
         --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --own-stream --license demo
 
-The second copy finds the only seat taken, prints QUEUED, and gets GRANTED
-when the first releases. It prints each reply, and exits 1 when the acquire
+Each acquire names the user its seat counts for, in the `user` field: --user,
+else your OS login name. `seatgate status` shows it in its USER column (the
+`meta` sent along is display data, never the user). The second copy finds the
+only seat taken, prints QUEUED, and gets GRANTED when the first releases. It prints each reply, and exits 1 when the acquire
 was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 2 for a malformed
 --lease, 3 when Redis or the worker did not answer, 0 otherwise.
 """
@@ -75,12 +77,13 @@ class SeatClient:
         """The lease this client holds for the session, or None."""
         return self.leases.get(license, session)
 
-    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None):
-        """Takes a seat, waiting up to `wait_s` seconds in the license's queue
-        when none is free, bound to `lease` (default: the one held for the
-        session, else a new random one). Returns the final reply;
-        `on_queued(reply)` is called with the QUEUED reply, if any."""
-        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s)
+    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None, user=None):
+        """Takes a seat for `user` (None: nobody in particular), waiting up to
+        `wait_s` seconds in the license's queue when none is free, bound to
+        `lease` (default: the one held for the session, else a new random
+        one). Returns the final reply; `on_queued(reply)` is called with the
+        QUEUED reply, if any."""
+        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user)
         reply = self.call("acquire", license, session, extra, timeout)
         if reply["status"] == "QUEUED":
             if on_queued:
@@ -190,7 +193,8 @@ def main(argv=None) -> int:
                         shards=args.shards or discover_shards(r))
     try:
         reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
-                               wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease)
+                               wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease,
+                               user=args.user)
         show("acquire", reply)
         if reply.get("ok") != "1":
             return 1

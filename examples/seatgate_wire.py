@@ -5,6 +5,8 @@ python_async_client.py import it; run either from any directory, Python
 finds this file beside them.
 """
 
+import argparse
+import getpass
 import json
 import os
 import re
@@ -23,6 +25,8 @@ REPLY_PREFIX = "seat:reply:"
 QUEUE_MARGIN_S = 30.0
 # What the service takes as a lease.
 LEASE_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# What the service takes as an id: a session, a user, a group.
+ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 # Replies after which the session's seat or place is given back (or was never held).
 GIVEN_BACK = {"RELEASED", "LEFT_QUEUE", "SESSION_NOT_FOUND"}
 # Replies by which the session holds a seat.
@@ -152,10 +156,32 @@ class Leases:
             self._by_session.pop((license, session), None)
 
 
-def acquire_fields(lease, meta=None, wait_s=0.0):
-    """An acquire's own fields: its lease, `meta` as compact JSON, and the
+def default_user():
+    """The user a session counts for when none is given: the OS login name
+    (as `seatgate revoke --actor` defaults to it), or None when there is
+    none or it is not an id the service takes."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        return None
+    return name if ID_RE.fullmatch(name) else None
+
+
+def user_id(text):
+    """argparse type of --user: an id the service takes."""
+    if not ID_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError("a user is 1 to 128 characters of A-Z a-z 0-9 . _ : @ -")
+    return text
+
+
+def acquire_fields(lease, meta=None, wait_s=0.0, user=None):
+    """An acquire's own fields: its lease, the `user` the seat counts for
+    (the one `seatgate status` shows, and the license's per-user policies
+    count; `meta` is display data only), `meta` as compact JSON, and the
     queue wait in ms when it may wait."""
     fields = {"lease": lease}
+    if user is not None:
+        fields["user"] = user
     if meta is not None:
         fields["meta"] = json.dumps(meta, separators=(",", ":"))
     if wait_s > 0:
@@ -167,6 +193,9 @@ def add_common_args(parser):
     """The command-line options both examples take."""
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
     parser.add_argument("--license", required=True, help="license id, e.g. demo")
+    parser.add_argument("--user", type=user_id, default=default_user(),
+                        help="the user the seats count for, sent as the acquire's `user` (seatgate status shows it; "
+                             "default: your OS login name)")
     parser.add_argument("--app", default="seatgate-py",
                         help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
     parser.add_argument("--own-stream", action="store_true",

@@ -21,8 +21,12 @@ use crate::error::Error;
 pub struct Holder {
     /// Session id.
     pub session: String,
-    /// `user_email` from the metadata, if any.
+    /// The user the seat counts for: the acquire's `user`, as the owner
+    /// record keeps it (lua/includes/owners.lua); `None` when it named none.
     pub user: Option<String>,
+    /// `user_email` from the metadata, if any: display metadata the caller
+    /// sent, never taken as the user.
+    pub user_email: Option<String>,
     /// `hardware_id` from the metadata, if any.
     pub hardware_id: Option<String>,
     /// When the seat was taken (Redis clock, ms).
@@ -37,8 +41,6 @@ pub struct Holder {
     pub leased: bool,
     /// The session's metadata.
     pub meta: serde_json::Value,
-    /// The user the seat counts for (the acquire's `user`), if any.
-    pub user_id: Option<String>,
     /// The group the seat counts for (the acquire's `group`), if any.
     pub group: Option<String>,
     /// Released, the seat lingers with the session until then (ms).
@@ -54,16 +56,16 @@ pub struct Waiter {
     pub position: usize,
     /// Session id.
     pub session: String,
-    /// `user_email` from the metadata, if any.
+    /// The user its seat will count for: the acquire's `user`, if any.
     pub user: Option<String>,
+    /// `user_email` from the metadata, if any (display metadata only).
+    pub user_email: Option<String>,
     /// When it joined the queue (Redis clock, ms).
     pub queued_at_ms: i64,
     /// When it gives up (Redis clock, ms).
     pub deadline_ms: i64,
     /// Its priority in the queue, 0-9 (higher goes first).
     pub priority: u8,
-    /// The user its seat will count for, if any.
-    pub user_id: Option<String>,
     /// The group its seat will count for, if any.
     pub group: Option<String>,
     /// The borrow its grant starts, ms (0 = none).
@@ -277,7 +279,8 @@ fn holder(snapshot: &Snapshot, session: &str, score: f64) -> Holder {
     let who = snapshot.owner(session);
     Holder {
         session: session.to_owned(),
-        user: meta_field(&meta, "user_email"),
+        user: who.as_ref().and_then(|o| o.user.clone()),
+        user_email: meta_field(&meta, "user_email"),
         hardware_id: meta_field(&meta, "hardware_id"),
         acquired_at_ms,
         last_heartbeat_ms: if held_without_heartbeats {
@@ -288,7 +291,6 @@ fn holder(snapshot: &Snapshot, session: &str, score: f64) -> Holder {
         heartbeats: record.as_ref().map_or(0, |r| r.heartbeats),
         leased: record.as_ref().is_some_and(|r| r.lease_hash.is_some()),
         meta,
-        user_id: who.as_ref().and_then(|o| o.user.clone()),
         group: who.and_then(|o| o.group),
         lingering_until_ms,
         borrowed_until_ms,
@@ -303,11 +305,11 @@ fn waiter(snapshot: &Snapshot, position: usize, session: &str, score: i64) -> Wa
     Waiter {
         position,
         session: session.to_owned(),
-        user: meta_field(&meta, "user_email"),
+        user: who.as_ref().and_then(|o| o.user.clone()),
+        user_email: meta_field(&meta, "user_email"),
         queued_at_ms: record.map_or(0, |r| r.queued_at),
         deadline_ms: snapshot.deadlines.get(session).copied().unwrap_or(0),
         priority: score_priority(score),
-        user_id: who.as_ref().and_then(|o| o.user.clone()),
         group: who.as_ref().and_then(|o| o.group.clone()),
         borrow_ms: who.map_or(0, |o| o.borrow_ms),
     }
@@ -359,13 +361,11 @@ fn ago(ms: i64) -> String {
     }
 }
 
-/// `  user=ada group=cad priority=5` after a row: who a seat counts for, and
-/// a waiter's priority above 0; "" when there is nothing to say.
-fn owner_note(user: Option<&str>, group: Option<&str>, priority: Option<u8>) -> String {
+/// `  group=cad priority=5` after a row: the group a seat counts for, and a
+/// waiter's priority above 0; "" when there is nothing to say. (The user
+/// has its own column.)
+fn owner_note(group: Option<&str>, priority: Option<u8>) -> String {
     let mut out = String::new();
-    if let Some(u) = user {
-        let _ = write!(out, "  user={}", printable(u));
-    }
     if let Some(g) = group {
         let _ = write!(out, "  group={}", printable(g));
     }
@@ -427,8 +427,8 @@ pub fn render(status: &Status) -> String {
         if !l.holders.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:<24} {:<28} {:<16} {:>8} {:>14}",
-                "SESSION", "USER", "HARDWARE", "HELD", "LAST HEARTBEAT"
+                "  {:<24} {:<20} {:<28} {:<16} {:>8} {:>14}",
+                "SESSION", "USER", "EMAIL", "HARDWARE", "HELD", "LAST HEARTBEAT"
             );
             for h in &l.holders {
                 let last = match (h.lingering_until_ms, h.borrowed_until_ms) {
@@ -438,32 +438,34 @@ pub fn render(status: &Status) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "  {:<24} {:<28} {:<16} {:>8} {:>14}{}",
+                    "  {:<24} {:<20} {:<28} {:<16} {:>8} {:>14}{}",
                     printable(&h.session),
                     printable(h.user.as_deref().unwrap_or("-")),
+                    printable(h.user_email.as_deref().unwrap_or("-")),
                     printable(h.hardware_id.as_deref().unwrap_or("-")),
                     ago(now - h.acquired_at_ms),
                     last,
-                    owner_note(h.user_id.as_deref(), h.group.as_deref(), None),
+                    owner_note(h.group.as_deref(), None),
                 );
             }
         }
         if !l.queue.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:<4} {:<24} {:<28} {:>8} {:>10}",
-                "POS", "WAITING SESSION", "USER", "WAITING", "GIVES UP"
+                "  {:<4} {:<24} {:<20} {:<28} {:>8} {:>10}",
+                "POS", "WAITING SESSION", "USER", "EMAIL", "WAITING", "GIVES UP"
             );
             for w in &l.queue {
                 let _ = writeln!(
                     out,
-                    "  {:<4} {:<24} {:<28} {:>8} {:>10}{}",
+                    "  {:<4} {:<24} {:<20} {:<28} {:>8} {:>10}{}",
                     w.position,
                     printable(&w.session),
                     printable(w.user.as_deref().unwrap_or("-")),
+                    printable(w.user_email.as_deref().unwrap_or("-")),
                     ago(now - w.queued_at_ms),
                     format!("in {}", ago(w.deadline_ms - now)),
-                    owner_note(w.user_id.as_deref(), w.group.as_deref(), Some(w.priority)),
+                    owner_note(w.group.as_deref(), Some(w.priority)),
                 );
             }
         }
@@ -479,14 +481,14 @@ mod tests {
     fn holder(session: &str, meta: serde_json::Value) -> Holder {
         Holder {
             session: session.into(),
-            user: meta_field(&meta, "user_email"),
+            user: Some("root".into()),
+            user_email: meta_field(&meta, "user_email"),
             hardware_id: meta_field(&meta, "hardware_id"),
             acquired_at_ms: 1_000,
             last_heartbeat_ms: 2_000,
             heartbeats: 1,
             leased: true,
             meta,
-            user_id: None,
             group: None,
             lingering_until_ms: None,
             borrowed_until_ms: None,
@@ -521,12 +523,12 @@ mod tests {
                 queue: vec![Waiter {
                     position: 1,
                     session: "w-1".into(),
-                    user: Some("bell\u{7}".into()),
+                    user: Some("u\u{1b}[2J".into()),
+                    user_email: Some("bell\u{7}".into()),
                     queued_at_ms: 2_500,
                     deadline_ms: 9_000,
                     priority: 3,
-                    user_id: Some("u\u{1b}[2J".into()),
-                    group: None,
+                    group: Some("g\u{1b}[2J".into()),
                     borrow_ms: 0,
                 }],
             }],
@@ -539,7 +541,8 @@ mod tests {
             "{text:?}"
         );
         assert_eq!(text.lines().count(), 6, "one line per row: {text}");
-        assert!(text.contains(r"user=u\u{1b}[2J  priority=3"), "{text}");
+        assert!(text.contains(r"group=g\u{1b}[2J  priority=3"), "{text}");
+        assert!(text.contains(r"w-1                      u\u{1b}[2J"), "{text}");
         assert!(text.contains(r"held: user u\u{1b}[2J 1"), "{text}");
         assert!(text.contains(r"\u{1b}[2J\u{1b}[Hroot@evil"), "{text}");
         assert!(text.contains(r"hw\r\nFAKE LINE\u{7}\u{202e}gnp.exe"), "{text}");
@@ -581,7 +584,7 @@ mod tests {
                     r#"2000:3:0123456789abcdef:{"user_email":"ada@x","hardware_id":"hw-1"}"#.to_owned(),
                 ),
                 ("borrowing", "3000:0:{}".to_owned()),
-                ("lingering", "1000:7:{}".to_owned()),
+                ("lingering", r#"1000:7:{"user_email":"eve@x"}"#.to_owned()),
             ]),
             queue: vec![
                 ("w-late".into(), queue_score(9, 3)),
@@ -597,6 +600,8 @@ mod tests {
             deadlines: map(&[("w-late", 9_500), ("w-early", 9_400)]),
             owners: map(&[
                 ("s:beating", "ada|cad|0".to_owned()),
+                // A lingering seat whose acquire named nobody (owners.lua).
+                ("s:lingering", "||0".to_owned()),
                 ("s:w-late", "bob||60000".to_owned()),
                 ("u:ada", "1".to_owned()),
                 ("g:cad", "2".to_owned()),
@@ -638,13 +643,24 @@ mod tests {
             (2_000, 5_000, 3)
         );
         assert!(beating.leased && !lingering.leased);
+        // The user is the acquire's, from the owner record; the metadata's
+        // email is shown beside it, never in its place.
         assert_eq!(
-            (beating.user.as_deref(), beating.hardware_id.as_deref()),
-            (Some("ada@x"), Some("hw-1"))
+            (
+                beating.user.as_deref(),
+                beating.user_email.as_deref(),
+                beating.hardware_id.as_deref()
+            ),
+            (Some("ada"), Some("ada@x"), Some("hw-1"))
+        );
+        assert_eq!(beating.group.as_deref(), Some("cad"));
+        assert_eq!(
+            (lingering.user.as_deref(), lingering.user_email.as_deref()),
+            (None, Some("eve@x"))
         );
         assert_eq!(
-            (beating.user_id.as_deref(), beating.group.as_deref()),
-            (Some("ada"), Some("cad"))
+            (borrowing.user.as_deref(), borrowing.user_email.as_deref()),
+            (None, None)
         );
 
         let [late, early] = &l.queue[..] else {
@@ -659,14 +675,14 @@ mod tests {
             (2, "w-early", 0)
         );
         assert_eq!(
-            (late.queued_at_ms, late.deadline_ms, late.user.as_deref()),
+            (late.queued_at_ms, late.deadline_ms, late.user_email.as_deref()),
             (2_500, 9_500, Some("bob@x"))
         );
         assert_eq!(
-            (late.user_id.as_deref(), late.group.as_deref(), late.borrow_ms),
+            (late.user.as_deref(), late.group.as_deref(), late.borrow_ms),
             (Some("bob"), None, 60_000)
         );
-        assert_eq!((early.user_id.as_deref(), early.borrow_ms), (None, 0));
+        assert_eq!((early.user.as_deref(), early.borrow_ms), (None, 0));
     }
 
     #[test]

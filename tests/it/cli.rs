@@ -432,7 +432,118 @@ async fn status_escapes_control_characters_and_json_keeps_them() {
 
     let json: serde_json::Value =
         serde_json::from_slice(&seatgate(&redis, &["status", "--json"]).await.stdout).unwrap();
-    assert_eq!(json["licenses"][0]["holders"][0]["user"], hostile);
+    assert_eq!(json["licenses"][0]["holders"][0]["user_email"], hostile);
+}
+
+/// The user `seatgate status` shows is the acquire's `user`, in text and
+/// JSON, for holders and waiters alike; `meta.user_email` is display
+/// metadata, shown as EMAIL (`user_email`) beside it and never as the user.
+#[tokio::test]
+async fn status_shows_the_requests_user_and_the_email_apart() {
+    let redis = RedisServer::start_with(&[]).await;
+    assert!(seatgate(&redis, &["license", "put", "cad", "--seats", "3"])
+        .await
+        .status
+        .success());
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let email = |e: &str| serde_json::json!({ "user_email": e }).to_string();
+    let (ada, bob) = (email("ada@example.com"), email("bob@example.com"));
+    let holders: [&[&str]; 3] = [
+        // A user, and an email that differs from it.
+        &["--session", "s-both", "--user", "ada", "--meta", &ada],
+        // Only an email: no user.
+        &["--session", "s-email", "--meta", &bob],
+        // Neither.
+        &["--session", "s-none"],
+    ];
+    for extra in holders {
+        let mut args = vec!["acquire", "--license", "cad"];
+        args.extend_from_slice(extra);
+        let o = seatgate(&redis, &args).await;
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {o:?}");
+    }
+    // Carol waits for a seat (the command waits for the grant: left running).
+    let mut cmd = seatgate_cmd(
+        &redis.url(),
+        &[
+            "acquire",
+            "--license",
+            "cad",
+            "--session",
+            "s-waits",
+            "--user",
+            "carol",
+            "--wait",
+            "1m",
+        ],
+    );
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let _carol = Spawned(cmd.spawn().unwrap());
+    let status_json = || async {
+        let o = seatgate(&redis, &["status", "--json"]).await;
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let json = loop {
+        let json = status_json().await;
+        if json["licenses"][0]["queue"]
+            .as_array()
+            .is_some_and(|q| !q.is_empty())
+        {
+            break json;
+        }
+        assert!(std::time::Instant::now() < deadline, "carol never queued: {json}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    let l = &json["licenses"][0];
+    let holder = |session: &str| {
+        let h = l["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["session"] == session)
+            .unwrap_or_else(|| panic!("no holder {session}: {json}"));
+        (h["user"].clone(), h["user_email"].clone())
+    };
+    let null = serde_json::Value::Null;
+    assert_eq!(holder("s-both"), ("ada".into(), "ada@example.com".into()));
+    assert_eq!(holder("s-email"), (null.clone(), "bob@example.com".into()));
+    assert_eq!(holder("s-none"), (null.clone(), null.clone()));
+    let w = &l["queue"][0];
+    assert_eq!(
+        (w["session"].clone(), w["user"].clone(), w["user_email"].clone()),
+        ("s-waits".into(), "carol".into(), null)
+    );
+
+    let text = stdout(&seatgate(&redis, &["status"]).await);
+    let words = |prefix: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in\n{text}"))
+            .split_whitespace()
+            .take(4)
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        words("SESSION "),
+        ["SESSION", "USER", "EMAIL", "HARDWARE"],
+        "{text}"
+    );
+    assert_eq!(
+        words("s-both ")[..3],
+        ["s-both", "ada", "ada@example.com"],
+        "{text}"
+    );
+    assert_eq!(
+        words("s-email ")[..3],
+        ["s-email", "-", "bob@example.com"],
+        "{text}"
+    );
+    assert_eq!(words("s-none ")[..3], ["s-none", "-", "-"], "{text}");
+    assert_eq!(words("POS "), ["POS", "WAITING", "SESSION", "USER"], "{text}");
+    assert_eq!(words("1 ")[..4], ["1", "s-waits", "carol", "-"], "{text}");
 }
 
 /// `seatgate bench --bench-redis URL` without `--flush`, on a Redis it may

@@ -401,6 +401,8 @@ async fn sync_client_acquires_heartbeats_and_releases() {
 /// README's two copies: the second finds the only seat taken, prints
 /// QUEUED, and is GRANTED when the first releases. A third without --wait
 /// is refused at once (exit 1). The lease the first prints is the seat's.
+/// `seatgate status` shows each session's user: the one --user gave, else
+/// the OS login name.
 #[tokio::test]
 async fn a_second_sync_client_queues_until_the_first_releases() {
     let TestApp(redis, s, _) = spawn_app().await;
@@ -411,7 +413,16 @@ async fn a_second_sync_client_queues_until_the_first_releases() {
     let mut alice = Running::spawn(
         sync_client(
             &url,
-            &["--license", "demo", "--session", "alice", "--interval", "0.2"],
+            &[
+                "--license",
+                "demo",
+                "--session",
+                "alice",
+                "--user",
+                "alice@example.com",
+                "--interval",
+                "0.2",
+            ],
         )
         .await,
     );
@@ -451,25 +462,40 @@ async fn a_second_sync_client_queues_until_the_first_releases() {
         &[("status", "NO_SEATS_AVAILABLE"), ("ok", "0")],
     );
 
-    let mut bob = Running::spawn(
-        sync_client(
-            &url,
-            &[
-                "--license",
-                "demo",
-                "--session",
-                "bob",
-                "--wait",
-                "30",
-                "--interval",
-                "0.05",
-            ],
-        )
-        .await,
-    );
+    // Bob gives no --user: his login name is his sessions' user.
+    let mut bob = sync_client(
+        &url,
+        &[
+            "--license",
+            "demo",
+            "--session",
+            "bob",
+            "--wait",
+            "30",
+            "--interval",
+            "0.05",
+        ],
+    )
+    .await;
+    bob.env("LOGNAME", "bob-login");
+    let mut bob = Running::spawn(bob);
     let queued = bob.until("queued").await.reply();
     assert_fields(&queued, &[("status", "QUEUED"), ("session", "bob")]);
     assert_eq!(holders(&s, "demo").await, ["alice"]);
+
+    let status = output(seatgate_cmd(&url, &["status", "--license", "demo", "--json"])).await;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json");
+    let demo = &status["licenses"][0];
+    assert_eq!(
+        (&demo["holders"][0]["session"], &demo["holders"][0]["user"]),
+        (&"alice".into(), &"alice@example.com".into()),
+        "{status}"
+    );
+    assert_eq!(
+        (&demo["queue"][0]["session"], &demo["queue"][0]["user"]),
+        (&"bob".into(), &"bob-login".into()),
+        "{status}"
+    );
 
     alice.signal("-CONT").await;
     let alice = alice.finish().await;
@@ -497,9 +523,10 @@ async fn a_second_sync_client_queues_until_the_first_releases() {
     assert!(holders(&s, "demo").await.is_empty());
 }
 
-/// A malformed --lease exits 2 with one clear line, before anything is sent.
+/// A malformed --lease (or --user) exits 2 with one clear line, before
+/// anything is sent.
 #[tokio::test]
-async fn sync_client_refuses_a_malformed_lease() {
+async fn sync_client_refuses_a_malformed_lease_or_user() {
     let TestApp(redis, s, mut con) = spawn_app().await;
     // No worker: nothing may be sent for it to answer.
     for bad in ["too-short", "sixteen or more but with spaces"] {
@@ -513,6 +540,10 @@ async fn sync_client_refuses_a_malformed_lease() {
             "{run}"
         );
     }
+    // So does a --user the service would refuse (argparse's usage error).
+    let run = Running::run(sync_client(&redis.url(), &["--license", "demo", "--user", "a b"]).await).await;
+    assert_eq!(run.status.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("a user is 1 to 128 characters"), "{run}");
     assert_eq!(
         entries_added(&mut con, &s.stream.requests).await,
         0,
@@ -589,15 +620,45 @@ async fn async_client_answers_every_concurrent_pair() {
 /// python_async_client.py's seat handles keep their seats: 4 seats held
 /// 3 s each at a 1.5 s heartbeat timeout, with a reaper every 200 ms. A
 /// seat not heartbeated would be evicted and its release answered
-/// SESSION_NOT_FOUND.
+/// SESSION_NOT_FOUND. While held, `seatgate status` shows them as --user's.
 #[tokio::test]
 async fn async_client_seat_handles_heartbeat_while_held() {
     let TestApp(redis, s, _) = spawn_app().await;
     provision(&s, "beat", &seats_with_timeout(4, 1500)).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
     let _reaping = reaping(&s).await;
-    let args = ["--license", "beat", "--pairs", "4", "--hold", "3", "--wait", "0"];
-    let run = Running::run(async_client(&redis.url(), &args).await).await;
+    let args = [
+        "--license",
+        "beat",
+        "--pairs",
+        "4",
+        "--hold",
+        "3",
+        "--wait",
+        "0",
+        "--user",
+        "ops-bot",
+    ];
+    let running = Running::spawn(async_client(&redis.url(), &args).await);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let users = loop {
+        let status = output(seatgate_cmd(
+            &redis.url(),
+            &["status", "--license", "beat", "--json"],
+        ))
+        .await;
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        let users: Vec<serde_json::Value> = status["licenses"][0]["holders"]
+            .as_array()
+            .map(|h| h.iter().map(|h| h["user"].clone()).collect())
+            .unwrap_or_default();
+        if users.len() == 4 || Instant::now() > deadline {
+            break users;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(users, vec![serde_json::json!("ops-bot"); 4]);
+    let run = running.finish().await;
     assert_eq!(run.status.code(), Some(0), "{run}");
     assert_eq!(run.stderr, "", "no warnings or errors");
     assert_eq!(run.summary("replies:"), "ACQUIRED 4, RELEASED 4", "{run}");

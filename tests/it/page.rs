@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use seatgate::client::{Call, Client};
 use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
+use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::status::Status;
 use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};
@@ -359,15 +360,23 @@ impl Page {
     }
 }
 
-/// Sends an acquire with `meta` from `client`; its request id and first answer.
+/// Sends an acquire by `user` (the page shows it as the user) with `meta`
+/// from `client`; its request id and first answer.
 async fn acquire_as(
     client: &mut Client,
     license: &str,
     session: &str,
+    user: &str,
     meta: Value,
     wait_ms: u64,
 ) -> (String, Status) {
-    let call = acquire(license, session, wait_ms).with_meta(meta.to_string());
+    let who = RequestPolicy {
+        user: Some(user.to_owned()),
+        ..RequestPolicy::NONE
+    };
+    let call = acquire(license, session, wait_ms)
+        .with_meta(meta.to_string())
+        .with_policy(who);
     let id = client.send(&call).await.expect("send acquire");
     let reply = client.wait_for(&id, T).await.expect("acquire reply");
     (id, reply.status())
@@ -432,13 +441,15 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     assert!(text.contains("Live · last updated"), "{text}");
 
     // Metadata is whatever a client sent: it must show as text, not markup.
+    // (The user is an id the service checks; the hardware id is free text.)
     let mut mallory = client(&settings).await;
     let hostile = "<img src=x onerror=alert(1)>";
     let (_, status) = acquire_as(
         &mut mallory,
         "xss",
         "mallory",
-        json!({ "user_email": hostile, "hardware_id": "<script>window.__pwned = 1</script>" }),
+        "mallory",
+        json!({ "user_email": hostile, "hardware_id": format!("{hostile}<script>window.__pwned = 1</script>") }),
         0,
     )
     .await;
@@ -473,6 +484,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
         &mut alice,
         "cad",
         "alice",
+        "alice@example.com",
         json!({ "user_email": "alice@example.com", "hardware_id": "LAPTOP-7F3A" }),
         0,
     )
@@ -507,6 +519,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
         &mut bob,
         "cad",
         "bob",
+        "bob@example.com",
         json!({ "user_email": "bob@example.com", "hardware_id": "DESK-19" }),
         60_000,
     )
@@ -607,7 +620,7 @@ async fn a_screenshot_of_the_page_under_load() {
         for &i in who {
             let (session, email, hardware) = people[i];
             let meta = json!({ "user_email": email, "hardware_id": hardware });
-            let (_, status) = acquire_as(&mut client, license, session, meta, wait_ms).await;
+            let (_, status) = acquire_as(&mut client, license, session, email, meta, wait_ms).await;
             assert!(
                 matches!(status, Status::Acquired | Status::Queued),
                 "{license} {session}: {status:?}"

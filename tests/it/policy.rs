@@ -641,7 +641,7 @@ async fn license_put_status_and_metrics_show_the_policies() {
     };
     assert_eq!(
         (
-            by_session("a1")["user_id"].as_str(),
+            by_session("a1")["user"].as_str(),
             by_session("a1")["group"].as_str()
         ),
         (Some("ada"), Some("eng"))
@@ -655,10 +655,19 @@ async fn license_put_status_and_metrics_show_the_policies() {
         "  held: user ada 2, user bob 1, group eng 2",
         "lingers 9m5",
         "borrowed 59m5",
-        "user=ada  group=eng",
     ] {
         assert!(text.contains(expected), "{expected:?} in\n{text}");
     }
+    // The USER column is the acquire's `user`; the group follows the row.
+    let row = |session: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("  {session} ")))
+            .unwrap_or_else(|| panic!("no row for {session} in\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!((row("a1")[1], row("a1").last()), ("ada", Some(&"group=eng")));
+    assert_eq!(row("b1")[1], "bob");
 
     // The reaper leader exports the lingering and borrowed seats.
     let every_second = [("SEATGATE__REAPER__SCHEDULE", "* * * * * *".to_owned())];

@@ -613,7 +613,8 @@ async fn the_session_and_waiter_records_decode_in_rust() {
     };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
-    // `seatgate status` reads them through the same types.
+    // `seatgate status` reads them through the same types. The acquires
+    // named no `user`: the metadata's email is shown as such, not as the user.
     let status = seatgate::views::status::license_status(&mut con, &keys(&settings), "lic")
         .await
         .unwrap();
@@ -623,15 +624,17 @@ async fn the_session_and_waiter_records_decode_in_rust() {
             h.session.as_str(),
             h.acquired_at_ms,
             h.heartbeats,
-            h.user.as_deref()
+            h.user_email.as_deref()
         ),
         ("a", took.now_ms, 2, Some("a@example.com"))
     );
+    assert_eq!(h.user, None);
     let w = &status.queue[0];
     assert_eq!(
-        (w.session.as_str(), w.queued_at_ms, w.user.as_deref()),
+        (w.session.as_str(), w.queued_at_ms, w.user_email.as_deref()),
         ("b", queued.now_ms, Some("b@example.com"))
     );
+    assert_eq!(w.user, None);
 }
 
 /// A lease for the tests that bind a place to one.
