@@ -1,7 +1,9 @@
 //! A real Prometheus scraping two real `seatgate run` workers under a short
 //! mixed load: every PromQL expression of the Grafana dashboard
 //! (ops/grafana/seatgate.json) and of the alert rules
-//! (ops/prometheus/alerts.yml) must be valid and return data.
+//! (ops/prometheus/alerts.yml) must be valid and return data, and the
+//! panels for what the load does on purpose (revocations, lingering and
+//! borrowed seats, expiry, future entry ids, refused `reply_to`) above 0.
 //! And a real Alertmanager running the example configuration
 //! (ops/prometheus/alertmanager.yml): one cause pages once.
 
@@ -9,21 +11,37 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use seatgate::client::Call;
+use seatgate::client::{Call, Client, Revoke};
 use seatgate::config::Settings;
 use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::ops::Op;
+use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
 use seatgate::engine::status::Status;
 use serde_json::Value;
 
 use crate::support::{
-    acquire, client, db, free_port, holders, http_get, license_keys, provision, seats, seats_with_timeout,
-    RedisServer, RedisServerExt, WorkerProcess, T,
+    acquire, add_request, client, db, free_port, holders, http_get, license_keys, provision, put_policy,
+    redis_ms, seats, seats_with_timeout, RedisServer, RedisServerExt, WorkerProcess, T,
 };
 /// What `$__rate_interval` stands for: the whole test fits in it.
 const RATE_INTERVAL: &str = "1m";
-/// The license the dashboard's `$license` is set to: it has seats, denials and a queue.
+/// The license with seats, denials and a queue.
 const LICENSE: &str = "full";
+/// The licenses the dashboard's `$license` is set to, as Grafana writes a
+/// multi-value pick for a `=~` matcher: `full`, and `spare`, which expires
+/// and has lingering and borrowed seats.
+const PICKED: &str = "(full|spare)";
+/// The panels whose every target must be above 0 after the load, not only
+/// return data: what the load does on purpose for them (a revocation, a
+/// lingering and a borrowed seat and a borrow that ended, an expiry ahead, an
+/// entry id ahead of the clock, a refused `reply_to`).
+const ABOVE_ZERO: [&str; 5] = [
+    "Revocations",
+    "Lingering and borrowed seats",
+    "License expiry",
+    "Entry ids ahead of the clock",
+    "Refused reply_to",
+];
 
 /// A `prometheus` on a free loopback port with its own storage, scraping
 /// `targets` every second as job "seatgate" and loading the alert rules;
@@ -123,31 +141,39 @@ fn percent_encode(s: &str) -> String {
 }
 
 /// Every `expr` of the dashboard's panel targets (rows' panels included),
-/// with the dashboard variables replaced by values a user could pick.
-fn dashboard_exprs() -> Vec<String> {
-    fn walk(v: &Value, out: &mut Vec<String>) {
+/// with the title of its panel, and the dashboard variables replaced by
+/// values a user could pick.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    fn walk(v: &Value, panel: &str, out: &mut Vec<(String, String)>) {
         match v {
             Value::Object(map) => {
                 if let (Some(Value::String(expr)), Some(_)) = (map.get("expr"), map.get("refId")) {
-                    out.push(expr.clone());
+                    out.push((panel.to_owned(), expr.clone()));
                 }
-                map.values().for_each(|v| walk(v, out));
+                // A panel's targets belong to it; a row's panels to themselves.
+                let panel = match (map.get("title"), map.get("type")) {
+                    (Some(Value::String(title)), Some(_)) => title.as_str(),
+                    _ => panel,
+                };
+                map.values().for_each(|v| walk(v, panel, out));
             }
-            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            Value::Array(items) => items.iter().for_each(|v| walk(v, panel, out)),
             _ => {}
         }
     }
     let text = std::fs::read_to_string(repo_file("ops/grafana/seatgate.json")).expect("dashboard");
     let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     let mut exprs = Vec::new();
-    walk(&dashboard["panels"], &mut exprs);
+    walk(&dashboard["panels"], "", &mut exprs);
     exprs
         .into_iter()
-        .map(|e| {
-            e.replace("$__rate_interval", RATE_INTERVAL)
+        .map(|(panel, e)| {
+            let e = e
+                .replace("$__rate_interval", RATE_INTERVAL)
                 .replace("$__interval", RATE_INTERVAL)
                 .replace("$__range", RATE_INTERVAL)
-                .replace("$license", LICENSE)
+                .replace("$license", PICKED);
+            (panel, e)
         })
         .collect()
 }
@@ -220,7 +246,10 @@ async fn rule_exprs(prometheus: &Prometheus) -> Vec<(String, String)> {
 }
 
 /// Acquires (granted, refused, queued then granted, queued then timed out),
-/// heartbeats, releases, an eviction and a dead letter.
+/// heartbeats, releases, an eviction and a dead letter; a lingering seat, a
+/// borrowed one and a borrow that ends, a revocation, a refused `reply_to`,
+/// and last (every later `XADD *` would be as far ahead) an entry id ahead
+/// of the clock.
 async fn mixed_load(settings: &Settings) {
     provision(settings, LICENSE, &seats(2)).await;
     provision(settings, "short", &seats_with_timeout(1, 1_000)).await;
@@ -314,6 +343,70 @@ async fn mixed_load(settings: &Settings) {
         assert!(Instant::now() < deadline, "the stale session was not evicted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // spare: a seat lingering after its release, one borrowed for an hour,
+    // one borrowed for a second (the reaper frees it: borrow_ended).
+    let policy = LicensePolicy {
+        linger_ms: Some(600_000),
+        max_borrow_ms: Some(3_600_000),
+        ..LicensePolicy::default()
+    };
+    put_policy(settings, "spare", &policy).await;
+    assert_eq!(
+        status(c.call(&acquire("spare", "l1", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    let r = c.call(&Call::new(Op::Release, "spare", "l1"), T).await.unwrap();
+    assert_eq!((r.status(), r.get("linger_ms")), (Status::Released, "600000"));
+    for (session, borrow_ms) in [("b1", 3_600_000), ("b0", 1_000)] {
+        let borrow = acquire("spare", session, 0).with_policy(RequestPolicy {
+            borrow_ms,
+            ..RequestPolicy::NONE
+        });
+        assert_eq!(status(c.call(&borrow, T).await.unwrap()), Status::Acquired);
+    }
+    // An administrator revokes a holder.
+    assert_eq!(
+        status(c.call(&acquire("spare", "r1", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    let admin = Client::connect_admin(settings).await.unwrap();
+    let revoke = Revoke {
+        license: "spare".into(),
+        session: "r1".into(),
+        reason: "dashboard test".into(),
+        actor: "ops".into(),
+        cooldown_ms: 0,
+        user_wide: false,
+    };
+    assert_eq!(admin.revoke(&revoke, T).await.unwrap().status(), Status::Revoked);
+    // A reply_to outside replies.prefix: dead-lettered, never decided.
+    add_request(
+        &mut con,
+        settings,
+        &[
+            ("op", "release"),
+            ("id", "elsewhere-1"),
+            ("license", "spare"),
+            ("session", "ghost"),
+            ("reply_to", "orders:jobs"),
+        ],
+    )
+    .await;
+    // An entry id an hour ahead of the Redis clock (fire and forget).
+    let ahead = redis_ms(&mut con).await + 3_600_000;
+    let _: String = redis::cmd("XADD")
+        .arg(settings.client_requests())
+        .arg(format!("{ahead}-0"))
+        .arg("op")
+        .arg("release")
+        .arg("license")
+        .arg("spare")
+        .arg("session")
+        .arg("ghost")
+        .query_async(&mut con)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -328,6 +421,17 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
     let w1 = WorkerProcess::start(&redis.url(), &env).await;
     let w2 = WorkerProcess::start(&redis.url(), &env).await;
     let prometheus = Prometheus::start(&[&w1.metrics, &w2.metrics]).await;
+    // The counters' increase() sees the load only from a scrape before it:
+    // Prometheus first scrapes some seconds after it is ready (its target
+    // discovery's first update).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while prometheus.query("count(up{job=\"seatgate\"} == 1) == 2").await != Ok(1) {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus did not scrape both workers"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     mixed_load(&redis.settings()).await;
 
@@ -343,14 +447,26 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
         "prometheus loaded every rule: {rules:?}"
     );
 
-    let mut checks: Vec<(String, String)> = dashboard_exprs()
-        .into_iter()
-        .map(|e| ("dashboard".to_owned(), e))
+    let dashboard = dashboard_exprs();
+    let mut checks: Vec<(String, String)> = dashboard
+        .iter()
+        .map(|(panel, e)| (format!("dashboard {panel}"), e.clone()))
         .collect();
     assert!(
         checks.len() >= 30,
         "the dashboard's targets were found: {checks:?}"
     );
+    for panel in ABOVE_ZERO {
+        let targets: Vec<&String> = dashboard
+            .iter()
+            .filter(|(p, _)| p == panel)
+            .map(|(_, e)| e)
+            .collect();
+        assert!(!targets.is_empty(), "no panel {panel:?} in the dashboard");
+        for expr in targets {
+            checks.push((format!("dashboard {panel} (above 0)"), format!("({expr}) > 0")));
+        }
+    }
     for (name, expr) in &rules {
         // The rule as written must be valid; its bool form must return data.
         prometheus
@@ -397,6 +513,17 @@ async fn every_dashboard_and_alert_expression_returns_data_from_two_scraped_work
         prometheus.query("sum(seatgate_seats_capacity) == 13").await,
         Ok(1)
     );
+    // What the load did, counted once: the workers' counters summed.
+    for expr in [
+        "sum(seatgate_revocations_total) == 1",
+        "sum(seatgate_refused_reply_to_total) == 1",
+        "sum(seatgate_future_entry_ids_total) == 1",
+        "sum(seatgate_policy_seats_freed_total{reason=\"borrow_ended\"}) == 1",
+        "max(seatgate_seats_lingering{license=\"spare\"}) == 1",
+        "max(seatgate_seats_borrowed{license=\"spare\"}) == 1",
+    ] {
+        assert_eq!(prometheus.query(expr).await, Ok(1), "{expr}");
+    }
     assert_eq!(
         prometheus
             .query(&format!(
