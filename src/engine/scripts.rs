@@ -363,6 +363,9 @@ pub struct ServiceDefaults {
     pub revoke_remember_ms: u64,
     /// `revoke.max_per_license`: most revocations remembered per license.
     pub revoke_max_per_license: u64,
+    /// `queue.max_wait_ms`: the longest an acquire waits; a larger `wait_ms`
+    /// counts as this.
+    pub max_wait_ms: u64,
 }
 
 /// `ARGV[8..10]` of every seat script (lua/includes/request.lua), between
