@@ -145,6 +145,13 @@ impl Keys {
         }
     }
 
+    /// HASH of `license`'s denial window (lua/includes/denial_sample.lua):
+    /// which denials go to the events stream one by one and how many were
+    /// folded into a count. In the license's slot, for its seat scripts.
+    pub fn denials(&self, license: &str) -> String {
+        format!("{}:{{{license}}}:denials", self.prefix)
+    }
+
     /// SET of every provisioned license id, so `license list` (and the reaper)
     /// find licenses without SCAN. It is written beside the license record,
     /// never inside a seat script, so it may live in any cluster slot.

@@ -108,6 +108,13 @@ impl ScriptName {
     }
 }
 
+/// `source`, a script that is not one of seatgate's (a test's), with its
+/// `--- @include` lines resolved from `lua/includes/` as the registry
+/// resolves them: how a helper no script calls yet is tried on its own.
+pub fn with_includes(source: &str) -> Result<String, Error> {
+    includes::resolve("<caller's script>", source).map_err(|e| Error::Config(e.to_string()))
+}
+
 /// The scripts, built (and hashed) once per process, indexed by [`ScriptName`].
 pub struct Scripts {
     scripts: [Script; ScriptName::COUNT],

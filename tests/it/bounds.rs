@@ -539,3 +539,132 @@ async fn waiters_asking_for_a_day_are_held_to_the_longest_wait() {
     assert_eq!(holders(&settings, "lic").await, ["holder"]);
     worker.stop().await;
 }
+
+/// A stand-in for the seat scripts' `denied` event: one denial, through
+/// lua/includes/denial_sample.lua, appended to a test events stream when it
+/// is to be recorded (with the count it carries). `flush` takes out what a
+/// quiet license's ended window folded.
+const DENIAL_SCRIPT: &str = r#"local rcall = redis.call
+--- @include "denial_sample"
+local now = tonumber(ARGV[2])
+if ARGV[1] == 'flush' then
+  return denial_flush(KEYS[1], now)
+end
+local record, folded = denial_sample(KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]))
+if record == 1 then
+  rcall('XADD', KEYS[2], '*', 'type', 'denied', 'license', 'lic', 'session', ARGV[5],
+    'seats_used', '1', 'seats_total', '1', 'at_ms', now, 'reason', 'NO_SEATS_AVAILABLE', 'folded', folded)
+end
+return {record, folded}
+"#;
+
+/// Denials past a rate (lua/includes/denial_sample.lua, on its own: the
+/// seat scripts that record events are to call it). 10,000 denials of one
+/// license over ten 1 s windows, recorded one by one (keep 0, as today) and
+/// then at most 20 a window: the events stream grows by a bounded number of
+/// events, and every denial is accounted for (recorded, carried in a later
+/// event's `folded`, or flushed once its window ended).
+#[tokio::test]
+async fn denials_past_a_rate_are_folded_into_a_count() {
+    const N: i64 = 10_000;
+    const WINDOW: i64 = 1_000;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    let script = redis::Script::new(&seatgate::engine::scripts::with_includes(DENIAL_SCRIPT).unwrap());
+    let window = crate::support::keys(&settings).denials("lic");
+    let mut figures = Vec::new();
+    for keep in [0, 20] {
+        let events = format!("{}:test-events:{keep}", settings.keys.prefix);
+        let mem0 = used_memory(&mut con).await;
+        let t0 = 1_796_000_000_000_i64;
+        let (mut recorded, mut carried) = (0, 0);
+        for i in 0..N {
+            // 1,000 a second: ten windows.
+            let now = t0 + i * WINDOW * 10 / N;
+            let (record, folded): (i64, i64) = script
+                .key(&window)
+                .key(&events)
+                .arg("sample")
+                .arg(now)
+                .arg(WINDOW)
+                .arg(keep)
+                .arg(format!("s{i}"))
+                .invoke_async(&mut con)
+                .await
+                .unwrap();
+            recorded += record;
+            carried += folded;
+        }
+        // Within the last window nothing is flushed; after it, what it folded.
+        let last = t0 + 10 * WINDOW - 1;
+        let early: i64 = script
+            .key(&window)
+            .key(&events)
+            .arg("flush")
+            .arg(last)
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+        let flushed: i64 = script
+            .key(&window)
+            .key(&events)
+            .arg("flush")
+            .arg(last + WINDOW)
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+        let again: i64 = script
+            .key(&window)
+            .key(&events)
+            .arg("flush")
+            .arg(last + 2 * WINDOW)
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+        let stream_bytes: i64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&events)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let window_bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&window)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let mem1 = used_memory(&mut con).await;
+        println!(
+            "denial flood, keep {keep} per {WINDOW} ms: {N} denials -> {recorded} events ({carried} folded \
+             denials carried by them, {flushed} flushed after the last window); events stream {stream_bytes} bytes, \
+             window HASH {} bytes; used_memory {mem0} -> {mem1} (+{} bytes)",
+            window_bytes.unwrap_or(0),
+            mem1 - mem0
+        );
+        assert_eq!(
+            (early, again),
+            (0, 0),
+            "flushed only once the window ended, and once"
+        );
+        assert_eq!(recorded + carried + flushed, N, "every denial accounted for");
+        assert_eq!(xlen(&mut con, &events).await as i64, recorded);
+        if keep == 0 {
+            assert_eq!(recorded, N, "keep 0 records every denial");
+            assert_eq!(window_bytes, None, "and keeps no window");
+        } else {
+            assert!(
+                recorded <= keep * 11,
+                "at most {keep} events per window (ten windows and a partial one): {recorded}"
+            );
+        }
+        figures.push((stream_bytes, mem1 - mem0));
+        let _: i64 = redis::cmd("DEL")
+            .arg(&window)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    assert!(
+        figures[1].0 * 20 < figures[0].0,
+        "the sampled events take a twentieth of the bytes at most: {figures:?}"
+    );
+}
