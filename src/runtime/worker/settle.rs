@@ -131,8 +131,11 @@ impl Decider {
             return;
         }
         let key = self.keys.invalid_budget(self.settings.application_of(stream));
+        // Not a transaction (MULTI does not route on a cluster connection):
+        // should the expiry not follow its INCR (a lost connection), the
+        // next batch's PEXPIRE NX gives the key one, as NX sets an expiry
+        // only where there is none, so a window never lasts for good.
         let mut count = redis::pipe();
-        count.atomic();
         for _ in &invalid {
             count.cmd("INCR").arg(&key);
         }
@@ -159,19 +162,22 @@ impl Decider {
         if over.is_empty() {
             return;
         }
-        let mut exists = redis::pipe();
-        for item in &over {
-            if let Some((reply_to, _)) = &item.reply {
-                exists.cmd("EXISTS").arg(reply_to);
+        // One EXISTS each, sent together: a pipeline may not cross slots on
+        // a cluster, and reply streams lie in any slot. One that cannot be
+        // looked up is answered.
+        let found = futures_util::future::join_all(over.iter().map(|item| {
+            let mut con = con.clone();
+            let reply_to = item.reply.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
+            async move {
+                let exists: redis::RedisResult<bool> =
+                    redis::cmd("EXISTS").arg(&reply_to).query_async(&mut con).await;
+                exists.unwrap_or_else(|e| {
+                    debug!(error = %e, "cannot look up a reply stream; answering the invalid request past the budget");
+                    true
+                })
             }
-        }
-        let found: Vec<bool> = match exists.query_async(con).await {
-            Ok(found) => found,
-            Err(e) => {
-                debug!(error = %e, "cannot look up reply streams; answering invalid requests past the budget");
-                return;
-            }
-        };
+        }))
+        .await;
         for (item, found) in over.iter_mut().zip(found) {
             if found {
                 continue;
