@@ -279,6 +279,10 @@ pub struct StreamSettings {
     pub dead_letter: String,
     /// Approximate cap of the dead-letter stream.
     pub dead_letter_maxlen: usize,
+    /// Most bytes of an entry's field names and values a dead letter keeps
+    /// (its first ones; `dead_bytes` records the whole entry's size), so the
+    /// dead-letter stream holds at most about `dead_letter_maxlen` times this.
+    pub dead_letter_max_bytes: usize,
     /// Idle time after which an empty consumer is removed, ms.
     pub consumer_idle_ms: u64,
 }
@@ -313,6 +317,12 @@ pub struct LimitSettings {
     /// Most bytes of field names and values in one request entry: a bigger
     /// one is refused before any of it is parsed.
     pub max_entry_bytes: usize,
+    /// Invalid requests per application (reply namespace) per `window_ms`
+    /// that may create a reply stream (0 = no limit). Past it an invalid
+    /// request is answered only on a reply stream that exists already, and
+    /// dead-lettered otherwise: a flood of invalid requests, each with a
+    /// `reply_to` of its own, cannot fill Redis with reply streams.
+    pub invalid_requests: u64,
 }
 
 /// `[replies]`
@@ -389,6 +399,9 @@ pub struct SessionSettings {
 pub struct QueueSettings {
     /// Default most waiters per license.
     pub max_length: u64,
+    /// The longest an acquire may wait in a queue, ms: a larger `wait_ms`
+    /// counts as this, so no waiter holds a place (and its memory) longer.
+    pub max_wait_ms: u64,
 }
 
 /// `[revoke]`
@@ -446,6 +459,11 @@ pub struct ShutdownSettings {
 pub struct LogSettings {
     /// Line format of the logs on stderr.
     pub format: LogFormat,
+    /// Most log lines per minute of one kind that a client can repeat at
+    /// will (dead letters, invalid requests, unwritable replies); past it
+    /// they are counted, and one line reports how many were held back
+    /// (0 = no limit).
+    pub repeats_per_minute: u32,
 }
 
 /// How log lines are written.
@@ -619,6 +637,12 @@ impl Settings {
         }
         if self.stream.max_deliveries == 0 {
             return bad("stream.max_deliveries must be at least 1");
+        }
+        if self.stream.dead_letter_max_bytes < 256 {
+            return bad("stream.dead_letter_max_bytes must be at least 256");
+        }
+        if self.queue.max_wait_ms == 0 || self.queue.max_wait_ms > crate::engine::protocol::MAX_WAIT_MS {
+            return bad("queue.max_wait_ms must be between 1 and 86400000 (one day)");
         }
         if self.revoke.remember_ms == 0 || self.revoke.max_per_license == 0 {
             return bad("revoke.remember_ms and revoke.max_per_license must be positive");
@@ -798,6 +822,7 @@ impl Settings {
             heartbeat_timeout_ms: self.sessions.heartbeat_timeout_ms,
             revoke_remember_ms: self.revoke.remember_ms,
             revoke_max_per_license: self.revoke.max_per_license,
+            max_wait_ms: self.queue.max_wait_ms,
         }
     }
 

@@ -133,6 +133,25 @@ impl Keys {
         format!("{}:{{{license}}}:hits", self.prefix)
     }
 
+    /// STRING counting the invalid requests read from `application`'s
+    /// requests streams (`None`: the shared `stream.requests`) in the current
+    /// window of `limits.window_ms` (it expires with the window), the
+    /// budget of `limits.invalid_requests` (runtime::worker::settle). Any
+    /// slot: it is counted on its own, never inside a seat script.
+    pub fn invalid_budget(&self, application: Option<&str>) -> String {
+        match application {
+            Some(app) => format!("{}:invalid:app:{app}", self.prefix),
+            None => format!("{}:invalid", self.prefix),
+        }
+    }
+
+    /// HASH of `license`'s denial window (lua/includes/denial_sample.lua):
+    /// which denials go to the events stream one by one and how many were
+    /// folded into a count. In the license's slot, for its seat scripts.
+    pub fn denials(&self, license: &str) -> String {
+        format!("{}:{{{license}}}:denials", self.prefix)
+    }
+
     /// SET of every provisioned license id, so `license list` (and the reaper)
     /// find licenses without SCAN. It is written beside the license record,
     /// never inside a seat script, so it may live in any cluster slot.

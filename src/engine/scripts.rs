@@ -108,6 +108,13 @@ impl ScriptName {
     }
 }
 
+/// `source`, a script that is not one of seatgate's (a test's), with its
+/// `--- @include` lines resolved from `lua/includes/` as the registry
+/// resolves them: how a helper no script calls yet is tried on its own.
+pub fn with_includes(source: &str) -> Result<String, Error> {
+    includes::resolve("<caller's script>", source).map_err(|e| Error::Config(e.to_string()))
+}
+
 /// The scripts, built (and hashed) once per process, indexed by [`ScriptName`].
 pub struct Scripts {
     scripts: [Script; ScriptName::COUNT],
@@ -363,6 +370,9 @@ pub struct ServiceDefaults {
     pub revoke_remember_ms: u64,
     /// `revoke.max_per_license`: most revocations remembered per license.
     pub revoke_max_per_license: u64,
+    /// `queue.max_wait_ms`: the longest an acquire waits; a larger `wait_ms`
+    /// counts as this.
+    pub max_wait_ms: u64,
 }
 
 /// `ARGV[8..10]` of every seat script (lua/includes/request.lua), between

@@ -76,6 +76,22 @@ pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
 /// Requests whose stream entry id was ahead of the Redis clock by more than
 /// the dedupe window (a caller chose it: docs/operations.md).
 pub const FUTURE_ENTRY_IDS: &str = "seatgate_future_entry_ids_total";
+/// Invalid requests past their application's budget (`limits.invalid_requests`
+/// per `limits.window_ms`) whose reply stream did not exist: dead-lettered
+/// instead of answered, so a flood creates no reply streams.
+pub const INVALID_SHED: &str = "seatgate_invalid_requests_shed_total";
+/// Log lines held back by `log.repeats_per_minute`, by `kind`.
+pub const LOG_SUPPRESSED: &str = "seatgate_log_lines_suppressed_total";
+/// Acquires whose `wait_ms` was cut to `queue.max_wait_ms`.
+pub const WAIT_CAPPED: &str = "seatgate_wait_capped_total";
+/// The kinds of rate-limited log lines (runtime::log_limit).
+pub const LOG_KINDS: [&str; 5] = [
+    "dead_letter",
+    "refused_reply_to",
+    "shed",
+    "invalid_request",
+    "reply_error",
+];
 /// Always 1, labelled with the `version`: which build each process runs.
 pub const BUILD_INFO: &str = "seatgate_build_info";
 /// 1 while `/ready` answers 200.
@@ -273,6 +289,18 @@ pub fn init(license_series_limit: usize) {
         "Service gap (unread requests, or no reaper pass: Redis away) this process's last reaper pass did not count against heartbeats, seconds."
     );
     describe_counter!(
+        INVALID_SHED,
+        "Invalid requests past their application's budget (limits.invalid_requests per limits.window_ms) whose reply stream did not exist: dead-lettered instead of answered."
+    );
+    describe_counter!(
+        LOG_SUPPRESSED,
+        "Log lines held back by log.repeats_per_minute, by kind (dead_letter, refused_reply_to, shed, invalid_request, reply_error)."
+    );
+    describe_counter!(
+        WAIT_CAPPED,
+        "Acquires whose wait_ms was cut to queue.max_wait_ms."
+    );
+    describe_counter!(
         REAPER_HELD_PASSES,
         "Reaper passes that kept sessions stale by the heartbeat timeout from eviction under the outage rule."
     );
@@ -313,8 +341,13 @@ pub fn init(license_series_limit: usize) {
         FUTURE_ENTRY_IDS,
         REAPER_HELD_PASSES,
         REAPER_PASSES,
+        INVALID_SHED,
+        WAIT_CAPPED,
     ] {
         counter!(name).absolute(0);
+    }
+    for kind in LOG_KINDS {
+        counter!(LOG_SUPPRESSED, "kind" => kind).absolute(0);
     }
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(READY).set(0.0);
@@ -475,6 +508,21 @@ pub fn replayed() {
 /// Counts one request whose entry id was ahead of the Redis clock.
 pub fn future_entry_id() {
     counter!(FUTURE_ENTRY_IDS).increment(1);
+}
+
+/// Counts one invalid request dead-lettered past its application's budget.
+pub fn invalid_shed() {
+    counter!(INVALID_SHED).increment(1);
+}
+
+/// Counts one log line of `kind` held back (one of [`LOG_KINDS`]).
+pub fn log_suppressed(kind: &'static str) {
+    counter!(LOG_SUPPRESSED, "kind" => kind).increment(1);
+}
+
+/// Counts one acquire whose `wait_ms` was cut to `queue.max_wait_ms`.
+pub fn wait_capped() {
+    counter!(WAIT_CAPPED).increment(1);
 }
 
 /// Most licenses with series of their own, per per-license metric.

@@ -8,6 +8,7 @@
 
 pub mod due;
 pub mod health;
+pub mod log_limit;
 pub mod metrics;
 pub mod publish;
 pub mod reaper;

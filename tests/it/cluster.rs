@@ -47,6 +47,59 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     queue_reaper_and_self_healing(&cluster).await;
     licenses_on_every_master_served_by_two_workers(&cluster).await;
     the_sweep_finds_hash_only_licenses_on_every_master(&cluster).await;
+    the_invalid_request_budget_on_a_cluster(&cluster).await;
+}
+
+/// limits.invalid_requests counts on a cluster too (its key in any slot,
+/// no transaction): past the budget, invalid requests naming reply streams
+/// that do not exist are dead-lettered, not answered.
+async fn the_invalid_request_budget_on_a_cluster(cluster: &LocalCluster) {
+    let mut s = settings(cluster, "c6");
+    s.limits.invalid_requests = 10;
+    s.limits.window_ms = 600_000;
+    let w = spawn_worker(s.clone(), "w1").await;
+    let mut con = db(&s).await;
+    let n = 40;
+    let reply = |i: usize| format!("{}c6:flood:{i}", s.replies.prefix);
+    for i in 0..n {
+        let _: String = redis::cmd("XADD")
+            .arg(s.client_requests())
+            .arg("*")
+            .arg("op")
+            .arg("steal")
+            .arg("reply_to")
+            .arg(reply(i))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (answered, dead) = loop {
+        let mut answered = 0;
+        for i in 0..n {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(reply(i))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            answered += usize::from(exists);
+        }
+        let dead: usize = redis::cmd("XLEN")
+            .arg(&s.stream.dead_letter)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if answered + dead >= n || Instant::now() > deadline {
+            break (answered, dead);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (answered, dead),
+        (10, 30),
+        "the budget's reply streams, the rest dead-lettered"
+    );
+    w.stop().await;
 }
 
 async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {

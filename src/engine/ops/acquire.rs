@@ -73,7 +73,8 @@ impl Acquire {
             session,
             lease: self.lease.as_ref().map(Lease::as_str),
             meta: &self.meta,
-            wait_ms: self.wait_ms,
+            // The service's cap: no waiter keeps its place (and its memory) longer.
+            wait_ms: self.wait_ms.min(defaults.max_wait_ms),
             request_id,
             reply_to,
             default_queue_max: defaults.queue_max,

@@ -30,6 +30,10 @@ const INCLUDES: &[(&str, &str)] = &[
     ("grant", include_str!("../../../lua/includes/grant.lua")),
     ("revoked", include_str!("../../../lua/includes/revoked.lua")),
     ("deleted", include_str!("../../../lua/includes/deleted.lua")),
+    (
+        "denial_sample",
+        include_str!("../../../lua/includes/denial_sample.lua"),
+    ),
 ];
 
 /// The directive, at the start of a line.

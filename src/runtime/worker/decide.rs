@@ -39,6 +39,10 @@ pub(super) struct Decider {
     /// Entry ids ahead of the Redis clock are counted each, but logged at
     /// most once a minute: a caller choosing such ids must not flood the log.
     pub(super) future_ids: Mutex<Throttle>,
+    /// Log lines a client can repeat at will (dead letters, invalid
+    /// requests, unwritable replies): at most `log.repeats_per_minute` a
+    /// minute per kind.
+    pub(super) logs: crate::runtime::log_limit::LogLimit,
     /// The Redis clock as the scripts last reported it, to place entries
     /// whose ids lie far ahead of it in a dedupe bucket of the clock's.
     pub(super) clock: RedisClock,
@@ -125,6 +129,13 @@ pub(super) enum Handled {
         /// Why: the dead letter carries it.
         reason: String,
     },
+    /// An invalid request past its application's budget
+    /// (`limits.invalid_requests`) whose reply stream does not exist: not
+    /// answered, so that it creates none; dead-lettered, then acknowledged.
+    Shed {
+        /// Why: the dead letter carries it.
+        reason: String,
+    },
     /// Delivered more than `stream.max_deliveries` times without an answer:
     /// dead-letter it and answer ERROR, without deciding it again.
     Exhausted {
@@ -166,6 +177,7 @@ impl Decider {
     /// A decider over the managed connection `con`.
     pub(super) fn new(settings: Settings, con: Db, ready: Readiness) -> Decider {
         Decider {
+            logs: crate::runtime::log_limit::LogLimit::per_minute(settings.log.repeats_per_minute),
             consumer: settings.consumer_name(),
             keys: Keys::new(settings.keys.prefix.clone()),
             publisher: Publisher::new(&settings),
@@ -318,7 +330,13 @@ impl Decider {
             entry,
             self.clock.now_ms(),
         );
-        req.call(scripts, &keys, &guard, &self.settings.service_defaults())
+        let defaults = self.settings.service_defaults();
+        if let crate::engine::ops::Action::Acquire(acquire) = &req.action {
+            if acquire.wait_ms > defaults.max_wait_ms {
+                metrics::wait_capped();
+            }
+        }
+        req.call(scripts, &keys, &guard, &defaults)
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use redis::Value;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::decide::{Cause, Decider, Handled, Item};
 use super::read::{Entry, Source};
@@ -34,7 +34,15 @@ impl Decider {
             if let Some(Ok(outcome)) = &item.outcome {
                 self.check_clock(&item.entry, outcome.now_ms);
             }
+            if let (Some(Err(bad)), None) = (&item.request, &item.handled) {
+                crate::limited!(
+                    self.logs,
+                    "invalid_request",
+                    warn!(entry = %item.entry.id, field = bad.field, reason = %bad.reason, "invalid request")
+                );
+            }
         }
+        self.ration_invalid(con, stream, items).await;
         self.write_replies(con, items).await;
         self.answered(con, items).await;
         self.acknowledge(con, stream, items, source).await
@@ -85,8 +93,103 @@ impl Decider {
                 });
             } else {
                 metrics::reply_error();
-                warn!(entry = %item.entry.id, reply_to = %reply_to, error = %e, "cannot write reply");
+                crate::limited!(
+                    self.logs,
+                    "reply_error",
+                    warn!(entry = %item.entry.id, reply_to = %reply_to, error = %e, "cannot write reply")
+                );
             }
+        }
+    }
+
+    /// Holds invalid requests to their application's budget,
+    /// `limits.invalid_requests` per `limits.window_ms`, counted in Redis
+    /// (one key per application, keys::invalid_budget), so every worker
+    /// shares it. Within the budget an invalid request is answered as ever.
+    /// Past it, it is answered only when its reply stream exists already (one
+    /// more entry in a stream that is trimmed and expires anyway); one whose
+    /// reply stream does not exist is not answered, so that it creates no
+    /// key, but dead-lettered (bounded by `stream.dead_letter_maxlen` and
+    /// `stream.dead_letter_max_bytes`) and counted. A flood of invalid
+    /// requests, each naming a reply stream of its own, then costs Redis a
+    /// bounded number of reply streams per window instead of one each.
+    ///
+    /// Should the count fail (Redis refuses for now), the batch's invalid
+    /// requests are answered as ever: their replies would meet the same refusal.
+    async fn ration_invalid(&self, con: &mut Db, stream: &str, items: &mut [Item]) {
+        let budget = self.settings.limits.invalid_requests;
+        if budget == 0 {
+            return;
+        }
+        let mut invalid: Vec<&mut Item> = items
+            .iter_mut()
+            .filter(|item| {
+                item.handled.is_none() && item.reply.is_some() && matches!(item.request, Some(Err(_)))
+            })
+            .collect();
+        if invalid.is_empty() {
+            return;
+        }
+        let key = self.keys.invalid_budget(self.settings.application_of(stream));
+        // Not a transaction (MULTI does not route on a cluster connection):
+        // should the expiry not follow its INCR (a lost connection), the
+        // next batch's PEXPIRE NX gives the key one, as NX sets an expiry
+        // only where there is none, so a window never lasts for good.
+        let mut count = redis::pipe();
+        for _ in &invalid {
+            count.cmd("INCR").arg(&key);
+        }
+        // The window starts with its first invalid request and ends with the key.
+        count
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(self.settings.limits.window_ms)
+            .arg("NX")
+            .ignore();
+        let counts: Vec<u64> = match count.query_async(con).await {
+            Ok(counts) => counts,
+            Err(e) => {
+                debug!(error = %e, "cannot count invalid requests; answering them all");
+                return;
+            }
+        };
+        let mut over: Vec<&mut Item> = invalid
+            .drain(..)
+            .zip(counts)
+            .filter(|(_, n)| *n > budget)
+            .map(|(item, _)| item)
+            .collect();
+        if over.is_empty() {
+            return;
+        }
+        // One EXISTS each, sent together: a pipeline may not cross slots on
+        // a cluster, and reply streams lie in any slot. One that cannot be
+        // looked up is answered.
+        let found = futures_util::future::join_all(over.iter().map(|item| {
+            let mut con = con.clone();
+            let reply_to = item.reply.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
+            async move {
+                let exists: redis::RedisResult<bool> =
+                    redis::cmd("EXISTS").arg(&reply_to).query_async(&mut con).await;
+                exists.unwrap_or_else(|e| {
+                    debug!(error = %e, "cannot look up a reply stream; answering the invalid request past the budget");
+                    true
+                })
+            }
+        }))
+        .await;
+        for (item, found) in over.iter_mut().zip(found) {
+            if found {
+                continue;
+            }
+            let Some(Err(bad)) = &item.request else { continue };
+            // Short: a flood makes many of these.
+            let reason = format!(
+                "not answered: past limits.invalid_requests and its reply_to does not exist; {}",
+                bad.reason
+            );
+            item.reply = None;
+            item.handled = Some(Handled::Shed { reason });
         }
     }
 
@@ -136,8 +239,19 @@ impl Decider {
             match handled {
                 Some(Handled::Done) | None => done.push(entry.id.as_str()),
                 Some(Handled::DeadLetter { reason }) => {
-                    if self.dead_letter(entry, stream, lane, reason, None).await {
+                    if self
+                        .dead_letter(entry, stream, lane, reason, None, "refused_reply_to")
+                        .await
+                    {
                         metrics::refused_reply_to();
+                        done.push(entry.id.as_str());
+                    } else {
+                        retry = true;
+                    }
+                }
+                Some(Handled::Shed { reason }) => {
+                    if self.dead_letter(entry, stream, lane, reason, None, "shed").await {
+                        metrics::invalid_shed();
                         done.push(entry.id.as_str());
                     } else {
                         retry = true;
@@ -145,7 +259,10 @@ impl Decider {
                 }
                 Some(Handled::Exhausted { reason }) => {
                     let answer = format!("request was dead-lettered: {reason}");
-                    if self.dead_letter(entry, stream, lane, reason, Some(&answer)).await {
+                    if self
+                        .dead_letter(entry, stream, lane, reason, Some(&answer), "dead_letter")
+                        .await
+                    {
                         done.push(entry.id.as_str());
                     } else {
                         retry = true;
@@ -158,7 +275,10 @@ impl Decider {
                                 "request failed {} times and was dead-lettered: {error}",
                                 entry.deliveries
                             );
-                            if self.dead_letter(entry, stream, lane, error, Some(&answer)).await {
+                            if self
+                                .dead_letter(entry, stream, lane, error, Some(&answer), "dead_letter")
+                                .await
+                            {
                                 done.push(entry.id.as_str());
                                 continue;
                             }
@@ -272,7 +392,9 @@ impl Decider {
     /// Moves a poison entry to the dead-letter stream with `reason` and,
     /// given an `answer` and a `reply_to` in the reply namespace, answers it
     /// ERROR with that text. `lane` is the stream it was read from, whose
-    /// ops its request is parsed by. Returns whether it may now be acknowledged.
+    /// ops its request is parsed by; `kind` (one of metrics::LOG_KINDS) is
+    /// whose budget of log lines its ERROR line draws on. Returns whether it
+    /// may now be acknowledged.
     async fn dead_letter(
         &self,
         entry: &Entry,
@@ -280,9 +402,14 @@ impl Decider {
         lane: Lane,
         reason: &str,
         answer: Option<&str>,
+        kind: &'static str,
     ) -> bool {
         let s = &self.settings.stream;
         let mut con = self.con.clone();
+        let copy = DeadCopy::of(
+            entry.fields.as_deref().unwrap_or_default(),
+            s.dead_letter_max_bytes,
+        );
         let mut xadd = redis::cmd("XADD");
         xadd.arg(&s.dead_letter)
             .arg("MAXLEN")
@@ -294,13 +421,14 @@ impl Decider {
             .arg("dead_deliveries")
             .arg(entry.deliveries)
             .arg("dead_reason")
-            .arg(reason);
-        for (k, v) in entry.fields.iter().flatten() {
-            // A copy of the request, but never of its lease: a secret that
-            // whoever reads dead letters could replay. Re-submitting a dead
-            // letter needs its owner's lease again.
-            let v = if k == "lease" { REDACTED } else { v.as_slice() };
-            xadd.arg(k.as_str()).arg(v);
+            .arg(cut_text(reason, MAX_REASON_BYTES))
+            .arg("dead_bytes")
+            .arg(copy.bytes);
+        if copy.cut {
+            xadd.arg("dead_truncated").arg(1);
+        }
+        for (k, v) in &copy.fields {
+            xadd.arg(*k).arg(*v);
         }
         if let Err(e) = xadd.query_async::<Value>(&mut con).await {
             metrics::redis_error("dead_letter");
@@ -308,7 +436,11 @@ impl Decider {
             return false;
         }
         metrics::dead_lettered();
-        error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream");
+        crate::limited!(
+            self.logs,
+            kind,
+            error!(entry = %entry.id, deliveries = entry.deliveries, %reason, stream = %s.dead_letter, "request moved to the dead-letter stream")
+        );
         if let (Some(fields), Some(answer)) = (&entry.fields, answer) {
             let prefix = self.settings.reply_prefix_for(stream);
             let rules = crate::engine::protocol::Rules {
@@ -348,8 +480,8 @@ impl Item {
                 })
             }
             (Some(Err(bad)), _) => {
+                // Logged by the caller, under log.repeats_per_minute.
                 metrics::invalid_request(bad.field);
-                warn!(entry = %entry.id, field = bad.field, reason = %bad.reason, "invalid request");
                 if let Some(stream) = &bad.echo.reply_to {
                     self.reply = Some((stream.clone(), Reply::invalid(bad)));
                 }
@@ -421,6 +553,70 @@ impl Item {
 /// What a dead letter carries in place of the request's `lease`.
 const REDACTED: &[u8] = b"redacted";
 
+/// Most bytes of a dead letter's `dead_reason` (an error's text can quote
+/// what the caller sent).
+const MAX_REASON_BYTES: usize = 512;
+
+/// What a dead letter keeps of its entry: the first fields, up to a budget
+/// of bytes of names and values, the last one cut to fit; and the whole
+/// entry's size. A dead letter then costs Redis a bounded number of bytes
+/// however big the entry was (a 16 KiB entry does not make a 16 KiB dead
+/// letter), and still tells what the request was and how big.
+#[derive(Debug, PartialEq, Eq)]
+struct DeadCopy<'a> {
+    /// Field names and values kept, in order; a lease as [`REDACTED`].
+    fields: Vec<(&'a str, &'a [u8])>,
+    /// Bytes of every field name and value of the entry as read.
+    bytes: usize,
+    /// Whether something was left out.
+    cut: bool,
+}
+
+impl<'a> DeadCopy<'a> {
+    /// The copy of `fields` within `max_bytes` of names and values.
+    fn of(fields: &'a [(String, Vec<u8>)], max_bytes: usize) -> DeadCopy<'a> {
+        let bytes = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let mut left = max_bytes;
+        let mut kept = Vec::new();
+        let mut cut = false;
+        for (k, v) in fields {
+            // A copy of the request, but never of its lease: a secret that
+            // whoever reads dead letters could replay. Re-submitting a dead
+            // letter needs its owner's lease again.
+            let v = if k == "lease" { REDACTED } else { v.as_slice() };
+            if k.len() > left {
+                cut = true;
+                break;
+            }
+            left -= k.len();
+            let take = v.len().min(left);
+            kept.push((k.as_str(), &v[..take]));
+            left -= take;
+            if take < v.len() {
+                cut = true;
+                break;
+            }
+        }
+        DeadCopy {
+            fields: kept,
+            bytes,
+            cut,
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut_text(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Builds the reply for a decided request.
 fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
     let status = outcome.status();
@@ -487,4 +683,46 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         .or(refusal)
         .or_else(|| status.refusal_reason().map(str::to_owned));
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect()
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_the_first_bytes_of_its_entry_and_its_size() {
+        let big = vec![b'x'; 16_000];
+        let entry = fields(&[
+            ("op", b"acquire"),
+            ("lease", b"secret-secret-secret"),
+            ("meta", &big),
+            ("license", b"lic"),
+        ]);
+        let copy = DeadCopy::of(&entry, 1024);
+        assert_eq!(copy.bytes, 2 + 7 + 5 + 20 + 4 + 16_000 + 7 + 3);
+        assert!(copy.cut);
+        let kept: usize = copy.fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert_eq!(kept, 1024, "exactly the budget");
+        assert_eq!(copy.fields[1], ("lease", REDACTED), "the lease is never copied");
+        assert_eq!(copy.fields[2].0, "meta");
+        assert_eq!(copy.fields.len(), 3, "the fields after the cut are left out");
+        // A small entry is copied whole.
+        let small = fields(&[("op", b"acquire"), ("license", b"lic")]);
+        let copy = DeadCopy::of(&small, 1024);
+        assert_eq!((copy.fields.len(), copy.cut, copy.bytes), (2, false, 19));
+        // A name that does not fit is not cut, but left out with the rest.
+        let copy = DeadCopy::of(&small, 10);
+        assert_eq!((copy.fields, copy.cut), (vec![("op", &b"acquire"[..])], true));
+    }
+
+    #[test]
+    fn a_reason_is_cut_on_a_character_boundary() {
+        assert_eq!(cut_text("abc", 5), "abc");
+        assert_eq!(cut_text("aé", 2), "a");
+        assert_eq!(cut_text(&"é".repeat(400), 512).len(), 512);
+    }
 }
