@@ -810,6 +810,62 @@ async fn measure(con: &mut seatgate::db::Db, window: Duration) -> Cost {
     }
 }
 
+/// `http.page = false` leaves only /metrics, /live and /ready; with
+/// `http.page_listen` the page has a listener of its own, which serves
+/// nothing else, and answers its own address as a Host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_can_be_off_or_on_a_listener_of_its_own() {
+    let TestApp(redis, settings, _) = spawn_app().await;
+    provision(&settings, "cad", &seats(1)).await;
+
+    let off = WorkerProcess::start(&redis.url(), &[("SEATGATE__HTTP__PAGE", "false".into())]).await;
+    for path in ["/", "/status.json", "/license.json?license=cad", "/status.js"] {
+        assert_eq!(off.status(path).await, Some(404), "{path} with the page off");
+    }
+    assert_eq!(off.status("/metrics").await, Some(200));
+    drop(off);
+
+    let port = crate::support::free_port();
+    let own = format!("127.0.0.1:{port}");
+    let worker = WorkerProcess::start(
+        &redis.url(),
+        &[
+            ("SEATGATE__HTTP__PAGE_LISTEN", own.clone()),
+            (
+                "SEATGATE__HTTP__ALLOWED_HOSTS",
+                "seats.example.com,proxy.internal:8443".into(),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        worker.status("/status.json").await,
+        Some(404),
+        "not beside /metrics"
+    );
+    for path in ["/metrics", "/ready", "/live"] {
+        assert_eq!(
+            http_get(&own, path).await.map(|a| a.0),
+            Some(404),
+            "{path} on the page's listener"
+        );
+    }
+    for (host, code) in [
+        (own.as_str(), 200),
+        ("seats.example.com", 200),
+        ("proxy.internal:8443", 200),
+        ("proxy.internal:80", 421),
+        ("evil.example", 421),
+    ] {
+        let (got, raw) = http_get_as(&own, "/status.json", host).await;
+        assert_eq!(got, code, "Host: {host}: {raw}");
+    }
+    let (_, raw) = http_get_as(&own, "/status.json", &own).await;
+    let summary: Value = serde_json::from_str(split_http(&raw).1).expect("status.json is JSON");
+    assert_eq!(summary["licenses"][0]["license"], "cad");
+    assert_eq!(summary["totals"]["active"], 1);
+}
+
 /// Licenses in the scale test.
 const AT_SCALE: usize = 2_000;
 /// Viewers polling at once in the second measurement.
