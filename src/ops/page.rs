@@ -41,9 +41,9 @@ const INDEX_HTML: &str = include_str!("page/index.html");
 const STATUS_CSS: &str = include_str!("page/status.css");
 const STATUS_JS: &str = include_str!("page/status.js");
 
-/// Holders and waiters `/license.json` lists when the page asks for no
-/// `limit`; the most it lists whatever the page asks.
+/// Holders and waiters `/license.json` lists when the page asks for no `limit`.
 const DEFAULT_ROWS: usize = 10;
+/// The most holders and waiters it lists, whatever the page asks.
 const MAX_ROWS: usize = 10_000;
 
 /// Only this origin's files and fetches; no inline script or style, no frames,

@@ -11,8 +11,8 @@
 "use strict";
 
 (() => {
-  /** A poll that takes longer counts as failed (the server gives up after 5 s). */
-  const TIMEOUT_MS = 8000;
+  /** A poll that takes longer counts as failed (the server gives up after 15 s). */
+  const TIMEOUT_MS = 20000;
   /** Utilisation at or above which the bar turns amber. */
   const WARN_AT = 0.7;
   /** Summary rows drawn at first, and added by "more licenses". */
