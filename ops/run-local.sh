@@ -80,6 +80,7 @@ cat <<MSG
 
 seatgate is starting against $shown
   metrics:  http://$metrics/metrics   (health: /live, /ready)
+  status:   http://$metrics/           (the status page; http.page_listen moves it)
   try, in another terminal (with the same SEATGATE__REDIS__* variables):
     $bin acquire --license demo --session alice --user alice --meta '{"user_email":"alice@example.com"}'
     $bin release --license demo --session alice --lease <the lease= acquire printed>

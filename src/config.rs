@@ -51,6 +51,8 @@ pub struct Settings {
     pub reaper: ReaperSettings,
     /// The HTTP endpoint for Prometheus and health checks.
     pub metrics: MetricsSettings,
+    /// The status page: on or off, where, for which Host names, what it shows.
+    pub http: HttpSettings,
     /// Graceful shutdown.
     pub shutdown: ShutdownSettings,
     /// The caller's side: `seatgate acquire/release/heartbeat` and the Rust client.
@@ -447,6 +449,33 @@ pub struct MetricsSettings {
     pub license_series_limit: usize,
 }
 
+/// `[http]`: the status page.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HttpSettings {
+    /// Whether the page is served at all.
+    pub page: bool,
+    /// A listener of the page's own; empty = on `metrics.listen`.
+    pub page_listen: String,
+    /// Host header values answered besides the loopback names and the
+    /// listen address (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Whether user, hardware and session ids reach the page.
+    pub page_personal: bool,
+    /// One Redis read per this many ms, shared by every viewer.
+    pub page_refresh_ms: u64,
+}
+
+/// Where the status page is served, as [`Settings::page_at`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageAt {
+    /// Off (`http.page = false`, or no listener to share).
+    Off,
+    /// On the metrics listener.
+    Metrics,
+    /// On a listener of its own.
+    Own(SocketAddr),
+}
+
 /// `[shutdown]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct ShutdownSettings {
@@ -497,7 +526,8 @@ impl Settings {
                 .try_parsing(true)
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls")
-                .with_list_parse_key("stream.applications"),
+                .with_list_parse_key("stream.applications")
+                .with_list_parse_key("http.allowed_hosts"),
         );
         let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
         // Parsing the environment turns "0012" into the number 12: credentials
@@ -666,6 +696,20 @@ impl Settings {
             return bad("reaper.schedule needs a seconds field: 6 fields, e.g. \"*/5 * * * * *\"");
         }
         self.metrics_addr()?;
+        self.page_at()?;
+        if self.http.page_refresh_ms < 100 {
+            return bad("http.page_refresh_ms must be at least 100");
+        }
+        if let Some(host) = self
+            .http
+            .allowed_hosts
+            .iter()
+            .find(|h| h.is_empty() || h.chars().any(|c| c.is_whitespace() || c == '/' || c == '@'))
+        {
+            return Err(Error::Config(format!(
+                "http.allowed_hosts {host:?} is not a host name or host:port"
+            )));
+        }
         self.redis.tls_certificates()?;
         Ok(())
     }
@@ -788,6 +832,27 @@ impl Settings {
             Error::Config(format!(
                 "metrics.listen {:?} is not an address like 127.0.0.1:9464",
                 self.metrics.listen
+            ))
+        })
+    }
+
+    /// Where the status page is served: off, on the metrics listener, or on
+    /// `http.page_listen`.
+    pub fn page_at(&self) -> Result<PageAt, Error> {
+        if !self.http.page {
+            return Ok(PageAt::Off);
+        }
+        if self.http.page_listen.is_empty() {
+            return Ok(if self.metrics.listen.is_empty() {
+                PageAt::Off
+            } else {
+                PageAt::Metrics
+            });
+        }
+        self.http.page_listen.parse().map(PageAt::Own).map_err(|_| {
+            Error::Config(format!(
+                "http.page_listen {:?} is not an address like 127.0.0.1:9465",
+                self.http.page_listen
             ))
         })
     }
@@ -1018,6 +1083,33 @@ mod tests {
         let s = Settings::load(Some(&path)).unwrap();
         assert_eq!(s.stream.batch_size, 7);
         assert_eq!(s.metrics_addr().unwrap(), None);
+    }
+
+    #[test]
+    fn the_page_is_on_the_metrics_listener_its_own_or_off() {
+        let s = Settings::load(None).unwrap();
+        assert!(s.http.page && !s.http.page_personal && s.http.allowed_hosts.is_empty());
+        assert_eq!(s.page_at().unwrap(), PageAt::Metrics);
+        let with = |f: &dyn Fn(&mut Settings)| {
+            let mut s = s.clone();
+            f(&mut s);
+            s.validate().and_then(|()| s.page_at())
+        };
+        assert_eq!(with(&|s| s.http.page = false).unwrap(), PageAt::Off);
+        assert_eq!(with(&|s| s.metrics.listen.clear()).unwrap(), PageAt::Off);
+        assert_eq!(
+            with(&|s| s.http.page_listen = "127.0.0.1:9465".into()).unwrap(),
+            PageAt::Own("127.0.0.1:9465".parse().unwrap())
+        );
+        assert!(with(&|s| s.http.page_listen = "seats:80".into()).is_err());
+        assert!(with(&|s| s.http.page_refresh_ms = 10).is_err());
+        assert!(with(&|s| s.http.allowed_hosts = vec!["seats.example.com:8443".into()]).is_ok());
+        for host in ["", "a b", "http://x", "u@x"] {
+            assert!(
+                with(&|s| s.http.allowed_hosts = vec![host.into()]).is_err(),
+                "{host:?}"
+            );
+        }
     }
 
     #[test]

@@ -57,9 +57,11 @@ pub enum Error {
     /// refused before it is written; the message names the field and value.
     #[error("{0}")]
     InvalidLicense(String),
-    /// The HTTP endpoint could not bind its address.
-    #[error("cannot listen on metrics.listen {addr}: {source}")]
+    /// An HTTP endpoint could not bind its address.
+    #[error("cannot listen on {setting} {addr}: {source}")]
     Listen {
+        /// The setting that names the address (`metrics.listen`, `http.page_listen`).
+        setting: &'static str,
         /// The configured address.
         addr: SocketAddr,
         /// Why the bind failed.

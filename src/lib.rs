@@ -10,15 +10,15 @@
 //!   sets the binary's allocator, mimalloc, behind the default `mimalloc` feature)
 //! - [`ops`]      running it as a service
 //!   - [`ops::service`]    `seatgate run`: worker + reaper + HTTP endpoint + graceful shutdown
-//!   - [`ops::http`]       `/metrics`, `/live`, `/ready`
-//!   - [`ops::page`]       the live status page: `/` and `/status.json`
+//!   - [`ops::http`]       `/metrics`, `/live`, `/ready`, and the page's own listener
+//!   - [`ops::page`]       the live status page: `/`, `/status.json`, `/license.json`; one snapshot per interval for every viewer
 //!   - [`ops::telemetry`]  tracing setup and the Prometheus exporter (names: `runtime::metrics`)
 //! - [`runtime`]  serving the engine from Redis Streams
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
 //!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
 //! - [`views`]    read models for operators, below both `ops` and `cli`
-//!   - [`views::status`]  `seatgate status` and `/status.json`: holders and queues per license
+//!   - [`views::status`]  `seatgate status` and the status page's snapshot: holders and queues per license
 //!   - [`views::usage`]   `seatgate report`: usage per license over a period, from the events
 //! - [`client`]   the caller's side
 //!   - [`client::Client`]    the request/reply client: clones share one connection and one reply stream

@@ -1,16 +1,18 @@
 //! `seatgate run`: the worker, the HTTP endpoint and graceful shutdown.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::Settings;
+use crate::config::{PageAt, Settings};
 use crate::engine::keys::Keys;
 use crate::error::Error;
 use crate::ops::http;
-use crate::ops::page::StatusSource;
+use crate::ops::http::PageRoutes;
+use crate::ops::page::Snapshots;
 use crate::ops::telemetry;
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::reaper::{self, Reaper};
@@ -32,16 +34,29 @@ pub async fn run(
     let grace = Duration::from_millis(settings.shutdown.grace_ms);
     let mut deadline = None;
 
+    let page_at = settings.page_at()?;
+    let page = match page_at {
+        PageAt::Off => None,
+        PageAt::Metrics | PageAt::Own(_) => Some(PageRoutes {
+            snapshots: Arc::new(Snapshots::new(
+                crate::connect(&settings).await?,
+                Keys::new(settings.keys.prefix.clone()),
+                &settings.http,
+            )),
+            allowed_hosts: settings.http.allowed_hosts.clone(),
+        }),
+    };
+    let on_metrics = page.clone().filter(|_| page_at == PageAt::Metrics);
     let http_task = match settings.metrics_addr()? {
         Some(addr) => {
             let handle =
                 telemetry::install_metrics(settings.metrics.license_series_limit).map_err(Error::Metrics)?;
-            let status = StatusSource::new(
-                crate::connect(&settings).await?,
-                Keys::new(settings.keys.prefix.clone()),
-            );
-            let (bound, task) = http::serve(addr, handle, ready.clone(), status, token.clone()).await?;
-            info!(%bound, "serving /metrics, /live, /ready and the status page (/, /status.json)");
+            let (bound, task) = http::serve(addr, handle, ready.clone(), on_metrics, token.clone()).await?;
+            if page_at == PageAt::Metrics {
+                info!(%bound, "serving /metrics, /live, /ready and the status page (/, /status.json)");
+            } else {
+                info!(%bound, "serving /metrics, /live and /ready");
+            }
             on_listen(Some(bound));
             Some(task)
         }
@@ -49,6 +64,14 @@ pub async fn run(
             on_listen(None);
             None
         }
+    };
+    let page_task = match (page_at, page) {
+        (PageAt::Own(addr), Some(page)) => {
+            let (bound, task) = http::serve_page(addr, page, token.clone()).await?;
+            info!(%bound, "serving the status page (/, /status.json) on http.page_listen");
+            Some(task)
+        }
+        _ => None,
     };
 
     let probe = tokio::spawn(health::probe_redis(
@@ -102,7 +125,7 @@ pub async fn run(
         reaper.resign().await;
     }
     let _ = probe.await;
-    if let Some(task) = http_task {
+    for task in [http_task, page_task].into_iter().flatten() {
         let _ = task.await;
     }
     match result {

@@ -1,5 +1,5 @@
 //! Read models for operators: what the licenses look like now (`seatgate
-//! status`, the status page's `/status.json`) and what they were used for
+//! status`, the status page's snapshot) and what they were used for
 //! over a period (`seatgate report`). Below both `ops` and `cli`; uses the
 //! engine (and the connection, settings and errors) only.
 
