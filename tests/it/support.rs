@@ -108,7 +108,7 @@ pub async fn db(s: &Settings) -> Db {
 
 /// Every key name under `s`'s prefix.
 pub fn keys(s: &Settings) -> Keys {
-    Keys::new(s.keys.prefix.clone())
+    s.seat_keys()
 }
 
 /// The keys of `license` under `s`'s prefix.

@@ -30,6 +30,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("grant", include_str!("../../../lua/includes/grant.lua")),
     ("revoked", include_str!("../../../lua/includes/revoked.lua")),
     ("deleted", include_str!("../../../lua/includes/deleted.lua")),
+    ("events", include_str!("../../../lua/includes/events.lua")),
 ];
 
 /// The directive, at the start of a line.

@@ -29,8 +29,11 @@ pub(super) struct Decider {
     pub(super) con: Db,
     /// This process's consumer name, which owns every entry it decides.
     pub(super) consumer: String,
-    /// Events and replies.
+    /// Replies.
     pub(super) publisher: Publisher,
+    /// Moves the batch's events to their shards before the replies go out
+    /// (a cluster; `None` on one node, where the scripts append to the shards).
+    pub(super) relay: Option<crate::runtime::relay::Relay>,
     /// Health flag for `/ready`: cleared while Redis refuses our writes.
     pub(super) ready: Readiness,
     /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
@@ -167,7 +170,8 @@ impl Decider {
     pub(super) fn new(settings: Settings, con: Db, ready: Readiness) -> Decider {
         Decider {
             consumer: settings.consumer_name(),
-            keys: Keys::new(settings.keys.prefix.clone()),
+            keys: settings.seat_keys(),
+            relay: crate::runtime::relay::Relay::new(&settings.seat_keys()),
             publisher: Publisher::new(&settings),
             settings,
             con,
