@@ -9,6 +9,7 @@
 //! Uses the engine; used by `ops`.
 
 pub mod due;
+pub mod fault;
 pub mod health;
 pub mod metrics;
 pub mod publish;

@@ -851,6 +851,18 @@ impl WorkerProcess {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// Waits (at most `within`) for it to exit on its own; its status.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.0.try_wait().expect("wait for worker") {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill9(&mut self) {
         let _ = self.child.0.kill();

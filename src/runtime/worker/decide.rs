@@ -16,8 +16,8 @@ use crate::engine::protocol::{self, Reply};
 use crate::engine::scripts::{Outcome, Scripts, SeatCall};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
-use crate::runtime::metrics;
 use crate::runtime::publish::Publisher;
+use crate::runtime::{fault, metrics};
 
 /// Decides batches: shared by the batches a worker has in flight at once.
 pub(super) struct Decider {
@@ -200,12 +200,14 @@ impl Decider {
                     .observe(secs.saturating_mul(1000).saturating_add(micros / 1000));
             }
         }
+        fault::pass(fault::Point::AfterRead);
         let mut items = self.plan(lane, stream, batch);
         let tag = match lane {
             Lane::Requests => self.settings.stream_tag(stream),
             Lane::Admin => None,
         };
         self.send(&mut con, &mut items, tag.as_deref()).await;
+        fault::pass(fault::Point::AfterScript);
         self.settle(&mut con, stream, &mut items, source).await
     }
 

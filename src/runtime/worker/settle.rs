@@ -17,7 +17,7 @@ use crate::engine::protocol::Reply;
 use crate::engine::scripts::{Decision, NoSeats, Outcome};
 use crate::engine::status::Status;
 use crate::error::Error;
-use crate::runtime::metrics;
+use crate::runtime::{fault, metrics};
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -36,7 +36,9 @@ impl Decider {
             }
         }
         self.relay(con, items).await;
+        fault::pass(fault::Point::AfterRelay);
         self.write_replies(con, items).await;
+        fault::pass(fault::Point::AfterReply);
         self.answered(con, items).await;
         self.acknowledge(con, stream, items, source).await
     }
@@ -214,6 +216,7 @@ impl Decider {
         }
         self.note_health(transient.as_deref(), done.len());
         if !done.is_empty() {
+            fault::pass(fault::Point::BeforeAck);
             let acked: redis::RedisResult<i64> = redis::cmd("XACK")
                 .arg(stream)
                 .arg(&self.settings.stream.group)
