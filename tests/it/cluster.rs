@@ -47,6 +47,92 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     queue_reaper_and_self_healing(&cluster).await;
     licenses_on_every_master_served_by_two_workers(&cluster).await;
     the_sweep_finds_hash_only_licenses_on_every_master(&cluster).await;
+    events_are_relayed_to_their_shard_exactly_once(&cluster).await;
+}
+
+/// Exactly-once events on a cluster (runtime::relay): a seat script records
+/// into its license's own log; a worker killed between its script and its
+/// relay leaves the event there, and the reaper's next pass relays it; a
+/// relay done again (one that died before deleting what it relayed) appends
+/// nothing twice; a worker relays its batch's events before its replies.
+async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) {
+    let s = settings(cluster, "c6");
+    put_license(&s, "lic", 2).await;
+    let mut con = db(&s).await;
+    let log = s.seat_keys().event_keys("lic");
+    let log_len = |con: &mut seatgate::db::Db| {
+        let mut con = con.clone();
+        let key = log.log.clone();
+        async move {
+            redis::cmd("XLEN")
+                .arg(key)
+                .query_async::<usize>(&mut con)
+                .await
+                .unwrap()
+        }
+    };
+    let recorded = |s: &Settings| {
+        let s = s.clone();
+        async move {
+            events(&s, "lic")
+                .await
+                .iter()
+                .map(|e| format!("{} {} {}", e["seq"], e["type"], e["session"]))
+                .collect::<Vec<_>>()
+        }
+    };
+    // The script ran; its worker died before relaying.
+    assert_eq!(
+        direct(&s, "lic", "a").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(log_len(&mut con).await, 1);
+    assert!(recorded(&s).await.is_empty(), "not on the shard yet");
+    // The reaper's next pass (its sweep finds the log) relays it.
+    reaper(&s).await.pass().await.unwrap();
+    assert_eq!(recorded(&s).await, ["1 acquired a"]);
+    assert_eq!(log_len(&mut con).await, 0, "relayed entries leave the log");
+
+    // A relay repeated: the same entries twice more, then the relay proper.
+    assert_eq!(
+        direct(&s, "lic", "b").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    let page: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(&log.log)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let entries: Vec<(i64, &[Vec<u8>])> = page.iter().map(|(_, f)| (2, f.as_slice())).collect();
+    for _ in 0..2 {
+        let cursor = seatgate::engine::scripts::Scripts::get()
+            .relay(&mut con, &log, 0, &entries)
+            .await
+            .unwrap();
+        assert_eq!(cursor, 2);
+    }
+    let relay = seatgate::runtime::relay::Relay::new(&s.seat_keys()).expect("a cluster relays");
+    assert_eq!(
+        relay.license(&mut con, "lic").await.unwrap(),
+        1,
+        "deleted from the log"
+    );
+    assert_eq!(recorded(&s).await, ["1 acquired a", "2 acquired b"]);
+    assert_eq!(log_len(&mut con).await, 0);
+
+    // Through a worker: the event is on the shard when the reply arrives.
+    let w = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    let released = c.call(&Call::new(Op::Release, "lic", "a"), T).await.unwrap();
+    assert_eq!(released.status(), Status::Released);
+    assert_eq!(
+        recorded(&s).await,
+        ["1 acquired a", "2 acquired b", "3 released a"],
+        "relayed before the reply"
+    );
+    w.stop().await;
 }
 
 async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
