@@ -61,7 +61,8 @@ impl EventType {
         self.into()
     }
 
-    /// The event a request's first decision publishes, if any: the event
+    /// The event a request's first decision records, if any (the scripts'
+    /// EVENT_OF, lua/includes/events.lua, pinned to this by a test): the event
     /// named after the status for a change of seat or queue state, and
     /// `denied` for every other denial ([`Status::is_denial`]), so a new
     /// refusal is published without anyone listing it here.

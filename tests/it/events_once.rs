@@ -198,3 +198,91 @@ fn every_point_is_tried() {
         );
     }
 }
+
+/// `seq` never restarts: a license deleted (its seats `evicted`, reason
+/// `license_deleted`, its waiter `denied` LICENSE_NOT_FOUND) and made again
+/// goes on counting. `user` and `group` (the group map's) ride on every
+/// event of the session, its denial too; an acquire by nobody in
+/// particular carries neither.
+#[tokio::test]
+async fn seq_survives_a_delete_and_every_event_names_its_user_and_group() {
+    use seatgate::engine::policy::RequestPolicy;
+
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "lic", 1).await;
+    let groups = crate::support::license_keys(&s, "lic").groups;
+    let _: () = redis::cmd("HSET")
+        .arg(&groups)
+        .arg("ann")
+        .arg("eng")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let ann = RequestPolicy {
+        user: Some("ann".to_owned()),
+        ..RequestPolicy::NONE
+    };
+    let direct = |session: &str| crate::support::direct(&s, "lic", session);
+    assert_eq!(
+        direct("a")
+            .with_policy(ann.clone())
+            .acquire(&mut con)
+            .await
+            .status(),
+        Status::Acquired
+    );
+    assert_eq!(
+        direct("b")
+            .with_policy(ann.clone())
+            .acquire(&mut con)
+            .await
+            .status(),
+        Status::NoSeatsAvailable
+    );
+    assert_eq!(
+        direct("c").acquire(&mut con).await.status(),
+        Status::NoSeatsAvailable
+    );
+    let queued = direct("w")
+        .with_policy(ann.clone())
+        .queue(&mut con, 60_000, "w-1", "")
+        .await;
+    assert_eq!(queued.status(), Status::Queued);
+    let deleted = crate::support::reaper(&s)
+        .await
+        .delete_license("lic")
+        .await
+        .unwrap();
+    assert_eq!((deleted.seats, deleted.waits), (1, 1));
+    put_license(&s, "lic", 1).await;
+    assert_eq!(direct("d").acquire(&mut con).await.status(), Status::Acquired);
+
+    let recorded: Vec<String> = events(&s, "lic")
+        .await
+        .iter()
+        .map(|e| {
+            let field = |name: &str| e.fields.get(name).cloned().unwrap_or_default();
+            format!(
+                "{} {} {} {} {} {}",
+                field("seq"),
+                field("type"),
+                field("session"),
+                field("user"),
+                field("group"),
+                field("reason")
+            )
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [
+            "1 acquired a ann eng ",
+            "2 denied b ann eng NO_SEATS_AVAILABLE",
+            "3 denied c   NO_SEATS_AVAILABLE",
+            "4 queued w ann eng ",
+            "5 evicted a ann eng license_deleted",
+            "6 denied w ann eng LICENSE_NOT_FOUND",
+            "7 acquired d   ",
+        ]
+    );
+}
