@@ -68,6 +68,9 @@ end
 -- Writes the queued events, in order, with the license's seats after the
 -- script and its clock.
 local function flush_events(used, total, now)
+  if #EV.pending == 0 then
+    return
+  end
   local at = string.format('%d', now)
   for _, e in ipairs(EV.pending) do
     local seq = rcall('INCR', EV.seq)
