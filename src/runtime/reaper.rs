@@ -724,12 +724,15 @@ impl Reaper {
             .arg(license)
             .query_async(&mut con)
             .await?;
-        // A reply whose delivery failed waits in the outbox for the reaper.
-        let undelivered: bool = redis::cmd("EXISTS")
+        // A reply whose delivery failed waits in the outbox for the reaper,
+        // and so do events not relayed (a cluster): the license is no longer
+        // in the index the sweep walks.
+        let undelivered: i64 = redis::cmd("EXISTS")
             .arg(&keys.outbox)
+            .arg(&keys.events.log)
             .query_async(&mut con)
             .await?;
-        if undelivered {
+        if undelivered > 0 {
             let now_ms = self.redis_ms(&mut con).await?;
             let _: i64 = self.due.file_due(license, now_ms).query_async(&mut con).await?;
         }
