@@ -48,6 +48,64 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     licenses_on_every_master_served_by_two_workers(&cluster).await;
     the_sweep_finds_hash_only_licenses_on_every_master(&cluster).await;
     events_are_relayed_to_their_shard_exactly_once(&cluster).await;
+    a_worker_killed_between_script_and_relay_loses_no_event(&cluster).await;
+}
+
+/// `seatgate run` on the cluster, killed by the fault hook right after its
+/// scripts ran (`SEATGATE_FAULT=after_script`): the acquire's event waits in
+/// the license's log; one reaper pass relays it; the worker that takes the
+/// entry over replays the reply and records nothing more.
+async fn a_worker_killed_between_script_and_relay_loses_no_event(cluster: &LocalCluster) {
+    // The default prefix and names, which the process gets without settings.
+    let s = settings(cluster, "seat");
+    put_license(&s, "killed", 1).await;
+    let env = [
+        ("SEATGATE__REDIS__CLUSTER_URLS", cluster.urls().join(",")),
+        ("SEATGATE__STREAM__SHARDS", s.stream.shards.to_string()),
+        ("SEATGATE__REAPER__ENABLED", "false".to_owned()),
+        ("SEATGATE_FAULT", "after_script".to_owned()),
+    ];
+    let mut armed = crate::support::WorkerProcess::start(&cluster.urls()[0], &env).await;
+    let c = client(&s).await;
+    let id = c.send(&acquire("killed", "k1", 0)).await.unwrap();
+    let status = armed.exited(T).await;
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the armed worker did not abort: {status:?}"
+    );
+    let log = s.seat_keys().event_keys("killed").log;
+    let log_len: usize = redis::cmd("XLEN")
+        .arg(&log)
+        .query_async(&mut db(&s).await)
+        .await
+        .unwrap();
+    assert_eq!(log_len, 1, "recorded with the seat, not relayed");
+    assert!(events(&s, "killed").await.is_empty());
+    reaper(&s).await.pass().await.unwrap();
+    let recorded = |s: &Settings| {
+        let s = s.clone();
+        async move {
+            events(&s, "killed")
+                .await
+                .iter()
+                .map(|e| format!("{} {} {}", e["seq"], e["type"], e["session"]))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        recorded(&s).await,
+        ["1 acquired k1"],
+        "relayed by one reaper pass"
+    );
+    let w = spawn_worker(s.clone(), "w-after").await;
+    assert_eq!(c.wait_for(&id, T).await.unwrap().status(), Status::Acquired);
+    assert_eq!(
+        recorded(&s).await,
+        ["1 acquired k1"],
+        "the replay records nothing"
+    );
+    assert_eq!(holders(&s, "killed").await, ["k1"]);
+    w.stop().await;
 }
 
 /// Exactly-once events on a cluster (runtime::relay): a seat script records
