@@ -27,7 +27,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use seatgate::client::Client;
 use seatgate::config::Settings;
-use seatgate::engine::keys::Keys;
 use seatgate::engine::ops::{heartbeat, release, AcquireArgs};
 use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs};
@@ -60,7 +59,8 @@ async fn main() -> Result<(), Failure> {
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     let scripts = Scripts::get();
-    let keys = Keys::new("seat");
+    // As the service's: the events recorded (and trimmed) where its scripts record them.
+    let keys = Settings::load(None)?.seat_keys();
     let lk = keys.license(LICENSE);
     if mode == "setup" {
         scripts.load_all(&mut con).await?;

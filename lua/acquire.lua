@@ -70,7 +70,10 @@
   queue first, which also heals a seat freed without a grant).
   The license check runs inside this script, so a change of seats_total,
   expiry or `active` can never race with an acquire.
-  Emits no events: the worker publishes them from the outcome.
+  Records its events itself (includes/events.lua, includes/request.lua):
+  the notes' first, then the outcome's (acquired, queued, or denied with
+  the status as reason), each with the asker's user and group.
+  KEYS[19..20], ARGV[18..19] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -142,6 +145,8 @@ if ARGV[17] ~= '' then
   local user, group, priority, borrow_ms = string.match(ARGV[17], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
 end
+-- The events' user and group (events.lua); the group the map gives, once read.
+EV.who = asker or false
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout

@@ -11,7 +11,11 @@
   KEYS[1..11] the license keys (includes/keys.lua)
   KEYS[12]    seat:{L}:revoked       (KEYS[16] of the request scripts)
   KEYS[13]    seat:{L}:revocations   (KEYS[17] of the request scripts)
+  KEYS[14..15] the license's event counter and where its events go
+              (includes/events.lua): the counter stays, so a license made
+              again goes on with the next seq
   ARGV[1]     limit: most seats and most waits ended by this call
+  ARGV[2]     the license id, ARGV[3] the events retention, ms (events.lua)
 
   Returns {existed, now_ms, ended, notes, more}
     existed  1 when this call deleted the record, else 0
@@ -22,7 +26,9 @@
              each also in the outbox until delivered
     more     1 when seats or waits are left: call again
   src/engine/scripts/reply.rs decodes this reply (Deleted).
-  Emits no events: the caller publishes them from the reply.
+  Records its events itself (includes/events.lua): `evicted` (reason
+  license_deleted, seats 0 of 0) per seat ended, `denied` (reason
+  LICENSE_NOT_FOUND) per waiter.
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -30,9 +36,11 @@ local rcall = redis.call
 --- @include "deleted"
 
 local now = now_ms()
+EV.license, EV.keep_ms = ARGV[2], tonumber(ARGV[3])
 local existed = rcall('DEL', K.license)
 local notes = {}
 local ended, more = end_deleted(now, notes, tonumber(ARGV[1]))
+flush_events(0, 0, now)
 if more == 0 then
   rcall('DEL', KEYS[12], KEYS[13])
 end

@@ -35,7 +35,8 @@
   the seat from its next heartbeat's reply.
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
-  Emits no events.
+  Records no events but a denial's (RATE_LIMITED, includes/request.lua).
+  KEYS[18..19], ARGV[12..13] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

@@ -43,8 +43,10 @@
            decided in any requests stream; 0 when none waits
   ARGV[6]  resumed_at (Redis ms): when service last resumed after a gap (a
            Redis outage or restart, no reaper); 0 for none known
-  ARGV[7..] note ids the last step's page held beyond the limit, handed out
+  ARGV[7]  the license id, ARGV[8] the events retention, ms (events.lua)
+  ARGV[9..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
+  KEYS[12..13] the license's event counter and where its events go (events.lua)
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
@@ -82,7 +84,11 @@
   SESSION_NOT_ACTIVE, the final answer that the unclaimed grant was taken
   back (src/runtime/publish.rs gives its error).
   src/engine/scripts/reply.rs decodes this reply (Reaped).
-  Emits no events: the reaper publishes them from the reply.
+  Records its events itself (events.lua), in the order of the changes:
+  `evicted` for every seat ended (reason borrow_ended, linger_ended,
+  heartbeat_timeout or license_deleted), then the notes' (granted,
+  queue_timeout, denied LICENSE_NOT_FOUND). A note handed out again
+  records nothing: its event was recorded with the change.
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -95,12 +101,14 @@ local rcall = redis.call
 --- @include "grant"
 --- @include "due"
 --- @include "deleted"
+--- @include "events"
 
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cursor = ARGV[4]
 local watermark, resumed_at = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local pending = {}
-for i = 7, #ARGV do
+EV.license, EV.keep_ms = ARGV[7], tonumber(ARGV[8])
+for i = 9, #ARGV do
   pending[#pending + 1] = ARGV[i]
 end
 local now = now_ms()
@@ -195,6 +203,7 @@ if rcall('EXISTS', K.license) == 0 then
   if next_cursor ~= '' or #next_pending > 0 then
     more = 1
   end
+  flush_events(0, 0, now)
   local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
   return {0, 0, now, {}, notes, more, 0, redeliver, next_cursor, next_pending, {}, {}, 0, 0, stale_at, work_at,
     default_timeout, deleted, 0}
@@ -207,8 +216,8 @@ local timeout = license.heartbeat_timeout_ms or default_timeout
 
 -- Ended first: a borrowed seat is scored with its end, and must be freed
 -- as borrow_ended, not found stale a timeout later.
-local borrow_ended = owners().end_seats(K.borrowed, now, limit)
-local linger_ended = owners().end_seats(K.lingering, now, limit)
+local borrow_ended = owners().end_seats(K.borrowed, now, limit, 'borrow_ended')
+local linger_ended = owners().end_seats(K.lingering, now, limit, 'linger_ended')
 -- Stale: last heartbeat strictly older than H - timeout (the outage rule,
 -- in the header).
 -- Numbers go to Redis as strings made with '%d' (clock.lua's ms): Lua would
@@ -234,6 +243,7 @@ for _, session in ipairs(candidates) do
     if owner then
       owners().gone(session, owner)
     end
+    event_later('evicted', session, add_who({'reason', 'heartbeat_timeout'}, owner))
   end
 end
 -- Those left stale by now - timeout (at most `limit` counted; ZCOUNT is not
@@ -258,6 +268,7 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
     or granted >= limit or next_cursor ~= '' or #next_pending > 0 then
   more = 1
 end
+flush_events(used, total, now)
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
   borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),

@@ -32,7 +32,9 @@
   the rules: a user can always give a seat back (its policy fields then do
   not apply: no linger). A freed seat goes to the queue only while the
   license may hand out seats.
-  Emits no events: the worker publishes them from the outcome.
+  Records its events itself (includes/events.lua, includes/request.lua):
+  the outcome's first (released, left_queue), then its notes'.
+  KEYS[18..19], ARGV[12..13] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -51,6 +53,8 @@ local rcall = redis.call
 --- @include "due"
 
 local session, lease = ARGV[8], lease_hash(ARGV[9])
+-- The release frees the seat its notes grant: its event goes first.
+EV.request_first = true
 
 -- Set by decide: the heartbeat timeout in force, as the record says.
 local timeout
@@ -66,6 +70,7 @@ local function decide(now, default_timeout)
   end
   local total = license.total
   local owner = owner_of(session)
+  EV.who = owner or false
 
   if P and (P.linger_ms or 0) > 0 then
     local score = rcall('ZSCORE', K.holders, session)

@@ -45,8 +45,10 @@
   license may hand out seats (under its policies, includes/policy.lua). A
   lingering or borrowed seat is revoked like any other, at once, and the
   seat's user and group counts drop with it (includes/owners.lua).
-  Emits no events: the worker publishes `revoked` (with actor and reason)
-  from the outcome.
+  Records its events itself (includes/events.lua, includes/request.lua):
+  `revoked` (with actor, reason, held and the session's user and group)
+  first, then its notes'.
+  KEYS[18..19], ARGV[18..19] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -92,6 +94,8 @@ end
 local session, reason, actor = ARGV[8], ARGV[12], ARGV[13]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
 local user_wide = ARGV[17] == '1'
+-- The revocation frees the seat its notes grant: its event goes first.
+EV.request_first, EV.extra = true, {'reason', reason, 'actor', actor}
 
 -- With a user-wide cooldown, remembers it for the user of `owner` (the
 -- revoked session's owner record) as well.
@@ -111,6 +115,7 @@ local function decide(now, default_timeout)
   timeout = license.heartbeat_timeout_ms or default_timeout
   local total = license.total
   local owner = owner_of(session)
+  EV.who = owner or false
 
   if rcall('ZREM', K.holders, session) == 1 then
     rcall('HDEL', K.sessions, session)

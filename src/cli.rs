@@ -11,7 +11,6 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::{Call, Client, ReplyMsg, Revoke};
 use crate::config::Settings;
-use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseChange, LicenseInfo, StoredRecord};
 use crate::engine::ops::Op;
 use crate::engine::policy::{LicensePolicy, RequestPolicy};
@@ -467,7 +466,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 }
             }
             let mut con = crate::connect(&settings).await?;
-            let keys = Keys::new(settings.keys.prefix.clone());
+            let keys = settings.seat_keys();
             let status = views::status::status(&mut con, &keys, license.as_deref()).await?;
             if let (Some(l), true) = (&license, status.licenses.is_empty()) {
                 // A refusal, as `license show` of a missing license: no
@@ -692,7 +691,7 @@ fn print_reply(reply: &ReplyMsg, json: bool) {
 
 async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCode, Error> {
     let mut con = crate::connect(settings).await?;
-    let keys = Keys::new(settings.keys.prefix.clone());
+    let keys = settings.seat_keys();
     match cmd {
         LicenseCommand::Put {
             license,

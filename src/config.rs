@@ -879,6 +879,19 @@ impl Settings {
         }
     }
 
+    /// The key names, each license's events recorded where this deployment's
+    /// scripts record them: straight into the events shard on one node,
+    /// through the license's own log and the relay on a cluster
+    /// (lua/includes/events.lua).
+    pub fn seat_keys(&self) -> crate::engine::keys::Keys {
+        crate::engine::keys::Keys::new(self.keys.prefix.clone()).with_events(
+            &self.events.stream,
+            self.stream.shards,
+            self.redis.is_cluster(),
+            u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
+        )
+    }
+
     /// The defaults a seat script call is handed for a license that sets
     /// none of its own, and the revocation memory.
     pub fn service_defaults(&self) -> crate::engine::scripts::ServiceDefaults {

@@ -16,7 +16,9 @@
 //! - [`runtime`]  serving the engine from Redis Streams
 //!   - [`runtime::worker`]   XREADGROUP → decide → reply → XACK, claims, dead letters
 //!   - [`runtime::reaper`]   scheduled eviction, queue timeouts, self-healing grants, stream upkeep
-//!   - [`runtime::publish`]  the events stream and replies sent later (GRANTED, QUEUE_TIMEOUT)
+//!   - [`runtime::publish`]  replies sent later (GRANTED, QUEUE_TIMEOUT); the scripts record events
+//!   - [`runtime::relay`]    on a cluster, each license's events from its own log to its shard
+//!   - [`runtime::fault`]    the tests' fault hook (`SEATGATE_FAULT`, feature `tools`)
 //! - [`views`]    read models for operators, below both `ops` and `cli`
 //!   - [`views::status`]  `seatgate status` and the status page's snapshot: holders and queues per license
 //!   - [`views::usage`]   `seatgate report`: usage per license over a period, from the events

@@ -51,7 +51,7 @@
 
 -- The outcome stored for `entry_id` (a request's key), marked changed = 0
 -- and replayed = 1 so the worker re-sends it (and re-delivers its notes) but
--- publishes no second event; nil when the request was not decided before.
+-- records no second event; nil when the request was not decided before.
 local function replay(entry_id, now)
   if entry_id == '' then
     return nil

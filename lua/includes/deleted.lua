@@ -4,7 +4,8 @@
   record (`seatgate license delete`); reap.lua runs it on a license whose
   record another system deleted (a plain DEL of KEYS[1]).
 
-  Every holder's seat ends (lingering and borrowed seats too) and every
+  Every holder's seat ends (lingering and borrowed seats too: an `evicted`
+  event each, reason license_deleted, events.lua) and every
   waiter's wait ends, with a LICENSE_NOT_FOUND note (outbox.lua) to the
   waiter: its final reply, kept in the outbox until delivered like a
   QUEUE_TIMEOUT, so a deliverer's crash does not lose it. The outbox itself
@@ -29,14 +30,16 @@ local function end_deleted(now, notes, limit)
     if owner then
       owners().gone(session, owner)
     end
+    event_later('evicted', session, add_who({'reason', 'license_deleted'}, owner))
   end
   local waiting = rcall('ZRANGE', K.queue, '0', ms(limit - 1))
   for _, session in ipairs(waiting) do
     local w = waiter_record(session)
+    local owner = owner_of(session)
     remove_waiter(session)
     owners().forget(session)
     if w then
-      note(notes, now, 'LICENSE_NOT_FOUND', session, w)
+      note(notes, now, 'LICENSE_NOT_FOUND', session, w, owner)
     end
   end
   if #held >= limit or #waiting >= limit then

@@ -35,7 +35,11 @@
   acquire alone also takes
     KEYS[18] seat:{L}:groups     HASH  user -> group: the license's group map
                                        (policy.lua); written by provisioning
-  reap takes only KEYS[1..11]; the other names are then nil.
+  Every seat script takes last (after these) the events' two keys, the
+  license's event counter and where its events go (events.lua, as EV.seq
+  and EV.log: KEYS[#KEYS-1], KEYS[#KEYS]). reap takes only KEYS[1..11]
+  before them, delete_license KEYS[1..13]: the names of K past those are
+  then other keys, never used by those scripts.
 ]]
 local K = {
   license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],

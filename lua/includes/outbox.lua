@@ -18,14 +18,19 @@
   The outbox record, the field's value, JSON:
     {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)
   Notes with a reply_to are kept in the outbox until delivered: the worker
-  (or reaper) sends each to its reply_to, publishes the event and HDELs it;
-  reap.lua hands out again the notes a crash left there.
+  (or reaper) sends each to its reply_to and HDELs it; reap.lua hands out
+  again the notes a crash left there. The note's event (granted,
+  queue_timeout, or denied with reason LICENSE_NOT_FOUND; none for
+  SESSION_REVOKED: the revoke's own `revoked` tells it) is recorded here,
+  with the change (events.lua): a note delivered again publishes nothing.
 ]]
 --- @include "keys"
+--- @include "events"
 
 -- Adds a note for waiter record `w` (queue.lua) to `notes` and, when it has
--- somewhere to go, to the outbox.
-local function note(notes, now, kind, session, w)
+-- somewhere to go, to the outbox; queues its event, carrying the user and
+-- group of owner record `owner` (owners.lua; nil for none).
+local function note(notes, now, kind, session, w, owner)
   local id = kind .. ':' .. session .. ':' .. now
   local waited = now - w.queued_at
   if w.reply_to ~= '' then
@@ -34,4 +39,11 @@ local function note(notes, now, kind, session, w)
     }))
   end
   notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id, now}
+  if kind == 'GRANTED' then
+    event_later('granted', session, add_who({'waited_ms', waited}, owner))
+  elseif kind == 'QUEUE_TIMEOUT' then
+    event_later('queue_timeout', session, add_who({'waited_ms', waited}, owner))
+  elseif kind == 'LICENSE_NOT_FOUND' then
+    event_later('denied', session, add_who({'reason', kind, 'waited_ms', waited}, owner))
+  end
 end

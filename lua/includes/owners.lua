@@ -34,6 +34,7 @@
   the first time a run needs them.
 ]]
 --- @include "keys"
+--- @include "events"
 
 -- {user, group, borrow_ms} of `session`'s owner record; nil for none (or a
 -- record of another form). The one parser of the record: `raw` is the record
@@ -138,8 +139,8 @@ local function owners()
   end
 
   -- Frees up to `limit` seats of `zset` (lingering or borrowed) whose end
-  -- has come. Returns their sessions.
-  function O.end_seats(zset, now, limit)
+  -- has come, each an `evicted` event with `reason`. Returns their sessions.
+  function O.end_seats(zset, now, limit, reason)
     local due = rcall('ZRANGEBYSCORE', zset, '-inf', ms(now), 'LIMIT', '0', ms(limit))
     for _, session in ipairs(due) do
       rcall('ZREM', zset, session)
@@ -149,6 +150,7 @@ local function owners()
       if owner then
         O.gone(session, owner)
       end
+      event_later('evicted', session, add_who({'reason', reason}, owner))
     end
     return due
   end

@@ -94,10 +94,11 @@ local function expire_waiters(now, notes, limit)
   local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(due) do
     local w = waiter_record(session)
+    local owner = owner_of(session)
     remove_waiter(session)
     owners().forget(session)
     if w then
-      note(notes, now, 'QUEUE_TIMEOUT', session, w)
+      note(notes, now, 'QUEUE_TIMEOUT', session, w, owner)
     end
   end
   return #due
@@ -117,7 +118,7 @@ local function grant(session, now, notes)
   if owner then
     owners().taken(session, now, owner)
   end
-  note(notes, now, 'GRANTED', session, w)
+  note(notes, now, 'GRANTED', session, w, owner)
   return true
 end
 

@@ -28,7 +28,13 @@
     ARGV[11] the request's deadline, unix ms on the Redis clock (0 = none):
              its stream entry's time plus its ttl_ms. A request run after it
              is answered REQUEST_EXPIRED and changes nothing.
-  Their own arguments start at ARGV[12].
+  Their own arguments start at ARGV[12]. The last two are the events':
+    ARGV[#ARGV-1] the license id, ARGV[#ARGV] the events retention, ms
+  (events.lua), after the last two KEYS, the events'.
+
+  Events: the outcome's own (events.lua, EVENT_OF: a change or a denial,
+  changed = 1) and its notes' are recorded here, in the script, exactly
+  once; a replay and an expired request record none.
 
   Expiry is checked here, on this script's clock, after the replay: an
   entry decided in time and delivered again later gets its decision again,
@@ -51,6 +57,48 @@
 --- @include "outcome"
 --- @include "dedupe"
 --- @include "rate_limit"
+--- @include "events"
+--- @include "owners"
+
+-- Queues the event of outcome `r` of `session`'s request, if it has one
+-- (a change, or a denial: EVENT_OF, events.lua), after the notes' events
+-- or, with EV.request_first, before them (release and revoke free the seat
+-- they grant). Its user and group are EV.who's, set by decide (an acquire's
+-- asker, the released or revoked session's owner record; false: none),
+-- else the session's owner record's.
+local function request_event(r, session)
+  local kind = EVENT_OF[r[1]]
+  if not kind or r[7] ~= 1 then
+    return
+  end
+  local who = EV.who
+  if who == nil then
+    who = owner_of(session)
+  end
+  local f = add_who({}, who)
+  local detail = r[4]
+  if kind == 'denied' then
+    f[#f + 1], f[#f + 2] = 'reason', r[1]
+  elseif kind == 'queued' then
+    f[#f + 1], f[#f + 2] = 'priority', type(detail) == 'table' and detail[2] or 0
+  elseif kind == 'revoked' then
+    f[#f + 1], f[#f + 2] = 'held', detail
+    for _, v in ipairs(EV.extra) do
+      f[#f + 1] = v
+    end
+  elseif type(detail) == 'number' and detail > 0 then
+    if kind == 'acquired' then
+      f[#f + 1], f[#f + 2] = 'borrowed_until_ms', string.format('%d', detail)
+    elseif kind == 'released' then
+      f[#f + 1], f[#f + 2] = 'linger_ms', string.format('%d', detail)
+    end
+  end
+  if EV.request_first then
+    table.insert(EV.pending, 1, {kind, session, f})
+  else
+    event_later(kind, session, f)
+  end
+end
 
 -- Runs one request: returns its outcome, the Redis clock it ran at and the
 -- service's heartbeat timeout (ARGV[10]), for the script's due report
@@ -73,6 +121,7 @@
 -- Every outcome but a replay is remembered under the request's key (dedupe.lua).
 local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
+  EV.license, EV.keep_ms = ARGV[#ARGV - 1], tonumber(ARGV[#ARGV])
   local default_timeout = tonumber(ARGV[10])
   local key = ARGV[1]
   if ARGV[6] ~= '0' then
@@ -101,5 +150,7 @@ local function run_request(decide, limited, refuse, session, lease)
       result = decide(now, default_timeout)
     end
   end
+  request_event(result, session)
+  flush_events(result[2], result[3], now)
   return remember(key, ARGV[2], tonumber(ARGV[7]), result), now, default_timeout
 end

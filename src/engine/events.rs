@@ -1,10 +1,11 @@
-//! The seat event record: its types, its fields, encoded and decoded here.
+//! The seat event record: its types, its fields, decoded here.
 //!
-//! The runtime appends one event per change of seat state (and per denial)
-//! to the events stream (`runtime::publish`); `seatgate events` follows them
-//! and `seatgate report` (`views::usage`) aggregates them. Both sides use
-//! this one description, so the writer and the readers cannot drift apart.
-//! docs/protocol.md ("Events") lists every type and field.
+//! The seat scripts record one event per change of seat state (and per
+//! denial) in the same atomic step as the change (lua/includes/events.lua,
+//! which writes the fields named here); `seatgate events` follows them and
+//! `seatgate report` (`views::usage`) aggregates them. A unit test pins the
+//! Lua writer's types and fields to this description. docs/protocol.md
+//! ("Events") lists every type and field.
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
@@ -60,7 +61,8 @@ impl EventType {
         self.into()
     }
 
-    /// The event a request's first decision publishes, if any: the event
+    /// The event a request's first decision records, if any (the scripts'
+    /// EVENT_OF, lua/includes/events.lua, pinned to this by a test): the event
     /// named after the status for a change of seat or queue state, and
     /// `denied` for every other denial ([`Status::is_denial`]), so a new
     /// refusal is published without anyone listing it here.
@@ -114,8 +116,14 @@ pub mod field {
     pub const REASON: &str = "reason";
     /// How long the session waited in the queue, ms (`granted`, `queue_timeout`).
     pub const WAITED_MS: &str = "waited_ms";
-    /// The session's `meta.user_email` (`acquired`, `granted`), when it has one.
+    /// The license's event number: +1 from one event of the license to the
+    /// next, never restarting (lua/includes/events.lua).
+    pub const SEQ: &str = "seq";
+    /// The request's `user` (the seat's owner record, lua/includes/owners.lua),
+    /// on every event of a session that has one.
     pub const USER: &str = "user";
+    /// The user's group, as the license's group map (or the request) gives it.
+    pub const GROUP: &str = "group";
     /// The waiter's queue priority (`queued`).
     pub const PRIORITY: &str = "priority";
     /// How long the released seat lingers with its session, ms (`released`
@@ -141,7 +149,8 @@ pub struct SeatsAt {
     pub at_ms: i64,
 }
 
-/// One seat event, as the runtime writes it.
+/// One seat event, as the scripts write it (lua/includes/events.lua); built
+/// in Rust by tests and tools that write events of their own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event<'a> {
     /// What happened.
@@ -163,8 +172,8 @@ pub struct Event<'a> {
     /// How long the session waited in the queue (`granted`, `queue_timeout`),
     /// for the wait figures of usage reports.
     pub waited_ms: Option<i64>,
-    /// The session's `meta.user_email` (`acquired`, `granted`), so usage
-    /// reports can attribute seat time to people without reading sessions.
+    /// The request's `user`, so usage reports can attribute seat time to
+    /// people without reading sessions.
     pub user: Option<String>,
     /// The waiter's queue priority (`queued`), after the license's cap.
     pub priority: Option<i64>,
@@ -207,26 +216,6 @@ impl<'a> Event<'a> {
         }
     }
 
-    /// The event a request's first decision publishes, if any (see
-    /// [`EventType::for_status`]): a denial carries its status as the
-    /// reason, an acquire the user of its `meta`.
-    pub fn of_decision(
-        status: Status,
-        license: &'a str,
-        session: &'a str,
-        meta: &str,
-        seats: SeatsAt,
-    ) -> Option<Event<'a>> {
-        let kind = EventType::for_status(status)?;
-        let mut event = Event::new(kind, license, session, seats.used, seats.total, seats.at_ms);
-        match kind {
-            EventType::Denied => event.reason = Some(status.as_str()),
-            EventType::Acquired => event.user = user_of(meta),
-            _ => {}
-        }
-        Some(event)
-    }
-
     /// The entry's fields, in order; absent optional fields are left out.
     pub fn fields(&self) -> Vec<(&'static str, String)> {
         let mut fields = vec![
@@ -266,15 +255,6 @@ impl<'a> Event<'a> {
     }
 }
 
-/// `user_email` of a session's metadata JSON, when it is a non-empty string.
-pub fn user_of(meta: &str) -> Option<String> {
-    let meta: serde_json::Value = serde_json::from_str(meta).ok()?;
-    meta.get("user_email")?
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-}
-
 /// One event as read back from the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRecord {
@@ -297,6 +277,10 @@ pub struct EventRecord {
     pub waited_ms: Option<i64>,
     /// The session's user, where known.
     pub user: Option<String>,
+    /// The user's group, where known.
+    pub group: Option<String>,
+    /// The license's event number (absent on events written before it).
+    pub seq: Option<i64>,
     /// Who did it, where a person did.
     pub actor: Option<String>,
     /// `revoked`: whether the session held a seat (absent: taken as held).
@@ -319,6 +303,8 @@ impl EventRecord {
             reason: get(field::REASON).map(str::to_owned),
             waited_ms: number(field::WAITED_MS),
             user: get(field::USER).filter(|u| !u.is_empty()).map(str::to_owned),
+            group: get(field::GROUP).filter(|g| !g.is_empty()).map(str::to_owned),
+            seq: number(field::SEQ),
             actor: get(field::ACTOR).map(str::to_owned),
             held: get(field::HELD).map(|h| h != "0"),
         })
@@ -399,6 +385,8 @@ mod tests {
             field::REASON,
             field::WAITED_MS,
             field::USER,
+            field::GROUP,
+            field::SEQ,
             field::ACTOR,
             field::HELD,
         ] {
@@ -434,27 +422,37 @@ mod tests {
         );
     }
 
+    /// The event of each status, as lua/includes/events.lua's EVENT_OF
+    /// table gives it (the scripts record it), by the status's wire form.
+    fn lua_event_of() -> HashMap<String, String> {
+        let lua = include_str!("../../lua/includes/events.lua");
+        let start = lua.find("local EVENT_OF = {").expect("EVENT_OF in events.lua");
+        let table = &lua[start..start + lua[start..].find("\n}").expect("its end")];
+        table
+            .lines()
+            .skip(1)
+            .flat_map(|line| line.split(','))
+            .filter_map(|pair| {
+                let (status, kind) = pair.split_once('=')?;
+                Some((
+                    status.trim().to_owned(),
+                    kind.trim().trim_matches('\'').to_owned(),
+                ))
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_decision_carries_its_denial_reason_or_its_user() {
-        let seats = |used| SeatsAt {
-            used,
-            total: 2,
-            at_ms: 7,
-        };
-        let denied = Event::of_decision(Status::LicenseExpired, "l", "s", "{}", seats(0)).unwrap();
-        assert_eq!(
-            (denied.kind, denied.reason),
-            (EventType::Denied, Some("LICENSE_EXPIRED"))
-        );
-        assert_eq!((denied.seats_used, denied.seats_total, denied.at_ms), (0, 2, 7));
-        let meta = r#"{"user_email":"ann@example.com","hardware_id":"h"}"#;
-        let acquired = Event::of_decision(Status::Acquired, "l", "s", meta, seats(1)).unwrap();
-        assert_eq!(acquired.user.as_deref(), Some("ann@example.com"));
-        assert_eq!(acquired.reason, None);
-        for meta in ["{}", r#"{"user_email":7}"#, r#"{"user_email":""}"#, "not json"] {
-            assert_eq!(user_of(meta), None, "{meta}");
+    fn the_scripts_record_the_event_of_each_status() {
+        let lua = lua_event_of();
+        assert!(lua.len() > 10, "{lua:?}");
+        for &status in Status::ALL {
+            assert_eq!(
+                lua.get(status.as_str()).map(String::as_str),
+                EventType::for_status(status).map(EventType::as_str),
+                "{status}"
+            );
         }
-        assert!(Event::of_decision(Status::HeartbeatUpdated, "l", "s", "{}", seats(1)).is_none());
     }
 
     #[test]
@@ -476,6 +474,8 @@ mod tests {
                 reason: None,
                 waited_ms: Some(2_500),
                 user: Some("bob@example.com".into()),
+                group: None,
+                seq: None,
                 actor: None,
                 held: None,
             }

@@ -11,6 +11,50 @@ pub struct Keys {
     /// The namespace all seatgate keys live under (reply streams too, in
     /// their own part of it, `replies.prefix`), so one ACL pattern covers them.
     prefix: String,
+    /// Where the seat scripts record the events of a license.
+    events: EventSinks,
+}
+
+/// Where the seat scripts record events (lua/includes/events.lua), and how
+/// long the events shards keep them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct EventSinks {
+    /// The events stream (the base name when sharded).
+    base: String,
+    /// Its shards.
+    shards: usize,
+    /// Into the license's own log, which the relay moves to the shard (a
+    /// cluster: the shard lies in another slot than the license), rather
+    /// than straight into the shard (one node).
+    relayed: bool,
+    /// `events.retention`, ms: how old an event the shard may trim.
+    keep_ms: u64,
+}
+
+/// The keys and arguments through which a seat script records a license's
+/// events (the last two KEYS and ARGV of each, lua/includes/events.lua).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventKeys {
+    /// The license id, which every event carries.
+    pub license: String,
+    /// STRING: the license's event counter (`seq`). Never deleted, so a
+    /// license deleted and made again goes on counting.
+    pub seq: String,
+    /// STREAM: the license's own event log, `<prefix>:{L}:events`, where the
+    /// scripts record on a cluster until the relay moves the entries on.
+    pub log: String,
+    /// The events stream shard the license's events end up in.
+    pub shard: String,
+    /// HASH on the shard's slot: license -> the `seq` of its last event the
+    /// relay appended to the shard (lua/relay.lua): `<shard>:relayed`, or,
+    /// for an unsharded stream, `<shard>:{<shard>}:relayed`, tagged with the
+    /// shard's whole name so it hashes to the shard's slot.
+    pub cursor: String,
+    /// Where the scripts record: `shard` on one node, `log` on a cluster.
+    pub target: String,
+    /// How old an event (ms) the scripts may trim from `target` (0: they
+    /// trim nothing; a relayed log is emptied by the relay instead).
+    pub keep_ms: u64,
 }
 
 /// The keys of one license: `KEYS[1..11]` of every seat script, in that
@@ -52,6 +96,9 @@ pub struct LicenseKeys {
     /// HASH: user -> group, the license's group map (`KEYS[18]` of acquire
     /// alone): when it exists, a request's group is its user's there.
     pub groups: String,
+    /// Where the scripts record the license's events (not in [`LicenseKeys::all`]:
+    /// the event counter outlives the license).
+    pub events: EventKeys,
 }
 
 impl LicenseKeys {
@@ -81,8 +128,60 @@ impl LicenseKeys {
 impl Keys {
     /// Keys under `prefix`.
     pub fn new(prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
         Keys {
-            prefix: prefix.into(),
+            events: EventSinks {
+                base: format!("{prefix}:events"),
+                shards: 1,
+                relayed: false,
+                keep_ms: 0,
+            },
+            prefix,
+        }
+    }
+
+    /// These keys, the events recorded into `base` (sharded `shards` ways),
+    /// through each license's own log and the relay when `relayed` (a
+    /// Redis Cluster), straight into the shard otherwise, kept `keep_ms` at least.
+    pub fn with_events(mut self, base: &str, shards: usize, relayed: bool, keep_ms: u64) -> Self {
+        self.events = EventSinks {
+            base: base.to_owned(),
+            shards,
+            relayed,
+            keep_ms,
+        };
+        self
+    }
+
+    /// Whether the scripts record events into the licenses' own logs, for
+    /// the relay to move on (a cluster).
+    pub fn events_relayed(&self) -> bool {
+        self.events.relayed
+    }
+
+    /// How long the events shards keep events at least, ms.
+    pub fn events_keep_ms(&self) -> u64 {
+        self.events.keep_ms
+    }
+
+    /// Where `license`'s events are recorded and end up.
+    pub fn event_keys(&self, license: &str) -> EventKeys {
+        let p = &self.prefix;
+        let e = &self.events;
+        let log = format!("{p}:{{{license}}}:events");
+        let shard = shard_name(&e.base, e.shards, license);
+        EventKeys {
+            license: license.to_owned(),
+            seq: format!("{p}:{{{license}}}:event_seq"),
+            target: if e.relayed { log.clone() } else { shard.clone() },
+            keep_ms: if e.relayed { 0 } else { e.keep_ms },
+            cursor: if shard.contains('{') {
+                format!("{shard}:relayed")
+            } else {
+                format!("{shard}:{{{shard}}}:relayed")
+            },
+            log,
+            shard,
         }
     }
 
@@ -109,6 +208,7 @@ impl Keys {
             revoked: format!("{p}:{{{license}}}:revoked"),
             revocations: format!("{p}:{{{license}}}:revocations"),
             groups: format!("{p}:{{{license}}}:groups"),
+            events: self.event_keys(license),
         }
     }
 

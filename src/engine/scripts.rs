@@ -20,7 +20,7 @@ use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 use strum::{EnumCount, EnumString, IntoStaticStr, VariantArray};
 
-use crate::engine::keys::{DueKeys, LicenseKeys};
+use crate::engine::keys::{DueKeys, EventKeys, LicenseKeys};
 use crate::error::Error;
 
 use includes::IncludeError;
@@ -59,6 +59,8 @@ pub enum ScriptName {
     DeleteLicense,
     /// lua/put_license.lua
     PutLicense,
+    /// lua/relay.lua
+    Relay,
 }
 
 impl ScriptName {
@@ -99,6 +101,7 @@ impl ScriptName {
             ScriptName::DueSettle => include_str!("../../lua/due_settle.lua"),
             ScriptName::DeleteLicense => include_str!("../../lua/delete_license.lua"),
             ScriptName::PutLicense => include_str!("../../lua/put_license.lua"),
+            ScriptName::Relay => include_str!("../../lua/relay.lua"),
         }
     }
 
@@ -446,6 +449,9 @@ pub struct SeatCallBuilder<'a> {
     name: ScriptName,
     /// The invocation so far.
     call: ScriptInvocation<'a>,
+    /// Where the script records its events: bound last, by
+    /// [`SeatCallBuilder::finish`].
+    events: EventKeys,
 }
 
 impl<'a> SeatCallBuilder<'a> {
@@ -461,8 +467,10 @@ impl<'a> SeatCallBuilder<'a> {
         self
     }
 
-    /// The call, its reply decoded as an [`Outcome`].
-    pub fn finish(self) -> SeatCall<'a> {
+    /// The call, its reply decoded as an [`Outcome`]: the events' KEYS and
+    /// ARGV bound last (lua/includes/request.lua).
+    pub fn finish(mut self) -> SeatCall<'a> {
+        bind_events(&mut self.call, &self.events);
         ScriptCall {
             name: self.name.as_str(),
             invocation: self.call,
@@ -500,6 +508,17 @@ impl<T> ScriptCall<'_, T> {
             .map_err(Error::from)
             .and_then(|v| (self.decoder)(self.name, v))
     }
+}
+
+/// Binds the events' two KEYS and the license id and retention ARGV
+/// (lua/includes/events.lua): the last KEYS of every seat script, and the
+/// last ARGV of the request scripts (reap and delete_license place them
+/// before their variable part).
+fn bind_events(call: &mut ScriptInvocation<'_>, events: &EventKeys) {
+    call.key(&events.seq) // KEYS[#KEYS - 1]
+        .key(&events.target) // KEYS[#KEYS]
+        .arg(&events.license)
+        .arg(events.keep_ms);
 }
 
 /// Binds `KEYS[1..11]`, the license's keys, in the order of lua/includes/keys.lua.
@@ -572,7 +591,11 @@ impl Scripts {
             .arg(args.lease.unwrap_or("")) // ARGV[9]
             .arg(args.default_heartbeat_timeout_ms) // ARGV[10]
             .arg(guard.deadline_ms); // ARGV[11]
-        SeatCallBuilder { name, call }
+        SeatCallBuilder {
+            name,
+            call,
+            events: keys.events.clone(),
+        }
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.
@@ -584,8 +607,9 @@ impl Scripts {
             .arg(&args.outbox.cursor) // ARGV[4]
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
+        bind_events(&mut call, &keys.events); // KEYS[12..13], ARGV[7..8]
         for id in &args.outbox.pending {
-            call.arg(id); // ARGV[7..]
+            call.arg(id); // ARGV[9..]
         }
         ScriptCall {
             name: ScriptName::Reap.as_str(),
@@ -602,6 +626,7 @@ impl Scripts {
         call.key(&keys.revoked) // KEYS[12]
             .key(&keys.revocations) // KEYS[13]
             .arg(limit); // ARGV[1]
+        bind_events(&mut call, &keys.events); // KEYS[14..15], ARGV[2..3]
         ScriptCall {
             name: ScriptName::DeleteLicense.as_str(),
             invocation: call,
@@ -673,6 +698,31 @@ impl Scripts {
             .arg(consumer) // ARGV[2]
             .invoke_async(con)
             .await
+    }
+
+    /// lua/relay.lua: appends `entries` of `events`'s license log (each its
+    /// seq and its fields and values, alternating) to its shard, those above
+    /// the shard's cursor only. Returns the cursor afterwards: the seq up to
+    /// which the log's entries are on the shard.
+    pub async fn relay<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        events: &EventKeys,
+        keep_ms: u64,
+        entries: &[(i64, &[Vec<u8>])],
+    ) -> Result<i64, Error> {
+        let mut call = self.script(ScriptName::Relay).prepare_invoke();
+        call.key(&events.shard) // KEYS[1]
+            .key(&events.cursor) // KEYS[2]
+            .arg(&events.license) // ARGV[1]
+            .arg(keep_ms); // ARGV[2]
+        for (seq, fields) in entries {
+            call.arg(seq).arg(fields.len() / 2); // ARGV[3..]
+            for item in fields.iter() {
+                call.arg(item.as_slice());
+            }
+        }
+        Ok(call.invoke_async(con).await?)
     }
 
     /// lua/unlock.lua: delete `lock` only while it still holds `token`.

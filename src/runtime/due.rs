@@ -207,8 +207,10 @@ impl Sweep {
             total.arg(&lk.license).arg(Field::SeatsTotal.as_str());
             let mut expires = redis::cmd("HGET");
             expires.arg(&lk.license).arg(Field::ExpiresAtMs.as_str());
+            // Replies undelivered, or events not yet relayed (a cluster):
+            // both work for the reaper.
             let mut outbox = redis::cmd("EXISTS");
-            outbox.arg(&lk.outbox);
+            outbox.arg(&lk.outbox).arg(&lk.events.log);
             cmds.extend([
                 stale,
                 due,
@@ -349,6 +351,7 @@ impl Sweep {
             let mut work = redis::cmd("EXISTS");
             work.arg(&lk.queue)
                 .arg(&lk.outbox)
+                .arg(&lk.events.log)
                 .arg(&lk.lingering)
                 .arg(&lk.borrowed);
             cmds.extend([stale, due, held, work]);

@@ -71,7 +71,10 @@ pub const DEAD_LETTERED: &str = "seatgate_dead_lettered_total";
 pub const REFUSED_REPLY_TO: &str = "seatgate_refused_reply_to_total";
 /// Redelivered entries answered from the dedupe record (no second effect).
 pub const REPLAYED: &str = "seatgate_replayed_requests_total";
-/// Events that could not be appended to the events stream.
+/// Relays of a license's events to its events shard that failed (a Redis
+/// Cluster, runtime::relay): the events wait in the license's log for the
+/// next relay. The scripts record every event with its change, so nothing
+/// else can fail to append one.
 pub const EVENT_ERRORS: &str = "seatgate_event_errors_total";
 /// Requests whose stream entry id was ahead of the Redis clock by more than
 /// the dedupe window (a caller chose it: docs/operations.md).
@@ -257,7 +260,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_counter!(
         EVENT_ERRORS,
-        "Events that could not be appended to the events stream."
+        "Relays of a license's events to its events shard that failed (Redis Cluster); the next relay moves them."
     );
     describe_counter!(
         REFUSED_REPLY_TO,
@@ -400,7 +403,7 @@ pub fn redis_error(stage: &'static str) {
     counter!(REDIS_ERRORS, "stage" => stage).increment(1);
 }
 
-/// Counts one event that could not be published.
+/// Counts one relay of a license's events that failed.
 pub fn event_error() {
     counter!(EVENT_ERRORS).increment(1);
 }

@@ -1,7 +1,8 @@
-//! Seat events and replies sent after the fact.
+//! Replies sent after the fact.
 //!
-//! Scripts decide; this module tells the world. It appends seat events to the
-//! events stream (for dashboards) and delivers the notes scripts return:
+//! Scripts decide, and record their seat events themselves
+//! (lua/includes/events.lua); this module tells the callers. It writes the
+//! replies of a batch and delivers the notes scripts return:
 //! GRANTED to a waiter that now holds a seat, QUEUE_TIMEOUT to one whose wait
 //! ran out, each on the reply stream the waiter queued with and carrying its
 //! original request id. The worker and the reaper share it.
@@ -16,21 +17,13 @@ use tracing::{debug, warn};
 use crate::config::Settings;
 pub use crate::engine::events::{Event, EventType, SeatsAt};
 use crate::engine::protocol::Reply;
-use crate::engine::records::SessionRecord;
 use crate::engine::scripts::{Note, Scripts};
 use crate::engine::status::Status;
 use crate::runtime::metrics;
 
-/// Writes events and deferred replies.
+/// Writes replies, deferred ones too.
 #[derive(Debug, Clone)]
 pub struct Publisher {
-    /// Events stream key (the base name when sharded).
-    events: String,
-    /// Shards of the events stream (as of the requests stream).
-    shards: usize,
-    /// How long events are kept at least, ms (`events.retention`): each
-    /// XADD trims the events older than this before its own event's time.
-    events_retention_ms: i64,
     /// The namespace every reply stream lies in (`replies.prefix`): nothing
     /// outside it is ever written, trimmed or given an expiry.
     reply_prefix: String,
@@ -52,13 +45,10 @@ impl Publisher {
     /// A publisher for `settings`.
     pub fn new(settings: &Settings) -> Publisher {
         Publisher {
-            events: settings.events.stream.clone(),
-            shards: settings.stream.shards,
-            events_retention_ms: i64::try_from(settings.events.retention.as_millis()).unwrap_or(i64::MAX),
             reply_prefix: settings.replies.prefix.clone(),
             reply_ttl_ms: settings.replies.ttl_ms,
             single_clock: !settings.redis.is_cluster(),
-            keys: crate::engine::keys::Keys::new(settings.keys.prefix.clone()),
+            keys: settings.seat_keys(),
             due: crate::runtime::due::DueIndex::new(settings),
             fresh: Default::default(),
         }
@@ -174,33 +164,6 @@ impl Publisher {
         xadd
     }
 
-    /// The events stream (shard) `event` goes to: a license's events go to
-    /// its shard, ordered per license, and on a cluster no single events key
-    /// takes every write.
-    fn event_shard(&self, event: &Event<'_>) -> String {
-        crate::engine::keys::shard_name(&self.events, self.shards, event.license)
-    }
-
-    /// `XADD <shard> [MINID ~ <at_ms - retention>] * <fields>`, trimming when
-    /// `trim`. Events are kept by age, not by count: the trim point comes
-    /// from the event's own `at_ms`, the Redis clock of the script that
-    /// decided it, never from a worker's clock, which could run ahead and
-    /// trim early. `~` trims whole stream nodes only, so a few events a
-    /// little older than the retention may stay until the next node goes.
-    fn event_cmd(&self, event: &Event<'_>, trim: bool) -> redis::Cmd {
-        let mut xadd = redis::cmd("XADD");
-        xadd.arg(self.event_shard(event));
-        let oldest = event.at_ms.saturating_sub(self.events_retention_ms);
-        if trim && oldest > 0 {
-            xadd.arg("MINID").arg("~").arg(oldest);
-        }
-        xadd.arg("*");
-        for (field, value) in event.fields() {
-            xadd.arg(field).arg(value);
-        }
-        xadd
-    }
-
     /// The fast-path XADDs of `replies` (those to streams known fresh), the
     /// first to each stream trimming from `clock`, and which replies they
     /// are; a reply to a stream outside the namespace gets its error in
@@ -230,23 +193,12 @@ impl Publisher {
         (cmds, fast)
     }
 
-    /// The XADDs of `events`, the first to each shard trimming.
-    fn event_cmds(&self, events: &[Event<'_>]) -> Vec<redis::Cmd> {
-        let mut trimmed = HashSet::new();
-        events
-            .iter()
-            .map(|event| self.event_cmd(event, trimmed.insert(self.event_shard(event))))
-            .collect()
-    }
-
-    /// Writes many replies and events with one pipeline: the replies to
-    /// streams known fresh as plain `XADD NOMKSTREAM`, the events as XADDs,
-    /// and the times the scripts reported for the reaper's due index
+    /// Writes many replies with one pipeline: the replies to streams known
+    /// fresh as plain `XADD NOMKSTREAM`, and the times the scripts reported for the reaper's due index
     /// (license, stale, due; runtime::due). Replies that need the script (first reply
     /// to a stream, or the fast path found the stream gone) follow one by
-    /// one. Returns one result per reply, in order; event failures are
-    /// logged and counted only, and a due time not filed is found by the
-    /// reaper's sweep.
+    /// one. Returns one result per reply, in order; a due time not filed is
+    /// found by the reaper's sweep.
     ///
     /// `clock` is the earliest Redis time (ms) the batch's scripts read, if
     /// any ran: the fast path trims reply streams by age from it.
@@ -254,19 +206,17 @@ impl Publisher {
     /// Only the first XADD of the pipeline to each stream trims (`MINID ~`):
     /// a trim costs Redis about 40% of an XADD even when it finds nothing to
     /// drop, and a batch's replies to one caller (a multiplexed client gets
-    /// all of its own on one stream) and its events on one shard all share
-    /// the same trim point, give or take the batch's milliseconds.
+    /// all of its own on one stream) all share the same trim point, give or
+    /// take the batch's milliseconds.
     pub async fn reply_many(
         &self,
         con: &mut crate::db::Db,
         replies: &[(&str, &Reply)],
-        events: &[Event<'_>],
         dues: &[(&str, Option<i64>, Option<i64>)],
         clock: Option<i64>,
     ) -> Vec<redis::RedisResult<()>> {
         let mut results: Vec<Option<redis::RedisResult<()>>> = vec![None; replies.len()];
         let (mut cmds, fast) = self.fast_replies(replies, clock, &mut results);
-        cmds.extend(self.event_cmds(events));
         cmds.reserve(2 * dues.len());
         let mut filed = Vec::with_capacity(2 * dues.len());
         for (license, stale_ms, due_ms) in dues {
@@ -298,13 +248,6 @@ impl Publisher {
                             Some(Err(e)) if e.code() == Some("WRONGTYPE") => {}
                             Some(Err(e)) => *slot = Some(Err(e)),
                             None => {}
-                        }
-                    }
-                    // Each list first: zip pulls from its first iterator before the second.
-                    for (event, answer) in events.iter().zip(answers.by_ref()) {
-                        if let Err(e) = answer {
-                            metrics::event_error();
-                            warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
                         }
                     }
                     for (license, answer) in filed.iter().zip(answers) {
@@ -339,19 +282,10 @@ impl Publisher {
         results
     }
 
-    /// Appends `event` to the events stream. Failures are logged and counted:
-    /// an event is information, never a reason to hold back a reply.
-    pub async fn event<C: ConnectionLike>(&self, con: &mut C, event: &Event<'_>) {
-        if let Err(e) = self.event_cmd(event, true).query_async::<redis::Value>(con).await {
-            metrics::event_error();
-            warn!(error = %e, kind = event.kind.as_str(), "cannot publish event");
-        }
-    }
-
     /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT /
-    /// SESSION_REVOKED) and, when `first_time`, publishes the matching event
-    /// and counts it (a replayed note is only re-delivered). Returns the
-    /// reply error, if any.
+    /// SESSION_REVOKED) and, when `first_time`, counts it (a replayed note
+    /// is only re-delivered). Its event was recorded with the change, by the
+    /// script that made the note. Returns the reply error, if any.
     pub async fn deliver<C: ConnectionLike>(
         &self,
         con: &mut C,
@@ -416,17 +350,6 @@ impl Publisher {
                 }
             }
         }
-        if let Some(kind) = EventType::for_status(note.status).filter(|_| first_time) {
-            let mut event = Event::new(kind, license, &note.session, seats.used, seats.total, seats.at_ms);
-            event.waited_ms = Some(note.waited_ms);
-            if kind == EventType::Denied {
-                event.reason = Some(note.status.as_str());
-            }
-            if kind == EventType::Granted {
-                event.user = self.user_of_session(con, license, &note.session).await;
-            }
-            self.event(con, &event).await;
-        }
         result
     }
 
@@ -440,27 +363,6 @@ impl Publisher {
             .arg(&note.note_id)
             .query_async(con)
             .await;
-    }
-
-    /// The `user_email` a seat holder's session was stored with. A grant's
-    /// note does not carry the waiter's metadata, the session record the
-    /// grant wrote does: one HGET per grant (grants are rare next to
-    /// requests). `None` when it has none, or the seat is already gone.
-    async fn user_of_session<C: ConnectionLike>(
-        &self,
-        con: &mut C,
-        license: &str,
-        session: &str,
-    ) -> Option<String> {
-        let sessions = self.keys.license(license).sessions;
-        let raw: Option<String> = redis::cmd("HGET")
-            .arg(sessions)
-            .arg(session)
-            .query_async(con)
-            .await
-            .ok()
-            .flatten();
-        crate::engine::events::user_of(&SessionRecord::parse(&raw?)?.meta)
     }
 }
 
@@ -526,59 +428,5 @@ mod tests {
             trims,
             [(a.to_owned(), true), (a.to_owned(), false), (b.to_owned(), true)]
         );
-    }
-
-    #[test]
-    fn events_are_trimmed_by_their_own_age() {
-        let mut settings = Settings::load(None).unwrap();
-        settings.events.retention = Duration::from_secs(3600);
-        let publisher = Publisher::new(&settings);
-        let mut event = Event::new(EventType::Denied, "acme", "s1", 2, 2, 1_796_000_000_000);
-        event.reason = Some("NO_SEATS_AVAILABLE");
-        let oldest = (1_796_000_000_000_i64 - 3_600_000).to_string();
-        assert_eq!(
-            args(&publisher.event_cmd(&event, true)),
-            [
-                "XADD",
-                "seat:events",
-                "MINID",
-                "~",
-                oldest.as_str(),
-                "*",
-                "type",
-                "denied",
-                "license",
-                "acme",
-                "session",
-                "s1",
-                "seats_used",
-                "2",
-                "seats_total",
-                "2",
-                "at_ms",
-                "1796000000000",
-                "reason",
-                "NO_SEATS_AVAILABLE"
-            ]
-        );
-        // Within one pipeline only the first event of a shard trims.
-        let later = Event::new(EventType::Released, "acme", "s1", 1, 2, 1_796_000_000_005);
-        let other = Event::new(EventType::Released, "bolt", "s2", 1, 2, 1_796_000_000_006);
-        settings.stream.shards = 2;
-        let sharded = Publisher::new(&settings);
-        let (acme, bolt) = (sharded.event_shard(&event), sharded.event_shard(&other));
-        assert_ne!(acme, bolt, "the test needs two shards");
-        let trims: Vec<(String, bool)> = sharded
-            .event_cmds(&[event, later, other])
-            .iter()
-            .map(|cmd| {
-                let a = args(cmd);
-                (a[1].clone(), a.contains(&"MINID".to_owned()))
-            })
-            .collect();
-        assert_eq!(trims, [(acme.clone(), true), (acme, false), (bolt, true)]);
-        // A time younger than the retention itself trims nothing.
-        let early = Event::new(EventType::Acquired, "acme", "s1", 1, 2, 1_000);
-        assert!(!args(&publisher.event_cmd(&early, true)).contains(&"MINID".to_owned()));
     }
 }

@@ -41,7 +41,7 @@ use crate::engine::status::Status;
 use crate::error::Error;
 use crate::runtime::due::{DueIndex, Sweep};
 use crate::runtime::metrics::{self, LicenseSeats, SeatCensus, StreamHealth};
-use crate::runtime::publish::{Event, EventType, Publisher};
+use crate::runtime::publish::Publisher;
 
 /// Licenses a pass claims from a due index shard at a time: one
 /// lua/due_claim.lua and one lua/due_settle.lua call per page, each well
@@ -131,6 +131,9 @@ pub struct Reaper {
     request_streams: Vec<String>,
     /// The due index.
     due: DueIndex,
+    /// Moves the events of the licenses it reaps or deletes to their shards,
+    /// before their queue replies go out (a cluster; `None` on one node).
+    relay: Option<crate::runtime::relay::Relay>,
     /// Licenses of the license index the sweep looks at per pass.
     sweep_budget: usize,
     /// Where the sweep stands; held for the whole of a pass.
@@ -151,7 +154,7 @@ impl Reaper {
     pub fn new(con: Db, settings: &Settings) -> Reaper {
         Reaper {
             con,
-            keys: Keys::new(settings.keys.prefix.clone()),
+            keys: settings.seat_keys(),
             publisher: Publisher::new(settings),
             default_timeout_ms: settings.sessions.heartbeat_timeout_ms,
             batch: settings.reaper.batch,
@@ -166,6 +169,7 @@ impl Reaper {
             stream: settings.stream.clone(),
             request_streams: settings.read_streams(),
             due: DueIndex::new(settings),
+            relay: crate::runtime::relay::Relay::new(&settings.seat_keys()),
             sweep_budget: settings.reaper.sweep,
             sweep: Arc::default(),
             claim_ms: settings.reaper.lock_ms,
@@ -601,8 +605,14 @@ impl Reaper {
                 started.elapsed(),
             );
             let step = step?;
-            // Seat-freed events: stale sessions, then seats whose borrow or
-            // linger ended (counted apart: nobody stopped heartbeating).
+            // Its events (and any a worker that died left) on the shard
+            // before its queue replies go out.
+            if let Some(relay) = &self.relay {
+                relay.licenses(&con, [license]).await;
+            }
+            // Seats freed: stale sessions, then seats whose borrow or linger
+            // ended (counted apart: nobody stopped heartbeating). Their
+            // `evicted` events were recorded by the script.
             let freed = [
                 ("heartbeat_timeout", &step.evicted),
                 ("borrow_ended", &step.borrow_ended),
@@ -617,23 +627,11 @@ impl Reaper {
                         metrics::policy_seat_freed(reason);
                         info!(%license, %session, reason, "freed a seat held without heartbeats");
                     }
-                    let mut event = Event::new(
-                        EventType::Evicted,
-                        license,
-                        session,
-                        step.seats_used,
-                        step.seats_total,
-                        step.now_ms,
-                    );
-                    event.reason = Some(reason);
-                    self.publisher.event(&mut con, &event).await;
                 }
             }
             report.ended += step.borrow_ended.len() + step.linger_ended.len();
             if !step.deleted.is_empty() {
                 warn!(%license, seats = step.deleted.len(), "the license record is gone: ending its seats");
-                self.publish_deleted(&mut con, license, &step.deleted, step.now_ms)
-                    .await;
                 report.deleted += step.deleted.len();
             }
             // New notes count once; redelivered ones (left in the outbox by a
@@ -675,17 +673,6 @@ impl Reaper {
         }
     }
 
-    /// Publishes the end of the seats `sessions` held on `license`, whose
-    /// record is gone, at `at_ms`: an `evicted` event each, reason
-    /// `license_deleted`, with no seats left (the license has none).
-    async fn publish_deleted(&self, con: &mut Db, license: &str, sessions: &[String], at_ms: i64) {
-        for session in sessions {
-            let mut event = Event::new(EventType::Evicted, license, session, 0, 0, at_ms);
-            event.reason = Some(LICENSE_DELETED);
-            self.publisher.event(con, &event).await;
-        }
-    }
-
     /// `seatgate license delete`: deletes `license`'s record and ends
     /// everything on it, in steps of lua/delete_license.lua (the first
     /// deletes the record, so from then on no request gets a seat), each
@@ -710,9 +697,10 @@ impl Reaper {
                 started.elapsed(),
             );
             let step = step?;
+            if let Some(relay) = &self.relay {
+                relay.licenses(&con, [license]).await;
+            }
             report.existed |= step.existed;
-            self.publish_deleted(&mut con, license, &step.ended, step.now_ms)
-                .await;
             report.seats += step.ended.len();
             let seats = crate::engine::events::SeatsAt {
                 used: 0,
@@ -736,12 +724,15 @@ impl Reaper {
             .arg(license)
             .query_async(&mut con)
             .await?;
-        // A reply whose delivery failed waits in the outbox for the reaper.
-        let undelivered: bool = redis::cmd("EXISTS")
+        // A reply whose delivery failed waits in the outbox for the reaper,
+        // and so do events not relayed (a cluster): the license is no longer
+        // in the index the sweep walks.
+        let undelivered: i64 = redis::cmd("EXISTS")
             .arg(&keys.outbox)
+            .arg(&keys.events.log)
             .query_async(&mut con)
             .await?;
-        if undelivered {
+        if undelivered > 0 {
             let now_ms = self.redis_ms(&mut con).await?;
             let _: i64 = self.due.file_due(license, now_ms).query_async(&mut con).await?;
         }

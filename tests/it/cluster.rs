@@ -47,57 +47,149 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     queue_reaper_and_self_healing(&cluster).await;
     licenses_on_every_master_served_by_two_workers(&cluster).await;
     the_sweep_finds_hash_only_licenses_on_every_master(&cluster).await;
+    events_are_relayed_to_their_shard_exactly_once(&cluster).await;
+    a_worker_killed_between_script_and_relay_loses_no_event(&cluster).await;
     the_invalid_request_budget_on_a_cluster(&cluster).await;
 }
 
-/// limits.invalid_requests counts on a cluster too (its key in any slot,
-/// no transaction): past the budget, invalid requests naming reply streams
-/// that do not exist are dead-lettered, not answered.
-async fn the_invalid_request_budget_on_a_cluster(cluster: &LocalCluster) {
-    let mut s = settings(cluster, "c6");
-    s.limits.invalid_requests = 10;
-    s.limits.window_ms = 600_000;
-    let w = spawn_worker(s.clone(), "w1").await;
-    let mut con = db(&s).await;
-    let n = 40;
-    let reply = |i: usize| format!("{}c6:flood:{i}", s.replies.prefix);
-    for i in 0..n {
-        let _: String = redis::cmd("XADD")
-            .arg(s.client_requests())
-            .arg("*")
-            .arg("op")
-            .arg("steal")
-            .arg("reply_to")
-            .arg(reply(i))
-            .query_async(&mut con)
-            .await
-            .unwrap();
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (answered, dead) = loop {
-        let mut answered = 0;
-        for i in 0..n {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(reply(i))
-                .query_async(&mut con)
+/// `seatgate run` on the cluster, killed by the fault hook right after its
+/// scripts ran (`SEATGATE_FAULT=after_script`): the acquire's event waits in
+/// the license's log; one reaper pass relays it; the worker that takes the
+/// entry over replays the reply and records nothing more.
+async fn a_worker_killed_between_script_and_relay_loses_no_event(cluster: &LocalCluster) {
+    // The default prefix and names, which the process gets without settings.
+    let s = settings(cluster, "seat");
+    put_license(&s, "killed", 1).await;
+    let env = [
+        ("SEATGATE__REDIS__CLUSTER_URLS", cluster.urls().join(",")),
+        ("SEATGATE__STREAM__SHARDS", s.stream.shards.to_string()),
+        ("SEATGATE__REAPER__ENABLED", "false".to_owned()),
+        ("SEATGATE_FAULT", "after_script".to_owned()),
+    ];
+    let mut armed = crate::support::WorkerProcess::start(&cluster.urls()[0], &env).await;
+    let c = client(&s).await;
+    let id = c.send(&acquire("killed", "k1", 0)).await.unwrap();
+    let status = armed.exited(T).await;
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the armed worker did not abort: {status:?}"
+    );
+    let log = s.seat_keys().event_keys("killed").log;
+    let log_len: usize = redis::cmd("XLEN")
+        .arg(&log)
+        .query_async(&mut db(&s).await)
+        .await
+        .unwrap();
+    assert_eq!(log_len, 1, "recorded with the seat, not relayed");
+    assert!(events(&s, "killed").await.is_empty());
+    reaper(&s).await.pass().await.unwrap();
+    let recorded = |s: &Settings| {
+        let s = s.clone();
+        async move {
+            events(&s, "killed")
                 .await
-                .unwrap();
-            answered += usize::from(exists);
+                .iter()
+                .map(|e| format!("{} {} {}", e["seq"], e["type"], e["session"]))
+                .collect::<Vec<_>>()
         }
-        let dead: usize = redis::cmd("XLEN")
-            .arg(&s.stream.dead_letter)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        if answered + dead >= n || Instant::now() > deadline {
-            break (answered, dead);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(
-        (answered, dead),
-        (10, 30),
-        "the budget's reply streams, the rest dead-lettered"
+        recorded(&s).await,
+        ["1 acquired k1"],
+        "relayed by one reaper pass"
+    );
+    let w = spawn_worker(s.clone(), "w-after").await;
+    assert_eq!(c.wait_for(&id, T).await.unwrap().status(), Status::Acquired);
+    assert_eq!(
+        recorded(&s).await,
+        ["1 acquired k1"],
+        "the replay records nothing"
+    );
+    assert_eq!(holders(&s, "killed").await, ["k1"]);
+    w.stop().await;
+}
+
+/// Exactly-once events on a cluster (runtime::relay): a seat script records
+/// into its license's own log; a worker killed between its script and its
+/// relay leaves the event there, and the reaper's next pass relays it; a
+/// relay done again (one that died before deleting what it relayed) appends
+/// nothing twice; a worker relays its batch's events before its replies.
+async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) {
+    let s = settings(cluster, "c6");
+    put_license(&s, "lic", 2).await;
+    let mut con = db(&s).await;
+    let log = s.seat_keys().event_keys("lic");
+    let log_len = |con: &mut seatgate::db::Db| {
+        let mut con = con.clone();
+        let key = log.log.clone();
+        async move {
+            redis::cmd("XLEN")
+                .arg(key)
+                .query_async::<usize>(&mut con)
+                .await
+                .unwrap()
+        }
+    };
+    let recorded = |s: &Settings| {
+        let s = s.clone();
+        async move {
+            events(&s, "lic")
+                .await
+                .iter()
+                .map(|e| format!("{} {} {}", e["seq"], e["type"], e["session"]))
+                .collect::<Vec<_>>()
+        }
+    };
+    // The script ran; its worker died before relaying.
+    assert_eq!(
+        direct(&s, "lic", "a").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    assert_eq!(log_len(&mut con).await, 1);
+    assert!(recorded(&s).await.is_empty(), "not on the shard yet");
+    // The reaper's next pass (its sweep finds the log) relays it.
+    reaper(&s).await.pass().await.unwrap();
+    assert_eq!(recorded(&s).await, ["1 acquired a"]);
+    assert_eq!(log_len(&mut con).await, 0, "relayed entries leave the log");
+
+    // A relay repeated: the same entries twice more, then the relay proper.
+    assert_eq!(
+        direct(&s, "lic", "b").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    let page: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(&log.log)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let entries: Vec<(i64, &[Vec<u8>])> = page.iter().map(|(_, f)| (2, f.as_slice())).collect();
+    for _ in 0..2 {
+        let cursor = seatgate::engine::scripts::Scripts::get()
+            .relay(&mut con, &log, 0, &entries)
+            .await
+            .unwrap();
+        assert_eq!(cursor, 2);
+    }
+    let relay = seatgate::runtime::relay::Relay::new(&s.seat_keys()).expect("a cluster relays");
+    assert_eq!(
+        relay.license(&mut con, "lic").await.unwrap(),
+        1,
+        "deleted from the log"
+    );
+    assert_eq!(recorded(&s).await, ["1 acquired a", "2 acquired b"]);
+    assert_eq!(log_len(&mut con).await, 0);
+
+    // Through a worker: the event is on the shard when the reply arrives.
+    let w = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    let released = c.call(&Call::new(Op::Release, "lic", "a"), T).await.unwrap();
+    assert_eq!(released.status(), Status::Released);
+    assert_eq!(
+        recorded(&s).await,
+        ["1 acquired a", "2 acquired b", "3 released a"],
+        "relayed before the reply"
     );
     w.stop().await;
 }
@@ -420,4 +512,56 @@ async fn the_sweep_finds_hash_only_licenses_on_every_master(cluster: &LocalClust
     for l in &licenses {
         assert!(holders(&s, l).await.is_empty(), "{l}");
     }
+}
+
+/// limits.invalid_requests counts on a cluster too (its key in any slot,
+/// no transaction): past the budget, invalid requests naming reply streams
+/// that do not exist are dead-lettered, not answered.
+async fn the_invalid_request_budget_on_a_cluster(cluster: &LocalCluster) {
+    let mut s = settings(cluster, "c6");
+    s.limits.invalid_requests = 10;
+    s.limits.window_ms = 600_000;
+    let w = spawn_worker(s.clone(), "w1").await;
+    let mut con = db(&s).await;
+    let n = 40;
+    let reply = |i: usize| format!("{}c6:flood:{i}", s.replies.prefix);
+    for i in 0..n {
+        let _: String = redis::cmd("XADD")
+            .arg(s.client_requests())
+            .arg("*")
+            .arg("op")
+            .arg("steal")
+            .arg("reply_to")
+            .arg(reply(i))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (answered, dead) = loop {
+        let mut answered = 0;
+        for i in 0..n {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(reply(i))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            answered += usize::from(exists);
+        }
+        let dead: usize = redis::cmd("XLEN")
+            .arg(&s.stream.dead_letter)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if answered + dead >= n || Instant::now() > deadline {
+            break (answered, dead);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (answered, dead),
+        (10, 30),
+        "the budget's reply streams, the rest dead-lettered"
+    );
+    w.stop().await;
 }

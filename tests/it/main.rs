@@ -8,6 +8,7 @@ mod client;
 mod cluster;
 mod delete;
 mod due;
+mod events_once;
 mod examples;
 mod faults;
 mod hardening;

@@ -11,7 +11,6 @@ use seatgate::engine::events::{Event, EventType};
 use seatgate::engine::keys::shard_of;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
-use seatgate::runtime::publish::Publisher;
 use seatgate::views::usage::{self, LicenseUsage, Query, UsageReport, Waits, When};
 
 use crate::support::{
@@ -365,6 +364,14 @@ fn at(e: &Entry) -> i64 {
     e["at_ms"].parse().unwrap()
 }
 
+/// A request policy that names only its user.
+fn as_user(user: &str) -> seatgate::engine::policy::RequestPolicy {
+    seatgate::engine::policy::RequestPolicy {
+        user: Some(user.to_owned()),
+        ..seatgate::engine::policy::RequestPolicy::NONE
+    }
+}
+
 #[tokio::test]
 async fn a_run_through_real_workers_reports_what_its_events_say() {
     let TestApp(_redis, mut s, mut con) = spawn_app().await;
@@ -376,7 +383,9 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     let ann = |op: Op| Call::new(op, "lab", "s-ann");
     let reply = c
         .call(
-            &ann(Op::Acquire).with_meta(r#"{"user_email":"ann@example.com"}"#),
+            &ann(Op::Acquire)
+                .with_meta(r#"{"user_email":"ann@example.com"}"#)
+                .with_policy(as_user("ann@example.com")),
             T,
         )
         .await
@@ -406,6 +415,7 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     let bob = client(&s).await;
     let bob_call = Call::new(Op::Acquire, "lab", "s-bob")
         .with_meta(r#"{"user_email":"bob@example.com","hardware_id":"hw-1"}"#)
+        .with_policy(as_user("bob@example.com"))
         .with_wait(10_000);
     let bob_id = bob.send(&bob_call).await.unwrap();
     assert_eq!(bob.wait_for(&bob_id, T).await.unwrap().status(), Status::Queued);
@@ -425,9 +435,14 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     assert_eq!(bob_release.status(), Status::Released);
     worker.stop().await;
 
-    // The events carry what the report needs.
+    // The events carry what the report needs: `user` is the request's
+    // `user` field (issue 23: no longer meta.user_email), on every event of
+    // the session; `seq` counts the license's events from 1.
     let all = events(&s, "lab").await;
     let ev: Vec<Entry> = all.iter().filter(|e| e["license"] == "lab").cloned().collect();
+    let seqs: Vec<String> = ev.iter().map(|e| e["seq"].clone()).collect();
+    let gapless: Vec<String> = (1..=ev.len()).map(|i| i.to_string()).collect();
+    assert_eq!(seqs, gapless);
     let acquired = of_type(&ev, "acquired");
     assert_eq!(acquired.len(), 1);
     assert_eq!(acquired[0]["user"], "ann@example.com");
@@ -449,7 +464,13 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
             ("s-dan", "NO_SEATS_AVAILABLE")
         ]
     );
-    assert!(!of_type(&ev, "queued")[0].fields.contains_key("user"));
+    assert_eq!(of_type(&ev, "queued")[0]["user"], "bob@example.com");
+    let ann_denied = of_type(&ev, "denied");
+    assert_eq!(
+        ann_denied[0]["user"], "ann@example.com",
+        "a heartbeat's denial too"
+    );
+    assert!(!ann_denied[1].fields.contains_key("user"), "carl sent no user");
     let released = of_type(&ev, "released");
     let (ann_from, ann_to) = (at(acquired[0]), at(released[0]));
     let (bob_from, bob_to) = (at(granted_ev[0]), at(released[1]));
@@ -516,16 +537,13 @@ async fn events_are_trimmed_by_their_own_age_not_by_count() {
         .map(|i| (ev(EventType::Released, "s-young", 0, now - 10_000 + i), 0))
         .collect();
     write_events(&s, "acme", 1, &young).await;
-    let publisher = Publisher::new(&s);
-    let event = Event::new(
-        EventType::Acquired,
-        "acme",
-        "s-new",
-        1,
-        1,
-        redis_ms(&mut con).await,
-    );
-    publisher.event(&mut con, &event).await;
+    // The seat script records its event, trimming (a license's first event
+    // trims, and one in 16 after it: lua/includes/events.lua).
+    crate::support::provision(&s, "acme", &crate::support::seats(1)).await;
+    let acquired = crate::support::direct(&s, "acme", "s-new")
+        .acquire(&mut con)
+        .await;
+    assert_eq!(acquired.status(), seatgate::engine::status::Status::Acquired);
     let left = crate::support::stream_entries(&mut con, &stream).await;
     let old_left = left.iter().filter(|e| e["session"] == "s-old").count();
     let young_left = left.iter().filter(|e| e["session"] == "s-young").count();
@@ -541,7 +559,6 @@ async fn events_are_trimmed_by_their_own_age_not_by_count() {
 #[tokio::test]
 async fn an_event_costs_about_160_bytes_of_redis_memory() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
-    let publisher = Publisher::new(&s);
     let now = redis_ms(&mut con).await;
     const N: usize = 10_000;
     let licenses: Vec<String> = (0..200).map(|i| format!("lic-{i:04}")).collect();
@@ -592,13 +609,33 @@ async fn an_event_costs_about_160_bytes_of_redis_memory() {
             EventType::Evicted => e.reason = Some("heartbeat_timeout"),
             _ => {}
         }
-        batch.push(e);
+        // As the scripts write it: the fields, and the license's seq.
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(s.events_stream_for(e.license)).arg("*");
+        for (field, value) in e.fields() {
+            xadd.arg(field).arg(value);
+        }
+        xadd.arg("seq").arg(i / 200 + 1);
+        batch.push(xadd);
         if batch.len() == 500 {
-            publisher.reply_many(&mut con, &[], &batch, &[], None).await;
-            batch.clear();
+            let _: Vec<redis::Value> = con
+                .query_all(std::mem::take(&mut batch))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|v| v.unwrap())
+                .collect();
         }
     }
-    publisher.reply_many(&mut con, &[], &batch, &[], None).await;
+    if !batch.is_empty() {
+        let _: Vec<redis::Value> = con
+            .query_all(batch)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| v.unwrap())
+            .collect();
+    }
     let stream = s.events_stream_for("lic-0000");
     let len: usize = redis::cmd("XLEN")
         .arg(&stream)

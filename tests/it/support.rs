@@ -108,7 +108,7 @@ pub async fn db(s: &Settings) -> Db {
 
 /// Every key name under `s`'s prefix.
 pub fn keys(s: &Settings) -> Keys {
-    Keys::new(s.keys.prefix.clone())
+    s.seat_keys()
 }
 
 /// The keys of `license` under `s`'s prefix.
@@ -849,6 +849,18 @@ impl WorkerProcess {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits (at most `within`) for it to exit on its own; its status.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.0.try_wait().expect("wait for worker") {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     /// SIGKILL: no chance to finish anything.

@@ -34,6 +34,7 @@ const INCLUDES: &[(&str, &str)] = &[
         "denial_sample",
         include_str!("../../../lua/includes/denial_sample.lua"),
     ),
+    ("events", include_str!("../../../lua/includes/events.lua")),
 ];
 
 /// The directive, at the start of a line.

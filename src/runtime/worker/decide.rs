@@ -16,8 +16,8 @@ use crate::engine::protocol::{self, Reply};
 use crate::engine::scripts::{Outcome, Scripts, SeatCall};
 use crate::error::Error;
 use crate::runtime::health::Readiness;
-use crate::runtime::metrics;
 use crate::runtime::publish::Publisher;
+use crate::runtime::{fault, metrics};
 
 /// Decides batches: shared by the batches a worker has in flight at once.
 pub(super) struct Decider {
@@ -29,8 +29,11 @@ pub(super) struct Decider {
     pub(super) con: Db,
     /// This process's consumer name, which owns every entry it decides.
     pub(super) consumer: String,
-    /// Events and replies.
+    /// Replies.
     pub(super) publisher: Publisher,
+    /// Moves the batch's events to their shards before the replies go out
+    /// (a cluster; `None` on one node, where the scripts append to the shards).
+    pub(super) relay: Option<crate::runtime::relay::Relay>,
     /// Health flag for `/ready`: cleared while Redis refuses our writes.
     pub(super) ready: Readiness,
     /// Whether the last batch met transient Redis errors (OOM, LOADING, ...),
@@ -179,7 +182,8 @@ impl Decider {
         Decider {
             logs: crate::runtime::log_limit::LogLimit::per_minute(settings.log.repeats_per_minute),
             consumer: settings.consumer_name(),
-            keys: Keys::new(settings.keys.prefix.clone()),
+            keys: settings.seat_keys(),
+            relay: crate::runtime::relay::Relay::new(&settings.seat_keys()),
             publisher: Publisher::new(&settings),
             settings,
             con,
@@ -208,12 +212,14 @@ impl Decider {
                     .observe(secs.saturating_mul(1000).saturating_add(micros / 1000));
             }
         }
+        fault::pass(fault::Point::AfterRead);
         let mut items = self.plan(lane, stream, batch);
         let tag = match lane {
             Lane::Requests => self.settings.stream_tag(stream),
             Lane::Admin => None,
         };
         self.send(&mut con, &mut items, tag.as_deref()).await;
+        fault::pass(fault::Point::AfterScript);
         self.settle(&mut con, stream, &mut items, source).await
     }
 

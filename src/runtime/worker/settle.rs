@@ -1,5 +1,6 @@
-//! Settling a decided batch: replies and events in one pipeline, queue
-//! notes, dead letters, one XACK.
+//! Settling a decided batch: replies in one pipeline, queue notes, dead
+//! letters, one XACK. The events were recorded by the scripts themselves
+//! (lua/includes/events.lua).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -16,8 +17,7 @@ use crate::engine::protocol::Reply;
 use crate::engine::scripts::{Decision, NoSeats, Outcome};
 use crate::engine::status::Status;
 use crate::error::Error;
-use crate::runtime::metrics;
-use crate::runtime::publish::{Event, EventType};
+use crate::runtime::{fault, metrics};
 
 impl Decider {
     /// Answers the decided items, dead-letters the exhausted ones and
@@ -43,15 +43,55 @@ impl Decider {
             }
         }
         self.ration_invalid(con, stream, items).await;
+        self.relay(con, items).await;
+        fault::pass(fault::Point::AfterRelay);
         self.write_replies(con, items).await;
+        fault::pass(fault::Point::AfterReply);
         self.answered(con, items).await;
         self.acknowledge(con, stream, items, source).await
     }
 
-    /// Replies and the requests' own events, in one pipeline. A reply that
-    /// failed for a transient reason leaves its entry pending for a retry.
+    /// On a cluster, moves the events the batch's scripts recorded in their
+    /// licenses' logs to the events shards, before any reply goes out: an
+    /// event is visible no later than its reply. Every license of the batch
+    /// is relayed, replays too, so a redelivered request relays what a
+    /// worker that died after its script left. A license whose relay failed
+    /// is filed due at once, for the reaper to relay.
+    async fn relay(&self, con: &mut Db, items: &[Item]) {
+        let Some(relay) = &self.relay else {
+            return;
+        };
+        let mut licenses: Vec<&str> = items
+            .iter()
+            .filter_map(|item| match (&item.request, &item.outcome) {
+                (Some(Ok(req)), Some(_)) => Some(req.license.as_str()),
+                _ => None,
+            })
+            .collect();
+        licenses.sort_unstable();
+        licenses.dedup();
+        let failed = relay.licenses(con, licenses).await;
+        if failed.is_empty() {
+            return;
+        }
+        let Some(now_ms) = items
+            .iter()
+            .filter_map(|item| item.outcome.as_ref()?.as_ref().ok())
+            .map(|o| o.now_ms)
+            .max()
+        else {
+            return;
+        };
+        let due = crate::runtime::due::DueIndex::new(&self.settings);
+        let filed: Vec<redis::Cmd> = failed.iter().map(|l| due.file_due(l, now_ms)).collect();
+        if let Err(e) = con.query_all(filed).await {
+            debug!(error = %e, "cannot file unrelayed licenses as due; the reaper's sweep finds them");
+        }
+    }
+
+    /// Replies, in one pipeline. A reply that failed for a transient reason
+    /// leaves its entry pending for a retry.
     async fn write_replies(&self, con: &mut Db, items: &mut [Item]) {
-        let events: Vec<Event<'_>> = items.iter().filter_map(Item::event).collect();
         let to_send: Vec<(&str, &Reply)> = items
             .iter()
             .filter_map(|item| item.reply.as_ref().map(|(s, r)| (s.as_str(), r)))
@@ -75,10 +115,7 @@ impl Decider {
                 (due.1.is_some() || due.2.is_some()).then_some(due)
             })
             .collect();
-        let sent = self
-            .publisher
-            .reply_many(con, &to_send, &events, &dues, clock)
-            .await;
+        let sent = self.publisher.reply_many(con, &to_send, &dues, clock).await;
         let with_reply = items.iter_mut().filter(|item| item.reply.is_some());
         for (item, result) in with_reply.zip(sent) {
             let (Err(e), Some((reply_to, _))) = (result, &item.reply) else {
@@ -299,6 +336,7 @@ impl Decider {
         }
         self.note_health(transient.as_deref(), done.len());
         if !done.is_empty() {
+            fault::pass(fault::Point::BeforeAck);
             let acked: redis::RedisResult<i64> = redis::cmd("XACK")
                 .arg(stream)
                 .arg(&self.settings.stream.group)
@@ -510,43 +548,6 @@ impl Item {
                 })
             }
         }
-    }
-
-    /// The event this request's own decision emits (a change, or a denial):
-    /// only the first time it is made, with or without a `reply_to`.
-    fn event(&self) -> Option<Event<'_>> {
-        let (Some(Ok(req)), Some(Ok(outcome))) = (&self.request, &self.outcome) else {
-            return None;
-        };
-        if !outcome.changed || outcome.replayed {
-            return None;
-        }
-        let meta = match &req.action {
-            Action::Acquire(acquire) => acquire.meta.as_str(),
-            _ => "{}",
-        };
-        let mut event = Event::of_decision(
-            outcome.status(),
-            &req.license,
-            &req.session,
-            meta,
-            outcome.seats_at(),
-        )?;
-        match outcome.decision {
-            Decision::Queued { priority, .. } => event.priority = Some(priority),
-            Decision::Released { linger_ms } => event.linger_ms = linger_ms,
-            Decision::Acquired { borrowed_until_ms } => event.borrowed_until_ms = borrowed_until_ms,
-            // A revocation's audit trail: who and why, as the admin sent them.
-            Decision::Revoked { held } => {
-                if let (EventType::Revoked, Action::Revoke(revoke)) = (event.kind, &req.action) {
-                    event.reason = Some(&revoke.reason);
-                    event.actor = Some(&revoke.actor);
-                    event.held = Some(held);
-                }
-            }
-            _ => {}
-        }
-        Some(event)
     }
 }
 

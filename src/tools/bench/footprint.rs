@@ -9,7 +9,6 @@ use super::seat::{Seat, Step};
 use super::{Bench, Row};
 use crate::config::Settings;
 use crate::db::Db;
-use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
 use crate::error::Error;
 use crate::runtime::due::DueIndex;
@@ -38,7 +37,7 @@ pub(super) async fn memory(b: &mut Bench<'_>) -> Result<(), Error> {
 /// Redis's CPU for it, and the longest command Redis timed.
 async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<Vec<Row>, Error> {
     wipe(con).await?;
-    let keys = Keys::new(settings.keys.prefix.clone());
+    let keys = settings.seat_keys();
     let due = DueIndex::new(settings);
     let (secs, _): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
     let now_ms = secs * 1000;
@@ -180,7 +179,7 @@ async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
 /// ~60-byte metadata) and per queued waiter.
 async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error> {
     wipe(con).await?;
-    let keys = Keys::new(settings.keys.prefix.clone());
+    let keys = settings.seat_keys();
     for l in 0..10_000 {
         let spec = LicenseSpec {
             seats_total: 10,

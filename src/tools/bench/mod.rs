@@ -304,7 +304,7 @@ pub async fn run(opts: BenchOptions, mut progress: impl FnMut(&Row) + Send) -> R
     let duration = opts.duration;
     let mut bench = Bench {
         opts,
-        keys: Keys::new(settings.keys.prefix.clone()),
+        keys: settings.seat_keys(),
         settings,
         loaded_limits: loaded.limits,
         con,

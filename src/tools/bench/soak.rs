@@ -11,7 +11,6 @@ use super::{Bench, Row};
 use crate::client::{Call, Client};
 use crate::config::{LimitSettings, Settings};
 use crate::db::Db;
-use crate::engine::keys::Keys;
 use crate::engine::license::{self, LicenseSpec};
 use crate::engine::ops::Op;
 use crate::error::Error;
@@ -48,7 +47,7 @@ async fn soak_run(
 ) -> Result<Vec<Row>, Error> {
     const USERS: usize = 24;
     wipe(con).await?;
-    let keys = Keys::new(settings.keys.prefix.clone());
+    let keys = settings.seat_keys();
     for l in 0..20 {
         let spec = LicenseSpec {
             seats_total: 50,

@@ -215,7 +215,7 @@ impl Caller {
     ) -> Result<Caller, Error> {
         Ok(match path {
             Path::Direct => {
-                let keys = Keys::new(settings.keys.prefix.clone());
+                let keys = settings.seat_keys();
                 Caller::Direct(
                     Db::connect(&settings.redis).await?,
                     Box::new(Seat::new(&keys, license, session)),

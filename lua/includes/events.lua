@@ -1,0 +1,88 @@
+--[[
+  events: the seat events a script records itself, in the same atomic step
+  as the change each one describes, so every change has exactly one event
+  whatever happens to the process that called the script (docs/internals.md,
+  "Exactly-once events"). The one place an event entry is written.
+
+  The last two KEYS of every script that includes it:
+    KEYS[#KEYS-1] seat:{L}:event_seq  STRING the license's event counter
+                  (`seq`). Never deleted, not by `license delete` either, so
+                  a license's seq never restarts.
+    KEYS[#KEYS]   where the events go: on one Redis node the license's
+                  events shard itself (seat:events, or seat:events:{i});
+                  on a cluster, where the shard is another slot, the
+                  license's own log seat:{L}:events, which the relay
+                  (lua/relay.lua, src/runtime/relay.rs) moves to the shard.
+  The script sets EV.license (the license id) and EV.keep_ms (the events
+  retention, ms; 0 = never trim, the license's own log) before it records.
+
+  An event entry (src/engine/events.rs reads it, docs/protocol.md lists it):
+    type license session seats_used seats_total at_ms seq
+    [user] [group] [reason] [waited_ms] [actor] [held] [priority]
+    [linger_ms] [borrowed_until_ms]
+  seats_used and seats_total are the license's after the script, at_ms its
+  Redis clock. Events go out in the order of the changes: EV.pending holds
+  them as the script makes them, flush_events writes them at its end.
+
+  Trimming (MINID ~ <now - keep_ms>) costs about 40% of an XADD even when
+  nothing goes, so only one event in TRIM_EVERY of a license trims: the
+  shard is still trimmed many times a minute under any load, and an event
+  older than the retention stays at most until the license's next few events.
+]]
+--- @include "keys"
+
+local TRIM_EVERY = 16
+
+local EV = {seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0, pending = {}}
+
+-- The event of a request's own outcome, by status (src/engine/events.rs,
+-- EventType::for_status, pinned by a unit test there).
+local EVENT_OF = {
+  ACQUIRED = 'acquired', RELEASED = 'released', QUEUED = 'queued', LEFT_QUEUE = 'left_queue',
+  GRANTED = 'granted', QUEUE_TIMEOUT = 'queue_timeout', REVOKED = 'revoked',
+  NO_SEATS_AVAILABLE = 'denied', LICENSE_NOT_FOUND = 'denied', LICENSE_INACTIVE = 'denied',
+  LICENSE_EXPIRED = 'denied', LICENSE_INVALID = 'denied', RATE_LIMITED = 'denied', LIMIT_REACHED = 'denied',
+}
+
+-- Adds `who`'s user and group (an owner record, owners.lua, or an asker)
+-- to field list `f`.
+local function add_who(f, who)
+  if who then
+    if who.user ~= '' then
+      f[#f + 1] = 'user'
+      f[#f + 1] = who.user
+    end
+    if who.group ~= '' then
+      f[#f + 1] = 'group'
+      f[#f + 1] = who.group
+    end
+  end
+  return f
+end
+
+-- Queues event `kind` of `session` with extra fields `f` (a flat list).
+local function event_later(kind, session, f)
+  EV.pending[#EV.pending + 1] = {kind, session, f}
+end
+
+-- Writes the queued events, in order, with the license's seats after the
+-- script and its clock.
+local function flush_events(used, total, now)
+  if #EV.pending == 0 then
+    return
+  end
+  local at = string.format('%d', now)
+  for _, e in ipairs(EV.pending) do
+    local seq = rcall('INCR', EV.seq)
+    local f = e[3]
+    if EV.keep_ms > 0 and seq % TRIM_EVERY == 1 and now > EV.keep_ms then
+      rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', e[1],
+        'license', EV.license, 'session', e[2], 'seats_used', used, 'seats_total', total, 'at_ms', at,
+        'seq', seq, unpack(f))
+    else
+      rcall('XADD', EV.log, '*', 'type', e[1], 'license', EV.license, 'session', e[2],
+        'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', seq, unpack(f))
+    end
+  end
+  EV.pending = {}
+end
