@@ -919,13 +919,13 @@ pub async fn audit<C: ConnectionLike>(
     }
     if !report.seq_unchecked.is_empty() {
         report.notes.push(format!(
-            "seq not checked on {} license(s): their events carry no seq (written before it), so a lost or duplicated event shows only where it breaks another rule",
+            "seq not checked on {} license(s): their events carry none",
             report.seq_unchecked.len()
         ));
     }
     if !policies_unjudged.is_empty() {
         report.notes.push(format!(
-            "queue order not judged on {} license(s) with per-user or per-group limits or reservations (or deleted): a grant past a waiter may be a fair skip",
+            "queue order not judged on {} license(s) with per-user or per-group limits or reservations, or deleted",
             policies_unjudged.len()
         ));
     }
