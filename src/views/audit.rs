@@ -290,9 +290,22 @@ struct Replay<'a> {
     limits: Option<bool>,
     ev: &'a [Ev],
     sessions: HashMap<String, Sess>,
+    /// The sessions waiting, by the index of their `queued` event.
+    waiting: BTreeMap<usize, String>,
     count: Option<i64>,
     holds: u64,
     out: Vec<Violation>,
+}
+
+/// A seat taken in a decision step, for the queue order check.
+#[derive(Debug, Clone, Copy)]
+struct Take {
+    /// Index of the `acquired` or `granted`.
+    at: usize,
+    /// The session's wait it ended, if the window shows it.
+    wait: Option<Wait>,
+    /// It took back the session's own lingering seat.
+    reclaim: bool,
 }
 
 impl<'a> Replay<'a> {
@@ -363,6 +376,7 @@ impl<'a> Replay<'a> {
         let e = &ev[i];
         let key = e.session.clone();
         let mut s = self.sessions.remove(&key).unwrap_or_default();
+        let waited = s.wait;
         let mut delta = 0;
         match (e.kind, e.change) {
             (Some(EventType::Queued), _) => {
@@ -439,6 +453,14 @@ impl<'a> Replay<'a> {
             }
             _ => {}
         }
+        if waited != s.wait {
+            if let Some(w) = waited {
+                self.waiting.remove(&w.queued);
+            }
+            if let Some(w) = s.wait {
+                self.waiting.insert(w.queued, key.clone());
+            }
+        }
         self.sessions.insert(key, s);
         delta
     }
@@ -460,31 +482,29 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// Queue order of the takes of one decision step (`group`, indexes),
-    /// judged against who still waits after it.
-    fn check_queue_order(&mut self, takes: &[(usize, Option<Wait>)]) {
-        if self.limits != Some(false) {
+    /// Queue order of the takes of one decision step, judged against who
+    /// still waits after it.
+    fn check_queue_order(&mut self, takes: &[Take]) {
+        if self.limits != Some(false) || takes.is_empty() || self.waiting.is_empty() {
             return;
         }
-        let mut waiting: Vec<(String, Wait)> = self
-            .sessions
-            .iter()
-            .filter_map(|(id, s)| s.wait.map(|w| (id.clone(), w)))
+        let waiting: Vec<(String, Wait)> = self
+            .waiting
+            .values()
+            .filter_map(|id| Some((id.clone(), self.sessions.get(id)?.wait?)))
             .collect();
-        waiting.sort_by_key(|(_, w)| w.queued);
         let ev = self.ev;
-        for &(take, of) in takes {
-            let e = &ev[take];
-            // A lingering seat taken back is the session's own.
-            if e.is(EventType::Acquired) && of.is_none() && self.reclaimed(take) {
+        for take in takes {
+            let e = &ev[take.at];
+            // A lingering seat taken back is the session's own; a grant to
+            // a session queued before the window is of unknown priority.
+            if take.reclaim || (e.is(EventType::Granted) && take.wait.is_none()) {
                 continue;
             }
-            if e.is(EventType::Granted) && of.is_none() {
-                // Queued before the window: its priority is unknown.
-                continue;
-            }
-            let skipped: Vec<&(String, Wait)> =
-                waiting.iter().filter(|(_, w)| self.ahead(*w, of, take)).collect();
+            let skipped: Vec<&(String, Wait)> = waiting
+                .iter()
+                .filter(|(_, w)| self.ahead(*w, take.wait, take.at))
+                .collect();
             if let Some((first, w)) = skipped.first() {
                 let detail = format!(
                     "a seat went to it while {} session(s) ahead of it waited (first: {first}, priority {}, {}); the license has no per-user or per-group limit that lets a grant skip a waiter",
@@ -492,19 +512,9 @@ impl<'a> Replay<'a> {
                     w.priority,
                     self.name(w.queued)
                 );
-                self.flag(Rule::QueueOrder, take, detail);
+                self.flag(Rule::QueueOrder, take.at, detail);
             }
         }
-    }
-
-    /// Whether take `i` took back the session's lingering seat.
-    fn reclaimed(&self, i: usize) -> bool {
-        let session = &self.ev[i].session;
-        self.ev[..i]
-            .iter()
-            .rev()
-            .find(|e| e.session == *session && e.change.is_some_and(|c| c != SeatChange::Unchanged))
-            .is_some_and(|prev| prev.is(EventType::Released) && prev.linger)
     }
 
     /// Ends a decision step (events `from..to` of one `at_ms`): seats in use
@@ -562,8 +572,13 @@ impl<'a> Replay<'a> {
                 if self.check_seq(i, &mut seen, &mut last_seq) {
                     let e = &ev[i];
                     if e.change == Some(SeatChange::Taken) {
-                        let waited = self.sessions.get(&e.session).and_then(|s| s.wait);
-                        takes.push((i, waited));
+                        let s = self.sessions.get(&e.session);
+                        takes.push(Take {
+                            at: i,
+                            wait: s.and_then(|s| s.wait),
+                            reclaim: e.is(EventType::Acquired)
+                                && s.is_some_and(|s| s.seat == Seat::Lingering),
+                        });
                     }
                     let delta = self.apply(i);
                     recon = recon.map(|c| c + delta);
@@ -594,6 +609,7 @@ fn replay(license: &str, stream: &str, limits: Option<bool>, events: Vec<Ev>) ->
         limits,
         ev: &events,
         sessions: HashMap::new(),
+        waiting: BTreeMap::new(),
         count: None,
         holds: 0,
         out: Vec::new(),
@@ -854,9 +870,8 @@ pub async fn audit<C: ConnectionLike>(
     // Events appended while the state was read: their sessions are not compared.
     let mut busy: HashMap<String, HashSet<String>> = HashMap::new();
     for (stream, last, _) in &read_to {
-        let mut start = last
-            .as_ref()
-            .map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        let window = since_ms.saturating_sub(ID_SLACK_MS).max(0).to_string();
+        let mut start = last.as_ref().map_or(window, |id| format!("({id}"));
         loop {
             let page = xrange(con, stream, &start, "+").await?;
             for (id, fields) in &page {
