@@ -292,6 +292,9 @@ struct Replay<'a> {
     sessions: HashMap<String, Sess>,
     /// The sessions waiting, by the index of their `queued` event.
     waiting: BTreeMap<usize, String>,
+    /// A `seq` gap in the current decision step: events are known to be
+    /// lost, so its count is the event's, not the replay's.
+    lost: bool,
     count: Option<i64>,
     holds: u64,
     out: Vec<Violation>,
@@ -355,6 +358,7 @@ impl<'a> Replay<'a> {
         match *last {
             Some(prev) if seq > prev + 1 => {
                 let missing = seq - prev - 1;
+                self.lost = true;
                 self.flag(
                     Rule::SeqGap,
                     i,
@@ -529,8 +533,10 @@ impl<'a> Replay<'a> {
             .collect();
         if let Some(&take) = takes.last() {
             let total = self.ev[take].seats_total;
-            let count = recon.unwrap_or(reported);
-            if count > total {
+            // After a known loss (a seq gap) the replay's count is off by
+            // the lost events: the event's own count is judged instead.
+            let by_events = recon.filter(|_| !self.lost);
+            if let Some(count) = by_events.filter(|&c| c > total) {
                 self.flag(
                     Rule::AboveSeats,
                     take,
@@ -556,6 +562,7 @@ impl<'a> Replay<'a> {
             _ => {}
         }
         self.count = Some(if deleted { recon.unwrap_or(0) } else { reported });
+        self.lost = false;
     }
 
     fn run(mut self) -> Replayed {
@@ -610,6 +617,7 @@ fn replay(license: &str, stream: &str, limits: Option<bool>, events: Vec<Ev>) ->
         ev: &events,
         sessions: HashMap::new(),
         waiting: BTreeMap::new(),
+        lost: false,
         count: None,
         holds: 0,
         out: Vec::new(),
@@ -1489,6 +1497,32 @@ mod tests {
         assert!(r.violations[0]
             .detail
             .contains("seq 41 then 43: 1 event(s) missing"));
+        // On one seat: the lost release makes b's acquire look like a
+        // second seat; with the gap known, b's own count is judged (one of
+        // one), without seq there is no telling.
+        let one_seat = |seq: bool| {
+            let entries = [e("acquired", "a", 1, 1, 10), e("acquired", "b", 1, 1, 30)];
+            let entries: Vec<E> = if seq {
+                vec![
+                    entries[0].clone().with("seq", 1),
+                    entries[1].clone().with("seq", 3),
+                ]
+            } else {
+                entries.to_vec()
+            };
+            rules(&run(Some(false), &entries).violations)
+        };
+        assert_eq!(
+            one_seat(true),
+            [(Rule::SeqGap, "b".to_owned()), (Rule::SeatsUsed, "b".to_owned())]
+        );
+        assert_eq!(
+            one_seat(false),
+            [
+                (Rule::AboveSeats, "b".to_owned()),
+                (Rule::SeatsUsed, "b".to_owned())
+            ]
+        );
         // 42 twice: the duplicate is flagged, not replayed.
         let mut twice = base();
         twice.insert(2, e("released", "a", 0, 2, 20).with("seq", 42));
