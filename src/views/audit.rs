@@ -14,7 +14,7 @@
 //! a grant that skipped a waiter under a license with per-user or
 //! per-group policies may be a legitimate fair skip.
 //!
-//! The events of the window are held in memory (about 150 bytes each):
+//! The events of the window are held in memory (about 400 bytes each):
 //! `--license` or `--since` narrow an audit of a large deployment.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
