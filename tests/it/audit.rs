@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use seatgate::client::Call;
 use seatgate::engine::events::{Event, EventType};
+use seatgate::engine::keys::shard_of;
 use seatgate::engine::ops::Op;
 use seatgate::engine::status::Status;
 use seatgate::views::audit::{self, Query, Rule};
@@ -206,4 +207,63 @@ async fn a_real_history_audits_clean_and_tampering_is_found() {
             "{found:?}"
         );
     }
+}
+
+/// With `stream.shards`, every events shard is audited: two licenses on two
+/// shards audit clean, and a release deleted from one shard is found there.
+#[tokio::test]
+async fn every_events_shard_is_audited() {
+    let TestApp(redis, mut s, mut con) = spawn_app().await;
+    s.stream.shards = 2;
+    let one = "acme".to_owned();
+    let other = (0..100)
+        .map(|i| format!("beta{i}"))
+        .find(|l| shard_of(l, 2) != shard_of(&one, 2))
+        .unwrap();
+    put_license(&s, &one, 1).await;
+    put_license(&s, &other, 1).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    for (license, op) in [(&one, Op::Acquire), (&other, Op::Acquire), (&other, Op::Release)] {
+        let reply = c.call(&Call::new(op, license, "kim"), T).await.unwrap();
+        assert!(reply.ok(), "{reply:?}");
+    }
+    wait_for_events(&s, &one, 1).await;
+    let ev = wait_for_events(&s, &other, 2).await;
+    worker.stop().await;
+    let audit_cmd = || {
+        let mut cmd = seatgate_cmd(&redis.url(), &["audit"]);
+        cmd.env("SEATGATE__STREAM__SHARDS", "2");
+        output(cmd)
+    };
+    let out = audit_cmd().await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        stdout.starts_with("audit clean: 2 license(s), 3 event(s), 2 hold(s)"),
+        "{stdout}"
+    );
+
+    let released = entry(&ev, "released", "kim").id.clone();
+    let _: i64 = redis::cmd("XDEL")
+        .arg(s.events_stream_for(&other))
+        .arg(&released)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let out = audit_cmd().await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let never = stdout
+        .lines()
+        .find(|l| l.contains(" never_ended "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        never.contains(&format!(
+            "license={other} session=kim entry={}/",
+            s.events_stream_for(&other)
+        )),
+        "{never}"
+    );
+    assert!(!stdout.contains(&format!("license={one} ")), "{stdout}");
 }
