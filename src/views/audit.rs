@@ -818,12 +818,23 @@ pub async fn audit<C: ConnectionLike>(
         When::At(ms) => ms,
     });
     let base = &settings.events.stream;
-    let shards = settings.stream.shards;
+    let keys = Keys::new(settings.keys.prefix.clone());
+    // The shard count the workers recorded is where the events are; a
+    // user without access to that HASH (the dashboard's) goes by the settings.
+    let recorded: Option<usize> = redis::cmd("HMGET")
+        .arg(keys.deployment())
+        .arg("shards")
+        .query_async::<Vec<Option<String>>>(con)
+        .await
+        .ok()
+        .and_then(|v| v.into_iter().next().flatten())
+        .and_then(|raw| raw.parse().ok())
+        .filter(|&n| n >= 1);
+    let shards = recorded.unwrap_or(settings.stream.shards);
     let streams = match &query.license {
         Some(l) => vec![shard_name(base, shards, l)],
         None => shard_names(base, shards),
     };
-    let keys = Keys::new(settings.keys.prefix.clone());
 
     // The events of the window, per license, and where each shard was read to.
     let mut by_license: BTreeMap<String, Vec<Ev>> = BTreeMap::new();
@@ -905,6 +916,13 @@ pub async fn audit<C: ConnectionLike>(
         notes: Vec::new(),
         violations: Vec::new(),
     };
+    if shards != settings.stream.shards {
+        report.notes.push(format!(
+            "events read from the {shards} shard(s) this deployment records ({}, field shards), not stream.shards {}",
+            keys.deployment(),
+            settings.stream.shards
+        ));
+    }
     let mut policies_unjudged = Vec::new();
     for license in &licenses {
         let stream = shard_name(base, shards, license);

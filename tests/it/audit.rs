@@ -266,4 +266,16 @@ async fn every_events_shard_is_audited() {
         "{never}"
     );
     assert!(!stdout.contains(&format!("license={one} ")), "{stdout}");
+    // Run with the settings' one shard, it reads the two the workers recorded.
+    let out = output(seatgate_cmd(&redis.url(), &["audit"])).await;
+    let plain = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        plain.contains(&format!(" never_ended  license={other} session=kim ")),
+        "{plain}"
+    );
+    assert!(
+        plain.contains("events read from the 2 shard(s) this deployment records (seat:config, field shards), not stream.shards 1"),
+        "{plain}"
+    );
 }
