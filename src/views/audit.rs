@@ -839,8 +839,12 @@ pub async fn audit<C: ConnectionLike>(
     // The events of the window, per license, and where each shard was read to.
     let mut by_license: BTreeMap<String, Vec<Ev>> = BTreeMap::new();
     let mut read_to: Vec<(String, Option<String>, Option<i64>)> = Vec::new();
+    let mut deleted = Vec::new();
     for stream in &streams {
         let first = first_entry_ms(con, stream).await?;
+        if let Some(id) = last_deleted(con, stream).await {
+            deleted.push(format!("{stream} (the last one {id})"));
+        }
         let mut start = since_ms.saturating_sub(ID_SLACK_MS).max(0).to_string();
         let mut last_read = None;
         loop {
@@ -958,6 +962,13 @@ pub async fn audit<C: ConnectionLike>(
             report.violations.push(v);
         }
     }
+    if !deleted.is_empty() {
+        // Trimming by age never sets it; seatgate deletes no event: someone did.
+        report.notes.push(format!(
+            "entries were deleted (XDEL) from {}: events may be missing where no other rule shows it",
+            deleted.join(", ")
+        ));
+    }
     if !report.seq_unchecked.is_empty() {
         report.notes.push(format!(
             "seq not checked on {} license(s): their events carry none",
@@ -1071,6 +1082,20 @@ async fn first_entry_ms<C: ConnectionLike>(con: &mut C, stream: &str) -> Result<
     Ok(first
         .first()
         .and_then(|(id, _)| id.split('-').next()?.parse().ok()))
+}
+
+/// The last entry id deleted from `stream` with `XDEL` (Redis 7's
+/// `max-deleted-entry-id`), if any; `None` too when `XINFO` is not allowed
+/// (the dashboard's ACL user) or the stream does not exist.
+async fn last_deleted<C: ConnectionLike>(con: &mut C, stream: &str) -> Option<String> {
+    let info: HashMap<String, Value> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query_async(con)
+        .await
+        .ok()?;
+    let id: String = redis::from_redis_value(info.get("max-deleted-entry-id")?.clone()).ok()?;
+    (id != "0-0").then_some(id)
 }
 
 fn text_field<'v>(fields: &'v [(String, Value)], name: &str) -> Option<&'v str> {

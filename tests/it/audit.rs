@@ -160,6 +160,13 @@ async fn a_real_history_audits_clean_and_tampering_is_found() {
         .unwrap();
     let (code, stdout) = run_audit(&redis.url()).await;
     assert_eq!(code, Some(0), "{stdout}");
+    // Clean, but the deletion is not forgotten.
+    assert!(
+        stdout.contains(&format!(
+            "entries were deleted (XDEL) from {stream} (the last one {fake_id})"
+        )),
+        "{stdout}"
+    );
 
     // bob's release deleted: by the events he holds his seat still.
     let bob_released = entry(&lab, "released", "bob").id.clone();
