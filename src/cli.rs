@@ -1,6 +1,6 @@
 //! The `seatgate` command line: `run`, `check-config`, the `acquire` / `release` / `heartbeat`
 //! client, `license` provisioning, the administrator's `revoke`, and the
-//! `status`, `events` and `report` views. Errors come out as one line.
+//! `status`, `events`, `report` and `audit` views. Errors come out as one line.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -101,6 +101,21 @@ enum Command {
         #[arg(long)]
         license: Option<String>,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay the events against the seat rules and the state in Redis:
+    /// prints every violation, one line each, and a summary; exits 0 when
+    /// there is none, 1 when there is one (docs/operations.md, "Audit").
+    Audit {
+        /// Only this license.
+        #[arg(long)]
+        license: Option<String>,
+        /// Start of the window: a duration ago (7d, 12h), a UTC date or time
+        /// or unix ms. Default: everything kept (events.retention ago).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<When>,
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -480,6 +495,26 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 print!("{}", views::status::render(&status));
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit { license, since, json } => {
+            if let Some(l) = &license {
+                if !crate::engine::protocol::valid_id(l) {
+                    return Err(Error::Usage(format!("--license {l:?} is not a valid license id")));
+                }
+            }
+            let mut con = crate::connect(&settings).await?;
+            let query = views::audit::Query { license, since };
+            let report = views::audit::audit(&mut con, &settings, &query).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } else {
+                print!("{}", views::audit::render(&report));
+            }
+            Ok(if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_REFUSED)
+            })
         }
     }
 }

@@ -22,6 +22,7 @@
 //! - [`views`]    read models for operators, below both `ops` and `cli`
 //!   - [`views::status`]  `seatgate status` and the status page's snapshot: holders and queues per license
 //!   - [`views::usage`]   `seatgate report`: usage per license over a period, from the events
+//!   - [`views::audit`]   `seatgate audit`: the events replayed against the seat rules and the state in Redis
 //! - [`client`]   the caller's side
 //!   - [`client::Client`]    the request/reply client: clones share one connection and one reply stream
 //!   - [`client::ReplyMsg`]  a reply as received (client/reply.rs, below the reader and the waiter table)

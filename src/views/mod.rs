@@ -3,6 +3,7 @@
 //! over a period (`seatgate report`). Below both `ops` and `cli`; uses the
 //! engine (and the connection, settings and errors) only.
 
+pub mod audit;
 pub mod status;
 mod text;
 pub mod usage;
