@@ -1,8 +1,9 @@
 //! Read models for operators: what the licenses look like now (`seatgate
 //! status`, the status page's `/status.json`) and what they were used for
-//! over a period (`seatgate report`). Below both `ops` and `cli`; uses the
+//! over a period (`seatgate report`, and its daily rollups). Below both `ops` and `cli`; uses the
 //! engine (and the connection, settings and errors) only.
 
+pub mod rollup;
 pub mod status;
 mod text;
 pub mod usage;

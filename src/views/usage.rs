@@ -28,7 +28,7 @@ use sketches_ddsketch::{Config as SketchConfig, DDSketch};
 use super::printable;
 use crate::config::Settings;
 use crate::engine::events::{field, EventRecord, EventType, SeatChange};
-use crate::engine::keys::{shard_name, shard_names};
+use crate::engine::keys::{shard_name, shard_names, Keys};
 use crate::error::Error;
 
 /// Entries per `XRANGE` page: bounds what one reply holds in memory.
@@ -59,6 +59,10 @@ const SEQ_FIELD: &str = "seq";
 /// The user's group, on every event of a session whose license maps it
 /// (the events contract); absent on older events.
 const GROUP_FIELD: &str = "group";
+
+/// The field of the `rollup_done` HASH (`keys::rollup_done`) holding the
+/// last UTC day rolled up for every license (views::rollup writes it).
+pub(crate) const DONE_DAY: &str = "day";
 
 const HOUR_MS: f64 = 3_600_000.0;
 /// An hour and a day, ms: the buckets of the peaks.
@@ -267,7 +271,249 @@ pub async fn usage<C: ConnectionLike>(
             rfc3339(until_ms)
         )));
     }
-    events_report(con, settings, query.license.as_deref(), since_ms, until_ms).await
+    let license = query.license.as_deref();
+    let keys = Keys::new(settings.keys.prefix.clone());
+    // Whole days of the period that the raw events no longer cover from
+    // their start and that have been rolled up: from their rollups.
+    let raw_from = oldest_event_ms(con, settings, license).await?.unwrap_or(until_ms);
+    let done = done_day(con, &keys).await?;
+    let mut days = Vec::new();
+    let mut day = (since_ms + DAY - 1).div_euclid(DAY) * DAY;
+    while day + DAY <= until_ms && day < raw_from && done.is_some_and(|d| day <= d) {
+        days.push(day);
+        day += DAY;
+    }
+    let (Some(&first_day), Some(&last_day)) = (days.first(), days.last()) else {
+        return events_report(con, settings, license, (since_ms, until_ms), Vec::new()).await;
+    };
+    let rolled = read_days(con, &keys, license, &days).await?;
+    let before = match since_ms < first_day {
+        true => Some(events_report(con, settings, license, (since_ms, first_day), Vec::new()).await?),
+        false => None,
+    };
+    let raw_since = last_day + DAY;
+    let after = match raw_since < until_ms {
+        true => {
+            // What was held as the last rolled-up day ended: the raw events
+            // go on from there (their own look-back finds nothing older).
+            let mut seeds = Vec::new();
+            for (id, _) in &rolled {
+                // HMGET: the read-only dashboard user has it, not HGET.
+                let raw: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(keys.rollup(id))
+                    .arg(carry_field(last_day))
+                    .query_async(con)
+                    .await?;
+                let record = raw.into_iter().flatten().next();
+                if let Some(record) = record.and_then(|r| serde_json::from_str::<CarryRecord>(&r).ok()) {
+                    seeds.push((id.clone(), record.carry));
+                }
+            }
+            Some(events_report(con, settings, license, (raw_since, until_ms), seeds).await?)
+        }
+        false => None,
+    };
+    let sources = Sources {
+        events_from_ms: raw_since,
+        rollup_days: days.iter().map(|d| date(*d)).collect(),
+    };
+    Ok(merge(since_ms, until_ms, sources, [before, after], rolled))
+}
+
+/// The rollups of `days` (unix ms of their starts) of `license`, or of every
+/// license with rollups, by license: each day's figures, oldest first.
+async fn read_days<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: Option<&str>,
+    days: &[i64],
+) -> Result<Vec<(String, Vec<LicenseUsage>)>, Error> {
+    let licenses: Vec<String> = match license {
+        Some(l) => vec![l.to_owned()],
+        None => {
+            let index: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(keys.rollup_index())
+                .query_async(con)
+                .await?;
+            let mut ids: Vec<String> = index.into_keys().collect();
+            ids.sort();
+            ids
+        }
+    };
+    let fields: Vec<String> = days.iter().map(|d| date(*d)).collect();
+    let mut out = Vec::new();
+    if fields.is_empty() {
+        return Ok(out);
+    }
+    for license in licenses {
+        let raw: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(keys.rollup(&license))
+            .arg(&fields)
+            .query_async(con)
+            .await?;
+        let parts: Vec<LicenseUsage> = raw
+            .into_iter()
+            .flatten()
+            .filter_map(|r| serde_json::from_str(&r).ok())
+            .collect();
+        if !parts.is_empty() {
+            out.push((license, parts));
+        }
+    }
+    Ok(out)
+}
+
+/// The last day rolled up for every license (unix ms of its start), if any.
+async fn done_day<C: ConnectionLike>(con: &mut C, keys: &Keys) -> Result<Option<i64>, Error> {
+    let done: Vec<Option<i64>> = redis::cmd("HMGET")
+        .arg(keys.rollup_done())
+        .arg(DONE_DAY)
+        .query_async(con)
+        .await?;
+    Ok(done.into_iter().next().flatten())
+}
+
+/// The time of the oldest event kept on the shards a report reads (the raw
+/// events cover the time from there on), if any.
+async fn oldest_event_ms<C: ConnectionLike>(
+    con: &mut C,
+    settings: &Settings,
+    license: Option<&str>,
+) -> Result<Option<i64>, Error> {
+    let base = &settings.events.stream;
+    let streams = match license {
+        Some(l) => vec![shard_name(base, settings.stream.shards, l)],
+        None => shard_names(base, settings.stream.shards),
+    };
+    let mut oldest: Option<i64> = None;
+    for stream in streams {
+        let first: Vec<(String, Vec<(String, Value)>)> = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(con)
+            .await?;
+        if let Some(ms) = first.first().and_then(|(id, _)| id_ms(id)) {
+            oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
+        }
+    }
+    Ok(oldest)
+}
+
+/// One report of the period from reports of its raw-event parts and the
+/// rollups of its whole days (per license, a day's figures each). Sums add
+/// up, peaks are the highest, shares merge by name; the queue wait
+/// quantiles are the raw events' (a rollup keeps its day's, which do not
+/// combine), the count and the longest wait cover every part.
+fn merge(
+    since_ms: i64,
+    until_ms: i64,
+    sources: Sources,
+    [before, after]: [Option<UsageReport>; 2],
+    rolled: Vec<(String, Vec<LicenseUsage>)>,
+) -> UsageReport {
+    let mut out = UsageReport {
+        since_ms,
+        until_ms,
+        events: 0,
+        first_event_ms: None,
+        last_event_ms: None,
+        sources,
+        licenses: Vec::new(),
+    };
+    let mut by_license: BTreeMap<String, LicenseUsage> = BTreeMap::new();
+    let mut add = |mut part: LicenseUsage, from_events: bool| match by_license.get_mut(&part.license) {
+        Some(into) => add_usage(into, part, from_events),
+        None => {
+            if !from_events {
+                part.queue_waits.p50_ms = None;
+                part.queue_waits.p95_ms = None;
+            }
+            by_license.insert(part.license.clone(), part);
+        }
+    };
+    // Oldest first: the time before the rollups' days, the days, the rest.
+    let mut raw_part = |r: Option<UsageReport>, add: &mut dyn FnMut(LicenseUsage, bool)| {
+        let Some(r) = r else { return };
+        out.events += r.events;
+        out.first_event_ms = min_some(out.first_event_ms, r.first_event_ms);
+        out.last_event_ms = out.last_event_ms.max(r.last_event_ms);
+        for l in r.licenses {
+            add(l, true);
+        }
+    };
+    raw_part(before, &mut add);
+    for (_, days) in rolled {
+        for l in days {
+            add(l, false);
+        }
+    }
+    raw_part(after, &mut add);
+    out.licenses = by_license.into_values().collect();
+    out
+}
+
+fn min_some(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Adds the figures of `part`, which follows `into` in time.
+fn add_usage(into: &mut LicenseUsage, part: LicenseUsage, from_events: bool) {
+    if part.seats_total > 0 {
+        into.seats_total = part.seats_total;
+    }
+    if part.peak_seats > into.peak_seats || into.peak_at_ms.is_none() {
+        into.peak_seats = part.peak_seats;
+        into.peak_at_ms = part.peak_at_ms;
+    }
+    into.seat_ms += part.seat_ms;
+    into.seat_hours = hours(into.seat_ms);
+    into.capacity_ms += part.capacity_ms;
+    into.utilisation_pct = utilisation(into.seat_ms, into.capacity_ms);
+    into.full_ms += part.full_ms;
+    let mut hourly: BTreeMap<i64, i64> = into.peaks_hourly.iter().map(|p| (p.start_ms, p.seats)).collect();
+    for p in part.peaks_hourly {
+        let peak = hourly.entry(p.start_ms).or_insert(p.seats);
+        *peak = (*peak).max(p.seats);
+    }
+    into.peaks_hourly = hourly
+        .into_iter()
+        .map(|(start_ms, seats)| Peak { start_ms, seats })
+        .collect();
+    into.peaks_daily = daily(&into.peaks_hourly);
+    for (reason, n) in part.denials {
+        *into.denials.entry(reason).or_default() += n;
+    }
+    into.denials_total += part.denials_total;
+    let (w, p) = (&mut into.queue_waits, part.queue_waits);
+    if from_events && p.count > 0 {
+        w.p50_ms = p.p50_ms;
+        w.p95_ms = p.p95_ms;
+    }
+    w.count += p.count;
+    w.max_ms = w.max_ms.max(p.max_ms);
+    into.queue_wait_ms += part.queue_wait_ms;
+    into.queue_wait_full_ms += part.queue_wait_full_ms;
+    into.users = merge_shares(std::mem::take(&mut into.users), part.users);
+    into.groups = merge_shares(std::mem::take(&mut into.groups), part.groups);
+    into.unattributed_ms += part.unattributed_ms;
+    into.missing_events += part.missing_events;
+}
+
+fn merge_shares(a: Vec<Share>, b: Vec<Share>) -> Vec<Share> {
+    let mut tallies: HashMap<Option<String>, Tally> = HashMap::new();
+    for s in a.into_iter().chain(b) {
+        let t = tallies.entry(s.name).or_default();
+        t.holds += s.holds;
+        t.seat_ms += s.seat_ms;
+        t.denials += s.denials;
+    }
+    shares(tallies)
 }
 
 /// The report of [`since_ms`, `until_ms`) from the raw events alone.
@@ -275,8 +521,8 @@ pub(crate) async fn events_report<C: ConnectionLike>(
     con: &mut C,
     settings: &Settings,
     license: Option<&str>,
-    since_ms: i64,
-    until_ms: i64,
+    (since_ms, until_ms): (i64, i64),
+    seeds: Vec<(String, Carry)>,
 ) -> Result<UsageReport, Error> {
     let base = &settings.events.stream;
     let shards = settings.stream.shards;
@@ -285,21 +531,14 @@ pub(crate) async fn events_report<C: ConnectionLike>(
         None => shard_names(base, shards),
     };
     let mut agg = Aggregate::new(since_ms, until_ms, license.map(str::to_owned));
+    for (license, carry) in seeds {
+        agg.seed(&license, carry);
+    }
     for stream in &streams {
         agg.read_shard(con, stream).await?;
     }
     agg.end_period();
-    let mut wanted: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    for (license, session) in agg.leading.keys() {
-        wanted
-            .entry(shard_name(base, shards, license))
-            .or_default()
-            .push((license.clone(), session.clone()));
-    }
-    for (stream, sessions) in wanted {
-        let found = look_back(con, &stream, since_ms, sessions).await?;
-        agg.name_leading(found);
-    }
+    agg.settle_leading(con, settings).await?;
     Ok(agg.finish())
 }
 
@@ -635,6 +874,31 @@ impl Aggregate {
         }
     }
 
+    /// Starts a license from what was known at the period's start (a
+    /// rollup's carry): its seats in use and capacity, the sessions holding
+    /// a seat and those waiting. Called before any event is applied.
+    pub(crate) fn seed(&mut self, license: &str, carry: Carry) {
+        let lic = self.licenses.entry(license.to_owned()).or_default();
+        lic.level = carry.level;
+        lic.level_before = carry.level;
+        lic.total = carry.total;
+        lic.seats_total = carry.total;
+        lic.last_seq = carry.seq;
+        lic.last_at = Some(self.since_ms);
+        lic.first_at = Some(self.since_ms);
+        lic.mark_peak(self.since_ms, carry.level);
+        lic.waiting = i64::try_from(carry.waiting.len()).unwrap_or(i64::MAX);
+        for (session, mut open) in carry.open {
+            open.start_ms = self.since_ms;
+            open.from_before = true;
+            lic.leading_holds += 1;
+            self.open.insert((license.to_owned(), session), open);
+        }
+        for session in carry.waiting {
+            self.waiting.insert((license.to_owned(), session));
+        }
+    }
+
     /// Aggregates one event, in decision order.
     fn apply(&mut self, r: Read) {
         let at = r.record.at_ms;
@@ -799,6 +1063,40 @@ impl Aggregate {
         }
     }
 
+    /// Like [`Aggregate::end_period`], and returns what a rollup carries to
+    /// the next day: per license, the seats in use and the sessions holding
+    /// and waiting at the period's end.
+    pub(crate) fn end_period_carry(&mut self) -> HashMap<String, Carry> {
+        let mut carries: HashMap<String, Carry> = HashMap::new();
+        for (license, lic) in &self.licenses {
+            carries.insert(
+                license.clone(),
+                Carry {
+                    level: lic.level,
+                    total: lic.total,
+                    seq: lic.last_seq,
+                    open: BTreeMap::new(),
+                    waiting: Vec::new(),
+                },
+            );
+        }
+        for ((license, session), open) in &self.open {
+            if let Some(c) = carries.get_mut(license) {
+                c.open.insert(session.clone(), open.clone());
+            }
+        }
+        for (license, session) in &self.waiting {
+            if let Some(c) = carries.get_mut(license) {
+                c.waiting.push(session.clone());
+            }
+        }
+        for c in carries.values_mut() {
+            c.waiting.sort();
+        }
+        self.end_period();
+        carries
+    }
+
     /// Names the holds that ran into the period with what the events before
     /// it show: a start credits the hold to its user; an end (the events
     /// disagree: one was lost) leaves it without a user.
@@ -815,6 +1113,29 @@ impl Aggregate {
                 Before::Ended => lic.credit(None, lead.group, lead.ms),
             }
         }
+    }
+
+    /// Names the holds that ran into the period from the events before it
+    /// (once the period's events are read and the period ended).
+    pub(crate) async fn settle_leading<C: ConnectionLike>(
+        &mut self,
+        con: &mut C,
+        settings: &Settings,
+    ) -> Result<(), Error> {
+        let base = &settings.events.stream;
+        let shards = settings.stream.shards;
+        let mut wanted: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        for (license, session) in self.leading.keys() {
+            wanted
+                .entry(shard_name(base, shards, license))
+                .or_default()
+                .push((license.clone(), session.clone()));
+        }
+        for (stream, sessions) in wanted {
+            let found = look_back(con, &stream, self.since_ms, sessions).await?;
+            self.name_leading(found);
+        }
+        Ok(())
     }
 
     pub(crate) fn finish(mut self) -> UsageReport {
@@ -866,6 +1187,40 @@ impl Aggregate {
             licenses,
         }
     }
+}
+
+/// The fields of a license's rollup HASH (`keys::rollup`): one per UTC day
+/// (`2026-11-01`, a [`LicenseUsage`] as JSON) and one per day's carry
+/// (`carry:2026-11-01`, a [`CarryRecord`] as JSON).
+pub(crate) const CARRY_PREFIX: &str = "carry:";
+
+/// The rollup HASH field of the carry at the end of `day` (unix ms).
+pub(crate) fn carry_field(day: i64) -> String {
+    format!("{CARRY_PREFIX}{}", date(day))
+}
+
+/// A license's carry at the end of a day, as its rollup stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CarryRecord {
+    /// The day it is the end of (unix ms of its start).
+    pub day_ms: i64,
+    /// What was held then.
+    pub carry: Carry,
+}
+
+/// What a day's rollup carries into the next day for one license.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Carry {
+    /// Seats in use at the day's end.
+    pub level: i64,
+    /// The license's seats then.
+    pub total: i64,
+    /// Its last event's `seq`, if the events carry one.
+    pub seq: Option<u64>,
+    /// Sessions holding a seat then.
+    pub open: BTreeMap<String, Open>,
+    /// Sessions waiting then.
+    pub waiting: Vec<String>,
 }
 
 /// The shares of `tallies`, most seat time first.

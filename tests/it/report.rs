@@ -581,6 +581,150 @@ async fn a_lingering_seat_is_reported_from_its_acquire_to_the_end_of_its_linger(
     assert!(table.lines().any(|l| l == hours), "{hours:?} not in\n{table}");
 }
 
+const DAY: i64 = 24 * HOUR;
+
+/// The figures of a license that rollups keep whole: all of them but the
+/// wait quantiles (a rollup's own do not combine) and the holds (a hold
+/// across midnight counts on each day it covers).
+fn totals(l: &LicenseUsage) -> serde_json::Value {
+    let users: Vec<_> = l.users.iter().map(|u| (&u.name, u.seat_ms, u.denials)).collect();
+    serde_json::json!({
+        "seat_ms": l.seat_ms, "capacity_ms": l.capacity_ms, "full_ms": l.full_ms,
+        "utilisation_pct": l.utilisation_pct, "peak": [l.peak_seats, l.peak_at_ms],
+        "hourly": l.peaks_hourly, "daily": l.peaks_daily, "denials": l.denials,
+        "waits": [l.queue_waits.count, l.queue_waits.max_ms],
+        "waiting": [l.queue_wait_ms, l.queue_wait_full_ms],
+        "users": users, "unattributed_ms": l.unattributed_ms, "seats_total": l.seats_total,
+    })
+}
+
+/// Trims every events shard of `s` to the events from `from_ms` on.
+async fn trim_events(s: &Settings, con: &mut seatgate::db::Db, from_ms: i64) {
+    for stream in seatgate::engine::keys::shard_names(&s.events.stream, s.stream.shards) {
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(&stream)
+            .arg("MINID")
+            .arg(from_ms)
+            .query_async(con)
+            .await
+            .unwrap();
+    }
+}
+
+/// A day rolled up stands in for its events once they are gone: the report
+/// says it used the rollup, and its totals are the ones the raw events gave.
+#[tokio::test]
+async fn a_rolled_up_day_stands_in_for_its_events_once_they_are_gone() {
+    use EventType::*;
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
+    s.stream.shards = 2;
+    // The first roll-up starts with the oldest whole day events still cover.
+    s.events.retention = Duration::from_secs(4 * 24 * 3600);
+    let (acme, beta) = on_two_shards(2);
+    let now = redis_ms(&mut con).await;
+    let d = (now - 3 * DAY).div_euclid(DAY) * DAY;
+    let acme_events = vec![
+        (ev(Acquired, "s-ann", 1, d + HOUR).user("ann@example.com"), 0),
+        (ev(Acquired, "s-bob", 2, d + 2 * HOUR).user("bob@example.com"), 0),
+        (
+            ev(Acquired, "s-cy", 3, d + 2 * HOUR + 30 * MIN).user("cy@example.com"),
+            0,
+        ),
+        (
+            ev(Denied, "s-dave", 3, d + 3 * HOUR)
+                .user("dave@example.com")
+                .reason("NO_SEATS_AVAILABLE"),
+            0,
+        ),
+        (ev(Queued, "s-erin", 3, d + 3 * HOUR + 10 * MIN), 0),
+        (ev(Released, "s-bob", 3, d + 4 * HOUR), 0),
+        (
+            ev(Granted, "s-erin", 3, d + 4 * HOUR)
+                .waited(50 * MIN)
+                .user("erin@example.com"),
+            0,
+        ),
+        (
+            ev(Evicted, "s-cy", 2, d + 5 * HOUR).reason("heartbeat_timeout"),
+            0,
+        ),
+        (ev(Released, "s-erin", 1, d + 6 * HOUR), 0),
+        // ann holds across midnight; her release names no user.
+        (ev(Released, "s-ann", 0, d + DAY + 2 * HOUR), 0),
+        (
+            ev(Acquired, "s-cy", 1, d + DAY + 4 * HOUR).user("cy@example.com"),
+            0,
+        ),
+        (
+            ev(Evicted, "s-cy", 0, d + DAY + 6 * HOUR).reason("heartbeat_timeout"),
+            0,
+        ),
+    ];
+    write_events(&s, &acme, 3, &acme_events).await;
+    let beta_events = vec![
+        (ev(Acquired, "s-zed", 1, d + 20 * HOUR), 0),
+        // At midnight: the raw events cover the second day from its start.
+        (ev(Denied, "s-yan", 1, d + DAY).reason("RATE_LIMITED"), 0),
+        (ev(Released, "s-zed", 0, d + DAY + 20 * HOUR), 0),
+    ];
+    write_events(&s, &beta, 1, &beta_events).await;
+    let query = Query {
+        license: None,
+        since: Some(When::At(d)),
+        until: Some(When::At(d + 2 * DAY)),
+    };
+    let raw = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert!(raw.sources.rollup_days.is_empty(), "{:?}", raw.sources);
+    assert_eq!(raw.licenses.len(), 2);
+    // 1h + 2 x 30m + 3 x 2h30m + 2 x 1h + 20h + 2h.
+    assert_eq!(raw.licenses[0].seat_ms, 33 * HOUR + 30 * MIN);
+
+    let mut pass = usage_rollup(&s, &mut con).await;
+    assert!(pass.days.len() >= 2, "{pass:?}");
+    assert_eq!(pass.days[..2], [date(d), date(d + DAY)]);
+    assert!(usage_rollup(&s, &mut con).await.days.is_empty(), "each day once");
+    pass.days.clear();
+
+    // The first day's events gone: its rollup stands in for them.
+    trim_events(&s, &mut con, d + DAY).await;
+    let half = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert_eq!(half.sources.rollup_days, [date(d)]);
+    assert_eq!(half.sources.events_from_ms, d + DAY);
+    // Every event gone: both days from their rollups.
+    trim_events(&s, &mut con, d + 2 * DAY).await;
+    let rolled = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert_eq!(rolled.sources.rollup_days, [date(d), date(d + DAY)]);
+    for report in [&half, &rolled] {
+        assert_eq!(report.licenses.len(), 2);
+        for (got, want) in report.licenses.iter().zip(&raw.licenses) {
+            assert_eq!(totals(got), totals(want), "{}", got.license);
+        }
+    }
+    // ann's hold across midnight keeps her name after her acquire is gone.
+    let ann = half.licenses[0]
+        .users
+        .iter()
+        .find(|u| u.name.as_deref() == Some("ann@example.com"));
+    assert_eq!(ann.map(|u| u.seat_ms), Some(25 * HOUR));
+    let table = usage::render_table(&half);
+    let said = format!(
+        "from daily rollups for 1 day ({} .. {}), the raw events from {}",
+        date(d),
+        date(d),
+        rfc3339(d + DAY)
+    );
+    assert!(table.lines().any(|l| l == said), "{said:?} not in\n{table}");
+}
+
+/// The UTC date of `ms`, as rollups name their days.
+fn date(ms: i64) -> String {
+    rfc3339(ms)[..10].to_owned()
+}
+
+async fn usage_rollup(s: &Settings, con: &mut seatgate::db::Db) -> seatgate::views::rollup::RollupPass {
+    seatgate::views::rollup::roll_up(con, s).await.unwrap()
+}
+
 #[tokio::test]
 async fn events_are_trimmed_by_their_own_age_not_by_count() {
     let TestApp(_redis, mut s, mut con) = spawn_app().await;
