@@ -182,9 +182,10 @@ pub struct LicenseUsage {
     pub utilisation_pct: Option<f64>,
     /// Time with every seat in use (`seats_used` >= `seats_total` > 0), ms.
     pub full_ms: i64,
-    /// The high-water mark of each UTC hour of the period, oldest first.
+    /// The high-water mark of each UTC hour of the period with a seat in
+    /// use, oldest first (an hour not listed had none).
     pub peaks_hourly: Vec<Peak>,
-    /// The high-water mark of each UTC day of the period, oldest first.
+    /// The same per UTC day.
     pub peaks_daily: Vec<Peak>,
     /// Refusals by reason (wire status): `denied` events and waits that ran
     /// out (`QUEUE_TIMEOUT`).
@@ -728,14 +729,20 @@ impl LicenseAgg {
         }
         self.wait_ms += self.waiting * dt;
         let mut hour = from.div_euclid(HOUR) * HOUR;
-        while hour < to {
+        while hour < to && self.level > 0 {
             self.mark_hour(hour, self.level);
             hour += HOUR;
         }
         self.last_at = Some(to);
     }
 
+    /// Raises hour `hour`'s high-water mark to `seats`. Hours with no seat
+    /// in use are left out (their mark is 0): a period of years over an idle
+    /// license costs nothing.
     fn mark_hour(&mut self, hour: i64, seats: i64) {
+        if seats <= 0 {
+            return;
+        }
         let peak = self.hourly.entry(hour).or_insert(seats);
         *peak = (*peak).max(seats);
     }
@@ -1564,16 +1571,14 @@ pub fn render_table(report: &UsageReport) -> String {
         if l.groups.iter().any(|g| g.name.is_some()) {
             share_rows(&mut out, "group", &l.groups);
         }
-        out.push_str("  peaks by day, and by hour (UTC; days not listed had no seat in use)\n");
+        out.push_str("  peaks by day, and by hour (UTC; days and hours not listed had no seat in use)\n");
         let mut hours_of_day = l.peaks_hourly.iter().peekable();
         for day in &l.peaks_daily {
             let mut line = format!("  {}  {:>4} |", date(day.start_ms), day.seats);
             while let Some(h) = hours_of_day.next_if(|h| h.start_ms < day.start_ms + DAY) {
                 let _ = write!(line, " {:02}h {}", h.start_ms.rem_euclid(DAY) / HOUR, h.seats);
             }
-            if day.seats > 0 {
-                let _ = writeln!(out, "{line}");
-            }
+            let _ = writeln!(out, "{line}");
         }
     }
     out
