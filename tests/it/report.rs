@@ -581,6 +581,58 @@ async fn a_lingering_seat_is_reported_from_its_acquire_to_the_end_of_its_linger(
     assert!(table.lines().any(|l| l == hours), "{hours:?} not in\n{table}");
 }
 
+/// A deleted license's seats end with the deletion: its seat time, and its
+/// users', stop there, not at the end of the period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_licenses_holds_end_with_its_deletion() {
+    let TestApp(redis, s, mut con) = spawn_app().await;
+    put_license(&s, "gone", 3).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    for (session, user) in [("s-ann", "ann@example.com"), ("s-bob", "bob@example.com")] {
+        let meta = format!(r#"{{"user_email":"{user}"}}"#);
+        let r = c
+            .call(&Call::new(Op::Acquire, "gone", session).with_meta(&meta), T)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Status::Acquired);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "gone"])).await;
+    assert!(deleted.status.success(), "{deleted:?}");
+    worker.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ev = events(&s, "gone").await;
+    let ends = of_type(&ev, "evicted");
+    assert_eq!(ends.len(), 2, "{ev:?}");
+    assert!(ends.iter().all(|e| e["reason"] == "license_deleted"));
+    let starts: Vec<i64> = of_type(&ev, "acquired").iter().map(|e| at(e)).collect();
+    let end = at(ends[0]);
+    let query = Query {
+        license: Some("gone".to_owned()),
+        since: Some(When::Ago(Duration::from_secs(3600))),
+        until: None,
+    };
+    let report = usage::usage(&mut con, &s, &query).await.unwrap();
+    let l = &report.licenses[0];
+    assert_eq!(l.seat_ms, (end - starts[0]) + (end - starts[1]), "{l:#?}");
+    let mut users: Vec<(Option<&str>, i64)> =
+        l.users.iter().map(|u| (u.name.as_deref(), u.seat_ms)).collect();
+    users.sort();
+    assert_eq!(
+        users,
+        [
+            (Some("ann@example.com"), end - starts[0]),
+            (Some("bob@example.com"), end - starts[1])
+        ]
+    );
+    assert_eq!(l.unattributed_ms, 0);
+    assert!(
+        report.until_ms - end >= 500,
+        "the period runs on past the deletion"
+    );
+}
+
 const DAY: i64 = 24 * HOUR;
 
 /// The figures of a license that rollups keep whole: all of them but the
@@ -679,7 +731,16 @@ async fn a_rolled_up_day_stands_in_for_its_events_once_they_are_gone() {
     // 1h + 2 x 30m + 3 x 2h30m + 2 x 1h + 20h + 2h.
     assert_eq!(raw.licenses[0].seat_ms, 33 * HOUR + 30 * MIN);
 
+    // A rollup of a day past report.rollup_retention goes at the next roll-up.
+    let _: i64 = redis::cmd("HSET")
+        .arg(seatgate::engine::keys::Keys::new(s.keys.prefix.clone()).rollup(&acme))
+        .arg("2020-01-01")
+        .arg("{}")
+        .query_async(&mut con)
+        .await
+        .unwrap();
     let mut pass = usage_rollup(&s, &mut con).await;
+    assert_eq!(pass.trimmed, 1, "{pass:?}");
     assert!(pass.days.len() >= 2, "{pass:?}");
     assert_eq!(pass.days[..2], [date(d), date(d + DAY)]);
     assert!(usage_rollup(&s, &mut con).await.days.is_empty(), "each day once");
