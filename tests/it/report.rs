@@ -527,9 +527,17 @@ async fn a_lingering_seat_is_reported_from_its_acquire_to_the_end_of_its_linger(
     let _reaper = reaping(&s).await;
     let c = client(&s).await;
     let call = |op: Op| Call::new(op, "lingertest", "s-ann");
+    // The user both ways: events name meta.user_email, or (the events
+    // contract) the request's `user`.
+    let ann = seatgate::engine::policy::RequestPolicy {
+        user: Some("ann@example.com".to_owned()),
+        ..seatgate::engine::policy::RequestPolicy::NONE
+    };
     let acquired = c
         .call(
-            &call(Op::Acquire).with_meta(r#"{"user_email":"ann@example.com"}"#),
+            &call(Op::Acquire)
+                .with_meta(r#"{"user_email":"ann@example.com"}"#)
+                .with_policy(ann),
             T,
         )
         .await
@@ -590,11 +598,17 @@ async fn a_deleted_licenses_holds_end_with_its_deletion() {
     let worker = spawn_worker(s.clone(), "w1").await;
     let c = client(&s).await;
     for (session, user) in [("s-ann", "ann@example.com"), ("s-bob", "bob@example.com")] {
+        // The user both ways: events name meta.user_email, or (the events
+        // contract) the request's `user`.
         let meta = format!(r#"{{"user_email":"{user}"}}"#);
-        let r = c
-            .call(&Call::new(Op::Acquire, "gone", session).with_meta(&meta), T)
-            .await
-            .unwrap();
+        let policy = seatgate::engine::policy::RequestPolicy {
+            user: Some(user.to_owned()),
+            ..seatgate::engine::policy::RequestPolicy::NONE
+        };
+        let call = Call::new(Op::Acquire, "gone", session)
+            .with_meta(&meta)
+            .with_policy(policy);
+        let r = c.call(&call, T).await.unwrap();
         assert_eq!(r.status(), Status::Acquired);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
