@@ -73,8 +73,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Usage per license over a period, from the events: peak seats and when,
-    /// seat-hours, denials by reason, queue waits, seat-hours per user.
+    /// Usage per license over a period, from the events (and daily rollups
+    /// for older days): seat-hours, capacity and utilisation, peaks per hour
+    /// and day, time at 100 %, denials and queue waits, per user and group.
     Report {
         /// Only this license.
         #[arg(long)]

@@ -59,6 +59,8 @@ pub struct Settings {
     pub client: ClientSettings,
     /// Log output.
     pub log: LogSettings,
+    /// Usage reports' daily rollups.
+    pub report: ReportSettings,
 }
 
 /// `[redis]`
@@ -418,6 +420,16 @@ pub struct RevokeSettings {
     pub max_per_license: u64,
 }
 
+/// `[report]`
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReportSettings {
+    /// How long each license's daily rollups (`seatgate report`'s figures
+    /// per UTC day) are kept (`"400d"`): longer than `events.retention`, so a
+    /// yearly report needs no raw events.
+    #[serde(deserialize_with = "duration_text")]
+    pub rollup_retention: Duration,
+}
+
 /// `[reaper]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReaperSettings {
@@ -569,6 +581,9 @@ impl Settings {
         }
         if self.events.retention < Duration::from_secs(60) {
             return bad("events.retention must be at least 1m (usage reports read the events it keeps)");
+        }
+        if self.report.rollup_retention < Duration::from_secs(24 * 3600) {
+            return bad("report.rollup_retention must be at least 1d (a rollup holds a day)");
         }
         let inside = format!("{}:", self.keys.prefix);
         let reply_prefix = &self.replies.prefix;

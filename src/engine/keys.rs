@@ -287,6 +287,32 @@ impl Keys {
         format!("{}:events", self.prefix)
     }
 
+    /// HASH of `license`'s daily usage rollups (views::rollup): a field per
+    /// UTC day (`2026-11-01`) and a `carry` field (what was held at the end
+    /// of the last day rolled up). Under the license's hash tag, like its
+    /// other keys, so it lives in the license's slot on a cluster.
+    pub fn rollup(&self, license: &str) -> String {
+        format!("{}:{{{license}}}:rollup", self.prefix)
+    }
+
+    /// HASH license -> the last UTC day rolled up for it: every license with
+    /// rollups, deleted ones too (the license index forgets those), so a
+    /// yearly report finds them.
+    pub fn rollup_index(&self) -> String {
+        format!("{}:rollups", self.prefix)
+    }
+
+    /// STRING: the last UTC day (unix ms of its start) rolled up for every
+    /// license, and the `SET NX PX` lock that lets one process roll up.
+    pub fn rollup_done(&self) -> String {
+        format!("{}:rollup:done", self.prefix)
+    }
+
+    /// See [`Keys::rollup_done`].
+    pub fn rollup_lock(&self) -> String {
+        format!("{}:rollup:lock", self.prefix)
+    }
+
     /// Lock key that lets one process run each reaper pass while others skip it.
     pub fn reaper_lock(&self) -> String {
         format!("{}:reaper:lock", self.prefix)

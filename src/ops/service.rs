@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -17,9 +18,40 @@ use crate::ops::telemetry;
 use crate::runtime::health::{self, Readiness};
 use crate::runtime::reaper::{self, Reaper};
 use crate::runtime::worker::Worker;
+use crate::views::rollup;
 
 /// How often `seatgate_redis_up` is refreshed: well under a scrape interval.
 const REDIS_PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// When the daily usage rollups are tried: every 10 minutes (a day is
+/// rolled up once, by whichever process takes the roll-up lock first, a few
+/// minutes after it ends; the other tries find nothing to do).
+const ROLLUP_SCHEDULE: &str = "0 */10 * * * *";
+
+/// Adds the daily usage rollups (views::rollup) to the reaper's scheduler:
+/// beside the reaper, since they too are shared upkeep one process does.
+async fn schedule_rollups(scheduler: &JobScheduler, settings: &Settings) -> Result<(), Error> {
+    let con = crate::connect(settings).await?;
+    let settings = settings.clone();
+    let job = Job::new_async(ROLLUP_SCHEDULE, move |_id, _lock| {
+        let (mut con, settings) = (con.clone(), settings.clone());
+        Box::pin(async move {
+            match rollup::roll_up(&mut con, &settings).await {
+                Ok(pass) if !pass.days.is_empty() => {
+                    info!(days = ?pass.days, written = pass.written, trimmed = pass.trimmed, "usage rollups")
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "usage rollup failed; the next try does it again"),
+            }
+        })
+    })
+    .map_err(|source| Error::Schedule {
+        schedule: ROLLUP_SCHEDULE.to_owned(),
+        source,
+    })?;
+    scheduler.add(job).await?;
+    Ok(())
+}
 
 /// Runs a worker (and the metrics endpoint, when configured) until `shutdown`
 /// completes, then stops reading, finishes the batch in hand and returns.
@@ -85,6 +117,7 @@ pub async fn run(
         let scheduler =
             reaper::start(reaper.clone(), &settings.reaper.schedule, settings.reaper.lock_ms).await?;
         info!(schedule = %settings.reaper.schedule, "reaper scheduled");
+        schedule_rollups(&scheduler, &settings).await?;
         Some((reaper, scheduler))
     } else {
         None

@@ -14,8 +14,8 @@ use seatgate::engine::status::Status;
 use seatgate::views::usage::{self, LicenseUsage, Query, UsageReport, Waits, When};
 
 use crate::support::{
-    add_request, client, db, events, output, put_license, redis_ms, seatgate_cmd, spawn_app, spawn_worker,
-    Entry, TestApp, T,
+    add_request, client, db, events, output, put_license, reaping, redis_ms, seatgate_cmd, spawn_app,
+    spawn_worker, Entry, TestApp, T,
 };
 
 const MIN: i64 = 60_000;
@@ -188,7 +188,7 @@ fn assert_acme(l: &LicenseUsage, t: i64) {
     let users: Vec<(Option<&str>, u64, i64)> = l
         .users
         .iter()
-        .map(|u| (u.user.as_deref(), u.sessions, u.seat_ms))
+        .map(|u| (u.name.as_deref(), u.holds, u.seat_ms))
         .collect();
     assert_eq!(
         users,
@@ -199,6 +199,8 @@ fn assert_acme(l: &LicenseUsage, t: i64) {
             // Held since before the period: counted from its start, the
             // user found in the events before it.
             (Some("early@example.com"), 1, HOUR),
+            // The denials, whose events carry no user yet.
+            (None, 0, 0),
         ]
     );
 }
@@ -260,15 +262,21 @@ async fn known_events_give_exact_figures_as_a_table_as_csv_and_as_json() {
         a["queue_waits"],
         serde_json::json!({"count": 2, "p50_ms": 600000, "p95_ms": 1200000, "max_ms": 1200000})
     );
+    // The denials of these events carry no user (the events before the
+    // events contract): they count for nobody in particular.
     assert_eq!(
         a["users"],
         serde_json::json!([
-            {"user": "erin@example.com", "sessions": 1, "seat_ms": 10800000, "seat_hours": 3.0},
-            {"user": "ann@example.com", "sessions": 1, "seat_ms": 10200000, "seat_hours": 2.833},
-            {"user": "bob@example.com", "sessions": 1, "seat_ms": 7200000, "seat_hours": 2.0},
-            {"user": "early@example.com", "sessions": 1, "seat_ms": 3600000, "seat_hours": 1.0},
+            {"name": "erin@example.com", "holds": 1, "seat_ms": 10800000, "seat_hours": 3.0, "denials": 0},
+            {"name": "ann@example.com", "holds": 1, "seat_ms": 10200000, "seat_hours": 2.833, "denials": 0},
+            {"name": "bob@example.com", "holds": 1, "seat_ms": 7200000, "seat_hours": 2.0, "denials": 0},
+            {"name": "early@example.com", "holds": 1, "seat_ms": 3600000, "seat_hours": 1.0, "denials": 0},
+            {"name": null, "holds": 0, "seat_ms": 0, "seat_hours": 0.0, "denials": 4},
         ])
     );
+    assert_eq!(a["unattributed_ms"], 0);
+    assert_eq!(a["capacity_ms"], 3 * 4 * HOUR);
+    assert_eq!(a["utilisation_pct"], 73.61);
     let b = &licenses[1];
     assert_eq!(b["license"], beta.as_str());
     assert_eq!(
@@ -278,7 +286,7 @@ async fn known_events_give_exact_figures_as_a_table_as_csv_and_as_json() {
     assert_eq!(b["denials_total"], 0);
     assert_eq!(
         b["users"],
-        serde_json::json!([{"user": null, "sessions": 1, "seat_ms": 3600000, "seat_hours": 1.0}])
+        serde_json::json!([{"name": null, "holds": 1, "seat_ms": 3600000, "seat_hours": 1.0, "denials": 0}])
     );
 
     let csv = run("csv").await;
@@ -305,11 +313,10 @@ async fn known_events_give_exact_figures_as_a_table_as_csv_and_as_json() {
         "acme,user_seat_hours,early@example.com,1.000".to_owned(),
     ];
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(
-        lines[..acme_rows.len()],
-        acme_rows.each_ref().map(String::as_str),
-        "{csv}"
-    );
+    for row in &acme_rows {
+        assert!(lines.contains(&row.as_str()), "{row} not in\n{csv}");
+    }
+    assert_eq!(lines[0], "license,metric,key,value");
     assert!(
         lines.contains(&format!("{beta},user_seat_hours,,1.000").as_str()),
         "{csv}"
@@ -326,10 +333,10 @@ async fn known_events_give_exact_figures_as_a_table_as_csv_and_as_json() {
         "  denials       4 (LICENSE_EXPIRED 1, NO_SEATS_AVAILABLE 1, QUEUE_TIMEOUT 1, RATE_LIMITED 1)"
             .to_owned(),
         "  queue waits   2  p50 10m00s  p95 20m00s  max 20m00s".to_owned(),
-        format!("  {:<40} {:>10} {:>8}", "erin@example.com", "3.00", 1),
-        format!("  {:<40} {:>10} {:>8}", "early@example.com", "1.00", 1),
+        format!("  {:<40} {:>10} {:>8} {:>8}", "erin@example.com", "3.00", 1, 0),
+        format!("  {:<40} {:>10} {:>8} {:>8}", "early@example.com", "1.00", 1, 0),
         format!("license {beta} (1 seat)"),
-        format!("  {:<40} {:>10} {:>8}", "(unknown)", "1.00", 1),
+        format!("  {:<40} {:>10} {:>8} {:>8}", "(none)", "1.00", 1, 0),
     ] {
         assert!(table.lines().any(|l| l == line), "{line:?} not in\n{table}");
     }
@@ -506,12 +513,14 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     let mut users: Vec<(Option<&str>, u64, i64)> = lab
         .users
         .iter()
-        .map(|u| (u.user.as_deref(), u.sessions, u.seat_ms))
+        .map(|u| (u.name.as_deref(), u.holds, u.seat_ms))
         .collect();
     users.sort();
     assert_eq!(
         users,
         [
+            // The three denials, whose events carry no user yet.
+            (None, 0, 0),
             (Some("ann@example.com"), 1, ann_to - ann_from),
             (Some("bob@example.com"), 1, bob_to - bob_from),
         ]
@@ -519,6 +528,297 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     let nope = &report.licenses[1];
     assert_eq!(nope.license, "nope");
     assert_eq!(nope.denials.get("LICENSE_NOT_FOUND"), Some(&1));
+}
+
+/// issue 22: `license put lingertest --seats 1 --linger 5s`, acquire,
+/// release after 3 s: the seat is in use from the acquire until the reaper
+/// frees it as the linger ends (about 8 s), not for the whole period (the
+/// default report, 30 days back, said 720 seat-hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_seat_is_reported_from_its_acquire_to_the_end_of_its_linger() {
+    let TestApp(redis, s, _con) = spawn_app().await;
+    let url = redis.url();
+    let put = output(seatgate_cmd(
+        &url,
+        &["license", "put", "lingertest", "--seats", "1", "--linger", "5s"],
+    ))
+    .await;
+    assert!(put.status.success(), "{put:?}");
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let _reaper = reaping(&s).await;
+    let c = client(&s).await;
+    let call = |op: Op| Call::new(op, "lingertest", "s-ann");
+    // The user both ways: events name meta.user_email, or (the events
+    // contract) the request's `user`.
+    let ann = seatgate::engine::policy::RequestPolicy {
+        user: Some("ann@example.com".to_owned()),
+        ..seatgate::engine::policy::RequestPolicy::NONE
+    };
+    let acquired = c
+        .call(
+            &call(Op::Acquire)
+                .with_meta(r#"{"user_email":"ann@example.com"}"#)
+                .with_policy(ann),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(acquired.status(), Status::Acquired);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        c.call(&call(Op::Release), T).await.unwrap().status(),
+        Status::Released
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let ended = loop {
+        let ev = events(&s, "lingertest").await;
+        if let Some(e) = ev.iter().find(|e| e["type"] == "evicted") {
+            break e.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the linger never ended: {ev:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    worker.stop().await;
+    assert_eq!(ended["reason"], "linger_ended");
+    let ev = events(&s, "lingertest").await;
+    let from = at(of_type(&ev, "acquired")[0]);
+    let released = at(of_type(&ev, "released")[0]);
+    let to = at(&ended);
+    assert!(to - released >= 5000, "the linger lasted {} ms", to - released);
+
+    let report = output(seatgate_cmd(
+        &url,
+        &["report", "--license", "lingertest", "--format", "json"],
+    ))
+    .await;
+    assert!(report.status.success(), "{report:?}");
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let l = &report["licenses"][0];
+    assert_eq!(l["seat_ms"], to - from, "{l:#}");
+    assert!((8000..9500).contains(&(to - from)), "{}", to - from);
+    assert_eq!(l["users"][0]["name"], "ann@example.com");
+    assert_eq!(l["users"][0]["seat_ms"], to - from);
+    assert_eq!(l["unattributed_ms"], 0);
+    assert_eq!(l["full_ms"], to - from);
+    let table = output(seatgate_cmd(&url, &["report", "--license", "lingertest"])).await;
+    let table = String::from_utf8(table.stdout).unwrap();
+    println!("{table}");
+    let hours = format!("  seat-hours    {:.2}", (to - from) as f64 / 3_600_000.0);
+    assert!(table.lines().any(|l| l == hours), "{hours:?} not in\n{table}");
+}
+
+/// A deleted license's seats end with the deletion: its seat time, and its
+/// users', stop there, not at the end of the period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_licenses_holds_end_with_its_deletion() {
+    let TestApp(redis, s, mut con) = spawn_app().await;
+    put_license(&s, "gone", 3).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    for (session, user) in [("s-ann", "ann@example.com"), ("s-bob", "bob@example.com")] {
+        // The user both ways: events name meta.user_email, or (the events
+        // contract) the request's `user`.
+        let meta = format!(r#"{{"user_email":"{user}"}}"#);
+        let policy = seatgate::engine::policy::RequestPolicy {
+            user: Some(user.to_owned()),
+            ..seatgate::engine::policy::RequestPolicy::NONE
+        };
+        let call = Call::new(Op::Acquire, "gone", session)
+            .with_meta(&meta)
+            .with_policy(policy);
+        let r = c.call(&call, T).await.unwrap();
+        assert_eq!(r.status(), Status::Acquired);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "gone"])).await;
+    assert!(deleted.status.success(), "{deleted:?}");
+    worker.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ev = events(&s, "gone").await;
+    let ends = of_type(&ev, "evicted");
+    assert_eq!(ends.len(), 2, "{ev:?}");
+    assert!(ends.iter().all(|e| e["reason"] == "license_deleted"));
+    let starts: Vec<i64> = of_type(&ev, "acquired").iter().map(|e| at(e)).collect();
+    let end = at(ends[0]);
+    let query = Query {
+        license: Some("gone".to_owned()),
+        since: Some(When::Ago(Duration::from_secs(3600))),
+        until: None,
+    };
+    let report = usage::usage(&mut con, &s, &query).await.unwrap();
+    let l = &report.licenses[0];
+    assert_eq!(l.seat_ms, (end - starts[0]) + (end - starts[1]), "{l:#?}");
+    let mut users: Vec<(Option<&str>, i64)> =
+        l.users.iter().map(|u| (u.name.as_deref(), u.seat_ms)).collect();
+    users.sort();
+    assert_eq!(
+        users,
+        [
+            (Some("ann@example.com"), end - starts[0]),
+            (Some("bob@example.com"), end - starts[1])
+        ]
+    );
+    assert_eq!(l.unattributed_ms, 0);
+    assert!(
+        report.until_ms - end >= 500,
+        "the period runs on past the deletion"
+    );
+}
+
+const DAY: i64 = 24 * HOUR;
+
+/// The figures of a license that rollups keep whole: all of them but the
+/// wait quantiles (a rollup's own do not combine) and the holds (a hold
+/// across midnight counts on each day it covers).
+fn totals(l: &LicenseUsage) -> serde_json::Value {
+    let users: Vec<_> = l.users.iter().map(|u| (&u.name, u.seat_ms, u.denials)).collect();
+    serde_json::json!({
+        "seat_ms": l.seat_ms, "capacity_ms": l.capacity_ms, "full_ms": l.full_ms,
+        "utilisation_pct": l.utilisation_pct, "peak": [l.peak_seats, l.peak_at_ms],
+        "hourly": l.peaks_hourly, "daily": l.peaks_daily, "denials": l.denials,
+        "waits": [l.queue_waits.count, l.queue_waits.max_ms],
+        "waiting": [l.queue_wait_ms, l.queue_wait_full_ms],
+        "users": users, "unattributed_ms": l.unattributed_ms, "seats_total": l.seats_total,
+    })
+}
+
+/// Trims every events shard of `s` to the events from `from_ms` on.
+async fn trim_events(s: &Settings, con: &mut seatgate::db::Db, from_ms: i64) {
+    for stream in seatgate::engine::keys::shard_names(&s.events.stream, s.stream.shards) {
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(&stream)
+            .arg("MINID")
+            .arg(from_ms)
+            .query_async(con)
+            .await
+            .unwrap();
+    }
+}
+
+/// A day rolled up stands in for its events once they are gone: the report
+/// says it used the rollup, and its totals are the ones the raw events gave.
+#[tokio::test]
+async fn a_rolled_up_day_stands_in_for_its_events_once_they_are_gone() {
+    use EventType::*;
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
+    s.stream.shards = 2;
+    // The first roll-up starts with the oldest whole day events still cover.
+    s.events.retention = Duration::from_secs(4 * 24 * 3600);
+    let (acme, beta) = on_two_shards(2);
+    let now = redis_ms(&mut con).await;
+    let d = (now - 3 * DAY).div_euclid(DAY) * DAY;
+    let acme_events = vec![
+        (ev(Acquired, "s-ann", 1, d + HOUR).user("ann@example.com"), 0),
+        (ev(Acquired, "s-bob", 2, d + 2 * HOUR).user("bob@example.com"), 0),
+        (
+            ev(Acquired, "s-cy", 3, d + 2 * HOUR + 30 * MIN).user("cy@example.com"),
+            0,
+        ),
+        (
+            ev(Denied, "s-dave", 3, d + 3 * HOUR)
+                .user("dave@example.com")
+                .reason("NO_SEATS_AVAILABLE"),
+            0,
+        ),
+        (ev(Queued, "s-erin", 3, d + 3 * HOUR + 10 * MIN), 0),
+        (ev(Released, "s-bob", 3, d + 4 * HOUR), 0),
+        (
+            ev(Granted, "s-erin", 3, d + 4 * HOUR)
+                .waited(50 * MIN)
+                .user("erin@example.com"),
+            0,
+        ),
+        (
+            ev(Evicted, "s-cy", 2, d + 5 * HOUR).reason("heartbeat_timeout"),
+            0,
+        ),
+        (ev(Released, "s-erin", 1, d + 6 * HOUR), 0),
+        // ann holds across midnight; her release names no user.
+        (ev(Released, "s-ann", 0, d + DAY + 2 * HOUR), 0),
+        (
+            ev(Acquired, "s-cy", 1, d + DAY + 4 * HOUR).user("cy@example.com"),
+            0,
+        ),
+        (
+            ev(Evicted, "s-cy", 0, d + DAY + 6 * HOUR).reason("heartbeat_timeout"),
+            0,
+        ),
+    ];
+    write_events(&s, &acme, 3, &acme_events).await;
+    let beta_events = vec![
+        (ev(Acquired, "s-zed", 1, d + 20 * HOUR), 0),
+        // At midnight: the raw events cover the second day from its start.
+        (ev(Denied, "s-yan", 1, d + DAY).reason("RATE_LIMITED"), 0),
+        (ev(Released, "s-zed", 0, d + DAY + 20 * HOUR), 0),
+    ];
+    write_events(&s, &beta, 1, &beta_events).await;
+    let query = Query {
+        license: None,
+        since: Some(When::At(d)),
+        until: Some(When::At(d + 2 * DAY)),
+    };
+    let raw = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert!(raw.sources.rollup_days.is_empty(), "{:?}", raw.sources);
+    assert_eq!(raw.licenses.len(), 2);
+    // 1h + 2 x 30m + 3 x 2h30m + 2 x 1h + 20h + 2h.
+    assert_eq!(raw.licenses[0].seat_ms, 33 * HOUR + 30 * MIN);
+
+    // A rollup of a day past report.rollup_retention goes at the next roll-up.
+    let _: i64 = redis::cmd("HSET")
+        .arg(seatgate::engine::keys::Keys::new(s.keys.prefix.clone()).rollup(&acme))
+        .arg("2020-01-01")
+        .arg("{}")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut pass = usage_rollup(&s, &mut con).await;
+    assert_eq!(pass.trimmed, 1, "{pass:?}");
+    assert!(pass.days.len() >= 2, "{pass:?}");
+    assert_eq!(pass.days[..2], [date(d), date(d + DAY)]);
+    assert!(usage_rollup(&s, &mut con).await.days.is_empty(), "each day once");
+    pass.days.clear();
+
+    // The first day's events gone: its rollup stands in for them.
+    trim_events(&s, &mut con, d + DAY).await;
+    let half = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert_eq!(half.sources.rollup_days, [date(d)]);
+    assert_eq!(half.sources.events_from_ms, d + DAY);
+    // Every event gone: both days from their rollups.
+    trim_events(&s, &mut con, d + 2 * DAY).await;
+    let rolled = usage::usage(&mut con, &s, &query).await.unwrap();
+    assert_eq!(rolled.sources.rollup_days, [date(d), date(d + DAY)]);
+    for report in [&half, &rolled] {
+        assert_eq!(report.licenses.len(), 2);
+        for (got, want) in report.licenses.iter().zip(&raw.licenses) {
+            assert_eq!(totals(got), totals(want), "{}", got.license);
+        }
+    }
+    // ann's hold across midnight keeps her name after her acquire is gone.
+    let ann = half.licenses[0]
+        .users
+        .iter()
+        .find(|u| u.name.as_deref() == Some("ann@example.com"));
+    assert_eq!(ann.map(|u| u.seat_ms), Some(25 * HOUR));
+    let table = usage::render_table(&half);
+    let said = format!(
+        "from daily rollups for 1 day ({} .. {}), the raw events from {}",
+        date(d),
+        date(d),
+        rfc3339(d + DAY)
+    );
+    assert!(table.lines().any(|l| l == said), "{said:?} not in\n{table}");
+}
+
+/// The UTC date of `ms`, as rollups name their days.
+fn date(ms: i64) -> String {
+    rfc3339(ms)[..10].to_owned()
+}
+
+async fn usage_rollup(s: &Settings, con: &mut seatgate::db::Db) -> seatgate::views::rollup::RollupPass {
+    seatgate::views::rollup::roll_up(con, s).await.unwrap()
 }
 
 #[tokio::test]
