@@ -10,6 +10,7 @@ mod due;
 mod examples;
 mod faults;
 mod hardening;
+mod history;
 mod invalid;
 mod lease;
 mod metrics;
