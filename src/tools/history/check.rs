@@ -50,6 +50,51 @@ pub struct Checked {
     pub faults: BTreeMap<String, usize>,
     pub checks: Vec<(&'static str, usize)>,
     pub anomalies: Vec<Anomaly>,
+    /// The history's totals per license, what `seatgate report` must agree with.
+    pub totals: BTreeMap<String, Totals>,
+}
+
+/// Per license, the seat changes and refusals the replies report, each
+/// request counted once (its first answer of the kind): the figures a usage
+/// report over the run must give. Compare them with `seatgate report
+/// --json`'s once it has them (issue 22: "the report's totals equal to the
+/// history's"); [`totals`] is the hook.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub acquired: u64,
+    pub granted: u64,
+    pub released: u64,
+    pub left_queue: u64,
+    pub queue_timeouts: u64,
+    pub revoked: u64,
+    /// Denials by status (the `denied` events' reasons).
+    pub denied: BTreeMap<String, u64>,
+}
+
+/// The history's [`Totals`], per license.
+pub fn totals(h: &History) -> BTreeMap<String, Totals> {
+    let mut out: BTreeMap<String, Totals> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for r in &h.received {
+        let status = r.get("status");
+        if !seen.insert((r.get("id").to_owned(), status.to_owned())) {
+            continue;
+        }
+        let t = out.entry(r.get("license").to_owned()).or_default();
+        match status {
+            "ACQUIRED" => t.acquired += 1,
+            "GRANTED" => t.granted += 1,
+            "RELEASED" => t.released += 1,
+            "LEFT_QUEUE" => t.left_queue += 1,
+            "QUEUE_TIMEOUT" => t.queue_timeouts += 1,
+            "REVOKED" => t.revoked += 1,
+            s if DENIALS.contains(&s) && r.get("op") == "acquire" => {
+                *t.denied.entry(s.to_owned()).or_default() += 1
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 impl fmt::Display for Checked {
@@ -71,6 +116,14 @@ impl fmt::Display for Checked {
         )?;
         let checks: Vec<String> = self.checks.iter().map(|(c, n)| format!("{c}({n})")).collect();
         writeln!(f, "checks: {}", checks.join(" "))?;
+        for (license, t) in &self.totals {
+            let denied: u64 = t.denied.values().sum();
+            writeln!(
+                f,
+                "  {license}: acquired {} granted {} released {} left_queue {} queue_timeout {} revoked {} denied {denied}",
+                t.acquired, t.granted, t.released, t.left_queue, t.queue_timeouts, t.revoked
+            )?;
+        }
         writeln!(f, "anomalies: {}", self.anomalies.len())?;
         for a in self.anomalies.iter().take(50) {
             writeln!(f, "  {a}")?;
@@ -106,6 +159,7 @@ pub fn check(h: &History) -> Checked {
         faults: h.faults_by_kind(),
         checks: Vec::new(),
         anomalies: Vec::new(),
+        totals: totals(h),
     };
     let by_id = replies_by_id(h);
     let ordered = ordered_events(h);
@@ -360,10 +414,6 @@ fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize
         let mut seen = BTreeSet::new();
         for r in replies {
             if let Some((ty, reason)) = event_of(r.get("status")) {
-                // Heartbeats and releases refuse no seat: no `denied` event.
-                if ty == "denied" && r.get("op") != "acquire" {
-                    continue;
-                }
                 // One event per decision: a repeat of the same answer is no new one.
                 if seen.insert(ty) {
                     from_replies
@@ -605,4 +655,213 @@ fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize,
         }
     }
     (n, found)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each rule on a small made-up history: it holds on a good one and
+    //! names the break in a bad one (the mutation run, ops/mutate.sh, shows
+    //! the same on real runs).
+
+    use super::*;
+    use crate::tools::history::record::{AdminAction, Event, Hold, HoldEnd, Received, Sample, Sent};
+
+    fn fields(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn reply(entry: &str, pairs: &[(&str, &str)]) -> Received {
+        Received {
+            client: 0,
+            entry: entry.to_owned(),
+            fields: fields(pairs),
+        }
+    }
+
+    fn event(entry: &str, pairs: &[(&str, &str)]) -> Event {
+        Event {
+            stream: "seat:events".into(),
+            entry: entry.to_owned(),
+            fields: fields(pairs),
+        }
+    }
+
+    fn sent(id: &str, entry: &str) -> Sent {
+        Sent {
+            client: 0,
+            id: id.into(),
+            op: "acquire".into(),
+            license: "L".into(),
+            session: "s".into(),
+            entry: Some(entry.into()),
+            xadd_error: None,
+            resend: false,
+        }
+    }
+
+    /// One acquire of session `s` on `L`, answered ACQUIRED 1/2, its event.
+    fn good() -> History {
+        History {
+            sent: vec![sent("a1", "1000-0")],
+            received: vec![reply(
+                "1001-0",
+                &[
+                    ("id", "a1"),
+                    ("op", "acquire"),
+                    ("status", "ACQUIRED"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("seats_used", "1"),
+                    ("seats_total", "2"),
+                ],
+            )],
+            events: vec![event(
+                "1001-1",
+                &[
+                    ("type", "acquired"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("seats_used", "1"),
+                    ("seats_total", "2"),
+                    ("at_ms", "1001"),
+                ],
+            )],
+            ..History::default()
+        }
+    }
+
+    fn found(h: &History, check_name: &str) -> Vec<String> {
+        super::check(h)
+            .anomalies
+            .into_iter()
+            .filter(|a| a.check == check_name)
+            .map(|a| a.detail)
+            .collect()
+    }
+
+    #[test]
+    fn a_good_history_has_no_anomaly() {
+        let checked = super::check(&good());
+        assert!(checked.anomalies.is_empty(), "{checked}");
+        // The seat is still held in the replay: the final state (none
+        // recorded here) is not judged.
+    }
+
+    #[test]
+    fn a_seat_above_seats_total_is_found_in_replies_events_and_samples() {
+        let mut h = good();
+        h.received[0].fields.insert("seats_used".into(), "3".into());
+        h.events[0].fields.insert("seats_used".into(), "3".into());
+        h.samples.push(Sample {
+            license: "L".into(),
+            at_ms: 1002,
+            holders: 3,
+            seats_total: Some(2),
+        });
+        assert_eq!(found(&h, "seats_replies").len(), 1);
+        assert_eq!(found(&h, "seats_events").len(), 1);
+        assert_eq!(found(&h, "seats_samples").len(), 1);
+        // After the seats were lowered from 3, three holders are allowed...
+        h.admin.push(AdminAction {
+            license: "L".into(),
+            what: AdminKind::Seats { from: 3, to: 2 },
+            start_ms: 1001,
+            end_ms: 1001,
+            ok: true,
+        });
+        assert!(found(&h, "seats_samples").is_empty());
+        // ...until a sample showed them drained below the new count.
+        h.samples.insert(
+            0,
+            Sample {
+                license: "L".into(),
+                at_ms: 1002,
+                holders: 1,
+                seats_total: Some(2),
+            },
+        );
+        h.samples[1].at_ms = 1003;
+        assert_eq!(found(&h, "seats_samples").len(), 1);
+    }
+
+    #[test]
+    fn a_request_never_answered_is_found() {
+        let mut h = good();
+        h.sent.push(sent("a2", "1005-0"));
+        assert_eq!(found(&h, "answered").len(), 1);
+    }
+
+    #[test]
+    fn a_repeat_answered_otherwise_is_found() {
+        let mut h = good();
+        let mut again = h.received[0].clone();
+        again.entry = "1010-0".into();
+        again.fields.insert("status".into(), "ALREADY_ACTIVE".into());
+        h.received.push(again);
+        assert_eq!(found(&h, "duplicates").len(), 1);
+    }
+
+    #[test]
+    fn a_lost_or_extra_event_is_found() {
+        let mut h = good();
+        h.events.clear();
+        assert_eq!(found(&h, "replies_events").len(), 1);
+        let mut h = good();
+        let mut twice = h.events[0].clone();
+        twice.entry = "1001-2".into();
+        h.events.push(twice);
+        assert_eq!(found(&h, "replies_events").len(), 1);
+    }
+
+    #[test]
+    fn a_seat_left_held_at_the_end_is_found() {
+        let mut h = good();
+        h.final_state.insert(
+            "L".into(),
+            crate::tools::history::record::FinalLicense {
+                holders: vec!["s".into()],
+                exists: true,
+                ..Default::default()
+            },
+        );
+        let f = found(&h, "final_state");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("still held"));
+    }
+
+    #[test]
+    fn a_holder_evicted_before_its_timeout_is_found() {
+        let mut h = good();
+        h.holds.push(Hold {
+            client: 0,
+            license: "L".into(),
+            session: "s".into(),
+            user: "ada".into(),
+            start_ms: 1001,
+            timeout_ms: 4000,
+            heartbeats: vec![2000, 3000],
+            end: HoldEnd::Lost(4000, "SESSION_NOT_ACTIVE".into()),
+        });
+        // Told its seat was gone though it heartbeated every second.
+        assert_eq!(found(&h, "fresh_holders").len(), 1);
+        // Evicted 2 s after its last heartbeat under a 4 s timeout.
+        h.holds[0].end = HoldEnd::Unknown;
+        h.events.push(event(
+            "5000-0",
+            &[
+                ("type", "evicted"),
+                ("license", "L"),
+                ("session", "s"),
+                ("reason", "heartbeat_timeout"),
+                ("at_ms", "5000"),
+            ],
+        ));
+        assert_eq!(found(&h, "fresh_holders").len(), 1);
+        // A whole timeout after it: fine.
+        h.events[1].fields.insert("at_ms".into(), "7001".into());
+        assert!(found(&h, "fresh_holders").is_empty());
+    }
 }

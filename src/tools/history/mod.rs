@@ -21,7 +21,7 @@ mod faults;
 mod record;
 mod run;
 
-pub use check::{check, Anomaly, Checked};
+pub use check::{check, totals, Anomaly, Checked, Totals};
 pub use faults::FaultKind;
 pub use record::History;
 pub use run::run;
