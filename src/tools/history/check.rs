@@ -10,6 +10,8 @@
 //! - `duplicates`: a request id answered twice is answered the same;
 //! - `replies_events`: every seat change a reply reports has its one event,
 //!   and every event its reply (evictions aside, which have none);
+//! - `event_seq`: once events carry `seq`, per license no gap, no repeat,
+//!   and stream order is `seq` order;
 //! - `user_limit`: replaying the events, no user holds more than its
 //!   license's `max_per_user`;
 //! - `final_state`: once clients stopped and the reaper caught up, nothing
@@ -174,6 +176,7 @@ pub fn check(h: &History) -> Checked {
     run("answered", answered(h, &by_id));
     run("duplicates", duplicates(&by_id));
     run("replies_events", replies_events(h, &by_id));
+    run("event_seq", event_seq(h));
     run("user_limit", user_limit(h, &ordered));
     run("final_state", final_state(h, &ordered));
     run("fresh_holders", fresh_holders(h, &by_id));
@@ -196,20 +199,66 @@ fn replies_by_id(h: &History) -> BTreeMap<&str, Vec<&Received>> {
     by
 }
 
-/// Events in decision order: per license by `seq` when events carry it,
-/// else by `at_ms`, then stream entry id.
+/// Events in decision order per license (the replays are per license): by
+/// `seq` when events carry it (the events contract), else by `at_ms`, then
+/// stream entry id.
 fn ordered_events(h: &History) -> Vec<&Event> {
     let mut ev: Vec<&Event> = h.events.iter().collect();
     ev.sort_by_key(|e| {
         (
-            e.num("at_ms").unwrap_or(0),
             e.get("license").to_owned(),
             e.num("seq").unwrap_or(0),
+            e.num("at_ms").unwrap_or(0),
             entry_ms(&e.entry),
             e.entry.clone(),
         )
     });
     ev
+}
+
+/// Once events carry `seq` (per license, +1 from one event to the next,
+/// never restarting): no gap (a lost event) and no repeat (a duplicate),
+/// and the stream holds them in `seq` order. Judges nothing while events
+/// carry no `seq`.
+fn event_seq(h: &History) -> (usize, Vec<String>) {
+    let mut per: BTreeMap<&str, Vec<(u64, &Event)>> = BTreeMap::new();
+    for e in &h.events {
+        if let Some(seq) = e.num("seq") {
+            per.entry(e.get("license")).or_default().push((seq, e));
+        }
+    }
+    let mut n = 0;
+    let mut found = Vec::new();
+    for (license, mut seqs) in per {
+        // Stream order first: it must already be seq order.
+        for w in seqs.windows(2) {
+            if w[1].0 <= w[0].0 {
+                found.push(format!(
+                    "{license}: event {} (seq {}) follows event {} (seq {}) in the stream",
+                    w[1].1.entry, w[1].0, w[0].1.entry, w[0].0
+                ));
+            }
+        }
+        seqs.sort_by_key(|(seq, e)| (*seq, e.entry.clone()));
+        n += seqs.len();
+        for w in seqs.windows(2) {
+            let (a, b) = (w[0].0, w[1].0);
+            if b == a {
+                found.push(format!(
+                    "{license}: seq {a} twice (events {} and {})",
+                    w[0].1.entry, w[1].1.entry
+                ));
+            } else if b != a + 1 {
+                found.push(format!(
+                    "{license}: seq {a} (event {}) then {b} (event {}): {} events lost",
+                    w[0].1.entry,
+                    w[1].1.entry,
+                    b - a - 1
+                ));
+            }
+        }
+    }
+    (n, found)
 }
 
 fn seats_of(fields: &BTreeMap<String, String>) -> Option<(u64, u64)> {
@@ -814,6 +863,23 @@ mod tests {
         twice.entry = "1001-2".into();
         h.events.push(twice);
         assert_eq!(found(&h, "replies_events").len(), 1);
+    }
+
+    #[test]
+    fn a_gap_or_a_repeat_in_seq_is_found() {
+        let mut h = good();
+        h.events[0].fields.insert("seq".into(), "1".into());
+        assert!(found(&h, "event_seq").is_empty());
+        let mut next = h.events[0].clone();
+        next.entry = "1002-0".into();
+        next.fields.insert("type".into(), "released".into());
+        next.fields.insert("seq".into(), "3".into());
+        h.events.push(next);
+        let f = found(&h, "event_seq");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("1 events lost"));
+        h.events[1].fields.insert("seq".into(), "1".into());
+        assert_eq!(found(&h, "event_seq").len(), 2, "a repeat, out of order too");
     }
 
     #[test]
