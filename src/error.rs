@@ -90,6 +90,9 @@ pub enum Error {
     /// A benchmark scenario failed.
     #[error("benchmark: {0}")]
     Bench(String),
+    /// A history run (tools::history) could not be run.
+    #[error("history run: {0}")]
+    History(String),
     /// Something local (socket, file) failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),

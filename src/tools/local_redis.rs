@@ -379,6 +379,11 @@ impl LocalRedis {
         self.client().ok()?.get_multiplexed_async_connection().await.ok()
     }
 
+    /// The server process's id (for SIGSTOP / SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port

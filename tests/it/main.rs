@@ -13,6 +13,7 @@ mod events_once;
 mod examples;
 mod faults;
 mod hardening;
+mod history;
 mod invalid;
 mod lease;
 mod metrics;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The long history run (issue 22): builds seatgate and the history checker
+# (release, feature tools), runs real processes under a seeded fault
+# schedule for --minutes, checks the whole history against the model, prints
+# the summary. Exit 0: no anomaly; 1: anomalies (printed with evidence);
+# 2: the run could not be made.
+#
+#   bash ops/history.sh --minutes 30 --seed 7 [--workers 3] [--clients 8] [--no-faults] [--debug]
+#
+# --debug builds and runs the debug profile instead (no release build of the
+# dependencies needed: quicker to start where only the tests were built).
+#
+# HISTORY_DUMP=FILE writes the whole recorded history there (to read an
+# anomaly's context). Uses $CARGO_TARGET_DIR, else ./target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+minutes=30
+seed=1
+extra=()
+profile=release
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --minutes) minutes="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    --workers|--clients) extra+=("$1" "$2"); shift 2 ;;
+    --no-faults) extra+=("$1"); shift ;;
+    --debug) profile=debug; shift ;;
+    *) echo "usage: bash ops/history.sh [--minutes N] [--seed N] [--workers N] [--clients N] [--no-faults] [--debug]" >&2; exit 2 ;;
+  esac
+done
+source ops/ensure-redis.sh
+target="${CARGO_TARGET_DIR:-target}"
+if [ "$profile" = release ]; then
+  cargo build --release --features tools --bin seatgate --example history >&2
+else
+  cargo build --features tools --bin seatgate --example history >&2
+fi
+exec "$target/$profile/examples/history" --binary "$target/$profile/seatgate" \
+  --seed "$seed" --secs "$((minutes * 60))" "${extra[@]}"

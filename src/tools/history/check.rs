@@ -1,0 +1,933 @@
+//! The model a history is checked against, one function per rule; each
+//! anomaly carries its evidence (ids, entry ids, times). The rules are
+//! docs/protocol.md's promises:
+//!
+//! - `seats_replies`, `seats_events`, `seats_samples`: no acquire or grant
+//!   takes a license above `seats_total`; sampled holders never exceed it
+//!   (but after the administrator lowered it, until they drained below);
+//! - `answered`: every request that reached the stream is answered, once
+//!   the faults healed;
+//! - `duplicates`: a request id answered twice is answered the same;
+//! - `replies_events`: every seat change a reply reports has its one event,
+//!   and every event its reply (evictions aside, which have none);
+//! - `event_seq`: once events carry `seq`, per license no gap, no repeat,
+//!   and stream order is `seq` order;
+//! - `user_limit`: replaying the events, no user holds more than its
+//!   license's `max_per_user`;
+//! - `final_state`: once clients stopped and the reaper caught up, nothing
+//!   is held, queued or left in an outbox, and the events replayed agree;
+//! - `fresh_holders`: no holder whose heartbeats came in time lost its
+//!   seat (heartbeat answers, and `evicted` events' times);
+//! - `audit`: `seatgate audit` finds nothing, when the binary has it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use super::record::{entry_ms, AdminKind, Event, History, Hold, HoldEnd, Received};
+
+/// One broken rule, with its evidence.
+#[derive(Debug, Clone)]
+pub struct Anomaly {
+    pub check: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Anomaly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.check, self.detail)
+    }
+}
+
+/// What checking a history found: its size, the checks run (with how many
+/// items each looked at) and the anomalies.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub seed: u64,
+    pub requests: usize,
+    pub sends: usize,
+    pub replies: usize,
+    pub events: usize,
+    pub holds: usize,
+    pub samples: usize,
+    pub faults: BTreeMap<String, usize>,
+    pub checks: Vec<(&'static str, usize)>,
+    pub anomalies: Vec<Anomaly>,
+    /// The history's totals per license, what `seatgate report` must agree with.
+    pub totals: BTreeMap<String, Totals>,
+}
+
+/// Per license, the seat changes and refusals the replies report, each
+/// request counted once (its first answer of the kind): the figures a usage
+/// report over the run must give. Compare them with `seatgate report
+/// --json`'s once it has them (issue 22: "the report's totals equal to the
+/// history's"); [`totals`] is the hook.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub acquired: u64,
+    pub granted: u64,
+    pub released: u64,
+    pub left_queue: u64,
+    pub queue_timeouts: u64,
+    pub revoked: u64,
+    /// Denials by status (the `denied` events' reasons).
+    pub denied: BTreeMap<String, u64>,
+}
+
+/// The history's [`Totals`], per license.
+pub fn totals(h: &History) -> BTreeMap<String, Totals> {
+    let mut out: BTreeMap<String, Totals> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for r in &h.received {
+        let status = r.get("status");
+        if !seen.insert((r.get("id").to_owned(), status.to_owned())) {
+            continue;
+        }
+        let t = out.entry(r.get("license").to_owned()).or_default();
+        match status {
+            "ACQUIRED" => t.acquired += 1,
+            "GRANTED" => t.granted += 1,
+            "RELEASED" => t.released += 1,
+            "LEFT_QUEUE" => t.left_queue += 1,
+            "QUEUE_TIMEOUT" => t.queue_timeouts += 1,
+            "REVOKED" => t.revoked += 1,
+            s if DENIALS.contains(&s) && r.get("op") == "acquire" => {
+                *t.denied.entry(s.to_owned()).or_default() += 1
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl fmt::Display for Checked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "history seed {}: {} requests ({} sends), {} replies, {} events, {} holds, {} samples",
+            self.seed, self.requests, self.sends, self.replies, self.events, self.holds, self.samples
+        )?;
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        writeln!(
+            f,
+            "faults: {}",
+            if faults.is_empty() {
+                "none".to_owned()
+            } else {
+                faults.join(" ")
+            }
+        )?;
+        let checks: Vec<String> = self.checks.iter().map(|(c, n)| format!("{c}({n})")).collect();
+        writeln!(f, "checks: {}", checks.join(" "))?;
+        for (license, t) in &self.totals {
+            let denied: u64 = t.denied.values().sum();
+            writeln!(
+                f,
+                "  {license}: acquired {} granted {} released {} left_queue {} queue_timeout {} revoked {} denied {denied}",
+                t.acquired, t.granted, t.released, t.left_queue, t.queue_timeouts, t.revoked
+            )?;
+        }
+        writeln!(f, "anomalies: {}", self.anomalies.len())?;
+        for a in self.anomalies.iter().take(50) {
+            writeln!(f, "  {a}")?;
+        }
+        if self.anomalies.len() > 50 {
+            writeln!(f, "  … and {} more", self.anomalies.len() - 50)?;
+        }
+        Ok(())
+    }
+}
+
+/// Statuses a denied event stands for (Status::is_denial, less QUEUE_TIMEOUT).
+const DENIALS: [&str; 7] = [
+    "NO_SEATS_AVAILABLE",
+    "LICENSE_NOT_FOUND",
+    "LICENSE_INACTIVE",
+    "LICENSE_EXPIRED",
+    "LICENSE_INVALID",
+    "RATE_LIMITED",
+    "LIMIT_REACHED",
+];
+
+/// Checks `h` against the model.
+pub fn check(h: &History) -> Checked {
+    let mut out = Checked {
+        seed: h.seed,
+        requests: h.sent.iter().map(|s| &s.id).collect::<BTreeSet<_>>().len(),
+        sends: h.sent.len(),
+        replies: h.received.len(),
+        events: h.events.len(),
+        holds: h.holds.len(),
+        samples: h.samples.len(),
+        faults: h.faults_by_kind(),
+        checks: Vec::new(),
+        anomalies: Vec::new(),
+        totals: totals(h),
+    };
+    let by_id = replies_by_id(h);
+    let ordered = ordered_events(h);
+    let mut run = |name: &'static str, (n, found): (usize, Vec<String>)| {
+        out.checks.push((name, n));
+        out.anomalies
+            .extend(found.into_iter().map(|detail| Anomaly { check: name, detail }));
+    };
+    run("seats_replies", seats_replies(h));
+    run("seats_events", seats_events(&ordered));
+    run("seats_samples", seats_samples(h));
+    run("answered", answered(h, &by_id));
+    run("duplicates", duplicates(&by_id));
+    run("replies_events", replies_events(h, &by_id));
+    run("event_seq", event_seq(h));
+    run("user_limit", user_limit(h, &ordered));
+    run("final_state", final_state(h, &ordered));
+    run("fresh_holders", fresh_holders(h, &by_id));
+    // `seatgate audit` over the same Redis, when the binary has it.
+    if let Some(audit) = &h.audit {
+        run("audit", (1, audit.clone().err().into_iter().collect()));
+    }
+    out
+}
+
+/// Every reply, by request id, in the order read (per client stream).
+fn replies_by_id(h: &History) -> BTreeMap<&str, Vec<&Received>> {
+    let mut by: BTreeMap<&str, Vec<&Received>> = BTreeMap::new();
+    for r in &h.received {
+        by.entry(r.get("id")).or_default().push(r);
+    }
+    for v in by.values_mut() {
+        v.sort_by_key(|r| (entry_ms(&r.entry), r.entry.clone()));
+    }
+    by
+}
+
+/// Events in decision order per license (the replays are per license): by
+/// `seq` when events carry it (the events contract), else by `at_ms`, then
+/// stream entry id.
+fn ordered_events(h: &History) -> Vec<&Event> {
+    let mut ev: Vec<&Event> = h.events.iter().collect();
+    ev.sort_by_key(|e| {
+        (
+            e.get("license").to_owned(),
+            e.num("seq").unwrap_or(0),
+            e.num("at_ms").unwrap_or(0),
+            entry_ms(&e.entry),
+            e.entry.clone(),
+        )
+    });
+    ev
+}
+
+/// Once events carry `seq` (per license, +1 from one event to the next,
+/// never restarting): no gap (a lost event) and no repeat (a duplicate),
+/// and the stream holds them in `seq` order. Judges nothing while events
+/// carry no `seq`.
+fn event_seq(h: &History) -> (usize, Vec<String>) {
+    let mut per: BTreeMap<&str, Vec<(u64, &Event)>> = BTreeMap::new();
+    for e in &h.events {
+        if let Some(seq) = e.num("seq") {
+            per.entry(e.get("license")).or_default().push((seq, e));
+        }
+    }
+    let mut n = 0;
+    let mut found = Vec::new();
+    for (license, mut seqs) in per {
+        // Stream order first: it must already be seq order.
+        for w in seqs.windows(2) {
+            if w[1].0 <= w[0].0 {
+                found.push(format!(
+                    "{license}: event {} (seq {}) follows event {} (seq {}) in the stream",
+                    w[1].1.entry, w[1].0, w[0].1.entry, w[0].0
+                ));
+            }
+        }
+        seqs.sort_by_key(|(seq, e)| (*seq, e.entry.clone()));
+        n += seqs.len();
+        for w in seqs.windows(2) {
+            let (a, b) = (w[0].0, w[1].0);
+            if b == a {
+                found.push(format!(
+                    "{license}: seq {a} twice (events {} and {})",
+                    w[0].1.entry, w[1].1.entry
+                ));
+            } else if b != a + 1 {
+                found.push(format!(
+                    "{license}: seq {a} (event {}) then {b} (event {}): {} events lost",
+                    w[0].1.entry,
+                    w[1].1.entry,
+                    b - a - 1
+                ));
+            }
+        }
+    }
+    (n, found)
+}
+
+fn seats_of(fields: &BTreeMap<String, String>) -> Option<(u64, u64)> {
+    Some((
+        fields.get("seats_used")?.parse().ok()?,
+        fields.get("seats_total")?.parse().ok()?,
+    ))
+}
+
+fn seats_replies(h: &History) -> (usize, Vec<String>) {
+    let mut n = 0;
+    let mut found = Vec::new();
+    for r in &h.received {
+        if matches!(r.get("status"), "ACQUIRED" | "GRANTED") {
+            n += 1;
+            if let Some((used, total)) = seats_of(&r.fields) {
+                if used > total && !takes_back(h, r) {
+                    found.push(format!(
+                        "reply {} {} of {} to session {} says seats {used}/{total} (entry {})",
+                        r.get("id"),
+                        r.get("status"),
+                        r.get("license"),
+                        r.get("session"),
+                        r.entry
+                    ));
+                }
+            }
+        }
+    }
+    (n, found)
+}
+
+/// Whether ACQUIRED `r` is its session taking back its own lingering seat
+/// (no new seat: it never stopped counting): the session was answered
+/// RELEASED with `linger_ms` before, and `r` came within that linger or
+/// before any `linger_ended` eviction of the session.
+fn takes_back(h: &History, r: &Received) -> bool {
+    let (license, session, at) = (r.get("license"), r.get("session"), entry_ms(&r.entry));
+    let released = h.received.iter().filter(|x| {
+        x.get("license") == license
+            && x.get("session") == session
+            && x.get("status") == "RELEASED"
+            && entry_ms(&x.entry) <= at
+    });
+    released
+        .filter_map(|x| Some((entry_ms(&x.entry), x.get("linger_ms").parse::<u64>().ok()?)))
+        .any(|(rel, linger)| {
+            at <= rel + linger
+                || !h.events.iter().any(|e| {
+                    e.get("license") == license
+                        && e.get("session") == session
+                        && e.get("reason") == "linger_ended"
+                        && (rel..=at).contains(&e.num("at_ms").unwrap_or(0))
+                })
+        })
+}
+
+/// Over the events replayed in order: an acquired or granted event that
+/// adds a holder (not a take-back of a lingering seat) above seats_total.
+fn seats_events(ordered: &[&Event]) -> (usize, Vec<String>) {
+    let mut n = 0;
+    let mut found = Vec::new();
+    replay(ordered, |e, _, was_holding| {
+        n += 1;
+        if let Some((used, total)) = seats_of(&e.fields) {
+            if used > total && !was_holding {
+                found.push(format!(
+                    "event {} {} of {} session {} says seats {used}/{total}",
+                    e.entry,
+                    e.get("type"),
+                    e.get("license"),
+                    e.get("session")
+                ));
+            }
+        }
+    });
+    (n, found)
+}
+
+/// Holders above seats in a sample are allowed only after the seats were
+/// lowered, up to the old count, until a sample shows them drained.
+fn seats_samples(h: &History) -> (usize, Vec<String>) {
+    let mut found = Vec::new();
+    let mut samples: Vec<_> = h.samples.iter().collect();
+    samples.sort_by_key(|s| s.at_ms);
+    let mut lowered: Vec<_> = h
+        .admin
+        .iter()
+        .filter_map(|a| match a.what {
+            AdminKind::Seats { from, to } if to < from => {
+                Some((a.start_ms, a.license.as_str(), from, a.end_ms))
+            }
+            _ => None,
+        })
+        .collect();
+    lowered.sort();
+    // License → (holders allowed, until when a lowering may still be under way).
+    let mut allowance: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut next = 0;
+    for s in &samples {
+        while next < lowered.len() && lowered[next].0 <= s.at_ms {
+            let (_, license, from, end_ms) = lowered[next];
+            let a = allowance.entry(license).or_insert((0, 0));
+            *a = (a.0.max(from), a.1.max(end_ms));
+            next += 1;
+        }
+        let Some(total) = s.seats_total else { continue };
+        let allowed = allowance.get(s.license.as_str()).copied();
+        if s.holders <= total {
+            // Drained below the new count (once the change is surely in).
+            if allowed.is_some_and(|(_, end_ms)| s.at_ms > end_ms) {
+                allowance.remove(s.license.as_str());
+            }
+        } else if s.holders > allowed.map(|(n, _)| n).unwrap_or(total) {
+            let last_change = h
+                .admin
+                .iter()
+                .filter(|a| a.license == s.license && a.start_ms <= s.at_ms)
+                .max_by_key(|a| a.start_ms);
+            found.push(format!(
+                "license {} at {} ms: {} holders of {} seats (no lowering of its seats explains it; its last change before: {:?})",
+                s.license, s.at_ms, s.holders, total, last_change
+            ));
+        }
+    }
+    (samples.len(), found)
+}
+
+fn answered(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
+    let mut found = Vec::new();
+    let mut reached: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for s in &h.sent {
+        if let Some(entry) = &s.entry {
+            reached.entry(&s.id).or_default().push(entry);
+        }
+    }
+    for (id, entries) in &reached {
+        if !by_id.contains_key(id) {
+            found.push(format!(
+                "request {id} (entries {}) was never answered",
+                entries.join(", ")
+            ));
+        }
+    }
+    if h.pending_at_end > 0 {
+        found.push(format!(
+            "{} requests were still pending or unread in the group a minute after the faults healed",
+            h.pending_at_end
+        ));
+    }
+    (reached.len(), found)
+}
+
+fn duplicates(by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
+    let mut n = 0;
+    let mut found = Vec::new();
+    for (id, replies) in by_id {
+        let finals: Vec<&&Received> = replies.iter().filter(|r| r.get("status") != "QUEUED").collect();
+        if finals.len() < 2 {
+            continue;
+        }
+        n += 1;
+        let first = finals[0];
+        for r in &finals[1..] {
+            let same_status = r.get("status") == first.get("status");
+            let same_seats = seats_of(&r.fields) == seats_of(&first.fields);
+            if !same_status || !same_seats {
+                found.push(format!(
+                    "request {id} answered {} seats {:?} (entry {}) and then {} seats {:?} (entry {})",
+                    first.get("status"),
+                    seats_of(&first.fields),
+                    first.entry,
+                    r.get("status"),
+                    seats_of(&r.fields),
+                    r.entry
+                ));
+            }
+        }
+    }
+    (n, found)
+}
+
+/// The event type (and denial reason) a final reply status stands for.
+fn event_of(status: &str) -> Option<(&'static str, &str)> {
+    Some(match status {
+        "ACQUIRED" => ("acquired", ""),
+        "GRANTED" => ("granted", ""),
+        "RELEASED" => ("released", ""),
+        "LEFT_QUEUE" => ("left_queue", ""),
+        "QUEUE_TIMEOUT" => ("queue_timeout", ""),
+        "REVOKED" => ("revoked", ""),
+        s if DENIALS.contains(&s) => ("denied", s),
+        _ => return None,
+    })
+}
+
+fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
+    // (license, session, type, reason) → request ids / event entries.
+    type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
+    let mut from_replies: BTreeMap<Key, Vec<&str>> = BTreeMap::new();
+    for (id, replies) in by_id {
+        let mut seen = BTreeSet::new();
+        for r in replies {
+            if let Some((ty, reason)) = event_of(r.get("status")) {
+                // One event per decision: a repeat of the same answer is no new one.
+                if seen.insert(ty) {
+                    from_replies
+                        .entry((r.get("license"), r.get("session"), ty, reason))
+                        .or_default()
+                        .push(id);
+                }
+            }
+        }
+    }
+    let mut from_events: BTreeMap<Key, Vec<&str>> = BTreeMap::new();
+    for e in &h.events {
+        let ty = e.get("type");
+        if matches!(ty, "evicted" | "queued") {
+            continue;
+        }
+        let reason = if ty == "denied" { e.get("reason") } else { "" };
+        let ty = match ty {
+            "acquired" => Some("acquired"),
+            "granted" => Some("granted"),
+            "released" => Some("released"),
+            "left_queue" => Some("left_queue"),
+            "queue_timeout" => Some("queue_timeout"),
+            "revoked" => Some("revoked"),
+            "denied" => Some("denied"),
+            _ => None,
+        };
+        let Some(ty) = ty else { continue };
+        from_events
+            .entry((e.get("license"), e.get("session"), ty, reason))
+            .or_default()
+            .push(&e.entry);
+    }
+    let mut found = Vec::new();
+    let keys: BTreeSet<&Key> = from_replies.keys().chain(from_events.keys()).collect();
+    for k in &keys {
+        let replies = from_replies.get(k).map(Vec::len).unwrap_or(0);
+        let events = from_events.get(k).map(Vec::len).unwrap_or(0);
+        if replies != events {
+            let (license, session, ty, reason) = k;
+            found.push(format!(
+                "{license}/{session}: {replies} replies report {ty}{} (ids {:?}) but {events} `{ty}` events (entries {:?})",
+                if reason.is_empty() { String::new() } else { format!(" {reason}") },
+                from_replies.get(k).cloned().unwrap_or_default(),
+                from_events.get(k).cloned().unwrap_or_default(),
+            ));
+        }
+    }
+    (keys.len(), found)
+}
+
+/// Replays `ordered` events: the holders of each license after each event.
+/// Calls `on_take` for each acquired/granted with the holders after it and
+/// whether its session held already (a lingering seat taken back).
+fn replay<'a>(
+    ordered: &[&'a Event],
+    mut on_take: impl FnMut(&'a Event, &BTreeSet<&'a str>, bool),
+) -> BTreeMap<&'a str, BTreeSet<&'a str>> {
+    let mut holders: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for e in ordered {
+        let set = holders.entry(e.get("license")).or_default();
+        let session = e.get("session");
+        match e.get("type") {
+            "acquired" | "granted" => {
+                let was_holding = !set.insert(session);
+                on_take(e, set, was_holding);
+            }
+            "released" if !e.fields.contains_key("linger_ms") => {
+                set.remove(session);
+            }
+            "evicted" => {
+                set.remove(session);
+            }
+            "revoked" if e.get("held") == "1" => {
+                set.remove(session);
+            }
+            _ => {}
+        }
+    }
+    holders
+}
+
+fn user_limit(h: &History, ordered: &[&Event]) -> (usize, Vec<String>) {
+    let limits: HashMap<&str, u64> = h
+        .licenses
+        .iter()
+        .filter_map(|l| Some((l.name.as_str(), l.max_per_user?)))
+        .collect();
+    let mut n = 0;
+    let mut found = Vec::new();
+    replay(ordered, |e, set, _| {
+        let Some(&max) = limits.get(e.get("license")) else {
+            return;
+        };
+        let Some(user) = h.users.get(e.get("session")) else {
+            return;
+        };
+        n += 1;
+        let same: Vec<&&str> = set.iter().filter(|s| h.users.get(**s) == Some(user)).collect();
+        if same.len() as u64 > max {
+            found.push(format!(
+                "event {} {} of {}: user {user} now holds {} seats ({:?}), max_per_user {max}",
+                e.entry,
+                e.get("type"),
+                e.get("license"),
+                same.len(),
+                same
+            ));
+        }
+    });
+    (n, found)
+}
+
+fn final_state(h: &History, ordered: &[&Event]) -> (usize, Vec<String>) {
+    let mut found = Vec::new();
+    let replayed = replay(ordered, |_, _, _| {});
+    for (license, f) in &h.final_state {
+        if !f.holders.is_empty() {
+            found.push(format!(
+                "license {license}: seats still held after the run quiesced and the reaper caught up: {:?}",
+                f.holders
+            ));
+        }
+        if !f.waiting.is_empty() {
+            found.push(format!(
+                "license {license}: sessions still queued at the end: {:?}",
+                f.waiting
+            ));
+        }
+        if f.outbox > 0 {
+            found.push(format!(
+                "license {license}: {} queue replies still in the outbox",
+                f.outbox
+            ));
+        }
+        let from_events: Vec<&str> = replayed
+            .get(license.as_str())
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut held: Vec<&str> = f.holders.iter().map(String::as_str).collect();
+        held.sort();
+        if from_events != held {
+            found.push(format!(
+                "license {license}: the events replayed leave {from_events:?} holding, Redis holds {held:?}"
+            ));
+        }
+    }
+    (h.final_state.len(), found)
+}
+
+/// A hold's life signs up to `until`: its start and the first XADD time of
+/// each heartbeat answered HEARTBEAT_UPDATED (those were decided no earlier).
+fn alive_times(hold: &Hold, until: u64) -> Vec<u64> {
+    let mut t: Vec<u64> = std::iter::once(hold.start_ms)
+        .chain(hold.heartbeats.iter().copied())
+        .filter(|&t| t <= until)
+        .collect();
+    t.sort();
+    t
+}
+
+fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
+    let mut found = Vec::new();
+    let revoked: BTreeSet<(&str, &str)> = by_id
+        .values()
+        .flatten()
+        .filter(|r| r.get("status") == "REVOKED")
+        .map(|r| (r.get("license"), r.get("session")))
+        .collect();
+    let deleted = |license: &str, from: u64, to: u64| {
+        h.admin.iter().any(|a| {
+            a.license == license && a.what == AdminKind::Delete && a.start_ms <= to && a.end_ms + 2000 >= from
+        })
+    };
+    let mut n = 0;
+    // A heartbeat (or release) told a holder its seat was gone.
+    for hold in &h.holds {
+        let HoldEnd::Lost(at, status) = &hold.end else {
+            continue;
+        };
+        n += 1;
+        let excused = match status.as_str() {
+            "SESSION_REVOKED" => revoked.contains(&(hold.license.as_str(), hold.session.as_str())),
+            "SESSION_NOT_ACTIVE" | "SESSION_NOT_FOUND" => {
+                deleted(&hold.license, hold.start_ms, *at)
+                    || revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
+            }
+            _ => false,
+        };
+        if excused {
+            continue;
+        }
+        let times = alive_times(hold, *at);
+        let half = hold.timeout_ms / 2;
+        let in_time =
+            times.windows(2).all(|w| w[1] - w[0] <= half) && times.last().is_some_and(|&t| at - t <= half);
+        if in_time {
+            found.push(format!(
+                "{}/{} (client {}) was answered {status} at {at} ms though it heartbeated in time (timeout {} ms; held since {}, heartbeats {:?})",
+                hold.license, hold.session, hold.client, hold.timeout_ms, hold.start_ms, hold.heartbeats
+            ));
+        }
+    }
+    // An eviction for a stale heartbeat must come a whole timeout after
+    // the last sign of life.
+    let mut holds_of: HashMap<(&str, &str), Vec<&Hold>> = HashMap::new();
+    for hold in &h.holds {
+        holds_of
+            .entry((hold.license.as_str(), hold.session.as_str()))
+            .or_default()
+            .push(hold);
+    }
+    for e in &h.events {
+        if e.get("type") != "evicted" || e.get("reason") != "heartbeat_timeout" {
+            continue;
+        }
+        let Some(at) = e.num("at_ms") else { continue };
+        let Some(holds) = holds_of.get(&(e.get("license"), e.get("session"))) else {
+            continue;
+        };
+        let Some(hold) = holds
+            .iter()
+            .filter(|h| h.start_ms <= at)
+            .max_by_key(|h| h.start_ms)
+        else {
+            continue;
+        };
+        n += 1;
+        let last = alive_times(hold, at).last().copied().unwrap_or(hold.start_ms);
+        if at < last + hold.timeout_ms {
+            found.push(format!(
+                "event {}: {}/{} evicted (heartbeat_timeout) at {at} ms, {} ms after its last sign of life at {last} ms (timeout {} ms)",
+                e.entry,
+                e.get("license"),
+                e.get("session"),
+                at - last,
+                hold.timeout_ms
+            ));
+        }
+    }
+    (n, found)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each rule on a small made-up history: it holds on a good one and
+    //! names the break in a bad one (the mutation run, ops/mutate.sh, shows
+    //! the same on real runs).
+
+    use super::*;
+    use crate::tools::history::record::{AdminAction, Event, Hold, HoldEnd, Received, Sample, Sent};
+
+    fn fields(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn reply(entry: &str, pairs: &[(&str, &str)]) -> Received {
+        Received {
+            client: 0,
+            entry: entry.to_owned(),
+            fields: fields(pairs),
+        }
+    }
+
+    fn event(entry: &str, pairs: &[(&str, &str)]) -> Event {
+        Event {
+            stream: "seat:events".into(),
+            entry: entry.to_owned(),
+            fields: fields(pairs),
+        }
+    }
+
+    fn sent(id: &str, entry: &str) -> Sent {
+        Sent {
+            client: 0,
+            id: id.into(),
+            op: "acquire".into(),
+            license: "L".into(),
+            session: "s".into(),
+            entry: Some(entry.into()),
+            xadd_error: None,
+            resend: false,
+        }
+    }
+
+    /// One acquire of session `s` on `L`, answered ACQUIRED 1/2, its event.
+    fn good() -> History {
+        History {
+            sent: vec![sent("a1", "1000-0")],
+            received: vec![reply(
+                "1001-0",
+                &[
+                    ("id", "a1"),
+                    ("op", "acquire"),
+                    ("status", "ACQUIRED"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("seats_used", "1"),
+                    ("seats_total", "2"),
+                ],
+            )],
+            events: vec![event(
+                "1001-1",
+                &[
+                    ("type", "acquired"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("seats_used", "1"),
+                    ("seats_total", "2"),
+                    ("at_ms", "1001"),
+                ],
+            )],
+            ..History::default()
+        }
+    }
+
+    fn found(h: &History, check_name: &str) -> Vec<String> {
+        super::check(h)
+            .anomalies
+            .into_iter()
+            .filter(|a| a.check == check_name)
+            .map(|a| a.detail)
+            .collect()
+    }
+
+    #[test]
+    fn a_good_history_has_no_anomaly() {
+        let checked = super::check(&good());
+        assert!(checked.anomalies.is_empty(), "{checked}");
+        // The seat is still held in the replay: the final state (none
+        // recorded here) is not judged.
+    }
+
+    #[test]
+    fn a_seat_above_seats_total_is_found_in_replies_events_and_samples() {
+        let mut h = good();
+        h.received[0].fields.insert("seats_used".into(), "3".into());
+        h.events[0].fields.insert("seats_used".into(), "3".into());
+        h.samples.push(Sample {
+            license: "L".into(),
+            at_ms: 1002,
+            holders: 3,
+            seats_total: Some(2),
+        });
+        assert_eq!(found(&h, "seats_replies").len(), 1);
+        assert_eq!(found(&h, "seats_events").len(), 1);
+        assert_eq!(found(&h, "seats_samples").len(), 1);
+        // After the seats were lowered from 3, three holders are allowed...
+        h.admin.push(AdminAction {
+            license: "L".into(),
+            what: AdminKind::Seats { from: 3, to: 2 },
+            start_ms: 1001,
+            end_ms: 1001,
+            ok: true,
+        });
+        assert!(found(&h, "seats_samples").is_empty());
+        // ...until a sample showed them drained below the new count.
+        h.samples.insert(
+            0,
+            Sample {
+                license: "L".into(),
+                at_ms: 1002,
+                holders: 1,
+                seats_total: Some(2),
+            },
+        );
+        h.samples[1].at_ms = 1003;
+        assert_eq!(found(&h, "seats_samples").len(), 1);
+    }
+
+    #[test]
+    fn a_request_never_answered_is_found() {
+        let mut h = good();
+        h.sent.push(sent("a2", "1005-0"));
+        assert_eq!(found(&h, "answered").len(), 1);
+    }
+
+    #[test]
+    fn a_repeat_answered_otherwise_is_found() {
+        let mut h = good();
+        let mut again = h.received[0].clone();
+        again.entry = "1010-0".into();
+        again.fields.insert("status".into(), "ALREADY_ACTIVE".into());
+        h.received.push(again);
+        assert_eq!(found(&h, "duplicates").len(), 1);
+    }
+
+    #[test]
+    fn a_lost_or_extra_event_is_found() {
+        let mut h = good();
+        h.events.clear();
+        assert_eq!(found(&h, "replies_events").len(), 1);
+        let mut h = good();
+        let mut twice = h.events[0].clone();
+        twice.entry = "1001-2".into();
+        h.events.push(twice);
+        assert_eq!(found(&h, "replies_events").len(), 1);
+    }
+
+    #[test]
+    fn a_gap_or_a_repeat_in_seq_is_found() {
+        let mut h = good();
+        h.events[0].fields.insert("seq".into(), "1".into());
+        assert!(found(&h, "event_seq").is_empty());
+        let mut next = h.events[0].clone();
+        next.entry = "1002-0".into();
+        next.fields.insert("type".into(), "released".into());
+        next.fields.insert("seq".into(), "3".into());
+        h.events.push(next);
+        let f = found(&h, "event_seq");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("1 events lost"));
+        h.events[1].fields.insert("seq".into(), "1".into());
+        assert_eq!(found(&h, "event_seq").len(), 2, "a repeat, out of order too");
+    }
+
+    #[test]
+    fn a_seat_left_held_at_the_end_is_found() {
+        let mut h = good();
+        h.final_state.insert(
+            "L".into(),
+            crate::tools::history::record::FinalLicense {
+                holders: vec!["s".into()],
+                exists: true,
+                ..Default::default()
+            },
+        );
+        let f = found(&h, "final_state");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("still held"));
+    }
+
+    #[test]
+    fn a_holder_evicted_before_its_timeout_is_found() {
+        let mut h = good();
+        h.holds.push(Hold {
+            client: 0,
+            license: "L".into(),
+            session: "s".into(),
+            user: "ada".into(),
+            start_ms: 1001,
+            timeout_ms: 4000,
+            heartbeats: vec![2000, 3000],
+            end: HoldEnd::Lost(4000, "SESSION_NOT_ACTIVE".into()),
+        });
+        // Told its seat was gone though it heartbeated every second.
+        assert_eq!(found(&h, "fresh_holders").len(), 1);
+        // Evicted 2 s after its last heartbeat under a 4 s timeout.
+        h.holds[0].end = HoldEnd::Unknown;
+        h.events.push(event(
+            "5000-0",
+            &[
+                ("type", "evicted"),
+                ("license", "L"),
+                ("session", "s"),
+                ("reason", "heartbeat_timeout"),
+                ("at_ms", "5000"),
+            ],
+        ));
+        assert_eq!(found(&h, "fresh_holders").len(), 1);
+        // A whole timeout after it: fine.
+        h.events[1].fields.insert("at_ms".into(), "7001".into());
+        assert!(found(&h, "fresh_holders").is_empty());
+    }
+}
