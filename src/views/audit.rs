@@ -909,6 +909,28 @@ pub async fn audit<C: ConnectionLike>(
             }
         }
     }
+    // On a cluster the scripts record into each license's own log, and the
+    // relay moves the entries on to the shard (within a reaper period): a
+    // session with an entry still there is in flight, like one above.
+    if settings.redis.is_cluster() {
+        for license in &licenses {
+            let log = keys.event_keys(license).log;
+            let mut start = "-".to_owned();
+            loop {
+                let page = xrange(con, &log, &start, "+").await?;
+                for (id, fields) in &page {
+                    let get = |name: &str| text_field(fields, name);
+                    if let Some((license, ev)) = Ev::parse(id, get) {
+                        busy.entry(license).or_default().insert(ev.session);
+                    }
+                }
+                match page.last() {
+                    Some((id, _)) if page.len() == PAGE => start = format!("({id}"),
+                    _ => break,
+                }
+            }
+        }
+    }
 
     let mut report = AuditReport {
         since_ms,

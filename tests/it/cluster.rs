@@ -153,10 +153,21 @@ async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) 
     assert_eq!(log_len(&mut con).await, 0, "relayed entries leave the log");
 
     // A relay repeated: the same entries twice more, then the relay proper.
+    // (Over a second after the first event, so that the audit expects a
+    // start event for b's seat.)
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert_eq!(
         direct(&s, "lic", "b").acquire(&mut con).await.status(),
         Status::Acquired
     );
+    // The audit, meanwhile, knows b's start is on its way from the log:
+    // not a holder without a start.
+    let query = seatgate::views::audit::Query {
+        license: Some("lic".to_owned()),
+        since: None,
+    };
+    let audit = seatgate::views::audit::audit(&mut con, &s, &query).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
     let page: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
         .arg(&log.log)
         .arg("-")
