@@ -73,7 +73,7 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   the notes' first, then the outcome's (acquired, queued, or denied with
   the status as reason), each with the asker's user and group.
-  KEYS[19..20], ARGV[18..19] the events' (includes/request.lua)
+  KEYS[19..21], ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

@@ -36,7 +36,7 @@
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Records no events but a denial's (RATE_LIMITED, includes/request.lua).
-  KEYS[18..19], ARGV[12..13] the events' (includes/request.lua)
+  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

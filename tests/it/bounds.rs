@@ -548,7 +548,8 @@ const DENIAL_SCRIPT: &str = r#"local rcall = redis.call
 --- @include "denial_sample"
 local now = tonumber(ARGV[2])
 if ARGV[1] == 'flush' then
-  return denial_flush(KEYS[1], now)
+  local folded = denial_flush(KEYS[1], now)
+  return folded
 end
 local record, folded = denial_sample(KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]))
 if record == 1 then
@@ -558,8 +559,8 @@ end
 return {record, folded}
 "#;
 
-/// Denials past a rate (lua/includes/denial_sample.lua, on its own: the
-/// seat scripts that record events are to call it). 10,000 denials of one
+/// Denials past a rate (lua/includes/denial_sample.lua, on its own; the
+/// flood through a worker is the test after this one). 10,000 denials of one
 /// license over ten 1 s windows, recorded one by one (keep 0, as today) and
 /// then at most 20 a window: the events stream grows by a bounded number of
 /// events, and every denial is accounted for (recorded, carried in a later
@@ -667,4 +668,143 @@ async fn denials_past_a_rate_are_folded_into_a_count() {
         figures[1].0 * 20 < figures[0].0,
         "the sampled events take a twentieth of the bytes at most: {figures:?}"
     );
+}
+
+/// Denials past a rate, through a real worker and reaper: 10,000 acquires
+/// refused by a full one-seat license, `events.denials_per_window` 20 per
+/// 1 s window. The events stream holds at most 20 `denied` events per window
+/// (plus one aggregate per window the reaper flushes), every denial is
+/// accounted for (the recorded ones plus the `folded` counts sum to the
+/// denials sent), and the license's `seq` stays gapless: a folded denial
+/// takes none.
+#[tokio::test]
+async fn denials_through_a_worker_are_bounded_and_all_accounted_for() {
+    const N: usize = 10_000;
+    const KEEP: u64 = 20;
+    const WINDOW: u64 = 1_000;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.limits.session_requests = 0;
+    settings.limits.license_requests = 0;
+    settings.events.denials_window_ms = WINDOW;
+    settings.events.denials_per_window = KEEP;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let _reaper = reaping(&settings).await;
+    let client = client(&settings).await;
+    let held = client
+        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), Status::Acquired);
+    let events = settings.events_stream_for("lic");
+    let replies = reply_stream(&settings, "denied");
+    let (mem0, events0) = (used_memory(&mut con).await, xlen(&mut con, &events).await);
+    let started = Instant::now();
+    let last = flood(&mut con, &settings, N, |i| {
+        vec![
+            field("id", format!("d-{i}")),
+            field("op", "acquire"),
+            field("license", "lic"),
+            field("session", format!("denied-{i}")),
+            field("user", "flooder"),
+            field("reply_to", replies.clone()),
+        ]
+    })
+    .await;
+    drained(&mut con, &settings, &last, Duration::from_secs(120)).await;
+    let flood_took = started.elapsed();
+    let answers = stream_entries(&mut con, &replies).await;
+    let refused = answers
+        .iter()
+        .filter(|r| r.fields["status"] == Status::NoSeatsAvailable.as_str())
+        .count();
+    // The reaper flushes the last window's count once it has ended.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (denied, recorded, aggregates, folded) = loop {
+        let entries = stream_entries(&mut con, &events).await;
+        let denied: Vec<&crate::support::Entry> = entries
+            .iter()
+            .filter(|e| e.fields.get("license").map(String::as_str) == Some("lic"))
+            .filter(|e| e.fields["type"] == "denied")
+            .collect();
+        let folded: u64 = denied
+            .iter()
+            .map(|e| e.fields.get("folded").map_or(0, |f| f.parse::<u64>().unwrap()))
+            .sum();
+        let aggregates = denied.iter().filter(|e| e.fields["session"].is_empty()).count();
+        let recorded = denied.len() - aggregates;
+        if recorded as u64 + folded >= N as u64 || Instant::now() > deadline {
+            break (denied.len(), recorded, aggregates, folded);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let entries = stream_entries(&mut con, &events).await;
+    let mut seqs: Vec<u64> = entries
+        .iter()
+        .filter(|e| e.fields.get("license").map(String::as_str) == Some("lic"))
+        .map(|e| e.fields["seq"].parse().unwrap())
+        .collect();
+    let in_order = seqs.windows(2).all(|w| w[0] < w[1]);
+    seqs.sort_unstable();
+    let gapless = seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
+    for e in entries
+        .iter()
+        .filter(|e| e.fields["type"] == "denied" && !e.fields["session"].is_empty())
+    {
+        assert_eq!(e.fields["reason"], "NO_SEATS_AVAILABLE");
+        assert_eq!(e.fields.get("user").map(String::as_str), Some("flooder"));
+    }
+    for e in entries
+        .iter()
+        .filter(|e| e.fields["type"] == "denied" && e.fields["session"].is_empty())
+    {
+        assert!(
+            !e.fields.contains_key("reason"),
+            "an aggregate names no reason: {:?}",
+            e.fields
+        );
+        assert!(e.fields["folded"].parse::<u64>().unwrap() > 0);
+    }
+    let stream_bytes: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&events)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&replies)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    trim_requests(&mut con, &settings).await;
+    let mem1 = used_memory(&mut con).await;
+    let events1 = xlen(&mut con, &events).await;
+    let windows = flood_took.as_millis() as u64 / WINDOW + 2;
+    println!(
+        "denial flood through a worker, events.denials_per_window {KEEP} per {WINDOW} ms: {N} acquires refused \
+         ({refused} NO_SEATS_AVAILABLE replies) within {flood_took:.1?} -> {denied} denied events ({recorded} \
+         recorded one by one, {aggregates} aggregates flushed by the reaper; {folded} denials folded into \
+         their counts); events stream {events0} -> {events1} entries, {stream_bytes} bytes ({} per event); \
+         used_memory {mem0} -> {mem1} (+{} bytes, the requests' dedupe records included)",
+        stream_bytes / events1.max(1) as i64,
+        mem1 - mem0
+    );
+    assert_eq!(refused, N, "every acquire refused");
+    assert_eq!(recorded as u64 + folded, N as u64, "every denial accounted for");
+    assert!(
+        recorded as u64 <= KEEP * windows,
+        "at most {KEEP} denials recorded per window over {windows} windows: {recorded}"
+    );
+    assert!(
+        aggregates as u64 <= windows,
+        "at most one aggregate per window: {aggregates}"
+    );
+    assert!(in_order, "the license's events are in seq order");
+    assert!(
+        gapless,
+        "seq is gapless: a folded denial takes none ({} events)",
+        seqs.len()
+    );
+    assert_eq!(holders(&settings, "lic").await, ["holder"]);
+    worker.stop().await;
 }
