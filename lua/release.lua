@@ -95,7 +95,7 @@ local function decide(now, default_timeout)
     return outcome('RELEASED', used, total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
-    remove_waiter(session)
+    remove_waiter(session, owner)
     if owner then
       owners().forget(session)
     end

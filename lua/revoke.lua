@@ -130,7 +130,7 @@ local function decide(now, default_timeout)
   end
   local w = waiter_record(session)
   if rcall('ZSCORE', K.queue, session) then
-    remove_waiter(session)
+    remove_waiter(session, owner)
     if owner then
       owners().forget(session)
     end

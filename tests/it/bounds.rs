@@ -808,3 +808,104 @@ async fn denials_through_a_worker_are_bounded_and_all_accounted_for() {
     assert_eq!(holders(&settings, "lic").await, ["holder"]);
     worker.stop().await;
 }
+
+/// Floods a full one-seat license with 1,000 waits by one user at priority
+/// 9 under `queue_max_per_user` 5: five queue, the rest are refused
+/// NO_SEATS_AVAILABLE naming the quota, and the license's keys grow by five
+/// waiters' worth, not a thousand.
+#[tokio::test]
+async fn one_users_waiters_are_held_to_the_queue_quota() {
+    const N: usize = 1_000;
+    const QUOTA: u64 = 5;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.limits.session_requests = 0;
+    settings.limits.license_requests = 0;
+    put_license(&settings, "lic", 1).await;
+    let policy = seatgate::engine::policy::LicensePolicy {
+        queue_max_per_user: Some(QUOTA),
+        ..Default::default()
+    };
+    crate::support::put_policy(&settings, "lic", &policy).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let held = client
+        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), Status::Acquired);
+    let replies = reply_stream(&settings, "quota");
+    let (mem0, lic0) = (
+        used_memory(&mut con).await,
+        license_bytes(&mut con, &settings, "lic").await,
+    );
+    let last = flood(&mut con, &settings, N, |i| {
+        vec![
+            field("id", format!("q-{i}")),
+            field("op", "acquire"),
+            field("license", "lic"),
+            field("session", format!("waiter-{i}")),
+            field("user", "mallory"),
+            field("wait_ms", "3600000"),
+            field("priority", "9"),
+            field("reply_to", replies.clone()),
+        ]
+    })
+    .await;
+    drained(&mut con, &settings, &last, Duration::from_secs(60)).await;
+    let answers = stream_entries(&mut con, &replies).await;
+    let count = |status: Status| {
+        answers
+            .iter()
+            .filter(|r| r.fields["status"] == status.as_str())
+            .count()
+    };
+    let (queued, refused) = (count(Status::Queued), count(Status::NoSeatsAvailable));
+    let quota_errors = answers
+        .iter()
+        .filter(|r| {
+            r.fields
+                .get("error")
+                .is_some_and(|e| e.contains("user mallory") && e.contains("queue_max_per_user"))
+        })
+        .count();
+    let lic = crate::support::license_keys(&settings, "lic");
+    let waiting: usize = redis::cmd("ZCARD")
+        .arg(&lic.queue)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let count_field: Option<String> = redis::cmd("HGET")
+        .arg(&lic.owners)
+        .arg("w:mallory")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let lic1 = license_bytes(&mut con, &settings, "lic").await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&replies)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    trim_requests(&mut con, &settings).await;
+    let mem1 = used_memory(&mut con).await;
+    println!(
+        "waiter quota flood: {N} waits by one user at priority 9, queue_max_per_user {QUOTA}: {queued} queued, \
+         {refused} refused NO_SEATS_AVAILABLE ({quota_errors} naming the quota); the license's keys {lic0} -> \
+         {lic1} bytes (+{}); used_memory {mem0} -> {mem1} (+{} bytes: the requests' dedupe records, which \
+         expire within two dedupe windows, and the denials' events, at most events.denials_per_window a window)",
+        lic1 - lic0,
+        mem1 - mem0
+    );
+    assert_eq!(queued, QUOTA as usize, "the quota's waiters queue");
+    assert_eq!(refused, N - QUOTA as usize, "the rest are refused");
+    assert_eq!(quota_errors, refused, "each refusal names the user's quota");
+    assert_eq!(waiting, QUOTA as usize);
+    assert_eq!(count_field.as_deref(), Some("5"), "the user's waiter count");
+    assert!(
+        lic1 - lic0 < 4_096,
+        "five waiters' worth of the license's keys, not a thousand: +{} bytes",
+        lic1 - lic0
+    );
+    assert_eq!(holders(&settings, "lic").await, ["holder"]);
+    worker.stop().await;
+}
