@@ -909,3 +909,99 @@ async fn one_users_waiters_are_held_to_the_queue_quota() {
     assert_eq!(holders(&settings, "lic").await, ["holder"]);
     worker.stop().await;
 }
+
+/// A denial window's first fold files the license due at the window's end
+/// (the outcome's due time, which the worker files); a reaper pass before
+/// then records nothing and keeps it due then, one after it records the
+/// aggregate `denied` (no session, no reason, `folded`) with the next seq.
+#[tokio::test]
+async fn a_folded_denial_makes_the_license_due_at_its_windows_end() {
+    const WINDOW: u64 = 400;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.events.denials_window_ms = WINDOW;
+    settings.events.denials_per_window = 2;
+    put_license(&settings, "lic", 1).await;
+    let direct = |session: &str| crate::support::direct(&settings, "lic", session);
+    assert_eq!(
+        direct("holder").acquire(&mut con).await.decision.status(),
+        Status::Acquired
+    );
+    let due = seatgate::runtime::due::DueIndex::new(&settings);
+    // Only the reaper's own filings from here on.
+    let _: i64 = redis::cmd("DEL")
+        .arg(due.shard_for("lic").due)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for i in 0..4 {
+        let o = direct(&format!("d{i}")).acquire(&mut con).await;
+        assert_eq!(o.decision.status(), Status::NoSeatsAvailable);
+        outcomes.push(o);
+    }
+    let window_start = outcomes[0].now_ms;
+    assert_eq!(outcomes[0].due_ms, None, "a recorded denial files nothing");
+    assert_eq!(outcomes[1].due_ms, None);
+    assert_eq!(
+        outcomes[2].due_ms,
+        Some(window_start + WINDOW as i64),
+        "the window's first fold: due at its end"
+    );
+    assert_eq!(outcomes[3].due_ms, None, "filed once per window");
+    let denied = |entries: &[crate::support::Entry]| -> Vec<(String, String, String)> {
+        entries
+            .iter()
+            .filter(|e| e.fields["type"] == "denied")
+            .map(|e| {
+                let get = |f: &str| e.fields.get(f).cloned().unwrap_or_default();
+                (get("session"), get("folded"), get("seq"))
+            })
+            .collect()
+    };
+    let events = crate::support::events(&settings, "lic").await;
+    assert_eq!(
+        denied(&events),
+        [
+            ("d0".into(), String::new(), "2".into()),
+            ("d1".into(), String::new(), "3".into())
+        ],
+        "two recorded, two folded with no seq"
+    );
+    // Filed as the worker files it; a pass before the window's end records
+    // nothing and leaves the license due at the end.
+    let _: i64 = due
+        .file_due("lic", outcomes[2].due_ms.unwrap())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let reaper = crate::support::reaper(&settings).await;
+    let _ = reaper.pass().await.unwrap();
+    let score: Option<i64> = redis::cmd("ZSCORE")
+        .arg(due.shard_for("lic").due)
+        .arg("lic")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let now = crate::support::redis_ms(&mut con).await;
+    if now < window_start + WINDOW as i64 {
+        assert_eq!(denied(&crate::support::events(&settings, "lic").await).len(), 2);
+        assert_eq!(
+            score,
+            Some(window_start + WINDOW as i64),
+            "still due at the window's end"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(WINDOW + 50)).await;
+    let _ = reaper.pass().await.unwrap();
+    let events = crate::support::events(&settings, "lic").await;
+    assert_eq!(
+        denied(&events)[2..],
+        [(String::new(), "2".into(), "4".into())],
+        "the aggregate of the two folded denials, seq gapless"
+    );
+    let aggregate = events.iter().rfind(|e| e.fields["type"] == "denied").unwrap();
+    assert!(!aggregate.fields.contains_key("reason"));
+    // Flushed once: another pass records nothing more.
+    let _ = reaper.pass().await.unwrap();
+    assert_eq!(denied(&crate::support::events(&settings, "lic").await).len(), 3);
+}
