@@ -1005,3 +1005,43 @@ async fn a_folded_denial_makes_the_license_due_at_its_windows_end() {
     let _ = reaper.pass().await.unwrap();
     assert_eq!(denied(&crate::support::events(&settings, "lic").await).len(), 3);
 }
+
+/// A heartbeat's denial (RATE_LIMITED) is sampled like an acquire's, and
+/// its first fold in a window reports the window's end as the license's
+/// due time too (heartbeat.lua fills in its due slots itself).
+#[tokio::test]
+async fn a_heartbeats_folded_denial_makes_the_license_due_too() {
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.events.denials_window_ms = 60_000;
+    settings.events.denials_per_window = 1;
+    put_license(&settings, "lic", 1).await;
+    let holder = crate::support::direct(&settings, "lic", "holder");
+    assert_eq!(holder.acquire(&mut con).await.decision.status(), Status::Acquired);
+    let keys = crate::support::keys(&settings);
+    let mut guard = seatgate::engine::scripts::Guard::none(&keys, "lic", "holder");
+    (guard.session_limit, guard.window_ms) = (1, 60_000);
+    let limited = holder.with_guard(guard);
+    let beats = [
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+    ];
+    let statuses: Vec<Status> = beats.iter().map(|o| o.decision.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            Status::HeartbeatUpdated,
+            Status::RateLimited,
+            Status::RateLimited,
+            Status::RateLimited
+        ]
+    );
+    assert_eq!(beats[1].due_ms, None, "recorded");
+    assert_eq!(beats[2].due_ms, Some(beats[1].now_ms + 60_000), "the first fold");
+    assert_eq!(beats[3].due_ms, None);
+    let events = crate::support::events(&settings, "lic").await;
+    let denied: Vec<_> = events.iter().filter(|e| e.fields["type"] == "denied").collect();
+    assert_eq!(denied.len(), 1, "one recorded, two folded");
+    assert_eq!(denied[0].fields["reason"], "RATE_LIMITED");
+}
