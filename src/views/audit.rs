@@ -521,17 +521,19 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// Ends a decision step (events `from..to` of one `at_ms`): seats in use
-    /// against `seats_used` and `seats_total`.
-    fn end_step(&mut self, from: usize, to: usize, recon: Option<i64>) {
+    /// Ends a decision step (the events of one `at_ms`, up to `to`, the
+    /// seats they took `takes`): seats in use against `seats_used` and
+    /// `seats_total`.
+    ///
+    /// Only a seat newly taken can go above: a session taking back its own
+    /// lingering seat holds no more seats than before, and may do so after
+    /// `seats_total` was lowered below the seats in use (which evicts nobody).
+    fn end_step(&mut self, to: usize, takes: &[Take], recon: Option<i64>) {
         let last = to - 1;
         let ev = self.ev;
         let e = &ev[last];
         let reported = e.seats_used;
-        let takes: Vec<usize> = (from..to)
-            .filter(|&i| self.ev[i].change == Some(SeatChange::Taken))
-            .collect();
-        if let Some(&take) = takes.last() {
+        if let Some(take) = takes.iter().rev().find(|t| !t.reclaim).map(|t| t.at) {
             let total = self.ev[take].seats_total;
             // After a known loss (a seq gap) the replay's count is off by
             // the lost events: the event's own count is judged instead.
@@ -572,7 +574,6 @@ impl<'a> Replay<'a> {
         let mut i = 0;
         while i < self.ev.len() {
             let at = self.ev[i].at_ms;
-            let from = i;
             let mut recon = self.count;
             let mut takes = Vec::new();
             while i < self.ev.len() && self.ev[i].at_ms == at {
@@ -593,7 +594,7 @@ impl<'a> Replay<'a> {
                 i += 1;
             }
             self.check_queue_order(&takes);
-            self.end_step(from, i, recon);
+            self.end_step(i, &takes, recon);
         }
         let seq_checked = !self.ev.is_empty() && self.ev.iter().all(|e| e.seq.is_some());
         Replayed {
@@ -1377,6 +1378,33 @@ mod tests {
             ],
         );
         assert_eq!(rules(&r.violations), [(Rule::EndedTwice, "a".to_owned())]);
+    }
+
+    #[test]
+    fn taking_back_a_lingering_seat_after_the_seats_were_lowered_is_no_overuse() {
+        // Two seats held, seats_total lowered to 1 (which evicts nobody); a
+        // releases to linger and takes its seat back: still 2 held, no new
+        // seat. (Found by the history checker, seed 2.)
+        let r = run(
+            Some(false),
+            &[
+                e("acquired", "a", 1, 2, 10),
+                e("acquired", "b", 2, 2, 11),
+                e("released", "a", 2, 1, 20).with("linger_ms", 1500),
+                e("acquired", "a", 2, 1, 21),
+            ],
+        );
+        assert_eq!(rules(&r.violations), []);
+        // A seat newly taken there is overuse.
+        let r = run(
+            Some(false),
+            &[
+                e("acquired", "a", 1, 2, 10),
+                e("acquired", "b", 2, 2, 11),
+                e("acquired", "c", 3, 1, 21),
+            ],
+        );
+        assert_eq!(rules(&r.violations), [(Rule::AboveSeats, "c".to_owned())]);
     }
 
     #[test]
