@@ -254,12 +254,27 @@ fn report(h: &History, totals: &BTreeMap<String, Totals>) -> (usize, Vec<String>
             u64::try_from(l.peak_seats).unwrap_or(0),
             t.peak_seats,
         );
+        let folded = h.events.iter().any(|e| {
+            e.get("license") == name && e.get("type") == "denied" && e.num("folded").unwrap_or(0) > 0
+        });
+        if folded {
+            // Folded denials carry no reason of their own: the total.
+            differ(
+                "denials (all but QUEUE_TIMEOUT)",
+                l.denials
+                    .iter()
+                    .filter(|(r, _)| *r != "QUEUE_TIMEOUT")
+                    .map(|(_, n)| n)
+                    .sum(),
+                t.denied.values().sum(),
+            );
+        }
         let reasons: BTreeSet<&str> = l
             .denials
             .keys()
             .map(String::as_str)
             .chain(t.denied.keys().map(String::as_str))
-            .filter(|r| *r != "QUEUE_TIMEOUT")
+            .filter(|r| *r != "QUEUE_TIMEOUT" && !folded)
             .collect();
         for reason in reasons {
             differ(
@@ -654,9 +669,35 @@ fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize
             .or_default()
             .push(&e.entry);
     }
+    // Denial sampling (events.denials_per_window): past the rate a denial
+    // is no event of its own but folded into the `folded` count of the
+    // license's next recorded `denied` (or of the reaper's aggregate one).
+    // On a license where that happened, denials are counted, not matched:
+    // denial replies = `denied` events + their `folded`, per license (the
+    // aggregate, with no session and no reason, is only its `folded`).
+    let mut folding: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for e in &h.events {
+        if e.get("type") == "denied" && e.num("folded").unwrap_or(0) > 0 {
+            folding.insert(e.get("license"), (0, 0));
+        }
+    }
+    for e in &h.events {
+        if e.get("type") == "denied" {
+            if let Some(c) = folding.get_mut(e.get("license")) {
+                let aggregate = e.get("session").is_empty() && e.get("reason").is_empty();
+                c.1 += u64::from(!aggregate) + e.num("folded").unwrap_or(0);
+            }
+        }
+    }
     let mut found = Vec::new();
     let keys: BTreeSet<&Key> = from_replies.keys().chain(from_events.keys()).collect();
     for k in &keys {
+        if k.2 == "denied" {
+            if let Some(c) = folding.get_mut(k.0) {
+                c.0 += from_replies.get(k).map(Vec::len).unwrap_or(0) as u64;
+                continue;
+            }
+        }
         let replies = from_replies.get(k).map(Vec::len).unwrap_or(0);
         let events = from_events.get(k).map(Vec::len).unwrap_or(0);
         if replies != events {
@@ -666,6 +707,13 @@ fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize
                 if reason.is_empty() { String::new() } else { format!(" {reason}") },
                 from_replies.get(k).cloned().unwrap_or_default(),
                 from_events.get(k).cloned().unwrap_or_default(),
+            ));
+        }
+    }
+    for (license, (replies, events)) in &folding {
+        if replies != events {
+            found.push(format!(
+                "{license}: {replies} denial replies but {events} denials in the `denied` events (each one plus its `folded`)"
             ));
         }
     }
@@ -1183,5 +1231,79 @@ mod tests {
             1,
             "less seat time than the samples show"
         );
+    }
+
+    /// Denial `id` of session `session` on `L`: its reply, and its event
+    /// when `folded` is given (the denials folded into it).
+    fn denial(h: &mut History, id: &str, session: &str, at: u64, folded: Option<&str>) {
+        let entry = format!("{at}-0");
+        h.received.push(reply(
+            &entry,
+            &[
+                ("id", id),
+                ("op", "acquire"),
+                ("status", "NO_SEATS_AVAILABLE"),
+                ("license", "L"),
+                ("session", session),
+                ("seats_used", "2"),
+                ("seats_total", "2"),
+            ],
+        ));
+        if let Some(folded) = folded {
+            h.events.push(event(
+                &format!("{at}-1"),
+                &[
+                    ("type", "denied"),
+                    ("license", "L"),
+                    ("session", session),
+                    ("reason", "NO_SEATS_AVAILABLE"),
+                    ("seats_used", "2"),
+                    ("seats_total", "2"),
+                    ("at_ms", &at.to_string()),
+                    ("folded", folded),
+                ],
+            ));
+        }
+    }
+
+    #[test]
+    fn folded_denials_count_as_denials_and_seat_changes_stay_one_to_one() {
+        // Without folding, a denial with no event of its own is a lost event.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, Some("0"));
+        denial(&mut h, "d2", "s3", 1200, None);
+        assert_eq!(found(&h, "replies_events").len(), 1);
+        // Folded into the next recorded denial (another session's): fine.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, Some("0"));
+        denial(&mut h, "d2", "s3", 1200, None);
+        denial(&mut h, "d3", "s4", 1300, Some("1"));
+        let f = found(&h, "replies_events");
+        assert!(f.is_empty(), "{f:?}");
+        // Or into the reaper's aggregate after the window.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, None);
+        denial(&mut h, "d2", "s3", 1200, None);
+        h.events.push(event(
+            "5000-0",
+            &[
+                ("type", "denied"),
+                ("license", "L"),
+                ("at_ms", "5000"),
+                ("folded", "2"),
+            ],
+        ));
+        let f = found(&h, "replies_events");
+        assert!(f.is_empty(), "{f:?}");
+        // A count that does not add up: one folded too many.
+        if let Some(e) = h.events.last_mut() {
+            e.fields.insert("folded".into(), "3".into());
+        }
+        let f = found(&h, "replies_events");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("2 denial replies but 3 denials"), "{f:?}");
+        // Folding excuses no seat change: the acquire's event lost is found.
+        h.events.retain(|e| e.get("type") != "acquired");
+        assert_eq!(found(&h, "replies_events").len(), 2);
     }
 }
