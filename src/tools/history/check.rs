@@ -107,9 +107,9 @@ pub fn totals(h: &History) -> BTreeMap<String, Totals> {
             "LEFT_QUEUE" => t.left_queue += 1,
             "QUEUE_TIMEOUT" => t.queue_timeouts += 1,
             "REVOKED" => t.revoked += 1,
-            s if DENIALS.contains(&s) && r.get("op") == "acquire" => {
-                *t.denied.entry(s.to_owned()).or_default() += 1
-            }
+            // Whatever the op (a heartbeat can be RATE_LIMITED too): each
+            // denial reply has its `denied` event (replies_events).
+            s if DENIALS.contains(&s) => *t.denied.entry(s.to_owned()).or_default() += 1,
             _ => {}
         }
     }
