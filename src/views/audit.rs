@@ -522,16 +522,15 @@ impl<'a> Replay<'a> {
     }
 
     /// Ends a decision step (events `from..to` of one `at_ms`): seats in use
-    /// against `seats_used` and `seats_total`.
-    fn end_step(&mut self, from: usize, to: usize, recon: Option<i64>) {
+    /// against `seats_used` and `seats_total`, when the step gave a seat
+    /// (`added`: its last take that was no lingering seat taken back).
+    fn end_step(&mut self, from: usize, to: usize, recon: Option<i64>, added: Option<usize>) {
         let last = to - 1;
         let ev = self.ev;
         let e = &ev[last];
         let reported = e.seats_used;
-        let takes: Vec<usize> = (from..to)
-            .filter(|&i| self.ev[i].change == Some(SeatChange::Taken))
-            .collect();
-        if let Some(&take) = takes.last() {
+        debug_assert!(added.is_none_or(|a| (from..to).contains(&a)));
+        if let Some(take) = added {
             let total = self.ev[take].seats_total;
             // After a known loss (a seq gap) the replay's count is off by
             // the lost events: the event's own count is judged instead.
@@ -593,7 +592,10 @@ impl<'a> Replay<'a> {
                 i += 1;
             }
             self.check_queue_order(&takes);
-            self.end_step(from, i, recon);
+            // A lingering seat taken back adds no seat (it never stopped
+            // counting): only the other takes can give one beyond the seats.
+            let added = takes.iter().filter(|t| !t.reclaim).map(|t| t.at).last();
+            self.end_step(from, i, recon, added);
         }
         let seq_checked = !self.ev.is_empty() && self.ev.iter().all(|e| e.seq.is_some());
         Replayed {
@@ -1318,6 +1320,21 @@ mod tests {
         // The first event anchors the count: its own claim is checked.
         let r = run(Some(false), &[e("granted", "a", 3, 2, 10)]);
         assert_eq!(rules(&r.violations), [(Rule::AboveSeats, "a".to_owned())]);
+        // Seats lowered to 1 under two holders: taking back one's own
+        // lingering seat gives no seat (found by the history checker, seed
+        // 2); a new acquire then still does.
+        let r = run(
+            Some(false),
+            &[
+                e("acquired", "a", 1, 2, 10),
+                e("acquired", "b", 2, 2, 11),
+                e("released", "a", 2, 1, 12).with("linger_ms", 1500),
+                e("acquired", "a", 2, 1, 13),
+                e("released", "b", 1, 1, 14),
+                e("acquired", "x", 2, 1, 15),
+            ],
+        );
+        assert_eq!(rules(&r.violations), [(Rule::AboveSeats, "x".to_owned())]);
     }
 
     #[test]
