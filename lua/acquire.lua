@@ -38,8 +38,10 @@
                         names one)
     NO_SEATS_AVAILABLE  no free seat, or others wait first (no queue jumping);
                         detail = 'queue_full' when the queue is full,
-                        'reserved' when the free seats are reserved for
-                        other groups
+                        'queue_user_full' when the user already has the
+                        license's queue_max_per_user sessions waiting
+                        (owners.lua, w:<user>), 'reserved' when the free
+                        seats are reserved for other groups
     LIMIT_REACHED       detail = the limit: 'max_per_user' or 'group_max'
                         (without wait_ms; with it, the session queues and is
                         granted once under its limits), 'max_borrow_ms'
@@ -73,7 +75,7 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   the notes' first, then the outcome's (acquired, queued, or denied with
   the status as reason), each with the asker's user and group.
-  KEYS[19..20], ARGV[18..19] the events' (includes/request.lua)
+  KEYS[19..21], ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -257,10 +259,17 @@ local function decide(now, default_timeout)
   if depth >= queue_max then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_full', now, notes)
   end
+  if user ~= '' and P and P.queue_max_per_user
+      and (tonumber(rcall('HGET', K.owners, 'w:' .. user)) or 0) >= P.queue_max_per_user then
+    return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_user_full', now, notes)
+  end
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or TOP_PRIORITY)
   enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   if owned then
     rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, borrow_ms))
+  end
+  if user ~= '' then
+    rcall('HINCRBY', K.owners, 'w:' .. user, 1)
   end
   if priority > 0 then
     local position = rcall('ZRANK', K.queue, session) + 1

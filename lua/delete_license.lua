@@ -11,7 +11,7 @@
   KEYS[1..11] the license keys (includes/keys.lua)
   KEYS[12]    seat:{L}:revoked       (KEYS[16] of the request scripts)
   KEYS[13]    seat:{L}:revocations   (KEYS[17] of the request scripts)
-  KEYS[14..15] the license's event counter and where its events go
+  KEYS[14..16] the license's denial window, event counter and where its events go
               (includes/events.lua): the counter stays, so a license made
               again goes on with the next seq
   ARGV[1]     limit: most seats and most waits ended by this call

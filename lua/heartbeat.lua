@@ -36,7 +36,7 @@
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Records no events but a denial's (RATE_LIMITED, includes/request.lua).
-  KEYS[18..19], ARGV[12..13] the events' (includes/request.lua)
+  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -115,8 +115,9 @@ end
 
 local result, _, default_timeout = run_request(decide, true, holder_lease_refusal, session, lease)
 -- The due index slots (outcome.lua [9]..[11]); a replay (dedupe.lua) comes
--- with [1..8] only.
-result[9], result[10], result[11] = stale_at or 0, 0, 0
+-- with [1..8] only. [10] is set already when a denial (RATE_LIMITED) was
+-- the first its window folded (request.lua): the window's end.
+result[9], result[10], result[11] = stale_at or 0, result[10] or 0, 0
 if result[1] == 'HEARTBEAT_UPDATED' then
   if not timeout then
     -- A replay: the timeout in force now, which is what the holder must meet.

@@ -46,7 +46,8 @@
   ARGV[7]  the license id, ARGV[8] the events retention, ms (events.lua)
   ARGV[9..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
-  KEYS[12..13] the license's event counter and where its events go (events.lua)
+  KEYS[12..14] the license's denial window, event counter and where its
+               events go (events.lua)
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
@@ -68,7 +69,8 @@
                  (ms; includes/due.lua), 0 for none: when its oldest holder
                  goes stale, and when it next has other work (a queue, a
                  linger or borrow ending, an outbox still holding replies:
-                 once they may be handed out again, ARGV[3] from now). The
+                 once they may be handed out again, ARGV[3] from now; a
+                 denial window that folded denials ending). The
                  reaper files them.
     heartbeat_timeout_ms  the heartbeat timeout in force, which a GRANTED
                  reply carries
@@ -87,7 +89,9 @@
   Records its events itself (events.lua), in the order of the changes:
   `evicted` for every seat ended (reason borrow_ended, linger_ended,
   heartbeat_timeout or license_deleted), then the notes' (granted,
-  queue_timeout, denied LICENSE_NOT_FOUND). A note handed out again
+  queue_timeout, denied LICENSE_NOT_FOUND), after the aggregate `denied`
+  (`folded`, no session) of denials an ended window folded (denial_sample.lua),
+  recorded first. A note handed out again
   records nothing: its event was recorded with the change.
 ]]
 local rcall = redis.call
@@ -112,6 +116,13 @@ for i = 9, #ARGV do
   pending[#pending + 1] = ARGV[i]
 end
 local now = now_ms()
+-- What an ended denial window folded (denial_sample.lua) goes out as one
+-- aggregate `denied` event (no session, no reason, `folded` the count);
+-- while a window that folded runs, its end is when this license is due.
+local denials_folded, denials_due = denial_flush(EV.denials, now)
+if denials_folded > 0 then
+  event_later('denied', '', {'folded', denials_folded})
+end
 
 -- The note (outbox.lua) of outbox field `id` and its decoded record `n`,
 -- to hand out again. A GRANTED goes out only with its seat (see the header).
@@ -205,6 +216,9 @@ if rcall('EXISTS', K.license) == 0 then
   end
   flush_events(0, 0, now)
   local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
+  if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
+    work_at = denials_due
+  end
   return {0, 0, now, {}, notes, more, 0, redeliver, next_cursor, next_pending, {}, {}, 0, 0, stale_at, work_at,
     default_timeout, deleted, 0}
 end
@@ -270,6 +284,9 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
 end
 flush_events(used, total, now)
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
+if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
+  work_at = denials_due
+end
 return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
   borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
   stale_at, work_at, timeout, {}, held}

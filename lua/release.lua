@@ -34,7 +34,7 @@
   license may hand out seats.
   Records its events itself (includes/events.lua, includes/request.lua):
   the outcome's first (released, left_queue), then its notes'.
-  KEYS[18..19], ARGV[12..13] the events' (includes/request.lua)
+  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -95,7 +95,7 @@ local function decide(now, default_timeout)
     return outcome('RELEASED', used, total, 0, now, notes)
   end
   if rcall('ZSCORE', K.queue, session) then
-    remove_waiter(session)
+    remove_waiter(session, owner)
     if owner then
       owners().forget(session)
     end

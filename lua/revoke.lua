@@ -48,7 +48,7 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   `revoked` (with actor, reason, held and the session's user and group)
   first, then its notes'.
-  KEYS[18..19], ARGV[18..19] the events' (includes/request.lua)
+  KEYS[18..20], ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -130,7 +130,7 @@ local function decide(now, default_timeout)
   end
   local w = waiter_record(session)
   if rcall('ZSCORE', K.queue, session) then
-    remove_waiter(session)
+    remove_waiter(session, owner)
     if owner then
       owners().forget(session)
     end

@@ -270,6 +270,10 @@ struct PolicyArgs {
     /// require_user` lifts it.
     #[arg(long)]
     require_user: bool,
+    /// One user has at most N sessions waiting in the queue
+    /// (queue_max_per_user); one more is refused NO_SEATS_AVAILABLE.
+    #[arg(long, value_name = "N")]
+    queue_max_per_user: Option<u64>,
 }
 
 impl PolicyArgs {
@@ -282,6 +286,7 @@ impl PolicyArgs {
             linger_ms: self.linger.map(|d| d.as_millis() as u64),
             max_borrow_ms: self.max_borrow.map(|d| d.as_millis() as u64),
             require_user: self.require_user.then_some(true),
+            queue_max_per_user: self.queue_max_per_user,
         }
     }
 }

@@ -345,6 +345,14 @@ pub struct ReplySettings {
     pub maxlen: Option<usize>,
 }
 
+fn default_denials_window_ms() -> u64 {
+    60_000
+}
+
+fn default_denials_per_window() -> u64 {
+    100
+}
+
 /// `[client]`
 #[derive(Debug, Clone, Deserialize)]
 pub struct ClientSettings {
@@ -378,6 +386,14 @@ pub struct EventSettings {
     /// accepted so that an old settings file loads, with a warning.
     #[serde(default)]
     pub maxlen: Option<usize>,
+    /// The denial window, ms: per license and window, the first
+    /// `denials_per_window` denials are recorded as `denied` events, the
+    /// rest counted into the next one's `folded` (lua/includes/denial_sample.lua).
+    #[serde(default = "default_denials_window_ms")]
+    pub denials_window_ms: u64,
+    /// Denials per license and window recorded one by one (0 = every one).
+    #[serde(default = "default_denials_per_window")]
+    pub denials_per_window: u64,
 }
 
 /// A duration written for people, like `"30d"` or `"12h 30m"` (humantime).
@@ -584,6 +600,9 @@ impl Settings {
         }
         if self.report.rollup_retention < Duration::from_secs(24 * 3600) {
             return bad("report.rollup_retention must be at least 1d (a rollup holds a day)");
+        }
+        if self.events.denials_window_ms == 0 {
+            return bad("events.denials_window_ms must be positive");
         }
         let inside = format!("{}:", self.keys.prefix);
         let reply_prefix = &self.replies.prefix;
@@ -899,12 +918,14 @@ impl Settings {
     /// through the license's own log and the relay on a cluster
     /// (lua/includes/events.lua).
     pub fn seat_keys(&self) -> crate::engine::keys::Keys {
-        crate::engine::keys::Keys::new(self.keys.prefix.clone()).with_events(
-            &self.events.stream,
-            self.stream.shards,
-            self.redis.is_cluster(),
-            u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
-        )
+        crate::engine::keys::Keys::new(self.keys.prefix.clone())
+            .with_events(
+                &self.events.stream,
+                self.stream.shards,
+                self.redis.is_cluster(),
+                u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
+            )
+            .with_denials(self.events.denials_window_ms, self.events.denials_per_window)
     }
 
     /// The defaults a seat script call is handed for a license that sets

@@ -36,7 +36,7 @@ local function end_deleted(now, notes, limit)
   for _, session in ipairs(waiting) do
     local w = waiter_record(session)
     local owner = owner_of(session)
-    remove_waiter(session)
+    remove_waiter(session, owner)
     owners().forget(session)
     if w then
       note(notes, now, 'LICENSE_NOT_FOUND', session, w, owner)

@@ -18,7 +18,8 @@
            license made active again, reaches the queue within one reaper
            period), else the earliest of its first linger end, its first
            borrow end, and `outbox_due` while its outbox holds an
-           undelivered reply; 0 for never. This moves earlier and later (a
+           undelivered reply, and the end of a denial window that folded
+           denials (denial_sample.lua); 0 for never. This moves earlier and later (a
            shorter borrow ends first), so it is filed with ZADD LT only.
 
   One function for both callers: a Lua function costs its closure on every
@@ -59,7 +60,11 @@
 -- force, when the script read it already (else nil).
 local function due_report(result, now, default, timeout, outbox_due, session)
   local stale, work, holds, alone = true, true, false, false
+  -- A due time the script set already: a denial window's end, when the
+  -- request's denial was the window's first folded (request.lua).
+  local also = 0
   if result then
+    also = tonumber(result[10]) or 0
     for i = 9, 11 do
       -- A replay (dedupe.lua) comes with [1..8] only.
       result[i] = result[i] or 0
@@ -107,6 +112,9 @@ local function due_report(result, now, default, timeout, outbox_due, session)
         end
       end
     end
+  end
+  if also > 0 and (work_at == 0 or also < work_at) then
+    work_at = also
   end
   if not result then
     return timeout, stale_at, work_at

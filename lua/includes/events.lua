@@ -4,7 +4,11 @@
   whatever happens to the process that called the script (docs/internals.md,
   "Exactly-once events"). The one place an event entry is written.
 
-  The last two KEYS of every script that includes it:
+  The last three KEYS of every script that includes it:
+    KEYS[#KEYS-2] seat:{L}:denials    HASH the license's denial window
+                  (denial_sample.lua): the request scripts record a bounded
+                  number of `denied` events per window, the reaper records
+                  one aggregate event for what the ended window folded.
     KEYS[#KEYS-1] seat:{L}:event_seq  STRING the license's event counter
                   (`seq`). Never deleted, not by `license delete` either, so
                   a license's seq never restarts.
@@ -19,7 +23,11 @@
   An event entry (src/engine/events.rs reads it, docs/protocol.md lists it):
     type license session seats_used seats_total at_ms seq
     [user] [group] [reason] [waited_ms] [actor] [held] [priority]
-    [linger_ms] [borrowed_until_ms]
+    [linger_ms] [borrowed_until_ms] [folded]
+  `folded` (denied only, > 0): denials of the license not recorded as events
+  of their own since the last one that was (denial_sample.lua); an
+  aggregate `denied` event the reaper records for an ended window has no
+  session and no reason, only `folded`.
   seats_used and seats_total are the license's after the script, at_ms its
   Redis clock. Events go out in the order of the changes: EV.pending holds
   them as the script makes them, flush_events writes them at its end.
@@ -30,10 +38,12 @@
   older than the retention stays at most until the license's next few events.
 ]]
 --- @include "keys"
+--- @include "denial_sample"
 
 local TRIM_EVERY = 16
 
-local EV = {seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0, pending = {}}
+local EV = {denials = KEYS[#KEYS - 2], seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0,
+  pending = {}}
 
 -- The event of a request's own outcome, by status (src/engine/events.rs,
 -- EventType::for_status, pinned by a unit test there).

@@ -35,9 +35,10 @@
   acquire alone also takes
     KEYS[18] seat:{L}:groups     HASH  user -> group: the license's group map
                                        (policy.lua); written by provisioning
-  Every seat script takes last (after these) the events' two keys, the
-  license's event counter and where its events go (events.lua, as EV.seq
-  and EV.log: KEYS[#KEYS-1], KEYS[#KEYS]). reap takes only KEYS[1..11]
+  Every seat script takes last (after these) the events' three keys, the
+  license's denial window (denial_sample.lua), its event counter and where
+  its events go (events.lua, as EV.denials, EV.seq and EV.log:
+  KEYS[#KEYS-2], KEYS[#KEYS-1], KEYS[#KEYS]). reap takes only KEYS[1..11]
   before them, delete_license KEYS[1..13]: the names of K past those are
   then other keys, never used by those scripts.
 ]]

@@ -7,6 +7,10 @@
     u:<user>     seats the user holds, lingering and borrowed ones included
                  (the field goes at 0)
     g:<group>    the same per group
+    w:<user>     sessions the user has waiting in the queue (the field goes
+                 at 0), for queue_max_per_user (policy.lua): added by
+                 acquire when it queues a session with a user, taken by
+                 remove_waiter (queue.lua), the one way out of the queue
     s:<session>  the owner record of a holder or waiter:
                    "<user>|<group>|<borrow_ms>"
                      user, group  as the acquire carried them ('' = none;

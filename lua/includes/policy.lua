@@ -17,6 +17,10 @@
                        borrowing is off)
     require_user       1: an acquire without a user is refused (LIMIT_REACHED
                        require_user), so omitting `user` escapes no limit
+    queue_max_per_user one user has at most that many sessions waiting in
+                       the queue; an acquire that would queue one more is
+                       refused NO_SEATS_AVAILABLE 'queue_user_full'
+                       (acquire.lua; counted as w:<user>, owners.lua)
   Each is a whole number in plain digits, under the rules license.lua lists
   (policy().read() checks them): a record breaking one hands out no seat,
   LICENSE_INVALID naming the field, as for the other fields.
@@ -64,7 +68,7 @@ local function policy()
   local M = {}
 
   -- The policy fields' rules are license.lua's, in license_number.
-  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms', 'require_user'}
+  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms', 'require_user', 'queue_max_per_user'}
 
   -- The license's policies, read from its whole record, and the first field
   -- that breaks its rule ({field, value}, as license_state reports one:

@@ -82,10 +82,21 @@ local function waiter_record(session)
   return {queued_at = tonumber(queued_at), lease_hash = lease, id = id, reply_to = reply_to, meta = meta}
 end
 
-local function remove_waiter(session)
-  rcall('ZREM', K.queue, session)
+-- Takes waiting `session`, whose owner record is `owner` (nil: none), out
+-- of the queue: every way a wait ends (a grant, a timeout, a release, a
+-- revocation, the license deleted) goes through here, so the per-user
+-- waiter count (owners.lua, `w:<user>`, for queue_max_per_user) is taken
+-- from here, once: only when the session was still queued.
+local function remove_waiter(session, owner)
+  local queued = rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
   rcall('HDEL', K.waiters, session)
+  if queued == 1 and owner and owner.user ~= '' then
+    local field = 'w:' .. owner.user
+    if rcall('HINCRBY', K.owners, field, -1) <= 0 then
+      rcall('HDEL', K.owners, field)
+    end
+  end
 end
 
 -- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
@@ -95,7 +106,7 @@ local function expire_waiters(now, notes, limit)
   for _, session in ipairs(due) do
     local w = waiter_record(session)
     local owner = owner_of(session)
-    remove_waiter(session)
+    remove_waiter(session, owner)
     owners().forget(session)
     if w then
       note(notes, now, 'QUEUE_TIMEOUT', session, w, owner)
@@ -108,13 +119,13 @@ end
 -- waiter record was gone or unreadable (it only leaves the queue).
 local function grant(session, now, notes)
   local w = waiter_record(session)
-  remove_waiter(session)
+  local owner = owner_of(session)
+  remove_waiter(session, owner)
   if not w then
     return false
   end
   rcall('ZADD', K.holders, ms(now), session)
   start_session(session, now, w.meta, w.lease_hash)
-  local owner = owner_of(session)
   if owner then
     owners().taken(session, now, owner)
   end

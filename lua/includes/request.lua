@@ -28,13 +28,20 @@
     ARGV[11] the request's deadline, unix ms on the Redis clock (0 = none):
              its stream entry's time plus its ttl_ms. A request run after it
              is answered REQUEST_EXPIRED and changes nothing.
-  Their own arguments start at ARGV[12]. The last two are the events':
-    ARGV[#ARGV-1] the license id, ARGV[#ARGV] the events retention, ms
-  (events.lua), after the last two KEYS, the events'.
+  Their own arguments start at ARGV[12]. The last four are the events':
+    ARGV[#ARGV-3] the license id, ARGV[#ARGV-2] the events retention, ms
+    (events.lua), ARGV[#ARGV-1] the denial window, ms, ARGV[#ARGV] the
+    denials per window recorded one by one, 0 = all (denial_sample.lua)
+  after the last three KEYS, the events'.
 
   Events: the outcome's own (events.lua, EVENT_OF: a change or a denial,
   changed = 1) and its notes' are recorded here, in the script, exactly
   once; a replay and an expired request record none.
+  A denial past the window's first ARGV[#ARGV] is folded into the window's
+  count (denial_sample.lua): it records no event and takes no seq; the
+  next denial recorded carries the count in `folded`, and on the window's
+  first fold the outcome's due time ([10]) is the window's end, so that
+  the reaper visits the license then and flushes the count (reap.lua).
 
   Expiry is checked here, on this script's clock, after the replay: an
   entry decided in time and delivered again later gets its decision again,
@@ -78,7 +85,17 @@ local function request_event(r, session)
   local f = add_who({}, who)
   local detail = r[4]
   if kind == 'denied' then
+    local record, folded, due = denial_sample(EV.denials, r[5], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
+    if due > 0 then
+      r[10] = due
+    end
+    if record == 0 then
+      return
+    end
     f[#f + 1], f[#f + 2] = 'reason', r[1]
+    if folded > 0 then
+      f[#f + 1], f[#f + 2] = 'folded', folded
+    end
   elseif kind == 'queued' then
     f[#f + 1], f[#f + 2] = 'priority', type(detail) == 'table' and detail[2] or 0
   elseif kind == 'revoked' then
@@ -121,7 +138,7 @@ end
 -- Every outcome but a replay is remembered under the request's key (dedupe.lua).
 local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
-  EV.license, EV.keep_ms = ARGV[#ARGV - 1], tonumber(ARGV[#ARGV])
+  EV.license, EV.keep_ms = ARGV[#ARGV - 3], tonumber(ARGV[#ARGV - 2])
   local default_timeout = tonumber(ARGV[10])
   local key = ARGV[1]
   if ARGV[6] ~= '0' then

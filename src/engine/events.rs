@@ -135,6 +135,10 @@ pub mod field {
     pub const ACTOR: &str = "actor";
     /// `revoked`: `1` when the session held a seat (now freed), `0` when it waited.
     pub const HELD: &str = "held";
+    /// `denied`: denials of the license folded into a count since its last
+    /// recorded one (lua/includes/denial_sample.lua); on an aggregate (no
+    /// session, no reason) the only denials it accounts for.
+    pub const FOLDED: &str = "folded";
 }
 
 /// A license's seats after the script that decided, and that script's
@@ -285,6 +289,9 @@ pub struct EventRecord {
     pub actor: Option<String>,
     /// `revoked`: whether the session held a seat (absent: taken as held).
     pub held: Option<bool>,
+    /// `denied`: denials folded into this event's count, not recorded one
+    /// by one (0 when absent).
+    pub folded: u64,
 }
 
 impl EventRecord {
@@ -307,7 +314,20 @@ impl EventRecord {
             seq: number(field::SEQ),
             actor: get(field::ACTOR).map(str::to_owned),
             held: get(field::HELD).map(|h| h != "0"),
+            folded: get(field::FOLDED).and_then(|v| v.parse().ok()).unwrap_or(0),
         })
+    }
+
+    /// How many denials this event accounts for: a recorded `denied` its
+    /// own (when it has a reason) plus those folded into it; an aggregate
+    /// (no reason) only the folded ones; 0 for other types.
+    pub fn denials_accounted(&self) -> u64 {
+        match self.kind {
+            Some(EventType::Denied) => {
+                u64::from(self.reason.as_deref().is_some_and(|r| !r.is_empty())) + self.folded
+            }
+            _ => 0,
+        }
     }
 
     /// What this event did to its session's seat: by its type, except that
@@ -456,6 +476,40 @@ mod tests {
     }
 
     #[test]
+    fn a_denied_event_accounts_for_itself_and_what_it_folded() {
+        let read = |fields: &[(&str, &str)]| {
+            let map: HashMap<&str, &str> = fields.iter().copied().collect();
+            EventRecord::parse(|name| map.get(name).copied()).unwrap()
+        };
+        let base = [
+            ("type", "denied"),
+            ("license", "acme"),
+            ("seats_used", "1"),
+            ("at_ms", "5"),
+        ];
+        let one = read(&[&base[..], &[("session", "s1"), ("reason", "NO_SEATS_AVAILABLE")]].concat());
+        assert_eq!((one.folded, one.denials_accounted()), (0, 1));
+        let carrying = read(
+            &[
+                &base[..],
+                &[("session", "s2"), ("reason", "RATE_LIMITED"), ("folded", "41")],
+            ]
+            .concat(),
+        );
+        assert_eq!((carrying.folded, carrying.denials_accounted()), (41, 42));
+        assert_eq!(carrying.denial(), Some("RATE_LIMITED"));
+        let aggregate = read(&[&base[..], &[("folded", "7")]].concat());
+        assert_eq!((aggregate.denial(), aggregate.denials_accounted()), (None, 7));
+        let granted = read(&[
+            ("type", "granted"),
+            ("license", "acme"),
+            ("seats_used", "1"),
+            ("at_ms", "5"),
+        ]);
+        assert_eq!(granted.denials_accounted(), 0);
+    }
+
+    #[test]
     fn an_event_reads_back_as_it_was_written() {
         let mut event = Event::new(EventType::Granted, "acme", "s1", 3, 5, 1_796_000_000_123);
         event.waited_ms = Some(2_500);
@@ -478,6 +532,7 @@ mod tests {
                 seq: None,
                 actor: None,
                 held: None,
+                folded: 0,
             }
         );
         assert_eq!(record.denial(), None);

@@ -29,10 +29,16 @@ struct EventSinks {
     relayed: bool,
     /// `events.retention`, ms: how old an event the shard may trim.
     keep_ms: u64,
+    /// `events.denials_window_ms`: the denial sampler's window, ms.
+    denials_window_ms: u64,
+    /// `events.denials_per_window`: denials per window recorded one by
+    /// one (0 = every one).
+    denials_per_window: u64,
 }
 
 /// The keys and arguments through which a seat script records a license's
-/// events (the last two KEYS and ARGV of each, lua/includes/events.lua).
+/// events (the last three KEYS of each and two or four ARGV,
+/// lua/includes/events.lua).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventKeys {
     /// The license id, which every event carries.
@@ -55,6 +61,15 @@ pub struct EventKeys {
     /// How old an event (ms) the scripts may trim from `target` (0: they
     /// trim nothing; a relayed log is emptied by the relay instead).
     pub keep_ms: u64,
+    /// HASH: the license's denial window ([`Keys::denials`]), through which
+    /// the request scripts record a bounded number of `denied` events per
+    /// window and the reaper flushes what they folded.
+    pub denials: String,
+    /// The denial window, ms (`events.denials_window_ms`).
+    pub denials_window_ms: u64,
+    /// Denials per window recorded one by one, 0 = every one
+    /// (`events.denials_per_window`).
+    pub denials_per_window: u64,
 }
 
 /// The keys of one license: `KEYS[1..11]` of every seat script, in that
@@ -135,6 +150,8 @@ impl Keys {
                 shards: 1,
                 relayed: false,
                 keep_ms: 0,
+                denials_window_ms: 60_000,
+                denials_per_window: 0,
             },
             prefix,
         }
@@ -149,7 +166,18 @@ impl Keys {
             shards,
             relayed,
             keep_ms,
+            ..self.events
         };
+        self
+    }
+
+    /// These keys, the request scripts recording at most `per_window`
+    /// denials of a license per `window_ms` as events of their own and
+    /// folding the rest into a count (0 = every one recorded;
+    /// lua/includes/denial_sample.lua).
+    pub fn with_denials(mut self, window_ms: u64, per_window: u64) -> Self {
+        self.events.denials_window_ms = window_ms.max(1);
+        self.events.denials_per_window = per_window;
         self
     }
 
@@ -182,6 +210,9 @@ impl Keys {
             },
             log,
             shard,
+            denials: self.denials(license),
+            denials_window_ms: e.denials_window_ms,
+            denials_per_window: e.denials_per_window,
         }
     }
 

@@ -63,6 +63,10 @@ pub enum Field {
     /// `1`: an acquire without a user is refused (LIMIT_REACHED
     /// `require_user`), so that omitting `user` escapes no limit; or `0`.
     RequireUser,
+    /// Sessions one user has waiting in the queue at most: digits, 0 to
+    /// [`MAX_NUMBER`]; an acquire that would queue one more is refused
+    /// NO_SEATS_AVAILABLE (`queue_user_full`).
+    QueueMaxPerUser,
     /// `group_max:<group>`: seats the group holds at most: digits, 0 to [`MAX_SEATS`].
     GroupMax,
     /// `group_reserve:<group>`: seats kept for the group: digits, 0 to [`MAX_SEATS`].
@@ -88,6 +92,7 @@ impl Field {
                 | Field::LingerMs
                 | Field::MaxBorrowMs
                 | Field::RequireUser
+                | Field::QueueMaxPerUser
                 | Field::GroupMax
                 | Field::GroupReserve
         )
@@ -123,6 +128,7 @@ impl Field {
             Field::LingerMs => "is not a whole number of ms from 0 to 999999999999999",
             Field::MaxBorrowMs => "is not a whole number of ms from 0 to 31536000000",
             Field::RequireUser => "is not 0 or 1",
+            Field::QueueMaxPerUser => "is not a whole number from 0 to 999999999999999",
             Field::GroupMax | Field::GroupReserve => {
                 "is not a whole number from 0 to 1000000 for a group of 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
             }
@@ -138,7 +144,7 @@ impl Field {
             Field::ExpiresAtMs => (0, MAX_NUMBER, 15),
             Field::Active | Field::Policy | Field::RequireUser => (0, 1, 1),
             Field::HeartbeatTimeoutMs | Field::QueueMax => (1, MAX_NUMBER, 15),
-            Field::MaxPerUser | Field::LingerMs => (0, MAX_NUMBER, 15),
+            Field::MaxPerUser | Field::LingerMs | Field::QueueMaxPerUser => (0, MAX_NUMBER, 15),
             Field::MaxPriority => (0, 9, 1),
             Field::MaxBorrowMs => (0, MAX_BORROW_MS, 11),
             Field::GroupMax | Field::GroupReserve => (0, MAX_SEATS, 7),
@@ -743,6 +749,8 @@ pub const REFUSED_VALUES: &[(Field, &str)] = &[
     (Field::MaxBorrowMs, "31536000001"),
     (Field::RequireUser, "2"),
     (Field::RequireUser, "yes"),
+    (Field::QueueMaxPerUser, "-1"),
+    (Field::QueueMaxPerUser, "5x"),
 ];
 
 /// Values each field's rule takes, with what they stand for; used as
@@ -771,6 +779,8 @@ pub const TAKEN_VALUES: &[(Field, &str, u64)] = &[
     (Field::MaxBorrowMs, "31536000000", MAX_BORROW_MS),
     (Field::RequireUser, "0", 0),
     (Field::RequireUser, "1", 1),
+    (Field::QueueMaxPerUser, "0", 0),
+    (Field::QueueMaxPerUser, "5", 5),
 ];
 
 #[cfg(test)]

@@ -99,6 +99,10 @@ pub struct LicensePolicy {
     /// `require_user`: `Some(true)` refuses an acquire without a user.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub require_user: Option<bool>,
+    /// `queue_max_per_user`: one user has at most this many sessions
+    /// waiting in the queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_max_per_user: Option<u64>,
 }
 
 /// Why a policy could not be provisioned as given.
@@ -116,7 +120,13 @@ impl LicensePolicy {
     pub fn is_policy_field(field: &str) -> bool {
         matches!(
             field,
-            FLAG_FIELD | "max_per_user" | "max_priority" | "linger_ms" | "max_borrow_ms" | "require_user"
+            FLAG_FIELD
+                | "max_per_user"
+                | "max_priority"
+                | "linger_ms"
+                | "max_borrow_ms"
+                | "require_user"
+                | "queue_max_per_user"
         ) || field.starts_with("group_max:")
             || field.starts_with("group_reserve:")
     }
@@ -137,6 +147,7 @@ impl LicensePolicy {
         put("linger_ms", self.linger_ms);
         put("max_borrow_ms", self.max_borrow_ms);
         put("require_user", self.require_user.map(u64::from));
+        put("queue_max_per_user", self.queue_max_per_user);
         for (group, n) in &self.group_max {
             out.push((format!("group_max:{group}"), n.to_string()));
         }
@@ -165,6 +176,7 @@ impl LicensePolicy {
                 "linger_ms" => policy.linger_ms = Some(number(raw)),
                 "max_borrow_ms" => policy.max_borrow_ms = Some(number(raw)),
                 "require_user" => policy.require_user = Some(number(raw) == 1),
+                "queue_max_per_user" => policy.queue_max_per_user = Some(number(raw)),
                 other => {
                     if let Some(group) = other.strip_prefix("group_max:") {
                         policy.group_max.insert(group.to_owned(), number(raw));
@@ -236,6 +248,9 @@ impl LicensePolicy {
         }
         if self.require_user == Some(true) {
             parts.push("require_user".to_owned());
+        }
+        if let Some(n) = self.queue_max_per_user {
+            parts.push(format!("queue_max_per_user {n}"));
         }
         parts.join(", ")
     }
@@ -361,6 +376,7 @@ mod tests {
             linger_ms: Some(30_000),
             max_borrow_ms: Some(86_400_000),
             require_user: Some(true),
+            queue_max_per_user: Some(4),
         };
         let mut record: HashMap<String, String> = policy.fields().into_iter().collect();
         record.insert("seats_total".into(), "5".into());

@@ -471,6 +471,9 @@ impl<'a> SeatCallBuilder<'a> {
     /// ARGV bound last (lua/includes/request.lua).
     pub fn finish(mut self) -> SeatCall<'a> {
         bind_events(&mut self.call, &self.events);
+        self.call
+            .arg(self.events.denials_window_ms) // ARGV[#ARGV - 1]
+            .arg(self.events.denials_per_window); // ARGV[#ARGV]
         ScriptCall {
             name: self.name.as_str(),
             invocation: self.call,
@@ -510,12 +513,14 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds the events' two KEYS and the license id and retention ARGV
-/// (lua/includes/events.lua): the last KEYS of every seat script, and the
-/// last ARGV of the request scripts (reap and delete_license place them
-/// before their variable part).
+/// Binds the events' three KEYS and the license id and retention ARGV
+/// (lua/includes/events.lua): the last KEYS of every seat script, and,
+/// followed by the denial window and how many a window records (by
+/// [`SeatCallBuilder::finish`]), the last ARGV of the request scripts (reap
+/// and delete_license place them before their variable part).
 fn bind_events(call: &mut ScriptInvocation<'_>, events: &EventKeys) {
-    call.key(&events.seq) // KEYS[#KEYS - 1]
+    call.key(&events.denials) // KEYS[#KEYS - 2]
+        .key(&events.seq) // KEYS[#KEYS - 1]
         .key(&events.target) // KEYS[#KEYS]
         .arg(&events.license)
         .arg(events.keep_ms);
@@ -607,7 +612,7 @@ impl Scripts {
             .arg(&args.outbox.cursor) // ARGV[4]
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
-        bind_events(&mut call, &keys.events); // KEYS[12..13], ARGV[7..8]
+        bind_events(&mut call, &keys.events); // KEYS[12..14], ARGV[7..8]
         for id in &args.outbox.pending {
             call.arg(id); // ARGV[9..]
         }
@@ -626,7 +631,7 @@ impl Scripts {
         call.key(&keys.revoked) // KEYS[12]
             .key(&keys.revocations) // KEYS[13]
             .arg(limit); // ARGV[1]
-        bind_events(&mut call, &keys.events); // KEYS[14..15], ARGV[2..3]
+        bind_events(&mut call, &keys.events); // KEYS[14..16], ARGV[2..3]
         ScriptCall {
             name: ScriptName::DeleteLicense.as_str(),
             invocation: call,

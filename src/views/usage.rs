@@ -49,6 +49,10 @@ const REORDER_CAP: usize = 100_000;
 /// relative error) takes over, so a license with millions of waits still
 /// costs a few KiB.
 const EXACT_WAITS: usize = 1024;
+/// The denial "reason" of denials folded into a count past
+/// `events.denials_per_window` (the `folded` field of a `denied` event).
+const FOLDED: &str = "folded";
+
 /// Most distinct denial reasons per license (the denial statuses are a
 /// handful); any beyond are counted as `OTHER`.
 const MAX_REASONS: usize = 32;
@@ -766,9 +770,9 @@ impl LicenseAgg {
         g.seat_ms += ms;
     }
 
-    fn deny(&mut self, user: Option<String>, group: Option<String>) {
-        self.users.entry(user).or_default().denials += 1;
-        self.groups.entry(group).or_default().denials += 1;
+    fn deny(&mut self, user: Option<String>, group: Option<String>, n: u64) {
+        self.users.entry(user).or_default().denials += n;
+        self.groups.entry(group).or_default().denials += n;
     }
 }
 
@@ -956,7 +960,13 @@ impl Aggregate {
                 "OTHER"
             };
             *lic.denials.entry(reason.to_owned()).or_default() += 1;
-            lic.deny(e.user.clone(), r.group.clone());
+            lic.deny(e.user.clone(), r.group.clone(), 1);
+        }
+        if e.folded > 0 {
+            // Denials past events.denials_per_window: counted, not recorded
+            // one by one, so their reason, user and group are not known.
+            *lic.denials.entry(FOLDED.to_owned()).or_default() += e.folded;
+            lic.deny(None, None, e.folded);
         }
         if let (Some(EventType::Granted | EventType::QueueTimeout), Some(waited)) = (e.kind, e.waited_ms) {
             lic.waits.add(waited);
@@ -1994,6 +2004,7 @@ mod tests {
         linger_ms: Option<i64>,
         waited_ms: Option<i64>,
         held: Option<bool>,
+        folded: u64,
     }
 
     fn ev(kind: EventType, session: &'static str, used: i64, total: i64, at: i64) -> Ev {
@@ -2011,6 +2022,7 @@ mod tests {
             linger_ms: None,
             waited_ms: None,
             held: None,
+            folded: 0,
         }
     }
 
@@ -2057,6 +2069,9 @@ mod tests {
                 ..self
             }
         }
+        fn folded(self, folded: u64) -> Ev {
+            Ev { folded, ..self }
+        }
 
         fn fields(&self) -> Vec<(String, Value)> {
             let mut e = Event::new(
@@ -2079,6 +2094,9 @@ mod tests {
             }
             if let Some(group) = self.group {
                 fields.push((GROUP_FIELD.to_owned(), group.to_owned()));
+            }
+            if self.folded > 0 {
+                fields.push(("folded".to_owned(), self.folded.to_string()));
             }
             fields
                 .into_iter()
@@ -2220,6 +2238,29 @@ mod tests {
         assert!(l.seat_hours <= 2.0, "{}", l.seat_hours);
         assert_eq!((l.peak_seats, l.peak_at_ms), (8, Some(since)));
         assert_eq!(l.full_ms, 2 * MIN);
+        consistent(l);
+    }
+
+    #[test]
+    fn denials_folded_past_the_rate_count_in_the_totals() {
+        use EventType::*;
+        // 1 + 5 folded into it, then an aggregate of 3 from the reaper.
+        let events = [
+            ev(Denied, "s1", 2, 2, T0)
+                .user("ann")
+                .reason("NO_SEATS_AVAILABLE")
+                .folded(5),
+            ev(Denied, "", 2, 2, T0 + MIN).folded(3),
+        ];
+        let report = report_of(T0, T0 + HOUR, &events);
+        let l = &report.licenses[0];
+        assert_eq!(l.denials_total, 9);
+        assert_eq!(l.denials.get("NO_SEATS_AVAILABLE"), Some(&1));
+        assert_eq!(l.denials.get("folded"), Some(&8));
+        let by_user: Vec<(Option<String>, u64)> =
+            l.users.iter().map(|s| (s.name.clone(), s.denials)).collect();
+        assert!(by_user.contains(&(Some("ann".to_owned()), 1)), "{by_user:?}");
+        assert!(by_user.contains(&(None, 8)), "{by_user:?}");
         consistent(l);
     }
 

@@ -548,7 +548,8 @@ const DENIAL_SCRIPT: &str = r#"local rcall = redis.call
 --- @include "denial_sample"
 local now = tonumber(ARGV[2])
 if ARGV[1] == 'flush' then
-  return denial_flush(KEYS[1], now)
+  local folded = denial_flush(KEYS[1], now)
+  return folded
 end
 local record, folded = denial_sample(KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]))
 if record == 1 then
@@ -558,8 +559,8 @@ end
 return {record, folded}
 "#;
 
-/// Denials past a rate (lua/includes/denial_sample.lua, on its own: the
-/// seat scripts that record events are to call it). 10,000 denials of one
+/// Denials past a rate (lua/includes/denial_sample.lua, on its own; the
+/// flood through a worker is the test after this one). 10,000 denials of one
 /// license over ten 1 s windows, recorded one by one (keep 0, as today) and
 /// then at most 20 a window: the events stream grows by a bounded number of
 /// events, and every denial is accounted for (recorded, carried in a later
@@ -667,4 +668,380 @@ async fn denials_past_a_rate_are_folded_into_a_count() {
         figures[1].0 * 20 < figures[0].0,
         "the sampled events take a twentieth of the bytes at most: {figures:?}"
     );
+}
+
+/// Denials past a rate, through a real worker and reaper: 10,000 acquires
+/// refused by a full one-seat license, `events.denials_per_window` 20 per
+/// 1 s window. The events stream holds at most 20 `denied` events per window
+/// (plus one aggregate per window the reaper flushes), every denial is
+/// accounted for (the recorded ones plus the `folded` counts sum to the
+/// denials sent), and the license's `seq` stays gapless: a folded denial
+/// takes none.
+#[tokio::test]
+async fn denials_through_a_worker_are_bounded_and_all_accounted_for() {
+    const N: usize = 10_000;
+    const KEEP: u64 = 20;
+    const WINDOW: u64 = 1_000;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.limits.session_requests = 0;
+    settings.limits.license_requests = 0;
+    settings.events.denials_window_ms = WINDOW;
+    settings.events.denials_per_window = KEEP;
+    put_license(&settings, "lic", 1).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let _reaper = reaping(&settings).await;
+    let client = client(&settings).await;
+    let held = client
+        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), Status::Acquired);
+    let events = settings.events_stream_for("lic");
+    let replies = reply_stream(&settings, "denied");
+    let (mem0, events0) = (used_memory(&mut con).await, xlen(&mut con, &events).await);
+    let started = Instant::now();
+    let last = flood(&mut con, &settings, N, |i| {
+        vec![
+            field("id", format!("d-{i}")),
+            field("op", "acquire"),
+            field("license", "lic"),
+            field("session", format!("denied-{i}")),
+            field("user", "flooder"),
+            field("reply_to", replies.clone()),
+        ]
+    })
+    .await;
+    drained(&mut con, &settings, &last, Duration::from_secs(120)).await;
+    let flood_took = started.elapsed();
+    let answers = stream_entries(&mut con, &replies).await;
+    let refused = answers
+        .iter()
+        .filter(|r| r.fields["status"] == Status::NoSeatsAvailable.as_str())
+        .count();
+    // The reaper flushes the last window's count once it has ended.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (denied, recorded, aggregates, folded) = loop {
+        let entries = stream_entries(&mut con, &events).await;
+        let denied: Vec<&crate::support::Entry> = entries
+            .iter()
+            .filter(|e| e.fields.get("license").map(String::as_str) == Some("lic"))
+            .filter(|e| e.fields["type"] == "denied")
+            .collect();
+        let folded: u64 = denied
+            .iter()
+            .map(|e| e.fields.get("folded").map_or(0, |f| f.parse::<u64>().unwrap()))
+            .sum();
+        let aggregates = denied.iter().filter(|e| e.fields["session"].is_empty()).count();
+        let recorded = denied.len() - aggregates;
+        if recorded as u64 + folded >= N as u64 || Instant::now() > deadline {
+            break (denied.len(), recorded, aggregates, folded);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let entries = stream_entries(&mut con, &events).await;
+    let mut seqs: Vec<u64> = entries
+        .iter()
+        .filter(|e| e.fields.get("license").map(String::as_str) == Some("lic"))
+        .map(|e| e.fields["seq"].parse().unwrap())
+        .collect();
+    let in_order = seqs.windows(2).all(|w| w[0] < w[1]);
+    seqs.sort_unstable();
+    let gapless = seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
+    for e in entries
+        .iter()
+        .filter(|e| e.fields["type"] == "denied" && !e.fields["session"].is_empty())
+    {
+        assert_eq!(e.fields["reason"], "NO_SEATS_AVAILABLE");
+        assert_eq!(e.fields.get("user").map(String::as_str), Some("flooder"));
+    }
+    for e in entries
+        .iter()
+        .filter(|e| e.fields["type"] == "denied" && e.fields["session"].is_empty())
+    {
+        assert!(
+            !e.fields.contains_key("reason"),
+            "an aggregate names no reason: {:?}",
+            e.fields
+        );
+        assert!(e.fields["folded"].parse::<u64>().unwrap() > 0);
+    }
+    let stream_bytes: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&events)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&replies)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    trim_requests(&mut con, &settings).await;
+    let mem1 = used_memory(&mut con).await;
+    let events1 = xlen(&mut con, &events).await;
+    let windows = flood_took.as_millis() as u64 / WINDOW + 2;
+    println!(
+        "denial flood through a worker, events.denials_per_window {KEEP} per {WINDOW} ms: {N} acquires refused \
+         ({refused} NO_SEATS_AVAILABLE replies) within {flood_took:.1?} -> {denied} denied events ({recorded} \
+         recorded one by one, {aggregates} aggregates flushed by the reaper; {folded} denials folded into \
+         their counts); events stream {events0} -> {events1} entries, {stream_bytes} bytes ({} per event); \
+         used_memory {mem0} -> {mem1} (+{} bytes, the requests' dedupe records included)",
+        stream_bytes / events1.max(1) as i64,
+        mem1 - mem0
+    );
+    assert_eq!(refused, N, "every acquire refused");
+    assert_eq!(recorded as u64 + folded, N as u64, "every denial accounted for");
+    assert!(
+        recorded as u64 <= KEEP * windows,
+        "at most {KEEP} denials recorded per window over {windows} windows: {recorded}"
+    );
+    assert!(
+        aggregates as u64 <= windows,
+        "at most one aggregate per window: {aggregates}"
+    );
+    assert!(in_order, "the license's events are in seq order");
+    assert!(
+        gapless,
+        "seq is gapless: a folded denial takes none ({} events)",
+        seqs.len()
+    );
+    assert_eq!(holders(&settings, "lic").await, ["holder"]);
+    worker.stop().await;
+}
+
+/// Floods a full one-seat license with 1,000 waits by one user at priority
+/// 9 under `queue_max_per_user` 5: five queue, the rest are refused
+/// NO_SEATS_AVAILABLE naming the quota, and the license's keys grow by five
+/// waiters' worth, not a thousand.
+#[tokio::test]
+async fn one_users_waiters_are_held_to_the_queue_quota() {
+    const N: usize = 1_000;
+    const QUOTA: u64 = 5;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.limits.session_requests = 0;
+    settings.limits.license_requests = 0;
+    put_license(&settings, "lic", 1).await;
+    let policy = seatgate::engine::policy::LicensePolicy {
+        queue_max_per_user: Some(QUOTA),
+        ..Default::default()
+    };
+    crate::support::put_policy(&settings, "lic", &policy).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let held = client
+        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), Status::Acquired);
+    let replies = reply_stream(&settings, "quota");
+    let (mem0, lic0) = (
+        used_memory(&mut con).await,
+        license_bytes(&mut con, &settings, "lic").await,
+    );
+    let last = flood(&mut con, &settings, N, |i| {
+        vec![
+            field("id", format!("q-{i}")),
+            field("op", "acquire"),
+            field("license", "lic"),
+            field("session", format!("waiter-{i}")),
+            field("user", "mallory"),
+            field("wait_ms", "3600000"),
+            field("priority", "9"),
+            field("reply_to", replies.clone()),
+        ]
+    })
+    .await;
+    drained(&mut con, &settings, &last, Duration::from_secs(60)).await;
+    let answers = stream_entries(&mut con, &replies).await;
+    let count = |status: Status| {
+        answers
+            .iter()
+            .filter(|r| r.fields["status"] == status.as_str())
+            .count()
+    };
+    let (queued, refused) = (count(Status::Queued), count(Status::NoSeatsAvailable));
+    let quota_errors = answers
+        .iter()
+        .filter(|r| {
+            r.fields
+                .get("error")
+                .is_some_and(|e| e.contains("user mallory") && e.contains("queue_max_per_user"))
+        })
+        .count();
+    let lic = crate::support::license_keys(&settings, "lic");
+    let waiting: usize = redis::cmd("ZCARD")
+        .arg(&lic.queue)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let count_field: Option<String> = redis::cmd("HGET")
+        .arg(&lic.owners)
+        .arg("w:mallory")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let lic1 = license_bytes(&mut con, &settings, "lic").await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&replies)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    trim_requests(&mut con, &settings).await;
+    let mem1 = used_memory(&mut con).await;
+    println!(
+        "waiter quota flood: {N} waits by one user at priority 9, queue_max_per_user {QUOTA}: {queued} queued, \
+         {refused} refused NO_SEATS_AVAILABLE ({quota_errors} naming the quota); the license's keys {lic0} -> \
+         {lic1} bytes (+{}); used_memory {mem0} -> {mem1} (+{} bytes: the requests' dedupe records, which \
+         expire within two dedupe windows, and the denials' events, at most events.denials_per_window a window)",
+        lic1 - lic0,
+        mem1 - mem0
+    );
+    assert_eq!(queued, QUOTA as usize, "the quota's waiters queue");
+    assert_eq!(refused, N - QUOTA as usize, "the rest are refused");
+    assert_eq!(quota_errors, refused, "each refusal names the user's quota");
+    assert_eq!(waiting, QUOTA as usize);
+    assert_eq!(count_field.as_deref(), Some("5"), "the user's waiter count");
+    assert!(
+        lic1 - lic0 < 4_096,
+        "five waiters' worth of the license's keys, not a thousand: +{} bytes",
+        lic1 - lic0
+    );
+    assert_eq!(holders(&settings, "lic").await, ["holder"]);
+    worker.stop().await;
+}
+
+/// A denial window's first fold files the license due at the window's end
+/// (the outcome's due time, which the worker files); a reaper pass before
+/// then records nothing and keeps it due then, one after it records the
+/// aggregate `denied` (no session, no reason, `folded`) with the next seq.
+#[tokio::test]
+async fn a_folded_denial_makes_the_license_due_at_its_windows_end() {
+    const WINDOW: u64 = 400;
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.events.denials_window_ms = WINDOW;
+    settings.events.denials_per_window = 2;
+    put_license(&settings, "lic", 1).await;
+    let direct = |session: &str| crate::support::direct(&settings, "lic", session);
+    assert_eq!(
+        direct("holder").acquire(&mut con).await.decision.status(),
+        Status::Acquired
+    );
+    let due = seatgate::runtime::due::DueIndex::new(&settings);
+    // Only the reaper's own filings from here on.
+    let _: i64 = redis::cmd("DEL")
+        .arg(due.shard_for("lic").due)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for i in 0..4 {
+        let o = direct(&format!("d{i}")).acquire(&mut con).await;
+        assert_eq!(o.decision.status(), Status::NoSeatsAvailable);
+        outcomes.push(o);
+    }
+    let window_start = outcomes[0].now_ms;
+    assert_eq!(outcomes[0].due_ms, None, "a recorded denial files nothing");
+    assert_eq!(outcomes[1].due_ms, None);
+    assert_eq!(
+        outcomes[2].due_ms,
+        Some(window_start + WINDOW as i64),
+        "the window's first fold: due at its end"
+    );
+    assert_eq!(outcomes[3].due_ms, None, "filed once per window");
+    let denied = |entries: &[crate::support::Entry]| -> Vec<(String, String, String)> {
+        entries
+            .iter()
+            .filter(|e| e.fields["type"] == "denied")
+            .map(|e| {
+                let get = |f: &str| e.fields.get(f).cloned().unwrap_or_default();
+                (get("session"), get("folded"), get("seq"))
+            })
+            .collect()
+    };
+    let events = crate::support::events(&settings, "lic").await;
+    assert_eq!(
+        denied(&events),
+        [
+            ("d0".into(), String::new(), "2".into()),
+            ("d1".into(), String::new(), "3".into())
+        ],
+        "two recorded, two folded with no seq"
+    );
+    // Filed as the worker files it; a pass before the window's end records
+    // nothing and leaves the license due at the end.
+    let _: i64 = due
+        .file_due("lic", outcomes[2].due_ms.unwrap())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let reaper = crate::support::reaper(&settings).await;
+    let _ = reaper.pass().await.unwrap();
+    let score: Option<i64> = redis::cmd("ZSCORE")
+        .arg(due.shard_for("lic").due)
+        .arg("lic")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let now = crate::support::redis_ms(&mut con).await;
+    if now < window_start + WINDOW as i64 {
+        assert_eq!(denied(&crate::support::events(&settings, "lic").await).len(), 2);
+        assert_eq!(
+            score,
+            Some(window_start + WINDOW as i64),
+            "still due at the window's end"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(WINDOW + 50)).await;
+    let _ = reaper.pass().await.unwrap();
+    let events = crate::support::events(&settings, "lic").await;
+    assert_eq!(
+        denied(&events)[2..],
+        [(String::new(), "2".into(), "4".into())],
+        "the aggregate of the two folded denials, seq gapless"
+    );
+    let aggregate = events.iter().rfind(|e| e.fields["type"] == "denied").unwrap();
+    assert!(!aggregate.fields.contains_key("reason"));
+    // Flushed once: another pass records nothing more.
+    let _ = reaper.pass().await.unwrap();
+    assert_eq!(denied(&crate::support::events(&settings, "lic").await).len(), 3);
+}
+
+/// A heartbeat's denial (RATE_LIMITED) is sampled like an acquire's, and
+/// its first fold in a window reports the window's end as the license's
+/// due time too (heartbeat.lua fills in its due slots itself).
+#[tokio::test]
+async fn a_heartbeats_folded_denial_makes_the_license_due_too() {
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.events.denials_window_ms = 60_000;
+    settings.events.denials_per_window = 1;
+    put_license(&settings, "lic", 1).await;
+    let holder = crate::support::direct(&settings, "lic", "holder");
+    assert_eq!(holder.acquire(&mut con).await.decision.status(), Status::Acquired);
+    let keys = crate::support::keys(&settings);
+    let mut guard = seatgate::engine::scripts::Guard::none(&keys, "lic", "holder");
+    (guard.session_limit, guard.window_ms) = (1, 60_000);
+    let limited = holder.with_guard(guard);
+    let beats = [
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+        limited.heartbeat(&mut con).await,
+    ];
+    let statuses: Vec<Status> = beats.iter().map(|o| o.decision.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            Status::HeartbeatUpdated,
+            Status::RateLimited,
+            Status::RateLimited,
+            Status::RateLimited
+        ]
+    );
+    assert_eq!(beats[1].due_ms, None, "recorded");
+    assert_eq!(beats[2].due_ms, Some(beats[1].now_ms + 60_000), "the first fold");
+    assert_eq!(beats[3].due_ms, None);
+    let events = crate::support::events(&settings, "lic").await;
+    let denied: Vec<_> = events.iter().filter(|e| e.fields["type"] == "denied").collect();
+    assert_eq!(denied.len(), 1, "one recorded, two folded");
+    assert_eq!(denied[0].fields["reason"], "RATE_LIMITED");
 }

@@ -1393,3 +1393,187 @@ async fn identity_refusals_decode_from_the_script() {
     assert_eq!(holders(&s, "cad").await, ["a1", "anon"]);
     assert_eq!(license_status(&s, "cad").await.held_by_group.get("eng"), Some(&1));
 }
+
+// ---------------------------------------------------------------------------
+// queue_max_per_user: a user's waiters, through every way a wait ends.
+
+/// The sessions each user has waiting, as the queue and the owner records
+/// say, and the per-user waiter counts (`w:<user>`) the scripts keep.
+async fn waiters_per_user(s: &Settings, license: &str) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    let k = license_keys(s, license);
+    let (waiting, owners): (Vec<String>, HashMap<String, String>) = redis::pipe()
+        .atomic()
+        .cmd("ZRANGE")
+        .arg(&k.queue)
+        .arg(0)
+        .arg(-1)
+        .cmd("HGETALL")
+        .arg(&k.owners)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap();
+    let mut truth = BTreeMap::new();
+    for w in &waiting {
+        if let Some(user) = owners
+            .get(&format!("s:{w}"))
+            .and_then(|r| OwnerRecord::parse(r))
+            .and_then(|o| o.user)
+        {
+            *truth.entry(user).or_default() += 1;
+        }
+    }
+    let kept = owners
+        .iter()
+        .filter_map(|(f, n)| Some((f.strip_prefix("w:")?.to_owned(), n.parse().unwrap())))
+        .collect();
+    (truth, kept)
+}
+
+/// The scripts' per-user waiter counts equal the queue's.
+async fn assert_waiter_counts(s: &Settings, license: &str, at: &str) {
+    let (truth, kept) = waiters_per_user(s, license).await;
+    assert_eq!(kept, truth, "{at}: the waiter counts drifted from the queue");
+}
+
+/// Session `session` of license "cad" asked by `user`, waiting up to
+/// `wait_ms` (called directly).
+async fn queue_as(
+    s: &Settings,
+    session: &str,
+    user: &str,
+    wait_ms: u64,
+) -> seatgate::engine::scripts::Outcome {
+    direct(s, "cad", session)
+        .with_policy(ask(user, "", 0))
+        .queue(&mut db(s).await, wait_ms, &format!("r-{session}"), "")
+        .await
+}
+
+/// `queue_max_per_user` 2 on a full one-seat license: ada's third waiter is
+/// refused (NO_SEATS_AVAILABLE, `queue_user_full`) while bob and an acquire
+/// without a user still queue; each way a wait ends gives ada her place back
+/// (a grant, a timeout, leaving the queue, a revocation), a re-sent acquire
+/// of a waiting session is not counted twice, and deleting the license
+/// leaves no count behind. The counts equal the queue after every step.
+#[tokio::test]
+async fn queue_max_per_user_through_every_way_a_wait_ends() {
+    let policy = LicensePolicy {
+        queue_max_per_user: Some(2),
+        ..LicensePolicy::default()
+    };
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    provision_policy(&s, "cad", 1, &policy).await;
+    let as_user = |session: &str, user: &str| direct(&s, "cad", session).with_policy(ask(user, "", 0));
+    assert!(matches!(
+        as_user("holder", "hal").acquire(&mut con).await.decision,
+        Decision::Acquired { .. }
+    ));
+    let queued = |o: &seatgate::engine::scripts::Outcome| matches!(o.decision, Decision::Queued { .. });
+    let user_full = |o: &seatgate::engine::scripts::Outcome| {
+        o.decision == Decision::NoSeatsAvailable(seatgate::engine::scripts::NoSeats::QueueUserFull)
+    };
+
+    assert!(queued(&queue_as(&s, "a1", "ada", 60_000).await));
+    assert!(queued(&queue_as(&s, "a2", "ada", 60_000).await));
+    let refused = queue_as(&s, "a3", "ada", 60_000).await;
+    assert!(user_full(&refused), "{refused:?}");
+    assert!(refused.changed, "a denial, with its event");
+    // A re-sent acquire of a waiting session keeps its place, counted once.
+    assert!(queued(&queue_as(&s, "a1", "ada", 60_000).await));
+    assert_waiter_counts(&s, "cad", "re-sent").await;
+    // Others are not held back by ada's quota.
+    assert!(queued(&queue_as(&s, "b1", "bob", 60_000).await));
+    assert!(queued(&queue_as(&s, "anon", "", 60_000).await));
+    assert_waiter_counts(&s, "cad", "queued").await;
+
+    // A grant: the holder releases, a1 (first in line) gets the seat, and
+    // ada may queue again.
+    assert_eq!(
+        as_user("holder", "hal").release(&mut con).await.decision.status(),
+        Status::Released
+    );
+    assert_eq!(holders(&s, "cad").await, ["a1"]);
+    assert_waiter_counts(&s, "cad", "granted").await;
+    assert!(queued(&queue_as(&s, "a3", "ada", 60_000).await));
+    assert!(user_full(&queue_as(&s, "a4", "ada", 60_000).await));
+
+    // Leaving the queue (a release while waiting).
+    assert_eq!(
+        as_user("a2", "ada").release(&mut con).await.decision.status(),
+        Status::LeftQueue
+    );
+    assert_waiter_counts(&s, "cad", "left").await;
+    // A timeout: a4 queues for 50 ms, and its wait ends on the next script.
+    assert!(queued(&queue_as(&s, "a4", "ada", 50).await));
+    assert!(user_full(&queue_as(&s, "a5", "ada", 60_000).await));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(
+        queued(&queue_as(&s, "a5", "ada", 60_000).await),
+        "a4's wait ran out"
+    );
+    assert_waiter_counts(&s, "cad", "timed out").await;
+    // A revocation of a waiter.
+    let revoked = as_user("a5", "ada").revoke(&mut con, "audit", "root", 0).await;
+    assert_eq!(revoked.decision.status(), Status::Revoked);
+    assert_waiter_counts(&s, "cad", "revoked").await;
+    assert!(queued(&queue_as(&s, "a6", "ada", 60_000).await));
+    assert!(user_full(&queue_as(&s, "a7", "ada", 60_000).await));
+    let (truth, kept) = waiters_per_user(&s, "cad").await;
+    assert_eq!(kept, truth);
+    assert_eq!(
+        kept,
+        BTreeMap::from([("ada".to_owned(), 2), ("bob".to_owned(), 1)])
+    );
+
+    // The reply says which quota, through the worker.
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    let r = expect(
+        &c,
+        acquire_as("cad", "a8", "ada", "", 60_000),
+        Status::NoSeatsAvailable,
+    )
+    .await;
+    assert!(
+        r.get("error").contains("user ada") && r.get("error").contains("queue_max_per_user"),
+        "{r:?}"
+    );
+    worker.stop().await;
+
+    // Deleting the license ends every wait and leaves no count.
+    assert!(seatgate::engine::license::delete(&mut con, &keys(&s), "cad")
+        .await
+        .unwrap());
+    let (truth, kept) = waiters_per_user(&s, "cad").await;
+    assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
+}
+
+/// `seatgate license put --queue-max-per-user` writes the field, `license
+/// show` shows it (text and JSON), and `--unset queue_max_per_user` lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn license_put_sets_and_show_shows_the_waiter_quota() {
+    let TestApp(redis, _s, _con) = spawn_app().await;
+    let url = redis.url();
+    let run = |args: &[&str]| output(seatgate_cmd(&url, args));
+    let put = run(&[
+        "license",
+        "put",
+        "cad",
+        "--seats",
+        "2",
+        "--queue-max-per-user",
+        "3",
+    ])
+    .await;
+    assert!(put.status.success(), "{put:?}");
+    let show = run(&["license", "show", "cad", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(json["policy"], serde_json::json!({"queue_max_per_user": 3}));
+    let text = String::from_utf8_lossy(&run(&["license", "show", "cad"]).await.stdout).into_owned();
+    assert!(text.contains("policy: queue_max_per_user 3"), "{text}");
+    let unset = run(&["license", "put", "cad", "--unset", "queue_max_per_user"]).await;
+    assert!(unset.status.success(), "{unset:?}");
+    let show = run(&["license", "show", "cad", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert!(json["policy"].as_object().is_none_or(|p| p.is_empty()), "{json}");
+}

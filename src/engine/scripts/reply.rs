@@ -96,6 +96,9 @@ pub enum NoSeats {
     InUse,
     /// The license's wait queue is full as well.
     QueueFull,
+    /// The user already has the license's `queue_max_per_user` sessions
+    /// waiting (detail `queue_user_full`).
+    QueueUserFull,
     /// The free seats are reserved for others' groups.
     Reserved,
 }
@@ -484,6 +487,7 @@ fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Deci
             Value::Int(_) => Decision::NoSeatsAvailable(NoSeats::InUse),
             other => match text(other).as_deref() {
                 Some("queue_full") => Decision::NoSeatsAvailable(NoSeats::QueueFull),
+                Some("queue_user_full") => Decision::NoSeatsAvailable(NoSeats::QueueUserFull),
                 Some("reserved") => Decision::NoSeatsAvailable(NoSeats::Reserved),
                 _ => return Err(refuse()),
             },

@@ -674,6 +674,10 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         Decision::NoSeatsAvailable(NoSeats::QueueFull) => {
             Some("every seat is in use and the license's wait queue is full".to_owned())
         }
+        Decision::NoSeatsAvailable(NoSeats::QueueUserFull) => Some(format!(
+            "every seat is in use and user {} already has queue_max_per_user sessions waiting for this license",
+            who.user.as_deref().unwrap_or_default()
+        )),
         Decision::NoSeatsAvailable(NoSeats::Reserved) => Some(PolicyRefusal::Reserved.reason(who)),
         Decision::LimitReached(limit) => Some(limit.reason(who)),
         Decision::LicenseInvalid(invalid) => Some(invalid.to_string()),

@@ -37,6 +37,7 @@ fn every_policy() -> LicensePolicy {
         linger_ms: Some(60_000),
         max_borrow_ms: Some(86_400_000),
         require_user: None,
+        queue_max_per_user: Some(1_000_000),
     }
 }
 
