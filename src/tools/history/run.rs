@@ -48,6 +48,11 @@ fn worker_env() -> Vec<(String, String)> {
         ("SEATGATE__STREAM__BLOCK_MS", "200"),
         ("SEATGATE__REDIS__RESPONSE_TIMEOUT_MS", "2000"),
         ("SEATGATE__REDIS__CONNECT_TIMEOUT_MS", "1000"),
+        // Denial sampling within reach of a short run: past 3 denials of a
+        // license in 2 s, a denial is folded into the next recorded one's
+        // `folded` (or the reaper's aggregate), which the checks count.
+        ("SEATGATE__EVENTS__DENIALS_WINDOW_MS", "2000"),
+        ("SEATGATE__EVENTS__DENIALS_PER_WINDOW", "3"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
