@@ -594,7 +594,7 @@ impl<'a> Replay<'a> {
             self.check_queue_order(&takes);
             // A lingering seat taken back adds no seat (it never stopped
             // counting): only the other takes can give one beyond the seats.
-            let added = takes.iter().filter(|t| !t.reclaim).map(|t| t.at).last();
+            let added = takes.iter().filter(|t| !t.reclaim).map(|t| t.at).next_back();
             self.end_step(from, i, recon, added);
         }
         let seq_checked = !self.ev.is_empty() && self.ev.iter().all(|e| e.seq.is_some());
