@@ -42,9 +42,10 @@ mutations=(
   "drop_dedupe|lua/includes/dedupe.lua|  if entry_id == '' then\n    return nil|  if true then\n    return nil"
   # The reaper evicts holders an eighth of their timeout after their last heartbeat.
   "reaper_evicts_fresh|lua/reap.lua|local timeout = license.heartbeat_timeout_ms or default_timeout|local timeout = (license.heartbeat_timeout_ms or default_timeout) / 8"
-  # A release's event is lost (main's event path: events built in Rust from
-  # the status; once events are recorded by the scripts, mutate that instead).
-  "lose_event|src/engine/events.rs|            Status::Released => Some(EventType::Released),|            Status::Released => None,"
+  # A release's event is lost: the scripts record no `released` event (the
+  # seat is still freed; the license's seq stays gapless, the event is simply
+  # never written).
+  "lose_event|lua/includes/events.lua|  ACQUIRED = 'acquired', RELEASED = 'released', QUEUED|  ACQUIRED = 'acquired', QUEUED"
 )
 
 src_target="${CARGO_TARGET_DIR:-$PWD/target}"

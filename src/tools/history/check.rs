@@ -18,7 +18,11 @@
 //!   is held, queued or left in an outbox, and the events replayed agree;
 //! - `fresh_holders`: no holder whose heartbeats came in time lost its
 //!   seat (heartbeat answers, and `evicted` events' times);
-//! - `audit`: `seatgate audit` finds nothing, when the binary has it.
+//! - `audit`: `seatgate audit` ran and found nothing (not run is an anomaly);
+//! - `report`: `seatgate report --format json`'s figures per license equal
+//!   the history's ([`totals`]): holds, denials by reason, queue timeouts,
+//!   peak seats, and seat time within the bounds the seat samples and the
+//!   events put on it ([`seat_ms_bounds`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -58,11 +62,16 @@ pub struct Checked {
 
 /// Per license, the seat changes and refusals the replies report, each
 /// request counted once (its first answer of the kind): the figures a usage
-/// report over the run must give. Compare them with `seatgate report
-/// --json`'s once it has them (issue 22: "the report's totals equal to the
-/// history's"); [`totals`] is the hook.
+/// report over the run must give (issue 22: "the report's totals equal to
+/// the history's"; the `report` check compares them with `seatgate report
+/// --format json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
+    /// Seats taken: ACQUIRED (but a session taking back its own lingering
+    /// seat, which never stopped counting) and GRANTED.
+    pub holds: u64,
+    /// The most seats in use the ACQUIRED and GRANTED replies report.
+    pub peak_seats: u64,
     pub acquired: u64,
     pub granted: u64,
     pub released: u64,
@@ -83,6 +92,14 @@ pub fn totals(h: &History) -> BTreeMap<String, Totals> {
             continue;
         }
         let t = out.entry(r.get("license").to_owned()).or_default();
+        if matches!(status, "ACQUIRED" | "GRANTED") {
+            if let Some((used, _)) = seats_of(&r.fields) {
+                t.peak_seats = t.peak_seats.max(used);
+            }
+            if status == "GRANTED" || !takes_back(h, r) {
+                t.holds += 1;
+            }
+        }
         match status {
             "ACQUIRED" => t.acquired += 1,
             "GRANTED" => t.granted += 1,
@@ -90,9 +107,9 @@ pub fn totals(h: &History) -> BTreeMap<String, Totals> {
             "LEFT_QUEUE" => t.left_queue += 1,
             "QUEUE_TIMEOUT" => t.queue_timeouts += 1,
             "REVOKED" => t.revoked += 1,
-            s if DENIALS.contains(&s) && r.get("op") == "acquire" => {
-                *t.denied.entry(s.to_owned()).or_default() += 1
-            }
+            // Whatever the op (a heartbeat can be RATE_LIMITED too): each
+            // denial reply has its `denied` event (replies_events).
+            s if DENIALS.contains(&s) => *t.denied.entry(s.to_owned()).or_default() += 1,
             _ => {}
         }
     }
@@ -122,8 +139,8 @@ impl fmt::Display for Checked {
             let denied: u64 = t.denied.values().sum();
             writeln!(
                 f,
-                "  {license}: acquired {} granted {} released {} left_queue {} queue_timeout {} revoked {} denied {denied}",
-                t.acquired, t.granted, t.released, t.left_queue, t.queue_timeouts, t.revoked
+                "  {license}: acquired {} granted {} (holds {}, peak {}) released {} left_queue {} queue_timeout {} revoked {} denied {denied}",
+                t.acquired, t.granted, t.holds, t.peak_seats, t.released, t.left_queue, t.queue_timeouts, t.revoked
             )?;
         }
         writeln!(f, "anomalies: {}", self.anomalies.len())?;
@@ -174,17 +191,173 @@ pub fn check(h: &History) -> Checked {
     run("seats_events", seats_events(&ordered));
     run("seats_samples", seats_samples(h));
     run("answered", answered(h, &by_id));
-    run("duplicates", duplicates(&by_id));
+    run("duplicates", duplicates(h, &by_id));
     run("replies_events", replies_events(h, &by_id));
     run("event_seq", event_seq(h));
     run("user_limit", user_limit(h, &ordered));
     run("final_state", final_state(h, &ordered));
     run("fresh_holders", fresh_holders(h, &by_id));
-    // `seatgate audit` over the same Redis, when the binary has it.
-    if let Some(audit) = &h.audit {
-        run("audit", (1, audit.clone().err().into_iter().collect()));
-    }
+    // `seatgate audit` over the same Redis: not run is no pass.
+    run(
+        "audit",
+        (
+            1,
+            match &h.audit {
+                Some(Ok(())) => Vec::new(),
+                Some(Err(e)) => vec![e.clone()],
+                None => vec!["seatgate audit was not run".to_owned()],
+            },
+        ),
+    );
+    let totals = out.totals.clone();
+    run("report", report(h, &totals));
     out
+}
+
+/// `seatgate report --format json` against the history, per license:
+/// holds (the users' `holds` summed), denials by reason, queue timeouts and
+/// peak seats equal; `seat_ms` within [`seat_ms_bounds`].
+fn report(h: &History, totals: &BTreeMap<String, Totals>) -> (usize, Vec<String>) {
+    let rep = match &h.report {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return (1, vec![e.clone()]),
+        None => return (1, vec!["seatgate report was not run".to_owned()]),
+    };
+    let mut found = Vec::new();
+    let mut n = 0;
+    let names: BTreeSet<&str> = totals
+        .keys()
+        .map(String::as_str)
+        .chain(h.licenses.iter().map(|l| l.name.as_str()))
+        .collect();
+    for name in names {
+        let t = totals.get(name).cloned().unwrap_or_default();
+        let Some(l) = rep.licenses.iter().find(|l| l.license == name) else {
+            if t != Totals::default() {
+                found.push(format!(
+                    "license {name}: not in the report, though the replies show {t:?}"
+                ));
+            }
+            continue;
+        };
+        n += 1;
+        let mut differ = |what: &str, report: u64, history: u64| {
+            if report != history {
+                found.push(format!(
+                    "license {name}: the report says {what} {report}, the history {history}"
+                ));
+            }
+        };
+        differ("holds", l.users.iter().map(|u| u.holds).sum(), t.holds);
+        differ(
+            "peak_seats",
+            u64::try_from(l.peak_seats).unwrap_or(0),
+            t.peak_seats,
+        );
+        let folded = h.events.iter().any(|e| {
+            e.get("license") == name && e.get("type") == "denied" && e.num("folded").unwrap_or(0) > 0
+        });
+        if folded {
+            // Folded denials carry no reason of their own: the total.
+            differ(
+                "denials (all but QUEUE_TIMEOUT)",
+                l.denials
+                    .iter()
+                    .filter(|(r, _)| *r != "QUEUE_TIMEOUT")
+                    .map(|(_, n)| n)
+                    .sum(),
+                t.denied.values().sum(),
+            );
+        }
+        let reasons: BTreeSet<&str> = l
+            .denials
+            .keys()
+            .map(String::as_str)
+            .chain(t.denied.keys().map(String::as_str))
+            .filter(|r| *r != "QUEUE_TIMEOUT" && !folded)
+            .collect();
+        for reason in reasons {
+            differ(
+                &format!("denials {reason}"),
+                l.denials.get(reason).copied().unwrap_or(0),
+                t.denied.get(reason).copied().unwrap_or(0),
+            );
+        }
+        differ(
+            "denials QUEUE_TIMEOUT",
+            l.denials.get("QUEUE_TIMEOUT").copied().unwrap_or(0),
+            t.queue_timeouts,
+        );
+        let (lo, hi) = seat_ms_bounds(h, name, u64::try_from(rep.until_ms).unwrap_or(0));
+        let seat_ms = u64::try_from(l.seat_ms).unwrap_or(0);
+        if seat_ms < lo || seat_ms > hi {
+            found.push(format!(
+                "license {name}: the report says seat_ms {seat_ms}, the samples and events bound it to {lo}..={hi}"
+            ));
+        }
+    }
+    (n, found)
+}
+
+/// Bounds on license `name`'s seat time (seats in use integrated over
+/// time, ms) up to `until_ms`, from the seat samples (holders read with
+/// Redis's clock every 150 ms) and the events' `seats_used` and `at_ms`:
+/// between two samples with no event of the license the holders did not
+/// change (exact); across an interval with events they stayed between the
+/// least and the most of the samples' and events' counts. Before the first
+/// sample and after the last, 0 to the most the events there show. Slack: 2
+/// ms per event (the events' and the samples' clocks are ms, an event's
+/// `at_ms` is its script's start). The bounds are as tight as the samples
+/// are dense, whatever the faults: Redis away means no sample but no change
+/// either, and the reaper's lateness moves a hold's end, which the samples
+/// see, not the bound.
+pub(crate) fn seat_ms_bounds(h: &History, name: &str, until_ms: u64) -> (u64, u64) {
+    let mut samples: Vec<(u64, u64)> = h
+        .samples
+        .iter()
+        .filter(|s| s.license == name)
+        .map(|s| (s.at_ms, s.holders))
+        .collect();
+    samples.sort();
+    let mut events: Vec<(u64, u64)> = h
+        .events
+        .iter()
+        .filter(|e| e.get("license") == name)
+        .filter_map(|e| Some((e.num("at_ms")?, e.num("seats_used")?)))
+        .collect();
+    events.sort();
+    let slack = 2 * events.len() as u64;
+    let used_in = |from: u64, to: u64| {
+        events
+            .iter()
+            .filter(move |(at, _)| (from..=to).contains(at))
+            .map(|(_, u)| *u)
+    };
+    let (mut lo, mut hi) = (0u64, 0u64);
+    let Some(&(first, _)) = samples.first() else {
+        // No samples: only the events' most, from the first to `until_ms`.
+        let max = events.iter().map(|(_, u)| *u).max().unwrap_or(0);
+        let from = events.first().map(|(at, _)| *at).unwrap_or(until_ms);
+        return (0, max * until_ms.saturating_sub(from) + slack);
+    };
+    if let Some(&(at, _)) = events.first() {
+        if at < first {
+            hi += used_in(at, first).max().unwrap_or(0) * (first - at);
+        }
+    }
+    for w in samples.windows(2) {
+        let ((t0, a), (t1, b)) = (w[0], w[1]);
+        let dt = t1 - t0;
+        let mn = used_in(t0, t1).chain([a, b]).min().unwrap_or(0);
+        let mx = used_in(t0, t1).chain([a, b]).max().unwrap_or(0);
+        lo += mn * dt;
+        hi += mx * dt;
+    }
+    if let Some(&(last, a)) = samples.last() {
+        let mx = used_in(last, u64::MAX).chain([a]).max().unwrap_or(0);
+        hi += mx * until_ms.saturating_sub(last);
+    }
+    (lo.saturating_sub(slack), hi + slack)
 }
 
 /// Every reply, by request id, in the order read (per client stream).
@@ -412,7 +585,38 @@ fn answered(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<
     (reached.len(), found)
 }
 
-fn duplicates(by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
+/// The one documented repeat that differs (docs/protocol.md, the outbox):
+/// a `GRANTED` delivered, then, re-delivered by the reaper after its seat
+/// was revoked meanwhile, `SESSION_NOT_ACTIVE` saying the seat was taken
+/// back. `later` must be that SESSION_NOT_ACTIVE (with its `error`), and a
+/// `revoked` event of the session's held seat must lie between the
+/// session's `granted` event and `later`; no GRANTED may follow it.
+fn grant_taken_back(h: &History, first: &Received, later: &Received, after: &[&&Received]) -> bool {
+    if first.get("status") != "GRANTED"
+        || later.get("status") != "SESSION_NOT_ACTIVE"
+        || !later
+            .get("error")
+            .contains("taken back before the grant was delivered")
+        || after.iter().any(|r| r.get("status") == "GRANTED")
+    {
+        return false;
+    }
+    let (license, session, until) = (later.get("license"), later.get("session"), entry_ms(&later.entry));
+    let of_session = |ty: &'static str| {
+        h.events.iter().filter(move |e| {
+            e.get("license") == license && e.get("session") == session && e.get("type") == ty
+        })
+    };
+    let Some(granted) = of_session("granted").filter_map(|e| e.num("at_ms")).min() else {
+        return false;
+    };
+    of_session("revoked")
+        .filter(|e| e.get("held") == "1")
+        .filter_map(|e| e.num("at_ms"))
+        .any(|at| granted <= at && at <= until)
+}
+
+fn duplicates(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
     let mut n = 0;
     let mut found = Vec::new();
     for (id, replies) in by_id {
@@ -422,7 +626,10 @@ fn duplicates(by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize, Vec<String>) {
         }
         n += 1;
         let first = finals[0];
-        for r in &finals[1..] {
+        for (i, r) in finals.iter().enumerate().skip(1) {
+            if grant_taken_back(h, first, r, &finals[i + 1..]) {
+                continue;
+            }
             let same_status = r.get("status") == first.get("status");
             let same_seats = seats_of(&r.fields) == seats_of(&first.fields);
             if !same_status || !same_seats {
@@ -496,9 +703,35 @@ fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize
             .or_default()
             .push(&e.entry);
     }
+    // Denial sampling (events.denials_per_window): past the rate a denial
+    // is no event of its own but folded into the `folded` count of the
+    // license's next recorded `denied` (or of the reaper's aggregate one).
+    // On a license where that happened, denials are counted, not matched:
+    // denial replies = `denied` events + their `folded`, per license (the
+    // aggregate, with no session and no reason, is only its `folded`).
+    let mut folding: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for e in &h.events {
+        if e.get("type") == "denied" && e.num("folded").unwrap_or(0) > 0 {
+            folding.insert(e.get("license"), (0, 0));
+        }
+    }
+    for e in &h.events {
+        if e.get("type") == "denied" {
+            if let Some(c) = folding.get_mut(e.get("license")) {
+                let aggregate = e.get("session").is_empty() && e.get("reason").is_empty();
+                c.1 += u64::from(!aggregate) + e.num("folded").unwrap_or(0);
+            }
+        }
+    }
     let mut found = Vec::new();
     let keys: BTreeSet<&Key> = from_replies.keys().chain(from_events.keys()).collect();
     for k in &keys {
+        if k.2 == "denied" {
+            if let Some(c) = folding.get_mut(k.0) {
+                c.0 += from_replies.get(k).map(Vec::len).unwrap_or(0) as u64;
+                continue;
+            }
+        }
         let replies = from_replies.get(k).map(Vec::len).unwrap_or(0);
         let events = from_events.get(k).map(Vec::len).unwrap_or(0);
         if replies != events {
@@ -508,6 +741,13 @@ fn replies_events(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize
                 if reason.is_empty() { String::new() } else { format!(" {reason}") },
                 from_replies.get(k).cloned().unwrap_or_default(),
                 from_events.get(k).cloned().unwrap_or_default(),
+            ));
+        }
+    }
+    for (license, (replies, events)) in &folding {
+        if replies != events {
+            found.push(format!(
+                "{license}: {replies} denial replies but {events} denials in the `denied` events (each one plus its `folded`)"
             ));
         }
     }
@@ -714,6 +954,7 @@ mod tests {
 
     use super::*;
     use crate::tools::history::record::{AdminAction, Event, Hold, HoldEnd, Received, Sample, Sent};
+    use crate::views::usage::{LicenseUsage, Share, Sources, UsageReport, Waits};
 
     fn fields(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -778,7 +1019,55 @@ mod tests {
                     ("at_ms", "1001"),
                 ],
             )],
+            audit: Some(Ok(())),
+            report: Some(Ok(report_of(1, 1, 1000))),
             ..History::default()
+        }
+    }
+
+    /// `seatgate report`'s JSON for license `L` over 0..2001 ms: `holds`
+    /// holds by user ada, `peak` seats at most, `seat_ms` of seat time.
+    fn report_of(holds: u64, peak: i64, seat_ms: i64) -> UsageReport {
+        UsageReport {
+            since_ms: 0,
+            until_ms: 2001,
+            events: 1,
+            first_event_ms: Some(1001),
+            last_event_ms: Some(1001),
+            sources: Sources::default(),
+            licenses: vec![LicenseUsage {
+                license: "L".into(),
+                seats_total: 2,
+                peak_seats: peak,
+                peak_at_ms: Some(1001),
+                seat_ms,
+                seat_hours: 0.0,
+                capacity_ms: 0,
+                utilisation_pct: None,
+                full_ms: 0,
+                peaks_hourly: Vec::new(),
+                peaks_daily: Vec::new(),
+                denials: BTreeMap::new(),
+                denials_total: 0,
+                queue_waits: Waits {
+                    count: 0,
+                    p50_ms: None,
+                    p95_ms: None,
+                    max_ms: None,
+                },
+                queue_wait_ms: 0,
+                queue_wait_full_ms: 0,
+                users: vec![Share {
+                    name: Some("ada".into()),
+                    holds,
+                    seat_ms,
+                    seat_hours: 0.0,
+                    denials: 0,
+                }],
+                groups: Vec::new(),
+                unattributed_ms: 0,
+                missing_events: 0,
+            }],
         }
     }
 
@@ -929,5 +1218,181 @@ mod tests {
         // A whole timeout after it: fine.
         h.events[1].fields.insert("at_ms".into(), "7001".into());
         assert!(found(&h, "fresh_holders").is_empty());
+    }
+
+    #[test]
+    fn an_audit_not_run_or_unclean_is_found() {
+        let mut h = good();
+        h.audit = None;
+        assert_eq!(found(&h, "audit"), vec!["seatgate audit was not run".to_owned()]);
+        h.audit = Some(Err("seatgate audit exited Some(1): 1 violation".into()));
+        assert_eq!(found(&h, "audit").len(), 1);
+    }
+
+    #[test]
+    fn a_report_that_disagrees_with_the_history_is_found() {
+        let mut h = good();
+        h.report = None;
+        assert_eq!(found(&h, "report").len(), 1, "not run is no pass");
+        // One hold more, a higher peak, a denial the replies never gave.
+        let mut r = report_of(2, 2, 1000);
+        r.licenses[0].denials.insert("NO_SEATS_AVAILABLE".into(), 1);
+        h.report = Some(Ok(r));
+        let f = found(&h, "report");
+        assert_eq!(f.len(), 3, "{f:?}");
+        // Seat time: held from 1001 to the report's end (2001), 1000 ms:
+        // with no sample, anything from 0 to the events' most over that.
+        h.report = Some(Ok(report_of(1, 1, 1000)));
+        assert!(found(&h, "report").is_empty());
+        h.report = Some(Ok(report_of(1, 1, 1100)));
+        assert_eq!(found(&h, "report").len(), 1, "more seat time than possible");
+        // Samples pin it: one holder from 1500 on (the 720-hour bug would
+        // be far out, and so is half the time).
+        h.samples = [1500, 1800, 2001]
+            .into_iter()
+            .map(|at_ms| Sample {
+                license: "L".into(),
+                at_ms,
+                holders: 1,
+                seats_total: Some(2),
+            })
+            .collect();
+        h.report = Some(Ok(report_of(1, 1, 1000)));
+        assert!(found(&h, "report").is_empty());
+        h.report = Some(Ok(report_of(1, 1, 400)));
+        assert_eq!(
+            found(&h, "report").len(),
+            1,
+            "less seat time than the samples show"
+        );
+    }
+
+    /// Denial `id` of session `session` on `L`: its reply, and its event
+    /// when `folded` is given (the denials folded into it).
+    fn denial(h: &mut History, id: &str, session: &str, at: u64, folded: Option<&str>) {
+        let entry = format!("{at}-0");
+        h.received.push(reply(
+            &entry,
+            &[
+                ("id", id),
+                ("op", "acquire"),
+                ("status", "NO_SEATS_AVAILABLE"),
+                ("license", "L"),
+                ("session", session),
+                ("seats_used", "2"),
+                ("seats_total", "2"),
+            ],
+        ));
+        if let Some(folded) = folded {
+            h.events.push(event(
+                &format!("{at}-1"),
+                &[
+                    ("type", "denied"),
+                    ("license", "L"),
+                    ("session", session),
+                    ("reason", "NO_SEATS_AVAILABLE"),
+                    ("seats_used", "2"),
+                    ("seats_total", "2"),
+                    ("at_ms", &at.to_string()),
+                    ("folded", folded),
+                ],
+            ));
+        }
+    }
+
+    #[test]
+    fn folded_denials_count_as_denials_and_seat_changes_stay_one_to_one() {
+        // Without folding, a denial with no event of its own is a lost event.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, Some("0"));
+        denial(&mut h, "d2", "s3", 1200, None);
+        assert_eq!(found(&h, "replies_events").len(), 1);
+        // Folded into the next recorded denial (another session's): fine.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, Some("0"));
+        denial(&mut h, "d2", "s3", 1200, None);
+        denial(&mut h, "d3", "s4", 1300, Some("1"));
+        let f = found(&h, "replies_events");
+        assert!(f.is_empty(), "{f:?}");
+        // Or into the reaper's aggregate after the window.
+        let mut h = good();
+        denial(&mut h, "d1", "s2", 1100, None);
+        denial(&mut h, "d2", "s3", 1200, None);
+        h.events.push(event(
+            "5000-0",
+            &[
+                ("type", "denied"),
+                ("license", "L"),
+                ("at_ms", "5000"),
+                ("folded", "2"),
+            ],
+        ));
+        let f = found(&h, "replies_events");
+        assert!(f.is_empty(), "{f:?}");
+        // A count that does not add up: one folded too many.
+        if let Some(e) = h.events.last_mut() {
+            e.fields.insert("folded".into(), "3".into());
+        }
+        let f = found(&h, "replies_events");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].contains("2 denial replies but 3 denials"), "{f:?}");
+        // Folding excuses no seat change: the acquire's event lost is found.
+        h.events.retain(|e| e.get("type") != "acquired");
+        assert_eq!(found(&h, "replies_events").len(), 2);
+    }
+
+    #[test]
+    fn a_grant_then_taken_back_by_a_revoke_is_the_one_repeat_that_may_differ() {
+        // s was granted at 1001 (GRANTED delivered), revoked at 1500, and the
+        // reaper's re-delivery found the seat gone: SESSION_NOT_ACTIVE.
+        let base = |revoked_at: Option<&str>, error: &str| {
+            let mut h = good();
+            let granted = [
+                ("id", "a1"),
+                ("op", "acquire"),
+                ("status", "GRANTED"),
+                ("license", "L"),
+                ("session", "s"),
+                ("seats_used", "1"),
+                ("seats_total", "2"),
+            ];
+            h.received = vec![reply("1001-0", &granted)];
+            h.events[0].fields.insert("type".into(), "granted".into());
+            let mut again = reply("2000-0", &granted);
+            again.fields.insert("status".into(), "SESSION_NOT_ACTIVE".into());
+            again.fields.insert("seats_used".into(), "0".into());
+            again.fields.insert("error".into(), error.into());
+            h.received.push(again);
+            if let Some(at) = revoked_at {
+                h.events.push(event(
+                    "1500-0",
+                    &[
+                        ("type", "revoked"),
+                        ("license", "L"),
+                        ("session", "s"),
+                        ("held", "1"),
+                        ("at_ms", at),
+                    ],
+                ));
+            }
+            h
+        };
+        const TAKEN_BACK: &str =
+            "the seat granted to this waiter was taken back before the grant was delivered; acquire again";
+        let f = found(&base(Some("1500"), TAKEN_BACK), "duplicates");
+        assert!(f.is_empty(), "{f:?}");
+        // Nothing broader: no revoke, a revoke after the reply, another error,
+        // a GRANTED again after it, or ACQUIRED then SESSION_NOT_ACTIVE.
+        assert_eq!(found(&base(None, TAKEN_BACK), "duplicates").len(), 1);
+        assert_eq!(found(&base(Some("2500"), TAKEN_BACK), "duplicates").len(), 1);
+        assert_eq!(found(&base(Some("1500"), "no seat"), "duplicates").len(), 1);
+        let mut h = base(Some("1500"), TAKEN_BACK);
+        let mut third = h.received[0].clone();
+        third.entry = "2100-0".into();
+        h.received.push(third);
+        assert_eq!(found(&h, "duplicates").len(), 1);
+        let mut h = base(Some("1500"), TAKEN_BACK);
+        h.received[0].fields.insert("status".into(), "ACQUIRED".into());
+        assert_eq!(found(&h, "duplicates").len(), 1);
     }
 }

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::faults::FaultKind;
+use crate::views::usage::UsageReport;
 
 /// The ms part of a stream entry id (`1796012503049-0` → 1796012503049).
 pub fn entry_ms(entry_id: &str) -> u64 {
@@ -186,10 +187,14 @@ pub struct History {
     /// Reaper period and the most any license lingers, ms: the checks'
     /// allowance for "eventually".
     pub reaper_period_ms: u64,
-    /// What `seatgate audit` said about the run's Redis at the end: None
-    /// when the binary has no `audit` yet, Err(its output) when it found
-    /// violations or failed.
+    /// What `seatgate audit` said about the run's Redis at the end:
+    /// Err(its output) when it found violations or failed; None when it
+    /// was not run (the `audit` check then says so: a skipped audit is an
+    /// anomaly, not a pass).
     pub audit: Option<Result<(), String>>,
+    /// What `seatgate report --format json` said at the end (the `report`
+    /// check compares it with the history's totals); None when not run.
+    pub report: Option<Result<UsageReport, String>>,
 }
 
 impl History {

@@ -24,6 +24,7 @@ use super::{Options, Rng};
 use crate::config::Settings;
 use crate::engine::keys::Keys;
 use crate::error::Error;
+use crate::views::usage::UsageReport;
 
 /// The heartbeat timeout of every license of a run, ms: short, so that the
 /// reaper's work (and its mistakes) show within a short run.
@@ -47,6 +48,11 @@ fn worker_env() -> Vec<(String, String)> {
         ("SEATGATE__STREAM__BLOCK_MS", "200"),
         ("SEATGATE__REDIS__RESPONSE_TIMEOUT_MS", "2000"),
         ("SEATGATE__REDIS__CONNECT_TIMEOUT_MS", "1000"),
+        // Denial sampling within reach of a short run: past 3 denials of a
+        // license in 2 s, a denial is folded into the next recorded one's
+        // `folded` (or the reaper's aggregate), which the checks count.
+        ("SEATGATE__EVENTS__DENIALS_WINDOW_MS", "2000"),
+        ("SEATGATE__EVENTS__DENIALS_PER_WINDOW", "3"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -228,41 +234,55 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
             fields,
         });
     }
-    history.audit = external_audit(&ctx).await;
+    history.audit = Some(external_audit(&ctx).await);
+    history.report = Some(external_report(&ctx).await);
     Ok(history)
 }
 
-/// `seatgate audit` over the run's Redis (issue 22: the history checker
-/// holds the audit to the same history): None while the binary has no
-/// `audit` command. The report's totals against the history's are the
-/// next hook to wire here, once `seatgate report --json` has them.
-pub async fn external_audit(ctx: &Ctx) -> Option<Result<(), String>> {
+/// Runs `seatgate --redis <the run's Redis> <args>` and returns its stdout
+/// when it exits 0 (`Err` with its exit and output otherwise, or why it
+/// could not start).
+async fn seatgate(ctx: &Ctx, args: &[&str]) -> Result<String, String> {
     let (binary, url) = (ctx.binary.clone(), ctx.url.clone());
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let what = format!("seatgate {}", args.join(" "));
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(binary)
             .arg("--redis")
             .arg(url)
-            .arg("audit")
+            .args(args)
             .env("RUST_LOG", "error")
             .output()
     })
     .await
-    .ok()?
-    .ok()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(2) && stderr.contains("unrecognized subcommand") {
-        return None;
-    }
+    .map_err(|e| format!("{what}: {e}"))?
+    .map_err(|e| format!("{what} did not start: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if out.status.success() {
-        Some(Ok(()))
+        Ok(stdout)
     } else {
-        Some(Err(format!(
-            "seatgate audit exited {:?}: {}{}",
+        Err(format!(
+            "{what} exited {:?}: {}{}",
             out.status.code(),
-            String::from_utf8_lossy(&out.stdout).trim(),
-            stderr.trim()
-        )))
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
+}
+
+/// `seatgate audit` over the run's Redis (issue 22: the history checker
+/// holds the audit to the same history): `Err` with its output when it
+/// found a violation (exit 1) or failed.
+pub async fn external_audit(ctx: &Ctx) -> Result<(), String> {
+    seatgate(ctx, &["audit"]).await.map(|_| ())
+}
+
+/// `seatgate report --format json` over the run's Redis, everything kept
+/// (the run's whole life): what the `report` check compares with the
+/// history's own totals.
+pub async fn external_report(ctx: &Ctx) -> Result<UsageReport, String> {
+    let json = seatgate(ctx, &["report", "--format", "json"]).await?;
+    serde_json::from_str(json.trim()).map_err(|e| format!("seatgate report --format json: not a report: {e}"))
 }
 
 /// The administrator's client number: one past the clients'.
