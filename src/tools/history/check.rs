@@ -877,6 +877,20 @@ fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize,
             a.license == license && a.what == AdminKind::Delete && a.start_ms <= to && a.end_ms + 2000 >= from
         })
     };
+    // The service's own record of a seat ended for an administrator: a
+    // revoke of the held seat or the license deleted, between `from` and
+    // `to`. The administrator's record of when it acted can miss it: while
+    // Redis is stopped its reply or its clock read times out, and the
+    // command runs when Redis goes on.
+    let ended_by_admin = |license: &str, session: &str, from: u64, to: u64| {
+        h.events.iter().any(|e| {
+            e.get("license") == license
+                && e.get("session") == session
+                && ((e.get("type") == "revoked" && e.get("held") != "0")
+                    || (e.get("type") == "evicted" && e.get("reason") == "license_deleted"))
+                && e.num("at_ms").is_some_and(|t| from <= t && t <= to)
+        })
+    };
     let mut n = 0;
     // A heartbeat (or release) told a holder its seat was gone.
     for hold in &h.holds {
@@ -885,10 +899,14 @@ fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize,
         };
         n += 1;
         let excused = match status.as_str() {
-            "SESSION_REVOKED" => revoked.contains(&(hold.license.as_str(), hold.session.as_str())),
+            "SESSION_REVOKED" => {
+                revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
+                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *at)
+            }
             "SESSION_NOT_ACTIVE" | "SESSION_NOT_FOUND" => {
                 deleted(&hold.license, hold.start_ms, *at)
                     || revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
+                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *at)
             }
             _ => false,
         };
@@ -1202,6 +1220,23 @@ mod tests {
         });
         // Told its seat was gone though it heartbeated every second.
         assert_eq!(found(&h, "fresh_holders").len(), 1);
+        // Unless the license was deleted meanwhile, as the events say, when
+        // the administrator's own record of its delete missed it; an
+        // eviction for a stale heartbeat excuses nothing.
+        for (reason, excused) in [("license_deleted", true), ("heartbeat_timeout", false)] {
+            let mut h = h.clone();
+            h.events.push(event(
+                "3500-0",
+                &[
+                    ("type", "evicted"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("reason", reason),
+                    ("at_ms", "3500"),
+                ],
+            ));
+            assert_eq!(found(&h, "fresh_holders").is_empty(), excused, "{reason}");
+        }
         // Evicted 2 s after its last heartbeat under a 4 s timeout.
         h.holds[0].end = HoldEnd::Unknown;
         h.events.push(event(
