@@ -136,8 +136,10 @@ class Leases:
         held for the session, else a new random one. Raises ValueError for a
         lease the service would refuse."""
         if lease is None:
-            # 32 characters of A-Z a-z 0-9 _ -, from the OS's randomness.
-            lease = self.get(license, session) or secrets.token_urlsafe(24)
+            # 32 hex digits from the OS's randomness: within the lease's
+            # charset, and never starting with "-", which a command line
+            # (seatgate --lease) would take for an option.
+            lease = self.get(license, session) or secrets.token_hex(16)
         if not LEASE_RE.fullmatch(lease):
             raise ValueError("a lease is 16 to 128 characters of A-Z a-z 0-9 _ -")
         self._by_session[(license, session)] = lease

@@ -150,7 +150,8 @@ struct ClientArgs {
     /// The lease the seat is bound to, as `acquire` printed it (`lease=…`):
     /// heartbeat and release must send it. With acquire: bind the seat to
     /// this one instead of a new random one (to re-send an acquire).
-    #[arg(long, value_name = "LEASE")]
+    /// A lease may start with `-` (its charset has it): taken as the value.
+    #[arg(long, value_name = "LEASE", allow_hyphen_values = true)]
     lease: Option<String>,
     /// The user the seat counts for, under the license's max_per_user (acquire only).
     #[arg(long, value_name = "ID")]

@@ -18,6 +18,25 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A lease may start with `-` (its charset has it; a client's random one
+/// does now and then): `--lease -I…` is the lease, not an unknown option.
+#[tokio::test]
+async fn a_lease_starting_with_a_dash_is_a_lease() {
+    let redis = RedisServer::start_with(&[]).await;
+    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "1"]).await;
+    assert!(put.status.success(), "{put:?}");
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let lease = "-Ia8fZ0q_x-Lm2Tb7";
+    for op in ["acquire", "heartbeat", "release"] {
+        let o = seatgate(
+            &redis,
+            &[op, "--license", "cad", "--session", "s0", "--lease", lease],
+        )
+        .await;
+        assert_eq!(o.status.code(), Some(0), "{op}: {o:?}");
+    }
+}
+
 #[tokio::test]
 async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
     let redis = RedisServer::start_with(&[]).await;
