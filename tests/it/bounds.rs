@@ -8,7 +8,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use seatgate::client::Call;
+use seatgate::client::{Call, Client};
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::ops::Op;
@@ -150,6 +150,16 @@ fn field(k: &str, v: impl Into<Vec<u8>>) -> (String, Vec<u8>) {
     (k.to_owned(), v.into())
 }
 
+/// `holder` takes a seat of `lic` through `client` (its only one, in the
+/// floods that wait or are refused).
+async fn take_the_seat(client: &Client) {
+    let held = client
+        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), Status::Acquired);
+}
+
 /// Floods 5,000 invalid requests, each naming a reply stream of its own,
 /// through a worker with the budget off (as before) and then on: with it,
 /// at most `limits.invalid_requests` reply streams are created per window,
@@ -168,11 +178,7 @@ async fn invalid_requests_with_distinct_reply_streams_create_a_bounded_number_of
         put_license(&settings, "lic", 2).await;
         let worker = spawn_worker(settings.clone(), "w1").await;
         let client = client(&settings).await;
-        let held = client
-            .call(&Call::new(Op::Acquire, "lic", "holder"), T)
-            .await
-            .unwrap();
-        assert_eq!(held.status(), Status::Acquired);
+        take_the_seat(&client).await;
         let state = snapshot(&settings).await;
         let (mem0, keys0) = (used_memory(&mut con).await, dbsize(&mut con).await);
         let flood_prefix = reply_stream(&settings, "flood:");
@@ -385,15 +391,38 @@ async fn repeated_error_lines_are_rate_limited_per_kind() {
     .await;
     drained(&mut con, &settings, &last, Duration::from_secs(120)).await;
     let took = started.elapsed();
-    let page = http_get(&metrics_at, "/metrics")
-        .await
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    let mut text = String::new();
-    std::fs::File::open(&log_path)
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
+    // The entries are acknowledged; the last lines and counts may follow
+    // them by a moment: read until every dead letter is a line or a count
+    // (or the deadline; the assertions below then say what is missing).
+    let read = || async {
+        let page = http_get(&metrics_at, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let mut text = String::new();
+        std::fs::File::open(&log_path)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        (page, text)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (page, text) = loop {
+        let (page, text) = read().await;
+        let lines = text
+            .lines()
+            .filter(|l| l.contains("request moved to the dead-letter stream"))
+            .count();
+        let held = metric(
+            &page,
+            "seatgate_log_lines_suppressed_total{kind=\"refused_reply_to\"}",
+        )
+        .unwrap_or(0.0);
+        if held as usize + lines >= N || Instant::now() > deadline {
+            break (page, text);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
     let (dead_lines, invalid_lines) = (
         lines("request moved to the dead-letter stream"),
@@ -451,11 +480,7 @@ async fn waiters_asking_for_a_day_are_held_to_the_longest_wait() {
     let worker = spawn_worker(settings.clone(), "w1").await;
     let _reaper = reaping(&settings).await;
     let client = client(&settings).await;
-    let held = client
-        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
-        .await
-        .unwrap();
-    assert_eq!(held.status(), Status::Acquired);
+    take_the_seat(&client).await;
     let replies = reply_stream(&settings, "waiters");
     // The reply stream exists before the baseline, so only the queue counts.
     let (mem0, keys0) = (used_memory(&mut con).await, dbsize(&mut con).await);
@@ -691,11 +716,7 @@ async fn denials_through_a_worker_are_bounded_and_all_accounted_for() {
     let worker = spawn_worker(settings.clone(), "w1").await;
     let _reaper = reaping(&settings).await;
     let client = client(&settings).await;
-    let held = client
-        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
-        .await
-        .unwrap();
-    assert_eq!(held.status(), Status::Acquired);
+    take_the_seat(&client).await;
     let events = settings.events_stream_for("lic");
     let replies = reply_stream(&settings, "denied");
     let (mem0, events0) = (used_memory(&mut con).await, xlen(&mut con, &events).await);
@@ -828,11 +849,7 @@ async fn one_users_waiters_are_held_to_the_queue_quota() {
     crate::support::put_policy(&settings, "lic", &policy).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
-    let held = client
-        .call(&Call::new(Op::Acquire, "lic", "holder"), T)
-        .await
-        .unwrap();
-    assert_eq!(held.status(), Status::Acquired);
+    take_the_seat(&client).await;
     let replies = reply_stream(&settings, "quota");
     let (mem0, lic0) = (
         used_memory(&mut con).await,
