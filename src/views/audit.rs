@@ -507,7 +507,7 @@ impl<'a> Replay<'a> {
             }
             let skipped: Vec<&(String, Wait)> = waiting
                 .iter()
-                .filter(|(_, w)| self.ahead(*w, take.wait, take.at))
+                .filter(|(id, w)| *id != e.session && self.ahead(*w, take.wait, take.at))
                 .collect();
             if let Some((first, w)) = skipped.first() {
                 let detail = format!(
@@ -576,24 +576,36 @@ impl<'a> Replay<'a> {
             let at = self.ev[i].at_ms;
             let mut recon = self.count;
             let mut takes = Vec::new();
+            let mut step_takes = Vec::new();
             while i < self.ev.len() && self.ev[i].at_ms == at {
                 if self.check_seq(i, &mut seen, &mut last_seq) {
                     let e = &ev[i];
                     if e.change == Some(SeatChange::Taken) {
                         let s = self.sessions.get(&e.session);
-                        takes.push(Take {
+                        let take = Take {
                             at: i,
                             wait: s.and_then(|s| s.wait),
                             reclaim: e.is(EventType::Acquired)
                                 && s.is_some_and(|s| s.seat == Seat::Lingering),
-                        });
+                        };
+                        // With `seq` the order inside the millisecond is
+                        // known: the take is judged against who waits at
+                        // that instant (a waiter queued after it, in the
+                        // same millisecond, was not skipped). Without it,
+                        // against who still waits after the step.
+                        if e.seq.is_some() {
+                            self.check_queue_order(std::slice::from_ref(&take));
+                        } else {
+                            step_takes.push(take);
+                        }
+                        takes.push(take);
                     }
                     let delta = self.apply(i);
                     recon = recon.map(|c| c + delta);
                 }
                 i += 1;
             }
-            self.check_queue_order(&takes);
+            self.check_queue_order(&step_takes);
             self.end_step(i, &takes, recon);
         }
         let seq_checked = !self.ev.is_empty() && self.ev.iter().all(|e| e.seq.is_some());
@@ -1504,6 +1516,36 @@ mod tests {
             ],
         );
         assert_eq!(rules(&r.violations), [(Rule::QueueOrder, "x".to_owned())]);
+        // With `seq`, a waiter that queued after a grant of the same
+        // millisecond was not skipped by it, whatever its priority (the
+        // 30-minute history run, seed 11: grants seq 1083 and 1084, then a
+        // priority-3 waiter queued seq 1085, all in one millisecond).
+        let same_ms = |late: i64| {
+            vec![
+                e("acquired", "a", 1, 2, 10),
+                e("acquired", "b", 2, 2, 10),
+                e("queued", "w1", 2, 2, 11).with("priority", 0),
+                e("queued", "w2", 2, 2, 12).with("priority", 0),
+                e("released", "a", 1, 2, 20),
+                e("granted", "w1", 2, 2, 20).with("priority", 0),
+                e("released", "b", 1, 2, 20),
+                e("granted", "w2", 2, 2, 20).with("priority", 0),
+                e("queued", "late", 2, 2, late).with("priority", 3),
+            ]
+        };
+        assert_eq!(rules(&run(Some(false), &numbered(1, same_ms(20))).violations), []);
+        // The same waiter queued before the grants is skipped by both.
+        let mut before = same_ms(15);
+        let late = before.remove(8);
+        before.insert(4, late);
+        let r = run(Some(false), &numbered(1, before));
+        assert_eq!(
+            rules(&r.violations),
+            [
+                (Rule::QueueOrder, "w1".to_owned()),
+                (Rule::QueueOrder, "w2".to_owned())
+            ]
+        );
         // A wait that ended in the same step as the acquire is no jump.
         let r = run(
             Some(false),
