@@ -465,11 +465,40 @@ fn seats_replies(h: &History) -> (usize, Vec<String>) {
 }
 
 /// Whether ACQUIRED `r` is its session taking back its own lingering seat
-/// (no new seat: it never stopped counting): the session was answered
-/// RELEASED with `linger_ms` before, and `r` came within that linger or
-/// before any `linger_ended` eviction of the session.
+/// (no new seat: it never stopped counting).
+///
+/// Judged on the session's events in `seq` order: the `acquired` that
+/// answered `r` (the session's last one decided by the time of the reply)
+/// takes a seat back when the session's seat event before it is a
+/// `released` under linger, with nothing ending the lingering seat between
+/// (a `linger_ended` eviction, a revoke, the license deleted). Without
+/// those events (a run of a service that records none) it falls back on
+/// the replies: released with `linger_ms`, and `r` within that linger or
+/// before any `linger_ended` eviction.
 fn takes_back(h: &History, r: &Received) -> bool {
     let (license, session, at) = (r.get("license"), r.get("session"), entry_ms(&r.entry));
+    let mut seat_events: Vec<&Event> = h
+        .events
+        .iter()
+        .filter(|e| {
+            e.get("license") == license
+                && e.get("session") == session
+                && e.num("at_ms").unwrap_or(0) <= at
+                && matches!(
+                    e.get("type"),
+                    "acquired" | "granted" | "released" | "evicted" | "revoked"
+                )
+        })
+        .collect();
+    if !seat_events.is_empty() && seat_events.iter().all(|e| e.num("seq").is_some()) {
+        seat_events.sort_by_key(|e| e.num("seq"));
+        if let Some(i) = seat_events.iter().rposition(|e| e.get("type") == "acquired") {
+            return i > 0 && {
+                let before = seat_events[i - 1];
+                before.get("type") == "released" && before.num("linger_ms").is_some_and(|l| l > 0)
+            };
+        }
+    }
     let released = h.received.iter().filter(|x| {
         x.get("license") == license
             && x.get("session") == session
@@ -1187,6 +1216,67 @@ mod tests {
         assert!(f[0].contains("1 events lost"));
         h.events[1].fields.insert("seq".into(), "1".into());
         assert_eq!(found(&h, "event_seq").len(), 2, "a repeat, out of order too");
+    }
+
+    #[test]
+    fn a_lingering_seat_ended_by_a_delete_or_revoke_is_no_take_back() {
+        let ev = |seq: &str, at: &str, kind: &str, extra: &[(&str, &str)]| {
+            let mut pairs = vec![
+                ("type", kind),
+                ("license", "L"),
+                ("session", "s"),
+                ("at_ms", at),
+                ("seq", seq),
+            ];
+            pairs.extend_from_slice(extra);
+            event(&format!("{at}-0"), &pairs)
+        };
+        let acquired = |entry: &str| {
+            reply(
+                entry,
+                &[
+                    ("id", "a2"),
+                    ("status", "ACQUIRED"),
+                    ("license", "L"),
+                    ("session", "s"),
+                ],
+            )
+        };
+        let mut h = History {
+            received: vec![reply(
+                "1100-0",
+                &[
+                    ("id", "r1"),
+                    ("status", "RELEASED"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("linger_ms", "5000"),
+                ],
+            )],
+            events: vec![
+                ev("1", "1000", "acquired", &[]),
+                ev("2", "1100", "released", &[("linger_ms", "5000")]),
+                ev("3", "2000", "acquired", &[]),
+            ],
+            ..History::default()
+        };
+        // Within the linger, nothing ended it: the same seat, taken back.
+        assert!(takes_back(&h, &acquired("2001-0")));
+        // The license deleted (or the session revoked) under the lingering
+        // seat, then an acquire within what was the linger: a new seat.
+        for (kind, extra) in [
+            ("evicted", [("reason", "license_deleted")]),
+            ("revoked", [("reason", "admin")]),
+        ] {
+            let mut h = h.clone();
+            h.events[2] = ev("3", "1500", kind, &extra);
+            h.events.push(ev("4", "2000", "acquired", &[]));
+            assert!(!takes_back(&h, &acquired("2001-0")), "{kind}");
+        }
+        // Taken back, released without linger, acquired again: new.
+        h.events.push(ev("4", "2500", "released", &[]));
+        h.events.push(ev("5", "3000", "acquired", &[]));
+        assert!(!takes_back(&h, &acquired("3001-0")));
     }
 
     #[test]
