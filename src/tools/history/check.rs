@@ -923,19 +923,22 @@ fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize,
     let mut n = 0;
     // A heartbeat (or release) told a holder its seat was gone.
     for hold in &h.holds {
-        let HoldEnd::Lost(at, status) = &hold.end else {
+        let HoldEnd::Lost(at, answered, status) = &hold.end else {
             continue;
         };
         n += 1;
+        // An administrator's act up to the answer excuses it: the request
+        // was decided somewhere between its XADD and its reply (a license
+        // deleted while a slow worker had the heartbeat in hand).
         let excused = match status.as_str() {
             "SESSION_REVOKED" => {
                 revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
-                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *at)
+                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *answered)
             }
             "SESSION_NOT_ACTIVE" | "SESSION_NOT_FOUND" => {
-                deleted(&hold.license, hold.start_ms, *at)
+                deleted(&hold.license, hold.start_ms, *answered)
                     || revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
-                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *at)
+                    || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *answered)
             }
             _ => false,
         };
@@ -1306,7 +1309,7 @@ mod tests {
             start_ms: 1001,
             timeout_ms: 4000,
             heartbeats: vec![2000, 3000],
-            end: HoldEnd::Lost(4000, "SESSION_NOT_ACTIVE".into()),
+            end: HoldEnd::Lost(4000, 4000, "SESSION_NOT_ACTIVE".into()),
         });
         // Told its seat was gone though it heartbeated every second.
         assert_eq!(found(&h, "fresh_holders").len(), 1);
@@ -1326,6 +1329,28 @@ mod tests {
                 ],
             ));
             assert_eq!(found(&h, "fresh_holders").is_empty(), excused, "{reason}");
+        }
+        // The license deleted after the heartbeat's XADD (4000) but before
+        // its answer (5000), which a slow worker decided after the delete
+        // (the 30-minute run, seed 11): excused; after the answer, not.
+        for (answered, excused) in [(5000, true), (4100, false)] {
+            let mut h = h.clone();
+            h.holds[0].end = HoldEnd::Lost(4000, answered, "SESSION_NOT_ACTIVE".into());
+            h.events.push(event(
+                "4200-0",
+                &[
+                    ("type", "evicted"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("reason", "license_deleted"),
+                    ("at_ms", "4200"),
+                ],
+            ));
+            assert_eq!(
+                found(&h, "fresh_holders").is_empty(),
+                excused,
+                "answered {answered}"
+            );
         }
         // Evicted 2 s after its last heartbeat under a 4 s timeout.
         h.holds[0].end = HoldEnd::Unknown;

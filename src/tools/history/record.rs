@@ -62,8 +62,10 @@ impl Received {
 pub enum HoldEnd {
     /// RELEASED at this (reply) time.
     Released(u64),
-    /// A heartbeat (XADDed at this time) was answered `status`: the seat was gone.
-    Lost(u64, String),
+    /// A heartbeat or release (XADDed at the first time, its answer
+    /// written at the second: the reply's entry id) was answered `status`:
+    /// the seat was gone. It was decided somewhere between the two.
+    Lost(u64, u64, String),
     /// The client stopped heartbeating on purpose at this time and never
     /// released (a crashed client): the reaper must take the seat back.
     Abandoned(u64),

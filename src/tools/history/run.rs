@@ -499,6 +499,19 @@ impl Outcome {
     fn status(&self) -> &str {
         self.reply.as_ref().map(|r| r.get("status")).unwrap_or("")
     }
+
+    /// When its last XADD reached the stream (0: none did).
+    fn last_sent_ms(&self) -> u64 {
+        self.sent_ms.last().copied().unwrap_or(0)
+    }
+
+    /// When its reply was written (the reply's entry id); without one, when
+    /// it was last sent.
+    fn answered_ms(&self) -> u64 {
+        self.reply
+            .as_ref()
+            .map_or_else(|| self.last_sent_ms(), |r| entry_ms(&r.entry))
+    }
 }
 
 impl Wire {
@@ -832,7 +845,7 @@ async fn hold(
                 "HEARTBEAT_UPDATED" => h.heartbeats.extend(hb.sent_ms.iter().min()),
                 "RATE_LIMITED" | "REQUEST_EXPIRED" | "ERROR" | "" => {}
                 other => {
-                    h.end = HoldEnd::Lost(hb.sent_ms.last().copied().unwrap_or(0), other.to_owned());
+                    h.end = HoldEnd::Lost(hb.last_sent_ms(), hb.answered_ms(), other.to_owned());
                     lost = true;
                     break;
                 }
@@ -851,7 +864,7 @@ async fn hold(
         h.end = match (rel.status(), rel.reply.as_ref()) {
             ("RELEASED", Some(r)) => HoldEnd::Released(entry_ms(&r.entry)),
             ("", _) => HoldEnd::Unknown,
-            (other, _) => HoldEnd::Lost(rel.sent_ms.last().copied().unwrap_or(0), other.to_owned()),
+            (other, _) => HoldEnd::Lost(rel.last_sent_ms(), rel.answered_ms(), other.to_owned()),
         };
         let lingers = rel
             .reply
