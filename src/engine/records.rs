@@ -68,9 +68,9 @@ impl SessionRecord {
 /// `seat:{L}:waiters`, written by lua/includes/queue.lua in its compact form:
 /// `"<queued_at>.<id>\n<reply_to>\n<meta>"`, or
 /// `"<queued_at>~<lease_hash><id>\n<reply_to>\n<meta>"` when the place is
-/// bound to a lease; `queued_at` in base 36, the lease hash's 64 bits in 11
-/// characters of [`LEASE64`], the reply_to empty (none), `*<rest>` for
-/// `seat:reply:<rest>` or `=<reply_to>`. Records written by earlier versions
+/// bound to a lease; `queued_at` in base 36, the lease hash 16 hex digits,
+/// the reply_to empty (none), `*<rest>` for `seat:reply:<rest>` or
+/// `=<reply_to>`. Records written by earlier versions
 /// read as well: the plain form `"<queued_at>:<lease_hash>:<id>\n<reply_to>\n<meta>"`
 /// (decimal, hex, as is) and JSON, `{"id", "reply_to", "meta", "queued_at",
 /// "lease_hash"?}`, which the scripts still write for an id or reply_to
@@ -92,10 +92,6 @@ pub struct WaiterRecord {
     pub lease_hash: Option<String>,
 }
 
-/// The 64 characters of a lease hash in a compact waiter record
-/// (lua/includes/queue.lua): 12 bits, three hex digits, per two.
-const LEASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
 /// The default `replies.prefix`, written `*` in a compact waiter record.
 const DEFAULT_REPLY_PREFIX: &str = "seat:reply:";
 
@@ -109,8 +105,8 @@ impl WaiterRecord {
         Self::parse_compact(raw).or_else(|| Self::parse_plain(raw))
     }
 
-    /// The compact form: base-36 digits, `.` or `~` and 11 [`LEASE64`]
-    /// characters, the id, then two lines and the rest.
+    /// The compact form: base-36 digits, `.` or `~` and 16 hex digits, the
+    /// id, then two lines and the rest.
     fn parse_compact(raw: &str) -> Option<WaiterRecord> {
         let at_end = raw.find(|c: char| !(c.is_ascii_digit() || c.is_ascii_lowercase()))?;
         let (at, rest) = raw.split_at(at_end);
@@ -120,15 +116,11 @@ impl WaiterRecord {
         let (lease_hash, rest) = match rest.as_bytes().first()? {
             b'.' => (None, &rest[1..]),
             b'~' => {
-                let packed = rest.get(1..12)?.as_bytes();
-                let digit = |c: &u8| LEASE64.iter().position(|l| l == c);
-                let mut hex = String::with_capacity(LEASE_HASH_LEN);
-                for pair in packed[..10].chunks(2) {
-                    hex.push_str(&format!("{:03x}", digit(&pair[0])? * 64 + digit(&pair[1])?));
+                let hash = rest.get(1..=LEASE_HASH_LEN)?;
+                if !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
                 }
-                let last = digit(&packed[10]).filter(|d| *d < 16)?;
-                hex.push_str(&format!("{last:x}"));
-                (Some(hex), &rest[12..])
+                (Some(hash.to_owned()), &rest[1 + LEASE_HASH_LEN..])
             }
             _ => return None,
         };
@@ -330,28 +322,21 @@ mod tests {
             WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}"),
             Some(compact)
         );
-        // A lease hash in 11 characters, given back as its 16 hex digits; a
-        // reply_to outside the default prefix spelt out after '='; an id
-        // that looks like the start of another form is just an id.
-        for (packed, hex) in [
-            ("ASNFZ4mrzeP", "0123456789abcdef"),
-            ("__________P", "ffffffffffffffff"),
-            ("AAAAAAAAAAA", "0000000000000000"),
-        ] {
-            let raw = format!("1~{packed}9::x\n=app:r\n{{}}");
-            let w = WaiterRecord::parse(&raw).unwrap();
-            assert_eq!(
-                (
-                    w.queued_at,
-                    w.lease_hash.as_deref(),
-                    w.id.as_str(),
-                    w.reply_to.as_str(),
-                    w.meta.as_str()
-                ),
-                (1, Some(hex), "9::x", "app:r", "{}"),
-                "{raw:?}"
-            );
-        }
+        // A lease hash; a reply_to outside the default prefix spelt out
+        // after '='; an id that looks like the start of another form is
+        // just an id.
+        let raw = "1~0123456789abcdef9::x\n=app:r\n{}";
+        let w = WaiterRecord::parse(raw).unwrap();
+        assert_eq!(
+            (
+                w.queued_at,
+                w.lease_hash.as_deref(),
+                w.id.as_str(),
+                w.reply_to.as_str(),
+                w.meta.as_str()
+            ),
+            (1, Some("0123456789abcdef"), "9::x", "app:r", "{}"),
+        );
         let nowhere = WaiterRecord::parse("z.\n\n{\n}").unwrap();
         assert_eq!(
             (
@@ -368,9 +353,8 @@ mod tests {
             "mx2r2snl,r\n\n{}",
             "Mx2r2snl.r\n\n{}",
             ".r\n\n{}",
-            "1~ASNFZ4mrze\n\n{}",             // a lease hash short
-            "1~ASNFZ4mrze!r\n\n{}",           // a character outside LEASE64
-            "1~ASNFZ4mrzeQr\n\n{}",           // a last character past 4 bits
+            "1~0123456789abcde\n\n{}",        // a lease hash short
+            "1~0123456789abcdeg\n\n{}",       // not hex
             "zzzzzzzzzzzzzzzzzzzzzz.r\n\n{}", // past i64
         ] {
             assert_eq!(WaiterRecord::parse(foreign), None, "{foreign:?}");

@@ -605,21 +605,18 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         .queue(&mut con, 60_000, "req-c", "")
         .await;
     let raw: String = con.hget(&k.waiters, "c").await.unwrap();
-    assert!(
-        raw.starts_with(&format!("{}~", base36(leased.now_ms))) && raw.contains("req-c\n\n"),
-        "the compact form, its lease in 11 characters: {raw:?}"
-    );
+    let hash = sha1_16(&mut con, LEASE).await;
     assert_eq!(
-        raw.find("req-c"),
-        Some(base36(leased.now_ms).len() + 12),
-        "{raw:?}"
+        raw,
+        format!("{}~{hash}req-c\n\n{}", base36(leased.now_ms), meta_of("c")),
+        "the compact form, bound to a lease, replying nowhere"
     );
     let waiter = WaiterRecord {
         id: "req-c".into(),
         reply_to: String::new(),
         meta: meta_of("c"),
         queued_at: leased.now_ms,
-        lease_hash: Some(sha1_16(&mut con, LEASE).await),
+        lease_hash: Some(hash),
     };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
@@ -826,7 +823,10 @@ async fn old_form_waiters_are_served_as_before(form: OldForm) {
     );
     let raw: String = con.hget(&k.waiters, "moved").await.unwrap();
     assert!(
-        raw.starts_with(&format!("{}~", base36(moved.queued_at))) && raw.contains("req-moved-2\n*moved-2\n"),
+        raw.starts_with(&format!(
+            "{}~{hash}req-moved-2\n*moved-2\n",
+            base36(moved.queued_at)
+        )),
         "{raw:?}"
     );
     assert_eq!(
@@ -927,6 +927,44 @@ async fn old_form_waiters_are_served_as_before(form: OldForm) {
         .heartbeat(&mut con)
         .await;
     assert_eq!(beat.status(), Status::HeartbeatUpdated);
+}
+
+#[tokio::test]
+async fn a_waiter_record_holds_its_time_in_base_36_at_every_width() {
+    // Redirected JSON records carry any time: the compact form writes eight
+    // digits (leading zeros included) up to 36^8 ms (2059), more past it.
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let k = license_keys(&settings, "lic");
+    run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
+    let now = redis_ms(&mut con).await;
+    for (session, at, digits) in [
+        ("zero", 0_i64, "00000000"),
+        ("early", 35, "0000000z"),
+        ("last", 2_821_109_907_455, "zzzzzzzz"),
+        ("past", 2_821_109_907_456, "100000000"),
+        ("far", 9_007_199_254_740_991, "2gosa7pa2gv"),
+    ] {
+        let json = format!(r#"{{"id":"req-1","reply_to":"","meta":"{{}}","queued_at":{at}}}"#);
+        let _: () = redis::pipe()
+            .zadd(&k.queue, session, 1)
+            .zadd(&k.deadlines, session, now + 60_000)
+            .hset(&k.waiters, session, json)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let again = direct(&settings, "lic", session)
+            .queue(&mut con, 60_000, "req-2", &reply_stream(&settings, session))
+            .await;
+        assert_eq!(again.status(), Status::Queued, "{session}");
+        let raw: String = con.hget(&k.waiters, session).await.unwrap();
+        assert_eq!(raw, format!("{digits}.req-2\n*{session}\n{{}}"), "{session}");
+        assert_eq!(
+            WaiterRecord::parse(&raw).map(|w| w.queued_at),
+            Some(at),
+            "{raw:?}"
+        );
+    }
 }
 
 #[tokio::test]
