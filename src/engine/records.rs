@@ -65,12 +65,17 @@ impl SessionRecord {
 }
 
 /// A waiting session's record, the value of its session in
-/// `seat:{L}:waiters`, written by lua/includes/queue.lua:
-/// `"<queued_at>:<lease_hash>:<id>\n<reply_to>\n<meta>"`, the lease hash
-/// empty when the place is bound to none. Records written before that form
-/// (and any whose id or reply_to holds a newline, which the protocol never
-/// lets through) are JSON, `{"id", "reply_to", "meta", "queued_at",
-/// "lease_hash"?}`; [`WaiterRecord::parse`] reads both.
+/// `seat:{L}:waiters`, written by lua/includes/queue.lua in its compact form:
+/// `"<queued_at>.<id>\n<reply_to>\n<meta>"`, or
+/// `"<queued_at>~<lease_hash><id>\n<reply_to>\n<meta>"` when the place is
+/// bound to a lease; `queued_at` in base 36, the lease hash 16 hex digits,
+/// the reply_to empty (none), `*<rest>` for `seat:reply:<rest>` or
+/// `=<reply_to>`. Records written by earlier versions
+/// read as well: the plain form `"<queued_at>:<lease_hash>:<id>\n<reply_to>\n<meta>"`
+/// (decimal, hex, as is) and JSON, `{"id", "reply_to", "meta", "queued_at",
+/// "lease_hash"?}`, which the scripts still write for an id or reply_to
+/// holding a newline (the protocol never lets one through).
+/// [`WaiterRecord::parse`] reads all three.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct WaiterRecord {
     /// The request id its later GRANTED / QUEUE_TIMEOUT carries.
@@ -87,14 +92,59 @@ pub struct WaiterRecord {
     pub lease_hash: Option<String>,
 }
 
+/// The default `replies.prefix`, written `*` in a compact waiter record.
+const DEFAULT_REPLY_PREFIX: &str = "seat:reply:";
+
 impl WaiterRecord {
-    /// Reads a record of either form; `None` when it is of neither (the
-    /// Lua parser's rule: a JSON object, or digits, a colon, nothing or 16
-    /// hex digits, a colon, then two lines and the rest).
+    /// Reads a record of any form; `None` when it is of none (the Lua
+    /// parser's rules, lua/includes/queue.lua).
     pub fn parse(raw: &str) -> Option<WaiterRecord> {
         if raw.starts_with('{') {
             return serde_json::from_str(raw).ok();
         }
+        Self::parse_compact(raw).or_else(|| Self::parse_plain(raw))
+    }
+
+    /// The compact form: base-36 digits, `.` or `~` and 16 hex digits, the
+    /// id, then two lines and the rest.
+    fn parse_compact(raw: &str) -> Option<WaiterRecord> {
+        let at_end = raw.find(|c: char| !(c.is_ascii_digit() || c.is_ascii_lowercase()))?;
+        let (at, rest) = raw.split_at(at_end);
+        if at.is_empty() {
+            return None;
+        }
+        let (lease_hash, rest) = match rest.as_bytes().first()? {
+            b'.' => (None, &rest[1..]),
+            b'~' => {
+                let hash = rest.get(1..=LEASE_HASH_LEN)?;
+                if !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                (Some(hash.to_owned()), &rest[1 + LEASE_HASH_LEN..])
+            }
+            _ => return None,
+        };
+        let (id, rest) = rest.split_once('\n')?;
+        let (reply_to, meta) = rest.split_once('\n')?;
+        let reply_to = if reply_to.is_empty() {
+            String::new()
+        } else if let Some(tail) = reply_to.strip_prefix('*') {
+            format!("{DEFAULT_REPLY_PREFIX}{tail}")
+        } else {
+            reply_to.strip_prefix('=')?.to_owned()
+        };
+        Some(WaiterRecord {
+            id: id.to_owned(),
+            reply_to,
+            meta: meta.to_owned(),
+            queued_at: i64::from_str_radix(at, 36).ok()?,
+            lease_hash,
+        })
+    }
+
+    /// The plain form of earlier versions: digits, a colon, nothing or 16
+    /// hex digits, a colon, then two lines and the rest.
+    fn parse_plain(raw: &str) -> Option<WaiterRecord> {
         let (queued_at, rest) = raw.split_once(':')?;
         if queued_at.is_empty() || !queued_at.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -254,7 +304,65 @@ mod tests {
     }
 
     #[test]
-    fn waiter_records_read_in_both_forms() {
+    fn waiter_records_read_in_the_compact_form() {
+        // 1796011839633 in base 36; the default reply prefix written '*'.
+        let compact = WaiterRecord::parse("mx2r2snl.req: 1\n*c-1\n{\"a\":\"b:c\\nd\"}").unwrap();
+        assert_eq!(
+            compact,
+            WaiterRecord {
+                id: "req: 1".into(),
+                reply_to: "seat:reply:c-1".into(),
+                meta: r#"{"a":"b:c\nd"}"#.into(),
+                queued_at: 1796011839633,
+                lease_hash: None,
+            }
+        );
+        // The same waiter in the plain form of the version before.
+        assert_eq!(
+            WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}"),
+            Some(compact)
+        );
+        // A lease hash; a reply_to outside the default prefix spelt out
+        // after '='; an id that looks like the start of another form is
+        // just an id.
+        let raw = "1~0123456789abcdef9::x\n=app:r\n{}";
+        let w = WaiterRecord::parse(raw).unwrap();
+        assert_eq!(
+            (
+                w.queued_at,
+                w.lease_hash.as_deref(),
+                w.id.as_str(),
+                w.reply_to.as_str(),
+                w.meta.as_str()
+            ),
+            (1, Some("0123456789abcdef"), "9::x", "app:r", "{}"),
+        );
+        let nowhere = WaiterRecord::parse("z.\n\n{\n}").unwrap();
+        assert_eq!(
+            (
+                nowhere.queued_at,
+                nowhere.id.as_str(),
+                nowhere.reply_to.as_str(),
+                nowhere.meta.as_str()
+            ),
+            (35, "", "", "{\n}")
+        );
+        for foreign in [
+            "mx2r2snl.r\nseat:reply:c\n{}", // a reply_to without its mark
+            "mx2r2snl.r\n*c",               // one line short
+            "mx2r2snl,r\n\n{}",
+            "Mx2r2snl.r\n\n{}",
+            ".r\n\n{}",
+            "1~0123456789abcde\n\n{}",        // a lease hash short
+            "1~0123456789abcdeg\n\n{}",       // not hex
+            "zzzzzzzzzzzzzzzzzzzzzz.r\n\n{}", // past i64
+        ] {
+            assert_eq!(WaiterRecord::parse(foreign), None, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn waiter_records_of_earlier_versions_read_in_both_forms() {
         let plain =
             WaiterRecord::parse("1796011839633::req: 1\nseat:reply:c-1\n{\"a\":\"b:c\\nd\"}").unwrap();
         assert_eq!(

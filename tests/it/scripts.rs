@@ -593,9 +593,10 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         queued_at: queued.now_ms,
         lease_hash: None,
     };
-    assert!(
-        raw.starts_with(&format!("{}::req-b\n", queued.now_ms)),
-        "the plain form: {raw:?}"
+    assert_eq!(
+        raw,
+        format!("{}.req-b\n*b\n{}", base36(queued.now_ms), meta_of("b")),
+        "the compact form, under the default reply prefix"
     );
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
     let leased = direct(&settings, "lic", "c")
@@ -604,12 +605,18 @@ async fn the_session_and_waiter_records_decode_in_rust() {
         .queue(&mut con, 60_000, "req-c", "")
         .await;
     let raw: String = con.hget(&k.waiters, "c").await.unwrap();
+    let hash = sha1_16(&mut con, LEASE).await;
+    assert_eq!(
+        raw,
+        format!("{}~{hash}req-c\n\n{}", base36(leased.now_ms), meta_of("c")),
+        "the compact form, bound to a lease, replying nowhere"
+    );
     let waiter = WaiterRecord {
         id: "req-c".into(),
         reply_to: String::new(),
         meta: meta_of("c"),
         queued_at: leased.now_ms,
-        lease_hash: Some(sha1_16(&mut con, LEASE).await),
+        lease_hash: Some(hash),
     };
     assert_eq!(WaiterRecord::parse(&raw), Some(waiter), "{raw}");
 
@@ -653,17 +660,38 @@ async fn sha1_16(con: &mut Db, lease: &str) -> String {
     hex[..16].to_owned()
 }
 
-/// Queues `session` on `license` as a worker before the plain waiter record
-/// did: its record in the JSON form, its place and deadline as enqueue
-/// makes them. Returns the record.
-async fn queue_in_json_form(
+/// `ms` in base 36, as the compact waiter record writes its queued_at.
+fn base36(mut ms: i64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(char::from_digit((ms % 36) as u32, 36).unwrap());
+        ms /= 36;
+        if ms == 0 {
+            return digits.iter().rev().collect();
+        }
+    }
+}
+
+/// The waiter records of earlier versions, which an upgrade leaves in Redis.
+#[derive(Clone, Copy, Debug)]
+enum OldForm {
+    /// `{"id", "reply_to", "meta", "queued_at", "lease_hash"?}`
+    Json,
+    /// `<queued_at>:<lease_hash>:<id>\n<reply_to>\n<meta>`
+    Plain,
+}
+
+/// Queues `session` on `license` as a worker of an earlier version did: its
+/// record in `form`, its place and deadline as enqueue makes them, queued at
+/// and waiting until the two times given (ms). Returns the record.
+async fn queue_in_old_form(
+    form: OldForm,
     con: &mut Db,
     s: &Settings,
     license: &str,
     session: &str,
     lease_hash: Option<&str>,
-    queued_at: i64,
-    deadline: i64,
+    (queued_at, deadline): (i64, i64),
 ) -> WaiterRecord {
     let k = license_keys(s, license);
     let record = WaiterRecord {
@@ -673,20 +701,32 @@ async fn queue_in_json_form(
         queued_at,
         lease_hash: lease_hash.map(str::to_owned),
     };
-    let mut json = serde_json::json!({
-        "id": record.id,
-        "reply_to": record.reply_to,
-        "meta": record.meta,
-        "queued_at": queued_at,
-    });
-    if let Some(hash) = lease_hash {
-        json["lease_hash"] = hash.into();
-    }
+    let raw = match form {
+        OldForm::Json => {
+            let mut json = serde_json::json!({
+                "id": record.id,
+                "reply_to": record.reply_to,
+                "meta": record.meta,
+                "queued_at": queued_at,
+            });
+            if let Some(hash) = lease_hash {
+                json["lease_hash"] = hash.into();
+            }
+            json.to_string()
+        }
+        OldForm::Plain => format!(
+            "{queued_at}:{}:{}\n{}\n{}",
+            lease_hash.unwrap_or(""),
+            record.id,
+            record.reply_to,
+            record.meta
+        ),
+    };
     let arrival: i64 = con.incr(&k.queue_seq, 1).await.unwrap();
     let _: () = redis::pipe()
         .zadd(&k.queue, session, arrival)
         .zadd(&k.deadlines, session, deadline)
-        .hset(&k.waiters, session, json.to_string())
+        .hset(&k.waiters, session, raw)
         .query_async(con)
         .await
         .unwrap();
@@ -695,6 +735,17 @@ async fn queue_in_json_form(
 
 #[tokio::test]
 async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_before() {
+    old_form_waiters_are_served_as_before(OldForm::Json).await;
+}
+
+#[tokio::test]
+async fn a_waiter_queued_in_the_plain_form_is_granted_timed_out_and_revoked_as_before() {
+    old_form_waiters_are_served_as_before(OldForm::Plain).await;
+}
+
+/// Waiters queued by an earlier version, their records in `form`, are
+/// granted, timed out, revoked and redirected as they would have been.
+async fn old_form_waiters_are_served_as_before(form: OldForm) {
     let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let k = license_keys(&settings, "lic");
@@ -703,51 +754,54 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
     let hash = sha1_16(&mut con, LEASE).await;
     // Queued before the upgrade: one bound to a lease, one to be revoked,
     // one that re-sends its acquire (and, below, one whose wait has run out).
-    let old = queue_in_json_form(
+    let old = queue_in_old_form(
+        form,
         &mut con,
         &settings,
         "lic",
         "old",
         Some(&hash),
-        now - 1_000,
-        now + 60_000,
+        (now - 1_000, now + 60_000),
     )
     .await;
-    let revoked = queue_in_json_form(
+    let revoked = queue_in_old_form(
+        form,
         &mut con,
         &settings,
         "lic",
         "revoked",
         None,
-        now - 500,
-        now + 60_000,
+        (now - 500, now + 60_000),
     )
     .await;
-    let moved = queue_in_json_form(
+    let moved = queue_in_old_form(
+        form,
         &mut con,
         &settings,
         "lic",
         "moved",
         Some(&hash),
-        now - 400,
-        now + 60_000,
+        (now - 400, now + 60_000),
     )
     .await;
     let raw: String = con.hget(&k.waiters, "old").await.unwrap();
-    assert!(raw.starts_with('{'), "{raw}");
+    match form {
+        OldForm::Json => assert!(raw.starts_with('{'), "{raw}"),
+        OldForm::Plain => assert!(raw.starts_with(&format!("{}:{hash}:", now - 1_000)), "{raw}"),
+    }
     assert_eq!(
         WaiterRecord::parse(&raw),
         Some(old.clone()),
-        "Rust reads the JSON form"
+        "Rust reads the {form:?} form"
     );
 
-    // Its lease is read from the JSON form: a re-send without it is refused.
+    // Its lease is read from the old form: a re-send without it is refused.
     let wrong = direct(&settings, "lic", "old")
         .queue(&mut con, 60_000, "req-x", "")
         .await;
     assert_eq!(wrong.status(), Status::LeaseMismatch);
-    // A re-send naming a new reply_to rewrites the record in the plain form,
-    // keeping its time, lease and metadata.
+    // A re-send naming a new reply_to rewrites the record in the compact
+    // form, keeping its time, lease and metadata.
     let again = direct(&settings, "lic", "moved")
         .with_lease(Some(LEASE))
         .queue(
@@ -769,7 +823,10 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
     );
     let raw: String = con.hget(&k.waiters, "moved").await.unwrap();
     assert!(
-        raw.starts_with(&format!("{}:{hash}:req-moved-2\n", moved.queued_at)),
+        raw.starts_with(&format!(
+            "{}~{hash}req-moved-2\n*moved-2\n",
+            base36(moved.queued_at)
+        )),
         "{raw:?}"
     );
     assert_eq!(
@@ -801,7 +858,16 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
         )
     );
 
-    let late = queue_in_json_form(&mut con, &settings, "lic", "late", None, now - 2_000, now - 1).await;
+    let late = queue_in_old_form(
+        form,
+        &mut con,
+        &settings,
+        "lic",
+        "late",
+        None,
+        (now - 2_000, now - 1),
+    )
+    .await;
     // The holder leaves: the late one times out, the old one is granted,
     // each answered on the request and stream it queued with.
     let freed = run(&mut con, &settings, "lic", Req::Release("holder")).await;
@@ -861,6 +927,85 @@ async fn a_waiter_queued_in_the_json_form_is_granted_timed_out_and_revoked_as_be
         .heartbeat(&mut con)
         .await;
     assert_eq!(beat.status(), Status::HeartbeatUpdated);
+}
+
+#[tokio::test]
+async fn a_waiter_record_holds_its_time_in_base_36_at_every_width() {
+    // Redirected JSON records carry any time: the compact form writes eight
+    // digits (leading zeros included) up to 36^8 ms (2059), more past it.
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let k = license_keys(&settings, "lic");
+    run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
+    let now = redis_ms(&mut con).await;
+    for (session, at, digits) in [
+        ("zero", 0_i64, "00000000"),
+        ("early", 35, "0000000z"),
+        ("last", 2_821_109_907_455, "zzzzzzzz"),
+        ("past", 2_821_109_907_456, "100000000"),
+        ("far", 9_007_199_254_740_991, "2gosa7pa2gv"),
+    ] {
+        let json = format!(r#"{{"id":"req-1","reply_to":"","meta":"{{}}","queued_at":{at}}}"#);
+        let _: () = redis::pipe()
+            .zadd(&k.queue, session, 1)
+            .zadd(&k.deadlines, session, now + 60_000)
+            .hset(&k.waiters, session, json)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let again = direct(&settings, "lic", session)
+            .queue(&mut con, 60_000, "req-2", &reply_stream(&settings, session))
+            .await;
+        assert_eq!(again.status(), Status::Queued, "{session}");
+        let raw: String = con.hget(&k.waiters, session).await.unwrap();
+        assert_eq!(raw, format!("{digits}.req-2\n*{session}\n{{}}"), "{session}");
+        assert_eq!(
+            WaiterRecord::parse(&raw).map(|w| w.queued_at),
+            Some(at),
+            "{raw:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_foreign_json_waiter_record_is_redirected_in_the_json_form() {
+    // A JSON record no script wrote (a time no clock gives), re-sent to: the
+    // compact form cannot hold its time exactly (nor loop over a negative
+    // one), so the redirect keeps it JSON, the time as it was.
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let k = license_keys(&settings, "lic");
+    run(&mut con, &settings, "lic", Req::Acquire("holder", 0)).await;
+    let now = redis_ms(&mut con).await;
+    for (session, at) in [("negative", "-1500"), ("fraction", "1.5")] {
+        let json = format!(r#"{{"id":"req-1","reply_to":"","meta":"{{}}","queued_at":{at}}}"#);
+        let _: () = redis::pipe()
+            .zadd(&k.queue, session, 1)
+            .zadd(&k.deadlines, session, now + 60_000)
+            .hset(&k.waiters, session, json)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let again = direct(&settings, "lic", session)
+            .queue(&mut con, 60_000, "req-2", &reply_stream(&settings, session))
+            .await;
+        assert_eq!(again.status(), Status::Queued, "{session}");
+        let raw: String = con.hget(&k.waiters, session).await.unwrap();
+        let record: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(
+            (
+                record["id"].as_str(),
+                record["queued_at"].to_string(),
+                record["reply_to"].as_str()
+            ),
+            (
+                Some("req-2"),
+                at.to_owned(),
+                Some(reply_stream(&settings, session).as_str())
+            ),
+            "{raw}"
+        );
+    }
 }
 
 #[tokio::test]

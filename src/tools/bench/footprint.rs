@@ -175,8 +175,27 @@ async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
     Ok(slowest)
 }
 
+/// Bytes of the events streams (`MEMORY USAGE … SAMPLES 0`: every node).
+async fn events_bytes(con: &mut Db, settings: &Settings) -> Result<i64, Error> {
+    let mut total = 0;
+    for stream in settings.events_streams() {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&stream)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(con)
+            .await?;
+        total += bytes.unwrap_or(0);
+    }
+    Ok(total)
+}
+
 /// Bytes of Redis memory per active session (10,000 licenses × 10 sessions,
-/// ~60-byte metadata) and per queued waiter.
+/// ~60-byte metadata) and per queued waiter: what its seat or place holds,
+/// and apart from it what its event (`acquired`, `queued`) adds to the
+/// events stream, which keeps events for `events.retention` whether the
+/// seat or place still exists or not.
 async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error> {
     wipe(con).await?;
     let keys = settings.seat_keys();
@@ -195,7 +214,12 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
         active: true,
         heartbeat_timeout_ms: None,
     };
-    license::put(con, &keys, "waitlist", &spec).await?;
+    // One long queue, and 100 short ones: a license's queue of up to 128
+    // waiters is kept in Redis's compact encodings (docs/performance.md).
+    let pools: Vec<String> = (0..100).map(|p| format!("pool{p}")).collect();
+    for lic in std::iter::once("waitlist").chain(pools.iter().map(String::as_str)) {
+        license::put(con, &keys, lic, &spec).await?;
+    }
     let _: () = redis::cmd("HSET")
         .arg(keys.license("waitlist").license)
         .arg("queue_max")
@@ -203,6 +227,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
         .query_async(con)
         .await?;
     let before = used_memory(con).await?;
+    let events_before = events_bytes(con, settings).await?;
     let mut pipe = redis::pipe();
     let mut n = 0;
     for l in 0..10_000 {
@@ -227,6 +252,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
         pipe.query_async::<()>(con).await?;
     }
     let after_sessions = used_memory(con).await?;
+    let events_after_sessions = events_bytes(con, settings).await?;
     let used: i64 = redis::cmd("ZCARD")
         .arg(keys.license("m0").holders)
         .query_async(con)
@@ -238,8 +264,7 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
     }
     // A reply stream as a client names one: inside the reply namespace.
     let reply_to = format!("{}client-0001", settings.replies.prefix);
-    let mut pipe = redis::pipe();
-    for w in 0..10_000 {
+    let queue_up = |license: &str, w: usize, pipe: &mut redis::Pipeline| {
         let session = format!("wait-{w}");
         let meta = format!(r#"{{"user_email":"user{w:04}@example.com","hardware_id":"hw-{w:06x}"}}"#);
         let queue = Step::Queue {
@@ -248,23 +273,45 @@ async fn memory_run(settings: &Settings, con: &mut Db) -> Result<Vec<Row>, Error
             request_id: "req-1796011839633-0",
             reply_to: &reply_to,
         };
-        pipe.add_command(Seat::new(&keys, "waitlist", &session).cmd(queue))
+        pipe.add_command(Seat::new(&keys, license, &session).cmd(queue))
             .ignore();
+    };
+    let mut pipe = redis::pipe();
+    for w in 0..10_000 {
+        queue_up("waitlist", w, &mut pipe);
     }
     pipe.query_async::<()>(con).await?;
     let after_waiters = used_memory(con).await?;
-    let per_session = (after_sessions - before) as f64 / 100_000.0;
-    let per_waiter = (after_waiters - after_sessions) as f64 / 10_000.0;
+    let events_after_waiters = events_bytes(con, settings).await?;
+    // The same 10,000 waiters (sessions, records) again, 100 to a license.
+    let mut pipe = redis::pipe();
+    for w in 0..10_000 {
+        queue_up(&pools[w % 100], w, &mut pipe);
+    }
+    pipe.query_async::<()>(con).await?;
+    let after_short = used_memory(con).await?;
+    let events_after_short = events_bytes(con, settings).await?;
+    let short_events = (events_after_short - events_after_waiters) as f64 / 10_000.0;
+    let per_short = (after_short - after_waiters) as f64 / 10_000.0 - short_events;
+    let session_events = (events_after_sessions - events_before) as f64 / 100_000.0;
+    let waiter_events = (events_after_waiters - events_after_sessions) as f64 / 10_000.0;
+    let per_session = (after_sessions - before) as f64 / 100_000.0 - session_events;
+    let per_waiter = (after_waiters - after_sessions) as f64 / 10_000.0 - waiter_events;
     Ok(vec![
         note_row(
             "memory",
             "10,000 licenses x 10 sessions, ~60 B meta".into(),
-            format!("{per_session:.0} bytes per active session"),
+            format!("{per_session:.0} bytes per active session (+{session_events:.0} for its event)"),
         ),
         note_row(
             "memory",
             "10,000 queued waiters on one license".into(),
-            format!("{per_waiter:.0} bytes per queued waiter"),
+            format!("{per_waiter:.0} bytes per queued waiter (+{waiter_events:.0} for its event)"),
+        ),
+        note_row(
+            "memory",
+            "10,000 queued waiters, 100 on each of 100 licenses".into(),
+            format!("{per_short:.0} bytes per queued waiter (+{short_events:.0} for its event)"),
         ),
     ])
 }
