@@ -42,8 +42,14 @@
 
 local TRIM_EVERY = 16
 
-local EV = {denials = KEYS[#KEYS - 2], seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0,
-  pending = {}}
+local EV
+-- Binds EV to this call's KEYS, nothing pending (run first, as keys.lua's
+-- bind_keys).
+local function bind_events()
+  EV = {denials = KEYS[#KEYS - 2], seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0,
+    pending = {}}
+end
+--- @on_call "bind_events"
 
 -- The event of a request's own outcome, by status (src/engine/events.rs,
 -- EventType::for_status, pinned by a unit test there).

@@ -42,10 +42,17 @@
   before them, delete_license KEYS[1..13]: the names of K past those are
   then other keys, never used by those scripts.
 ]]
-local K = {
-  license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
-  waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
-  owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
-  done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
-  revoked = KEYS[16], revocations = KEYS[17], groups = KEYS[18],
-}
+local K
+-- Binds K to this call's KEYS. Run first by every entry point that
+-- includes this file (the on_call line below: in the function library,
+-- its function's prologue; in a script run on its own, here).
+local function bind_keys()
+  K = {
+    license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
+    waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
+    owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
+    done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
+    revoked = KEYS[16], revocations = KEYS[17], groups = KEYS[18],
+  }
+end
+--- @on_call "bind_keys"

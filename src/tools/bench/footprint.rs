@@ -165,8 +165,8 @@ async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
                 .unwrap_or_default()
         };
         let mut name = arg(0).to_uppercase();
-        if name == "EVALSHA" {
-            name = format!("EVALSHA {}", arg(3));
+        if name == "EVALSHA" || name == "FCALL" {
+            name = format!("{name} {}", arg(3));
         }
         if slowest.as_ref().is_none_or(|(max, _)| us > max) {
             slowest = Some((*us, name));
