@@ -1,9 +1,10 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
-              revocation keys (includes/keys.lua)
-  KEYS[18] the license's group map (includes/keys.lua, includes/policy.lua)
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua); the
+              license's other keys derived, its group map K.groups among
+              them (includes/policy.lua)
   ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
               the service's heartbeat timeout and the request's deadline
               (includes/request.lua); the seat or place is bound to the
@@ -75,7 +76,7 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   the notes' first, then the outcome's (acquired, queued, or denied with
   the status as reason), each with the asker's user and group.
-  KEYS[19..21], ARGV[18..21] the events' (includes/request.lua)
+  ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

@@ -1,8 +1,9 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
-              revocation keys (includes/keys.lua); the queue keys are not touched
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua); the queue
+              keys are not touched
   ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
               the service's heartbeat timeout and the request's deadline
               (includes/request.lua); the lease must be the one the seat is
@@ -36,7 +37,7 @@
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Records no events but a denial's (RATE_LIMITED, includes/request.lua).
-  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
+  ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

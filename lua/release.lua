@@ -34,7 +34,7 @@
   license may hand out seats.
   Records its events itself (includes/events.lua, includes/request.lua):
   the outcome's first (released, left_queue), then its notes'.
-  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
+  ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

@@ -8,9 +8,9 @@
   SESSION_REVOKED with the reason, and with a cooldown its acquires are
   refused until the cooldown ends.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows (never
-              touched: revoke is not rate limited) and the revocation keys
-              (includes/keys.lua)
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua; the rate
+              windows are never touched: revoke is not rate limited)
   ARGV[1..11] dedupe arguments, the session, its lease, the service's
               heartbeat timeout and the request's deadline
               (includes/request.lua); the rate limits are not read, and the
@@ -48,7 +48,7 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   `revoked` (with actor, reason, held and the session's user and group)
   first, then its notes'.
-  KEYS[18..20], ARGV[18..21] the events' (includes/request.lua)
+  ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"

@@ -4,19 +4,19 @@
   whatever happens to the process that called the script (docs/internals.md,
   "Exactly-once events"). The one place an event entry is written.
 
-  The last three KEYS of every script that includes it:
-    KEYS[#KEYS-2] seat:{L}:denials    HASH the license's denial window
-                  (denial_sample.lua): the request scripts record a bounded
-                  number of `denied` events per window, the reaper records
-                  one aggregate event for what the ended window folded.
-    KEYS[#KEYS-1] seat:{L}:event_seq  STRING the license's event counter
-                  (`seq`). Never deleted, not by `license delete` either, so
-                  a license's seq never restarts.
-    KEYS[#KEYS]   where the events go: on one Redis node the license's
+  Its keys, in the license's slot (keys.lua):
+    KEYS[2]       where the events go: on one Redis node the license's
                   events shard itself (seat:events, or seat:events:{i});
                   on a cluster, where the shard is another slot, the
                   license's own log seat:{L}:events, which the relay
                   (lua/relay.lua, src/runtime/relay.rs) moves to the shard.
+    K.denials     seat:{L}:denials    HASH the license's denial window
+                  (denial_sample.lua): the request scripts record a bounded
+                  number of `denied` events per window, the reaper records
+                  one aggregate event for what the ended window folded.
+    K.event_seq   seat:{L}:event_seq  STRING the license's event counter
+                  (`seq`). Never deleted, not by `license delete` either, so
+                  a license's seq never restarts.
   The script sets EV.license (the license id) and EV.keep_ms (the events
   retention, ms; 0 = never trim, the license's own log) before it records.
 
@@ -46,8 +46,7 @@ local EV
 -- Binds EV to this call's KEYS, nothing pending (run first, as keys.lua's
 -- bind_keys).
 local function bind_events()
-  EV = {denials = KEYS[#KEYS - 2], seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0,
-    pending = {}}
+  EV = {log = KEYS[2], license = '', keep_ms = 0, pending = {}}
 end
 --- @on_call "bind_events"
 
@@ -89,7 +88,7 @@ local function flush_events(used, total, now)
   end
   local at = string.format('%d', now)
   for _, e in ipairs(EV.pending) do
-    local seq = rcall('INCR', EV.seq)
+    local seq = rcall('INCR', K.event_seq)
     local f = e[3]
     if EV.keep_ms > 0 and seq % TRIM_EVERY == 1 and now > EV.keep_ms then
       rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', e[1],

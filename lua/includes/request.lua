@@ -4,11 +4,12 @@
   check, the rate limits, then the script's own decision, and its outcome
   remembered for the entry.
 
-  They take KEYS[1..17] (keys.lua) and share their first eleven ARGV:
+  They take KEYS[1..4] (keys.lua: the license record, where its events
+  go, the dedupe bucket and the one before) and share their first eleven ARGV:
     ARGV[1]  what the request's dedupe record is keyed by ('' = no dedupe):
              its stream entry ('<id>', '<shard>:<id>' or 'admin:<id>'), or,
              when the caller sent an id, '<op>|<session>|<id>' (ARGV[6] '2')
-    ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
+    ARGV[2]  unix ms at which KEYS[3] may expire (two windows after its
              bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
     ARGV[3]  most requests per session per window (0 = no limit)
     ARGV[4]  most requests per license per window (0 = no limit)
@@ -32,7 +33,6 @@
     ARGV[#ARGV-3] the license id, ARGV[#ARGV-2] the events retention, ms
     (events.lua), ARGV[#ARGV-1] the denial window, ms, ARGV[#ARGV] the
     denials per window recorded one by one, 0 = all (denial_sample.lua)
-  after the last three KEYS, the events'.
 
   Events: the outcome's own (events.lua, EVENT_OF: a change or a denial,
   changed = 1) and its notes' are recorded here, in the script, exactly
@@ -85,7 +85,7 @@ local function request_event(r, session)
   local f = add_who({}, who)
   local detail = r[4]
   if kind == 'denied' then
-    local record, folded, due = denial_sample(EV.denials, r[5], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
+    local record, folded, due = denial_sample(K.denials, r[5], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
     if due > 0 then
       r[10] = due
     end
@@ -161,7 +161,7 @@ local function run_request(decide, limited, refuse, session, lease)
     result = refuse and refuse(session, lease, now)
   end
   if not result then
-    if limited and rate_limited(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
+    if limited and rate_limited(now, session, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
       result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
     else
       result = decide(now, default_timeout)

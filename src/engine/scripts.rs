@@ -284,7 +284,7 @@ impl Invocation<'_> {
 }
 
 /// Redelivery dedupe, expiry and rate limiting for one request:
-/// `KEYS[12..15]`, `ARGV[1..7]` and `ARGV[11]` of the request scripts
+/// `KEYS[3..4]`, `ARGV[1..7]` and `ARGV[11]` of the request scripts
 /// (lua/includes/request.lua; revoke reads the dedupe and expiry parts only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -293,9 +293,9 @@ pub struct Guard {
     /// ([`Guard::for_entry`] and engine::ops), or the caller's request id
     /// ([`Guard::for_request`]).
     pub entry_id: String,
-    /// `KEYS[12]`: the dedupe bucket the entry's reply is stored in.
+    /// `KEYS[3]`: the dedupe bucket the entry's reply is stored in.
     pub done_key: String,
-    /// `KEYS[15]`: the bucket before it, where an earlier delivery may have
+    /// `KEYS[4]`: the bucket before it, where an earlier delivery may have
     /// stored the reply when the entry's placement moves with the clock
     /// ([`Guard::for_entry_at`]); `done_key` again when it cannot have.
     pub done_before_key: String,
@@ -304,10 +304,6 @@ pub struct Guard {
     pub done_until_ms: u64,
     /// The dedupe window, ms: the cap above.
     pub dedupe_window_ms: u64,
-    /// `KEYS[13]`: the session's rate counters.
-    pub session_rate_key: String,
-    /// `KEYS[14]`: the license's rate counters.
-    pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,
     /// Most requests per license per window (0 = no limit).
@@ -414,13 +410,14 @@ impl Guard {
     /// [`Guard::for_entry`] with the Redis clock known to read about
     /// `redis_now_ms`: an entry id far ahead of it (chosen by a caller) is
     /// placed by the clock instead ([`placement`]), so nothing derived from
-    /// the id lives far beyond the dedupe window.
+    /// the id lives far beyond the dedupe window. (`_session` is no longer
+    /// bound: the script derives the session's rate key itself.)
     pub fn for_entry_at(
         policy: &GuardPolicy,
         keys: &crate::engine::keys::Keys,
         entry_id: &str,
         license: &str,
-        session: &str,
+        _session: &str,
         redis_now_ms: Option<u64>,
     ) -> Guard {
         let window = policy.dedupe_window_ms.max(1);
@@ -431,8 +428,6 @@ impl Guard {
             done_before_key: keys.dedupe(license, before),
             done_until_ms: bucket.saturating_add(2).saturating_mul(window),
             dedupe_window_ms: window,
-            session_rate_key: keys.session_rate(license, session),
-            license_rate_key: keys.license_rate(license),
             session_limit: policy.session_limit,
             license_limit: policy.license_limit,
             window_ms: policy.rate_window_ms,
@@ -475,7 +470,8 @@ impl Guard {
     }
 
     /// No dedupe and no limits: the seed's direct script path.
-    pub fn none(keys: &crate::engine::keys::Keys, license: &str, session: &str) -> Guard {
+    /// (`_session` as in [`Guard::for_entry_at`].)
+    pub fn none(keys: &crate::engine::keys::Keys, license: &str, _session: &str) -> Guard {
         let done_key = keys.dedupe(license, 0);
         Guard {
             entry_id: String::new(),
@@ -483,8 +479,6 @@ impl Guard {
             done_key,
             done_until_ms: 0,
             dedupe_window_ms: 1,
-            session_rate_key: keys.session_rate(license, session),
-            license_rate_key: keys.license_rate(license),
             session_limit: 0,
             license_limit: 0,
             window_ms: 1,
@@ -591,7 +585,7 @@ pub struct SeatCallBuilder<'a> {
 }
 
 impl<'a> SeatCallBuilder<'a> {
-    /// Adds the next KEYS, after the shared `KEYS[1..17]`.
+    /// Adds the next KEYS, after the shared `KEYS[1..4]`.
     pub fn key<T: redis::ToRedisArgs>(mut self, key: T) -> SeatCallBuilder<'a> {
         self.call.key(key);
         self
@@ -603,8 +597,8 @@ impl<'a> SeatCallBuilder<'a> {
         self
     }
 
-    /// The call, its reply decoded as an [`Outcome`]: the events' KEYS and
-    /// ARGV bound last (lua/includes/request.lua).
+    /// The call, its reply decoded as an [`Outcome`]: the events' ARGV
+    /// bound last (lua/includes/request.lua).
     pub fn finish(mut self) -> SeatCall<'a> {
         bind_events(&mut self.call, &self.events);
         self.call
@@ -650,33 +644,23 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds the events' three KEYS and the license id and retention ARGV
-/// (lua/includes/events.lua): the last KEYS of every seat script, and,
+/// Binds the events' license id and retention ARGV (lua/includes/events.lua):
 /// followed by the denial window and how many a window records (by
 /// [`SeatCallBuilder::finish`]), the last ARGV of the request scripts (reap
 /// and delete_license place them before their variable part).
 fn bind_events(call: &mut Invocation<'_>, events: &EventKeys) {
-    call.key(&events.denials) // KEYS[#KEYS - 2]
-        .key(&events.seq) // KEYS[#KEYS - 1]
-        .key(&events.target) // KEYS[#KEYS]
-        .arg(&events.license)
-        .arg(events.keep_ms);
+    call.arg(&events.license).arg(events.keep_ms);
 }
 
-/// Binds `KEYS[1..11]`, the license's keys, in the order of lua/includes/keys.lua.
+/// Binds `KEYS[1..2]` of every seat script (lua/includes/keys.lua): the
+/// license record and where its events go. The script derives the
+/// license's other keys from the first (issue 24: Redis 7 lets it touch
+/// keys of the declared keys' slot); tests/it/scripts.rs checks that it
+/// derives the names engine::keys gives.
 fn license_keys<'a>(scripts: &'a Scripts, name: ScriptName, keys: &LicenseKeys) -> Invocation<'a> {
     let mut call = scripts.invoke(name);
     call.key(&keys.license) // KEYS[1]
-        .key(&keys.holders) // KEYS[2]
-        .key(&keys.sessions) // KEYS[3]
-        .key(&keys.queue) // KEYS[4]
-        .key(&keys.waiters) // KEYS[5]
-        .key(&keys.deadlines) // KEYS[6]
-        .key(&keys.queue_seq) // KEYS[7]
-        .key(&keys.outbox) // KEYS[8]
-        .key(&keys.owners) // KEYS[9]
-        .key(&keys.lingering) // KEYS[10]
-        .key(&keys.borrowed); // KEYS[11]
+        .key(&keys.events.target); // KEYS[2]
     call
 }
 
@@ -710,8 +694,8 @@ impl Scripts {
     }
 
     /// A seat script call of `name` with what every seat script shares
-    /// (lua/includes/request.lua): the license's `KEYS[1..11]`, the guard's
-    /// `KEYS[12..17]`, `ARGV[1..7]` and `ARGV[11]`, and `args`, `ARGV[8..10]`. Each op's
+    /// (lua/includes/request.lua): the license's `KEYS[1..2]`, the guard's
+    /// `KEYS[3..4]`, `ARGV[1..7]` and `ARGV[11]`, and `args`, `ARGV[8..10]`. Each op's
     /// file in engine::ops binds its own ARGV after these with
     /// [`SeatCallBuilder::arg`].
     pub fn request(
@@ -722,12 +706,8 @@ impl Scripts {
         args: &SessionArgs<'_>,
     ) -> SeatCallBuilder<'_> {
         let mut call = license_keys(self, name, keys);
-        call.key(&guard.done_key) // KEYS[12]
-            .key(&guard.session_rate_key) // KEYS[13]
-            .key(&guard.license_rate_key) // KEYS[14]
-            .key(&guard.done_before_key) // KEYS[15]
-            .key(&keys.revoked) // KEYS[16]
-            .key(&keys.revocations) // KEYS[17]
+        call.key(&guard.done_key) // KEYS[3]
+            .key(&guard.done_before_key) // KEYS[4]
             .arg(&guard.entry_id) // ARGV[1]
             .arg(guard.done_until_ms) // ARGV[2]
             .arg(guard.session_limit) // ARGV[3]
@@ -759,7 +739,7 @@ impl Scripts {
             .arg(&args.outbox.cursor) // ARGV[4]
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
-        bind_events(&mut call, &keys.events); // KEYS[12..14], ARGV[7..8]
+        bind_events(&mut call, &keys.events); // ARGV[7..8]
         for id in &args.outbox.pending {
             call.arg(id); // ARGV[9..]
         }
@@ -775,10 +755,8 @@ impl Scripts {
     /// step says `more`.
     pub fn delete_license(&self, keys: &LicenseKeys, limit: usize) -> DeleteLicenseCall<'_> {
         let mut call = license_keys(self, ScriptName::DeleteLicense, keys);
-        call.key(&keys.revoked) // KEYS[12]
-            .key(&keys.revocations) // KEYS[13]
-            .arg(limit); // ARGV[1]
-        bind_events(&mut call, &keys.events); // KEYS[14..16], ARGV[2..3]
+        call.arg(limit); // ARGV[1]
+        bind_events(&mut call, &keys.events); // ARGV[2..3]
         ScriptCall {
             name: ScriptName::DeleteLicense.as_str(),
             invocation: call,

@@ -634,8 +634,43 @@ async fn the_function_library_is_on_every_master_and_loaded_again_when_lost(clus
     for (port, l) in &on {
         let o = direct(&s, l, "s1").acquire(&mut con).await;
         assert_eq!(o.status(), Status::Acquired, "{l} on master {port}");
+        // The function was handed the license record's key and the events
+        // log; the holders key it wrote it derived, in the same slot.
+        assert_eq!(holders(&s, l).await, ["s1"], "{l}");
     }
     for &port in &masters {
         assert!(library_on(port).await, "loaded again on master {port}");
     }
+    // What Redis 7 allows a function on a cluster: an undeclared key of
+    // the declared key's slot, not one of another slot.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(
+            "#!lua name=fnlib_slots\n\
+             redis.register_function('fnlib_touch', function(keys, args)\n\
+               return redis.call('INCR', args[1])\n\
+             end)\n",
+        )
+        .query_async(&mut con)
+        .await
+        .expect("load");
+    let fcall = |key: &str, touch: &str| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("fnlib_touch").arg(1).arg(key).arg(touch);
+        cmd
+    };
+    let same: i64 = fcall("fnlib:{L}:license", "fnlib:{L}:derived")
+        .query_async(&mut con)
+        .await
+        .expect("an undeclared key of the same slot");
+    assert_eq!(same, 1);
+    let other: redis::RedisResult<i64> = fcall("fnlib:{L}:license", "fnlib:{other-tag}:derived")
+        .query_async(&mut con)
+        .await;
+    let err = other.expect_err("a key of another slot is refused").to_string();
+    assert!(
+        err.contains("same slot") || err.contains("non local key"),
+        "{err}"
+    );
 }

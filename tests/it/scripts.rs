@@ -1285,3 +1285,67 @@ async fn a_license_change_is_written_only_over_the_record_it_checked() {
         assert_eq!(reserves, 1, "round {round}: {record:?}");
     }
 }
+
+/// The names lua/includes/keys.lua derives from the license record's key
+/// (issue 24: the scripts are handed one key and derive the others) are
+/// engine::keys's, the one Rust source of key names, for every key a script
+/// touches, under a prefix of the deployment's own and an id with every
+/// character an id may hold.
+#[tokio::test]
+async fn the_scripts_derive_the_license_keys_engine_keys_names() {
+    const SCRIPT: &str = r#"local rcall = redis.call
+--- @include "keys"
+local out = {}
+for i, name in ipairs(ARGV) do
+  if name == 'session_rate' then
+    out[i] = K.license_rate .. ':' .. 'sess-1'
+  else
+    out[i] = K[name]
+  end
+end
+return out
+"#;
+    let TestApp(_redis, _settings, mut con) = spawn_app().await;
+    let script = redis::Script::new(&seatgate::engine::scripts::with_includes(SCRIPT).unwrap());
+    for (prefix, license) in [("seat", "acme-pro"), ("tenant.a:seat", "A.b_c-d:e@f9")] {
+        let keys = seatgate::engine::keys::Keys::new(prefix);
+        let k = keys.license(license);
+        let expected: Vec<(&str, String)> = vec![
+            ("license", k.license.clone()),
+            ("holders", k.holders.clone()),
+            ("sessions", k.sessions.clone()),
+            ("queue", k.queue.clone()),
+            ("waiters", k.waiters.clone()),
+            ("deadlines", k.deadlines.clone()),
+            ("queue_seq", k.queue_seq.clone()),
+            ("outbox", k.outbox.clone()),
+            ("owners", k.owners.clone()),
+            ("lingering", k.lingering.clone()),
+            ("borrowed", k.borrowed.clone()),
+            ("revoked", k.revoked.clone()),
+            ("revocations", k.revocations.clone()),
+            ("groups", k.groups.clone()),
+            ("denials", keys.denials(license)),
+            ("event_seq", k.events.seq.clone()),
+            ("license_rate", keys.license_rate(license)),
+            ("session_rate", keys.session_rate(license, "sess-1")),
+            ("done", keys.dedupe(license, 29_933_565)),
+            ("done_before", keys.dedupe(license, 29_933_564)),
+        ];
+        // Every key of LicenseKeys::all is among them.
+        for key in k.all() {
+            assert!(expected.iter().any(|(_, e)| e == key), "{key}");
+        }
+        let mut call = script.prepare_invoke();
+        call.key(&k.license)
+            .key(&k.events.target)
+            .key(keys.dedupe(license, 29_933_565))
+            .key(keys.dedupe(license, 29_933_564));
+        for (name, _) in &expected {
+            call.arg(*name);
+        }
+        let got: Vec<String> = call.invoke_async(&mut con).await.unwrap();
+        let want: Vec<String> = expected.iter().map(|(_, e)| e.clone()).collect();
+        assert_eq!(got, want, "{prefix} {license}");
+    }
+}

@@ -132,7 +132,6 @@ impl AcquireArgs<'_> {
             .arg(self.reply_to) // ARGV[15]
             .arg(self.default_queue_max) // ARGV[16]
             .arg(self.who.script_arg()) // ARGV[17]
-            .key(&keys.groups) // KEYS[18]
             .finish()
     }
 }
