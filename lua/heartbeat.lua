@@ -4,9 +4,8 @@
   KEYS[1..4] the license record, where its events go and the dedupe
               buckets (includes/keys.lua, includes/request.lua); the queue
               keys are not touched
-  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
-              the service's heartbeat timeout and the request's deadline
-              (includes/request.lua); the lease must be the one the seat is
+  ARGV[1..7] the dedupe arguments, the session, its lease, the request's
+              deadline and the service's settings (includes/request.lua); the lease must be the one the seat is
               bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
@@ -37,7 +36,6 @@
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Records no events but a denial's (RATE_LIMITED, includes/request.lua).
-  ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -50,7 +48,7 @@ local rcall = redis.call
 --- @include "revoked"
 --- @include "request"
 
-local session, lease = ARGV[8], lease_hash(ARGV[9])
+local session, lease = ARGV[4], lease_hash(ARGV[5])
 
 -- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
 -- `lease`: the `refuse` of run_request (includes/request.lua).

@@ -17,7 +17,7 @@
     K.event_seq   seat:{L}:event_seq  STRING the license's event counter
                   (`seq`). Never deleted, not by `license delete` either, so
                   a license's seq never restarts.
-  The script sets EV.license (the license id) and EV.keep_ms (the events
+  The script sets EV.keep_ms (the events
   retention, ms; 0 = never trim, the license's own log) before it records.
 
   An event entry (src/engine/events.rs reads it, docs/protocol.md lists it):
@@ -87,6 +87,9 @@ local function flush_events(used, total, now)
     return
   end
   local at = string.format('%d', now)
+  if EV.license == '' then
+    EV.license = license_id()
+  end
   for _, e in ipairs(EV.pending) do
     local seq = rcall('INCR', K.event_seq)
     local f = e[3]

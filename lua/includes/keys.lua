@@ -64,6 +64,11 @@ local KEY_META = {__index = function(k, name)
   k[name] = key
   return key
 end}
+-- The license id, from KEYS[1]: what its hash tag holds.
+local function license_id()
+  return string.match(key_base, '{([^}]*)}:$')
+end
+
 -- Binds K to this call's KEYS. Run first by every entry point that
 -- includes this file (the on_call line below: in the function library,
 -- its function's prologue; in a script run on its own, here).

@@ -284,7 +284,7 @@ impl Invocation<'_> {
 }
 
 /// Redelivery dedupe, expiry and rate limiting for one request:
-/// `KEYS[3..4]`, `ARGV[1..7]` and `ARGV[11]` of the request scripts
+/// `KEYS[3..4]`, `ARGV[1..3]`, `ARGV[6]` and part of `ARGV[7]` of the request scripts
 /// (lua/includes/request.lua; revoke reads the dedupe and expiry parts only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -315,7 +315,7 @@ pub struct Guard {
     /// The key is the caller's request id ([`Guard::for_request`]): the
     /// script prefixes the lease hash to it, and always looks in both buckets.
     pub by_request: bool,
-    /// `ARGV[11]`: the Redis time (unix ms) after which the request is no
+    /// `ARGV[6]`: the Redis time (unix ms) after which the request is no
     /// longer decided but answered REQUEST_EXPIRED ([`deadline`]); 0 = none.
     pub deadline_ms: u64,
 }
@@ -369,7 +369,7 @@ fn entry_ms(entry_id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The deadline (`ARGV[11]`) of a request read from stream entry `entry_id`
+/// The deadline (`ARGV[6]`) of a request read from stream entry `entry_id`
 /// with `ttl_ms` (0 = no deadline: 0), `window` the dedupe window, when the
 /// Redis clock reads about `redis_now_ms` (if known).
 ///
@@ -508,9 +508,8 @@ pub struct ServiceDefaults {
     pub max_wait_ms: u64,
 }
 
-/// `ARGV[8..10]` of every seat script (lua/includes/request.lua), between
-/// the [`Guard`]'s: the session, its lease and the service's heartbeat
-/// timeout. All release and heartbeat take; acquire and revoke add their
+/// `ARGV[4..5]` of every seat script (lua/includes/request.lua): the
+/// session and its lease, and the service's heartbeat timeout (in `ARGV[7]`). All release and heartbeat take; acquire and revoke add their
 /// own (engine::ops).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
@@ -579,9 +578,6 @@ pub struct SeatCallBuilder<'a> {
     name: ScriptName,
     /// The invocation so far.
     call: Invocation<'a>,
-    /// Where the script records its events: bound last, by
-    /// [`SeatCallBuilder::finish`].
-    events: EventKeys,
 }
 
 impl<'a> SeatCallBuilder<'a> {
@@ -597,13 +593,8 @@ impl<'a> SeatCallBuilder<'a> {
         self
     }
 
-    /// The call, its reply decoded as an [`Outcome`]: the events' ARGV
-    /// bound last (lua/includes/request.lua).
-    pub fn finish(mut self) -> SeatCall<'a> {
-        bind_events(&mut self.call, &self.events);
-        self.call
-            .arg(self.events.denials_window_ms) // ARGV[#ARGV - 1]
-            .arg(self.events.denials_per_window); // ARGV[#ARGV]
+    /// The call, its reply decoded as an [`Outcome`].
+    pub fn finish(self) -> SeatCall<'a> {
         ScriptCall {
             name: self.name.as_str(),
             invocation: self.call,
@@ -644,10 +635,25 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds the events' license id and retention ARGV (lua/includes/events.lua):
-/// followed by the denial window and how many a window records (by
-/// [`SeatCallBuilder::finish`]), the last ARGV of the request scripts (reap
-/// and delete_license place them before their variable part).
+/// `ARGV[7]` of the request scripts (lua/includes/request.lua, `service()`):
+/// the service's settings a seat call needs, in one argument, the same for
+/// every call of a deployment, which the library parses once and keeps.
+fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
+    format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}",
+        guard.session_limit,
+        guard.license_limit,
+        guard.window_ms,
+        guard.dedupe_window_ms,
+        args.default_heartbeat_timeout_ms,
+        events.keep_ms,
+        events.denials_window_ms,
+        events.denials_per_window
+    )
+}
+
+/// Binds the events' license id and retention ARGV (lua/includes/events.lua)
+/// of reap and delete_license, before their variable part.
 fn bind_events(call: &mut Invocation<'_>, events: &EventKeys) {
     call.arg(&events.license).arg(events.keep_ms);
 }
@@ -695,7 +701,8 @@ impl Scripts {
 
     /// A seat script call of `name` with what every seat script shares
     /// (lua/includes/request.lua): the license's `KEYS[1..2]`, the guard's
-    /// `KEYS[3..4]`, `ARGV[1..7]` and `ARGV[11]`, and `args`, `ARGV[8..10]`. Each op's
+    /// `KEYS[3..4]`, `ARGV[1..3]` and `ARGV[6]`, `args`, `ARGV[4..5]`, and the
+    /// service's settings, `ARGV[7]` ([`service_settings`]). Each op's
     /// file in engine::ops binds its own ARGV after these with
     /// [`SeatCallBuilder::arg`].
     pub fn request(
@@ -710,24 +717,16 @@ impl Scripts {
             .key(&guard.done_before_key) // KEYS[4]
             .arg(&guard.entry_id) // ARGV[1]
             .arg(guard.done_until_ms) // ARGV[2]
-            .arg(guard.session_limit) // ARGV[3]
-            .arg(guard.license_limit) // ARGV[4]
-            .arg(guard.window_ms) // ARGV[5]
             .arg(match (guard.redelivery, guard.by_request) {
                 (_, true) => "2",
                 (true, false) => "1",
                 (false, false) => "0",
-            }) // ARGV[6]
-            .arg(guard.dedupe_window_ms) // ARGV[7]
-            .arg(args.session) // ARGV[8]
-            .arg(args.lease.unwrap_or("")) // ARGV[9]
-            .arg(args.default_heartbeat_timeout_ms) // ARGV[10]
-            .arg(guard.deadline_ms); // ARGV[11]
-        SeatCallBuilder {
-            name,
-            call,
-            events: keys.events.clone(),
-        }
+            }) // ARGV[3]
+            .arg(args.session) // ARGV[4]
+            .arg(args.lease.unwrap_or("")) // ARGV[5]
+            .arg(guard.deadline_ms) // ARGV[6]
+            .arg(service_settings(guard, args, &keys.events)); // ARGV[7]
+        SeatCallBuilder { name, call }
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.
