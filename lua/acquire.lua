@@ -93,8 +93,9 @@ local rcall = redis.call
 --- @include "due"
 
 -- Only acquire queues a session, redirects a waiter and refuses one in its
--- cooldown, so these queue.lua and revoked.lua helpers live here: a helper
--- costs its closure on every run of each script that carries it.
+-- cooldown, so these queue.lua and revoked.lua helpers live here (run on its
+-- own, a script builds a closure for each helper it carries on every run;
+-- in the function library these are built once, above the per-call line).
 
 -- Puts `session` in the queue, behind those of its priority (0-9), until
 -- `now + wait_ms`, bound to lease hash `lease` ('' = none).
@@ -137,6 +138,9 @@ local function cooldown_of(session, now)
   return nil
 end
 
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
 local session, lease = ARGV[4], lease_hash(ARGV[5])
 local meta = ARGV[8]
 local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]

@@ -48,8 +48,6 @@ local rcall = redis.call
 --- @include "revoked"
 --- @include "request"
 
-local session, lease = ARGV[4], lease_hash(ARGV[5])
-
 -- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
 -- `lease`: the `refuse` of run_request (includes/request.lua).
 local function holder_lease_refusal(session, lease, now)
@@ -71,6 +69,11 @@ local function count_heartbeat(session, now)
   rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, lease, meta))
   return beats + 1
 end
+
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
+local session, lease = ARGV[4], lease_hash(ARGV[5])
 
 -- Set by decide: the license's stale time when this heartbeat, the oldest
 -- holder's, moved it on; the heartbeat timeout in force.

@@ -89,6 +89,9 @@ local function remember_revocation(session, now, reason, actor, cooldown_ms, rem
   rcall('PEXPIREAT', K.revocations, last[2])
 end
 
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
 local session, reason, actor = ARGV[4], ARGV[8], ARGV[9]
 local cooldown_ms, remember_ms, max = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local user_wide = ARGV[13] == '1'

@@ -966,9 +966,12 @@ mod tests {
             assert_eq!(scripts.function(name), function, "{name:?}");
             let registered = format!("redis.register_function('{function}', function(keys, args)\n");
             let at = scripts.library().find(&registered).expect("registered");
-            // Its body is its own file's (its header names it).
+            // Its body is its own file's (its header names it: in the
+            // function, or above it with the helpers defined once).
             let header = format!("--[[\n  {}: ", name.as_str());
-            assert!(scripts.library()[at..].contains(&header), "{name:?}");
+            let per_call = name.text().lines().any(|l| l == "--- @per_call");
+            assert_eq!(scripts.library()[at..].contains(&header), !per_call, "{name:?}");
+            assert_eq!(scripts.library()[..at].contains(&header), per_call, "{name:?}");
             assert!(name.text().starts_with(&header), "{name:?}");
         }
         assert_eq!(scripts.functions().len(), ScriptName::COUNT);
@@ -990,6 +993,21 @@ mod tests {
         ] {
             assert_eq!(library.matches(helper).count(), 1, "{helper}");
         }
+        // The scripts' own helpers above their `--- @per_call` line are
+        // defined once too, before any function, and never inside one.
+        let functions_start = library.find("redis.register_function(").expect("functions");
+        for helper in [
+            "local function enqueue",
+            "local function redirect_waiter",
+            "local function cooldown_of",
+            "local function count_heartbeat",
+            "local function holder_lease_refusal",
+            "local function remember_revocation",
+        ] {
+            assert_eq!(library.matches(helper).count(), 1, "{helper}");
+            assert!(library.find(helper) < Some(functions_start), "{helper}");
+        }
+        assert!(!library[..functions_start].contains("local rcall = redis.call"));
         // Every function binds the call first; the license's keys and the
         // events where its script uses them.
         let bodies: Vec<&str> = library.split("redis.register_function(").skip(1).collect();

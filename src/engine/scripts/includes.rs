@@ -19,6 +19,13 @@
 //! an include's top level may call anything: while Redis loads a library
 //! only `redis.register_function` and `redis.log` exist (not `redis.call`,
 //! `string`, `tonumber`), so `rcall` is bound per call too.
+//!
+//! A script's own helpers can be built once as well: a script whose text
+//! holds a line `--- @per_call` has what comes before it (its header, its
+//! includes and helpers that use nothing of the call's but what the
+//! includes offer) placed at the library's top level, and only what follows
+//! in its function. Its `local rcall = redis.call` line is left out there
+//! (the library binds `rcall`). Run on its own, the marker is a comment.
 
 /// Every include, by the name scripts use for it.
 const INCLUDES: &[(&str, &str)] = &[
@@ -55,6 +62,13 @@ const DIRECTIVE: &str = "--- @include ";
 
 /// The per-call directive, at the start of a line of an include.
 const ON_CALL: &str = "--- @on_call ";
+
+/// The line after which a script's text runs per call (before it: defined
+/// once in the library).
+const PER_CALL: &str = "--- @per_call";
+
+/// The line that binds `rcall` in a script run on its own.
+const RCALL: &str = "local rcall = redis.call";
 
 /// Why a script could not be assembled: a mistake in `lua/`, found by the
 /// unit tests (and at the latest when the registry is first used).
@@ -128,11 +142,38 @@ fn library_in(name: &str, entries: &[Entry<'_>], table: &[(&str, &str)]) -> Resu
     let mut functions = String::new();
     for entry in entries {
         let mut body = String::new();
+        // Before the script's `--- @per_call` line, if it has one: what the
+        // library defines once.
+        let marked = entry.text.lines().any(|l| l.trim_end() == PER_CALL);
+        let mut once = marked;
         for line in entry.text.lines() {
-            if !line.contains("@include") {
-                body.push_str(line);
-                body.push('\n');
+            if line.contains("@per_call") {
+                if line.trim_end() != PER_CALL || !once {
+                    return Err(IncludeError::Malformed {
+                        script: entry.file.to_owned(),
+                        line: line.to_owned(),
+                    });
+                }
+                once = false;
                 continue;
+            }
+            if !line.contains("@include") {
+                if !once {
+                    body.push_str(line);
+                    body.push('\n');
+                } else if line.trim_end() != RCALL {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+                continue;
+            }
+            if marked && !once {
+                // An include after the marker would be inlined into the library
+                // after helpers that ran before it: keep them all above it.
+                return Err(IncludeError::Malformed {
+                    script: entry.file.to_owned(),
+                    line: line.to_owned(),
+                });
             }
             let (inc, inc_body) = directive(entry.file, line, table)?;
             if done.contains(&inc) {
@@ -231,6 +272,9 @@ fn inline<'a>(
     mut library: Option<(&'a str, &mut Vec<(&'a str, String)>)>,
 ) -> Result<(), IncludeError> {
     for line in source.lines() {
+        if line.trim_end() == PER_CALL {
+            continue;
+        }
         if line.contains("@on_call") {
             let binder = on_call_name(script, line)?;
             match library.as_mut() {
@@ -331,6 +375,60 @@ mod tests {
             resolve_in("s", "--- @include \"loop\"\n", TABLE),
             Err(IncludeError::Cycle { .. })
         ));
+    }
+
+    #[test]
+    fn a_library_defines_includes_and_helpers_once_and_runs_the_rest_per_call() {
+        let first = "local rcall = redis.call\n--- @include \"b\"\nlocal function own() b() end\n--- @per_call\nlocal x = own()\nreturn x\n";
+        let second = "local rcall = redis.call\n--- @include \"a\"\nreturn a()\n";
+        let entries = [
+            Entry {
+                function: "f",
+                file: "f.lua",
+                text: first,
+            },
+            Entry {
+                function: "g",
+                file: "g.lua",
+                text: second,
+            },
+        ];
+        let got = library_in("lib", &entries, TABLE).unwrap();
+        let expected = "#!lua name=lib\n\
+            -- seatgate's function library, assembled from lua/ by src/engine/scripts/includes.rs.\n\
+            -- Bound at the start of every call (see the functions' prologues).\n\
+            local rcall, KEYS, ARGV\n\
+            local function a() end\n\
+            local function b() a() end\n\
+            local function own() b() end\n\
+            redis.register_function('f', function(keys, args)\n  rcall, KEYS, ARGV = redis.call, keys, args\n\
+            local x = own()\nreturn x\nend)\n\
+            redis.register_function('g', function(keys, args)\n  rcall, KEYS, ARGV = redis.call, keys, args\n\
+            local rcall = redis.call\nreturn a()\nend)\n";
+        assert_eq!(got, expected);
+        // Run on its own, the marker is nothing.
+        assert_eq!(
+            resolve_in("f", first, TABLE).unwrap(),
+            "local rcall = redis.call\nlocal function a() end\nlocal function b() a() end\nlocal function own() b() end\nlocal x = own()\nreturn x\n"
+        );
+        // An include after the marker, or a second marker, is a mistake.
+        for text in [
+            "--- @per_call\n--- @include \"a\"\n",
+            "--- @per_call\n--- @per_call\n",
+        ] {
+            let entry = Entry {
+                function: "h",
+                file: "h.lua",
+                text,
+            };
+            assert!(
+                matches!(
+                    library_in("lib", &[entry], TABLE),
+                    Err(IncludeError::Malformed { .. })
+                ),
+                "{text}"
+            );
+        }
     }
 
     #[test]
