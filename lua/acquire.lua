@@ -1,19 +1,20 @@
 --[[
   acquire: give `session` a seat of the license, or a place in its queue.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
-              revocation keys (includes/keys.lua)
-  KEYS[18] the license's group map (includes/keys.lua, includes/policy.lua)
-  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
-              the service's heartbeat timeout and the request's deadline
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua); the
+              license's other keys derived, its group map K.groups among
+              them (includes/policy.lua)
+  ARGV[1..7] the dedupe arguments, the session, its lease, the request's
+              deadline and the service's settings
               (includes/request.lua); the seat or place is bound to the
               lease, stored as a hash (includes/lease.lua)
-  ARGV[12] metadata, a JSON object (validated by the worker)
-  ARGV[13] wait_ms: 0 = answer at once; > 0 = queue for up to that long
-  ARGV[14] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
-  ARGV[15] reply_to of the request ('' = none)
-  ARGV[16] queue length limit when the license sets no queue_max
-  ARGV[17] who asks, for the license's policies (includes/policy.lua): ''
+  ARGV[8]  metadata, a JSON object (validated by the worker)
+  ARGV[9]  wait_ms: 0 = answer at once; > 0 = queue for up to that long
+  ARGV[10] request id (echoed in a later GRANTED / QUEUE_TIMEOUT)
+  ARGV[11] reply_to of the request ('' = none)
+  ARGV[12] queue length limit when the license sets no queue_max
+  ARGV[13] who asks, for the license's policies (includes/policy.lua): ''
            for nobody in particular, else "<user>|<group>|<priority>|<borrow_ms>"
              user, group  the ids the seat counts for ('' = none; validated
                           like session ids, so never containing '|')
@@ -75,7 +76,6 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   the notes' first, then the outcome's (acquired, queued, or denied with
   the status as reason), each with the asker's user and group.
-  KEYS[19..21], ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -93,8 +93,9 @@ local rcall = redis.call
 --- @include "due"
 
 -- Only acquire queues a session, redirects a waiter and refuses one in its
--- cooldown, so these queue.lua and revoked.lua helpers live here: a helper
--- costs its closure on every run of each script that carries it.
+-- cooldown, so these queue.lua and revoked.lua helpers live here (run on its
+-- own, a script builds a closure for each helper it carries on every run;
+-- in the function library these are built once, above the per-call line).
 
 -- Puts `session` in the queue, behind those of its priority (0-9), until
 -- `now + wait_ms`, bound to lease hash `lease` ('' = none).
@@ -137,14 +138,17 @@ local function cooldown_of(session, now)
   return nil
 end
 
-local session, lease = ARGV[8], lease_hash(ARGV[9])
-local meta = ARGV[12]
-local wait_ms, request_id, reply_to = tonumber(ARGV[13]), ARGV[14], ARGV[15]
-local default_queue_max = tonumber(ARGV[16])
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
+local session, lease = ARGV[4], lease_hash(ARGV[5])
+local meta = ARGV[8]
+local wait_ms, request_id, reply_to = tonumber(ARGV[9]), ARGV[10], ARGV[11]
+local default_queue_max = tonumber(ARGV[12])
 -- Who asks: nil for nobody in particular.
 local asker = nil
-if ARGV[17] ~= '' then
-  local user, group, priority, borrow_ms = string.match(ARGV[17], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
+if ARGV[13] ~= '' then
+  local user, group, priority, borrow_ms = string.match(ARGV[13], '^([^|]*)|([^|]*)|(%d)|(%d+)$')
   asker = {user = user or '', group = group or '', priority = tonumber(priority) or 0, borrow_ms = tonumber(borrow_ms) or 0}
 end
 -- The events' user and group (events.lua); the group the map gives, once read.

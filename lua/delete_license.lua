@@ -5,15 +5,12 @@
   and ARGV[1] waits per call: the first call deletes the record, so from
   its moment on every request for the license is answered
   LICENSE_NOT_FOUND and no seat is handed out; the caller calls again
-  while `more` says so. The revocation keys (KEYS[12..13]) go with the
+  while `more` says so. The revocation keys (K.revoked, K.revocations) go with the
   last call; the outbox stays until its notes are delivered.
 
-  KEYS[1..11] the license keys (includes/keys.lua)
-  KEYS[12]    seat:{L}:revoked       (KEYS[16] of the request scripts)
-  KEYS[13]    seat:{L}:revocations   (KEYS[17] of the request scripts)
-  KEYS[14..16] the license's denial window, event counter and where its events go
-              (includes/events.lua): the counter stays, so a license made
-              again goes on with the next seq
+  KEYS[1]     the license record; its other keys derived (includes/keys.lua)
+  KEYS[2]     where its events go (includes/events.lua): its event counter
+              stays, so a license made again goes on with the next seq
   ARGV[1]     limit: most seats and most waits ended by this call
   ARGV[2]     the license id, ARGV[3] the events retention, ms (events.lua)
 
@@ -42,6 +39,6 @@ local notes = {}
 local ended, more = end_deleted(now, notes, tonumber(ARGV[1]))
 flush_events(0, 0, now)
 if more == 0 then
-  rcall('DEL', KEYS[12], KEYS[13])
+  rcall('DEL', K.revoked, K.revocations)
 end
 return {existed, now, ended, notes, more}

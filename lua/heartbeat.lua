@@ -1,11 +1,11 @@
 --[[
   heartbeat: record that `session` is still alive.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
-              revocation keys (includes/keys.lua); the queue keys are not touched
-  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
-              the service's heartbeat timeout and the request's deadline
-              (includes/request.lua); the lease must be the one the seat is
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua); the queue
+              keys are not touched
+  ARGV[1..7] the dedupe arguments, the session, its lease, the request's
+              deadline and the service's settings (includes/request.lua); the lease must be the one the seat is
               bound to, if any
 
   Returns an outcome (includes/outcome.lua), no notes, with status
@@ -36,7 +36,6 @@
   Heartbeats work whatever the license record says, even when it breaks its
   rules: a holder keeps its seat alive.
   Records no events but a denial's (RATE_LIMITED, includes/request.lua).
-  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -48,8 +47,6 @@ local rcall = redis.call
 --- @include "lease"
 --- @include "revoked"
 --- @include "request"
-
-local session, lease = ARGV[8], lease_hash(ARGV[9])
 
 -- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
 -- `lease`: the `refuse` of run_request (includes/request.lua).
@@ -72,6 +69,11 @@ local function count_heartbeat(session, now)
   rcall('HSET', K.sessions, session, encode_session_record(acquired_at, beats + 1, lease, meta))
   return beats + 1
 end
+
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
+local session, lease = ARGV[4], lease_hash(ARGV[5])
 
 -- Set by decide: the license's stale time when this heartbeat, the oldest
 -- holder's, moved it on; the heartbeat timeout in force.

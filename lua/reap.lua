@@ -33,7 +33,8 @@
   outbox. Sessions left stale this way stay due (the stale time reported is
   then in the past), so a later pass evicts them.
 
-  KEYS[1..11] the license keys (includes/keys.lua)
+  KEYS[1]  the license record; its other keys derived (includes/keys.lua)
+  KEYS[2]  where its events go (events.lua)
   ARGV[1]  heartbeat timeout (ms) when the license sets no heartbeat_timeout_ms
   ARGV[2]  limit: most evictions, waiter removals, grants and re-delivered notes
   ARGV[3]  age (ms) after which an undelivered outbox note is handed out again
@@ -46,8 +47,6 @@
   ARGV[7]  the license id, ARGV[8] the events retention, ms (events.lua)
   ARGV[9..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
-  KEYS[12..14] the license's denial window, event counter and where its
-               events go (events.lua)
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
            redeliver, outbox_cursor, outbox_pending, borrow_ended,
@@ -119,7 +118,7 @@ local now = now_ms()
 -- What an ended denial window folded (denial_sample.lua) goes out as one
 -- aggregate `denied` event (no session, no reason, `folded` the count);
 -- while a window that folded runs, its end is when this license is due.
-local denials_folded, denials_due = denial_flush(EV.denials, now)
+local denials_folded, denials_due = denial_flush(K.denials, now)
 if denials_folded > 0 then
   event_later('denied', '', {'folded', denials_folded})
 end

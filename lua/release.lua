@@ -3,11 +3,10 @@
   Only the session's own id releases it, and only with its lease when the
   seat or place is bound to one; nothing else is touched.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows and the
-              revocation keys (includes/keys.lua)
-  ARGV[1..11] dedupe and rate-limit arguments, the session, its lease,
-              the service's heartbeat timeout and the request's deadline
-              (includes/request.lua); release is never rate limited, and its
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua)
+  ARGV[1..7] the dedupe arguments, the session, its lease, the request's
+              deadline and the service's settings (includes/request.lua); release is never rate limited, and its
               lease must be the one the seat or place is bound to, if any
 
   Returns an outcome (includes/outcome.lua) with status (detail 0 unless said)
@@ -34,7 +33,6 @@
   license may hand out seats.
   Records its events itself (includes/events.lua, includes/request.lua):
   the outcome's first (released, left_queue), then its notes'.
-  KEYS[18..20], ARGV[12..15] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -52,7 +50,7 @@ local rcall = redis.call
 --- @include "grant"
 --- @include "due"
 
-local session, lease = ARGV[8], lease_hash(ARGV[9])
+local session, lease = ARGV[4], lease_hash(ARGV[5])
 -- The release frees the seat its notes grant: its event goes first.
 EV.request_first = true
 

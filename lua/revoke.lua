@@ -8,21 +8,20 @@
   SESSION_REVOKED with the reason, and with a cooldown its acquires are
   refused until the cooldown ends.
 
-  KEYS[1..17] the license keys, the dedupe buckets, the rate windows (never
-              touched: revoke is not rate limited) and the revocation keys
-              (includes/keys.lua)
-  ARGV[1..11] dedupe arguments, the session, its lease, the service's
-              heartbeat timeout and the request's deadline
-              (includes/request.lua); the rate limits are not read, and the
+  KEYS[1..4] the license record, where its events go and the dedupe
+              buckets (includes/keys.lua, includes/request.lua; the rate
+              windows are never touched: revoke is not rate limited)
+  ARGV[1..7] the dedupe arguments, the session, its lease, the request's
+              deadline and the service's settings (includes/request.lua); the rate limits are not read, and the
               lease is ignored (the request scripts' slot; a revoke carries
               none)
-  ARGV[12] reason (validated by the worker: 1-512 bytes of text)
-  ARGV[13] actor, who revokes (validated by the worker)
-  ARGV[14] cooldown_ms: 0 = the session may acquire again at once; > 0 =
+  ARGV[8]  reason (validated by the worker: 1-512 bytes of text)
+  ARGV[9]  actor, who revokes (validated by the worker)
+  ARGV[10] cooldown_ms: 0 = the session may acquire again at once; > 0 =
            its acquires get SESSION_REVOKED for that long
-  ARGV[15] remember_ms: how long a revocation is remembered at least
-  ARGV[16] most revocations remembered per license
-  ARGV[17] '1': the cooldown binds the session's user too (cooldown_scope=user):
+  ARGV[11] remember_ms: how long a revocation is remembered at least
+  ARGV[12] most revocations remembered per license
+  ARGV[13] '1': the cooldown binds the session's user too (cooldown_scope=user):
            the user's acquires, whatever their session id, get
            SESSION_REVOKED for cooldown_ms (includes/revoked.lua). The user is
            the revoked session's owner record's (includes/owners.lua); a
@@ -48,7 +47,6 @@
   Records its events itself (includes/events.lua, includes/request.lua):
   `revoked` (with actor, reason, held and the session's user and group)
   first, then its notes'.
-  KEYS[18..20], ARGV[18..21] the events' (includes/request.lua)
 ]]
 local rcall = redis.call
 --- @include "keys"
@@ -91,9 +89,12 @@ local function remember_revocation(session, now, reason, actor, cooldown_ms, rem
   rcall('PEXPIREAT', K.revocations, last[2])
 end
 
-local session, reason, actor = ARGV[8], ARGV[12], ARGV[13]
-local cooldown_ms, remember_ms, max = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
-local user_wide = ARGV[17] == '1'
+-- What follows runs on every call; what precedes is built once, when the
+-- function library is loaded (src/engine/scripts/includes.rs).
+--- @per_call
+local session, reason, actor = ARGV[4], ARGV[8], ARGV[9]
+local cooldown_ms, remember_ms, max = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local user_wide = ARGV[13] == '1'
 -- The revocation frees the seat its notes grant: its event goes first.
 EV.request_first, EV.extra = true, {'reason', reason, 'actor', actor}
 

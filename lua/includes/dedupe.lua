@@ -1,5 +1,5 @@
 --[=[
-  dedupe: the reply each request got, in KEYS[12] (done:<bucket>), so a
+  dedupe: the reply each request got, in KEYS[3] (done:<bucket>), so a
   redelivered entry, or the same request sent again as a new entry, gets it
   again and changes nothing.
 
@@ -24,11 +24,11 @@
   id), in the bucket one window ahead of the clock: so a stream whose ids are
   stuck in a far-future millisecond does not grow one bucket forever. Such a
   placement moves on with the clock, so a redelivery may look one bucket
-  later: it looks in KEYS[15], the bucket before, as well. A request keyed
+  later: it looks in KEYS[4], the bucket before, as well. A request keyed
   by its caller's id is placed by the clock (the worker's reading of it):
   two deliveries of it, as one entry or two, decided within a window of
   each other, look in the same bucket or the next, whichever entry comes
-  first; it always looks in KEYS[15] too.
+  first; it always looks in KEYS[4] too.
 
   The dedupe record, the value of the request's field: what the entry's outcome
   (outcome.lua) answered, {status, seats_used, seats_total, detail, notes},

@@ -10,7 +10,8 @@
   waiter: its final reply, kept in the outbox until delivered like a
   QUEUE_TIMEOUT, so a deliverer's crash does not lose it. The outbox itself
   stays: it holds those notes. Once nobody is left, the license's other keys
-  (KEYS[2..7], KEYS[9..11]: counters, owner records, arrival numbers) go.
+  (holders to queue_seq, owners, lingering, borrowed: counters, owner
+  records, arrival numbers) go.
 ]]
 --- @include "keys"
 --- @include "clock"

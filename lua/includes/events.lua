@@ -4,20 +4,20 @@
   whatever happens to the process that called the script (docs/internals.md,
   "Exactly-once events"). The one place an event entry is written.
 
-  The last three KEYS of every script that includes it:
-    KEYS[#KEYS-2] seat:{L}:denials    HASH the license's denial window
-                  (denial_sample.lua): the request scripts record a bounded
-                  number of `denied` events per window, the reaper records
-                  one aggregate event for what the ended window folded.
-    KEYS[#KEYS-1] seat:{L}:event_seq  STRING the license's event counter
-                  (`seq`). Never deleted, not by `license delete` either, so
-                  a license's seq never restarts.
-    KEYS[#KEYS]   where the events go: on one Redis node the license's
+  Its keys, in the license's slot (keys.lua):
+    KEYS[2]       where the events go: on one Redis node the license's
                   events shard itself (seat:events, or seat:events:{i});
                   on a cluster, where the shard is another slot, the
                   license's own log seat:{L}:events, which the relay
                   (lua/relay.lua, src/runtime/relay.rs) moves to the shard.
-  The script sets EV.license (the license id) and EV.keep_ms (the events
+    K.denials     seat:{L}:denials    HASH the license's denial window
+                  (denial_sample.lua): the request scripts record a bounded
+                  number of `denied` events per window, the reaper records
+                  one aggregate event for what the ended window folded.
+    K.event_seq   seat:{L}:event_seq  STRING the license's event counter
+                  (`seq`). Never deleted, not by `license delete` either, so
+                  a license's seq never restarts.
+  The script sets EV.keep_ms (the events
   retention, ms; 0 = never trim, the license's own log) before it records.
 
   An event entry (src/engine/events.rs reads it, docs/protocol.md lists it):
@@ -42,8 +42,13 @@
 
 local TRIM_EVERY = 16
 
-local EV = {denials = KEYS[#KEYS - 2], seq = KEYS[#KEYS - 1], log = KEYS[#KEYS], license = '', keep_ms = 0,
-  pending = {}}
+local EV
+-- Binds EV to this call's KEYS, nothing pending (run first, as keys.lua's
+-- bind_keys).
+local function bind_events()
+  EV = {log = KEYS[2], license = '', keep_ms = 0, pending = {}}
+end
+--- @on_call "bind_events"
 
 -- The event of a request's own outcome, by status (src/engine/events.rs,
 -- EventType::for_status, pinned by a unit test there).
@@ -82,8 +87,11 @@ local function flush_events(used, total, now)
     return
   end
   local at = string.format('%d', now)
+  if EV.license == '' then
+    EV.license = license_id()
+  end
   for _, e in ipairs(EV.pending) do
-    local seq = rcall('INCR', EV.seq)
+    local seq = rcall('INCR', K.event_seq)
     local f = e[3]
     if EV.keep_ms > 0 and seq % TRIM_EVERY == 1 and now > EV.keep_ms then
       rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', e[1],

@@ -2,50 +2,79 @@
   keys: the KEYS of the seat scripts, by name.
 
   All of them carry the hash tag {L} of one license, so they live in one
-  Redis Cluster slot. src/engine/keys.rs builds them; src/engine/scripts.rs
-  passes them in this order.
+  Redis Cluster slot. src/engine/keys.rs names them (the one Rust source
+  of key names); the scripts are handed one and derive the others.
     KEYS[1]  seat:{L}:license    HASH  seats_total, expires_at_ms, active,
                                        heartbeat_timeout_ms?, queue_max?,
                                        policy? and the policy fields (policy.lua)
-    KEYS[2]  seat:{L}:holders    ZSET  session -> last heartbeat (ms); its size
+  and, in K by the name after `seat:{L}:`:
+             seat:{L}:holders    ZSET  session -> last heartbeat (ms); its size
                                        is the seats in use, its low end the stale
-    KEYS[3]  seat:{L}:sessions   HASH  session -> session record (session_record.lua)
-    KEYS[4]  seat:{L}:queue      ZSET  waiting session -> priority and arrival (queue.lua)
-    KEYS[5]  seat:{L}:waiters    HASH  waiting session -> waiter record (queue.lua)
-    KEYS[6]  seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
-    KEYS[7]  seat:{L}:queue_seq  STRING arrival counter
-    KEYS[8]  seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
+             seat:{L}:sessions   HASH  session -> session record (session_record.lua)
+             seat:{L}:queue      ZSET  waiting session -> priority and arrival (queue.lua)
+             seat:{L}:waiters    HASH  waiting session -> waiter record (queue.lua)
+             seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
+             seat:{L}:queue_seq  STRING arrival counter
+             seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
                                        queue replies not yet delivered
-    KEYS[9]  seat:{L}:owners     HASH  seats held per user and group, and the
+             seat:{L}:owners     HASH  seats held per user and group, and the
                                        owner record of a session (owners.lua)
-    KEYS[10] seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
-    KEYS[11] seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
-  acquire, release, heartbeat and revoke also take
-    KEYS[12] seat:{L}:done:<b>   HASH  request key -> dedupe record (dedupe.lua),
-                                       for requests placed in time bucket b (expires)
-    KEYS[13] seat:{L}:hits:<S>   STRING the session's recent request counts
-                                       (rate_limit.lua; expires)
-    KEYS[14] seat:{L}:hits       STRING the license's recent request counts (expires)
-    KEYS[15] seat:{L}:done:<b-1> HASH  the bucket before KEYS[12], where an
-                                       earlier delivery may have stored the
-                                       request's reply; KEYS[12] again when none can
-    KEYS[16] seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
-    KEYS[17] seat:{L}:revocations HASH revoked session -> revocation record
-                                       (revoked.lua); both keys expire
-  acquire alone also takes
-    KEYS[18] seat:{L}:groups     HASH  user -> group: the license's group map
-                                       (policy.lua); written by provisioning
-  Every seat script takes last (after these) the events' three keys, the
-  license's denial window (denial_sample.lua), its event counter and where
-  its events go (events.lua, as EV.denials, EV.seq and EV.log:
-  KEYS[#KEYS-2], KEYS[#KEYS-1], KEYS[#KEYS]). reap takes only KEYS[1..11]
-  before them, delete_license KEYS[1..13]: the names of K past those are
-  then other keys, never used by those scripts.
+             seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
+             seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
+  and, in the same slot, derived from KEYS[1] (bind_keys, below), never passed:
+    seat:{L}:done:<b>   HASH  request key -> dedupe record (dedupe.lua),
+                              for requests placed in time bucket b (expires);
+                              acquire, release, heartbeat and revoke take the
+                              bucket's key as KEYS[3] (K.done) and the one
+                              before it as KEYS[4] (K.done_before: where an
+                              earlier delivery may have stored the request's
+                              reply; KEYS[3] again when none can)
+    seat:{L}:hits:<S>   STRING the session's recent request counts
+                              (rate_limit.lua; expires): K.license_rate
+                              .. ':' .. session
+    seat:{L}:hits       STRING the license's recent request counts (expires):
+                              K.license_rate
+    seat:{L}:revoked    ZSET  revoked session -> when it is forgotten (ms)
+    seat:{L}:revocations HASH revoked session -> revocation record
+                              (revoked.lua); both keys expire
+    seat:{L}:groups     HASH  user -> group: the license's group map
+                              (policy.lua); written by provisioning
+    seat:{L}:denials    HASH  the license's denial window (denial_sample.lua)
+    seat:{L}:event_seq  STRING the license's event counter (events.lua)
+  Every seat script (acquire, release, heartbeat, revoke, reap,
+  delete_license) takes KEYS[1], the license record, and KEYS[2], where its
+  events go (events.lua: on one node the events shard, on a cluster the
+  license's own log, in its slot); the request scripts KEYS[3..4] too.
+
+  Deriving the keys (issue 24): two to four KEYS instead of 17 to 21, and
+  a key is built only when the call uses it (K's metatable). Redis 7 lets
+  a script or function touch keys it did not declare; on a cluster they
+  must lie in the slot of the declared ones, which the hash tag {L} makes
+  so (tests/it/cluster.rs). src/engine/keys.rs stays the one Rust source of
+  key names; tests/it/scripts.rs checks that these are the same.
 ]]
-local K = {
-  license = KEYS[1], holders = KEYS[2], sessions = KEYS[3], queue = KEYS[4],
-  waiters = KEYS[5], deadlines = KEYS[6], queue_seq = KEYS[7], outbox = KEYS[8],
-  owners = KEYS[9], lingering = KEYS[10], borrowed = KEYS[11],
-  done = KEYS[12], session_rate = KEYS[13], license_rate = KEYS[14], done_before = KEYS[15],
-  revoked = KEYS[16], revocations = KEYS[17], groups = KEYS[18],
-}
+local K
+-- The license's keys' common part, `seat:{L}:`.
+local key_base
+-- K's field names whose key is not `key_base .. name`.
+local KEY_NAME = {license_rate = 'hits'}
+-- A license key asked for the first time in a call: derived, kept in K.
+local KEY_META = {__index = function(k, name)
+  local key = key_base .. (KEY_NAME[name] or name)
+  k[name] = key
+  return key
+end}
+-- The license id, from KEYS[1]: what its hash tag holds.
+local function license_id()
+  return string.match(key_base, '{([^}]*)}:$')
+end
+
+-- Binds K to this call's KEYS. Run first by every entry point that
+-- includes this file (the on_call line below: in the function library,
+-- its function's prologue; in a script run on its own, here).
+local function bind_keys()
+  local license = KEYS[1]
+  key_base = string.sub(license, 1, -8)
+  K = setmetatable({license = license, done = KEYS[3], done_before = KEYS[4]}, KEY_META)
+end
+--- @on_call "bind_keys"

@@ -1,6 +1,6 @@
 --[[
   outbox: notes, the follow-up work a script reports, and their copies in
-  KEYS[8] (outbox) until delivered.
+  K.outbox until delivered.
 
   A note, as it appears in a script's reply (decoded by
   src/engine/scripts/reply.rs, Note):

@@ -1,9 +1,9 @@
 --[[
   owners: who holds each seat, for the per-user and per-group policies
   (policy.lua), and the seats held without heartbeats: lingering and
-  borrowed ones. KEYS[9..11] (keys.lua).
+  borrowed ones. K.owners, K.lingering, K.borrowed (keys.lua).
 
-  KEYS[9] owners, a HASH:
+  K.owners, a HASH:
     u:<user>     seats the user holds, lingering and borrowed ones included
                  (the field goes at 0)
     g:<group>    the same per group
@@ -26,7 +26,7 @@
   seat taken or granted adds to them; a seat released without linger,
   evicted, or whose linger or borrow ended takes from them.
 
-  KEYS[10] lingering, KEYS[11] borrowed: ZSETs session -> when the seat
+  K.lingering, K.borrowed: ZSETs session -> when the seat
   comes back (ms); the reaper frees it then. Meanwhile the seat stays in
   holders, so seats_used counts it: a lingering one scored +inf (the stale
   scan never takes it, and acquire, release and heartbeat tell it from a

@@ -27,7 +27,7 @@
   Who asks comes with the acquire: user, group, priority, borrow_ms. An
   acquire without a user is under no per-user limit (unless require_user
   refuses it), one without a group under no per-group limit (and takes no
-  reserved seat). A license with a group map (KEYS[18] of acquire, keys.lua:
+  reserved seat). A license with a group map (K.groups, keys.lua:
   user -> group) decides the group itself: the request's group is its
   user's there (none for a user not in it), and a request claiming another
   is refused, LIMIT_REACHED group_map (acquire.lua).

@@ -1,10 +1,10 @@
 --[[
-  queue: the wait queue, KEYS[4..7] (keys.lua).
+  queue: the wait queue, K.queue, K.waiters, K.deadlines, K.queue_seq (keys.lua).
 
-  A waiter's score in KEYS[4] is its arrival number (KEYS[7]) minus its
+  A waiter's score in K.queue is its arrival number (K.queue_seq) minus its
   priority times 2^40 (policy.lua): higher priority first, FIFO within one.
 
-  The waiter record, the value of a waiting session in KEYS[5] (waiters),
+  The waiter record, the value of a waiting session in K.waiters,
   the one place it is built and parsed in Lua; Rust reads it with
   engine::records::WaiterRecord (seatgate status). The compact form:
     "<queued_at>.<id>\n<reply_to>\n<meta>"              bound to no lease

@@ -1,6 +1,6 @@
 --[[
   rate_limit: how many requests a session and a license were admitted
-  lately, KEYS[13] and KEYS[14] (keys.lua), each a small STRING
+  lately, seat:{L}:hits:<session> and K.license_rate (keys.lua), each a small STRING
 
     "<window>:<count>:<count before>"
       window        the fixed window the counts belong to: floor(now / W),
@@ -31,7 +31,7 @@
 -- the license's are checked first, and only a request both admit is
 -- counted, in both (a refused one is not counted anywhere). A limit of 0 is
 -- no limit and keeps no key.
-local function rate_limited(now, session_limit, license_limit, window)
+local function rate_limited(now, session, session_limit, license_limit, window)
   if session_limit <= 0 and license_limit <= 0 then
     return false
   end
@@ -64,7 +64,7 @@ local function rate_limited(now, session_limit, license_limit, window)
   local at = string.format('%d', index)
   -- The share of the window before that still lies within the last `window` ms.
   local weight = 1 - (now - index * window) / window
-  local limits = {{K.session_rate, session_limit}, {K.license_rate, license_limit}}
+  local limits = {{K.license_rate .. ':' .. session, session_limit}, {K.license_rate, license_limit}}
   for _, l in ipairs(limits) do
     if l[2] > 0 then
       local count, before, current = window_counts(l[1], index, at)

@@ -4,40 +4,44 @@
   check, the rate limits, then the script's own decision, and its outcome
   remembered for the entry.
 
-  They take KEYS[1..17] (keys.lua) and share their first eleven ARGV:
+  They take KEYS[1..4] (keys.lua: the license record, where its events
+  go, the dedupe bucket and the one before) and share their first seven ARGV:
     ARGV[1]  what the request's dedupe record is keyed by ('' = no dedupe):
              its stream entry ('<id>', '<shard>:<id>' or 'admin:<id>'), or,
-             when the caller sent an id, '<op>|<session>|<id>' (ARGV[6] '2')
-    ARGV[2]  unix ms at which KEYS[12] may expire (two windows after its
-             bucket starts; dedupe.lua caps it at now + 2 x ARGV[7])
-    ARGV[3]  most requests per session per window (0 = no limit)
-    ARGV[4]  most requests per license per window (0 = no limit)
-    ARGV[5]  rate window, ms
-    ARGV[6]  '1' to look for the reply the entry got before (the worker always
+             when the caller sent an id, '<op>|<session>|<id>' (ARGV[3] '2')
+    ARGV[2]  unix ms at which KEYS[3] may expire (two windows after its
+             bucket starts; dedupe.lua caps it at now + 2 dedupe windows)
+    ARGV[3]  '1' to look for the reply the entry got before (the worker always
              asks: even a first delivery may have been decided by a worker that
              stalled past claim_idle_ms and had its batch claimed); '2' the
              same for a key made of the caller's request id, which the
              session's lease hash then prefixes (dedupe.lua); '0' skips it
-    ARGV[7]  dedupe window, ms
-    ARGV[8]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
-    ARGV[9]  lease ('' = none; validated by the worker:
+    ARGV[4]  session id (validated by the worker: [A-Za-z0-9._:@-]{1,128})
+    ARGV[5]  lease ('' = none; validated by the worker:
              [A-Za-z0-9_-]{16,128}); revoke sends none and checks none
-    ARGV[10] the service's heartbeat timeout (ms), in force where the license
-             sets no heartbeat_timeout_ms: what due_report (due.lua) fills
-             the outcome's last slots with
-    ARGV[11] the request's deadline, unix ms on the Redis clock (0 = none):
+    ARGV[6]  the request's deadline, unix ms on the Redis clock (0 = none):
              its stream entry's time plus its ttl_ms. A request run after it
              is answered REQUEST_EXPIRED and changes nothing.
-  Their own arguments start at ARGV[12]. The last four are the events':
-    ARGV[#ARGV-3] the license id, ARGV[#ARGV-2] the events retention, ms
-    (events.lua), ARGV[#ARGV-1] the denial window, ms, ARGV[#ARGV] the
-    denials per window recorded one by one, 0 = all (denial_sample.lua)
-  after the last three KEYS, the events'.
+    ARGV[7]  the service's settings, one argument (service(), below):
+             '<session limit>|<license limit>|<rate window>|<dedupe window>|
+              <heartbeat timeout>|<events retention>|<denial window>|
+              <denials per window>', all whole numbers:
+               session limit, license limit  most requests per session and
+                        per license per rate window (0 = no limit)
+               rate window, dedupe window  ms
+               heartbeat timeout  the service's (ms), in force where the
+                        license sets no heartbeat_timeout_ms: what due_report
+                        (due.lua) fills the outcome's last slots with
+               events retention  ms (events.lua)
+               denial window  ms; denials per window  recorded one by one,
+                        0 = all (denial_sample.lua)
+  Their own arguments start at ARGV[8]. The license id the events carry is
+  derived from KEYS[1] (keys.lua, license_id).
 
   Events: the outcome's own (events.lua, EVENT_OF: a change or a denial,
   changed = 1) and its notes' are recorded here, in the script, exactly
   once; a replay and an expired request record none.
-  A denial past the window's first ARGV[#ARGV] is folded into the window's
+  A denial past the window's first `denials per window` is folded into the window's
   count (denial_sample.lua): it records no event and takes no seq; the
   next denial recorded carries the count in `folded`, and on the window's
   first fold the outcome's due time ([10]) is the window's end, so that
@@ -67,6 +71,27 @@
 --- @include "events"
 --- @include "owners"
 
+-- The service's settings, ARGV[7], as a table; parsed once per distinct
+-- value (in the function library the last one parsed is kept from call to
+-- call, and every worker of a deployment sends the same; a Lua string
+-- compares by identity).
+local service_raw, SERVICE
+local function service()
+  local raw = ARGV[7]
+  if raw ~= service_raw then
+    local sl, ll, rw, dw, ht, keep, win, per =
+      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    if not sl then
+      error('ARGV[7] is not the service settings: ' .. raw)
+    end
+    SERVICE = {session_limit = tonumber(sl), license_limit = tonumber(ll), rate_window = tonumber(rw),
+      dedupe_window = tonumber(dw), heartbeat_timeout = tonumber(ht), keep_ms = tonumber(keep),
+      denials_window = tonumber(win), denials_per_window = tonumber(per)}
+    service_raw = raw
+  end
+  return SERVICE
+end
+
 -- Queues the event of outcome `r` of `session`'s request, if it has one
 -- (a change, or a denial: EVENT_OF, events.lua), after the notes' events
 -- or, with EV.request_first, before them (release and revoke free the seat
@@ -85,7 +110,8 @@ local function request_event(r, session)
   local f = add_who({}, who)
   local detail = r[4]
   if kind == 'denied' then
-    local record, folded, due = denial_sample(EV.denials, r[5], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
+    local S = service()
+    local record, folded, due = denial_sample(K.denials, r[5], S.denials_window, S.denials_per_window)
     if due > 0 then
       r[10] = due
     end
@@ -118,10 +144,10 @@ local function request_event(r, session)
 end
 
 -- Runs one request: returns its outcome, the Redis clock it ran at and the
--- service's heartbeat timeout (ARGV[10]), for the script's due report
+-- service's heartbeat timeout (service()), for the script's due report
 -- (due.lua).
 --   A redelivered entry's stored outcome is returned as it is (a replay).
---   A request past its deadline (ARGV[11]) is answered REQUEST_EXPIRED,
+--   A request past its deadline (ARGV[6]) is answered REQUEST_EXPIRED,
 --   before the lease check and the rate limits, and nothing else is done.
 --   `refuse`, when given, is called as refuse(session, lease, now) with the
 --   script's session and lease hash, and returns its LEASE_MISMATCH outcome
@@ -138,11 +164,12 @@ end
 -- Every outcome but a replay is remembered under the request's key (dedupe.lua).
 local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
-  EV.license, EV.keep_ms = ARGV[#ARGV - 3], tonumber(ARGV[#ARGV - 2])
-  local default_timeout = tonumber(ARGV[10])
+  local S = service()
+  EV.keep_ms = S.keep_ms
+  local default_timeout = S.heartbeat_timeout
   local key = ARGV[1]
-  if ARGV[6] ~= '0' then
-    if ARGV[6] == '2' then
+  if ARGV[3] ~= '0' then
+    if ARGV[3] == '2' then
       -- Keyed by the caller's id: only the holder of the lease makes or
       -- finds the record (a caller without it could otherwise answer
       -- another's request in advance).
@@ -153,7 +180,7 @@ local function run_request(decide, limited, refuse, session, lease)
       return previous, now, default_timeout
     end
   end
-  local deadline = tonumber(ARGV[11])
+  local deadline = tonumber(ARGV[6])
   local result = nil
   if deadline > 0 and now > deadline then
     result = outcome('REQUEST_EXPIRED', rcall('ZCARD', K.holders), seats_total(), 0, now, {}, 0)
@@ -161,7 +188,7 @@ local function run_request(decide, limited, refuse, session, lease)
     result = refuse and refuse(session, lease, now)
   end
   if not result then
-    if limited and rate_limited(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])) then
+    if limited and rate_limited(now, session, S.session_limit, S.license_limit, S.rate_window) then
       result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
     else
       result = decide(now, default_timeout)
@@ -169,5 +196,5 @@ local function run_request(decide, limited, refuse, session, lease)
   end
   request_event(result, session)
   flush_events(result[2], result[3], now)
-  return remember(key, ARGV[2], tonumber(ARGV[7]), result), now, default_timeout
+  return remember(key, ARGV[2], S.dedupe_window, result), now, default_timeout
 end

@@ -1,10 +1,10 @@
 --[[
-  revoked: what the scripts remember of revocations, KEYS[16] and KEYS[17]
+  revoked: what the scripts remember of revocations, K.revoked and K.revocations
   (keys.lua), so that a revoked session hears SESSION_REVOKED rather than
   SESSION_NOT_ACTIVE, and a cooldown keeps it from taking a seat again.
 
-    KEYS[16] revoked      ZSET  session -> when its revocation is forgotten (ms)
-    KEYS[17] revocations  HASH  session -> the revocation record, JSON:
+    K.revoked      ZSET  session -> when its revocation is forgotten (ms)
+    K.revocations  HASH  session -> the revocation record, JSON:
       {"reason", "actor", "at", "cooldown_until"}
         reason          why, as the administrator wrote it
         actor           who revoked it

@@ -1,5 +1,5 @@
 --[[
-  session_record: the value of a holder in KEYS[3] (sessions), the one place
+  session_record: the value of a holder in K.sessions, the one place
   it is built and parsed in Lua. Rust reads it with
   engine::records::SessionRecord (seatgate status).
 

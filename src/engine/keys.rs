@@ -72,11 +72,9 @@ pub struct EventKeys {
     pub denials_per_window: u64,
 }
 
-/// The keys of one license: `KEYS[1..11]` of every seat script, in that
-/// order, then the two revocation keys, `KEYS[16..17]` of the request
-/// scripts (lua/includes/keys.lua; the dedupe and rate keys between them are
-/// per request: the scripts module's `Guard`), and the group map,
-/// `KEYS[18]` of acquire alone.
+/// The keys of one license. A seat script is handed `license` (and
+/// where its events go) and derives the others by the same names
+/// (lua/includes/keys.lua; tests/it/scripts.rs checks they agree).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LicenseKeys {
     /// HASH: the license record (`seats_total`, `expires_at_ms`, `active`, ...).
@@ -108,8 +106,8 @@ pub struct LicenseKeys {
     /// HASH: revoked session -> revocation record (reason, actor, cooldown),
     /// and `user|<user>` -> the record of a user-wide cooldown.
     pub revocations: String,
-    /// HASH: user -> group, the license's group map (`KEYS[18]` of acquire
-    /// alone): when it exists, a request's group is its user's there.
+    /// HASH: user -> group, the license's group map (acquire's `K.groups`):
+    /// when it exists, a request's group is its user's there.
     pub groups: String,
     /// Where the scripts record the license's events (not in [`LicenseKeys::all`]:
     /// the event counter outlives the license).
@@ -118,8 +116,8 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
-    /// (`license delete` removes them all): the eleven every seat script
-    /// takes, then the two revocation keys and the group map.
+    /// (`license delete` removes them all): the record, the ten seat and
+    /// queue keys, the two revocation keys and the group map.
     pub fn all(&self) -> [&str; 14] {
         [
             &self.license,

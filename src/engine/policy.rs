@@ -59,7 +59,7 @@ impl RequestPolicy {
         borrow_ms: 0,
     };
 
-    /// `ARGV[16]` of lua/acquire.lua: "" for [`RequestPolicy::NONE`], else
+    /// `ARGV[13]` of lua/acquire.lua: "" for [`RequestPolicy::NONE`], else
     /// `<user>|<group>|<priority>|<borrow_ms>` (ids never contain `|`).
     pub fn script_arg(&self) -> String {
         if *self == RequestPolicy::NONE {

@@ -1,15 +1,23 @@
 //! The embedded Lua registry and one typed call per script.
 //!
-//! Each script under `lua/` is compiled into the binary, its
-//! `--- @include "name"` lines resolved from `lua/includes/` (scripts/includes.rs)
-//! when the registry is first used, wrapped in a [`redis::Script`] once, and
-//! run with EVALSHA. Each script has one method here, named after it, that
+//! Each script under `lua/` is compiled into the binary and, when the
+//! registry is first used, assembled with the helpers its `--- @include
+//! "name"` lines name (`lua/includes/`) into one Redis function library
+//! (scripts/includes.rs, [`includes::library`]): every helper defined once at
+//! the library's top level, built when Redis loads it (`FUNCTION LOAD`), each
+//! script one registered function, called with `FCALL` (issue 24; Redis 7.0
+//! or later). The library's name carries the hash of its text, so two
+//! builds of seatgate on one Redis never call each other's functions.
+//! Each script has one method here, named after it, that
 //! binds its KEYS and ARGV from a typed argument struct and returns a
-//! [`ScriptCall`]: [`ScriptCall::run`] on its own (`invoke_async` re-loads the
-//! script when Redis answers NOSCRIPT, after a restart or SCRIPT FLUSH), or
-//! [`ScriptCall::cmd`] in a pipeline (which does not re-load: call
-//! [`Scripts::load_all`] first). The replies are decoded in one place,
-//! scripts/reply.rs. The runtime records the seed's two metrics around each call.
+//! [`ScriptCall`]: [`ScriptCall::run`] on its own (which loads the library
+//! and calls again when Redis answers `Function not found`: after a restart
+//! without persistence, a `FUNCTION FLUSH`, on a new cluster node), or
+//! [`ScriptCall::cmd`] in a pipeline (which does not load: call
+//! [`Scripts::load_all`] first, and re-run a call answered
+//! [`is_not_loaded`] with [`ScriptCall::run`]). The replies are decoded in one
+//! place, scripts/reply.rs. The runtime records the seed's two metrics
+//! around each call.
 
 mod includes;
 mod reply;
@@ -17,7 +25,7 @@ mod reply;
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, RedisError, ToRedisArgs, Value};
 use strum::{EnumCount, EnumString, IntoStaticStr, VariantArray};
 
 use crate::engine::keys::{DueKeys, EventKeys, LicenseKeys};
@@ -105,7 +113,10 @@ impl ScriptName {
         }
     }
 
-    /// The script as Redis runs it: its includes resolved.
+    /// The script as a script run on its own (EVAL) would be: its includes
+    /// resolved in place. What the library's function for it runs, but for
+    /// the helpers, which the library defines once for every function.
+    #[cfg(test)]
     fn source(self) -> Result<String, IncludeError> {
         includes::resolve(&format!("{}.lua", self.as_str()), self.text())
     }
@@ -118,27 +129,74 @@ pub fn with_includes(source: &str) -> Result<String, Error> {
     includes::resolve("<caller's script>", source).map_err(|e| Error::Config(e.to_string()))
 }
 
-/// The scripts, built (and hashed) once per process, indexed by [`ScriptName`].
+/// The function library, assembled (and hashed) once per process; its
+/// functions are indexed by [`ScriptName`].
 pub struct Scripts {
-    scripts: [Script; ScriptName::COUNT],
+    /// The library's text, as FUNCTION LOAD takes it.
+    library: String,
+    /// Its name: `seatgate_` and the first 16 hex digits of the SHA1 of its
+    /// text as assembled under the plain name.
+    name: String,
+    /// Each script's function: `<name>_<script>`.
+    functions: [String; ScriptName::COUNT],
 }
 
 impl Scripts {
     fn build() -> Result<Scripts, IncludeError> {
-        let sources = ScriptName::VARIANTS
-            .iter()
-            .map(|name| name.source())
-            .collect::<Result<Vec<_>, _>>()?;
+        let assemble = |prefix: &str| {
+            let functions: [String; ScriptName::COUNT] =
+                std::array::from_fn(|i| format!("{prefix}_{}", ScriptName::VARIANTS[i].as_str()));
+            let files: Vec<String> = ScriptName::VARIANTS
+                .iter()
+                .map(|n| format!("{}.lua", n.as_str()))
+                .collect();
+            let entries: Vec<includes::Entry<'_>> = ScriptName::VARIANTS
+                .iter()
+                .enumerate()
+                .map(|(i, name)| includes::Entry {
+                    function: &functions[i],
+                    file: &files[i],
+                    text: name.text(),
+                })
+                .collect();
+            includes::library(prefix, &entries).map(|text| (text, functions))
+        };
+        let (plain, _) = assemble("seatgate")?;
+        let hash = redis::Script::new(&plain).get_hash().to_owned();
+        let name = format!("seatgate_{}", &hash[..16]);
+        let (library, functions) = assemble(&name)?;
         Ok(Scripts {
-            scripts: std::array::from_fn(|i| Script::new(&sources[i])),
+            library,
+            name,
+            functions,
         })
     }
 
-    /// Script `name`.
-    fn script(&self, name: ScriptName) -> &Script {
+    /// Script `name`'s function.
+    fn function(&self, name: ScriptName) -> &str {
         // VARIANTS lists the variants in declaration order, which is also
         // their discriminants' (a test checks it), so `i` above is `name as usize`.
-        &self.scripts[name as usize]
+        &self.functions[name as usize]
+    }
+
+    /// A call of `name`, nothing bound yet.
+    fn invoke(&self, name: ScriptName) -> Invocation<'_> {
+        Invocation {
+            scripts: self,
+            name,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// The library's text, as FUNCTION LOAD takes it.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// The library's name (`seatgate_<hash>`).
+    pub fn library_name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -147,8 +205,86 @@ impl Scripts {
 static SCRIPTS: LazyLock<Scripts> =
     LazyLock::new(|| Scripts::build().unwrap_or_else(|e| panic!("lua/ does not assemble: {e}")));
 
+/// Whether `e` says Redis does not have the function called: the library is
+/// not loaded there (a restart without persistence, `FUNCTION FLUSH`, a new
+/// cluster node). Load it ([`Scripts::load_all`]) and call again.
+pub fn is_not_loaded(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// `e`, or, when it says Redis does not know FCALL or FUNCTION, the one line
+/// that says why: seatgate's scripts are a function library (Redis 7.0).
+fn too_old(e: RedisError) -> RedisError {
+    let unknown = e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| {
+            d.starts_with("unknown command") && (d.contains("'FCALL'") || d.contains("'FUNCTION'"))
+                || d.starts_with("unknown command 'fcall'")
+                || d.starts_with("unknown command 'function'")
+        });
+    if unknown {
+        RedisError::from((
+            redis::ErrorKind::Client,
+            "seatgate needs Redis 7.0 or later (FUNCTION LOAD, FCALL)",
+            e.to_string(),
+        ))
+    } else {
+        e
+    }
+}
+
+/// One function call being bound: its KEYS and ARGV.
+pub(crate) struct Invocation<'a> {
+    /// The library it is a function of (loaded again when Redis lost it).
+    scripts: &'a Scripts,
+    /// Which script.
+    name: ScriptName,
+    /// KEYS, in order.
+    keys: Vec<Vec<u8>>,
+    /// ARGV, in order.
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    /// Adds the next KEYS.
+    fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Adds the next ARGV.
+    fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// The FCALL command.
+    fn cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(self.scripts.function(self.name)).arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(key.as_slice());
+        }
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+
+    /// Runs the call, loading the library and calling once more when Redis
+    /// does not have it.
+    async fn invoke_async<T: FromRedisValue, C: ConnectionLike>(&self, con: &mut C) -> redis::RedisResult<T> {
+        match self.cmd().query_async(con).await {
+            Err(e) if is_not_loaded(&e) => {
+                self.scripts.load(con).await?;
+                self.cmd().query_async(con).await.map_err(too_old)
+            }
+            other => other.map_err(too_old),
+        }
+    }
+}
+
 /// Redelivery dedupe, expiry and rate limiting for one request:
-/// `KEYS[12..15]`, `ARGV[1..7]` and `ARGV[11]` of the request scripts
+/// `KEYS[3..4]`, `ARGV[1..3]`, `ARGV[6]` and part of `ARGV[7]` of the request scripts
 /// (lua/includes/request.lua; revoke reads the dedupe and expiry parts only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -157,9 +293,9 @@ pub struct Guard {
     /// ([`Guard::for_entry`] and engine::ops), or the caller's request id
     /// ([`Guard::for_request`]).
     pub entry_id: String,
-    /// `KEYS[12]`: the dedupe bucket the entry's reply is stored in.
+    /// `KEYS[3]`: the dedupe bucket the entry's reply is stored in.
     pub done_key: String,
-    /// `KEYS[15]`: the bucket before it, where an earlier delivery may have
+    /// `KEYS[4]`: the bucket before it, where an earlier delivery may have
     /// stored the reply when the entry's placement moves with the clock
     /// ([`Guard::for_entry_at`]); `done_key` again when it cannot have.
     pub done_before_key: String,
@@ -168,10 +304,6 @@ pub struct Guard {
     pub done_until_ms: u64,
     /// The dedupe window, ms: the cap above.
     pub dedupe_window_ms: u64,
-    /// `KEYS[13]`: the session's rate counters.
-    pub session_rate_key: String,
-    /// `KEYS[14]`: the license's rate counters.
-    pub license_rate_key: String,
     /// Most requests per session per window (0 = no limit).
     pub session_limit: u64,
     /// Most requests per license per window (0 = no limit).
@@ -183,7 +315,7 @@ pub struct Guard {
     /// The key is the caller's request id ([`Guard::for_request`]): the
     /// script prefixes the lease hash to it, and always looks in both buckets.
     pub by_request: bool,
-    /// `ARGV[11]`: the Redis time (unix ms) after which the request is no
+    /// `ARGV[6]`: the Redis time (unix ms) after which the request is no
     /// longer decided but answered REQUEST_EXPIRED ([`deadline`]); 0 = none.
     pub deadline_ms: u64,
 }
@@ -237,7 +369,7 @@ fn entry_ms(entry_id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The deadline (`ARGV[11]`) of a request read from stream entry `entry_id`
+/// The deadline (`ARGV[6]`) of a request read from stream entry `entry_id`
 /// with `ttl_ms` (0 = no deadline: 0), `window` the dedupe window, when the
 /// Redis clock reads about `redis_now_ms` (if known).
 ///
@@ -278,13 +410,14 @@ impl Guard {
     /// [`Guard::for_entry`] with the Redis clock known to read about
     /// `redis_now_ms`: an entry id far ahead of it (chosen by a caller) is
     /// placed by the clock instead ([`placement`]), so nothing derived from
-    /// the id lives far beyond the dedupe window.
+    /// the id lives far beyond the dedupe window. (`_session` is no longer
+    /// bound: the script derives the session's rate key itself.)
     pub fn for_entry_at(
         policy: &GuardPolicy,
         keys: &crate::engine::keys::Keys,
         entry_id: &str,
         license: &str,
-        session: &str,
+        _session: &str,
         redis_now_ms: Option<u64>,
     ) -> Guard {
         let window = policy.dedupe_window_ms.max(1);
@@ -295,8 +428,6 @@ impl Guard {
             done_before_key: keys.dedupe(license, before),
             done_until_ms: bucket.saturating_add(2).saturating_mul(window),
             dedupe_window_ms: window,
-            session_rate_key: keys.session_rate(license, session),
-            license_rate_key: keys.license_rate(license),
             session_limit: policy.session_limit,
             license_limit: policy.license_limit,
             window_ms: policy.rate_window_ms,
@@ -339,7 +470,8 @@ impl Guard {
     }
 
     /// No dedupe and no limits: the seed's direct script path.
-    pub fn none(keys: &crate::engine::keys::Keys, license: &str, session: &str) -> Guard {
+    /// (`_session` as in [`Guard::for_entry_at`].)
+    pub fn none(keys: &crate::engine::keys::Keys, license: &str, _session: &str) -> Guard {
         let done_key = keys.dedupe(license, 0);
         Guard {
             entry_id: String::new(),
@@ -347,8 +479,6 @@ impl Guard {
             done_key,
             done_until_ms: 0,
             dedupe_window_ms: 1,
-            session_rate_key: keys.session_rate(license, session),
-            license_rate_key: keys.license_rate(license),
             session_limit: 0,
             license_limit: 0,
             window_ms: 1,
@@ -378,9 +508,8 @@ pub struct ServiceDefaults {
     pub max_wait_ms: u64,
 }
 
-/// `ARGV[8..10]` of every seat script (lua/includes/request.lua), between
-/// the [`Guard`]'s: the session, its lease and the service's heartbeat
-/// timeout. All release and heartbeat take; acquire and revoke add their
+/// `ARGV[4..5]` of every seat script (lua/includes/request.lua): the
+/// session and its lease, and the service's heartbeat timeout (in `ARGV[7]`). All release and heartbeat take; acquire and revoke add their
 /// own (engine::ops).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionArgs<'a> {
@@ -433,8 +562,8 @@ pub const DUE_CLAIM_BASE: i64 = 1 << 52;
 pub struct ScriptCall<'a, T> {
     /// Script name, for metrics and errors.
     name: &'static str,
-    /// The EVALSHA invocation, KEYS and ARGV bound.
-    invocation: ScriptInvocation<'a>,
+    /// The FCALL invocation, KEYS and ARGV bound.
+    invocation: Invocation<'a>,
     /// The decoder of this script's reply.
     decoder: fn(&'static str, Value) -> Result<T, Error>,
 }
@@ -448,14 +577,11 @@ pub struct SeatCallBuilder<'a> {
     /// Which script.
     name: ScriptName,
     /// The invocation so far.
-    call: ScriptInvocation<'a>,
-    /// Where the script records its events: bound last, by
-    /// [`SeatCallBuilder::finish`].
-    events: EventKeys,
+    call: Invocation<'a>,
 }
 
 impl<'a> SeatCallBuilder<'a> {
-    /// Adds the next KEYS, after the shared `KEYS[1..17]`.
+    /// Adds the next KEYS, after the shared `KEYS[1..4]`.
     pub fn key<T: redis::ToRedisArgs>(mut self, key: T) -> SeatCallBuilder<'a> {
         self.call.key(key);
         self
@@ -467,13 +593,8 @@ impl<'a> SeatCallBuilder<'a> {
         self
     }
 
-    /// The call, its reply decoded as an [`Outcome`]: the events' KEYS and
-    /// ARGV bound last (lua/includes/request.lua).
-    pub fn finish(mut self) -> SeatCall<'a> {
-        bind_events(&mut self.call, &self.events);
-        self.call
-            .arg(self.events.denials_window_ms) // ARGV[#ARGV - 1]
-            .arg(self.events.denials_per_window); // ARGV[#ARGV]
+    /// The call, its reply decoded as an [`Outcome`].
+    pub fn finish(self) -> SeatCall<'a> {
         ScriptCall {
             name: self.name.as_str(),
             invocation: self.call,
@@ -494,12 +615,13 @@ impl<T> ScriptCall<'_, T> {
         self.name
     }
 
-    /// The EVALSHA command, for a pipeline (which does not re-load on NOSCRIPT).
+    /// The FCALL command, for a pipeline (which does not load the library
+    /// when Redis lost it: [`is_not_loaded`]).
     pub fn cmd(&self) -> redis::Cmd {
-        redis::Cmd::invoke_script(&self.invocation)
+        self.invocation.cmd()
     }
 
-    /// Runs the call on its own, re-loading the script on NOSCRIPT.
+    /// Runs the call on its own, loading the library when Redis lost it.
     pub async fn run<C: ConnectionLike>(&self, con: &mut C) -> Result<T, Error> {
         let result = self.invocation.invoke_async(con).await;
         self.decode(result)
@@ -513,33 +635,38 @@ impl<T> ScriptCall<'_, T> {
     }
 }
 
-/// Binds the events' three KEYS and the license id and retention ARGV
-/// (lua/includes/events.lua): the last KEYS of every seat script, and,
-/// followed by the denial window and how many a window records (by
-/// [`SeatCallBuilder::finish`]), the last ARGV of the request scripts (reap
-/// and delete_license place them before their variable part).
-fn bind_events(call: &mut ScriptInvocation<'_>, events: &EventKeys) {
-    call.key(&events.denials) // KEYS[#KEYS - 2]
-        .key(&events.seq) // KEYS[#KEYS - 1]
-        .key(&events.target) // KEYS[#KEYS]
-        .arg(&events.license)
-        .arg(events.keep_ms);
+/// `ARGV[7]` of the request scripts (lua/includes/request.lua, `service()`):
+/// the service's settings a seat call needs, in one argument, the same for
+/// every call of a deployment, which the library parses once and keeps.
+fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
+    format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}",
+        guard.session_limit,
+        guard.license_limit,
+        guard.window_ms,
+        guard.dedupe_window_ms,
+        args.default_heartbeat_timeout_ms,
+        events.keep_ms,
+        events.denials_window_ms,
+        events.denials_per_window
+    )
 }
 
-/// Binds `KEYS[1..11]`, the license's keys, in the order of lua/includes/keys.lua.
-fn license_keys<'a>(script: &'a Script, keys: &LicenseKeys) -> ScriptInvocation<'a> {
-    let mut call = script.prepare_invoke();
+/// Binds the events' license id and retention ARGV (lua/includes/events.lua)
+/// of reap and delete_license, before their variable part.
+fn bind_events(call: &mut Invocation<'_>, events: &EventKeys) {
+    call.arg(&events.license).arg(events.keep_ms);
+}
+
+/// Binds `KEYS[1..2]` of every seat script (lua/includes/keys.lua): the
+/// license record and where its events go. The script derives the
+/// license's other keys from the first (issue 24: Redis 7 lets it touch
+/// keys of the declared keys' slot); tests/it/scripts.rs checks that it
+/// derives the names engine::keys gives.
+fn license_keys<'a>(scripts: &'a Scripts, name: ScriptName, keys: &LicenseKeys) -> Invocation<'a> {
+    let mut call = scripts.invoke(name);
     call.key(&keys.license) // KEYS[1]
-        .key(&keys.holders) // KEYS[2]
-        .key(&keys.sessions) // KEYS[3]
-        .key(&keys.queue) // KEYS[4]
-        .key(&keys.waiters) // KEYS[5]
-        .key(&keys.deadlines) // KEYS[6]
-        .key(&keys.queue_seq) // KEYS[7]
-        .key(&keys.outbox) // KEYS[8]
-        .key(&keys.owners) // KEYS[9]
-        .key(&keys.lingering) // KEYS[10]
-        .key(&keys.borrowed); // KEYS[11]
+        .key(&keys.events.target); // KEYS[2]
     call
 }
 
@@ -549,22 +676,33 @@ impl Scripts {
         &SCRIPTS
     }
 
-    /// The SHA1 of every script, as EVALSHA uses them, in [`ScriptName`] order.
-    pub fn hashes(&self) -> Vec<&str> {
-        self.scripts.iter().map(|s| s.get_hash()).collect()
+    /// Every script's function, as FCALL names them, in [`ScriptName`] order.
+    pub fn functions(&self) -> Vec<&str> {
+        self.functions.iter().map(String::as_str).collect()
     }
 
-    /// Loads every script, so that pipelines (which do not retry NOSCRIPT) can use them.
+    /// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster, on every
+    /// master), so that pipelines (which do not load it) can use it. On a
+    /// Redis without functions, the error says seatgate needs Redis 7.0.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
-        for script in &self.scripts {
-            script.prepare_invoke().load_async(con).await?;
-        }
-        Ok(())
+        Ok(self.load(con).await?)
+    }
+
+    async fn load<C: ConnectionLike>(&self, con: &mut C) -> redis::RedisResult<()> {
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.library)
+            .query_async::<Value>(con)
+            .await
+            .map(|_| ())
+            .map_err(too_old)
     }
 
     /// A seat script call of `name` with what every seat script shares
-    /// (lua/includes/request.lua): the license's `KEYS[1..11]`, the guard's
-    /// `KEYS[12..17]`, `ARGV[1..7]` and `ARGV[11]`, and `args`, `ARGV[8..10]`. Each op's
+    /// (lua/includes/request.lua): the license's `KEYS[1..2]`, the guard's
+    /// `KEYS[3..4]`, `ARGV[1..3]` and `ARGV[6]`, `args`, `ARGV[4..5]`, and the
+    /// service's settings, `ARGV[7]` ([`service_settings`]). Each op's
     /// file in engine::ops binds its own ARGV after these with
     /// [`SeatCallBuilder::arg`].
     pub fn request(
@@ -574,45 +712,33 @@ impl Scripts {
         guard: &Guard,
         args: &SessionArgs<'_>,
     ) -> SeatCallBuilder<'_> {
-        let mut call = license_keys(self.script(name), keys);
-        call.key(&guard.done_key) // KEYS[12]
-            .key(&guard.session_rate_key) // KEYS[13]
-            .key(&guard.license_rate_key) // KEYS[14]
-            .key(&guard.done_before_key) // KEYS[15]
-            .key(&keys.revoked) // KEYS[16]
-            .key(&keys.revocations) // KEYS[17]
+        let mut call = license_keys(self, name, keys);
+        call.key(&guard.done_key) // KEYS[3]
+            .key(&guard.done_before_key) // KEYS[4]
             .arg(&guard.entry_id) // ARGV[1]
             .arg(guard.done_until_ms) // ARGV[2]
-            .arg(guard.session_limit) // ARGV[3]
-            .arg(guard.license_limit) // ARGV[4]
-            .arg(guard.window_ms) // ARGV[5]
             .arg(match (guard.redelivery, guard.by_request) {
                 (_, true) => "2",
                 (true, false) => "1",
                 (false, false) => "0",
-            }) // ARGV[6]
-            .arg(guard.dedupe_window_ms) // ARGV[7]
-            .arg(args.session) // ARGV[8]
-            .arg(args.lease.unwrap_or("")) // ARGV[9]
-            .arg(args.default_heartbeat_timeout_ms) // ARGV[10]
-            .arg(guard.deadline_ms); // ARGV[11]
-        SeatCallBuilder {
-            name,
-            call,
-            events: keys.events.clone(),
-        }
+            }) // ARGV[3]
+            .arg(args.session) // ARGV[4]
+            .arg(args.lease.unwrap_or("")) // ARGV[5]
+            .arg(guard.deadline_ms) // ARGV[6]
+            .arg(service_settings(guard, args, &keys.events)); // ARGV[7]
+        SeatCallBuilder { name, call }
     }
 
     /// lua/reap.lua: one bounded reaper step for one license.
     pub fn reap(&self, keys: &LicenseKeys, args: &ReapArgs<'_>) -> ReapCall<'_> {
-        let mut call = license_keys(self.script(ScriptName::Reap), keys);
+        let mut call = license_keys(self, ScriptName::Reap, keys);
         call.arg(args.default_timeout_ms) // ARGV[1]
             .arg(args.limit) // ARGV[2]
             .arg(args.redeliver_after_ms) // ARGV[3]
             .arg(&args.outbox.cursor) // ARGV[4]
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
-        bind_events(&mut call, &keys.events); // KEYS[12..14], ARGV[7..8]
+        bind_events(&mut call, &keys.events); // ARGV[7..8]
         for id in &args.outbox.pending {
             call.arg(id); // ARGV[9..]
         }
@@ -627,11 +753,9 @@ impl Scripts {
     /// `limit` of its seats and `limit` of its waits; call again while the
     /// step says `more`.
     pub fn delete_license(&self, keys: &LicenseKeys, limit: usize) -> DeleteLicenseCall<'_> {
-        let mut call = license_keys(self.script(ScriptName::DeleteLicense), keys);
-        call.key(&keys.revoked) // KEYS[12]
-            .key(&keys.revocations) // KEYS[13]
-            .arg(limit); // ARGV[1]
-        bind_events(&mut call, &keys.events); // KEYS[14..16], ARGV[2..3]
+        let mut call = license_keys(self, ScriptName::DeleteLicense, keys);
+        call.arg(limit); // ARGV[1]
+        bind_events(&mut call, &keys.events); // ARGV[2..3]
         ScriptCall {
             name: ScriptName::DeleteLicense.as_str(),
             invocation: call,
@@ -650,14 +774,14 @@ impl Scripts {
         expire_ms: u64,
         fields: &[(&str, String)],
     ) -> redis::RedisResult<()> {
-        let mut call = self.script(ScriptName::Reply).prepare_invoke();
+        let mut call = self.invoke(ScriptName::Reply);
         call.key(stream) // KEYS[1]
             .arg(keep_ms) // ARGV[1]
             .arg(expire_ms); // ARGV[2]
         for (field, value) in fields {
             call.arg(*field).arg(value); // ARGV[3..]
         }
-        call.invoke_async::<Value>(con).await.map(|_| ())
+        call.invoke_async::<Value, _>(con).await.map(|_| ())
     }
 
     /// lua/put_license.lua: writes `set` and removes `remove` in the license
@@ -671,7 +795,7 @@ impl Scripts {
         set: &[(&String, &String)],
         remove: &[&String],
     ) -> redis::RedisResult<bool> {
-        let mut call = self.script(ScriptName::PutLicense).prepare_invoke();
+        let mut call = self.invoke(ScriptName::PutLicense);
         call.key(record) // KEYS[1]
             .arg(read.len()); // ARGV[1]
         for (field, value) in read {
@@ -697,7 +821,7 @@ impl Scripts {
         group: &str,
         consumer: &str,
     ) -> redis::RedisResult<bool> {
-        self.script(ScriptName::RemoveConsumer)
+        self.invoke(ScriptName::RemoveConsumer)
             .key(stream) // KEYS[1]
             .arg(group) // ARGV[1]
             .arg(consumer) // ARGV[2]
@@ -716,7 +840,7 @@ impl Scripts {
         keep_ms: u64,
         entries: &[(i64, &[Vec<u8>])],
     ) -> Result<i64, Error> {
-        let mut call = self.script(ScriptName::Relay).prepare_invoke();
+        let mut call = self.invoke(ScriptName::Relay);
         call.key(&events.shard) // KEYS[1]
             .key(&events.cursor) // KEYS[2]
             .arg(&events.license) // ARGV[1]
@@ -737,7 +861,7 @@ impl Scripts {
         lock: &str,
         token: &str,
     ) -> redis::RedisResult<i64> {
-        self.script(ScriptName::Unlock)
+        self.invoke(ScriptName::Unlock)
             .key(lock) // KEYS[1]
             .arg(token) // ARGV[1]
             .invoke_async(con)
@@ -756,7 +880,7 @@ impl Scripts {
         claim_end_ms: i64,
     ) -> Result<(i64, Vec<String>), Error> {
         let reply: Vec<String> = self
-            .script(ScriptName::DueClaim)
+            .invoke(ScriptName::DueClaim)
             .key(&index.stale) // KEYS[1]
             .key(&index.due) // KEYS[2]
             .arg(now_ms) // ARGV[1]
@@ -787,7 +911,7 @@ impl Scripts {
         marker: i64,
         times: &[(&str, i64, i64)],
     ) -> redis::RedisResult<i64> {
-        let mut call = self.script(ScriptName::DueSettle).prepare_invoke();
+        let mut call = self.invoke(ScriptName::DueSettle);
         call.key(&index.stale) // KEYS[1]
             .key(&index.due) // KEYS[2]
             .arg(marker); // ARGV[1]
@@ -805,7 +929,7 @@ impl Scripts {
         token: &str,
         ttl_ms: u64,
     ) -> redis::RedisResult<bool> {
-        self.script(ScriptName::Renew)
+        self.invoke(ScriptName::Renew)
             .key(lock) // KEYS[1]
             .arg(token) // ARGV[1]
             .arg(ttl_ms) // ARGV[2]
@@ -838,17 +962,87 @@ mod tests {
         let scripts = Scripts::build().unwrap();
         for (i, &name) in ScriptName::VARIANTS.iter().enumerate() {
             assert_eq!(name as usize, i, "{name:?}");
-            let text = name.source().unwrap();
-            assert_eq!(
-                scripts.script(name).get_hash(),
-                Script::new(&text).get_hash(),
-                "{name:?}"
-            );
-            // Its header names it: the text is its own file's.
+            let function = format!("{}_{}", scripts.library_name(), name.as_str());
+            assert_eq!(scripts.function(name), function, "{name:?}");
+            let registered = format!("redis.register_function('{function}', function(keys, args)\n");
+            let at = scripts.library().find(&registered).expect("registered");
+            // Its body is its own file's (its header names it: in the
+            // function, or above it with the helpers defined once).
             let header = format!("--[[\n  {}: ", name.as_str());
+            let per_call = name.text().lines().any(|l| l == "--- @per_call");
+            assert_eq!(scripts.library()[at..].contains(&header), !per_call, "{name:?}");
+            assert_eq!(scripts.library()[..at].contains(&header), per_call, "{name:?}");
             assert!(name.text().starts_with(&header), "{name:?}");
         }
-        assert_eq!(scripts.hashes().len(), ScriptName::COUNT);
+        assert_eq!(scripts.functions().len(), ScriptName::COUNT);
+    }
+
+    #[test]
+    fn the_library_defines_each_helper_once_and_binds_each_call() {
+        let scripts = Scripts::build().unwrap();
+        let library = scripts.library();
+        assert!(library.starts_with(&format!("#!lua name={}\n", scripts.library_name())));
+        assert!(!library.contains("@include") && !library.contains("@on_call"));
+        for helper in [
+            "local function now_ms",
+            "local function run_request",
+            "local function promote",
+            "local function bind_keys",
+            "local function bind_events",
+            "local function owners()",
+        ] {
+            assert_eq!(library.matches(helper).count(), 1, "{helper}");
+        }
+        // The scripts' own helpers above their `--- @per_call` line are
+        // defined once too, before any function, and never inside one.
+        let functions_start = library.find("redis.register_function(").expect("functions");
+        for helper in [
+            "local function enqueue",
+            "local function redirect_waiter",
+            "local function cooldown_of",
+            "local function count_heartbeat",
+            "local function holder_lease_refusal",
+            "local function remember_revocation",
+        ] {
+            assert_eq!(library.matches(helper).count(), 1, "{helper}");
+            assert!(library.find(helper) < Some(functions_start), "{helper}");
+        }
+        assert!(!library[..functions_start].contains("local rcall = redis.call"));
+        // Lua 5.1 allows 200 locals in a function, the library's main chunk
+        // among them: each top-level `local` name counts (group helpers into
+        // tables, as owners() and policy() do, should it come near).
+        let top_level_locals: usize = library[..functions_start]
+            .lines()
+            .filter_map(|l| l.strip_prefix("local "))
+            .map(|rest| {
+                let names = rest.split('=').next().unwrap_or("");
+                match names.strip_prefix("function ") {
+                    Some(_) => 1,
+                    None => names.split(',').count(),
+                }
+            })
+            .sum();
+        assert!(
+            top_level_locals < 180,
+            "{top_level_locals} top-level locals in the library"
+        );
+        // Every function binds the call first; the license's keys and the
+        // events where its script uses them.
+        let bodies: Vec<&str> = library.split("redis.register_function(").skip(1).collect();
+        assert_eq!(bodies.len(), ScriptName::COUNT);
+        for (body, &name) in bodies.iter().zip(ScriptName::VARIANTS) {
+            let prologue: Vec<&str> = body.lines().skip(1).take(3).collect();
+            assert_eq!(
+                prologue[0], "  rcall, KEYS, ARGV = redis.call, keys, args",
+                "{name:?}"
+            );
+            assert_eq!(prologue[1] == "  bind_keys()", name.is_seat(), "{name:?}");
+            assert_eq!(prologue[2] == "  bind_events()", name.is_seat(), "{name:?}");
+        }
+        // The name follows the text: another text, another library.
+        let hash = redis::Script::new(library).get_hash().to_owned();
+        assert!(scripts.library_name().starts_with("seatgate_"));
+        assert_ne!(&hash[..16], &scripts.library_name()["seatgate_".len()..]);
     }
 
     #[test]
@@ -896,8 +1090,9 @@ mod tests {
                 1,
                 "{name}: one copy per helper"
             );
-            // Each helper costs a closure on every run: a script carries
-            // none that only another script calls.
+            // A script names only the helpers it calls (in the library every
+            // helper is built once, at load; run on its own, a helper named
+            // needlessly would cost a closure on every run).
             assert_eq!(
                 text.contains("local function seat_lease_refusal"),
                 name == "acquire" || name == "release",
@@ -931,7 +1126,7 @@ mod tests {
         }
         for &script in ScriptName::VARIANTS {
             assert_eq!(
-                source(script).contains("local K ="),
+                source(script).contains("local function bind_keys"),
                 script.is_seat(),
                 "{script:?}: a seat script takes the license keys"
             );

@@ -50,6 +50,7 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     events_are_relayed_to_their_shard_exactly_once(&cluster).await;
     a_worker_killed_between_script_and_relay_loses_no_event(&cluster).await;
     the_invalid_request_budget_on_a_cluster(&cluster).await;
+    the_function_library_is_on_every_master_and_loaded_again_when_lost(&cluster).await;
 }
 
 /// `seatgate run` on the cluster, killed by the fault hook right after its
@@ -575,4 +576,101 @@ async fn the_invalid_request_budget_on_a_cluster(cluster: &LocalCluster) {
         "the budget's reply streams, the rest dead-lettered"
     );
     w.stop().await;
+}
+
+/// Whether the node at `port` has seatgate's function library loaded.
+async fn library_on(port: u16) -> bool {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+    let mut con = client.get_multiplexed_async_connection().await.expect("node");
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(seatgate::engine::scripts::Scripts::get().library_name())
+        .query_async(&mut con)
+        .await
+        .expect("FUNCTION LIST");
+    !libraries.is_empty()
+}
+
+/// The seat functions on a cluster (issue 24): one load puts the library on
+/// every master (and their replicas, which replicate it); a master that lost
+/// it (FUNCTION FLUSH, as a node restarted without persistence or newly
+/// added would have) answers `Function not found`, and the call loads the
+/// library again and is served.
+async fn the_function_library_is_on_every_master_and_loaded_again_when_lost(cluster: &LocalCluster) {
+    let s = settings(cluster, "fnlib");
+    let mut con = db(&s).await;
+    seatgate::engine::scripts::Scripts::get()
+        .load_all(&mut con)
+        .await
+        .expect("load");
+    let masters = cluster.master_ports().await;
+    assert_eq!(masters.len(), 3);
+    for &port in &masters {
+        assert!(library_on(port).await, "the library is on master {port}");
+    }
+    // One license per master.
+    let mut on: HashMap<u16, String> = HashMap::new();
+    for i in 0..60 {
+        let l = format!("fn-{i}");
+        if let Some(port) = cluster.master_of(&license_keys(&s, &l).holders).await {
+            on.entry(port).or_insert(l);
+        }
+    }
+    assert_eq!(on.len(), 3, "a license on every master");
+    for l in on.values() {
+        put_license(&s, l, 2).await;
+    }
+    for &port in &masters {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+        let mut node = client.get_multiplexed_async_connection().await.expect("node");
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query_async(&mut node)
+            .await
+            .expect("flush");
+        assert!(!library_on(port).await, "flushed on {port}");
+    }
+    for (port, l) in &on {
+        let o = direct(&s, l, "s1").acquire(&mut con).await;
+        assert_eq!(o.status(), Status::Acquired, "{l} on master {port}");
+        // The function was handed the license record's key and the events
+        // log; the holders key it wrote it derived, in the same slot.
+        assert_eq!(holders(&s, l).await, ["s1"], "{l}");
+    }
+    for &port in &masters {
+        assert!(library_on(port).await, "loaded again on master {port}");
+    }
+    // What Redis 7 allows a function on a cluster: an undeclared key of
+    // the declared key's slot, not one of another slot.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(
+            "#!lua name=fnlib_slots\n\
+             redis.register_function('fnlib_touch', function(keys, args)\n\
+               return redis.call('INCR', args[1])\n\
+             end)\n",
+        )
+        .query_async(&mut con)
+        .await
+        .expect("load");
+    let fcall = |key: &str, touch: &str| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("fnlib_touch").arg(1).arg(key).arg(touch);
+        cmd
+    };
+    let same: i64 = fcall("fnlib:{L}:license", "fnlib:{L}:derived")
+        .query_async(&mut con)
+        .await
+        .expect("an undeclared key of the same slot");
+    assert_eq!(same, 1);
+    let other: redis::RedisResult<i64> = fcall("fnlib:{L}:license", "fnlib:{other-tag}:derived")
+        .query_async(&mut con)
+        .await;
+    let err = other.expect_err("a key of another slot is refused").to_string();
+    assert!(
+        err.contains("same slot") || err.contains("non local key"),
+        "{err}"
+    );
 }

@@ -204,7 +204,7 @@ async fn the_same_request_id_sent_twice_is_decided_once() {
     assert_eq!(holders(&settings, "lic").await, ["s2"]);
 }
 
-/// The scripts themselves: past its deadline (ARGV[11]) every op answers
+/// The scripts themselves: past its deadline (ARGV[6]) every op answers
 /// REQUEST_EXPIRED and changes nothing: no seat, no place in the queue, no
 /// rate-limit hit, no revocation; a delivery again hears the same; in time,
 /// the same call decides.

@@ -13,7 +13,7 @@ use seatgate::engine::status::Status;
 
 use crate::support::{
     db, direct, holders, keys, license_keys, provision, put_license, redis_ms, reply_stream, seats,
-    seats_with_timeout, spawn_app, Direct, RedisServer, RedisServerExt, TestApp, META,
+    seats_with_timeout, spawn_app, spawn_app_with, Direct, RedisServer, RedisServerExt, TestApp, META,
 };
 
 #[tokio::test]
@@ -227,30 +227,103 @@ async fn lowering_seats_evicts_nobody_but_refuses_new_acquires() {
     );
 }
 
+/// The library's functions, as FUNCTION LIST names them.
+async fn loaded_functions(con: &mut seatgate::db::Db) -> Vec<String> {
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(Scripts::get().library_name())
+        .query_async(con)
+        .await
+        .unwrap();
+    let mut names = Vec::new();
+    fn walk(v: &redis::Value, names: &mut Vec<String>) {
+        match v {
+            redis::Value::Array(items) => {
+                for pair in items.windows(2) {
+                    if let (redis::Value::BulkString(k), redis::Value::BulkString(n)) = (&pair[0], &pair[1]) {
+                        if k == b"name" {
+                            names.push(String::from_utf8_lossy(n).into_owned());
+                        }
+                    }
+                }
+                for item in items {
+                    walk(item, names);
+                }
+            }
+            redis::Value::Map(items) => {
+                for (k, n) in items {
+                    if let (redis::Value::BulkString(k), redis::Value::BulkString(n)) = (k, n) {
+                        if k == b"name" {
+                            names.push(String::from_utf8_lossy(n).into_owned());
+                        }
+                    }
+                    walk(n, names);
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(&libraries, &mut names);
+    names
+}
+
 #[tokio::test]
-async fn scripts_reload_after_script_flush() {
+async fn scripts_reload_after_function_flush() {
     let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 2).await;
     direct(&settings, "lic", "s1").acquire(&mut con).await;
-    let _: () = redis::cmd("SCRIPT")
+    let functions = loaded_functions(&mut con).await;
+    for f in Scripts::get().functions() {
+        assert!(functions.iter().any(|n| n == f), "{f} loaded: {functions:?}");
+    }
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut con)
         .await
         .unwrap();
-    let exists: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(Scripts::get().hashes())
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert!(exists.iter().all(|e| !e), "flush removed the scripts");
-    // EVALSHA answers NOSCRIPT; the call re-loads and succeeds.
+    assert!(
+        loaded_functions(&mut con).await.is_empty(),
+        "flush removed the library"
+    );
+    // FCALL answers `Function not found`; the call loads the library and succeeds.
     assert_eq!(
         direct(&settings, "lic", "s2").acquire(&mut con).await.status(),
         Status::Acquired
     );
     let o = direct(&settings, "lic", "s1").heartbeat(&mut con).await;
     assert_eq!(o.status(), Status::HeartbeatUpdated);
+}
+
+/// A Redis without functions (before 7.0; here one whose FCALL and FUNCTION
+/// are renamed away) is refused in one line that says why.
+#[tokio::test]
+async fn a_redis_without_functions_is_refused_in_one_clear_line() {
+    let TestApp(_redis, _settings, mut con) = spawn_app_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ])
+    .await;
+    let err = Scripts::get()
+        .load_all(&mut con)
+        .await
+        .expect_err("no functions")
+        .to_string();
+    assert!(err.contains("seatgate needs Redis 7.0 or later"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // A call (which loads the library when Redis has not got it) says the same.
+    let err = Scripts::get()
+        .renew(&mut con, "lock", "token", 1_000)
+        .await
+        .expect_err("no FCALL");
+    assert!(
+        err.to_string().contains("seatgate needs Redis 7.0 or later"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -1355,5 +1428,69 @@ async fn a_license_change_is_written_only_over_the_record_it_checked() {
             con.hgetall(license_keys(&s, &license).license).await.unwrap();
         let reserves = record.keys().filter(|f| f.starts_with("group_reserve:")).count();
         assert_eq!(reserves, 1, "round {round}: {record:?}");
+    }
+}
+
+/// The names lua/includes/keys.lua derives from the license record's key
+/// (issue 24: the scripts are handed one key and derive the others) are
+/// engine::keys's, the one Rust source of key names, for every key a script
+/// touches, under a prefix of the deployment's own and an id with every
+/// character an id may hold.
+#[tokio::test]
+async fn the_scripts_derive_the_license_keys_engine_keys_names() {
+    const SCRIPT: &str = r#"local rcall = redis.call
+--- @include "keys"
+local out = {}
+for i, name in ipairs(ARGV) do
+  if name == 'session_rate' then
+    out[i] = K.license_rate .. ':' .. 'sess-1'
+  else
+    out[i] = K[name]
+  end
+end
+return out
+"#;
+    let TestApp(_redis, _settings, mut con) = spawn_app().await;
+    let script = redis::Script::new(&seatgate::engine::scripts::with_includes(SCRIPT).unwrap());
+    for (prefix, license) in [("seat", "acme-pro"), ("tenant.a:seat", "A.b_c-d:e@f9")] {
+        let keys = seatgate::engine::keys::Keys::new(prefix);
+        let k = keys.license(license);
+        let expected: Vec<(&str, String)> = vec![
+            ("license", k.license.clone()),
+            ("holders", k.holders.clone()),
+            ("sessions", k.sessions.clone()),
+            ("queue", k.queue.clone()),
+            ("waiters", k.waiters.clone()),
+            ("deadlines", k.deadlines.clone()),
+            ("queue_seq", k.queue_seq.clone()),
+            ("outbox", k.outbox.clone()),
+            ("owners", k.owners.clone()),
+            ("lingering", k.lingering.clone()),
+            ("borrowed", k.borrowed.clone()),
+            ("revoked", k.revoked.clone()),
+            ("revocations", k.revocations.clone()),
+            ("groups", k.groups.clone()),
+            ("denials", keys.denials(license)),
+            ("event_seq", k.events.seq.clone()),
+            ("license_rate", keys.license_rate(license)),
+            ("session_rate", keys.session_rate(license, "sess-1")),
+            ("done", keys.dedupe(license, 29_933_565)),
+            ("done_before", keys.dedupe(license, 29_933_564)),
+        ];
+        // Every key of LicenseKeys::all is among them.
+        for key in k.all() {
+            assert!(expected.iter().any(|(_, e)| e == key), "{key}");
+        }
+        let mut call = script.prepare_invoke();
+        call.key(&k.license)
+            .key(&k.events.target)
+            .key(keys.dedupe(license, 29_933_565))
+            .key(keys.dedupe(license, 29_933_564));
+        for (name, _) in &expected {
+            call.arg(*name);
+        }
+        let got: Vec<String> = call.invoke_async(&mut con).await.unwrap();
+        let want: Vec<String> = expected.iter().map(|(_, e)| e.clone()).collect();
+        assert_eq!(got, want, "{prefix} {license}");
     }
 }

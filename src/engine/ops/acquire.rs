@@ -85,8 +85,8 @@ impl Acquire {
     }
 }
 
-/// lua/acquire.lua's arguments: `ARGV[8..10]` (session, lease, the
-/// service's heartbeat timeout) and its own `ARGV[12..17]`; the worker
+/// lua/acquire.lua's arguments: `ARGV[4..5]` (session, lease), the
+/// service's heartbeat timeout (in `ARGV[7]`) and its own `ARGV[8..13]`; the worker
 /// builds them from an [`Acquire`], tests and the benchmark directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
@@ -126,13 +126,12 @@ impl AcquireArgs<'_> {
         };
         scripts
             .request(ScriptName::Acquire, keys, guard, &shared)
-            .arg(self.meta) // ARGV[12]
-            .arg(self.wait_ms) // ARGV[13]
-            .arg(self.request_id) // ARGV[14]
-            .arg(self.reply_to) // ARGV[15]
-            .arg(self.default_queue_max) // ARGV[16]
-            .arg(self.who.script_arg()) // ARGV[17]
-            .key(&keys.groups) // KEYS[18]
+            .arg(self.meta) // ARGV[8]
+            .arg(self.wait_ms) // ARGV[9]
+            .arg(self.request_id) // ARGV[10]
+            .arg(self.reply_to) // ARGV[11]
+            .arg(self.default_queue_max) // ARGV[12]
+            .arg(self.who.script_arg()) // ARGV[13]
             .finish()
     }
 }

@@ -82,9 +82,9 @@ impl Revoke {
     }
 }
 
-/// lua/revoke.lua's arguments: `ARGV[8]` and `ARGV[10]` (the session, the
-/// service's heartbeat timeout; no lease: a revoke goes around the one the
-/// seat is bound to) and its own `ARGV[12..17]`.
+/// lua/revoke.lua's arguments: `ARGV[4]` and part of `ARGV[7]` (the
+/// session, the service's heartbeat timeout; no lease: a revoke goes around
+/// the one the seat is bound to) and its own `ARGV[8..13]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RevokeArgs<'a> {
     /// The session whose seat (or place in the queue) is taken away.
@@ -118,12 +118,12 @@ impl RevokeArgs<'_> {
         };
         scripts
             .request(ScriptName::Revoke, keys, guard, &shared)
-            .arg(self.reason) // ARGV[12]
-            .arg(self.actor) // ARGV[13]
-            .arg(self.cooldown_ms) // ARGV[14]
-            .arg(self.remember_ms) // ARGV[15]
-            .arg(self.max_remembered) // ARGV[16]
-            .arg(if self.user_wide { "1" } else { "0" }) // ARGV[17]
+            .arg(self.reason) // ARGV[8]
+            .arg(self.actor) // ARGV[9]
+            .arg(self.cooldown_ms) // ARGV[10]
+            .arg(self.remember_ms) // ARGV[11]
+            .arg(self.max_remembered) // ARGV[12]
+            .arg(if self.user_wide { "1" } else { "0" }) // ARGV[13]
             .finish()
     }
 }

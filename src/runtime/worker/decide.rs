@@ -263,9 +263,10 @@ impl Decider {
             .collect()
     }
 
-    /// Runs the seat script of every valid request in one pipeline. Scripts
-    /// that Redis no longer knows (NOSCRIPT after a restart or SCRIPT FLUSH)
-    /// did not run, so they are re-run one by one, which re-loads them.
+    /// Runs the seat script of every valid request in one pipeline. Calls
+    /// of a function Redis no longer has (the library lost in a restart, a
+    /// FUNCTION FLUSH, on a new cluster node) did not run, so they are re-run
+    /// one by one, which loads the library again.
     async fn send(&self, con: &mut Db, items: &mut [Item], tag: Option<&str>) {
         let scripts = Scripts::get();
         let mut calls: Vec<(&mut Item, SeatCall<'_>)> = items
@@ -308,7 +309,7 @@ impl Decider {
         };
         for ((item, call), answer) in calls.iter_mut().zip(answers) {
             let (result, elapsed) = match answer {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(e) if crate::engine::scripts::is_not_loaded(&e) => {
                     let started = Instant::now();
                     let result = call.run(con).await;
                     (result, started.elapsed())

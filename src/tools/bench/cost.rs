@@ -30,7 +30,7 @@ pub struct RedisCost {
     pub ops: u64,
     /// Every command Redis ran in the window, most total time first. A
     /// script's own commands are counted too, and their time is also inside
-    /// the script's (EVALSHA): do not add the two up.
+    /// the script's (FCALL, or the seed's EVALSHA): do not add the two up.
     pub commands: Vec<CommandCost>,
 }
 

@@ -146,8 +146,8 @@ async fn reaper_run(settings: &Settings, con: &mut Db, total: usize) -> Result<V
 }
 
 /// The slowest command in Redis's slow log: its time (µs) and its name
-/// (for a script, `EVALSHA` and its first key, which tells reap.lua from the
-/// due index scripts).
+/// (for a script, `FCALL` (or the seed's `EVALSHA`) and its first key,
+/// which tells reap.lua from the due index scripts).
 async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(128).query_async(con).await?;
     let mut slowest: Option<(i64, String)> = None;
@@ -165,8 +165,8 @@ async fn slowest(con: &mut Db) -> Result<Option<(i64, String)>, Error> {
                 .unwrap_or_default()
         };
         let mut name = arg(0).to_uppercase();
-        if name == "EVALSHA" {
-            name = format!("EVALSHA {}", arg(3));
+        if name == "EVALSHA" || name == "FCALL" {
+            name = format!("{name} {}", arg(3));
         }
         if slowest.as_ref().is_none_or(|(max, _)| us > max) {
             slowest = Some((*us, name));

@@ -1,4 +1,4 @@
-//! `seatgate bench`: seatgate end to end beside the direct EVALSHA path and
+//! `seatgate bench`: seatgate end to end beside the direct script path (FCALL) and
 //! beside what one Redis core can do, in one run on one machine.
 //!
 //! Every scenario runs for a fixed time after a warm-up and reports
@@ -366,7 +366,7 @@ pub fn render(report: &Report) -> String {
     let costed: Vec<&Row> = report.rows.iter().filter(|r| r.redis.is_some()).collect();
     if !costed.is_empty() {
         out.push_str(
-            "\nRedis per request over each measured window: server CPU (INFO cpu), then each command's calls per request × µs per call (INFO commandstats; a script's own commands are inside its EVALSHA time)\n",
+            "\nRedis per request over each measured window: server CPU (INFO cpu), then each command's calls per request × µs per call (INFO commandstats; a script's own commands are inside its EVALSHA or FCALL time)\n",
         );
     }
     for r in costed {
@@ -404,7 +404,7 @@ fn command_breakdown(c: &RedisCost) -> String {
 }
 
 /// The smallest Redis time per request, µs, of a command the table lists:
-/// below it are mostly a script's own commands, already inside its EVALSHA.
+/// below it are mostly a script's own commands, already inside its EVALSHA or FCALL.
 const SHOWN_US: f64 = 0.5;
 
 #[cfg(test)]

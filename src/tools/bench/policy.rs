@@ -118,7 +118,7 @@ pub(super) async fn run(b: &mut Bench<'_>) -> Result<(), Error> {
         let spent = cost(&before.unwrap_or_default(), &after, measured);
         let us = spent
             .as_ref()
-            .and_then(|c| c.commands.iter().find(|c| c.command == "evalsha"))
+            .and_then(|c| c.commands.iter().find(|c| c.command == "fcall"))
             .map(|c| c.usec_per_call);
         let held: u64 = redis::cmd("ZCARD")
             .arg(b.keys.license(&license).holders)

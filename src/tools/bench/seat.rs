@@ -105,13 +105,13 @@ impl Seat {
         }
     }
 
-    /// `step` as one EVALSHA command, for a pipeline. Pipelines do not
-    /// re-load scripts on NOSCRIPT: load them first (`Scripts::load_all`).
+    /// `step` as one FCALL command, for a pipeline. Pipelines do not load
+    /// the function library when Redis lost it: load it first (`Scripts::load_all`).
     pub(super) fn cmd(&self, step: Step<'_>) -> redis::Cmd {
         self.call(step).cmd()
     }
 
-    /// `step` on its own (re-loading the script on NOSCRIPT), decoded.
+    /// `step` on its own (loading the library when Redis lost it), decoded.
     pub(super) async fn run(&self, con: &mut Db, step: Step<'_>) -> Result<Outcome, Error> {
         self.call(step).run(con).await
     }

@@ -1,6 +1,6 @@
 //! Throughput, closed loop: the seed design's scripts (pipelined and
 //! direct), the ceiling (seatgate's seat scripts pipelined, no stream), the
-//! direct EVALSHA path, and seatgate end to end through its streams. Every
+//! direct script path (FCALL), and seatgate end to end through its streams. Every
 //! row carries what it cost Redis (`cost`).
 
 use std::sync::Arc;
@@ -167,13 +167,17 @@ async fn pipelined(settings: &Settings, keys: &Keys, w: Window, scripts: Scripts
     for t in tasks {
         ops += t.await.map_err(bench_err)??;
     }
-    let (scenario, note) = match scripts {
-        Scripts::Seatgate => ("ceiling", "acquire+release scripts, no stream"),
-        Scripts::Seed => ("seed", "the seed's acquire_seat+release_seat, keys in KEYS"),
+    let (scenario, note, command) = match scripts {
+        Scripts::Seatgate => ("ceiling", "acquire+release scripts, no stream", "FCALL"),
+        Scripts::Seed => (
+            "seed",
+            "the seed's acquire_seat+release_seat, keys in KEYS",
+            "EVALSHA",
+        ),
     };
     Ok(row(
         scenario,
-        format!("EVALSHA pipelined {DEPTH} deep x{CONNECTIONS} conns"),
+        format!("{command} pipelined {DEPTH} deep x{CONNECTIONS} conns"),
         ops,
         w.length(),
         None,
