@@ -21,7 +21,7 @@ use seatgate::tools::history::{self, Options};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: history --binary PATH [--seed N] [--secs N] [--workers N] [--clients N] [--no-faults] [--cluster]"
+        "usage: history --binary PATH [--seed N] [--secs N] [--workers N] [--clients N] [--no-faults] [--cluster [--master-kill9]]"
     );
     ExitCode::from(2)
 }
@@ -52,6 +52,7 @@ async fn main() -> ExitCode {
             },
             "--no-faults" => opts.faults = false,
             "--cluster" => opts.cluster = true,
+            "--master-kill9" => opts.master_kill9 = true,
             _ => return usage(),
         }
     }
@@ -68,6 +69,9 @@ async fn main() -> ExitCode {
             ""
         }
     );
+    if opts.master_kill9 && !opts.cluster {
+        return usage();
+    }
     let recorded = match history::run(&opts).await {
         Ok(h) => h,
         Err(e) => {

@@ -663,6 +663,68 @@ impl LocalCluster {
         }
     }
 
+    /// After the master on `old` was killed: waits until another node owns
+    /// `key`'s slot (a replica took over by itself, after the node timeout)
+    /// and the live nodes report `cluster_state:ok`. Returns its port.
+    pub async fn taken_over(&self, key: &str, old: u16, within: Duration) -> Result<u16, Error> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(port) = self.master_of(key).await.filter(|p| *p != old) {
+                self.wait_ok(deadline.saturating_duration_since(Instant::now()))
+                    .await?;
+                return Ok(port);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::LocalRedis(format!(
+                    "no replica took over from the master killed on port {old}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts the killed node on `port` again (same port, its data
+    /// directory and `nodes.conf`) and waits until it is a replica of the
+    /// master on `master` with its link up, and the cluster is ok.
+    pub async fn rejoin(&mut self, port: u16, master: u16, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .ok_or_else(|| Error::LocalRedis(format!("no node of the cluster on port {port}")))?;
+        node.restart().await?;
+        loop {
+            if self.replicas_of(master).await.contains(&port) && self.link_up(port).await {
+                return self
+                    .wait_ok(deadline.saturating_duration_since(Instant::now()))
+                    .await;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::LocalRedis(format!(
+                    "the node on port {port} did not rejoin as a replica of port {master}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether the node on `port` is a replica whose link to its master is up.
+    async fn link_up(&self, port: u16) -> bool {
+        let Some(n) = self.node(port) else {
+            return false;
+        };
+        let Some(mut con) = n.con().await else {
+            return false;
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut con)
+            .await
+            .unwrap_or_default();
+        info.contains("master_link_status:up")
+    }
+
     /// The node on `port`, if it is one of the cluster's.
     pub fn node(&self, port: u16) -> Option<&LocalRedis> {
         self.nodes.iter().find(|n| n.port == port)
@@ -721,14 +783,7 @@ impl LocalCluster {
         let fail = |why: String| Error::LocalRedis(format!("failover of the master on port {master}: {why}"));
         loop {
             for port in self.replicas_of(master).await {
-                let Some(n) = self.node(port) else { continue };
-                let Some(mut con) = n.con().await else { continue };
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut con)
-                    .await
-                    .unwrap_or_default();
-                if info.contains("master_link_status:up") {
+                if self.link_up(port).await {
                     return self.failover_to(master, port, deadline).await;
                 }
             }

@@ -4,7 +4,8 @@
 //! of a worker; on one node kill -9 of Redis (restarted on its port from its
 //! AOF), SIGSTOP of Redis, `CLIENT PAUSE WRITE`; on a cluster a coordinated
 //! master failover, and a short SIGSTOP or `CLIENT PAUSE WRITE` of the
-//! master that holds a license. License changes and deletes are the
+//! master that holds a license, and only when asked for a kill -9 of such a
+//! master (an unplanned failover). License changes and deletes are the
 //! administrator's (run.rs), as in production.
 
 use std::path::PathBuf;
@@ -35,6 +36,12 @@ pub enum FaultKind {
     /// holds a license's slot (a coordinated failover: no acknowledged
     /// write is lost).
     ClusterFailover,
+    /// On a cluster, only when asked for ([`super::Options::master_kill9`]):
+    /// SIGKILL the master that holds a license's slot; a replica takes over
+    /// by itself after the node timeout (an unplanned failover, which can
+    /// lose writes the master acknowledged last), then the killed node
+    /// starts again from its AOF and rejoins as a replica.
+    MasterKill9,
 }
 
 impl FaultKind {
@@ -46,6 +53,7 @@ impl FaultKind {
             FaultKind::RedisStop => "redis_sigstop",
             FaultKind::RedisPause => "redis_client_pause",
             FaultKind::ClusterFailover => "cluster_failover",
+            FaultKind::MasterKill9 => "cluster_master_kill9",
         }
     }
 }
@@ -75,11 +83,19 @@ pub struct Planned {
 /// coordinated failover, at least one per run, and a SIGSTOP of a master
 /// shorter than the cluster's node timeout (2 s): a longer one is an
 /// unplanned failover too, the master going on, once resumed, to accept
-/// writes that its promoted replica never sees.
-pub fn schedule(rng: &mut Rng, duration: Duration, workers: usize, licenses: usize) -> Vec<Planned> {
+/// writes that its promoted replica never sees. With `master_kill9` a
+/// cluster's schedule has that fault too (a run to look at, not a pass or
+/// fail: see [`FaultKind::MasterKill9`]).
+pub fn schedule(
+    rng: &mut Rng,
+    duration: Duration,
+    workers: usize,
+    licenses: usize,
+    master_kill9: bool,
+) -> Vec<Planned> {
     let cluster = licenses > 0;
-    let kinds: &[FaultKind] = if cluster {
-        &[
+    let mut kinds: Vec<FaultKind> = if cluster {
+        vec![
             FaultKind::WorkerKill9,
             FaultKind::WorkerKill9,
             FaultKind::WorkerStop,
@@ -90,7 +106,7 @@ pub fn schedule(rng: &mut Rng, duration: Duration, workers: usize, licenses: usi
             FaultKind::RedisPause,
         ]
     } else {
-        &[
+        vec![
             FaultKind::WorkerKill9,
             FaultKind::WorkerKill9,
             FaultKind::WorkerStop,
@@ -100,11 +116,14 @@ pub fn schedule(rng: &mut Rng, duration: Duration, workers: usize, licenses: usi
             FaultKind::RedisPause,
         ]
     };
+    if cluster && master_kill9 {
+        kinds.push(FaultKind::MasterKill9);
+    }
     let end = duration.saturating_sub(Duration::from_secs(4));
     let mut at = Duration::from_millis(rng.range(3000, 5000));
     let mut out = Vec::new();
     while at < end {
-        let kind = *rng.pick(kinds);
+        let kind = *rng.pick(&kinds);
         let lasts = Duration::from_millis(match kind {
             FaultKind::WorkerKill9 => rng.range(500, 3000),
             FaultKind::WorkerStop => rng.range(1000, 7000),
@@ -114,6 +133,8 @@ pub fn schedule(rng: &mut Rng, duration: Duration, workers: usize, licenses: usi
             FaultKind::RedisPause => rng.range(500, 3000),
             // As long as the replica takes to catch up and take over.
             FaultKind::ClusterFailover => 0,
+            // How long the killed node stays down once its replica took over.
+            FaultKind::MasterKill9 => rng.range(500, 2000),
         });
         let target = match kind {
             FaultKind::WorkerKill9 | FaultKind::WorkerStop => rng.range(0, workers as u64),
@@ -325,7 +346,7 @@ impl Fleet {
         licenses: &[(String, String)],
     ) -> Result<Option<String>, Error> {
         let i = fault.target.min(self.workers.len().saturating_sub(1));
-        if let Backend::Cluster(cluster) = &self.redis {
+        if let Backend::Cluster(cluster) = &mut self.redis {
             if !matches!(fault.kind, FaultKind::WorkerKill9 | FaultKind::WorkerStop) {
                 return inject_cluster(cluster, fault, licenses).await.map(Some);
             }
@@ -348,7 +369,8 @@ impl Fleet {
             FaultKind::RedisKill9
             | FaultKind::RedisStop
             | FaultKind::RedisPause
-            | FaultKind::ClusterFailover => {
+            | FaultKind::ClusterFailover
+            | FaultKind::MasterKill9 => {
                 let Backend::Node(redis) = &mut self.redis else {
                     return Ok(None);
                 };
@@ -447,9 +469,9 @@ async fn pause_writes_for(redis: &LocalRedis, lasts: Duration) -> Result<(), Err
 /// A Redis fault on a cluster, on the master that holds
 /// `licenses[fault.target]`'s slot: a coordinated failover to one of its
 /// replicas (waiting until it took over and the cluster is ok), a SIGSTOP,
-/// or a `CLIENT PAUSE WRITE`. Returns what it hit.
+/// a `CLIENT PAUSE WRITE`, or (asked for only) a kill -9. Returns what it hit.
 async fn inject_cluster(
-    cluster: &LocalCluster,
+    cluster: &mut LocalCluster,
     fault: &Planned,
     licenses: &[(String, String)],
 ) -> Result<String, Error> {
@@ -459,6 +481,13 @@ async fn inject_cluster(
     let Some(master) = cluster.master_of(key).await else {
         return Err(Error::History(format!("no master owns {license}'s slot")));
     };
+    if fault.kind == FaultKind::MasterKill9 {
+        cluster.kill9(master);
+        let to = cluster.taken_over(key, master, FAILOVER_WITHIN).await?;
+        tokio::time::sleep(fault.lasts).await;
+        cluster.rejoin(master, to, FAILOVER_WITHIN).await?;
+        return Ok(format!("{license}: master {master} killed -> {to}"));
+    }
     let node = cluster
         .node(master)
         .ok_or_else(|| Error::History(format!("no node of the cluster on port {master}")))?;
@@ -476,8 +505,57 @@ async fn inject_cluster(
             Ok(format!("{license}: master {master} paused"))
         }
         // Kept out of a cluster's schedule (see `schedule`).
-        FaultKind::RedisKill9 | FaultKind::WorkerKill9 | FaultKind::WorkerStop => Err(Error::History(
-            format!("{} is no cluster fault", fault.kind.as_str()),
-        )),
+        FaultKind::RedisKill9 | FaultKind::WorkerKill9 | FaultKind::WorkerStop | FaultKind::MasterKill9 => {
+            Err(Error::History(format!(
+                "{} is no cluster fault",
+                fault.kind.as_str()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(plan: &[Planned]) -> Vec<FaultKind> {
+        plan.iter().map(|p| p.kind).collect()
+    }
+
+    /// One node: no cluster fault. A cluster: at least one coordinated
+    /// failover, no kill -9 of Redis, and kill -9 of a master only when
+    /// asked for; cluster faults aim at one of the licenses.
+    #[test]
+    fn a_cluster_schedule_fails_over_and_kills_a_master_only_when_asked() {
+        let secs = Duration::from_secs(35);
+        let mut asked_and_killed = 0;
+        for seed in 0..200 {
+            let node = kinds(&schedule(&mut Rng::new(seed), secs, 3, 0, false));
+            assert!(
+                !node
+                    .iter()
+                    .any(|k| matches!(k, FaultKind::ClusterFailover | FaultKind::MasterKill9)),
+                "seed {seed}: {node:?}"
+            );
+            let plan = schedule(&mut Rng::new(seed), secs, 3, 4, false);
+            let cluster = kinds(&plan);
+            assert!(
+                cluster.contains(&FaultKind::ClusterFailover),
+                "seed {seed}: {cluster:?}"
+            );
+            assert!(
+                !cluster
+                    .iter()
+                    .any(|k| matches!(k, FaultKind::RedisKill9 | FaultKind::MasterKill9)),
+                "seed {seed}: {cluster:?}"
+            );
+            assert!(plan.iter().all(|p| p.target < 4), "seed {seed}: {plan:?}");
+            let killing = kinds(&schedule(&mut Rng::new(seed), secs, 3, 4, true));
+            asked_and_killed += usize::from(killing.contains(&FaultKind::MasterKill9));
+        }
+        assert!(
+            asked_and_killed > 0,
+            "no schedule with master_kill9 killed a master"
+        );
     }
 }

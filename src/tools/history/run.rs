@@ -207,7 +207,13 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
     // The faults, one after another, on this task (it owns the processes).
     let plan = if opts.faults {
         let aimed = if opts.cluster { aims.len() } else { 0 };
-        faults::schedule(&mut root.fork(2000), opts.duration, opts.workers.max(1), aimed)
+        faults::schedule(
+            &mut root.fork(2000),
+            opts.duration,
+            opts.workers.max(1),
+            aimed,
+            opts.master_kill9,
+        )
     } else {
         Vec::new()
     };
