@@ -114,7 +114,8 @@ pub enum AdminKind {
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub kind: FaultKind,
-    /// Which worker, for worker faults.
+    /// Which worker, for worker faults; on a cluster, for Redis faults, the
+    /// license (index) whose master was hit.
     pub target: Option<usize>,
     pub at: std::time::Duration,
     pub lasted: std::time::Duration,

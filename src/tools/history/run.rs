@@ -43,14 +43,13 @@ const USERS: [&str; 4] = ["ada", "bob", "cyd", "dee"];
 /// and shards: docs/operations.md, "History checker").
 const CLUSTER_SHARDS: usize = 6;
 
-/// What every `seatgate` process of a run (workers, CLI) is given to find
-/// the run's Redis besides `--redis`: on a cluster its seeds and the shards.
-fn redis_env(fleet: &Fleet, cluster: bool) -> Vec<(String, String)> {
-    let mut env = fleet.redis_env();
+/// The shard count every `seatgate` process of a cluster run is given.
+fn shards_env(cluster: bool) -> Vec<(String, String)> {
     if cluster {
-        env.push(("SEATGATE__STREAM__SHARDS".to_owned(), CLUSTER_SHARDS.to_string()));
+        vec![("SEATGATE__STREAM__SHARDS".to_owned(), CLUSTER_SHARDS.to_string())]
+    } else {
+        Vec::new()
     }
-    env
 }
 
 /// The settings the workers run with (besides the defaults).
@@ -136,7 +135,8 @@ struct Target {
 pub struct Ctx {
     target: Target,
     binary: std::path::PathBuf,
-    /// What every `seatgate` process is given besides `--redis` ([`redis_env`]).
+    /// What every `seatgate` CLI process is given besides `--redis`: on a
+    /// cluster its seeds ([`Fleet::redis_env`]) and the shard count.
     env: Vec<(String, String)>,
     /// The defaults, on a cluster with its seeds and [`CLUSTER_SHARDS`]:
     /// which shard a license's requests and events use.
@@ -150,9 +150,7 @@ pub struct Ctx {
 pub async fn run(opts: &Options) -> Result<History, Error> {
     let root = Rng::new(opts.seed);
     let mut env = worker_env();
-    if opts.cluster {
-        env.push(("SEATGATE__STREAM__SHARDS".to_owned(), CLUSTER_SHARDS.to_string()));
-    }
+    env.extend(shards_env(opts.cluster));
     let mut fleet = Fleet::start(opts.binary.clone(), opts.workers.max(1), env, opts.cluster).await?;
     let mut settings = Settings::load(None)?;
     settings.redis.cluster_urls = fleet.cluster_urls();
@@ -165,7 +163,11 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
             cluster: fleet.cluster_urls(),
         },
         binary: opts.binary.clone(),
-        env: redis_env(&fleet, opts.cluster),
+        env: fleet
+            .redis_env()
+            .into_iter()
+            .chain(shards_env(opts.cluster))
+            .collect(),
         keys: settings.seat_keys(),
         settings,
         licenses: licenses(),
