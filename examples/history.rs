@@ -6,9 +6,11 @@
 //!     --binary target/release/seatgate --seed 7 --secs 1800
 //! ```
 //!
-//! Starts its own redis-server and `seatgate run` workers (the `--binary`
-//! given), runs clients and faults for `--secs`, checks the history and
-//! prints the summary. Exit 0: no anomaly; 1: anomalies (printed with
+//! Starts its own redis-server (with `--cluster`, a Redis Cluster of 3
+//! masters with a replica each, whose Redis faults include a coordinated
+//! master failover) and `seatgate run` workers (the `--binary` given), runs
+//! clients and faults for `--secs`, checks the history and prints the
+//! summary. Exit 0: no anomaly; 1: anomalies (printed with
 //! their evidence); 2: the run itself failed (bad arguments, a process that
 //! would not start).
 
@@ -18,7 +20,9 @@ use std::time::Duration;
 use seatgate::tools::history::{self, Options};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: history --binary PATH [--seed N] [--secs N] [--workers N] [--clients N] [--no-faults]");
+    eprintln!(
+        "usage: history --binary PATH [--seed N] [--secs N] [--workers N] [--clients N] [--no-faults] [--cluster [--master-kill9]]"
+    );
     ExitCode::from(2)
 }
 
@@ -47,17 +51,27 @@ async fn main() -> ExitCode {
                 Err(_) => return usage(),
             },
             "--no-faults" => opts.faults = false,
+            "--cluster" => opts.cluster = true,
+            "--master-kill9" => opts.master_kill9 = true,
             _ => return usage(),
         }
     }
     eprintln!(
-        "history: seed {} for {} s, {} workers, {} clients, faults {}",
+        "history: seed {} for {} s, {} workers, {} clients, faults {}{}",
         opts.seed,
         opts.duration.as_secs(),
         opts.workers,
         opts.clients,
-        if opts.faults { "on" } else { "off" }
+        if opts.faults { "on" } else { "off" },
+        if opts.cluster {
+            ", on a Redis Cluster (3 masters, 3 replicas)"
+        } else {
+            ""
+        }
     );
+    if opts.master_kill9 && !opts.cluster {
+        return usage();
+    }
     let recorded = match history::run(&opts).await {
         Ok(h) => h,
         Err(e) => {

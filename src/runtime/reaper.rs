@@ -235,11 +235,11 @@ impl Reaper {
 
     /// The read watermark: the Redis time (ms) of the oldest request not yet
     /// decided in any requests stream, `None` when none waits. Per stream,
-    /// the oldest entry pending in the group (`XPENDING`'s summary), else,
-    /// when entries wait undelivered (`XINFO GROUPS` lag), the last
-    /// delivered one's time, a lower bound of theirs (no `XRANGE`: the
-    /// worker's ACL user has only the commands it needs). A stream that
-    /// cannot be read counts as none.
+    /// the oldest entry pending in the group (`XPENDING`'s summary), and the
+    /// first entry after the group's last-delivered-id, when `XINFO GROUPS`
+    /// does not say `lag` 0 ([`first_undelivered`]: `lag` alone can name
+    /// entries that were delivered long ago). A stream that cannot be read
+    /// counts as none.
     async fn read_watermark(&self, con: &mut Db) -> Option<i64> {
         let mut oldest: Option<StreamId> = None;
         for stream in &self.request_streams {
@@ -278,12 +278,11 @@ impl Reaper {
                     );
                 }
             }
-            if int("lag").unwrap_or(0) > 0 {
+            if int("lag") != Some(0) {
                 let last = field(ours, "last-delivered-id")
                     .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                    .and_then(|id| StreamId::parse(&id))
-                    .unwrap_or(StreamId(0, 0));
-                candidates.push(last);
+                    .unwrap_or_else(|| "0-0".to_owned());
+                candidates.extend(first_undelivered(con, stream, &last).await);
             }
             for id in candidates {
                 oldest = Some(oldest.map_or(id, |o| o.min(id)));
@@ -835,10 +834,22 @@ impl Reaper {
                     .is_some_and(|n| n == self.stream.group)
             });
             if let Some(g) = ours {
+                let mut lag = int(g, "lag");
+                if lag.is_some_and(|n| n > 0) {
+                    // Nothing after the last delivered entry: nothing waits,
+                    // whatever Redis's counter says (see first_undelivered).
+                    let last = g
+                        .get("last-delivered-id")
+                        .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                        .unwrap_or_else(|| "0-0".to_owned());
+                    if first_undelivered(&mut con, stream, &last).await.is_none() {
+                        lag = Some(0);
+                    }
+                }
                 out.push(StreamHealth {
                     stream: stream.clone(),
                     pending: int(g, "pending").unwrap_or(0),
-                    lag: int(g, "lag"),
+                    lag,
                 });
             }
         }
@@ -903,6 +914,33 @@ fn schedule_period_ms(schedule: &str) -> Option<u64> {
 /// A stream entry id, ordered as Redis orders them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct StreamId(u64, u64);
+
+/// The id of `stream`'s first entry after `last` (a group's
+/// last-delivered-id): the oldest entry the group has not been delivered,
+/// `None` when there is none (or the stream cannot be read).
+///
+/// Asked of the stream itself because `XINFO GROUPS` `lag` cannot be
+/// trusted to say: it is the entries added less Redis's count of those the
+/// group read, and a replica promoted by a failover lacks its master's
+/// count (Redis 7.0 does not replicate `entries-read` when `XREADGROUP`
+/// delivers entries), so its `lag` names, for good, entries that were
+/// delivered and decided before the failover (the history checker on a
+/// cluster found `lag` 70 with nothing after the last-delivered-id; the
+/// read watermark then stayed at that shard's last request, and the reaper
+/// evicted no holder whose last heartbeat came after it while the shard was
+/// quiet). After an `XDEL` in the middle of the stream `lag` is null.
+async fn first_undelivered(con: &mut Db, stream: &str, last: &str) -> Option<StreamId> {
+    let next: Vec<(String, Value)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg(format!("({last}"))
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(con)
+        .await
+        .ok()?;
+    StreamId::parse(&next.first()?.0)
+}
 
 impl StreamId {
     fn parse(s: &str) -> Option<StreamId> {

@@ -379,6 +379,14 @@ impl LocalRedis {
         self.client().ok()?.get_multiplexed_async_connection().await.ok()
     }
 
+    /// What `ROLE` says the server is (master, slave), or None while it
+    /// does not answer.
+    async fn role(&self) -> Option<String> {
+        let mut con = self.con().await?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await.ok()?;
+        redis::from_redis_value(role.first()?.clone()).ok()
+    }
+
     /// The server process's id (for SIGSTOP / SIGCONT).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -653,5 +661,167 @@ impl LocalCluster {
         if let Some(n) = self.nodes.iter_mut().find(|n| n.port == port) {
             n.kill9();
         }
+    }
+
+    /// After the master on `old` was killed: waits until another node owns
+    /// `key`'s slot (a replica took over by itself, after the node timeout)
+    /// and the live nodes report `cluster_state:ok`. Returns its port.
+    pub async fn taken_over(&self, key: &str, old: u16, within: Duration) -> Result<u16, Error> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(port) = self.master_of(key).await.filter(|p| *p != old) {
+                self.wait_ok(deadline.saturating_duration_since(Instant::now()))
+                    .await?;
+                return Ok(port);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::LocalRedis(format!(
+                    "no replica took over from the master killed on port {old}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts the killed node on `port` again (same port, its data
+    /// directory and `nodes.conf`) and waits until it is a replica of the
+    /// master on `master` with its link up, and the cluster is ok.
+    pub async fn rejoin(&mut self, port: u16, master: u16, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .ok_or_else(|| Error::LocalRedis(format!("no node of the cluster on port {port}")))?;
+        node.restart().await?;
+        loop {
+            if self.replicas_of(master).await.contains(&port) && self.link_up(port).await {
+                return self
+                    .wait_ok(deadline.saturating_duration_since(Instant::now()))
+                    .await;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::LocalRedis(format!(
+                    "the node on port {port} did not rejoin as a replica of port {master}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether the node on `port` is a replica whose link to its master is up.
+    async fn link_up(&self, port: u16) -> bool {
+        let Some(n) = self.node(port) else {
+            return false;
+        };
+        let Some(mut con) = n.con().await else {
+            return false;
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut con)
+            .await
+            .unwrap_or_default();
+        info.contains("master_link_status:up")
+    }
+
+    /// The node on `port`, if it is one of the cluster's.
+    pub fn node(&self, port: u16) -> Option<&LocalRedis> {
+        self.nodes.iter().find(|n| n.port == port)
+    }
+
+    /// The ports of `master`'s replicas that are not failing, as the first
+    /// live node sees them (`CLUSTER NODES`).
+    pub async fn replicas_of(&self, master: u16) -> Vec<u16> {
+        for n in &self.nodes {
+            let Some(mut con) = n.con().await else {
+                continue;
+            };
+            let Ok(text) = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut con)
+                .await
+            else {
+                continue;
+            };
+            // <id> <ip:port@bus> <flags> <master id or -> ...
+            let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+            let port_of = |row: &Vec<&str>| -> Option<u16> {
+                row.get(1)?.split('@').next()?.rsplit(':').next()?.parse().ok()
+            };
+            let Some(id) = rows
+                .iter()
+                .find(|r| port_of(r) == Some(master))
+                .and_then(|r| r.first())
+            else {
+                return Vec::new();
+            };
+            return rows
+                .iter()
+                .filter(|r| r.get(3) == Some(id))
+                .filter(|r| {
+                    r.get(2)
+                        .is_some_and(|f| f.contains("slave") && !f.contains("fail"))
+                })
+                .filter_map(port_of)
+                .collect();
+        }
+        Vec::new()
+    }
+
+    /// A coordinated failover of the master on `master`: `CLUSTER FAILOVER`
+    /// on one of its replicas, once that replica's link to it is up. The
+    /// master stops its clients until the replica has every write it
+    /// acknowledged, then the replica takes its slots, so no acknowledged
+    /// write is lost (unlike the failover after a crash, which promotes a
+    /// replica that may lag). Waits until the replica says it is master,
+    /// the old master that it is a replica, and every node reports
+    /// `cluster_state:ok`; a manual failover that times out (Redis gives
+    /// it 5 s) is asked for again. Returns the new master's port.
+    pub async fn failover(&self, master: u16, within: Duration) -> Result<u16, Error> {
+        let deadline = Instant::now() + within;
+        let fail = |why: String| Error::LocalRedis(format!("failover of the master on port {master}: {why}"));
+        loop {
+            for port in self.replicas_of(master).await {
+                if self.link_up(port).await {
+                    return self.failover_to(master, port, deadline).await;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(fail("no replica in sync with it".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// [`failover`](Self::failover) once `replica`, in sync with `master`, is chosen.
+    async fn failover_to(&self, master: u16, replica: u16, deadline: Instant) -> Result<u16, Error> {
+        let fail = |why: String| Error::LocalRedis(format!("failover of the master on port {master}: {why}"));
+        let (Some(node), Some(old)) = (self.node(replica), self.node(master)) else {
+            return Err(fail("no such node".into()));
+        };
+        while Instant::now() < deadline {
+            let mut con = node
+                .con()
+                .await
+                .ok_or_else(|| fail(format!("the replica on port {replica} does not answer")))?;
+            let _: () = redis::cmd("CLUSTER")
+                .arg("FAILOVER")
+                .query_async(&mut con)
+                .await
+                .map_err(|e| fail(format!("CLUSTER FAILOVER on port {replica}: {e}")))?;
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_secs(7) && Instant::now() < deadline {
+                if node.role().await.as_deref() == Some("master")
+                    && old.role().await.as_deref() == Some("slave")
+                {
+                    self.wait_ok(deadline.saturating_duration_since(Instant::now()))
+                        .await?;
+                    return Ok(replica);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Err(fail(format!("the replica on port {replica} did not take over")))
     }
 }

@@ -219,6 +219,68 @@ async fn heartbeats_unread_while_every_worker_is_stopped_still_count() {
     assert_eq!(holders(&settings, "lic").await, ["live"]);
 }
 
+/// `XINFO GROUPS` `lag` above 0 with nothing undelivered, as on a replica
+/// promoted by a master failover (Redis 7.0 does not replicate a group's
+/// `entries-read` when `XREADGROUP` delivers entries; the history checker
+/// on a cluster found `lag` 70 with nothing after the last-delivered-id),
+/// set here with `XGROUP SETID … ENTRIESREAD`: a holder that stopped
+/// heartbeating is evicted all the same, and the lag metric's source says 0.
+/// Before, the reaper took the lag at its word and held the read watermark
+/// at the last delivered request, the holder's acquire: it was never evicted
+/// while that stream stayed quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lag_redis_miscounts_holds_back_no_eviction() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(2, 1000)).await;
+    let worker = spawn_worker(settings.clone(), "w").await;
+    let c = client(&settings).await;
+    assert_eq!(
+        c.call(&acquire("lic", "gone", 0), T).await.unwrap().status(),
+        Status::Acquired
+    );
+    worker.stop().await;
+    let stream = settings.stream.requests.clone();
+    let group = settings.stream.group.clone();
+    let info: std::collections::HashMap<String, redis::Value> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(&stream)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let added: i64 = redis::from_redis_value(info["entries-added"].clone()).unwrap();
+    let _: () = redis::cmd("XGROUP")
+        .arg("SETID")
+        .arg(&stream)
+        .arg(&group)
+        .arg("$")
+        .arg("ENTRIESREAD")
+        .arg(0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&stream)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(added > 0);
+    assert_eq!(
+        groups[0]["lag"],
+        redis::Value::Int(added),
+        "Redis miscounts: every entry read, all said unread"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = reaper(&settings).await;
+    let pass = r.pass().await.unwrap();
+    assert_eq!(pass.outage.watermark_ms, None, "nothing waits: {pass:?}");
+    assert_eq!(pass.evicted, 1, "{pass:?}");
+    assert_eq!(evicted(&settings, "lic").await, ["gone"]);
+    let (health, _) = r.stream_health().await;
+    let lag: Vec<_> = health.iter().map(|h| (h.stream.as_str(), h.lag)).collect();
+    assert_eq!(lag, [(stream.as_str(), Some(0))]);
+}
+
 /// A waiter granted a seat by a release whose GRANTED nobody delivered (the
 /// script ran directly: no worker settles it, the note stays in the
 /// outbox), for longer than the heartbeat timeout. The reaper's pass then

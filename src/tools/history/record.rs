@@ -116,10 +116,14 @@ pub enum AdminKind {
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub kind: FaultKind,
-    /// Which worker, for worker faults.
+    /// Which worker, for worker faults; on a cluster, for Redis faults, the
+    /// license (index) whose master was hit.
     pub target: Option<usize>,
     pub at: std::time::Duration,
     pub lasted: std::time::Duration,
+    /// What it hit, where worth recording (a cluster failover: the license
+    /// aimed at, the old master's port and the new one's).
+    pub detail: Option<String>,
 }
 
 /// One reading of a license's holders and seats, in one transaction.
@@ -156,6 +160,9 @@ pub struct FinalLicense {
     pub waiting: Vec<String>,
     pub outbox: u64,
     pub exists: bool,
+    /// Events still in the license's own log, not relayed to its events
+    /// shard (a cluster's relay, runtime::relay; 0 on one node).
+    pub unrelayed: u64,
 }
 
 /// How a license of the run is provisioned.
@@ -173,6 +180,8 @@ pub struct LicenseSetup {
 #[derive(Debug, Clone, Default)]
 pub struct History {
     pub seed: u64,
+    /// Run on a Redis Cluster (3 masters, a replica each), not one node.
+    pub cluster: bool,
     pub licenses: Vec<LicenseSetup>,
     /// Session → user, for sessions that named one.
     pub users: HashMap<String, String>,
@@ -186,6 +195,8 @@ pub struct History {
     pub final_state: BTreeMap<String, FinalLicense>,
     /// Requests still pending in the group when the run gave up waiting.
     pub pending_at_end: u64,
+    /// Where they were: `<stream> pending <n> lag <n>` per stream that had any.
+    pub pending_where: Vec<String>,
     /// Reaper period and the most any license lingers, ms: the checks'
     /// allowance for "eventually".
     pub reaper_period_ms: u64,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,7 @@ use super::record::{
 };
 use super::{Options, Rng};
 use crate::config::Settings;
+use crate::db::Db;
 use crate::engine::keys::Keys;
 use crate::error::Error;
 use crate::views::usage::UsageReport;
@@ -37,6 +38,19 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(6);
 const TTL_MS: u64 = 5000;
 /// Users the sessions name (a small pool, so per-user limits bind).
 const USERS: [&str; 4] = ["ada", "bob", "cyd", "dee"];
+/// Requests and events shards on a cluster: 2 per master, so that the
+/// licenses' streams lie on several masters (each of the 4 licenses' slots
+/// and shards: docs/operations.md, "History checker").
+const CLUSTER_SHARDS: usize = 6;
+
+/// The shard count every `seatgate` process of a cluster run is given.
+fn shards_env(cluster: bool) -> Vec<(String, String)> {
+    if cluster {
+        vec![("SEATGATE__STREAM__SHARDS".to_owned(), CLUSTER_SHARDS.to_string())]
+    } else {
+        Vec::new()
+    }
+}
 
 /// The settings the workers run with (besides the defaults).
 fn worker_env() -> Vec<(String, String)> {
@@ -108,10 +122,24 @@ fn put_args(l: &LicenseSetup, seats: u64) -> Vec<String> {
     args
 }
 
+/// Where the run's Redis is, for the harness's own connections.
+#[derive(Debug, Clone)]
+struct Target {
+    /// The node's URL (on a cluster, a seed's: unused).
+    url: String,
+    /// A cluster's seed URLs; empty for one node.
+    cluster: Vec<String>,
+}
+
 /// What every task of a run shares.
 pub struct Ctx {
-    url: String,
+    target: Target,
     binary: std::path::PathBuf,
+    /// What every `seatgate` CLI process is given besides `--redis`: on a
+    /// cluster its seeds ([`Fleet::redis_env`]) and the shard count.
+    env: Vec<(String, String)>,
+    /// The defaults, on a cluster with its seeds and [`CLUSTER_SHARDS`]:
+    /// which shard a license's requests and events use.
     settings: Settings,
     keys: Keys,
     licenses: Vec<LicenseSetup>,
@@ -121,12 +149,26 @@ pub struct Ctx {
 /// Runs `opts`'s history and returns it, ready for [`super::check`].
 pub async fn run(opts: &Options) -> Result<History, Error> {
     let root = Rng::new(opts.seed);
-    let mut fleet = Fleet::start(opts.binary.clone(), opts.workers.max(1), worker_env()).await?;
-    let settings = Settings::load(None)?;
+    let mut env = worker_env();
+    env.extend(shards_env(opts.cluster));
+    let mut fleet = Fleet::start(opts.binary.clone(), opts.workers.max(1), env, opts.cluster).await?;
+    let mut settings = Settings::load(None)?;
+    settings.redis.cluster_urls = fleet.cluster_urls();
+    if opts.cluster {
+        settings.stream.shards = CLUSTER_SHARDS;
+    }
     let ctx = Arc::new(Ctx {
-        url: fleet.url(),
+        target: Target {
+            url: fleet.url(),
+            cluster: fleet.cluster_urls(),
+        },
         binary: opts.binary.clone(),
-        keys: Keys::new(settings.keys.prefix.clone()),
+        env: fleet
+            .redis_env()
+            .into_iter()
+            .chain(shards_env(opts.cluster))
+            .collect(),
+        keys: settings.seat_keys(),
         settings,
         licenses: licenses(),
         stop: CancellationToken::new(),
@@ -136,10 +178,17 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
     }
     let mut history = History {
         seed: opts.seed,
+        cluster: opts.cluster,
         licenses: ctx.licenses.clone(),
         reaper_period_ms: REAPER_PERIOD_MS,
         ..History::default()
     };
+    // What a cluster fault aims at: the master of a license's slot.
+    let aims: Vec<(String, String)> = ctx
+        .licenses
+        .iter()
+        .map(|l| (l.name.clone(), ctx.keys.license(&l.name).license))
+        .collect();
 
     let start = Instant::now();
     let mut clients = Vec::new();
@@ -159,7 +208,14 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
 
     // The faults, one after another, on this task (it owns the processes).
     let plan = if opts.faults {
-        faults::schedule(&mut root.fork(2000), opts.duration, opts.workers.max(1))
+        let aimed = if opts.cluster { aims.len() } else { 0 };
+        faults::schedule(
+            &mut root.fork(2000),
+            opts.duration,
+            opts.workers.max(1),
+            aimed,
+            opts.master_kill9,
+        )
     } else {
         Vec::new()
     };
@@ -167,12 +223,13 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
         let at = start + planned.at;
         tokio::time::sleep_until(at.into()).await;
         let began = Instant::now();
-        fleet.inject(&planned).await?;
+        let detail = fleet.inject(&planned, &aims).await?;
         history.faults.push(Fault {
             kind: planned.kind,
             target: Some(planned.target),
             at: planned.at,
             lasted: began.elapsed(),
+            detail,
         });
     }
     tokio::time::sleep_until((start + opts.duration).into()).await;
@@ -194,8 +251,9 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
         .map_err(|e| Error::History(format!("the admin task failed: {e}")))?;
     history.absorb(h);
     tails.push(tail);
-    let mut con = connect(&ctx.url, Some(Duration::from_secs(5))).await?;
-    history.pending_at_end = wait_answered(&ctx, &mut con, Duration::from_secs(60)).await?;
+    let mut con = connect(&ctx.target, Some(Duration::from_secs(5))).await?;
+    (history.pending_at_end, history.pending_where) =
+        wait_answered(&ctx, &mut con, Duration::from_secs(60)).await?;
     // The reaper's turn: abandoned seats time out, lingering ones end.
     let linger = ctx.licenses.iter().filter_map(|l| l.linger_ms).max().unwrap_or(0);
     let settle = Duration::from_millis(HEARTBEAT_TIMEOUT_MS + linger + 4 * REAPER_PERIOD_MS + 1500);
@@ -208,7 +266,7 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
         let busy = history
             .final_state
             .values()
-            .any(|f| !f.holders.is_empty() || !f.waiting.is_empty() || f.outbox > 0);
+            .any(|f| !f.holders.is_empty() || !f.waiting.is_empty() || f.outbox > 0 || f.unrelayed > 0);
         if !busy || Instant::now() > deadline {
             break;
         }
@@ -226,13 +284,18 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
             });
         }
     }
-    let events = ctx.settings.events.stream.clone();
-    for (entry, fields) in xrange(&mut con, &events, "-").await? {
-        history.events.push(Event {
-            stream: events.clone(),
-            entry,
-            fields,
-        });
+    // Every events shard (one on one node). On a cluster the relay has
+    // moved each license's events from its log by now: the wait above
+    // lasted more than one reaper period (the relay's promise) after the
+    // last reply, and ends early only once no log holds an entry.
+    for events in ctx.settings.events_streams() {
+        for (entry, fields) in xrange(&mut con, &events, "-").await? {
+            history.events.push(Event {
+                stream: events.clone(),
+                entry,
+                fields,
+            });
+        }
     }
     history.audit = Some(external_audit(&ctx).await);
     history.report = Some(external_report(&ctx).await);
@@ -243,7 +306,7 @@ pub async fn run(opts: &Options) -> Result<History, Error> {
 /// when it exits 0 (`Err` with its exit and output otherwise, or why it
 /// could not start).
 async fn seatgate(ctx: &Ctx, args: &[&str]) -> Result<String, String> {
-    let (binary, url) = (ctx.binary.clone(), ctx.url.clone());
+    let (binary, url, env) = (ctx.binary.clone(), ctx.target.url.clone(), ctx.env.clone());
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let what = format!("seatgate {}", args.join(" "));
     let out = tokio::task::spawn_blocking(move || {
@@ -251,6 +314,7 @@ async fn seatgate(ctx: &Ctx, args: &[&str]) -> Result<String, String> {
             .arg("--redis")
             .arg(url)
             .args(args)
+            .envs(env)
             .env("RUST_LOG", "error")
             .output()
     })
@@ -290,23 +354,39 @@ fn opts_admin_id(opts: &Options) -> usize {
     opts.clients
 }
 
-/// A connection to `url`; `response` None for blocking reads.
-async fn connect(url: &str, response: Option<Duration>) -> Result<MultiplexedConnection, Error> {
-    let client = crate::db::node_client(url, None)?;
+/// A connection to the run's Redis; `response` None for blocking reads.
+/// On a cluster, redis-rs's cluster connection: each command goes to the
+/// master that owns its key's slot (a transaction of one license's keys
+/// and `TIME` to that license's master), following `MOVED` after a
+/// failover.
+async fn connect(target: &Target, response: Option<Duration>) -> Result<Db, Error> {
+    let connect = Duration::from_secs(1);
+    if !target.cluster.is_empty() {
+        let client = ClusterClient::builder(target.cluster.clone()).build()?;
+        // Blocking reads are bounded by the callers' own timeouts.
+        let cfg = ClusterConfig::new()
+            .set_connection_timeout(connect)
+            .set_response_timeout(response.unwrap_or(Duration::from_secs(30)));
+        return Ok(Db::Cluster(client.get_async_connection_with_config(cfg).await?));
+    }
+    let client = crate::db::node_client(target.url.as_str(), None)?;
     let cfg = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_connection_timeout(Some(connect))
         .set_response_timeout(response);
-    Ok(client.get_multiplexed_async_connection_with_config(&cfg).await?)
+    Ok(Db::Plain(
+        client.get_multiplexed_async_connection_with_config(&cfg).await?,
+    ))
 }
 
 /// Runs the `seatgate` CLI against the run's Redis; Err when it fails.
 async fn cli(ctx: &Ctx, args: Vec<String>) -> Result<(), Error> {
-    let (binary, url) = (ctx.binary.clone(), ctx.url.clone());
+    let (binary, url, env) = (ctx.binary.clone(), ctx.target.url.clone(), ctx.env.clone());
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(binary)
             .arg("--redis")
             .arg(url)
             .args(&args)
+            .envs(env)
             .env("RUST_LOG", "error")
             .output()
     })
@@ -325,11 +405,7 @@ async fn cli(ctx: &Ctx, args: Vec<String>) -> Result<(), Error> {
 type Fields = BTreeMap<String, String>;
 
 /// `XRANGE stream start +`, every entry, paged.
-async fn xrange(
-    con: &mut MultiplexedConnection,
-    stream: &str,
-    start: &str,
-) -> Result<Vec<(String, Fields)>, Error> {
+async fn xrange(con: &mut Db, stream: &str, start: &str) -> Result<Vec<(String, Fields)>, Error> {
     let mut out = Vec::new();
     let mut from = start.to_owned();
     loop {
@@ -353,58 +429,85 @@ async fn xrange(
 }
 
 /// Redis's clock, unix ms.
-async fn redis_ms(con: &mut MultiplexedConnection) -> Result<u64, Error> {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(con).await?;
+async fn redis_ms(con: &mut Db) -> Result<u64, Error> {
+    let (s, us): (u64, u64) = bounded(redis::cmd("TIME").query_async(con)).await?;
     Ok(s * 1000 + us / 1000)
 }
 
-/// Waits (up to `within`) until no request waits in the group, on the
-/// requests and the admin stream; returns how many still do.
-async fn wait_answered(ctx: &Ctx, con: &mut MultiplexedConnection, within: Duration) -> Result<u64, Error> {
+/// `fut`, or an error after 3 s. The sampler's and the administrator's
+/// commands are bounded from outside: on a cluster a transaction sent to a
+/// master SIGSTOPped meanwhile once hung for good despite the connection's
+/// response timeout (a 5-minute run's samples stopped at 75 s, at such a
+/// stop), and the task with it.
+async fn bounded<T>(fut: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "timed out").into()))
+}
+
+/// Waits (up to `within`) until no request waits in the group, on every
+/// requests stream (each shard) and the admin stream: none pending, none
+/// after the group's last-delivered-id. Returns how many still do, and
+/// where.
+///
+/// Unread entries are counted by XRANGE after the last-delivered-id, not
+/// taken from XINFO GROUPS' `lag`: a replica promoted by a failover does
+/// not have its master's count of the entries the group read (Redis 7.0
+/// replicates no `entries-read`), and its `lag` can then name entries that
+/// were read and answered long ago (each stream's `lag` is in the detail
+/// when something waits).
+async fn wait_answered(ctx: &Ctx, con: &mut Db, within: Duration) -> Result<(u64, Vec<String>), Error> {
     let deadline = Instant::now() + within;
-    let streams = [&ctx.settings.stream.requests, &ctx.settings.stream.admin_requests];
+    let mut streams = ctx.settings.read_streams();
+    streams.push(ctx.settings.stream.admin_requests.clone());
+    let group = &ctx.settings.stream.group;
     loop {
         let mut left = 0u64;
-        for stream in streams {
-            let summary: redis::Value = redis::cmd("XPENDING")
-                .arg(stream)
-                .arg(&ctx.settings.stream.group)
-                .query_async(con)
-                .await
-                .unwrap_or(redis::Value::Nil);
-            if let redis::Value::Array(items) = summary {
-                if let Some(redis::Value::Int(n)) = items.first() {
-                    left += *n as u64;
-                }
-            }
+        let mut at = Vec::new();
+        for stream in &streams {
             let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
                 .arg("GROUPS")
                 .arg(stream)
                 .query_async(con)
                 .await
                 .unwrap_or_default();
-            for g in groups {
-                if let Some(redis::Value::Int(lag)) = g.get("lag") {
-                    left += *lag as u64;
-                }
+            let text = |g: &HashMap<String, redis::Value>, k: &str| {
+                g.get(k)
+                    .and_then(|v| redis::from_redis_value::<Option<String>>(v.clone()).ok())
+                    .flatten()
+                    .unwrap_or_default()
+            };
+            let Some(ours) = groups.iter().find(|g| text(g, "name") == *group) else {
+                continue;
+            };
+            let pending: u64 = text(ours, "pending").parse().unwrap_or(0);
+            let last = text(ours, "last-delivered-id");
+            let unread = xrange(con, stream, &format!("({last}")).await?.len() as u64;
+            if pending + unread > 0 {
+                left += pending + unread;
+                at.push(format!(
+                    "{stream} pending {pending} unread {unread} (XINFO: last-delivered-id {last} entries-read {:?} lag {:?})",
+                    text(ours, "entries-read"),
+                    text(ours, "lag")
+                ));
             }
         }
         if left == 0 || Instant::now() > deadline {
-            return Ok(left);
+            return Ok((left, at));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Every license's holders, waiters and outbox, as stored.
-async fn final_state(
-    ctx: &Ctx,
-    con: &mut MultiplexedConnection,
-) -> Result<BTreeMap<String, FinalLicense>, Error> {
+/// Every license's holders, waiters, outbox and events not yet relayed
+/// (its own log: on one node always empty), as stored.
+async fn final_state(ctx: &Ctx, con: &mut Db) -> Result<BTreeMap<String, FinalLicense>, Error> {
     let mut out = BTreeMap::new();
     for l in &ctx.licenses {
         let k = ctx.keys.license(&l.name);
-        let (holders, waiting, outbox, exists): (Vec<String>, Vec<String>, u64, bool) = redis::pipe()
+        let log = ctx.keys.event_keys(&l.name).log;
+        type Read = (Vec<String>, Vec<String>, u64, bool, u64);
+        let (holders, waiting, outbox, exists, unrelayed): Read = redis::pipe()
             .atomic()
             .cmd("ZRANGE")
             .arg(&k.holders)
@@ -418,6 +521,8 @@ async fn final_state(
             .arg(&k.outbox)
             .cmd("EXISTS")
             .arg(&k.license)
+            .cmd("XLEN")
+            .arg(&log)
             .query_async(con)
             .await?;
         out.insert(
@@ -427,6 +532,7 @@ async fn final_state(
                 waiting,
                 outbox,
                 exists,
+                unrelayed,
             },
         );
     }
@@ -436,25 +542,30 @@ async fn final_state(
 /// Samples every license's holders and seats (one transaction each, with
 /// Redis's clock) every 150 ms until aborted; skips while Redis is away.
 async fn sampler_task(ctx: Arc<Ctx>, samples: Arc<Mutex<Vec<Sample>>>) {
-    let mut con: Option<MultiplexedConnection> = None;
+    let mut con: Option<Db> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(150)).await;
         if con.is_none() {
-            con = connect(&ctx.url, Some(Duration::from_secs(1))).await.ok();
+            con = tokio::time::timeout(
+                Duration::from_secs(3),
+                connect(&ctx.target, Some(Duration::from_secs(1))),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok);
         }
         let Some(c) = con.as_mut() else { continue };
         for l in &ctx.licenses {
             let k = ctx.keys.license(&l.name);
-            let read: redis::RedisResult<(u64, Option<u64>, (u64, u64))> = redis::pipe()
-                .atomic()
+            let mut pipe = redis::pipe();
+            pipe.atomic()
                 .cmd("ZCARD")
                 .arg(&k.holders)
                 .cmd("HGET")
                 .arg(&k.license)
                 .arg("seats_total")
-                .cmd("TIME")
-                .query_async(c)
-                .await;
+                .cmd("TIME");
+            let read: redis::RedisResult<(u64, Option<u64>, (u64, u64))> = bounded(pipe.query_async(c)).await;
             match read {
                 Ok((holders, seats_total, (s, us))) => {
                     let sample = Sample {
@@ -478,8 +589,8 @@ async fn sampler_task(ctx: Arc<Ctx>, samples: Arc<Mutex<Vec<Sample>>>) {
 /// stream, what it read and not yet used, and its record.
 struct Wire {
     me: usize,
-    url: String,
-    con: Option<MultiplexedConnection>,
+    target: Target,
+    con: Option<Db>,
     reply_to: String,
     last: String,
     inbox: HashMap<String, VecDeque<Received>>,
@@ -518,7 +629,7 @@ impl Wire {
     fn new(ctx: &Ctx, me: usize, name: &str) -> Wire {
         Wire {
             me,
-            url: ctx.url.clone(),
+            target: ctx.target.clone(),
             con: None,
             reply_to: format!("{}history:{name}", ctx.settings.replies.prefix),
             last: "0".to_owned(),
@@ -528,9 +639,9 @@ impl Wire {
         }
     }
 
-    async fn con(&mut self) -> Option<&mut MultiplexedConnection> {
+    async fn con(&mut self) -> Option<&mut Db> {
         if self.con.is_none() {
-            self.con = connect(&self.url, None).await.ok();
+            self.con = connect(&self.target, None).await.ok();
         }
         self.con.as_mut()
     }
@@ -711,11 +822,12 @@ fn field(k: &str, v: impl ToString) -> (String, String) {
 /// record and its reply stream's tail (for the last replies).
 async fn client_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize, String, String)) {
     let mut w = Wire::new(&ctx, me, &format!("c{me}"));
-    let requests = ctx.settings.stream.requests.clone();
     let mut k = 0;
     while !ctx.stop.is_cancelled() {
         k += 1;
         let l = rng.pick(&ctx.licenses).clone();
+        // The license's shard (the one stream on one node).
+        let requests = ctx.settings.request_stream_for(&l.name);
         let session = format!("c{me}-s{k}");
         let lease = rng.lease();
         let user = rng.pick(&USERS).to_string();
@@ -807,7 +919,7 @@ async fn hold(
     granted: Outcome,
     with_op: &(dyn Fn(&str) -> Vec<(String, String)> + Sync),
 ) {
-    let requests = ctx.settings.stream.requests.clone();
+    let requests = ctx.settings.request_stream_for(&l.name);
     let mut granted = granted;
     loop {
         let Some(reply) = granted.reply.as_ref() else {
@@ -890,33 +1002,34 @@ async fn hold(
 async fn admin_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize, String, String)) {
     let mut w = Wire::new(&ctx, me, "admin");
     let admin_stream = ctx.settings.stream.admin_requests.clone();
-    let mut con: Option<MultiplexedConnection> = None;
+    let mut con: Option<Db> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(rng.range(1500, 4500))) => {}
             _ = ctx.stop.cancelled() => break,
         }
         if con.is_none() {
-            con = connect(&ctx.url, Some(Duration::from_secs(2))).await.ok();
+            con = tokio::time::timeout(
+                Duration::from_secs(3),
+                connect(&ctx.target, Some(Duration::from_secs(2))),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok);
         }
         let Some(c) = con.as_mut() else { continue };
         let l = rng.pick(&ctx.licenses).clone();
         let k = ctx.keys.license(&l.name);
         let roll = rng.range(0, 100);
         if roll < 40 {
-            let holders: Vec<String> = match redis::cmd("ZRANGE")
-                .arg(&k.holders)
-                .arg(0)
-                .arg(-1)
-                .query_async(c)
-                .await
-            {
-                Ok(h) => h,
-                Err(_) => {
-                    con = None;
-                    continue;
-                }
-            };
+            let holders: Vec<String> =
+                match bounded(redis::cmd("ZRANGE").arg(&k.holders).arg(0).arg(-1).query_async(c)).await {
+                    Ok(h) => h,
+                    Err(_) => {
+                        con = None;
+                        continue;
+                    }
+                };
             if holders.is_empty() {
                 continue;
             }
@@ -936,14 +1049,16 @@ async fn admin_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize,
                 continue;
             };
             let (what, args) = if roll < 80 || l.name != "h-churn" {
-                let from: u64 = redis::cmd("HGET")
-                    .arg(&k.license)
-                    .arg("seats_total")
-                    .query_async::<Option<u64>>(c)
-                    .await
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
+                let from: u64 = bounded(
+                    redis::cmd("HGET")
+                        .arg(&k.license)
+                        .arg("seats_total")
+                        .query_async::<Option<u64>>(c),
+                )
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(0);
                 if from == 0 {
                     continue;
                 }
@@ -984,9 +1099,7 @@ async fn admin_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize,
     for l in &ctx.licenses {
         let k = ctx.keys.license(&l.name);
         if let Some(c) = con.as_mut() {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&k.license)
-                .query_async(c)
+            let exists: bool = bounded(redis::cmd("EXISTS").arg(&k.license).query_async(c))
                 .await
                 .unwrap_or(true);
             if !exists {
