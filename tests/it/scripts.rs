@@ -754,6 +754,26 @@ enum OldForm {
     Plain,
 }
 
+/// Puts waiter `session` in the license's queue at `arrival`, waiting until
+/// `deadline` (ms), with `raw` as its waiter record: what enqueue writes,
+/// with a record a test chooses.
+async fn place_waiter(
+    con: &mut Db,
+    k: &seatgate::engine::keys::LicenseKeys,
+    session: &str,
+    arrival: i64,
+    deadline: i64,
+    raw: &str,
+) {
+    let _: () = redis::pipe()
+        .zadd(&k.queue, session, arrival)
+        .zadd(&k.deadlines, session, deadline)
+        .hset(&k.waiters, session, raw)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
 /// Queues `session` on `license` as a worker of an earlier version did: its
 /// record in `form`, its place and deadline as enqueue makes them, queued at
 /// and waiting until the two times given (ms). Returns the record.
@@ -796,13 +816,7 @@ async fn queue_in_old_form(
         ),
     };
     let arrival: i64 = con.incr(&k.queue_seq, 1).await.unwrap();
-    let _: () = redis::pipe()
-        .zadd(&k.queue, session, arrival)
-        .zadd(&k.deadlines, session, deadline)
-        .hset(&k.waiters, session, raw)
-        .query_async(con)
-        .await
-        .unwrap();
+    place_waiter(con, &k, session, arrival, deadline, &raw).await;
     record
 }
 
@@ -1019,13 +1033,7 @@ async fn a_waiter_record_holds_its_time_in_base_36_at_every_width() {
         ("far", 9_007_199_254_740_991, "2gosa7pa2gv"),
     ] {
         let json = format!(r#"{{"id":"req-1","reply_to":"","meta":"{{}}","queued_at":{at}}}"#);
-        let _: () = redis::pipe()
-            .zadd(&k.queue, session, 1)
-            .zadd(&k.deadlines, session, now + 60_000)
-            .hset(&k.waiters, session, json)
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        place_waiter(&mut con, &k, session, 1, now + 60_000, &json).await;
         let again = direct(&settings, "lic", session)
             .queue(&mut con, 60_000, "req-2", &reply_stream(&settings, session))
             .await;
@@ -1052,13 +1060,7 @@ async fn a_foreign_json_waiter_record_is_redirected_in_the_json_form() {
     let now = redis_ms(&mut con).await;
     for (session, at) in [("negative", "-1500"), ("fraction", "1.5")] {
         let json = format!(r#"{{"id":"req-1","reply_to":"","meta":"{{}}","queued_at":{at}}}"#);
-        let _: () = redis::pipe()
-            .zadd(&k.queue, session, 1)
-            .zadd(&k.deadlines, session, now + 60_000)
-            .hset(&k.waiters, session, json)
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        place_waiter(&mut con, &k, session, 1, now + 60_000, &json).await;
         let again = direct(&settings, "lic", session)
             .queue(&mut con, 60_000, "req-2", &reply_stream(&settings, session))
             .await;
