@@ -345,6 +345,16 @@ pub struct ReplySettings {
     pub maxlen: Option<usize>,
 }
 
+impl ReplySettings {
+    /// The idle expiry a reply stream gets when a reply is written to it,
+    /// ms: the ttl plus half of it. The worker's fast path writes without
+    /// touching the expiry for at most a quarter ttl after setting it, so
+    /// each reply still has more than a ttl to live (runtime::publish).
+    pub fn expiry_ms(&self) -> u64 {
+        self.ttl_ms.saturating_add(self.ttl_ms / 2)
+    }
+}
+
 fn default_denials_window_ms() -> u64 {
     60_000
 }
@@ -916,16 +926,25 @@ impl Settings {
     /// The key names, each license's events recorded where this deployment's
     /// scripts record them: straight into the events shard on one node,
     /// through the license's own log and the relay on a cluster
-    /// (lua/includes/events.lua).
+    /// (lua/includes/events.lua); on one node, the request scripts writing
+    /// their waiters' queue replies themselves (lua/includes/outbox.lua).
     pub fn seat_keys(&self) -> crate::engine::keys::Keys {
-        crate::engine::keys::Keys::new(self.keys.prefix.clone())
+        let keys = crate::engine::keys::Keys::new(self.keys.prefix.clone())
             .with_events(
                 &self.events.stream,
                 self.stream.shards,
                 self.redis.is_cluster(),
                 u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
             )
-            .with_denials(self.events.denials_window_ms, self.events.denials_per_window)
+            .with_denials(self.events.denials_window_ms, self.events.denials_per_window);
+        if self.redis.is_cluster() {
+            return keys;
+        }
+        keys.with_queue_replies(crate::engine::keys::QueueReplies {
+            prefix: self.replies.prefix.clone(),
+            ttl_ms: self.replies.ttl_ms,
+            expiry_ms: self.replies.expiry_ms(),
+        })
     }
 
     /// The defaults a seat script call is handed for a license that sets

@@ -4,7 +4,7 @@
 
   A note, as it appears in a script's reply (decoded by
   src/engine/scripts/reply.rs, Note):
-    {kind, session, request_id, reply_to, waited_ms, note_id, held_since_ms}
+    {kind, session, request_id, reply_to, waited_ms, note_id, held_since_ms[, delivery]}
       kind      GRANTED (a waiter now holds a seat), QUEUE_TIMEOUT (a
                 waiter gave up), SESSION_REVOKED (an administrator took
                 the waiter's place away, revoke.lua) or LICENSE_NOT_FOUND
@@ -15,6 +15,17 @@
       held_since_ms  when the granted seat's heartbeat clock started (Redis
                 ms): the grant, or its redelivery (reap.lua), which a
                 GRANTED reply carries
+      delivery  1 when the script wrote the queue reply itself, 2 when it
+                could not (dropped); absent: the caller delivers it
+  On one Redis node (the service settings say so, request.lua), a request
+  script writes the GRANTED and QUEUE_TIMEOUT of its notes to the waiters'
+  reply streams itself, in the same atomic step as the grant or the
+  timeout (send_queue_replies): the reply can then not be lost with the
+  worker, and the hot license's hand-over of a seat costs no outbox record
+  and no further round trips. On a cluster the reply stream lies in
+  another slot, which a script may not touch, and the note goes through
+  the outbox as below; so do reap.lua's notes and the SESSION_REVOKED and
+  LICENSE_NOT_FOUND ones, which are rare.
   The outbox record, the field's value, JSON:
     {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)
   Notes with a reply_to are kept in the outbox until delivered: the worker
@@ -33,12 +44,23 @@
 local function note(notes, now, kind, session, w, owner)
   local id = kind .. ':' .. session .. ':' .. now
   local waited = now - w.queued_at
+  local n = {kind, session, w.id, w.reply_to, waited, id, now}
   if w.reply_to ~= '' then
-    rcall('HSET', K.outbox, id, cjson.encode({
-      kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
-    }))
+    if EV.reply_conf and (kind == 'GRANTED' or kind == 'QUEUE_TIMEOUT') then
+      -- One node: the script writes it itself, at its end
+      -- (send_queue_replies, which marks it 2 should that fail). Marked
+      -- now, so that the request's dedupe record, written before, says so.
+      n[8] = 1
+      local pending = EV.replies or {}
+      pending[#pending + 1] = n
+      EV.replies = pending
+    else
+      rcall('HSET', K.outbox, id, cjson.encode({
+        kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
+      }))
+    end
   end
-  notes[#notes + 1] = {kind, session, w.id, w.reply_to, waited, id, now}
+  notes[#notes + 1] = n
   if kind == 'GRANTED' then
     event_later('granted', session, add_who({'waited_ms', waited}, owner))
   elseif kind == 'QUEUE_TIMEOUT' then
@@ -46,4 +68,49 @@ local function note(notes, now, kind, session, w, owner)
   elseif kind == 'LICENSE_NOT_FOUND' then
     event_later('denied', session, add_who({'reason', kind, 'waited_ms', waited}, owner))
   end
+end
+
+-- Writes the queue replies note() left to the script (EV.replies: one
+-- node) to their waiters' reply streams, as the worker writes a reply
+-- (src/runtime/publish.rs, src/engine/protocol.rs Reply::fields): trimmed
+-- by age (MINID ~ now - reply ttl), the stream's idle expiry set again.
+-- Marks each note's delivery slot [8]: 1 written, 2 undeliverable (its
+-- stream lies outside replies.prefix or is no stream: dropped, as the
+-- worker drops it). Run last, once `result` (outcome.lua) holds the seats
+-- after the call and [11] the heartbeat timeout in force (due.lua), after
+-- the events (an event is never later than its reply); returns `result`.
+local function send_queue_replies(result)
+  local pending = EV.replies
+  if not pending then
+    return result
+  end
+  local conf = EV.reply_conf
+  local used, total, now = result[2], result[3], result[5]
+  local trim = string.format('%d', now - conf.ttl)
+  local license = license_id()
+  for _, n in ipairs(pending) do
+    local reply_to = n[4]
+    local sent = false
+    if #reply_to > #conf.prefix and string.sub(reply_to, 1, #conf.prefix) == conf.prefix then
+      local r
+      if n[1] == 'GRANTED' then
+        r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
+          'status', 'GRANTED', 'ok', '1', 'license', license, 'session', n[2], 'seats_used', used,
+          'seats_total', total, 'waited_ms', n[5], 'heartbeat_timeout_ms', result[11],
+          'held_since_ms', string.format('%d', n[7]))
+      else
+        r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
+          'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', n[2], 'seats_used', used,
+          'seats_total', total, 'waited_ms', n[5], 'error', 'waited ' .. n[5] .. ' ms without a seat')
+      end
+      if not (type(r) == 'table' and r.err) then
+        rcall('PEXPIRE', reply_to, conf.expiry)
+        sent = true
+      end
+    end
+    if not sent then
+      n[8] = 2
+    end
+  end
+  return result
 end

@@ -35,6 +35,10 @@
                events retention  ms (events.lua)
                denial window  ms; denials per window  recorded one by one,
                         0 = all (denial_sample.lua)
+             and, on one Redis node only, '|<reply ttl>|<reply expiry>|<prefix>':
+               the scripts then write the queue replies of their notes
+               themselves (outbox.lua, send_queue_replies): reply ttl and
+               expiry ms, prefix replies.prefix (the rest of the argument)
   Their own arguments start at ARGV[8]. The license id the events carry is
   derived from KEYS[1] (keys.lua, license_id).
 
@@ -79,14 +83,21 @@ local service_raw, SERVICE
 local function service()
   local raw = ARGV[7]
   if raw ~= service_raw then
-    local sl, ll, rw, dw, ht, keep, win, per =
-      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-    if not sl then
+    local sl, ll, rw, dw, ht, keep, win, per, rest =
+      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
+    local ttl, expiry, prefix
+    if rest and rest ~= '' then
+      ttl, expiry, prefix = string.match(rest, '^|(%d+)|(%d+)|(.+)$')
+    end
+    if not sl or (rest ~= '' and not ttl) then
       error('ARGV[7] is not the service settings: ' .. raw)
     end
     SERVICE = {session_limit = tonumber(sl), license_limit = tonumber(ll), rate_window = tonumber(rw),
       dedupe_window = tonumber(dw), heartbeat_timeout = tonumber(ht), keep_ms = tonumber(keep),
       denials_window = tonumber(win), denials_per_window = tonumber(per)}
+    if ttl then
+      SERVICE.replies = {ttl = tonumber(ttl), expiry = expiry, prefix = prefix}
+    end
     service_raw = raw
   end
   return SERVICE
@@ -166,6 +177,7 @@ local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
   local S = service()
   EV.keep_ms = S.keep_ms
+  EV.reply_conf = S.replies
   local default_timeout = S.heartbeat_timeout
   local key = ARGV[1]
   if ARGV[3] ~= '0' then

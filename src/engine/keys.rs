@@ -34,6 +34,26 @@ struct EventSinks {
     /// `events.denials_per_window`: denials per window recorded one by
     /// one (0 = every one).
     denials_per_window: u64,
+    /// Where the request scripts write the queue replies their notes carry
+    /// (one node only; `None`: into the outbox, for the worker to send).
+    queue_replies: Option<QueueReplies>,
+}
+
+/// How the request scripts write a waiter's GRANTED or QUEUE_TIMEOUT
+/// themselves, in the step that decides it (lua/includes/outbox.lua), as
+/// the worker writes a reply (runtime::publish): on one Redis node only,
+/// where the reply stream lies on the same server as the license. On a
+/// cluster a script may not touch another slot's key, and the note goes
+/// through the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueReplies {
+    /// `replies.prefix`: a reply stream outside it is never written.
+    pub prefix: String,
+    /// `replies.ttl_ms`: replies younger than this are never trimmed.
+    pub ttl_ms: u64,
+    /// The idle expiry the reply stream gets, ms (the worker's: the ttl
+    /// and half of it again).
+    pub expiry_ms: u64,
 }
 
 /// The keys and arguments through which a seat script records a license's
@@ -70,6 +90,9 @@ pub struct EventKeys {
     /// Denials per window recorded one by one, 0 = every one
     /// (`events.denials_per_window`).
     pub denials_per_window: u64,
+    /// Where the request scripts write queue replies themselves (one node),
+    /// or `None`: into the outbox ([`QueueReplies`]).
+    pub queue_replies: Option<QueueReplies>,
 }
 
 /// The keys of one license. A seat script is handed `license` (and
@@ -150,6 +173,7 @@ impl Keys {
                 keep_ms: 0,
                 denials_window_ms: 60_000,
                 denials_per_window: 0,
+                queue_replies: None,
             },
             prefix,
         }
@@ -176,6 +200,13 @@ impl Keys {
     pub fn with_denials(mut self, window_ms: u64, per_window: u64) -> Self {
         self.events.denials_window_ms = window_ms.max(1);
         self.events.denials_per_window = per_window;
+        self
+    }
+
+    /// These keys, the request scripts writing the queue replies of their
+    /// notes themselves (one Redis node; [`QueueReplies`]).
+    pub fn with_queue_replies(mut self, replies: QueueReplies) -> Self {
+        self.events.queue_replies = Some(replies);
         self
     }
 
@@ -211,6 +242,7 @@ impl Keys {
             denials: self.denials(license),
             denials_window_ms: e.denials_window_ms,
             denials_per_window: e.denials_per_window,
+            queue_replies: e.queue_replies.clone(),
         }
     }
 

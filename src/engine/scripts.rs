@@ -33,7 +33,7 @@ use crate::error::Error;
 
 use includes::IncludeError;
 pub(crate) use reply::decode_outcome;
-pub use reply::{Decision, Deleted, NoSeats, Note, OutboxCursor, Outcome, Reaped};
+pub use reply::{Decision, Deleted, Delivery, NoSeats, Note, OutboxCursor, Outcome, Reaped};
 
 /// Every script under `lua/`, one variant each, named after its file: the
 /// registry ([`Scripts`]) is indexed by it, and `runtime::metrics` derives
@@ -638,8 +638,12 @@ impl<T> ScriptCall<'_, T> {
 /// `ARGV[7]` of the request scripts (lua/includes/request.lua, `service()`):
 /// the service's settings a seat call needs, in one argument, the same for
 /// every call of a deployment, which the library parses once and keeps.
+///
+/// On one node it ends with `|<reply ttl>|<reply expiry>|<replies.prefix>`:
+/// the scripts then write their notes' queue replies themselves
+/// (lua/includes/outbox.lua, [`crate::engine::keys::QueueReplies`]).
 fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
-    format!(
+    let mut settings = format!(
         "{}|{}|{}|{}|{}|{}|{}|{}",
         guard.session_limit,
         guard.license_limit,
@@ -649,7 +653,11 @@ fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -
         events.keep_ms,
         events.denials_window_ms,
         events.denials_per_window
-    )
+    );
+    if let Some(r) = &events.queue_replies {
+        settings.push_str(&format!("|{}|{}|{}", r.ttl_ms, r.expiry_ms, r.prefix));
+    }
+    settings
 }
 
 /// Binds the events' license id and retention ARGV (lua/includes/events.lua)

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use crate::config::Settings;
 pub use crate::engine::events::{Event, EventType, SeatsAt};
 use crate::engine::protocol::Reply;
-use crate::engine::scripts::{Note, Scripts};
+use crate::engine::scripts::{Delivery, Note, Scripts};
 use crate::engine::status::Status;
 use crate::runtime::metrics;
 
@@ -29,6 +29,8 @@ pub struct Publisher {
     reply_prefix: String,
     /// How long a reply stays readable at least, ms (`replies.ttl_ms`).
     reply_ttl_ms: u64,
+    /// The idle expiry a reply stream gets ([`crate::config::ReplySettings::expiry_ms`]).
+    reply_expiry_ms: u64,
     /// One Redis node: every key shares one clock, so a time read by any
     /// script may set the fast path's trim point. On a cluster another
     /// master's clock may run ahead, so the fast path does not trim there.
@@ -47,6 +49,7 @@ impl Publisher {
         Publisher {
             reply_prefix: settings.replies.prefix.clone(),
             reply_ttl_ms: settings.replies.ttl_ms,
+            reply_expiry_ms: settings.replies.expiry_ms(),
             single_clock: !settings.redis.is_cluster(),
             keys: settings.seat_keys(),
             due: crate::runtime::due::DueIndex::new(settings),
@@ -101,7 +104,7 @@ impl Publisher {
         // later than a quarter ttl after the expiry the script sets.
         let started = Instant::now();
         Scripts::get()
-            .reply(con, stream, self.reply_ttl_ms, self.reply_expiry_ms(), &fields)
+            .reply(con, stream, self.reply_ttl_ms, self.reply_expiry_ms, &fields)
             .await?;
         if let Ok(mut f) = self.fresh.lock() {
             // Bounded: forgetting costs only one script call per stream.
@@ -125,13 +128,6 @@ impl Publisher {
             "reply_to lies outside replies.prefix; nothing written",
             format!("{stream} (replies.prefix is {})", self.reply_prefix),
         )))
-    }
-
-    /// The expiry reply.lua sets: the ttl plus half of it. The fast path
-    /// writes without touching the expiry for at most a quarter ttl after the
-    /// script ran, so each of its replies still has more than a ttl to live.
-    fn reply_expiry_ms(&self) -> u64 {
-        self.reply_ttl_ms.saturating_add(self.reply_ttl_ms / 2)
     }
 
     fn is_fresh(&self, stream: &str) -> bool {
@@ -285,7 +281,9 @@ impl Publisher {
     /// Tells a waiter what became of it (GRANTED / QUEUE_TIMEOUT /
     /// SESSION_REVOKED) and, when `first_time`, counts it (a replayed note
     /// is only re-delivered). Its event was recorded with the change, by the
-    /// script that made the note. Returns the reply error, if any.
+    /// script that made the note; on one node that script wrote its reply
+    /// too ([`Delivery::Sent`]), and only the count is left. Returns the
+    /// reply error, if any.
     pub async fn deliver<C: ConnectionLike>(
         &self,
         con: &mut C,
@@ -297,6 +295,17 @@ impl Publisher {
         if first_time {
             metrics::queue_outcome(note.status, note.waited_ms);
             metrics::denial(license, note.status);
+        }
+        match note.delivery {
+            // The script wrote it, in the step that made it (one node).
+            Delivery::Sent => return Ok(()),
+            Delivery::Undeliverable => {
+                metrics::reply_error();
+                warn!(license, session = %note.session, status = %note.status, reply_to = %note.reply_to,
+                    "dropped an undeliverable queue reply: its reply_to is no stream, or lies outside replies.prefix");
+                return Ok(());
+            }
+            Delivery::Caller => {}
         }
         let mut result = Ok(());
         if !note.reply_to.is_empty() {

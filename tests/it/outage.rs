@@ -301,7 +301,11 @@ async fn an_undelivered_grant_is_delivered_only_with_its_seat() {
     direct(&settings, "lic", "holder").acquire(&mut con).await;
     let (q, id, waiter) = queue_up(&settings, "lic", "waiter", 60_000).await;
     assert_eq!(q.status(), Status::Queued);
-    let released = direct(&settings, "lic", "holder").release(&mut con).await;
+    // Run as on a cluster: its GRANTED waits in the outbox for a worker.
+    let released = direct(&settings, "lic", "holder")
+        .via_outbox()
+        .release(&mut con)
+        .await;
     assert_eq!(
         released.notes.len(),
         1,
@@ -360,7 +364,11 @@ async fn a_grant_whose_seat_was_taken_back_is_delivered_as_a_refusal() {
     let worker = spawn_worker(settings.clone(), "w1").await;
     direct(&settings, "lic", "holder").acquire(&mut con).await;
     let (_, id, waiter) = queue_up(&settings, "lic", "waiter", 60_000).await;
-    let released = direct(&settings, "lic", "holder").release(&mut con).await;
+    // Run as on a cluster: its GRANTED waits in the outbox for a worker.
+    let released = direct(&settings, "lic", "holder")
+        .via_outbox()
+        .release(&mut con)
+        .await;
     assert_eq!(released.notes.len(), 1);
     let revoked = direct(&settings, "lic", "waiter")
         .revoke(&mut con, "test", "admin", 0)

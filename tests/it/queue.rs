@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use seatgate::client::Call;
 use seatgate::engine::ops::Op;
+use seatgate::engine::scripts::Delivery;
 use seatgate::engine::status::Status;
+use seatgate::runtime::publish::Publisher;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
@@ -493,4 +495,144 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         .await
         .unwrap();
     assert_eq!(left, 0, "delivered notes leave the outbox");
+}
+
+/// On one Redis node the call that grants a waiter its seat, or ends its
+/// wait, writes the waiter's GRANTED or QUEUE_TIMEOUT itself, in the same
+/// atomic step: the answer reaches the waiter with nobody left to deliver
+/// it (no worker runs here, as when the worker died right after the
+/// script), and nothing waits in the outbox. The reply carries the fields,
+/// and values, of the one a worker writes when it delivers the same note
+/// from the outbox (as on a cluster).
+#[tokio::test]
+async fn a_queue_reply_is_written_in_the_step_that_decides_it_with_the_workers_fields() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let publisher = Publisher::new(&settings);
+    let outbox = license_keys(&settings, "lic").outbox;
+    direct(&settings, "lic", "holder").acquire(&mut con).await;
+    let queue = |session: &'static str, wait_ms: u64| {
+        let settings = settings.clone();
+        async move {
+            let mut con = db(&settings).await;
+            let o = direct(&settings, "lic", session)
+                .queue(
+                    &mut con,
+                    wait_ms,
+                    &format!("r-{session}"),
+                    &reply_stream(&settings, session),
+                )
+                .await;
+            assert_eq!(o.status(), Status::Queued, "{session}");
+        }
+    };
+    // GRANTED: "inline" by the script, "outboxed" by the worker's delivery.
+    queue("inline", 60_000).await;
+    queue("outboxed", 60_000).await;
+    let freed = direct(&settings, "lic", "holder").release(&mut con).await;
+    assert_eq!(freed.notes.len(), 1);
+    assert_eq!(freed.notes[0].delivery, Delivery::Sent);
+    let freed = direct(&settings, "lic", "inline")
+        .via_outbox()
+        .release(&mut con)
+        .await;
+    assert_eq!(freed.notes[0].delivery, Delivery::Caller);
+    publisher
+        .deliver(&mut con, "lic", &freed.notes[0], freed.seats_at(), true)
+        .await
+        .unwrap();
+    // QUEUE_TIMEOUT: the same pair, their waits ended by an acquire of each kind.
+    queue("late-inline", 1).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let seen = direct(&settings, "lic", "x").acquire(&mut con).await;
+    assert_eq!(seen.notes[0].delivery, Delivery::Sent);
+    queue("late-outboxed", 1).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let seen = direct(&settings, "lic", "y").via_outbox().acquire(&mut con).await;
+    assert_eq!(seen.notes[0].delivery, Delivery::Caller);
+    publisher
+        .deliver(&mut con, "lic", &seen.notes[0], seen.seats_at(), true)
+        .await
+        .unwrap();
+    let left: i64 = redis::cmd("HLEN")
+        .arg(&outbox)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "nothing left to deliver");
+
+    for (by_script, by_worker, status) in [
+        ("inline", "outboxed", "GRANTED"),
+        ("late-inline", "late-outboxed", "QUEUE_TIMEOUT"),
+    ] {
+        let mut pair = Vec::new();
+        for session in [by_script, by_worker] {
+            let replies = stream_entries(&mut con, &reply_stream(&settings, session)).await;
+            let mut answer = replies
+                .into_iter()
+                .find(|r| r["status"] != "QUEUED")
+                .unwrap_or_else(|| panic!("{session}: no answer after QUEUED"))
+                .fields;
+            assert_eq!(answer["status"], status, "{session}");
+            assert_eq!(answer["id"], format!("r-{session}"));
+            assert_eq!(answer["session"], session);
+            if status == "QUEUE_TIMEOUT" {
+                let said = format!("waited {} ms without a seat", answer["waited_ms"]);
+                assert_eq!(answer["error"], said, "{session}");
+            }
+            // What differs by waiter: its ids, how long it waited, when its seat's clock started.
+            for own in ["id", "session", "waited_ms", "held_since_ms", "error"] {
+                if let Some(v) = answer.remove(own) {
+                    assert!(!v.is_empty(), "{session}: {own} empty");
+                }
+            }
+            pair.push(answer);
+        }
+        assert_eq!(pair[0], pair[1], "{status}: the script's reply and the worker's");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(reply_stream(&settings, by_script))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(
+            ttl > 0 && ttl as u64 <= settings.replies.expiry_ms(),
+            "the reply stream keeps expiring: {ttl}"
+        );
+    }
+}
+
+/// A waiter whose reply stream its owner replaced by another type: the
+/// grant stands (the seat is the waiter's, as when the worker cannot
+/// deliver it), the script's own reply is dropped without touching the key,
+/// and the release that made it still answers.
+#[tokio::test]
+async fn a_grant_whose_reply_stream_is_no_stream_is_dropped_and_the_release_answers() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    direct(&settings, "lic", "holder").acquire(&mut con).await;
+    let stream = reply_stream(&settings, "w");
+    let o = direct(&settings, "lic", "w")
+        .queue(&mut con, 60_000, "r-w", &stream)
+        .await;
+    assert_eq!(o.status(), Status::Queued);
+    let _: () = redis::cmd("SET")
+        .arg(&stream)
+        .arg("mine")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let freed = direct(&settings, "lic", "holder").release(&mut con).await;
+    assert_eq!(freed.status(), Status::Released);
+    assert_eq!(freed.notes.len(), 1);
+    assert_eq!(freed.notes[0].delivery, Delivery::Undeliverable);
+    assert_eq!(holders(&settings, "lic").await, ["w"]);
+    let (value, ttl): (String, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(&stream)
+        .cmd("PTTL")
+        .arg(&stream)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((value.as_str(), ttl), ("mine", -1), "the key is untouched");
 }

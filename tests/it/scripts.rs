@@ -7,13 +7,14 @@ use seatgate::db::Db;
 use seatgate::engine::license::LicenseSpec;
 use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
 use seatgate::engine::scripts::{
-    Decision, Guard, GuardPolicy, NoSeats, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts,
+    Decision, Delivery, Guard, GuardPolicy, NoSeats, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts,
 };
 use seatgate::engine::status::Status;
 
 use crate::support::{
     db, direct, holders, keys, license_keys, provision, put_license, redis_ms, reply_stream, seats,
-    seats_with_timeout, spawn_app, spawn_app_with, Direct, RedisServer, RedisServerExt, TestApp, META,
+    seats_with_timeout, spawn_app, spawn_app_with, stream_entries, Direct, RedisServer, RedisServerExt,
+    TestApp, META,
 };
 
 #[tokio::test]
@@ -514,8 +515,19 @@ async fn every_seat_script_answers_the_documented_outcome() {
             assert_eq!(n.reply_to, reply_stream(&settings, &n.session));
             assert_eq!(n.note_id, format!("GRANTED:{}:{}", n.session, o.now_ms));
             assert!(n.waited_ms >= 0 && n.waited_ms <= after - before + 60_000);
+            // One node: the script wrote the waiter's GRANTED itself, in
+            // the same step, and left nothing in the outbox for anyone to
+            // send (on a cluster it would wait there: scripts::a_waiter_queued_*).
+            assert_eq!(n.delivery, Delivery::Sent);
             let kept: bool = con.hexists(&k.outbox, &n.note_id).await.unwrap();
-            assert!(kept, "a note stays in the outbox until delivered");
+            assert!(!kept, "a note the script sent is not in the outbox");
+            let replies = stream_entries(&mut con, &n.reply_to).await;
+            let granted: Vec<(&str, &str)> = replies
+                .iter()
+                .map(|r| (r["status"].as_str(), r["id"].as_str()))
+                .filter(|(status, _)| *status == "GRANTED")
+                .collect();
+            assert_eq!(granted, [("GRANTED", n.request_id.as_str())], "{replies:?}");
         }
     }
 }
@@ -957,7 +969,10 @@ async fn old_form_waiters_are_served_as_before(form: OldForm) {
     .await;
     // The holder leaves: the late one times out, the old one is granted,
     // each answered on the request and stream it queued with.
-    let freed = run(&mut con, &settings, "lic", Req::Release("holder")).await;
+    // As on a cluster, the notes wait in the outbox (on one node the
+    // script would send them itself).
+    let holder = direct(&settings, "lic", "holder").via_outbox();
+    let freed = run_as(&mut con, &settings, holder, Req::Release("holder")).await;
     let notes: Vec<_> = freed
         .notes
         .iter()
@@ -1247,7 +1262,9 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
             let outbox_key = license_keys(&settings, "lic").outbox;
             let sessions: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
             for s in &sessions {
-                let o = run(&mut con, &settings, "lic", Req::Acquire(s, 1)).await;
+                // Their notes left in the outbox, as on a cluster.
+                let session = direct(&settings, "lic", s).via_outbox();
+                let o = run_as(&mut con, &settings, session, Req::Acquire(s, 1)).await;
                 assert_eq!(o.status(), Status::Queued);
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -359,6 +359,15 @@ impl Direct {
         Direct { guard, ..self }
     }
 
+    /// The same session, its calls leaving their notes' queue replies in
+    /// the outbox for a worker or the reaper to send, as on a Redis
+    /// Cluster, rather than writing them to the reply streams themselves
+    /// (one node): for tests of what happens to a note nobody delivered.
+    pub fn via_outbox(mut self) -> Direct {
+        self.keys.events.queue_replies = None;
+        self
+    }
+
     /// The same session, its acquires storing `meta` instead of [`META`].
     pub fn with_meta(self, meta: impl Into<String>) -> Direct {
         Direct {

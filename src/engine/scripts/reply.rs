@@ -28,6 +28,8 @@ pub struct Note {
     pub waited_ms: i64,
     /// Its field in the license's outbox, removed once delivered.
     pub note_id: String,
+    /// Who sends its queue reply.
+    pub delivery: Delivery,
     /// The license's heartbeat timeout in force, ms, which a GRANTED reply
     /// carries: not part of the note's own record, but of the script reply
     /// that carried it (the outcome's or reap step's), set when decoding.
@@ -36,6 +38,22 @@ pub struct Note {
     /// grant, or its redelivery by the reaper, which restarts it. A GRANTED
     /// reply carries it; `None` for other notes.
     pub held_since_ms: Option<i64>,
+}
+
+/// Who sends a note's queue reply (the note's eighth slot,
+/// lua/includes/outbox.lua).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The caller of the script: the note waits in the outbox (or, without
+    /// a reply stream, nowhere) until the worker or the reaper sends it.
+    Caller,
+    /// The script wrote it to the waiter's reply stream in the same step
+    /// (one node: [`crate::engine::keys::QueueReplies`]).
+    Sent,
+    /// The script could not: the reply stream lies outside
+    /// `replies.prefix` or is no stream. Dropped, as the worker drops such
+    /// a reply.
+    Undeliverable,
 }
 
 /// What a seat script decided: its status, with what only that status
@@ -315,8 +333,9 @@ fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Err
 }
 
 /// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms,
-/// note_id, held_since_ms}` each (lua/includes/outbox.lua; a note read back
-/// from a dedupe record written before held_since_ms has 6 slots), of a
+/// note_id, held_since_ms, delivery}` each (lua/includes/outbox.lua; a note
+/// read back from a dedupe record written before held_since_ms has 6 slots,
+/// one written before delivery 7), of a
 /// license whose heartbeat timeout in force is `timeout`.
 fn notes(
     script: &'static str,
@@ -333,8 +352,8 @@ fn notes(
             let Value::Array(f) = item else {
                 return Err(bad(script, format!("note is not a list: {item:?}")));
             };
-            if f.len() != 6 && f.len() != 7 {
-                return Err(bad(script, format!("note has {} fields, not 6 or 7", f.len())));
+            if !(6..=8).contains(&f.len()) {
+                return Err(bad(script, format!("note has {} fields, not 6 to 8", f.len())));
             }
             let status = string(script, f.first(), "note kind")?
                 .parse::<Status>()
@@ -346,6 +365,15 @@ fn notes(
                 reply_to: string(script, f.get(3), "reply_to")?,
                 waited_ms: int(script, f.get(4), "waited_ms")?,
                 note_id: string(script, f.get(5), "note_id")?,
+                delivery: match f.get(7) {
+                    None => Delivery::Caller,
+                    Some(v) => match int(script, Some(v), "delivery")? {
+                        0 => Delivery::Caller,
+                        1 => Delivery::Sent,
+                        2 => Delivery::Undeliverable,
+                        n => return Err(bad(script, format!("note delivery is {n}, not 0, 1 or 2"))),
+                    },
+                },
                 heartbeat_timeout_ms: timeout.filter(|_| status == Status::Granted),
                 held_since_ms: match f.get(6) {
                     Some(v) => Some(int(script, Some(v), "held_since_ms")?),
