@@ -100,6 +100,7 @@ local rcall = redis.call
 -- Puts `session` in the queue, behind those of its priority (0-9), until
 -- `now + wait_ms`, bound to lease hash `lease` ('' = none).
 local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
+  queue_joined()
   rcall('ZADD', K.queue, rcall('INCR', K.queue_seq) - priority * PRIORITY_STEP, session)
   rcall('ZADD', K.deadlines, now + wait_ms, session)
   rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
@@ -163,7 +164,7 @@ local function decide(now, default_timeout)
   timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, license.invalid
   if license.policy and not license.refusal then
-    P, invalid = policy().read()
+    P, invalid = policy().read(license.record)
   end
   if invalid then
     return outcome('LICENSE_INVALID', rcall('ZCARD', K.holders), license.total, invalid, now, {})
@@ -184,7 +185,7 @@ local function decide(now, default_timeout)
     end
     return outcome('ALREADY_ACTIVE', rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
-  local rank = rcall('ZRANK', K.queue, session)
+  local rank = not nobody_waits() and rcall('ZRANK', K.queue, session)
   if rank then
     -- Re-sent while waiting: same place, current position, no second
     -- event; the later answer goes to this request (its lease was checked

@@ -64,7 +64,7 @@ local function decide(now, default_timeout)
   timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, nil
   if license.policy and not license.refusal then
-    P, invalid = policy().read()
+    P, invalid = policy().read(license.record)
   end
   local total = license.total
   local owner = owner_of(session)

@@ -124,7 +124,12 @@ local function due_report(result, now, default, timeout, outbox_due, session)
     result[11] = timeout
   end
   if session and (result[1] == 'ACQUIRED' or result[1] == 'ALREADY_ACTIVE') then
-    local score = tonumber(rcall('ZSCORE', K.holders, session))
+    -- A seat this call took (ACQUIRED, not a replay) was scored now, or
+    -- later for a borrowed one: its clock started now, without a read.
+    local score = now
+    if result[1] == 'ALREADY_ACTIVE' or result[8] == 1 then
+      score = tonumber(rcall('ZSCORE', K.holders, session))
+    end
     if not score then
       score = tonumber(result[5]) or now
     elseif score > now then

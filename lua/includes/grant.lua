@@ -17,7 +17,7 @@
 -- grants made (grant_waiters, policy.lua).
 local function grant_if_valid(license, now, notes, limit, P, invalid)
   if license.policy and not (P or invalid or license.refusal) then
-    P, invalid = policy().read()
+    P, invalid = policy().read(license.record)
   end
   if license.refusal or invalid then
     return rcall('ZCARD', K.holders), 0

@@ -64,9 +64,15 @@ local KEY_META = {__index = function(k, name)
   k[name] = key
   return key
 end}
--- The license id, from KEYS[1]: what its hash tag holds.
+-- The license id, from KEYS[1]: what its hash tag holds. The last one
+-- found is kept (in the function library, from call to call: a Lua string
+-- compares by identity, so the same license costs one comparison).
+local id_base, id_of_base
 local function license_id()
-  return string.match(key_base, '{([^}]*)}:$')
+  if key_base ~= id_base then
+    id_base, id_of_base = key_base, string.match(key_base, '{([^}]*)}:$')
+  end
+  return id_of_base
 end
 
 -- Binds K to this call's KEYS. Run first by every entry point that

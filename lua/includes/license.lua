@@ -82,6 +82,8 @@ end
 --   heartbeat_timeout_ms, queue_max   the record's, when present and valid
 --   policy    whether the record holds more fields than the six read here:
 --             policy fields (or fields of no rule), which policy.lua reads
+--             (only for a license that may hand out seats; else false)
+--   record    the record as HGETALL returned it, for policy.lua's read
 -- `value` of `field` (nil: absent) under its rule, and `invalid`, or
 -- {field, value cut to 64 bytes} when `invalid` is nil and `value` breaks
 -- the rule.
@@ -97,8 +99,30 @@ local function license_field(field, value, invalid)
 end
 
 local function license_state(now)
-  local raw = rcall('HMGET', K.license, 'seats_total', 'expires_at_ms', 'active', 'heartbeat_timeout_ms', 'queue_max',
-    'policy')
+  -- The whole record in one HGETALL (a record without policies holds two to
+  -- six fields): its six fields read here, and whether it holds more. The
+  -- policies, when it does, are read from the same reply (policy.lua).
+  local flat = rcall('HGETALL', K.license)
+  local raw = {}
+  local extra = false
+  for i = 1, #flat, 2 do
+    local field = flat[i]
+    if field == 'seats_total' then
+      raw[1] = flat[i + 1]
+    elseif field == 'expires_at_ms' then
+      raw[2] = flat[i + 1]
+    elseif field == 'active' then
+      raw[3] = flat[i + 1]
+    elseif field == 'heartbeat_timeout_ms' then
+      raw[4] = flat[i + 1]
+    elseif field == 'queue_max' then
+      raw[5] = flat[i + 1]
+    elseif field == 'policy' then
+      raw[6] = flat[i + 1]
+    else
+      extra = true
+    end
+  end
   local total, invalid = license_field('seats_total', raw[1], nil)
   local expires_at, active, timeout, queue_max, _
   expires_at, invalid = license_field('expires_at_ms', raw[2], invalid)
@@ -107,22 +131,12 @@ local function license_state(now)
   queue_max, invalid = license_field('queue_max', raw[5], invalid)
   -- `policy` keeps its rule, and means nothing else.
   _, invalid = license_field('policy', raw[6], invalid)
-  -- The record holds policy fields when it has more fields than the ones
-  -- read above: one HLEN rather than a read of the whole record, so a
-  -- license without policies pays only that (and only when it may hand out
-  -- seats: the policies are read only then). Whatever `policy` says: a
-  -- limit written without the flag is never silently ignored.
-  local present = 0
-  for i = 1, 6 do
-    if raw[i] then
-      present = present + 1
-    end
-  end
   local state = {
     total = total or 0,
     heartbeat_timeout_ms = timeout,
     queue_max = queue_max,
     policy = false,
+    record = flat,
   }
   if not raw[1] then
     state.refusal = 'LICENSE_NOT_FOUND'
@@ -133,7 +147,9 @@ local function license_state(now)
   elseif (expires_at or 0) > 0 and now >= expires_at then
     state.refusal = 'LICENSE_EXPIRED'
   else
-    state.policy = rcall('HLEN', K.license) > present
+    -- Policy fields (or fields of no rule), whatever `policy` says: a
+    -- limit written without the flag is never silently ignored.
+    state.policy = extra
   end
   return state
 end

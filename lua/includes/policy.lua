@@ -2,11 +2,11 @@
   policy: the license policies, decided inside the seat scripts for direct
   acquires and for grants to waiters alike.
 
-  They live in the license record, KEYS[1], and are read (one HGETALL)
-  whenever the record holds more fields than license_state's HMGET read
-  (one HLEN tells, license.lua), whatever its `policy` field says: a limit
-  written without the flag is enforced, never silently ignored. A license
-  without them costs that HLEN:
+  They live in the license record, KEYS[1], and are read from the
+  HGETALL license_state made (license.lua) whenever the record holds more
+  fields than its six, whatever its `policy` field says: a limit written
+  without the flag is enforced, never silently ignored. A license without
+  them costs nothing more:
     max_per_user       one user holds at most that many seats
     group_max:<g>      group g holds at most that many seats
     group_reserve:<g>  that many seats are kept for group g: others may use
@@ -43,8 +43,8 @@
   a direct acquire takes a free seat while others wait only when the step
   found every one of them unable to take it.
 
-  Cost: a license without policies pays for none of this but
-  license_state's HLEN and one call of grant_waiters: the helpers
+  Cost: a license without policies pays for none of this but one call of
+  grant_waiters: the helpers
   are built by policy() the first time a script run needs them (a Lua
   function costs its closure on every run).
 ]]
@@ -75,8 +75,9 @@ local function policy()
   -- the scalars in the order above, then group fields by name), or nil.
   -- `limits` says whether any policy can keep a waiter from a free seat;
   -- `counts` caches the seats held per owners field for this script run.
-  function M.read()
-    local flat = rcall('HGETALL', K.license)
+  -- `flat` is the record's HGETALL, when the caller read it (license_state).
+  function M.read(flat)
+    flat = flat or rcall('HGETALL', K.license)
     local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
     local raw, bad_group = {}, nil
     for i = 1, #flat, 2 do

@@ -151,6 +151,29 @@ local function waiter_record(session)
   return {queued_at = tonumber(queued_at), lease_hash = lease, id = id, reply_to = plain_reply_to, meta = plain_meta}
 end
 
+-- Whether nobody waits: the queue and its deadlines both empty, asked of
+-- Redis once per call, and only by a call that would otherwise look into
+-- them. On a license nobody waits for (the common case) one EXISTS then
+-- stands for the waiter record's HGET of the lease check, the deadlines'
+-- ZRANGEBYSCORE, acquire's ZRANK and the queue head's ZRANGE. Only
+-- acquire's enqueue adds a waiter, and says so (queue_joined).
+local idle_queue
+local function bind_queue()
+  idle_queue = nil
+end
+--- @on_call "bind_queue"
+
+local function nobody_waits()
+  if idle_queue == nil then
+    idle_queue = rcall('EXISTS', K.queue, K.deadlines) == 0
+  end
+  return idle_queue
+end
+
+local function queue_joined()
+  idle_queue = false
+end
+
 -- Takes waiting `session`, whose owner record is `owner` (nil: none), out
 -- of the queue: every way a wait ends (a grant, a timeout, a release, a
 -- revocation, the license deleted) goes through here, so the per-user
@@ -171,6 +194,9 @@ end
 -- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
 -- Returns how many it removed.
 local function expire_waiters(now, notes, limit)
+  if nobody_waits() then
+    return 0
+  end
   local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(due) do
     local w = waiter_record(session)
@@ -209,6 +235,9 @@ end
 -- and whether it found the queue empty.
 local function promote(now, total, notes, max)
   local used = rcall('ZCARD', K.holders)
+  if used < total and nobody_waits() then
+    return used, 0, true
+  end
   local granted = 0
   while used < total and granted < max do
     local head = rcall('ZRANGE', K.queue, '0', '0')[1]

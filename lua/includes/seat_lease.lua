@@ -12,7 +12,7 @@
 -- `refuse` of run_request (request.lua).
 local function seat_lease_refusal(session, lease, now)
   local bound = holder_lease(session)
-  if bound == nil then
+  if bound == nil and not nobody_waits() then
     local w = waiter_record(session)
     bound = w and w.lease_hash
   end
