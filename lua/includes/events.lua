@@ -87,6 +87,7 @@ local function flush_events(used, total, now)
     return
   end
   local at = string.format('%d', now)
+  used, total = string.format('%d', used), string.format('%d', total)
   if EV.license == '' then
     EV.license = license_id()
   end
@@ -96,10 +97,10 @@ local function flush_events(used, total, now)
     if EV.keep_ms > 0 and seq % TRIM_EVERY == 1 and now > EV.keep_ms then
       rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', e[1],
         'license', EV.license, 'session', e[2], 'seats_used', used, 'seats_total', total, 'at_ms', at,
-        'seq', seq, unpack(f))
+        'seq', string.format('%d', seq), unpack(f))
     else
       rcall('XADD', EV.log, '*', 'type', e[1], 'license', EV.license, 'session', e[2],
-        'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', seq, unpack(f))
+        'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', string.format('%d', seq), unpack(f))
     end
   end
   EV.pending = {}

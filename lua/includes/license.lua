@@ -103,34 +103,34 @@ local function license_state(now)
   -- six fields): its six fields read here, and whether it holds more. The
   -- policies, when it does, are read from the same reply (policy.lua).
   local flat = rcall('HGETALL', K.license)
-  local raw = {}
+  local seats, expires, act, hb, qmax, flag
   local extra = false
   for i = 1, #flat, 2 do
     local field = flat[i]
     if field == 'seats_total' then
-      raw[1] = flat[i + 1]
+      seats = flat[i + 1]
     elseif field == 'expires_at_ms' then
-      raw[2] = flat[i + 1]
+      expires = flat[i + 1]
     elseif field == 'active' then
-      raw[3] = flat[i + 1]
+      act = flat[i + 1]
     elseif field == 'heartbeat_timeout_ms' then
-      raw[4] = flat[i + 1]
+      hb = flat[i + 1]
     elseif field == 'queue_max' then
-      raw[5] = flat[i + 1]
+      qmax = flat[i + 1]
     elseif field == 'policy' then
-      raw[6] = flat[i + 1]
+      flag = flat[i + 1]
     else
       extra = true
     end
   end
-  local total, invalid = license_field('seats_total', raw[1], nil)
+  local total, invalid = license_field('seats_total', seats, nil)
   local expires_at, active, timeout, queue_max, _
-  expires_at, invalid = license_field('expires_at_ms', raw[2], invalid)
-  active, invalid = license_field('active', raw[3], invalid)
-  timeout, invalid = license_field('heartbeat_timeout_ms', raw[4], invalid)
-  queue_max, invalid = license_field('queue_max', raw[5], invalid)
+  expires_at, invalid = license_field('expires_at_ms', expires, invalid)
+  active, invalid = license_field('active', act, invalid)
+  timeout, invalid = license_field('heartbeat_timeout_ms', hb, invalid)
+  queue_max, invalid = license_field('queue_max', qmax, invalid)
   -- `policy` keeps its rule, and means nothing else.
-  _, invalid = license_field('policy', raw[6], invalid)
+  _, invalid = license_field('policy', flag, invalid)
   local state = {
     total = total or 0,
     heartbeat_timeout_ms = timeout,
@@ -138,7 +138,7 @@ local function license_state(now)
     policy = false,
     record = flat,
   }
-  if not raw[1] then
+  if not seats then
     state.refusal = 'LICENSE_NOT_FOUND'
   elseif invalid then
     state.refusal, state.invalid = 'LICENSE_INVALID', invalid
