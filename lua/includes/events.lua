@@ -30,7 +30,9 @@
   session and no reason, only `folded`.
   seats_used and seats_total are the license's after the script, at_ms its
   Redis clock. Events go out in the order of the changes: EV.pending holds
-  them as the script makes them, flush_events writes them at its end.
+  them as the script makes them, flush_events writes them at its end (a
+  call's only event, with no field to add, is written at once by
+  request.lua, through the same append_event).
 
   Trimming (MINID ~ <now - keep_ms>) costs about 40% of an XADD even when
   nothing goes, so only one event in TRIM_EVERY of a license trims: the
@@ -80,6 +82,28 @@ local function event_later(kind, session, f)
   EV.pending[#EV.pending + 1] = {kind, session, f}
 end
 
+-- No extra fields.
+local NO_FIELDS = {}
+
+-- Appends event `kind` of `session` (extra fields `f`, a flat list, or
+-- nil) with the license's seats after the script (`used`, `total`, as
+-- '%d' strings) and its clock (`now`; `at`, the same as a string): the one
+-- place an event entry is written.
+local function append_event(kind, session, f, used, total, now, at)
+  if EV.license == '' then
+    EV.license = license_id()
+  end
+  local seq = string.format('%d', rcall('INCR', K.event_seq))
+  if EV.keep_ms > 0 and tonumber(seq) % TRIM_EVERY == 1 and now > EV.keep_ms then
+    rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', kind,
+      'license', EV.license, 'session', session, 'seats_used', used, 'seats_total', total, 'at_ms', at,
+      'seq', seq, unpack(f or NO_FIELDS))
+  else
+    rcall('XADD', EV.log, '*', 'type', kind, 'license', EV.license, 'session', session,
+      'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', seq, unpack(f or NO_FIELDS))
+  end
+end
+
 -- Writes the queued events, in order, with the license's seats after the
 -- script and its clock.
 local function flush_events(used, total, now)
@@ -88,20 +112,8 @@ local function flush_events(used, total, now)
   end
   local at = string.format('%d', now)
   used, total = string.format('%d', used), string.format('%d', total)
-  if EV.license == '' then
-    EV.license = license_id()
-  end
   for _, e in ipairs(EV.pending) do
-    local seq = rcall('INCR', K.event_seq)
-    local f = e[3]
-    if EV.keep_ms > 0 and seq % TRIM_EVERY == 1 and now > EV.keep_ms then
-      rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', e[1],
-        'license', EV.license, 'session', e[2], 'seats_used', used, 'seats_total', total, 'at_ms', at,
-        'seq', string.format('%d', seq), unpack(f))
-    else
-      rcall('XADD', EV.log, '*', 'type', e[1], 'license', EV.license, 'session', e[2],
-        'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', string.format('%d', seq), unpack(f))
-    end
+    append_event(e[1], e[2], e[3], used, total, now, at)
   end
   EV.pending = {}
 end

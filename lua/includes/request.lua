@@ -118,8 +118,16 @@ local function request_event(r, session)
   if who == nil then
     who = owner_of(session)
   end
-  local f = add_who({}, who)
   local detail = r[4]
+  if #EV.pending == 0 and not who and detail == 0 and (kind == 'acquired' or kind == 'released') then
+    -- The common case, the call's only event and nothing to add to it:
+    -- written at once, without the pending list (events.lua).
+    local now = r[5]
+    append_event(kind, session, nil, string.format('%d', r[2]), string.format('%d', r[3]), now,
+      string.format('%d', now))
+    return
+  end
+  local f = add_who({}, who)
   if kind == 'denied' then
     local S = service()
     local record, folded, due = denial_sample(K.denials, r[5], S.denials_window, S.denials_per_window)
