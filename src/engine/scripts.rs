@@ -1034,18 +1034,23 @@ mod tests {
             top_level_locals < 180,
             "{top_level_locals} top-level locals in the library"
         );
-        // Every function binds the call first; the license's keys and the
-        // events where its script uses them.
+        // Every function binds the call first, then the builtins; the
+        // license's keys and the events where its script uses them.
         let bodies: Vec<&str> = library.split("redis.register_function(").skip(1).collect();
         assert_eq!(bodies.len(), ScriptName::COUNT);
         for (body, &name) in bodies.iter().zip(ScriptName::VARIANTS) {
-            let prologue: Vec<&str> = body.lines().skip(1).take(3).collect();
+            let prologue: Vec<&str> = body.lines().skip(1).take(4).collect();
             assert_eq!(
                 prologue[0], "  rcall, KEYS, ARGV = redis.call, keys, args",
                 "{name:?}"
             );
-            assert_eq!(prologue[1] == "  bind_keys()", name.is_seat(), "{name:?}");
-            assert_eq!(prologue[2] == "  bind_events()", name.is_seat(), "{name:?}");
+            // The builtins, bound by the first call (includes.rs).
+            assert!(
+                prologue[1].starts_with("  if not tonumber then tonumber, "),
+                "{name:?}"
+            );
+            assert_eq!(prologue[2] == "  bind_keys()", name.is_seat(), "{name:?}");
+            assert_eq!(prologue[3] == "  bind_events()", name.is_seat(), "{name:?}");
         }
         // The name follows the text: another text, another library.
         let hash = redis::Script::new(library).get_hash().to_owned();
