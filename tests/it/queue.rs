@@ -473,9 +473,19 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         assert_eq!(o.status(), Status::Queued);
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
-    // A script ends all 20 waits and its worker dies before delivering.
-    let o = direct(&settings, "lic", "late").acquire(&mut con).await;
+    // A script ends all 20 waits and its worker dies before delivering
+    // (as on a cluster: on one node the script would write them itself).
+    let o = direct(&settings, "lic", "late")
+        .via_outbox()
+        .acquire(&mut con)
+        .await;
     assert_eq!(o.notes.len(), 20);
+    let kept: i64 = redis::cmd("HLEN")
+        .arg(license_keys(&settings, "lic").outbox)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(kept, 20, "all 20 wait in the outbox");
 
     settings.reaper.batch = 7;
     settings.reaper.redeliver_after_ms = 1;
