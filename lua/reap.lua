@@ -45,7 +45,10 @@
   ARGV[6]  resumed_at (Redis ms): when service last resumed after a gap (a
            Redis outage or restart, no reaper); 0 for none known
   ARGV[7]  the license id, ARGV[8] the events retention, ms (events.lua)
-  ARGV[9..] note ids the last step's page held beyond the limit, handed out
+  ARGV[9]  on one Redis node, the queue reply settings (includes/outbox.lua,
+           reply_conf_of): the step then writes the GRANTED and QUEUE_TIMEOUT
+           of its notes itself; '' on a cluster (the outbox)
+  ARGV[10..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
@@ -59,7 +62,7 @@
     more         1 when work is left: call again with the returned position
     queue_depth  sessions still waiting
     redeliver    outbox notes to deliver again, as notes, at most `limit`
-    outbox_cursor, outbox_pending  ARGV[4] and ARGV[5..] for the next step;
+    outbox_cursor, outbox_pending  ARGV[4] and ARGV[10..] for the next step;
                  '' and {} once the scan is through
     borrow_ended, linger_ended  seats freed because their borrow or linger
                  ended (seat-freed events, reasons borrow_ended, linger_ended)
@@ -111,7 +114,8 @@ local cursor = ARGV[4]
 local watermark, resumed_at = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local pending = {}
 EV.license, EV.keep_ms = ARGV[7], tonumber(ARGV[8])
-for i = 9, #ARGV do
+EV.reply_conf = reply_conf_of(ARGV[9])
+for i = 10, #ARGV do
   pending[#pending + 1] = ARGV[i]
 end
 local now = now_ms()
@@ -214,6 +218,7 @@ if rcall('EXISTS', K.license) == 0 then
     more = 1
   end
   flush_events(0, 0, now)
+  send_queue_replies({'', 0, 0, 0, now, notes, 1, 0, 0, 0, default_timeout})
   local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
   if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
     work_at = denials_due
@@ -282,6 +287,7 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
   more = 1
 end
 flush_events(used, total, now)
+send_queue_replies({'', used, total, 0, now, notes, 1, 0, 0, 0, timeout})
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
   work_at = denials_due

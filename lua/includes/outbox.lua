@@ -17,15 +17,16 @@
                 GRANTED reply carries
       delivery  1 when the script wrote the queue reply itself, 2 when it
                 could not (dropped); absent: the caller delivers it
-  On one Redis node (the service settings say so, request.lua), a request
-  script writes the GRANTED and QUEUE_TIMEOUT of its notes to the waiters'
-  reply streams itself, in the same atomic step as the grant or the
+  On one Redis node (the service settings say so, request.lua, and
+  reap.lua's ARGV[9]), a request script or a reaper step writes the
+  GRANTED and QUEUE_TIMEOUT of its notes to the waiters' reply streams
+  itself, in the same atomic step as the grant or the
   timeout (send_queue_replies): the reply can then not be lost with the
   worker, and the hot license's hand-over of a seat costs no outbox record
   and no further round trips. On a cluster the reply stream lies in
   another slot, which a script may not touch, and the note goes through
-  the outbox as below; so do reap.lua's notes and the SESSION_REVOKED and
-  LICENSE_NOT_FOUND ones, which are rare.
+  the outbox as below; so do the SESSION_REVOKED and LICENSE_NOT_FOUND
+  ones, which are rare.
   The outbox record, the field's value, JSON:
     {"kind", "session", "id", "reply_to", "waited_ms", "at"}   (at = now_ms)
   Notes with a reply_to are kept in the outbox until delivered: the worker
@@ -70,6 +71,26 @@ local function note(notes, now, kind, session, w, owner)
   end
 end
 
+-- The queue reply settings the worker or reaper hands a script on one
+-- node, '<reply ttl>|<reply expiry>|<replies.prefix>' (ttl and expiry ms;
+-- src/engine/scripts.rs, queue_replies_arg), as EV.reply_conf wants them;
+-- nil for '' (a cluster: notes go to the outbox). The last one parsed is
+-- kept: every call of a deployment sends the same string.
+local reply_conf_raw, reply_conf_parsed
+local function reply_conf_of(raw)
+  if raw == '' then
+    return nil
+  end
+  if raw ~= reply_conf_raw then
+    local ttl, expiry, prefix = string.match(raw, '^(%d+)|(%d+)|(.+)$')
+    if not ttl then
+      error('not the queue reply settings: ' .. raw)
+    end
+    reply_conf_raw, reply_conf_parsed = raw, {ttl = tonumber(ttl), expiry = expiry, prefix = prefix}
+  end
+  return reply_conf_parsed
+end
+
 -- Writes the queue replies note() left to the script (EV.replies: one
 -- node) to their waiters' reply streams, as the worker writes a reply
 -- (src/runtime/publish.rs, src/engine/protocol.rs Reply::fields): trimmed
@@ -79,6 +100,7 @@ end
 -- worker drops it). Run last, once `result` (outcome.lua) holds the seats
 -- after the call and [11] the heartbeat timeout in force (due.lua), after
 -- the events (an event is never later than its reply); returns `result`.
+-- (reap.lua hands it a table of those slots.)
 local function send_queue_replies(result)
   local pending = EV.replies
   if not pending then

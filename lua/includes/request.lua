@@ -37,8 +37,9 @@
                         0 = all (denial_sample.lua)
              and, on one Redis node only, '|<reply ttl>|<reply expiry>|<prefix>':
                the scripts then write the queue replies of their notes
-               themselves (outbox.lua, send_queue_replies): reply ttl and
-               expiry ms, prefix replies.prefix (the rest of the argument)
+               themselves (outbox.lua, reply_conf_of and send_queue_replies):
+               reply ttl and expiry ms, prefix replies.prefix (the rest of
+               the argument)
   Their own arguments start at ARGV[8]. The license id the events carry is
   derived from KEYS[1] (keys.lua, license_id).
 
@@ -85,19 +86,13 @@ local function service()
   if raw ~= service_raw then
     local sl, ll, rw, dw, ht, keep, win, per, rest =
       string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
-    local ttl, expiry, prefix
-    if rest and rest ~= '' then
-      ttl, expiry, prefix = string.match(rest, '^|(%d+)|(%d+)|(.+)$')
-    end
-    if not sl or (rest ~= '' and not ttl) then
+    if not sl or (rest ~= '' and string.sub(rest, 1, 1) ~= '|') then
       error('ARGV[7] is not the service settings: ' .. raw)
     end
     SERVICE = {session_limit = tonumber(sl), license_limit = tonumber(ll), rate_window = tonumber(rw),
       dedupe_window = tonumber(dw), heartbeat_timeout = tonumber(ht), keep_ms = tonumber(keep),
       denials_window = tonumber(win), denials_per_window = tonumber(per)}
-    if ttl then
-      SERVICE.replies = {ttl = tonumber(ttl), expiry = expiry, prefix = prefix}
-    end
+    SERVICE.replies = reply_conf_of(string.sub(rest, 2))
     service_raw = raw
   end
   return SERVICE

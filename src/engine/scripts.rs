@@ -639,9 +639,8 @@ impl<T> ScriptCall<'_, T> {
 /// the service's settings a seat call needs, in one argument, the same for
 /// every call of a deployment, which the library parses once and keeps.
 ///
-/// On one node it ends with `|<reply ttl>|<reply expiry>|<replies.prefix>`:
-/// the scripts then write their notes' queue replies themselves
-/// (lua/includes/outbox.lua, [`crate::engine::keys::QueueReplies`]).
+/// On one node it ends with `|` and [`queue_replies_arg`]: the scripts then
+/// write their notes' queue replies themselves.
 fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
     let mut settings = format!(
         "{}|{}|{}|{}|{}|{}|{}|{}",
@@ -654,10 +653,24 @@ fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -
         events.denials_window_ms,
         events.denials_per_window
     );
-    if let Some(r) = &events.queue_replies {
-        settings.push_str(&format!("|{}|{}|{}", r.ttl_ms, r.expiry_ms, r.prefix));
+    let replies = queue_replies_arg(events);
+    if !replies.is_empty() {
+        settings.push('|');
+        settings.push_str(&replies);
     }
     settings
+}
+
+/// The queue reply settings of the scripts on one node,
+/// `<reply ttl>|<reply expiry>|<replies.prefix>`, or `""` on a cluster
+/// (lua/includes/outbox.lua, `reply_conf_of`;
+/// [`crate::engine::keys::QueueReplies`]).
+fn queue_replies_arg(events: &EventKeys) -> String {
+    events
+        .queue_replies
+        .as_ref()
+        .map(|r| format!("{}|{}|{}", r.ttl_ms, r.expiry_ms, r.prefix))
+        .unwrap_or_default()
 }
 
 /// Binds the events' license id and retention ARGV (lua/includes/events.lua)
@@ -747,8 +760,9 @@ impl Scripts {
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
         bind_events(&mut call, &keys.events); // ARGV[7..8]
+        call.arg(queue_replies_arg(&keys.events)); // ARGV[9]
         for id in &args.outbox.pending {
-            call.arg(id); // ARGV[9..]
+            call.arg(id); // ARGV[10..]
         }
         ScriptCall {
             name: ScriptName::Reap.as_str(),

@@ -1129,7 +1129,9 @@ async fn a_waiter_whose_request_id_holds_a_newline_is_kept_in_the_json_form() {
     assert_eq!((note.status, note.request_id.as_str()), (Status::Granted, id));
 }
 
-/// One step of lua/reap.lua on `license`.
+/// One step of lua/reap.lua on `license`, its notes left in the outbox as
+/// on a cluster (on one node the step writes their replies itself:
+/// [`a_reap_step_on_one_node_writes_its_queue_replies_itself`]).
 async fn reap(
     con: &mut Db,
     s: &Settings,
@@ -1145,11 +1147,62 @@ async fn reap(
         outbox,
         outage: Default::default(),
     };
-    Scripts::get()
-        .reap(&license_keys(s, license), &args)
-        .run(con)
-        .await
-        .unwrap()
+    let mut keys = license_keys(s, license);
+    keys.events.queue_replies = None;
+    Scripts::get().reap(&keys, &args).run(con).await.unwrap()
+}
+
+/// On one node a reaper step that evicts a holder and grants its seat, or
+/// ends a wait, writes the waiter's GRANTED or QUEUE_TIMEOUT itself, in the
+/// same step, and leaves nothing in the outbox: the reaper has nothing to
+/// deliver, and nothing a crash could leave undelivered.
+#[tokio::test]
+async fn a_reap_step_on_one_node_writes_its_queue_replies_itself() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    provision(&settings, "lic", &seats_with_timeout(1, 50)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;
+    run(&mut con, &settings, "lic", Req::Acquire("c", 1)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let args = ReapArgs {
+        default_timeout_ms: 90_000,
+        limit: 10,
+        redeliver_after_ms: 0,
+        outbox: &OutboxCursor::start(),
+        outage: Default::default(),
+    };
+    let k = license_keys(&settings, "lic");
+    let step = Scripts::get().reap(&k, &args).run(&mut con).await.unwrap();
+    assert_eq!(step.evicted, ["a"]);
+    let got: Vec<(Status, &str, Delivery)> = step
+        .notes
+        .iter()
+        .map(|n| (n.status, n.session.as_str(), n.delivery))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Status::QueueTimeout, "c", Delivery::Sent),
+            (Status::Granted, "b", Delivery::Sent)
+        ]
+    );
+    let outbox: i64 = con.hlen(&k.outbox).await.unwrap();
+    assert_eq!(outbox, 0, "nothing left for the reaper to deliver");
+    for (session, status) in [("b", "GRANTED"), ("c", "QUEUE_TIMEOUT")] {
+        let replies = stream_entries(&mut con, &reply_stream(&settings, session)).await;
+        let answers: Vec<(&str, &str)> = replies
+            .iter()
+            .map(|r| (r["status"].as_str(), r["id"].as_str()))
+            .collect();
+        let id = format!("req-{session}");
+        assert_eq!(answers, [(status, id.as_str())], "{session}");
+    }
+    let granted = stream_entries(&mut con, &reply_stream(&settings, "b")).await;
+    assert_eq!(granted[0]["heartbeat_timeout_ms"], "50");
+    assert_eq!(granted[0]["held_since_ms"], step.now_ms.to_string());
+    // A second step finds nothing to hand out again.
+    let again = Scripts::get().reap(&k, &args).run(&mut con).await.unwrap();
+    assert!(again.redeliver.is_empty() && again.notes.is_empty());
 }
 
 #[tokio::test]
