@@ -218,7 +218,9 @@ if rcall('EXISTS', K.license) == 0 then
     more = 1
   end
   flush_events(0, 0, now)
-  send_queue_replies({'', 0, 0, 0, now, notes, 1, 0, 0, 0, default_timeout})
+  if EV.replies then
+    send_queue_replies({'', 0, 0, 0, now, notes, 1, 0, 0, 0, default_timeout})
+  end
   local _, stale_at, work_at = due_report(nil, now, default_timeout, default_timeout, now + max_age)
   if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
     work_at = denials_due
@@ -287,7 +289,9 @@ if #stale >= limit or #borrow_ended >= limit or #linger_ended >= limit or expire
   more = 1
 end
 flush_events(used, total, now)
-send_queue_replies({'', used, total, 0, now, notes, 1, 0, 0, 0, timeout})
+if EV.replies then
+  send_queue_replies({'', used, total, 0, now, notes, 1, 0, 0, 0, timeout})
+end
 local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now + max_age)
 if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
   work_at = denials_due
