@@ -11,9 +11,9 @@ use seatgate::runtime::publish::Publisher;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, license_keys, provision, put_license, queue_up, reaper,
-    reply_stream, seats_with_timeout, spawn_app, spawn_worker, stream_entries, watch_holders, Entry, TestApp,
-    T,
+    acquire, client, db, direct, events, holders, license_keys, outbox_len, provision, put_license, queue_up,
+    reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, stream_entries, watch_holders, Entry,
+    TestApp, T,
 };
 
 fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
@@ -480,12 +480,11 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
         .acquire(&mut con)
         .await;
     assert_eq!(o.notes.len(), 20);
-    let kept: i64 = redis::cmd("HLEN")
-        .arg(license_keys(&settings, "lic").outbox)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(kept, 20, "all 20 wait in the outbox");
+    assert_eq!(
+        outbox_len(&settings, "lic").await,
+        20,
+        "all 20 wait in the outbox"
+    );
 
     settings.reaper.batch = 7;
     settings.reaper.redeliver_after_ms = 1;
@@ -499,12 +498,11 @@ async fn undelivered_queue_replies_beyond_the_step_limit_are_all_delivered_in_on
             (format!("r{i:02}").as_str(), "QUEUE_TIMEOUT")
         );
     }
-    let left: i64 = redis::cmd("HLEN")
-        .arg(license_keys(&settings, "lic").outbox)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "delivered notes leave the outbox");
+    assert_eq!(
+        outbox_len(&settings, "lic").await,
+        0,
+        "delivered notes leave the outbox"
+    );
 }
 
 /// On one Redis node the call that grants a waiter its seat, or ends its
@@ -519,7 +517,6 @@ async fn a_queue_reply_is_written_in_the_step_that_decides_it_with_the_workers_f
     let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
     let publisher = Publisher::new(&settings);
-    let outbox = license_keys(&settings, "lic").outbox;
     direct(&settings, "lic", "holder").acquire(&mut con).await;
     let queue = |session: &'static str, wait_ms: u64| {
         let settings = settings.clone();
@@ -564,12 +561,7 @@ async fn a_queue_reply_is_written_in_the_step_that_decides_it_with_the_workers_f
         .deliver(&mut con, "lic", &seen.notes[0], seen.seats_at(), true)
         .await
         .unwrap();
-    let left: i64 = redis::cmd("HLEN")
-        .arg(&outbox)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "nothing left to deliver");
+    assert_eq!(outbox_len(&settings, "lic").await, 0, "nothing left to deliver");
 
     for (by_script, by_worker, status) in [
         ("inline", "outboxed", "GRANTED"),

@@ -12,9 +12,9 @@ use seatgate::engine::scripts::{
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    db, direct, holders, keys, license_keys, provision, put_license, redis_ms, reply_stream, seats,
-    seats_with_timeout, spawn_app, spawn_app_with, stream_entries, Direct, RedisServer, RedisServerExt,
-    TestApp, META,
+    db, direct, holders, keys, license_keys, outbox_len, provision, put_license, redis_ms, reply_stream,
+    seats, seats_with_timeout, spawn_app, spawn_app_with, stream_entries, Direct, RedisServer,
+    RedisServerExt, TestApp, META,
 };
 
 #[tokio::test]
@@ -1152,6 +1152,17 @@ async fn reap(
     Scripts::get().reap(&keys, &args).run(con).await.unwrap()
 }
 
+/// The reaper's work on `license` (1 seat, a 50 ms heartbeat timeout): "a"
+/// holds the seat and has gone stale, "b" waits for a minute, "c" for a
+/// millisecond that has passed.
+async fn stale_holder_and_two_waiters(con: &mut Db, s: &Settings) {
+    provision(s, "lic", &seats_with_timeout(1, 50)).await;
+    run(con, s, "lic", Req::Acquire("a", 0)).await;
+    run(con, s, "lic", Req::Acquire("b", 60_000)).await;
+    run(con, s, "lic", Req::Acquire("c", 1)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
 /// On one node a reaper step that evicts a holder and grants its seat, or
 /// ends a wait, writes the waiter's GRANTED or QUEUE_TIMEOUT itself, in the
 /// same step, and leaves nothing in the outbox: the reaper has nothing to
@@ -1159,11 +1170,7 @@ async fn reap(
 #[tokio::test]
 async fn a_reap_step_on_one_node_writes_its_queue_replies_itself() {
     let TestApp(_redis, settings, mut con) = spawn_app().await;
-    provision(&settings, "lic", &seats_with_timeout(1, 50)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("c", 1)).await;
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stale_holder_and_two_waiters(&mut con, &settings).await;
     let args = ReapArgs {
         default_timeout_ms: 90_000,
         limit: 10,
@@ -1186,8 +1193,11 @@ async fn a_reap_step_on_one_node_writes_its_queue_replies_itself() {
             (Status::Granted, "b", Delivery::Sent)
         ]
     );
-    let outbox: i64 = con.hlen(&k.outbox).await.unwrap();
-    assert_eq!(outbox, 0, "nothing left for the reaper to deliver");
+    assert_eq!(
+        outbox_len(&settings, "lic").await,
+        0,
+        "nothing left for the reaper to deliver"
+    );
     for (session, status) in [("b", "GRANTED"), ("c", "QUEUE_TIMEOUT")] {
         let replies = stream_entries(&mut con, &reply_stream(&settings, session)).await;
         let answers: Vec<(&str, &str)> = replies
@@ -1208,11 +1218,7 @@ async fn a_reap_step_on_one_node_writes_its_queue_replies_itself() {
 #[tokio::test]
 async fn reap_answers_the_documented_step() {
     let TestApp(_redis, settings, mut con) = spawn_app().await;
-    provision(&settings, "lic", &seats_with_timeout(1, 50)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("a", 0)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("b", 60_000)).await;
-    run(&mut con, &settings, "lic", Req::Acquire("c", 1)).await;
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stale_holder_and_two_waiters(&mut con, &settings).await;
 
     let before = redis_ms(&mut con).await;
     let step = reap(&mut con, &settings, "lic", 10, 3_600_000, &OutboxCursor::start()).await;

@@ -198,6 +198,15 @@ pub async fn put_license(s: &Settings, license: &str, n: u64) {
     provision(s, license, &seats(n)).await;
 }
 
+/// Queue replies waiting in `license`'s outbox for a worker or the reaper.
+pub async fn outbox_len(s: &Settings, license: &str) -> i64 {
+    redis::cmd("HLEN")
+        .arg(license_keys(s, license).outbox)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap()
+}
+
 /// Sessions holding a seat of `license`, sorted.
 pub async fn holders(s: &Settings, license: &str) -> Vec<String> {
     let mut v: Vec<String> = redis::cmd("ZRANGE")
