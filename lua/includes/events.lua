@@ -93,8 +93,9 @@ local function append_event(kind, session, f, used, total, now, at)
   if EV.license == '' then
     EV.license = license_id()
   end
-  local seq = string.format('%d', rcall('INCR', K.event_seq))
-  if EV.keep_ms > 0 and tonumber(seq) % TRIM_EVERY == 1 and now > EV.keep_ms then
+  local n = rcall('INCR', K.event_seq)
+  local seq = string.format('%d', n)
+  if EV.keep_ms > 0 and n % TRIM_EVERY == 1 and now > EV.keep_ms then
     rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', kind,
       'license', EV.license, 'session', session, 'seats_used', used, 'seats_total', total, 'at_ms', at,
       'seq', seq, unpack(f or NO_FIELDS))
