@@ -212,6 +212,16 @@ pub fn is_not_loaded(e: &RedisError) -> bool {
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
 }
 
+/// Whether `e` is `FUNCTION LOAD`'s answer for a library of that name
+/// already loaded (on a cluster, by at least one master: the others loaded
+/// it; a master that answered otherwise loads it at its first
+/// `Function not found`).
+fn is_already_loaded(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Library") && d.ends_with("already exists"))
+}
+
 /// `e`, or, when it says Redis does not know FCALL or FUNCTION, the one line
 /// that says why: seatgate's scripts are a function library (Redis 7.0).
 fn too_old(e: RedisError) -> RedisError {
@@ -702,22 +712,31 @@ impl Scripts {
         self.functions.iter().map(String::as_str).collect()
     }
 
-    /// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster, on every
-    /// master), so that pipelines (which do not load it) can use it. On a
-    /// Redis without functions, the error says seatgate needs Redis 7.0.
+    /// Loads the library (`FUNCTION LOAD`; on a cluster, on every master),
+    /// so that pipelines (which do not load it) can use it. On a Redis without
+    /// functions, the error says seatgate needs Redis 7.0.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
         Ok(self.load(con).await?)
     }
 
+    /// `FUNCTION LOAD` without `REPLACE`: the library's name carries the
+    /// hash of its text, so a library of that name already there is this
+    /// one, and Redis answers `already exists` before compiling anything.
+    /// With `REPLACE` every worker start, and every worker that saw
+    /// `Function not found` at once, compiled the whole library again,
+    /// Redis busy for all of it (about 29 million instructions, counted
+    /// by ops/callgrind.sh).
     async fn load<C: ConnectionLike>(&self, con: &mut C) -> redis::RedisResult<()> {
-        redis::cmd("FUNCTION")
+        match redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg("REPLACE")
             .arg(&self.library)
             .query_async::<Value>(con)
             .await
-            .map(|_| ())
-            .map_err(too_old)
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_already_loaded(&e) => Ok(()),
+            Err(e) => Err(too_old(e)),
+        }
     }
 
     /// A seat script call of `name` with what every seat script shares

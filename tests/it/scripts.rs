@@ -296,6 +296,32 @@ async fn scripts_reload_after_function_flush() {
     assert_eq!(o.status(), Status::HeartbeatUpdated);
 }
 
+/// A worker that starts where the library is already loaded (a restart, a
+/// second worker) loads nothing again: `FUNCTION LOAD` answers `already
+/// exists` for the library of that name, which is the same text (the name
+/// carries its hash), and the start goes on.
+#[tokio::test]
+async fn loading_the_library_again_where_it_is_loaded_succeeds() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    Scripts::get().load_all(&mut con).await.expect("first load");
+    let err: redis::RedisError = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(Scripts::get().library())
+        .query_async::<redis::Value>(&mut con)
+        .await
+        .expect_err("a second plain FUNCTION LOAD is refused by Redis");
+    assert!(err.to_string().contains("already exists"), "{err}");
+    Scripts::get()
+        .load_all(&mut con)
+        .await
+        .expect("loading again is no error");
+    put_license(&settings, "lic", 1).await;
+    assert_eq!(
+        direct(&settings, "lic", "s1").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+}
+
 /// A Redis without functions (before 7.0; here one whose FCALL and FUNCTION
 /// are renamed away) is refused in one line that says why.
 #[tokio::test]
