@@ -40,6 +40,7 @@
   older than the retention stays at most until the license's next few events.
 ]]
 --- @include "keys"
+--- @include "clock"
 --- @include "denial_sample"
 
 local TRIM_EVERY = 16
@@ -111,8 +112,8 @@ local function flush_events(used, total, now)
   if #EV.pending == 0 then
     return
   end
-  local at = string.format('%d', now)
-  used, total = string.format('%d', used), string.format('%d', total)
+  local at = ms(now)
+  used, total = ms(used), ms(total)
   for _, e in ipairs(EV.pending) do
     append_event(e[1], e[2], e[3], used, total, now, at)
   end

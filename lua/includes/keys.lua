@@ -75,12 +75,29 @@ local function license_id()
   return id_of_base
 end
 
+-- The K of each license seen, by its record's key, with the keys derived
+-- so far and `key_base` as [0]. In the function library they are kept from
+-- call to call, so a license's keys are derived once, not on every call;
+-- at most KEYED_MAX licenses are kept, past that the cache starts afresh.
+local KEYED_MAX = 256
+local keyed, keyed_count = {}, 0
+
 -- Binds K to this call's KEYS. Run first by every entry point that
 -- includes this file (the on_call line below: in the function library,
 -- its function's prologue; in a script run on its own, here).
 local function bind_keys()
   local license = KEYS[1]
-  key_base = string.sub(license, 1, -8)
-  K = setmetatable({license = license, done = KEYS[3], done_before = KEYS[4]}, KEY_META)
+  local k = keyed[license]
+  if not k then
+    if keyed_count >= KEYED_MAX then
+      keyed, keyed_count = {}, 0
+    end
+    k = setmetatable({[0] = string.sub(license, 1, -8), license = license}, KEY_META)
+    keyed[license], keyed_count = k, keyed_count + 1
+  end
+  key_base = k[0]
+  -- The dedupe buckets are the call's own (absent for reap and delete_license).
+  k.done, k.done_before = KEYS[3], KEYS[4]
+  K = k
 end
 --- @on_call "bind_keys"

@@ -98,11 +98,18 @@ local function license_field(field, value, invalid)
   return n, invalid
 end
 
-local function license_state(now)
-  -- The whole record in one HGETALL (a record without policies holds two to
-  -- six fields): its six fields read here, and whether it holds more. The
-  -- policies, when it does, are read from the same reply (policy.lua).
-  local flat = rcall('HGETALL', K.license)
+-- The records parsed before, by license key: {flat, total, invalid, active,
+-- expires_at, timeout, queue_max, extra, found}. In the function library
+-- they are kept from call to call, and a record read again with the same
+-- fields and values in the same order is the same record (a Lua string
+-- compares by identity: one comparison a field), so its rules are checked
+-- once per distinct record, not on every call. At most PARSED_MAX licenses
+-- are kept; past that the cache starts afresh.
+local PARSED_MAX = 256
+local parsed, parsed_count = {}, 0
+
+-- The record `flat` (HGETALL's reply) checked under the rules.
+local function parse_license(flat)
   local seats, expires, act, hb, qmax, flag
   local extra = false
   for i = 1, #flat, 2 do
@@ -129,27 +136,61 @@ local function license_state(now)
   active, invalid = license_field('active', act, invalid)
   timeout, invalid = license_field('heartbeat_timeout_ms', hb, invalid)
   queue_max, invalid = license_field('queue_max', qmax, invalid)
-  -- `policy` keeps its rule, and means nothing else.
   _, invalid = license_field('policy', flag, invalid)
+  return {flat = flat, total = total or 0, invalid = invalid, active = active, expires_at = expires_at or 0,
+    timeout = timeout, queue_max = queue_max, extra = extra, found = seats ~= nil}
+end
+
+-- `flat` parsed: the cached parse of the license's record when it is the
+-- same record, else a new one, kept.
+local function parsed_license(flat)
+  local key = K.license
+  local p = parsed[key]
+  if p then
+    local before = p.flat
+    local same = #before == #flat
+    if same then
+      for i = 1, #flat do
+        if before[i] ~= flat[i] then
+          same = false
+          break
+        end
+      end
+    end
+    if same then
+      return p
+    end
+  elseif parsed_count >= PARSED_MAX then
+    parsed, parsed_count = {}, 0
+  end
+  if not p then
+    parsed_count = parsed_count + 1
+  end
+  p = parse_license(flat)
+  parsed[key] = p
+  return p
+end
+
+local function license_state(now)
+  local flat = rcall('HGETALL', K.license)
+  local p = parsed_license(flat)
   local state = {
-    total = total or 0,
-    heartbeat_timeout_ms = timeout,
-    queue_max = queue_max,
+    total = p.total,
+    heartbeat_timeout_ms = p.timeout,
+    queue_max = p.queue_max,
     policy = false,
     record = flat,
   }
-  if not seats then
+  if not p.found then
     state.refusal = 'LICENSE_NOT_FOUND'
-  elseif invalid then
-    state.refusal, state.invalid = 'LICENSE_INVALID', invalid
-  elseif active == 0 then
+  elseif p.invalid then
+    state.refusal, state.invalid = 'LICENSE_INVALID', p.invalid
+  elseif p.active == 0 then
     state.refusal = 'LICENSE_INACTIVE'
-  elseif (expires_at or 0) > 0 and now >= expires_at then
+  elseif p.expires_at > 0 and now >= p.expires_at then
     state.refusal = 'LICENSE_EXPIRED'
   else
-    -- Policy fields (or fields of no rule), whatever `policy` says: a
-    -- limit written without the flag is never silently ignored.
-    state.policy = extra
+    state.policy = p.extra
   end
   return state
 end

@@ -118,8 +118,7 @@ local function request_event(r, session)
     -- The common case, the call's only event and nothing to add to it:
     -- written at once, without the pending list (events.lua).
     local now = r[5]
-    append_event(kind, session, nil, string.format('%d', r[2]), string.format('%d', r[3]), now,
-      string.format('%d', now))
+    append_event(kind, session, nil, ms(r[2]), ms(r[3]), now, ms(now))
     return
   end
   local f = add_who({}, who)

@@ -20,12 +20,18 @@
   before leases existed reads as bound to none.
 ]]
 --- @include "keys"
+--- @include "clock"
+
+-- A bound record's rest: its lease hash (16 hex digits) and its meta
+-- (written out: the library's builtins do not exist while it loads).
+local LEASE_AND_META = '^(%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x):(.*)$'
 
 local function encode_session_record(acquired_at, heartbeats, lease, meta)
-  -- A time Lua holds as a number is written with '%d' (its own '%.14g' is
-  -- several times slower); one read back from a record stays its digits.
+  -- A time Lua holds as a number is written with '%d' (clock.lua's ms;
+  -- Lua's own '%.14g' is several times slower); one read back from a
+  -- record stays its digits.
   if type(acquired_at) == 'number' then
-    acquired_at = string.format('%d', acquired_at)
+    acquired_at = ms(acquired_at)
   end
   if lease == '' then
     return string.format('%s:%d:%s', acquired_at, heartbeats, meta)
@@ -40,7 +46,7 @@ local function parse_session_record(record)
   if not acquired_at then
     return nil
   end
-  local lease, meta = string.match(rest, '^(' .. string.rep('%x', 16) .. '):(.*)$')
+  local lease, meta = string.match(rest, LEASE_AND_META)
   if not lease then
     lease, meta = '', rest
   end

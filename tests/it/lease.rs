@@ -107,6 +107,63 @@ async fn the_license_rules_are_the_same_in_lua_and_in_rust() {
     );
 }
 
+/// The scripts keep the rules' verdict on a license record from call to
+/// call (lua/includes/license.lua) and a license's keys (keys.lua): an
+/// operator's edit between two calls, even back to a value seen before,
+/// is what the next call decides by.
+#[tokio::test]
+async fn an_edited_license_record_decides_the_very_next_call() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "edited", 1).await;
+    put_license(&s, "twin", 1).await;
+    let key = license_keys(&s, "edited").license;
+    let shared = con.clone();
+    let set = |field: &'static str, value: &'static str| {
+        let key = key.clone();
+        let mut con = shared.clone();
+        async move {
+            let _: () = redis::cmd("HSET")
+                .arg(&key)
+                .arg(field)
+                .arg(value)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+    };
+    let status = |session: &'static str| {
+        let s = s.clone();
+        let mut con = shared.clone();
+        async move { direct(&s, "edited", session).acquire(&mut con).await.status() }
+    };
+    assert_eq!(status("a").await, Status::Acquired);
+    assert_eq!(status("b").await, Status::NoSeatsAvailable);
+    // The same record on another license is that license's own.
+    assert_eq!(
+        direct(&s, "twin", "a").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    set("seats_total", "2").await;
+    assert_eq!(status("b").await, Status::Acquired);
+    set("seats_total", "x").await;
+    assert_eq!(status("c").await, Status::LicenseInvalid);
+    set("seats_total", "3").await;
+    assert_eq!(status("c").await, Status::Acquired);
+    // Back to a value seen before: 2 seats, 3 holders.
+    set("seats_total", "2").await;
+    assert_eq!(status("d").await, Status::NoSeatsAvailable);
+    set("seats_total", "4").await;
+    set("active", "0").await;
+    assert_eq!(status("d").await, Status::LicenseInactive);
+    set("active", "1").await;
+    set("expires_at_ms", "1").await;
+    assert_eq!(status("d").await, Status::LicenseExpired);
+    set("expires_at_ms", "0").await;
+    assert_eq!(status("d").await, Status::Acquired);
+    assert_eq!(crate::support::holders(&s, "edited").await, ["a", "b", "c", "d"]);
+    assert_eq!(crate::support::holders(&s, "twin").await, ["a"]);
+}
+
 #[tokio::test]
 async fn require_lease_makes_the_lease_mandatory_on_every_op() {
     let TestApp(_redis, mut s, mut con) = spawn_app().await;
