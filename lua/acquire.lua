@@ -284,4 +284,4 @@ local function decide(now, default_timeout)
 end
 
 local result, now, default_timeout = run_request(decide, true, seat_lease_refusal, session, lease)
-return send_queue_replies(due_report(result, now, default_timeout, timeout, nil, session))
+return replied(send_queue_replies(due_report(result, now, default_timeout, timeout, nil, session)))

@@ -81,6 +81,8 @@
                  waiters' LICENSE_NOT_FOUND notes are in `notes`
     held         how many sessions stale by now - timeout the outage rule (or an
                  undelivered grant) kept from eviction in this step
+  A list slot that is empty comes back as nil (outcome.lua, list_or_nil),
+  except on a step of a deleted license.
   A redelivered GRANTED note goes out only while its session still holds a
   seat, whose heartbeat clock then starts again (ZADD XX: the grant counts
   from its delivery; a borrowed seat keeps its end), with that time as its
@@ -108,6 +110,7 @@ local rcall = redis.call
 --- @include "due"
 --- @include "deleted"
 --- @include "events"
+--- @include "outcome"
 
 local default_timeout, limit, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cursor = ARGV[4]
@@ -296,6 +299,7 @@ local _, stale_at, work_at = due_report(nil, now, default_timeout, timeout, now 
 if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
   work_at = denials_due
 end
-return {used, total, now, stale, notes, more, rcall('ZCARD', K.queue), redeliver, next_cursor, next_pending,
-  borrow_ended, linger_ended, rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
-  stale_at, work_at, timeout, {}, held}
+return {used, total, now, list_or_nil(stale), list_or_nil(notes), more, rcall('ZCARD', K.queue),
+  list_or_nil(redeliver), next_cursor, list_or_nil(next_pending), list_or_nil(borrow_ended),
+  list_or_nil(linger_ended), rcall('ZCARD', K.lingering), rcall('ZCARD', K.borrowed),
+  stale_at, work_at, timeout, false, held}

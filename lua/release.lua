@@ -107,4 +107,4 @@ local function decide(now, default_timeout)
 end
 
 local result, now, default_timeout = run_request(decide, false, seat_lease_refusal, session, lease)
-return send_queue_replies(due_report(result, now, default_timeout, timeout))
+return replied(send_queue_replies(due_report(result, now, default_timeout, timeout)))

@@ -343,8 +343,12 @@ fn notes(
     what: &str,
     timeout: Option<i64>,
 ) -> Result<Vec<Note>, Error> {
-    let Some(Value::Array(items)) = v else {
-        return Err(bad(script, format!("{what} are not a list: {v:?}")));
+    let items = match v {
+        Some(Value::Array(items)) => items.as_slice(),
+        // None: the request scripts answer nil rather than an empty list
+        // (lua/includes/outcome.lua, replied).
+        Some(Value::Nil) => &[],
+        _ => return Err(bad(script, format!("{what} are not a list: {v:?}"))),
     };
     items
         .iter()
@@ -550,6 +554,8 @@ pub(crate) fn decode_reaped(script: &'static str, value: Value) -> Result<Reaped
     let heartbeat_timeout_ms = timeout(script, items.get(16))?;
     let strings = |v: &Value, what: &str| match v {
         Value::Array(v) => v.iter().map(|s| string(script, Some(s), what)).collect(),
+        // An empty list comes as nil (outcome.lua, list_or_nil).
+        Value::Nil => Ok(Vec::new()),
         other => Err(bad(script, format!("{what} is not a list: {other:?}"))),
     };
     Ok(Reaped {
@@ -679,6 +685,20 @@ mod tests {
         idle[9] = Value::Int(0);
         let idle = decode_outcome("release", Value::Array(idle)).unwrap();
         assert_eq!((idle.stale_ms, idle.due_ms), (None, None), "nothing to file");
+    }
+
+    /// The request scripts answer no notes as nil (outcome.lua, replied);
+    /// a list is still read, and anything else still refused.
+    #[test]
+    fn no_notes_come_as_nil() {
+        let Value::Array(mut none) = outcome("ACQUIRED", Value::Int(0), vec![]) else {
+            unreachable!()
+        };
+        none[5] = Value::Nil;
+        let o = decode_outcome("acquire", Value::Array(none.clone())).unwrap();
+        assert!(o.notes.is_empty());
+        none[5] = Value::Int(0);
+        assert!(decode_outcome("acquire", Value::Array(none)).is_err());
     }
 
     #[test]
