@@ -48,19 +48,33 @@ local rcall = redis.call
 --- @include "revoked"
 --- @include "request"
 
+-- The session record the lease check read, parsed (holder_lease,
+-- session_record.lua), for count_heartbeat: `checked` is the session it
+-- belongs to, set by every lease check, which run_request runs before
+-- decide in the same call, and nothing between the two writes the record.
+local checked, checked_at, checked_beats, checked_lease, checked_meta
+
 -- LEASE_MISMATCH when `session`'s seat is bound to another lease than hash
 -- `lease`: the `refuse` of run_request (includes/request.lua).
 local function holder_lease_refusal(session, lease, now)
-  return lease_refusal(now, holder_lease(session), lease)
+  local bound
+  bound, checked_at, checked_beats, checked_meta = holder_lease(session)
+  checked, checked_lease = session, bound
+  return lease_refusal(now, bound, lease)
 end
 
 -- Counts one heartbeat (the session record's form: session_record.lua) of `session` at `now`. Returns the new count.
 local function count_heartbeat(session, now)
   local acquired_at, beats, lease, meta
-  local record = rcall('HGET', K.sessions, session)
-  if record then
-    acquired_at, beats, lease, meta = parse_session_record(record)
+  if checked == session then
+    acquired_at, beats, lease, meta = checked_at, checked_beats, checked_lease, checked_meta
+  else
+    local record = rcall('HGET', K.sessions, session)
+    if record then
+      acquired_at, beats, lease, meta = parse_session_record(record)
+    end
   end
+  checked = nil
   if not acquired_at then
     -- A missing or foreign record: start a fresh one rather than lose the
     -- count. It is bound to no lease: nothing says which one it had.
@@ -86,7 +100,7 @@ local function decide(now, default_timeout)
   timeout = raw[2] and license_number('heartbeat_timeout_ms', raw[2]) or default_timeout
   -- The first two holders: when the session is the oldest, its heartbeat
   -- moves the license's stale time on (and they give its score).
-  local first = rcall('ZRANGE', K.holders, 0, 1, 'WITHSCORES')
+  local first = rcall('ZRANGE', K.holders, '0', '1', 'WITHSCORES')
   local score
   if first[1] == session then
     score = first[2]
@@ -128,4 +142,4 @@ if result[1] == 'HEARTBEAT_UPDATED' then
   end
   result[11] = timeout
 end
-return result
+return replied(result)

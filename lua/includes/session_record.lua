@@ -54,14 +54,17 @@ local function parse_session_record(record)
 end
 
 -- The lease hash `session`'s seat is bound to: '' for none (or a record not
--- of this form), nil when it holds no record.
+-- of this form), nil when it holds no record; then, for a record of this
+-- form, the rest of what it holds (parse_session_record: acquired_at,
+-- heartbeats, meta), so a caller that goes on to rewrite it (heartbeat)
+-- need not read it again.
 local function holder_lease(session)
   local record = rcall('HGET', K.sessions, session)
   if not record then
     return nil
   end
-  local _, _, lease = parse_session_record(record)
-  return lease or ''
+  local acquired_at, heartbeats, lease, meta = parse_session_record(record)
+  return lease or '', acquired_at, heartbeats, meta
 end
 
 -- Records that `session` took a seat at `now`, with no heartbeat yet, bound

@@ -164,6 +164,49 @@ async fn an_edited_license_record_decides_the_very_next_call() {
     assert_eq!(crate::support::holders(&s, "twin").await, ["a"]);
 }
 
+/// A heartbeat rewrites the session record (its count) and keeps what
+/// else it holds: the seat stays bound to its lease, its metadata and its
+/// acquire time stay, however many heartbeats come.
+#[tokio::test]
+async fn heartbeats_keep_the_seat_bound_to_its_lease() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "bound", 1).await;
+    let lease = "lease-0123456789abcdef";
+    let holder = direct(&s, "bound", "s1").with_lease(Some(lease));
+    let stranger = direct(&s, "bound", "s1");
+    assert_eq!(holder.acquire(&mut con).await.status(), Status::Acquired);
+    let before: String = redis::cmd("HGET")
+        .arg(license_keys(&s, "bound").sessions)
+        .arg("s1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for n in 1..=3 {
+        let o = holder.heartbeat(&mut con).await;
+        assert_eq!(o.status(), Status::HeartbeatUpdated);
+        assert_eq!(o.decision, Decision::HeartbeatUpdated { heartbeats: n });
+        // The stranger's heartbeat, without the lease, is refused each time.
+        assert_eq!(stranger.heartbeat(&mut con).await.status(), Status::LeaseMismatch);
+    }
+    let after: String = redis::cmd("HGET")
+        .arg(license_keys(&s, "bound").sessions)
+        .arg("s1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // "<acquired_at>:<heartbeats>:<lease hash>:<meta>": only the count moved.
+    let fields = |r: &str| r.splitn(4, ':').map(str::to_owned).collect::<Vec<_>>();
+    let (b, a) = (fields(&before), fields(&after));
+    assert_eq!(
+        (a[0].as_str(), a[1].as_str()),
+        (b[0].as_str(), "3"),
+        "{before} -> {after}"
+    );
+    assert_eq!(a[2..], b[2..], "{before} -> {after}");
+    assert_eq!(stranger.release(&mut con).await.status(), Status::LeaseMismatch);
+    assert_eq!(holder.release(&mut con).await.status(), Status::Released);
+}
+
 #[tokio::test]
 async fn require_lease_makes_the_lease_mandatory_on_every_op() {
     let TestApp(_redis, mut s, mut con) = spawn_app().await;
