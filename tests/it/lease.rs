@@ -524,6 +524,57 @@ async fn a_lease_adds_about_16_bytes_per_held_seat() {
     assert!((8.0..=32.0).contains(&per_session), "{per_session} B per session");
 }
 
+/// A dedupe bucket's expiry is set by the write that makes the bucket
+/// (dedupe.lua, its mark): every record of the bucket after it finds it set,
+/// and a bucket deleted by hand (or flushed, or evicted) is made again with
+/// its expiry, never left to live for ever.
+#[tokio::test]
+async fn a_dedupe_bucket_has_its_expiry_whoever_made_it() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    let window = s.dedupe.window_ms as i64;
+    put_license(&s, "cad", 5).await;
+    let t = redis_ms(&mut con).await;
+    let bucket = seatgate::engine::keys::Keys::new(s.keys.prefix.clone()).dedupe("cad", (t / window) as u64);
+    let expires = (t / window + 2) * window;
+    let expiry = |mut con: seatgate::db::Db| {
+        let bucket = bucket.clone();
+        async move {
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&bucket)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            at
+        }
+    };
+    let at = |n: u32, session: &str| {
+        let mut g = Guard::for_entry(
+            &s.guard_policy(),
+            &crate::support::keys(&s),
+            &format!("{t}-{n}"),
+            "cad",
+            session,
+        );
+        g.redelivery = true;
+        direct(&s, "cad", session).with_guard(g)
+    };
+    assert_eq!(at(1, "s1").acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(expiry(con.clone()).await, expires);
+    assert_eq!(at(2, "s1").release(&mut con).await.status(), Status::Released);
+    assert_eq!(expiry(con.clone()).await, expires);
+    let _: () = redis::cmd("DEL")
+        .arg(&bucket)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(at(3, "s2").acquire(&mut con).await.status(), Status::Acquired);
+    assert_eq!(expiry(con.clone()).await, expires, "made again, with its expiry");
+    // The record is there: a redelivery replays it.
+    let again = at(3, "s2").acquire(&mut con).await;
+    assert_eq!((again.status(), again.replayed), (Status::Acquired, true));
+    assert_eq!(crate::support::holders(&s, "cad").await, ["s2"]);
+}
+
 #[tokio::test]
 async fn a_bucket_never_outlives_two_windows_of_the_redis_clock() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
