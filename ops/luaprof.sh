@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Where the Lua side of a seat-script call goes, line by line: the
+# instructions ops/callgrind.sh counts inside Redis's Lua have no names
+# (Redis ships its Lua without symbols), so this runs the same function
+# library under stock Lua 5.1 (Debian's lua5.1, lua-socket, lua-cjson,
+# installed when missing) with a hook on every VM instruction, redis.call
+# forwarded to a private redis-server, and prints per call: the Lua VM
+# instructions by source line, the calls of builtins and Lua functions by
+# the line that makes them, and the Redis commands by line.
+# docs/performance.md ("Where a direct call's ... go now") reads it beside
+# the callgrind dump.
+#
+#   bash ops/luaprof.sh             # direct: acquire + release, as ops/callgrind.sh's direct
+#   bash ops/luaprof.sh worker 200  # the worker's calls (the redelivery record), 200 rounds
+#
+# The calls are the first acquire and release examples/script_calls.rs
+# makes in MODE (captured with MONITOR), each round with a fresh session
+# (and entry id). Line numbers are the library's (printed beside each).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source ops/ensure-redis.sh
+mode=${1:-direct}
+rounds=${2:-100}
+if ! command -v lua5.1 >/dev/null 2>&1 || ! lua5.1 -e 'require "socket"; require "cjson"' >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq lua5.1 lua-socket lua-cjson >/dev/null
+fi
+cargo build --quiet --example script_calls
+bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
+
+dir=$(mktemp -d)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
+pid=$!
+monitor=""
+trap 'kill $monitor "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 100); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+url="redis://127.0.0.1:$port"
+"$bin" "$url" setup
+redis-cli -p "$port" MONITOR >"$dir/monitor" &
+monitor=$!
+sleep 0.3
+"$bin" "$url" "$mode" 2
+sleep 0.3
+kill "$monitor"
+monitor=""
+python3 - "$dir" "$port" <<'PY'
+import shlex, subprocess, sys
+dir, port = sys.argv[1], sys.argv[2]
+calls = []
+for line in open(f"{dir}/monitor"):
+    if '"FCALL"' not in line:
+        continue
+    parts = shlex.split(line.split("] ", 1)[1])
+    fn, rest = parts[1], parts[2:]
+    nkeys = int(rest[0])
+    keys, args = rest[1:1 + nkeys], rest[1 + nkeys:]
+    if len(args) < 4:
+        continue
+    args[3] = args[3] + "-%I"  # ARGV[4]: the session
+    if args[0]:
+        args[0] = args[0] + "-%I"  # ARGV[1]: the request's dedupe key
+    calls.append("\t".join([fn, str(nkeys)] + keys + args))
+    if len(calls) == 2:
+        break
+if len(calls) < 2:
+    sys.exit("luaprof: no seat calls captured")
+library = calls[0].split("\t")[0].rsplit("_", 1)[0]
+open(f"{dir}/calls", "w").write("\n".join(calls) + "\n")
+code = subprocess.run(["redis-cli", "-p", port, "--raw", "FUNCTION", "LIST", "LIBRARYNAME", library, "WITHCODE"],
+                      check=True, capture_output=True, text=True).stdout
+start = code.index("#!lua name=" + library)
+end = code.rindex("\nend)") + len("\nend)")
+open(f"{dir}/library.lua", "w").write(code[start:end] + "\n")
+PY
+lua5.1 ops/luaprof.lua "$port" "$dir/library.lua" "$dir/calls" "$rounds"
