@@ -28,12 +28,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-redis.sh
-if ! command -v valgrind >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq valgrind >/dev/null
-fi
+source ops/private-redis.sh
+command -v valgrind >/dev/null 2>&1 || apt_install valgrind
 modes=("$@")
 [ "${#modes[@]}" -eq 0 ] && modes=(direct worker)
 calls=${CALLS:-2000}
@@ -42,16 +38,13 @@ cargo build --quiet --example script_calls
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
 
 dir=$(mktemp -d)
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
   >"$dir/valgrind.log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 300); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_for_redis "$port"
 url="redis://127.0.0.1:$port"
 "$bin" "$url" setup
 

@@ -19,27 +19,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-redis.sh
+source ops/private-redis.sh
 mode=${1:-direct}
 rounds=${2:-100}
 if ! command -v lua5.1 >/dev/null 2>&1 || ! lua5.1 -e 'require "socket"; require "cjson"' >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq lua5.1 lua-socket lua-cjson >/dev/null
+  apt_install lua5.1 lua-socket lua-cjson
 fi
 cargo build --quiet --example script_calls
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
 
 dir=$(mktemp -d)
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
 pid=$!
 monitor=""
 trap 'kill $monitor "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_for_redis "$port"
 url="redis://127.0.0.1:$port"
 "$bin" "$url" setup
 redis-cli -p "$port" MONITOR >"$dir/monitor" &
