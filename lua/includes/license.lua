@@ -108,7 +108,10 @@ end
 local PARSED_MAX = 256
 local parsed, parsed_count = {}, 0
 
--- The record `flat` (HGETALL's reply) checked under the rules.
+-- The record `flat` (HGETALL's reply: a record without policies holds two
+-- to six fields) checked under the rules: its six fields read here, and
+-- whether it holds more. The policies, when it does, are read from the
+-- same reply (policy.lua).
 local function parse_license(flat)
   local seats, expires, act, hb, qmax, flag
   local extra = false
@@ -136,9 +139,23 @@ local function parse_license(flat)
   active, invalid = license_field('active', act, invalid)
   timeout, invalid = license_field('heartbeat_timeout_ms', hb, invalid)
   queue_max, invalid = license_field('queue_max', qmax, invalid)
+  -- `policy` keeps its rule, and means nothing else.
   _, invalid = license_field('policy', flag, invalid)
   return {flat = flat, total = total or 0, invalid = invalid, active = active, expires_at = expires_at or 0,
     timeout = timeout, queue_max = queue_max, extra = extra, found = seats ~= nil}
+end
+
+-- Whether lists `a` and `b` hold the same values in the same order.
+local function same_list(a, b)
+  if #a ~= #b then
+    return false
+  end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      return false
+    end
+  end
+  return true
 end
 
 -- `flat` parsed: the cached parse of the license's record when it is the
@@ -146,24 +163,13 @@ end
 local function parsed_license(flat)
   local key = K.license
   local p = parsed[key]
-  if p then
-    local before = p.flat
-    local same = #before == #flat
-    if same then
-      for i = 1, #flat do
-        if before[i] ~= flat[i] then
-          same = false
-          break
-        end
-      end
-    end
-    if same then
-      return p
-    end
-  elseif parsed_count >= PARSED_MAX then
-    parsed, parsed_count = {}, 0
+  if p and same_list(p.flat, flat) then
+    return p
   end
   if not p then
+    if parsed_count >= PARSED_MAX then
+      parsed, parsed_count = {}, 0
+    end
     parsed_count = parsed_count + 1
   end
   p = parse_license(flat)
@@ -190,6 +196,8 @@ local function license_state(now)
   elseif p.expires_at > 0 and now >= p.expires_at then
     state.refusal = 'LICENSE_EXPIRED'
   else
+    -- Policy fields (or fields of no rule), whatever `policy` says: a
+    -- limit written without the flag is never silently ignored.
     state.policy = p.extra
   end
   return state
