@@ -81,8 +81,7 @@
                  waiters' LICENSE_NOT_FOUND notes are in `notes`
     held         how many sessions stale by now - timeout the outage rule (or an
                  undelivered grant) kept from eviction in this step
-  A list slot that is empty comes back as nil (outcome.lua, list_or_nil),
-  except on a step of a deleted license.
+  A list slot that is empty comes back as nil (outcome.lua, list_or_nil).
   A redelivered GRANTED note goes out only while its session still holds a
   seat, whose heartbeat clock then starts again (ZADD XX: the grant counts
   from its delivery; a borrowed seat keeps its end), with that time as its
@@ -228,8 +227,8 @@ if rcall('EXISTS', K.license) == 0 then
   if denials_due > 0 and (work_at == 0 or denials_due < work_at) then
     work_at = denials_due
   end
-  return {0, 0, now, {}, notes, more, 0, redeliver, next_cursor, next_pending, {}, {}, 0, 0, stale_at, work_at,
-    default_timeout, deleted, 0}
+  return {0, 0, now, false, list_or_nil(notes), more, 0, list_or_nil(redeliver), next_cursor,
+    list_or_nil(next_pending), false, false, 0, 0, stale_at, work_at, default_timeout, list_or_nil(deleted), 0}
 end
 
 local license = license_state(now)
