@@ -175,12 +175,9 @@ async fn heartbeats_keep_the_seat_bound_to_its_lease() {
     let holder = direct(&s, "bound", "s1").with_lease(Some(lease));
     let stranger = direct(&s, "bound", "s1");
     assert_eq!(holder.acquire(&mut con).await.status(), Status::Acquired);
-    let before: String = redis::cmd("HGET")
-        .arg(license_keys(&s, "bound").sessions)
-        .arg("s1")
-        .query_async(&mut con)
+    let before = crate::support::session_record(&s, "bound", "s1")
         .await
-        .unwrap();
+        .expect("a record");
     for n in 1..=3 {
         let o = holder.heartbeat(&mut con).await;
         assert_eq!(o.status(), Status::HeartbeatUpdated);
@@ -188,12 +185,9 @@ async fn heartbeats_keep_the_seat_bound_to_its_lease() {
         // The stranger's heartbeat, without the lease, is refused each time.
         assert_eq!(stranger.heartbeat(&mut con).await.status(), Status::LeaseMismatch);
     }
-    let after: String = redis::cmd("HGET")
-        .arg(license_keys(&s, "bound").sessions)
-        .arg("s1")
-        .query_async(&mut con)
+    let after = crate::support::session_record(&s, "bound", "s1")
         .await
-        .unwrap();
+        .expect("a record");
     // "<acquired_at>:<heartbeats>:<lease hash>:<meta>": only the count moved.
     let fields = |r: &str| r.splitn(4, ':').map(str::to_owned).collect::<Vec<_>>();
     let (b, a) = (fields(&before), fields(&after));

@@ -207,6 +207,17 @@ pub async fn outbox_len(s: &Settings, license: &str) -> i64 {
         .unwrap()
 }
 
+/// `session`'s session record on `license` as stored
+/// (lua/includes/session_record.lua), if it has one.
+pub async fn session_record(s: &Settings, license: &str, session: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(license_keys(s, license).sessions)
+        .arg(session)
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap()
+}
+
 /// Sessions holding a seat of `license`, sorted.
 pub async fn holders(s: &Settings, license: &str) -> Vec<String> {
     let mut v: Vec<String> = redis::cmd("ZRANGE")

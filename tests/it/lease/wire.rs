@@ -460,12 +460,9 @@ async fn entries_far_ahead_of_the_clock_are_answered_deduplicated_and_forgotten_
         assert!(Instant::now() < deadline, "no second reply");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let record: String = redis::cmd("HGET")
-        .arg(license_keys(&s, "cad").sessions)
-        .arg("s1")
-        .query_async(&mut con)
+    let record = crate::support::session_record(&s, "cad", "s1")
         .await
-        .unwrap();
+        .expect("a record");
     assert!(record.contains(":1:"), "one heartbeat counted: {record}");
     let acquired = events(&s, "cad")
         .await
