@@ -22,7 +22,7 @@
              seat:{L}:lingering  ZSET  released session whose seat lingers -> linger end (ms)
              seat:{L}:borrowed   ZSET  session holding a borrowed seat -> borrow end (ms)
   and, in the same slot, derived from KEYS[1] (bind_keys, below), never passed:
-    seat:{L}:done:<b>   HASH  request key -> dedupe record (dedupe.lua), and '_' -> '' (its mark),
+    seat:{L}:done:<b>   HASH  request key -> dedupe record (dedupe.lua), and '_' -> its mark,
                               for requests placed in time bucket b (expires);
                               acquire, release, heartbeat and revoke take the
                               bucket's key as KEYS[3] (K.done) and the one
