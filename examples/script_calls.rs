@@ -7,7 +7,8 @@
 //! cargo run --example script_calls -- URL MODE CALLS
 //! ```
 //!
-//! `setup` loads the scripts and provisions the license (1,000 seats). Each
+//! `setup` loads the scripts and provisions the license (1,000 seats; with
+//! `HOLDERS=N` in the environment, N sessions take seats of it). Each
 //! MODE makes CALLS script calls, pipelined 100 deep, on fresh sessions of
 //! that one license, and checks every answer:
 //!   direct     acquire, release, acquire, ... (no dedupe, no limits: the
@@ -72,6 +73,22 @@ async fn main() -> Result<(), Failure> {
             .arg(1)
             .exec_async(&mut con)
             .await?;
+        // HOLDERS=N: N sessions hold seats through every mode after, as on a
+        // busy license (the per-session hashes and ZSETs at that size).
+        let holders: usize = std::env::var("HOLDERS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        for n in 0..holders {
+            let session = format!("b-{n}");
+            let outcome = acquire_args(&session)
+                .call(scripts, &lk, &Guard::none(&keys, LICENSE, &session))
+                .run(&mut con)
+                .await?;
+            if outcome.status().as_str() != "ACQUIRED" {
+                return Err(format!("setup acquire: {}", outcome.status().as_str()).into());
+            }
+        }
         return Ok(());
     }
     let calls: usize = args

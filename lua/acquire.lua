@@ -242,8 +242,7 @@ local function decide(now, default_timeout)
   local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
-    rcall('ZADD', K.holders, ms(now), session)
-    start_session(session, now, meta, lease)
+    hold(session, now, meta, lease, used + 1)
     local borrowed_until = 0
     if owned then
       local O = owners()

@@ -21,6 +21,10 @@
 #              with the script, over the requests
 # Each mode runs 200 calls first, outside the count (the first calls compile
 # nothing, but they grow the hashes to their size), then CALLS counted ones.
+# REDIS_ARGS='--hash-max-listpack-value 256' passes settings to redis-server
+# (that one is ops/redis.conf's).
+# HOLDERS=N has N sessions hold seats of the license through every mode (a
+# busy license: its per-session hashes and ZSETs at that size).
 # KEEP=DIR keeps each mode's dump as DIR/MODE.callgrind, for callgrind_annotate
 # (which Redis and Lua functions the instructions went to).
 # The count includes Redis reading the commands and writing the replies: what a
@@ -40,7 +44,7 @@ bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
 dir=$(mktemp -d)
 port=$(free_port)
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" ${REDIS_ARGS:-} \
   >"$dir/valgrind.log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT

@@ -48,6 +48,7 @@
 ]=]
 --- @include "keys"
 --- @include "outcome"
+--- @include "encoding"
 
 -- The outcome stored for `entry_id` (a request's key), marked changed = 0
 -- and replayed = 1 so the worker re-sends it (and re-delivers its notes) but
@@ -102,24 +103,16 @@ end
 -- deleted by hand, flushed or evicted is made again, with its expiry.
 -- (PEXPIREAT costs about 5.6 thousand instructions a request.)
 --
--- The write that makes a bucket also makes it a hashtable. A small hash is
--- a listpack (up to hash-max-listpack-entries fields, 512 by default), which
--- Redis searches from its start; a request's lookups mostly miss (a new
--- request has no record), so in a bucket of a few hundred records its two
--- lookups and its write each read the whole bucket: up to 90 thousand
--- instructions a request, more than the rest of its decision. In a
--- hashtable they cost the same at any size. Redis turns a hash into a
--- hashtable for good when a value longer than hash-max-listpack-value
--- (64 by default, 256 in ops/redis.conf) is written to it, so the mark is
--- written once with HASHTABLE_BYTES bytes and at once again with '', in one
--- HSET: the long value reaches the AOF and the replicas once a bucket and
--- never stays. (A bucket over 512 records was a hashtable anyway: a busy
+-- The write that makes a bucket also makes it a hashtable (encoding.lua):
+-- a request's lookups mostly miss (a new request has no record), so in a
+-- listpack bucket of a few hundred records its two lookups and its write
+-- each read the whole bucket, up to 90 thousand instructions a request,
+-- more than the rest of its decision; in a hashtable they cost the same at
+-- any size. (A bucket over 512 records was a hashtable anyway: a busy
 -- license's bucket costs the memory it did. A capped write leaves the mark
 -- to the first write that is not, which then sets the bucket's expiry it
 -- keeps, so a capped bucket, rare, may stay a listpack until then.)
 local BUCKET_MARK = '_'
-local HASHTABLE_BYTES = 1024
-local hashtable_value
 local function remember(entry_id, expire_at, window, result)
   if entry_id ~= '' then
     local record
@@ -133,8 +126,7 @@ local function remember(entry_id, expire_at, window, result)
       rcall('HSET', K.done, entry_id, record)
       rcall('PEXPIREAT', K.done, string.format('%d', cap))
     elseif rcall('HSET', K.done, entry_id, record, BUCKET_MARK, '') == 2 then
-      hashtable_value = hashtable_value or string.rep('_', HASHTABLE_BYTES)
-      rcall('HSET', K.done, BUCKET_MARK, hashtable_value, BUCKET_MARK, '')
+      hash_as_hashtable(K.done, BUCKET_MARK, '')
       rcall('PEXPIREAT', K.done, expire_at)
     end
   end

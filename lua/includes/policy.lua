@@ -213,7 +213,7 @@ local function policy()
         if skipped > SKIP_LIMIT then
           return used, granted, false
         end
-      elseif grant(session, now, notes) then
+      elseif grant(session, now, notes, used + 1) then
         used, granted = used + 1, granted + 1
         P.counts['u:' .. who.user], P.counts['g:' .. who.group] = nil, nil
       end

@@ -210,17 +210,17 @@ local function expire_waiters(now, notes, limit)
   return #due
 end
 
--- Gives waiting `session` a seat, noting GRANTED. Returns false when its
--- waiter record was gone or unreadable (it only leaves the queue).
-local function grant(session, now, notes)
+-- Gives waiting `session` a seat, noting GRANTED; `used`: the seats in use
+-- with it. Returns false when its waiter record was gone or unreadable (it
+-- only leaves the queue).
+local function grant(session, now, notes, used)
   local w = waiter_record(session)
   local owner = owner_of(session)
   remove_waiter(session, owner)
   if not w then
     return false
   end
-  rcall('ZADD', K.holders, ms(now), session)
-  start_session(session, now, w.meta, w.lease_hash)
+  hold(session, now, w.meta, w.lease_hash, used)
   if owner then
     owners().taken(session, now, owner)
   end
@@ -244,7 +244,7 @@ local function promote(now, total, notes, max)
     if not head then
       return used, granted, true
     end
-    if grant(head, now, notes) then
+    if grant(head, now, notes, used + 1) then
       used = used + 1
       granted = granted + 1
     end

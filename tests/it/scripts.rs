@@ -13,8 +13,8 @@ use seatgate::engine::status::Status;
 
 use crate::support::{
     db, direct, holders, keys, license_keys, outbox_len, provision, put_license, redis_ms, reply_stream,
-    seats, seats_with_timeout, spawn_app, spawn_app_with, stream_entries, Direct, RedisServer,
-    RedisServerExt, TestApp, META,
+    seats, seats_with_timeout, set_license_field, spawn_app, spawn_app_with, stream_entries, Direct,
+    RedisServer, RedisServerExt, TestApp, META,
 };
 
 #[tokio::test]
@@ -1597,4 +1597,84 @@ return out
         let want: Vec<String> = expected.iter().map(|(_, e)| e.clone()).collect();
         assert_eq!(got, want, "{prefix} {license}");
     }
+}
+
+/// `key`'s encoding (`OBJECT ENCODING`).
+async fn encoding(con: &mut Db, key: &str) -> String {
+    redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(key)
+        .query_async(con)
+        .await
+        .unwrap()
+}
+
+/// The license's holders, each with its session record, and nothing else in
+/// either key.
+async fn assert_holders_whole(con: &mut Db, s: &Settings, license: &str, want: usize) {
+    let k = license_keys(s, license);
+    let held: Vec<String> = con.zrange(&k.holders, 0, -1).await.unwrap();
+    let records: std::collections::HashMap<String, String> = con.hgetall(&k.sessions).await.unwrap();
+    assert_eq!((held.len(), records.len()), (want, want));
+    for session in &held {
+        let record = records.get(session).expect("every holder has its session record");
+        assert!(SessionRecord::parse(record).is_some(), "{session}: {record}");
+    }
+}
+
+#[tokio::test]
+async fn a_license_with_many_holders_keeps_them_hashed_and_whole() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    // ops/redis.conf's setting, under which the session records fit a listpack.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hash-max-listpack-value")
+        .arg(256)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let k = license_keys(&s, "big");
+    put_license(&s, "big", 40).await;
+    for n in 1..=31 {
+        let o = direct(&s, "big", &format!("s{n}")).acquire(&mut con).await;
+        assert_eq!((o.status(), o.seats_used), (Status::Acquired, n));
+    }
+    // Under 32 holders both stay compact.
+    assert_eq!(encoding(&mut con, &k.holders).await, "listpack");
+    assert_eq!(encoding(&mut con, &k.sessions).await, "listpack");
+    let o = direct(&s, "big", "s32").acquire(&mut con).await;
+    assert_eq!((o.status(), o.seats_used), (Status::Acquired, 32));
+    // The 32nd seat turns both into Redis's hashed encodings, for good.
+    assert_eq!(encoding(&mut con, &k.holders).await, "skiplist");
+    assert_eq!(encoding(&mut con, &k.sessions).await, "hashtable");
+    assert_holders_whole(&mut con, &s, "big", 32).await;
+    for n in 20..=32 {
+        let o = direct(&s, "big", &format!("s{n}")).release(&mut con).await;
+        assert_eq!(o.status(), Status::Released);
+    }
+    assert_eq!(encoding(&mut con, &k.holders).await, "skiplist");
+    assert_holders_whole(&mut con, &s, "big", 19).await;
+    let o = direct(&s, "big", "s7").heartbeat(&mut con).await;
+    assert_eq!(o.status(), Status::HeartbeatUpdated);
+
+    // The 32nd seat given by a grant: 31 seats full, one waiter, one seat more.
+    let q = license_keys(&s, "granted");
+    put_license(&s, "granted", 31).await;
+    for n in 1..=31 {
+        direct(&s, "granted", &format!("s{n}")).acquire(&mut con).await;
+    }
+    let reply_to = reply_stream(&s, "waiter");
+    let o = direct(&s, "granted", "w1")
+        .queue(&mut con, 60_000, "req-w1", &reply_to)
+        .await;
+    assert_eq!(o.status(), Status::Queued);
+    assert_eq!(encoding(&mut con, &q.holders).await, "listpack");
+    set_license_field(&mut con, &s, "granted", "seats_total", "32").await;
+    let o = direct(&s, "granted", "late").acquire(&mut con).await;
+    assert_eq!((o.status(), o.seats_used), (Status::NoSeatsAvailable, 32));
+    let held: Vec<String> = con.zrange(&q.holders, 0, -1).await.unwrap();
+    assert!(held.contains(&"w1".to_owned()), "w1 granted");
+    assert_eq!(encoding(&mut con, &q.holders).await, "skiplist");
+    assert_eq!(encoding(&mut con, &q.sessions).await, "hashtable");
+    assert_holders_whole(&mut con, &s, "granted", 32).await;
 }

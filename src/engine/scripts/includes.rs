@@ -36,6 +36,7 @@
 const INCLUDES: &[(&str, &str)] = &[
     ("keys", include_str!("../../../lua/includes/keys.lua")),
     ("clock", include_str!("../../../lua/includes/clock.lua")),
+    ("encoding", include_str!("../../../lua/includes/encoding.lua")),
     ("license", include_str!("../../../lua/includes/license.lua")),
     ("outcome", include_str!("../../../lua/includes/outcome.lua")),
     (

@@ -1,0 +1,45 @@
+--[[
+  encoding: a hash or ZSET of a license made one of Redis's hashed
+  encodings for good, where its compact one would be searched entry by
+  entry on every request.
+
+  Redis keeps a small hash or ZSET as a listpack (up to
+  hash-max-listpack-entries 512 fields, zset-max-listpack-entries 128
+  members, with values no longer than the *-max-listpack-value settings) and
+  finds a field or member in it by reading it from the start: about 120
+  instructions an entry, so a lookup that misses reads all of them. The
+  dedupe buckets (dedupe.lua) and the holders and sessions of a license with
+  many holders (session_record.lua) are read that way by every request. A
+  hash or ZSET turns into a hashtable or skiplist for good (Redis never
+  turns it back) when a value longer than its *-max-listpack-value is
+  written to it; these helpers write one and take it away again in the same
+  call, so the long value never stays, and reaches the AOF and the replicas
+  once a key.
+]]
+
+-- Longer than any *-max-listpack-value seatgate's docs set or suggest (Redis's
+-- default 64, ops/redis.conf's hash-max-listpack-value 256). The value, 1,024
+-- '_', is no session id (ids are at most 128 bytes, with no '_'), so the
+-- ZSET member added and taken out is never a holder.
+local PAST_LISTPACK_BYTES = 1024
+-- Built on first use: the library's builtins do not exist while it loads.
+local past_listpack
+
+local function past_listpack_value()
+  past_listpack = past_listpack or string.rep('_', PAST_LISTPACK_BYTES)
+  return past_listpack
+end
+
+-- Makes hash `key` a hashtable, writing `field` = `value` (a field the
+-- caller writes anyway) with the long value first, in one HSET.
+local function hash_as_hashtable(key, field, value)
+  rcall('HSET', key, field, past_listpack_value(), field, value)
+end
+
+-- Makes ZSET `key` a skiplist: adds a member too long for a listpack and
+-- takes it out again.
+local function zset_as_skiplist(key)
+  local member = past_listpack_value()
+  rcall('ZADD', key, '0', member)
+  rcall('ZREM', key, member)
+end
