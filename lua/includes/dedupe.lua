@@ -126,7 +126,7 @@ local function remember(entry_id, expire_at, window, result)
       rcall('HSET', K.done, entry_id, record)
       rcall('PEXPIREAT', K.done, string.format('%d', cap))
     elseif rcall('HSET', K.done, entry_id, record, BUCKET_MARK, '') == 2 then
-      hash_as_hashtable(K.done, BUCKET_MARK, '')
+      hset_as_hashtable(K.done, BUCKET_MARK, '')
       rcall('PEXPIREAT', K.done, expire_at)
     end
   end

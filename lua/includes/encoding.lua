@@ -32,8 +32,16 @@ end
 
 -- Makes hash `key` a hashtable, writing `field` = `value` (a field the
 -- caller writes anyway) with the long value first, in one HSET.
-local function hash_as_hashtable(key, field, value)
+local function hset_as_hashtable(key, field, value)
   rcall('HSET', key, field, past_listpack_value(), field, value)
+end
+
+-- Makes hash `key`, which exists, a hashtable: writes field '' (no field
+-- seatgate writes: every field of a hash that gets here is a session id or
+-- has a prefix, never empty) and deletes it again.
+local function hash_as_hashtable(key)
+  rcall('HSET', key, '', past_listpack_value())
+  rcall('HDEL', key, '')
 end
 
 -- Makes ZSET `key` a skiplist: adds a member too long for a listpack and

@@ -5,6 +5,7 @@ use redis::AsyncCommands;
 use seatgate::config::Settings;
 use seatgate::db::Db;
 use seatgate::engine::license::LicenseSpec;
+use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::records::{parse_dedupe_record, SessionRecord, WaiterRecord};
 use seatgate::engine::scripts::{
     Decision, Delivery, Guard, GuardPolicy, NoSeats, OutboxCursor, Outcome, ReapArgs, Reaped, Scripts,
@@ -1635,23 +1636,41 @@ async fn a_license_with_many_holders_keeps_them_hashed_and_whole() {
         .unwrap();
     let k = license_keys(&s, "big");
     put_license(&s, "big", 40).await;
+    // Each seat counted for its user (and its owner record): the owners hash.
+    let as_user = |n: u32| {
+        direct(&s, "big", &format!("s{n}")).with_policy(RequestPolicy {
+            user: Some(format!("u{}", n % 4)),
+            ..RequestPolicy::NONE
+        })
+    };
     for n in 1..=31 {
-        let o = direct(&s, "big", &format!("s{n}")).acquire(&mut con).await;
-        assert_eq!((o.status(), o.seats_used), (Status::Acquired, n));
+        let o = as_user(n).acquire(&mut con).await;
+        assert_eq!((o.status(), o.seats_used), (Status::Acquired, i64::from(n)));
     }
-    // Under 32 holders both stay compact.
+    // Under 32 holders all three stay compact.
     assert_eq!(encoding(&mut con, &k.holders).await, "listpack");
     assert_eq!(encoding(&mut con, &k.sessions).await, "listpack");
-    let o = direct(&s, "big", "s32").acquire(&mut con).await;
+    assert_eq!(encoding(&mut con, &k.owners).await, "listpack");
+    let o = as_user(32).acquire(&mut con).await;
     assert_eq!((o.status(), o.seats_used), (Status::Acquired, 32));
-    // The 32nd seat turns both into Redis's hashed encodings, for good.
+    // The 32nd seat turns them into Redis's hashed encodings, for good.
     assert_eq!(encoding(&mut con, &k.holders).await, "skiplist");
     assert_eq!(encoding(&mut con, &k.sessions).await, "hashtable");
+    assert_eq!(encoding(&mut con, &k.owners).await, "hashtable");
     assert_holders_whole(&mut con, &s, "big", 32).await;
+    let owners: std::collections::HashMap<String, String> = con.hgetall(&k.owners).await.unwrap();
+    assert_eq!(
+        owners.len(),
+        32 + 4,
+        "an owner record a holder and a count a user, nothing else"
+    );
+    assert_eq!(owners["u:u1"], "8");
     for n in 20..=32 {
-        let o = direct(&s, "big", &format!("s{n}")).release(&mut con).await;
+        let o = as_user(n).release(&mut con).await;
         assert_eq!(o.status(), Status::Released);
     }
+    let owners: std::collections::HashMap<String, String> = con.hgetall(&k.owners).await.unwrap();
+    assert_eq!(owners.len(), 19 + 4);
     assert_eq!(encoding(&mut con, &k.holders).await, "skiplist");
     assert_holders_whole(&mut con, &s, "big", 19).await;
     let o = direct(&s, "big", "s7").heartbeat(&mut con).await;
