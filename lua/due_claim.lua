@@ -23,8 +23,15 @@
   filed while the license is being reaped replaces the mark, and
   due_settle.lua then keeps the earlier of that and its own rather than
   lose it.
+
+  Each pass also keeps both indexes skiplists (encoding.lua): the workers
+  file a license's time in the stale index on every acquire, and in a
+  listpack (a shard's index of up to 128 licenses) each such ZADD searches
+  and rewrites it entry by entry. Index members are license ids, never the
+  long member encoding.lua adds and takes out.
 ]]
 local rcall = redis.call
+--- @include "encoding"
 local now, limit, claim_end, base = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local marker = base + claim_end
 
@@ -52,6 +59,11 @@ end
 for i = 2, #out do
   for _, key in ipairs(KEYS) do
     rcall('ZADD', key, 'XX', out[1], out[i])
+  end
+end
+for _, key in ipairs(KEYS) do
+  if rcall('OBJECT', 'ENCODING', key) == 'listpack' then
+    zset_as_skiplist(key)
   end
 end
 return out

@@ -419,3 +419,41 @@ async fn a_time_filed_while_a_license_is_reaped_is_kept() {
         .unwrap();
     assert_eq!(taken, ["b", "c"], "the claims ran out");
 }
+
+#[tokio::test]
+async fn a_pass_keeps_the_stale_index_a_skiplist_and_whole() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    const LICENSES: usize = 20;
+    for i in 0..LICENSES {
+        provision(&settings, &format!("l{i}"), &seats_with_timeout(1, 600_000)).await;
+    }
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let c = client(&settings).await;
+    for i in 0..LICENSES {
+        let r = c.call(&acquire(&format!("l{i}"), "s", 0), T).await.unwrap();
+        assert_eq!(r.status(), Status::Acquired);
+    }
+    let stale = keys(&settings).due_index(0).stale;
+    let encoding = |mut con: Db| {
+        let stale = stale.clone();
+        async move {
+            let e: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&stale)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            e
+        }
+    };
+    // Filed by the workers' ZADDs: a listpack, searched entry by entry.
+    assert_eq!(encoding(con.clone()).await, "listpack");
+    let before: Vec<(String, i64)> = con.zrange_withscores(&stale, 0, -1).await.unwrap();
+    assert_eq!(before.len(), LICENSES);
+    let report = reaper(&settings).await.pass().await.unwrap();
+    assert_eq!(report.licenses, 0, "nothing due: {report:?}");
+    assert_eq!(encoding(con.clone()).await, "skiplist");
+    let after: Vec<(String, i64)> = con.zrange_withscores(&stale, 0, -1).await.unwrap();
+    assert_eq!(after, before, "every license filed as it was, nothing else");
+    worker.stop().await;
+}
