@@ -62,7 +62,7 @@ for i = 2, #out do
   end
 end
 for _, key in ipairs(KEYS) do
-  if rcall('OBJECT', 'ENCODING', key) == 'listpack' then
+  if is_listpack(key) then
     zset_as_skiplist(key)
   end
 end

@@ -30,6 +30,13 @@ local function past_listpack_value()
   return past_listpack
 end
 
+-- Whether `key` is a listpack. A Redis user that may not run OBJECT
+-- ENCODING (an ACL written before seatgate called it) gets false: the key
+-- stays as it is, slower, and nothing fails.
+local function is_listpack(key)
+  return redis.pcall('OBJECT', 'ENCODING', key) == 'listpack'
+end
+
 -- Makes hash `key` a hashtable, writing `field` = `value` (a field the
 -- caller writes anyway) with the long value first, in one HSET.
 local function hset_as_hashtable(key, field, value)

@@ -97,17 +97,17 @@ local function hold(session, now, meta, lease, used)
     rcall('HSET', K.sessions, session, record)
     return
   end
-  if rcall('OBJECT', 'ENCODING', K.holders) == 'listpack' then
+  if is_listpack(K.holders) then
     zset_as_skiplist(K.holders)
   end
-  if rcall('OBJECT', 'ENCODING', K.sessions) == 'listpack' then
+  if is_listpack(K.sessions) then
     hset_as_hashtable(K.sessions, session, record)
   else
     rcall('HSET', K.sessions, session, record)
   end
   -- The owner records and counts of a license whose holders name users or
   -- groups (owners.lua), two fields or more a holder.
-  if rcall('OBJECT', 'ENCODING', K.owners) == 'listpack' then
+  if is_listpack(K.owners) then
     hash_as_hashtable(K.owners)
   end
 end

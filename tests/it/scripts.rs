@@ -1697,3 +1697,41 @@ async fn a_license_with_many_holders_keeps_them_hashed_and_whole() {
     assert_eq!(encoding(&mut con, &q.sessions).await, "hashtable");
     assert_holders_whole(&mut con, &s, "granted", 32).await;
 }
+
+#[tokio::test]
+async fn a_worker_user_that_may_not_run_object_encoding_still_decides_every_seat() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    // The worker's ACL as it was before the scripts called OBJECT ENCODING.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("legacy-worker")
+        .arg("on")
+        .arg(">legacy-secret")
+        .arg("~*")
+        .arg("+@all")
+        .arg("-object")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let mut legacy = s.clone();
+    legacy.redis.username = "legacy-worker".to_owned();
+    legacy.redis.password = "legacy-secret".to_owned().into();
+    let mut as_legacy = db(&legacy).await;
+    let refused: redis::RedisResult<String> = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg("any")
+        .query_async(&mut as_legacy)
+        .await;
+    assert!(refused.is_err(), "the user may not run OBJECT");
+    put_license(&s, "big", 40).await;
+    for n in 1..=33 {
+        let o = direct(&s, "big", &format!("s{n}")).acquire(&mut as_legacy).await;
+        assert_eq!((o.status(), o.seats_used), (Status::Acquired, n));
+    }
+    // Left as they were: compact, and whole.
+    let k = license_keys(&s, "big");
+    assert_eq!(encoding(&mut con, &k.holders).await, "listpack");
+    assert_holders_whole(&mut con, &s, "big", 33).await;
+    let o = direct(&s, "big", "s1").release(&mut as_legacy).await;
+    assert_eq!(o.status(), Status::Released);
+}
