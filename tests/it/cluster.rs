@@ -208,7 +208,7 @@ async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) 
 
 async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
     let s = settings(cluster, "c1");
-    put_license(&s, "load", 10).await;
+    put_license(&s, "load", 40).await;
     let w1 = spawn_worker(s.clone(), "w1").await;
     let w2 = spawn_worker(s.clone(), "w2").await;
     let mut tasks = Vec::new();
@@ -226,9 +226,19 @@ async fn hundred_acquires_over_sharded_streams(cluster: &LocalCluster) {
     for t in tasks {
         *counts.entry(t.await.unwrap()).or_default() += 1;
     }
-    assert_eq!(counts.get(&Status::Acquired), Some(&10), "{counts:?}");
-    assert_eq!(counts.get(&Status::NoSeatsAvailable), Some(&90), "{counts:?}");
-    assert_eq!(holders(&s, "load").await.len(), 10);
+    assert_eq!(counts.get(&Status::Acquired), Some(&40), "{counts:?}");
+    assert_eq!(counts.get(&Status::NoSeatsAvailable), Some(&60), "{counts:?}");
+    assert_eq!(holders(&s, "load").await.len(), 40);
+    // The 32nd seat made the holders a skiplist (encoding.lua), on the
+    // license's own master: the key is in the script's slot.
+    let encoding: String = redis::cmd("EVAL")
+        .arg("return redis.call('OBJECT', 'ENCODING', KEYS[1])")
+        .arg(1)
+        .arg(license_keys(&s, "load").holders)
+        .query_async(&mut db(&s).await)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "skiplist");
     w1.stop().await;
     w2.stop().await;
 }
