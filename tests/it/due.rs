@@ -16,8 +16,8 @@ use seatgate::engine::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, db, direct, holders, keys, license_keys, provision, queue_up, reaper, reply_stream,
-    seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
+    acquire, client, db, direct, encoding, holders, keys, license_keys, provision, queue_up, reaper,
+    reply_stream, seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
 };
 
 /// Writes `license`'s record the way a billing system may (the documented
@@ -434,25 +434,13 @@ async fn a_pass_keeps_the_stale_index_a_skiplist_and_whole() {
         assert_eq!(r.status(), Status::Acquired);
     }
     let stale = keys(&settings).due_index(0).stale;
-    let encoding = |mut con: Db| {
-        let stale = stale.clone();
-        async move {
-            let e: String = redis::cmd("OBJECT")
-                .arg("ENCODING")
-                .arg(&stale)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            e
-        }
-    };
     // Filed by the workers' ZADDs: a listpack, searched entry by entry.
-    assert_eq!(encoding(con.clone()).await, "listpack");
+    assert_eq!(encoding(&mut con, &stale).await, "listpack");
     let before: Vec<(String, i64)> = con.zrange_withscores(&stale, 0, -1).await.unwrap();
     assert_eq!(before.len(), LICENSES);
     let report = reaper(&settings).await.pass().await.unwrap();
     assert_eq!(report.licenses, 0, "nothing due: {report:?}");
-    assert_eq!(encoding(con.clone()).await, "skiplist");
+    assert_eq!(encoding(&mut con, &stale).await, "skiplist");
     let after: Vec<(String, i64)> = con.zrange_withscores(&stale, 0, -1).await.unwrap();
     assert_eq!(after, before, "every license filed as it was, nothing else");
     worker.stop().await;

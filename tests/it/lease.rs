@@ -527,14 +527,7 @@ async fn a_dedupe_bucket_has_its_expiry_whoever_made_it() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
     let window = s.dedupe.window_ms as i64;
     put_license(&s, "cad", 5).await;
-    // As ops/redis.conf sets it, for session records with metadata.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("hash-max-listpack-value")
-        .arg(256)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    crate::support::listpack_values_as_ops_conf(&mut con).await;
     let t = redis_ms(&mut con).await;
     let bucket = seatgate::engine::keys::Keys::new(s.keys.prefix.clone()).dedupe("cad", (t / window) as u64);
     let expires = (t / window + 2) * window;
@@ -564,13 +557,7 @@ async fn a_dedupe_bucket_has_its_expiry_whoever_made_it() {
     assert_eq!(expiry(con.clone()).await, expires);
     // A hashtable from its first record: a listpack is searched from its
     // start, and every new request's lookups miss. Its mark is '' again.
-    let encoding: String = redis::cmd("OBJECT")
-        .arg("ENCODING")
-        .arg(&bucket)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(encoding, "hashtable");
+    assert_eq!(crate::support::encoding(&mut con, &bucket).await, "hashtable");
     let mark: String = redis::cmd("HGET")
         .arg(&bucket)
         .arg("_")
@@ -587,13 +574,11 @@ async fn a_dedupe_bucket_has_its_expiry_whoever_made_it() {
         .unwrap();
     assert_eq!(at(3, "s2").acquire(&mut con).await.status(), Status::Acquired);
     assert_eq!(expiry(con.clone()).await, expires, "made again, with its expiry");
-    let encoding: String = redis::cmd("OBJECT")
-        .arg("ENCODING")
-        .arg(&bucket)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(encoding, "hashtable", "made again a hashtable");
+    assert_eq!(
+        crate::support::encoding(&mut con, &bucket).await,
+        "hashtable",
+        "made again a hashtable"
+    );
     // The record is there: a redelivery replays it.
     let again = at(3, "s2").acquire(&mut con).await;
     assert_eq!((again.status(), again.replayed), (Status::Acquired, true));

@@ -13,9 +13,9 @@ use seatgate::engine::scripts::{
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    db, direct, holders, keys, license_keys, outbox_len, provision, put_license, redis_ms, reply_stream,
-    seats, seats_with_timeout, set_license_field, spawn_app, spawn_app_with, stream_entries, Direct,
-    RedisServer, RedisServerExt, TestApp, META,
+    db, direct, encoding, holders, keys, license_keys, listpack_values_as_ops_conf, outbox_len, provision,
+    put_license, redis_ms, reply_stream, seats, seats_with_timeout, set_license_field, spawn_app,
+    spawn_app_with, stream_entries, Direct, RedisServer, RedisServerExt, TestApp, META,
 };
 
 #[tokio::test]
@@ -1359,13 +1359,8 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
             reap(&mut con, &settings, "lic", 100, 3_600_000, &OutboxCursor::start()).await;
             let mut want: Vec<String> = con.hkeys(&outbox_key).await.unwrap();
             assert_eq!(want.len(), 20);
-            let encoding: String = redis::cmd("OBJECT")
-                .arg("ENCODING")
-                .arg(&outbox_key)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            let case = format!("{encoding}, delivered: {delivered}");
+            let outbox_encoding = encoding(&mut con, &outbox_key).await;
+            let case = format!("{outbox_encoding}, delivered: {delivered}");
 
             let mut outbox = OutboxCursor::start();
             let mut seen = Vec::new();
@@ -1392,7 +1387,7 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
             seen.sort();
             want.sort();
             assert_eq!(seen, want, "{case}: every note exactly once");
-            cases.push(encoding);
+            cases.push(outbox_encoding);
         }
     }
     assert_eq!(cases, ["hashtable", "hashtable", "listpack", "listpack"]);
@@ -1600,16 +1595,6 @@ return out
     }
 }
 
-/// `key`'s encoding (`OBJECT ENCODING`).
-async fn encoding(con: &mut Db, key: &str) -> String {
-    redis::cmd("OBJECT")
-        .arg("ENCODING")
-        .arg(key)
-        .query_async(con)
-        .await
-        .unwrap()
-}
-
 /// The license's holders, each with its session record, and nothing else in
 /// either key.
 async fn assert_holders_whole(con: &mut Db, s: &Settings, license: &str, want: usize) {
@@ -1626,14 +1611,7 @@ async fn assert_holders_whole(con: &mut Db, s: &Settings, license: &str, want: u
 #[tokio::test]
 async fn a_license_with_many_holders_keeps_them_hashed_and_whole() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
-    // ops/redis.conf's setting, under which the session records fit a listpack.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("hash-max-listpack-value")
-        .arg(256)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    listpack_values_as_ops_conf(&mut con).await;
     let k = license_keys(&s, "big");
     put_license(&s, "big", 40).await;
     // Each seat counted for its user (and its owner record): the owners hash.

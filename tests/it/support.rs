@@ -106,6 +106,28 @@ pub async fn db(s: &Settings) -> Db {
     Db::connect(&s.redis).await.expect("connect to test redis")
 }
 
+/// `key`'s encoding (`OBJECT ENCODING`): `listpack`, `hashtable`, `skiplist`.
+pub async fn encoding(con: &mut impl ConnectionLike, key: &str) -> String {
+    redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(key)
+        .query_async(con)
+        .await
+        .expect("OBJECT ENCODING of an existing key")
+}
+
+/// Sets the test Redis's `hash-max-listpack-value` to ops/redis.conf's 256,
+/// under which session records with metadata fit a listpack.
+pub async fn listpack_values_as_ops_conf(con: &mut impl ConnectionLike) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hash-max-listpack-value")
+        .arg(256)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
 /// Every key name under `s`'s prefix.
 pub fn keys(s: &Settings) -> Keys {
     s.seat_keys()
