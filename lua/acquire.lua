@@ -101,9 +101,18 @@ local rcall = redis.call
 -- `now + wait_ms`, bound to lease hash `lease` ('' = none).
 local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   queue_joined()
-  rcall('ZADD', K.queue, rcall('INCR', K.queue_seq) - priority * PRIORITY_STEP, session)
+  local arrival = rcall('INCR', K.queue_seq)
+  rcall('ZADD', K.queue, arrival - priority * PRIORITY_STEP, session)
   rcall('ZADD', K.deadlines, now + wait_ms, session)
   rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
+  -- Past 128 waiters the queue is a skiplist (zset-max-listpack-entries),
+  -- while the waiters hash stays a listpack up to 512, searched entry by
+  -- entry on every wait, grant and timeout: every 128th arrival makes it a
+  -- hashtable then too (encoding.lua). A queue of at most 128 stays compact,
+  -- as the waiter's memory wants (docs/performance.md).
+  if arrival % 128 == 0 and rcall('ZCARD', K.queue) > 128 and is_listpack(K.waiters) then
+    hash_as_hashtable(K.waiters)
+  end
 end
 
 -- Sends the later GRANTED / QUEUE_TIMEOUT of waiting `session` to request

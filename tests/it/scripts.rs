@@ -1713,3 +1713,40 @@ async fn a_worker_user_that_may_not_run_object_encoding_still_decides_every_seat
     let o = direct(&s, "big", "s1").release(&mut as_legacy).await;
     assert_eq!(o.status(), Status::Released);
 }
+
+#[tokio::test]
+async fn a_queue_past_128_waiters_keeps_its_waiters_hashed_and_served_in_order() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    listpack_values_as_ops_conf(&mut con).await;
+    let k = license_keys(&s, "busy");
+    put_license(&s, "busy", 1).await;
+    assert_eq!(
+        direct(&s, "busy", "h").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    let reply_to = reply_stream(&s, "waiters");
+    let wait = |n: u32| direct(&s, "busy", &format!("w{n}"));
+    for n in 1..=255 {
+        let o = wait(n)
+            .queue(&mut con, 600_000, &format!("req-{n}"), &reply_to)
+            .await;
+        assert_eq!(o.status(), Status::Queued, "w{n}");
+    }
+    // 255 arrivals: checked at the 128th (a queue of 128, compact) only.
+    assert_eq!(encoding(&mut con, &k.queue).await, "skiplist");
+    assert_eq!(encoding(&mut con, &k.waiters).await, "listpack");
+    let o = wait(256).queue(&mut con, 600_000, "req-256", &reply_to).await;
+    assert_eq!(o.status(), Status::Queued);
+    assert_eq!(encoding(&mut con, &k.waiters).await, "hashtable");
+    let records: std::collections::HashMap<String, String> = con.hgetall(&k.waiters).await.unwrap();
+    assert_eq!(records.len(), 256, "every waiter's record, nothing else");
+    assert!(records.values().all(|r| WaiterRecord::parse(r).is_some()));
+    // Still served in order.
+    assert_eq!(
+        direct(&s, "busy", "h").release(&mut con).await.status(),
+        Status::Released
+    );
+    assert_eq!(holders(&s, "busy").await, ["w1"]);
+    let left: i64 = con.hlen(&k.waiters).await.unwrap();
+    assert_eq!(left, 255);
+}
