@@ -8,8 +8,10 @@
   members, with values no longer than the *-max-listpack-value settings) and
   finds a field or member in it by reading it from the start: about 120
   instructions an entry, so a lookup that misses reads all of them. The
-  dedupe buckets (dedupe.lua) and the holders and sessions of a license with
-  many holders (session_record.lua) are read that way by every request. A
+  dedupe buckets (dedupe.lua), the holders, sessions and owners of a
+  license with many holders (session_record.lua), the waiters of a long
+  queue (acquire.lua) and the due index (due_claim.lua) are read that way
+  by every request that touches them. A
   hash or ZSET turns into a hashtable or skiplist for good (Redis never
   turns it back) when a value longer than its *-max-listpack-value is
   written to it; these helpers write one and take it away again in the same

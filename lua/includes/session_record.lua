@@ -76,16 +76,16 @@ end
 
 -- Every this many seats in use, a seat given checks that the license's
 -- holders, sessions and owners are in Redis's hashed encodings
--- (encoding.lua). A
--- request looks its session up in both (a new one misses, reading them
--- whole while they are listpacks): measured with ops/callgrind.sh on
--- ops/redis.conf's settings, 100 holders added 49 thousand instructions to
--- a direct acquire + release and 71 to a heartbeat, 400 holders 90 and
--- 84; below 32 they add at most about a tenth of a call. The hashed
--- encodings take more memory a holder (docs/performance.md), spent only on
--- a license that reached HASHED_EVERY holders. A key made again after it
--- emptied is a listpack until the count passes a multiple again; a license
--- whose keys were listpacks before this is checked at its next multiple.
+-- (encoding.lua). A request looks its session up in holders and sessions
+-- (a new one misses, reading them whole while they are listpacks):
+-- measured with ops/callgrind.sh on ops/redis.conf's settings, 100 holders
+-- added 49 thousand instructions to a direct acquire + release and 71 to a
+-- heartbeat, 400 holders 90 and 84; at 10 holders a heartbeat still costs
+-- about 10 thousand more than hashed, the price of the compact memory
+-- below HASHED_EVERY (docs/performance.md has the bytes a holder). A key
+-- made again after it emptied is a listpack until the count passes a
+-- multiple again; a license whose keys were listpacks before this is
+-- checked at its next multiple.
 local HASHED_EVERY = 32
 
 -- Gives `session` a seat at `now` (its place in holders and its session
