@@ -22,6 +22,13 @@ source ops/ensure-redis.sh
 source ops/private-redis.sh
 mode=${1:-direct}
 rounds=${2:-100}
+# Each round replays a captured acquire and release on a fresh session, so
+# only the modes made of those calls can be profiled: heartbeat and reap
+# would capture their setup's acquires instead.
+case "$mode" in
+  direct | worker | limits) ;;
+  *) echo "luaprof: MODE must be direct, worker or limits (acquire + release calls), not $mode" >&2; exit 2 ;;
+esac
 if ! command -v lua5.1 >/dev/null 2>&1 || ! lua5.1 -e 'require "socket"; require "cjson"' >/dev/null 2>&1; then
   apt_install lua5.1 lua-socket lua-cjson
 fi
