@@ -63,16 +63,26 @@ async fn main() -> Result<(), Failure> {
     // As the service's: the events recorded (and trimmed) where its scripts record them.
     let keys = Settings::load(None)?.seat_keys();
     let lk = keys.license(LICENSE);
+    // LICENSES=N: direct, worker and limits spread their calls over N
+    // licenses (`LICENSE` and `LICENSE-1` .. `LICENSE-<N-1>`), as a service
+    // with many licenses in use does.
+    let spread: usize = std::env::var("LICENSES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1);
     if mode == "setup" {
         scripts.load_all(&mut con).await?;
-        redis::cmd("HSET")
-            .arg(&lk.license)
-            .arg("seats_total")
-            .arg(1000)
-            .arg("active")
-            .arg(1)
-            .exec_async(&mut con)
-            .await?;
+        for n in 0..spread {
+            redis::cmd("HSET")
+                .arg(keys.license(&license_name(n)).license)
+                .arg("seats_total")
+                .arg(1000)
+                .arg("active")
+                .arg(1)
+                .exec_async(&mut con)
+                .await?;
+        }
         // HOLDERS=N: N sessions hold seats through every mode after, as on a
         // busy license (the per-session hashes and ZSETs at that size).
         let holders: usize = std::env::var("HOLDERS")
@@ -107,14 +117,14 @@ async fn main() -> Result<(), Failure> {
         rate_window_ms: 10_000,
     };
     // A call's guard: none on the direct path; else the worker's, entry `i`.
-    let guard = |session: &str, i: usize| -> Guard {
+    let guard = |license: &str, session: &str, i: usize| -> Guard {
         let limit = match mode {
             "worker" => 0,
             "limits" => 1_000_000_000,
-            _ => return Guard::none(&keys, LICENSE, session),
+            _ => return Guard::none(&keys, license, session),
         };
         let entry = format!("{now_ms}-{}", run as usize * 1_000_000 + i);
-        let mut g = Guard::for_entry(&policy(limit), &keys, &entry, LICENSE, session);
+        let mut g = Guard::for_entry(&policy(limit), &keys, &entry, license, session);
         g.redelivery = true;
         g
     };
@@ -155,7 +165,13 @@ async fn main() -> Result<(), Failure> {
                 "heartbeat" | "reap" => held[i % held.len()],
                 _ => format!("s{run}-{}", i / 2).leak(),
             };
-            let g = guard(session, i);
+            // An acquire and its release go to the same license.
+            let license = match mode {
+                "heartbeat" | "reap" => LICENSE.to_owned(),
+                _ => license_name((i / 2) % spread),
+            };
+            let lk = keys.license(&license);
+            let g = guard(&license, session, i);
             if mode == "reap" {
                 let step = scripts.reap(
                     &lk,
@@ -195,6 +211,15 @@ async fn main() -> Result<(), Failure> {
         done += batch;
     }
     Ok(())
+}
+
+/// License `n` of a run spread over several (`LICENSES`): the first is `LICENSE`.
+fn license_name(n: usize) -> String {
+    if n == 0 {
+        LICENSE.to_owned()
+    } else {
+        format!("{LICENSE}-{n}")
+    }
 }
 
 /// An acquire that does not wait, as the benchmark's direct path sends it.

@@ -23,6 +23,8 @@
 # nothing, but they grow the hashes to their size), then CALLS counted ones.
 # REDIS_ARGS='--hash-max-listpack-value 256' passes settings to redis-server
 # (that one is ops/redis.conf's).
+# LICENSES=N spreads direct, worker and limits over N licenses (a service
+# with many licenses in use; run a mode twice to count it with warm caches).
 # HOLDERS=N has N sessions hold seats of the license through every mode (a
 # busy license: its per-session hashes and ZSETs at that size).
 # KEEP=DIR keeps each mode's dump as DIR/MODE.callgrind, for callgrind_annotate

@@ -104,8 +104,9 @@ end
 -- fields and values in the same order is the same record (a Lua string
 -- compares by identity: one comparison a field), so its rules are checked
 -- once per distinct record, not on every call. At most PARSED_MAX licenses
--- are kept; past that the cache starts afresh.
-local PARSED_MAX = 256
+-- are kept; past that the cache starts afresh (the size: keys.lua's
+-- KEYED_MAX).
+local PARSED_MAX = 4096
 local parsed, parsed_count = {}, 0
 
 -- The record `flat` (HGETALL's reply: a record without policies holds two

@@ -1750,3 +1750,42 @@ async fn a_queue_past_128_waiters_keeps_its_waiters_hashed_and_served_in_order()
     let left: i64 = con.hlen(&k.waiters).await.unwrap();
     assert_eq!(left, 255);
 }
+
+#[tokio::test]
+async fn past_4096_licenses_the_caches_start_afresh_and_every_call_decides_as_before() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    const LICENSES: usize = 4200;
+    let mut provision = redis::pipe();
+    for n in 0..LICENSES {
+        provision
+            .hset_multiple(
+                license_keys(&s, &format!("l{n}")).license,
+                &[("seats_total", "1"), ("active", "1")],
+            )
+            .ignore();
+    }
+    let _: () = provision.query_async(&mut con).await.unwrap();
+    // One seat taken of each: the library's license caches (keys.lua,
+    // license.lua) fill past their 4,096 and start afresh.
+    for n in 0..LICENSES {
+        let o = direct(&s, &format!("l{n}"), "a").acquire(&mut con).await;
+        assert_eq!((o.status(), o.seats_used), (Status::Acquired, 1), "l{n}");
+    }
+    // Licenses first seen before the restart decide from Redis as before.
+    for n in 0..10 {
+        let o = direct(&s, &format!("l{n}"), "b").acquire(&mut con).await;
+        assert_eq!((o.status(), o.seats_used), (Status::NoSeatsAvailable, 1), "l{n}");
+    }
+    set_license_field(&mut con, &s, "l0", "seats_total", "2").await;
+    let o = direct(&s, "l0", "b").acquire(&mut con).await;
+    assert_eq!(
+        (o.status(), o.seats_used, o.seats_total),
+        (Status::Acquired, 2, 2)
+    );
+    let last = format!("l{}", LICENSES - 1);
+    assert_eq!(
+        direct(&s, &last, "a").release(&mut con).await.status(),
+        Status::Released
+    );
+    assert_eq!(holders(&s, &last).await, Vec::<String>::new());
+}
