@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use seatgate::client::Client;
 use seatgate::config::Settings;
+use seatgate::engine::keys::Keys;
 use seatgate::engine::ops::{heartbeat, release, AcquireArgs};
 use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs};
@@ -62,15 +63,10 @@ async fn main() -> Result<(), Failure> {
     let scripts = Scripts::get();
     // As the service's: the events recorded (and trimmed) where its scripts record them.
     let keys = Settings::load(None)?.seat_keys();
-    let lk = keys.license(LICENSE);
     // LICENSES=N: direct, worker and limits spread their calls over N
     // licenses (`LICENSE` and `LICENSE-1` .. `LICENSE-<N-1>`), as a service
     // with many licenses in use does.
-    let spread: usize = std::env::var("LICENSES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1);
+    let spread = env_count("LICENSES").unwrap_or(1).max(1);
     if mode == "setup" {
         scripts.load_all(&mut con).await?;
         for n in 0..spread {
@@ -85,19 +81,8 @@ async fn main() -> Result<(), Failure> {
         }
         // HOLDERS=N: N sessions hold seats through every mode after, as on a
         // busy license (the per-session hashes and ZSETs at that size).
-        let holders: usize = std::env::var("HOLDERS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        for n in 0..holders {
-            let session = format!("b-{n}");
-            let outcome = acquire_args(&session)
-                .call(scripts, &lk, &Guard::none(&keys, LICENSE, &session))
-                .run(&mut con)
-                .await?;
-            if outcome.status().as_str() != "ACQUIRED" {
-                return Err(format!("setup acquire: {}", outcome.status().as_str()).into());
-            }
+        for n in 0..env_count("HOLDERS").unwrap_or(0) {
+            take_seat(&mut con, scripts, &keys, &format!("b-{n}")).await?;
         }
         return Ok(());
     }
@@ -143,14 +128,7 @@ async fn main() -> Result<(), Failure> {
     if mode == "heartbeat" || mode == "reap" {
         for n in 0..10 {
             let session: &'static str = format!("h{run}-{n}").leak();
-            let a = acquire_args(session);
-            let outcome = a
-                .call(scripts, &lk, &Guard::none(&keys, LICENSE, session))
-                .run(&mut con)
-                .await?;
-            if outcome.status().as_str() != "ACQUIRED" {
-                return Err(format!("setup acquire: {}", outcome.status().as_str()).into());
-            }
+            take_seat(&mut con, scripts, &keys, session).await?;
             held.push(session);
         }
     }
@@ -211,6 +189,32 @@ async fn main() -> Result<(), Failure> {
         done += batch;
     }
     Ok(())
+}
+
+/// The number in environment variable `name`, if it holds one.
+fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|n| n.parse().ok())
+}
+
+/// `session` takes a seat of `LICENSE` on the direct path, for a mode's setup.
+async fn take_seat(
+    con: &mut redis::aio::MultiplexedConnection,
+    scripts: &Scripts,
+    keys: &Keys,
+    session: &str,
+) -> Result<(), Failure> {
+    let outcome = acquire_args(session)
+        .call(
+            scripts,
+            &keys.license(LICENSE),
+            &Guard::none(keys, LICENSE, session),
+        )
+        .run(con)
+        .await?;
+    match outcome.status().as_str() {
+        "ACQUIRED" => Ok(()),
+        other => Err(format!("setup acquire: {other}").into()),
+    }
 }
 
 /// License `n` of a run spread over several (`LICENSES`): the first is `LICENSE`.
