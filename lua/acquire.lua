@@ -168,7 +168,7 @@ EV.who = asker or false
 local timeout
 
 -- The decision (run_request, includes/request.lua).
-local function decide(now, default_timeout)
+local function decide(now, default_timeout, seated)
   local license = license_state(now)
   timeout = license.heartbeat_timeout_ms or default_timeout
   local P, invalid = nil, license.invalid
@@ -183,8 +183,10 @@ local function decide(now, default_timeout)
 
   -- A retried acquire gets the answer the first one got, whatever happened to
   -- the license since: the session holds its seat until it releases or is
-  -- reaped. (Its lease was checked in run_request.)
-  local score = rcall('ZSCORE', K.holders, session)
+  -- reaped. (Its lease was checked in run_request, which read its session
+  -- record: without one it holds no seat, and a new session's acquire, the
+  -- common one, does not look for it in holders.)
+  local score = seated ~= false and rcall('ZSCORE', K.holders, session)
   if score then
     if score == LINGERING then
       -- Released, its seat still lingers with it: taken back at once.

@@ -164,14 +164,14 @@ end
 --   before the lease check and the rate limits, and nothing else is done.
 --   `refuse`, when given, is called as refuse(session, lease, now) with the
 --   script's session and lease hash, and returns its LEASE_MISMATCH outcome
---   or nil. It runs before the rate limits and a refusal is not counted in
+--   or nil, and what it learned on the way for decide (seat_lease.lua). It runs before the rate limits and a refusal is not counted in
 --   them, so a caller without the lease cannot use up the holder's budget
 --   and get its heartbeats refused. (Revoke passes none: it is the
 --   administrator's way around a lease.)
 --   `limited` says whether this op is rate limited at all (release is not:
 --   giving a seat back always works; nor is an administrator's revoke).
---   Else decide(now, default_timeout) makes the decision and returns its
---   outcome; what the due report needs of what it read (the heartbeat
+--   Else decide(now, default_timeout, learned) makes the decision and
+--   returns its outcome (`learned`: refuse's second result); what the due report needs of what it read (the heartbeat
 --   timeout in force, the heartbeat's stale time) it leaves in the script's
 --   locals.
 -- Every outcome but a replay is remembered under the request's key (dedupe.lua).
@@ -195,17 +195,17 @@ local function run_request(decide, limited, refuse, session, lease)
     end
   end
   local deadline = tonumber(ARGV[6])
-  local result = nil
+  local result, learned = nil, nil
   if deadline > 0 and now > deadline then
     result = outcome('REQUEST_EXPIRED', rcall('ZCARD', K.holders), seats_total(), 0, now, {}, 0)
-  else
-    result = refuse and refuse(session, lease, now)
+  elseif refuse then
+    result, learned = refuse(session, lease, now)
   end
   if not result then
     if limited and rate_limited(now, session, S.session_limit, S.license_limit, S.rate_window) then
       result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
     else
-      result = decide(now, default_timeout)
+      result = decide(now, default_timeout, learned)
     end
   end
   request_event(result, session)

@@ -18,6 +18,11 @@
   enough for the hash's listpack encoding, and a heartbeat bumps the count
   without decoding the metadata. A lease adds 17 bytes; a record written
   before leases existed reads as bound to none.
+
+  Every member of holders (lingering and borrowed seats too) has its record
+  here: the script that adds one writes the other, and whatever removes a
+  holder removes its record. So a session without a record holds no seat,
+  which acquire relies on to skip looking in holders (seat_lease.lua).
 ]]
 --- @include "keys"
 --- @include "clock"

@@ -8,7 +8,6 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use seatgate::client::Call;
 use seatgate::config::Settings;
-use seatgate::db::Db;
 use seatgate::engine::keys::shard_of;
 use seatgate::engine::ops::Op;
 use seatgate::engine::policy::{LicensePolicy, RequestPolicy};
@@ -16,8 +15,8 @@ use seatgate::engine::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, client, db, direct, encoding, holders, keys, license_keys, provision, queue_up, reaper,
-    reply_stream, seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
+    acquire, client, command_calls, db, direct, encoding, holders, keys, license_keys, provision, queue_up,
+    reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
 };
 
 /// Writes `license`'s record the way a billing system may (the documented
@@ -36,21 +35,6 @@ async fn hash_only(s: &Settings, license: &str, seats: u64, heartbeat_timeout_ms
         .query_async(&mut db(s).await)
         .await
         .unwrap();
-}
-
-/// How often Redis ran `command` (INFO commandstats counts the commands
-/// scripts call, too).
-async fn calls(con: &mut Db, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(con)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// The times `license` is filed under: (stale, due).
@@ -161,9 +145,9 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
     let reaper = reaper(&settings).await;
     // reap.lua reads the license's outbox with one HSCAN per call; no other
     // script or command of a pass does.
-    let before = calls(&mut con, "hscan").await;
+    let before = command_calls(&mut con, "hscan").await;
     let report = reaper.pass().await.unwrap();
-    let reaped = calls(&mut con, "hscan").await - before;
+    let reaped = command_calls(&mut con, "hscan").await - before;
     assert_eq!(
         (report.licenses, report.evicted, reaped),
         (5, 5, 5),
@@ -172,10 +156,10 @@ async fn a_pass_calls_reap_lua_only_for_the_licenses_due() {
     assert!(report.filed.is_empty(), "{:?}", report.filed);
     assert_eq!(report.census.map(|c| c.licenses()), Some(LICENSES));
 
-    let before = calls(&mut con, "hscan").await;
+    let before = command_calls(&mut con, "hscan").await;
     let report = reaper.pass().await.unwrap();
     assert_eq!(
-        (report.licenses, calls(&mut con, "hscan").await - before),
+        (report.licenses, command_calls(&mut con, "hscan").await - before),
         (0, 0),
         "nothing is due: no reap.lua call at all"
     );

@@ -9,8 +9,8 @@ use seatgate::engine::records::WaiterRecord;
 use seatgate::engine::status::Status;
 
 use crate::support::{
-    acquire, add_request, client, direct, keys, license_keys, put_license, queue_up, redis_ms, reply_stream,
-    spawn_app, spawn_worker, stream_entries, Entry, TestApp, T,
+    acquire, add_request, client, command_calls, direct, keys, license_keys, put_license, queue_up, redis_ms,
+    reply_stream, spawn_app, spawn_worker, stream_entries, Entry, TestApp, T,
 };
 
 /// Waits up to [`T`] for the reply to request `id` on `stream`.
@@ -202,4 +202,30 @@ async fn the_window_counters_admit_a_burst_refuse_the_rest_and_forget_it() {
     tokio::time::sleep(Duration::from_millis(2 * WINDOW + 50)).await;
     assert_eq!(a.acquire(&mut con).await.status(), Status::Acquired);
     assert_eq!(b("d").acquire(&mut con).await.status(), Status::NoSeatsAvailable);
+}
+
+#[tokio::test]
+async fn an_acquire_looks_in_holders_only_for_a_session_with_a_record() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "lic", 2).await;
+    let zscores = command_calls(&mut con, "zscore").await;
+    // A new session has no session record: it holds no seat, and its acquire
+    // does not look for one.
+    let first = direct(&s, "lic", "a").acquire(&mut con).await;
+    assert_eq!((first.status(), first.seats_used), (Status::Acquired, 1));
+    assert_eq!(command_calls(&mut con, "zscore").await, zscores);
+    // Its retry has the record, looks, and is answered as a holder.
+    let again = direct(&s, "lic", "a").acquire(&mut con).await;
+    assert_eq!((again.status(), again.seats_used), (Status::AlreadyActive, 1));
+    assert!(
+        command_calls(&mut con, "zscore").await > zscores,
+        "the retry did not look"
+    );
+    // Released, it has neither: a new acquire takes a seat again.
+    assert_eq!(
+        direct(&s, "lic", "a").release(&mut con).await.status(),
+        Status::Released
+    );
+    let back = direct(&s, "lic", "a").acquire(&mut con).await;
+    assert_eq!((back.status(), back.seats_used), (Status::Acquired, 1));
 }

@@ -116,6 +116,21 @@ pub async fn encoding(con: &mut impl ConnectionLike, key: &str) -> String {
         .expect("OBJECT ENCODING of an existing key")
 }
 
+/// How often Redis ran `command` (INFO commandstats counts the commands
+/// scripts call, too).
+pub async fn command_calls(con: &mut Db, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count of calls"))
+}
+
 /// Sets the test Redis's `hash-max-listpack-value` to ops/redis.conf's 256,
 /// under which session records with metadata fit a listpack.
 pub async fn listpack_values_as_ops_conf(con: &mut impl ConnectionLike) {
