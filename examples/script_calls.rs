@@ -19,6 +19,11 @@
 //!   limits     worker, with both rate limits on (never reached)
 //!   heartbeat  heartbeats of sessions holding a seat (direct)
 //!   reap       reaper steps of the license (10 holders, nothing to do)
+//!   floor      the direct path's calls, each sent to the function of the
+//!              op in examples/floor.lua (loaded here, once): the
+//!              same commands, arguments and reply size, no decision
+//!   floor-worker the same for the worker's calls (with the redelivery
+//!              lookup and record)
 //!   e2e        CALLS requests end to end, not script calls: 50 users of one
 //!              multiplexed client, acquire, release, ..., through a worker
 //!              in this process (its own startup commands are counted too,
@@ -104,7 +109,7 @@ async fn main() -> Result<(), Failure> {
     // A call's guard: none on the direct path; else the worker's, entry `i`.
     let guard = |license: &str, session: &str, i: usize| -> Guard {
         let limit = match mode {
-            "worker" => 0,
+            "worker" | "floor-worker" => 0,
             "limits" => 1_000_000_000,
             _ => return Guard::none(&keys, license, session),
         };
@@ -118,8 +123,12 @@ async fn main() -> Result<(), Failure> {
         lease: None,
         default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
     };
+    let floor = mode.starts_with("floor");
+    if floor {
+        load_floor(&mut con).await?;
+    }
     let expect = match mode {
-        "direct" | "worker" | "limits" => ["ACQUIRED", "RELEASED"],
+        "direct" | "worker" | "limits" | "floor" | "floor-worker" => ["ACQUIRED", "RELEASED"],
         "heartbeat" => ["HEARTBEAT_UPDATED"; 2],
         "reap" => ["", ""],
         _ => return Err(format!("unknown mode {mode:?}").into()),
@@ -170,6 +179,11 @@ async fn main() -> Result<(), Failure> {
                 (_, 0) => acquire_args(session).call(scripts, &lk, &g),
                 _ => release::call(scripts, &lk, &g, &session_args(session)),
             };
+            if floor {
+                pipe.add_command(floor_cmd(&call.cmd())?);
+                decoders.push(None);
+                continue;
+            }
             pipe.add_command(call.cmd());
             decoders.push(Some((call, expect[i % 2])));
         }
@@ -183,12 +197,46 @@ async fn main() -> Result<(), Failure> {
                     );
                 }
             } else if let redis::Value::ServerError(e) = reply {
-                return Err(format!("reap: {e:?}").into());
+                return Err(format!("{mode}: {e:?}").into());
             }
         }
         done += batch;
     }
     Ok(())
+}
+
+/// Loads examples/floor.lua unless it is loaded (a plain `FUNCTION LOAD`
+/// answers "already exists" without compiling, so the counted run compiles
+/// nothing).
+async fn load_floor(con: &mut redis::aio::MultiplexedConnection) -> Result<(), Failure> {
+    let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(include_str!("floor.lua"))
+        .query_async(con)
+        .await;
+    match loaded {
+        Err(e) if !e.to_string().contains("already exists") => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `cmd`, an `FCALL` of seatgate's library, calling the function of the
+/// same name in examples/floor.lua instead, with the same keys and arguments.
+fn floor_cmd(cmd: &redis::Cmd) -> Result<redis::Cmd, Failure> {
+    let mut floor = redis::Cmd::new();
+    for (i, arg) in cmd.args_iter().enumerate() {
+        let redis::Arg::Simple(bytes) = arg else {
+            return Err("an FCALL argument that is no plain string".into());
+        };
+        if i == 1 {
+            let name = std::str::from_utf8(bytes)?;
+            let op = name.rsplit('_').next().ok_or("a function name without an op")?;
+            floor.arg(format!("seatgate_floor_{op}"));
+        } else {
+            floor.arg(bytes);
+        }
+    }
+    Ok(floor)
 }
 
 /// The number in environment variable `name`, if it holds one.

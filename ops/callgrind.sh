@@ -15,6 +15,10 @@
 #   limits     worker, with both rate limits on (never reached)
 #   heartbeat  heartbeats of holders (direct)
 #   reap       reaper steps of a license with 10 holders and nothing to do
+#   floor      the direct calls, sent to examples/floor.lua: the same
+#              commands, arguments and reply size with no decision (what
+#              the call and its commands cost alone)
+#   floor-worker  the worker calls, sent there too
 #   e2e        requests end to end, not script calls: 50 users of one
 #              multiplexed client through a worker (CALLS a multiple of 100);
 #              every command a request costs Redis, the XADDs, reads and acks
