@@ -46,6 +46,10 @@ mutations=(
   # seat is still freed; the license's seq stays gapless, the event is simply
   # never written).
   "lose_event|lua/includes/events.lua|  ACQUIRED = 'acquired', RELEASED = 'released', QUEUED|  ACQUIRED = 'acquired', QUEUED"
+  # An acquire never looks for its session in holders: a lingering seat is
+  # not taken back but counted twice over, a holder's new acquire is decided
+  # as a stranger's.
+  "forget_holder|lua/acquire.lua|  local score = seated ~= false and rcall('ZSCORE', K.holders, session)|  local score = false"
 )
 
 src_target="${CARGO_TARGET_DIR:-$PWD/target}"

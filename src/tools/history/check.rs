@@ -214,6 +214,7 @@ pub fn check(h: &History) -> Checked {
     };
     run("seats_replies", seats_replies(h));
     run("seats_events", seats_events(&ordered));
+    run("taken_twice", taken_twice(&ordered));
     run("seats_samples", seats_samples(h));
     run("answered", answered(h, &by_id));
     run("duplicates", duplicates(h, &by_id));
@@ -562,6 +563,51 @@ fn seats_events(ordered: &[&Event]) -> (usize, Vec<String>) {
             }
         }
     });
+    (n, found)
+}
+
+/// Over the events replayed in order: a seat taken (acquired or granted) by
+/// a session that already holds a live seat of the license. Only a lingering
+/// seat is taken back by its session; a holder's acquire is answered
+/// ALREADY_ACTIVE and changes nothing, so no event.
+fn taken_twice(ordered: &[&Event]) -> (usize, Vec<String>) {
+    // License → its holders, and of them those whose released seat lingers.
+    let mut held: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut lingering: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut n = 0;
+    let mut found = Vec::new();
+    for e in ordered {
+        let (license, session) = (e.get("license"), e.get("session"));
+        let held = held.entry(license).or_default();
+        let lingering = lingering.entry(license).or_default();
+        let ended = match e.get("type") {
+            "acquired" | "granted" => {
+                n += 1;
+                let taken_back = lingering.remove(session);
+                if !held.insert(session) && !taken_back {
+                    found.push(format!(
+                        "event {} {} of {} session {}, which held a seat of it already",
+                        e.entry,
+                        e.get("type"),
+                        license,
+                        session
+                    ));
+                }
+                false
+            }
+            "released" if e.fields.contains_key("linger_ms") => {
+                lingering.insert(session);
+                false
+            }
+            "released" | "evicted" => true,
+            "revoked" => e.get("held") == "1",
+            _ => false,
+        };
+        if ended {
+            held.remove(session);
+            lingering.remove(session);
+        }
+    }
     (n, found)
 }
 
@@ -1205,6 +1251,36 @@ mod tests {
         );
         h.samples[1].at_ms = 1003;
         assert_eq!(found(&h, "seats_samples").len(), 1);
+    }
+
+    #[test]
+    fn a_seat_taken_again_by_its_holder_is_found_unless_it_lingered() {
+        let take = |entry: &str, kind: &str, seq: &str| {
+            event(
+                entry,
+                &[("type", kind), ("license", "L"), ("session", "s"), ("seq", seq)],
+            )
+        };
+        let mut h = good();
+        h.events = vec![take("1000-0", "acquired", "1"), take("1001-0", "acquired", "2")];
+        assert_eq!(found(&h, "taken_twice").len(), 1);
+        // Released under linger_ms, it is the session's to take back.
+        let mut lingered = take("1001-0", "released", "2");
+        lingered.fields.insert("linger_ms".into(), "400".into());
+        h.events = vec![
+            take("1000-0", "acquired", "1"),
+            lingered,
+            take("1002-0", "acquired", "3"),
+            take("1003-0", "released", "4"),
+            take("1004-0", "granted", "5"),
+        ];
+        assert!(found(&h, "taken_twice").is_empty());
+        // Taken back, it is live again: a second take is one too many.
+        h.events.insert(3, take("1002-5", "acquired", "4"));
+        for (seq, e) in h.events.iter_mut().enumerate() {
+            e.fields.insert("seq".into(), (seq + 1).to_string());
+        }
+        assert_eq!(found(&h, "taken_twice").len(), 1);
     }
 
     #[test]
