@@ -214,7 +214,7 @@ pub fn check(h: &History) -> Checked {
     };
     run("seats_replies", seats_replies(h));
     run("seats_events", seats_events(&ordered));
-    run("taken_twice", taken_twice(&ordered));
+    run("seat_takes", seat_takes(&ordered));
     run("seats_samples", seats_samples(h));
     run("answered", answered(h, &by_id));
     run("duplicates", duplicates(h, &by_id));
@@ -566,40 +566,52 @@ fn seats_events(ordered: &[&Event]) -> (usize, Vec<String>) {
     (n, found)
 }
 
-/// Over the events replayed in order: a seat taken (acquired or granted) by
-/// a session that already holds a live seat of the license. Only a lingering
-/// seat is taken back by its session; a holder's acquire is answered
-/// ALREADY_ACTIVE and changes nothing, so no event.
-fn taken_twice(ordered: &[&Event]) -> (usize, Vec<String>) {
+/// Over the events replayed in order, a seat's takes and ends: no session
+/// takes a seat of the license while it holds a live one (a holder's
+/// acquire is answered ALREADY_ACTIVE and changes nothing); a seat released
+/// under linger_ms is its session's to take back, so its acquire is neither
+/// queued nor refused for want of a seat meanwhile; and only a seat still
+/// lingering ends by `linger_ended` (one taken back holds on).
+fn seat_takes(ordered: &[&Event]) -> (usize, Vec<String>) {
     // License → its holders, and of them those whose released seat lingers.
     let mut held: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     let mut lingering: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     let mut n = 0;
     let mut found = Vec::new();
     for e in ordered {
-        let (license, session) = (e.get("license"), e.get("session"));
+        let (kind, license, session) = (e.get("type"), e.get("license"), e.get("session"));
         let held = held.entry(license).or_default();
         let lingering = lingering.entry(license).or_default();
-        let ended = match e.get("type") {
+        let wrong = match kind {
             "acquired" | "granted" => {
                 n += 1;
                 let taken_back = lingering.remove(session);
-                if !held.insert(session) && !taken_back {
-                    found.push(format!(
-                        "event {} {} of {} session {}, which held a seat of it already",
-                        e.entry,
-                        e.get("type"),
-                        license,
-                        session
-                    ));
-                }
-                false
+                (!held.insert(session) && !taken_back).then_some("which held a seat of it already")
             }
+            "queued" => lingering
+                .contains(session)
+                .then_some("though its released seat lingered with it"),
+            "denied" if matches!(e.get("reason"), "NO_SEATS_AVAILABLE" | "LIMIT_REACHED") => lingering
+                .contains(session)
+                .then_some("though its released seat lingered with it"),
             "released" if e.fields.contains_key("linger_ms") => {
                 lingering.insert(session);
-                false
+                None
             }
-            "released" | "evicted" => true,
+            "evicted" if e.get("reason") == "linger_ended" && !lingering.contains(session) => {
+                Some("whose seat was not lingering")
+            }
+            _ => None,
+        };
+        if let Some(why) = wrong {
+            found.push(format!(
+                "event {} {kind} of {license} session {session}, {why}",
+                e.entry
+            ));
+        }
+        let ended = match kind {
+            "released" => !e.fields.contains_key("linger_ms"),
+            "evicted" => true,
             "revoked" => e.get("held") == "1",
             _ => false,
         };
@@ -1253,34 +1265,63 @@ mod tests {
         assert_eq!(found(&h, "seats_samples").len(), 1);
     }
 
+    /// Events of session `s` of license `L`, numbered in order.
+    fn takes(kinds: &[(&str, &[(&str, &str)])]) -> Vec<Event> {
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, more))| {
+                let (entry, seq) = (format!("{}-0", 1000 + i), (i + 1).to_string());
+                let mut pairs = vec![
+                    ("type", *kind),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("seq", seq.as_str()),
+                ];
+                pairs.extend_from_slice(more);
+                event(&entry, &pairs)
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_seat_taken_again_by_its_holder_is_found_unless_it_lingered() {
-        let take = |entry: &str, kind: &str, seq: &str| {
-            event(
-                entry,
-                &[("type", kind), ("license", "L"), ("session", "s"), ("seq", seq)],
-            )
-        };
+    fn a_seat_taken_twice_or_its_linger_broken_is_found() {
+        let linger: &[(&str, &str)] = &[("linger_ms", "400")];
+        let linger_ended: &[(&str, &str)] = &[("reason", "linger_ended")];
+        let no_seats: &[(&str, &str)] = &[("reason", "NO_SEATS_AVAILABLE")];
         let mut h = good();
-        h.events = vec![take("1000-0", "acquired", "1"), take("1001-0", "acquired", "2")];
-        assert_eq!(found(&h, "taken_twice").len(), 1);
-        // Released under linger_ms, it is the session's to take back.
-        let mut lingered = take("1001-0", "released", "2");
-        lingered.fields.insert("linger_ms".into(), "400".into());
-        h.events = vec![
-            take("1000-0", "acquired", "1"),
-            lingered,
-            take("1002-0", "acquired", "3"),
-            take("1003-0", "released", "4"),
-            take("1004-0", "granted", "5"),
-        ];
-        assert!(found(&h, "taken_twice").is_empty());
-        // Taken back, it is live again: a second take is one too many.
-        h.events.insert(3, take("1002-5", "acquired", "4"));
-        for (seq, e) in h.events.iter_mut().enumerate() {
-            e.fields.insert("seq".into(), (seq + 1).to_string());
-        }
-        assert_eq!(found(&h, "taken_twice").len(), 1);
+        // Released under linger_ms, taken back, released, granted again;
+        // then lingering until the linger ends: all as it should be.
+        h.events = takes(&[
+            ("acquired", &[]),
+            ("released", linger),
+            ("acquired", &[]),
+            ("released", &[]),
+            ("granted", &[]),
+            ("released", linger),
+            ("evicted", linger_ended),
+        ]);
+        assert!(
+            found(&h, "seat_takes").is_empty(),
+            "{:?}",
+            found(&h, "seat_takes")
+        );
+        // A live holder takes a second seat.
+        h.events = takes(&[("acquired", &[]), ("acquired", &[])]);
+        assert_eq!(found(&h, "seat_takes").len(), 1);
+        // A lingering seat refused to its session, or its session queued.
+        h.events = takes(&[("acquired", &[]), ("released", linger), ("denied", no_seats)]);
+        assert_eq!(found(&h, "seat_takes").len(), 1);
+        h.events = takes(&[("acquired", &[]), ("released", linger), ("queued", &[])]);
+        assert_eq!(found(&h, "seat_takes").len(), 1);
+        // A seat taken back whose linger ends under it all the same.
+        h.events = takes(&[
+            ("acquired", &[]),
+            ("released", linger),
+            ("acquired", &[]),
+            ("evicted", linger_ended),
+        ]);
+        assert_eq!(found(&h, "seat_takes").len(), 1);
     }
 
     #[test]
