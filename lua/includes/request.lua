@@ -164,16 +164,17 @@ end
 --   before the lease check and the rate limits, and nothing else is done.
 --   `refuse`, when given, is called as refuse(session, lease, now) with the
 --   script's session and lease hash, and returns its LEASE_MISMATCH outcome
---   or nil, and what it learned on the way for decide (seat_lease.lua). It runs before the rate limits and a refusal is not counted in
---   them, so a caller without the lease cannot use up the holder's budget
---   and get its heartbeats refused. (Revoke passes none: it is the
+--   or nil, then what it learned on the way for decide (seat_lease.lua).
+--   It runs before the rate limits and a refusal is not counted in them,
+--   so a caller without the lease cannot use up the holder's budget and
+--   get its heartbeats refused. (Revoke passes none: it is the
 --   administrator's way around a lease.)
 --   `limited` says whether this op is rate limited at all (release is not:
 --   giving a seat back always works; nor is an administrator's revoke).
 --   Else decide(now, default_timeout, learned) makes the decision and
---   returns its outcome (`learned`: refuse's second result); what the due report needs of what it read (the heartbeat
---   timeout in force, the heartbeat's stale time) it leaves in the script's
---   locals.
+--   returns its outcome (`learned`: refuse's second result); what the due
+--   report needs of what it read (the heartbeat timeout in force, the
+--   heartbeat's stale time) it leaves in the script's locals.
 -- Every outcome but a replay is remembered under the request's key (dedupe.lua).
 local function run_request(decide, limited, refuse, session, lease)
   local now = now_ms()
