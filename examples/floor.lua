@@ -64,11 +64,25 @@ local function remember(keys, args, status, used)
   redis.call('HSET', keys[3], args[1], status .. ':' .. used .. ':1000:0', '_', '')
 end
 
-redis.register_function('seatgate_floor_acquire', function(keys, args)
-  local k, session = keys_of(keys[1]), args[4]
-  local now = now_ms()
-  local at = string.format('%d', now)
-  local worker = looked_up(keys, args)
+-- A floor function: the clock and the redelivery lookup, then `commands`
+-- (the op's own, returning the seats in use after it), the event, the
+-- redelivery record and an outcome of the real one's size.
+local function floor(status, kind, commands)
+  return function(keys, args)
+    local k, session = keys_of(keys[1]), args[4]
+    local now = now_ms()
+    local at = string.format('%d', now)
+    local worker = looked_up(keys, args)
+    local used = commands(keys, args, k, session, at)
+    event(keys, k, kind, session, used, '1000', at)
+    if worker then
+      remember(keys, args, status, used)
+    end
+    return {status, used, 1000, 0, now, false, 1, 0, 0, 0, 0}
+  end
+end
+
+redis.register_function('seatgate_floor_acquire', floor('ACQUIRED', 'acquired', function(keys, args, k, session, at)
   redis.call('HGET', k.sessions, session)
   redis.call('EXISTS', k.queue, k.deadlines)
   redis.call('HGETALL', keys[1])
@@ -76,28 +90,15 @@ redis.register_function('seatgate_floor_acquire', function(keys, args)
   local used = redis.call('ZCARD', k.holders) + 1
   redis.call('ZADD', k.holders, at, session)
   redis.call('HSET', k.sessions, session, at .. ':0:' .. args[8])
-  event(keys, k, 'acquired', session, used, '1000', at)
-  if worker then
-    remember(keys, args, 'ACQUIRED', used)
-  end
-  return {'ACQUIRED', used, 1000, 0, now, false, 1, 0, 0, 0, 0}
-end)
+  return used
+end))
 
-redis.register_function('seatgate_floor_release', function(keys, args)
-  local k, session = keys_of(keys[1]), args[4]
-  local now = now_ms()
-  local at = string.format('%d', now)
-  local worker = looked_up(keys, args)
+redis.register_function('seatgate_floor_release', floor('RELEASED', 'released', function(keys, _, k, session)
   redis.call('HGET', k.sessions, session)
   redis.call('HGETALL', keys[1])
   redis.call('HGET', k.owners, 's:' .. session)
   redis.call('ZREM', k.holders, session)
   redis.call('HDEL', k.sessions, session)
   redis.call('EXISTS', k.queue, k.deadlines)
-  local used = redis.call('ZCARD', k.holders)
-  event(keys, k, 'released', session, used, '1000', at)
-  if worker then
-    remember(keys, args, 'RELEASED', used)
-  end
-  return {'RELEASED', used, 1000, 0, now, false, 1, 0, 0, 0, 0}
-end)
+  return redis.call('ZCARD', k.holders)
+end))

@@ -36,7 +36,9 @@ use seatgate::config::Settings;
 use seatgate::engine::keys::Keys;
 use seatgate::engine::ops::{heartbeat, release, AcquireArgs};
 use seatgate::engine::policy::RequestPolicy;
-use seatgate::engine::scripts::{Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs};
+use seatgate::engine::scripts::{
+    is_already_loaded, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
+};
 use seatgate::engine::status::Status;
 use seatgate::tools::bench::{bench_settings, cycle_call, Fleet};
 
@@ -215,7 +217,7 @@ async fn load_floor(con: &mut redis::aio::MultiplexedConnection) -> Result<(), F
         .query_async(con)
         .await;
     match loaded {
-        Err(e) if !e.to_string().contains("already exists") => Err(e.into()),
+        Err(e) if !is_already_loaded(&e) => Err(e.into()),
         _ => Ok(()),
     }
 }

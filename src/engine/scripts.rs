@@ -216,7 +216,7 @@ pub fn is_not_loaded(e: &RedisError) -> bool {
 /// already loaded (on a cluster, by at least one master: the others loaded
 /// it; a master that answered otherwise loads it at its first
 /// `Function not found`).
-fn is_already_loaded(e: &RedisError) -> bool {
+pub fn is_already_loaded(e: &RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.starts_with("Library") && d.ends_with("already exists"))
