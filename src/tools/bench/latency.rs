@@ -242,10 +242,10 @@ async fn contention_run(
     }
     let (mut grants, mut queued, mut held) = (0, 0, Duration::ZERO);
     for t in tasks {
-        let (g, q, d) = t.await.map_err(bench_err)??;
+        let (g, q, h) = t.await.map_err(bench_err)??;
         grants += g;
         queued += q;
-        held += d;
+        held += h;
     }
     // The hold as it was, and the rest of a seat's cycle: with every seat
     // wanted all the time, a seat changes hands every seats / (grants/s),
