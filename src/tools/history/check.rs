@@ -609,13 +609,7 @@ fn seat_takes(ordered: &[&Event]) -> (usize, Vec<String>) {
                 e.entry
             ));
         }
-        let ended = match kind {
-            "released" => !e.fields.contains_key("linger_ms"),
-            "evicted" => true,
-            "revoked" => e.get("held") == "1",
-            _ => false,
-        };
-        if ended {
+        if ends_seat(e) {
             held.remove(session);
             lingering.remove(session);
         }
@@ -883,19 +877,24 @@ fn replay<'a>(
                 let was_holding = !set.insert(session);
                 on_take(e, set, was_holding);
             }
-            "released" if !e.fields.contains_key("linger_ms") => {
-                set.remove(session);
-            }
-            "evicted" => {
-                set.remove(session);
-            }
-            "revoked" if e.get("held") == "1" => {
+            _ if ends_seat(e) => {
                 set.remove(session);
             }
             _ => {}
         }
     }
     holders
+}
+
+/// Whether event `e` ends its session's seat: a release without linger, an
+/// eviction (a linger's end too), a revocation of a held seat.
+fn ends_seat(e: &Event) -> bool {
+    match e.get("type") {
+        "released" => !e.fields.contains_key("linger_ms"),
+        "evicted" => true,
+        "revoked" => e.get("held") == "1",
+        _ => false,
+    }
 }
 
 fn user_limit(h: &History, ordered: &[&Event]) -> (usize, Vec<String>) {
