@@ -26,6 +26,9 @@ use crate::views::{self, printable};
 pub const EXIT_REFUSED: u8 = 1;
 /// Exit code for errors: Redis unreachable, no reply in time, bad configuration.
 pub const EXIT_ERROR: u8 = 3;
+/// Exit code of `seatgate bench` stopped by Ctrl-C or SIGTERM: 128 + SIGINT, as a shell reports it.
+#[cfg(feature = "tools")]
+const EXIT_INTERRUPTED: i32 = 130;
 
 /// Floating-license seats on Redis.
 #[derive(Debug, Parser)]
@@ -566,13 +569,25 @@ async fn bench(args: BenchArgs) -> Result<ExitCode, Error> {
         soak: args.soak_duration,
         cluster_masters: args.cluster_masters,
     };
-    let report = crate::tools::bench::run(opts, |row| {
+    let run = crate::tools::bench::run(opts, |row| {
         eprintln!(
             "  {:<11} {:<56} {:>10.0}/s  {}",
             row.scenario, row.variant, row.ops_per_sec, row.note
         )
-    })
-    .await?;
+    });
+    // The private redis-server runs in a session of its own, which a
+    // terminal's Ctrl-C does not reach: dropping the run stops it (and
+    // reaps it). The exit follows at once, before the workers and clients
+    // still running could log the server's going as errors of their own.
+    let mut run = Box::pin(run);
+    let report = tokio::select! {
+        report = &mut run => report?,
+        _ = crate::ops::service::shutdown_signal() => {
+            eprintln!("seatgate: benchmark interrupted; its private redis-server is stopped");
+            drop(run);
+            std::process::exit(EXIT_INTERRUPTED)
+        }
+    };
     let against = baseline
         .as_ref()
         .map(|b| crate::tools::bench::render_against(&report, b));

@@ -34,6 +34,24 @@ pub struct LocalRedis {
     /// The certificates of a TLS-only server (`port` is then its TLS port);
     /// shared by the nodes of a cluster, which trust one CA.
     tls: Option<TlsServer>,
+    /// Whose session the server runs in, kept for restarts.
+    session: Session,
+}
+
+/// Which session (and so which scheduler group) a server process runs in.
+///
+/// Linux's autogroup shares the CPU fairly between sessions, then between
+/// the threads of one session. A server in its caller's session competes
+/// thread for thread with the caller's runtime, as no deployed Redis does
+/// (a service manager gives it a group of its own); on the benchmark's two
+/// cores that cost the contention row a tenth of its grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Session {
+    /// The caller's session: a terminal's Ctrl-C stops the server with it.
+    Caller,
+    /// A session of its own (`setsid`), as a service: stopped on drop, so
+    /// its owner must drop it on Ctrl-C too (`seatgate bench` does).
+    Own,
 }
 
 /// Whether a TLS server asks clients for a certificate (`--tls-auth-clients`).
@@ -256,7 +274,13 @@ fn free_port() -> Result<u16, Error> {
 }
 
 /// Starts redis-server on `port`: plain, or with `tls` TLS-only (no plain port).
-fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TlsServer>) -> Result<Child, Error> {
+fn spawn(
+    port: u16,
+    dir: &Path,
+    extra: &[String],
+    tls: Option<&TlsServer>,
+    session: Session,
+) -> Result<Child, Error> {
     let mut listen: Vec<std::ffi::OsString> = Vec::new();
     match tls {
         None => listen.extend(["--port".into(), port.to_string().into()]),
@@ -273,7 +297,17 @@ fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TlsServer>) -> Re
             listen.extend(["--tls-auth-clients".into(), auth.flag().into()]);
         }
     }
-    Command::new("redis-server")
+    // setsid(1) (util-linux) execs the server in place: a child of ours is
+    // no process group leader, so it does not fork and the pid stays the server's.
+    let mut command = match session {
+        Session::Caller => Command::new("redis-server"),
+        Session::Own => {
+            let mut c = Command::new("setsid");
+            c.arg("redis-server");
+            c
+        }
+    };
+    command
         .args(listen)
         .args(["--bind", "127.0.0.1", "--save", ""])
         .args(["--appendonly", "no", "--protected-mode", "yes"])
@@ -295,7 +329,14 @@ fn spawn(port: u16, dir: &Path, extra: &[String], tls: Option<&TlsServer>) -> Re
 impl LocalRedis {
     /// Starts a server with no persistence, plus `extra` `--name value` arguments.
     pub async fn start(extra: &[&str]) -> Result<LocalRedis, Error> {
-        Self::start_inner(extra, None).await
+        Self::start_inner(extra, None, Session::Caller).await
+    }
+
+    /// Like [`start`](Self::start), in a session of its own, as a deployed
+    /// Redis runs (see [`Session`]): for measurements. Stopped on drop like
+    /// any other; a Ctrl-C of the terminal does not reach it.
+    pub async fn start_as_service(extra: &[&str]) -> Result<LocalRedis, Error> {
+        Self::start_inner(extra, None, Session::Own).await
     }
 
     /// Starts a TLS-only server (no plain port) with a fresh throwaway CA
@@ -303,13 +344,17 @@ impl LocalRedis {
     /// Its [`url`](Self::url) is rediss://.
     pub async fn start_tls(auth: ClientAuth, extra: &[&str]) -> Result<LocalRedis, Error> {
         let files = Arc::new(TlsFiles::generate().await?);
-        Self::start_inner(extra, Some(TlsServer { files, auth })).await
+        Self::start_inner(extra, Some(TlsServer { files, auth }), Session::Caller).await
     }
 
-    async fn start_inner(extra: &[&str], tls: Option<TlsServer>) -> Result<LocalRedis, Error> {
+    async fn start_inner(
+        extra: &[&str],
+        tls: Option<TlsServer>,
+        session: Session,
+    ) -> Result<LocalRedis, Error> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _attempt in 0..5 {
-            let mut server = Self::spawn_at(free_port()?, extra.clone(), tls.clone())?;
+            let mut server = Self::spawn_at(free_port()?, extra.clone(), tls.clone(), session)?;
             if server.wait_ready(Duration::from_secs(5)).await {
                 return Ok(server);
             }
@@ -323,15 +368,21 @@ impl LocalRedis {
     }
 
     /// Spawns a server on `port` in a new temp dir, without waiting for it.
-    fn spawn_at(port: u16, extra: Vec<String>, tls: Option<TlsServer>) -> Result<LocalRedis, Error> {
+    fn spawn_at(
+        port: u16,
+        extra: Vec<String>,
+        tls: Option<TlsServer>,
+        session: Session,
+    ) -> Result<LocalRedis, Error> {
         let dir = tempfile::tempdir()?;
-        let child = spawn(port, dir.path(), &extra, tls.as_ref())?;
+        let child = spawn(port, dir.path(), &extra, tls.as_ref(), session)?;
         Ok(LocalRedis {
             child,
             port,
             dir,
             extra,
             tls,
+            session,
         })
     }
 
@@ -416,7 +467,13 @@ impl LocalRedis {
 
     /// Starts the server again on the same port with the same data directory.
     pub async fn restart(&mut self) -> Result<(), Error> {
-        self.child = spawn(self.port, self.dir.path(), &self.extra, self.tls.as_ref())?;
+        self.child = spawn(
+            self.port,
+            self.dir.path(),
+            &self.extra,
+            self.tls.as_ref(),
+            self.session,
+        )?;
         if self.wait_ready(Duration::from_secs(10)).await {
             Ok(())
         } else {
@@ -518,7 +575,7 @@ impl LocalCluster {
                 .map(|s| s.to_string())
                 .collect();
             let port = free_cluster_port()?;
-            let mut node = LocalRedis::spawn_at(port, extra, tls.clone())?;
+            let mut node = LocalRedis::spawn_at(port, extra, tls.clone(), Session::Caller)?;
             if !node.wait_ready(Duration::from_secs(5)).await {
                 return Err(Error::LocalRedis(format!(
                     "cluster node on port {port} did not start"
