@@ -24,11 +24,18 @@
 //!              same commands, arguments and reply size, no decision
 //!   floor-worker the same for the worker's calls (with the redelivery
 //!              lookup and record)
+//!   handover   the hot license's seat changing hands, as the worker calls
+//!              it: on a license whose 10 seats are held and 20 sessions
+//!              wait (set up by the first run), the oldest holder releases
+//!              (its seat granted to the queue's head in the same call, the
+//!              GRANTED reply written by the script) and asks again with a
+//!              wait (queued at the tail): release, acquire, ...
 //!   e2e        CALLS requests end to end, not script calls: 50 users of one
 //!              multiplexed client, acquire, release, ..., through a worker
 //!              in this process (its own startup commands are counted too,
 //!              a few dozen); CALLS a multiple of 100
 
+use std::collections::VecDeque;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use seatgate::client::Client;
@@ -89,7 +96,7 @@ async fn main() -> Result<(), Failure> {
         // HOLDERS=N: N sessions hold seats through every mode after, as on a
         // busy license (the per-session hashes and ZSETs at that size).
         for n in 0..env_count("HOLDERS").unwrap_or(0) {
-            take_seat(&mut con, scripts, &keys, &format!("b-{n}")).await?;
+            take_seat(&mut con, scripts, &keys, LICENSE, &format!("b-{n}")).await?;
         }
         return Ok(());
     }
@@ -102,12 +109,9 @@ async fn main() -> Result<(), Failure> {
     }
     let run = std::process::id();
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-    let policy = |limit: u64| GuardPolicy {
-        dedupe_window_ms: 60_000,
-        session_limit: limit,
-        license_limit: limit,
-        rate_window_ms: 10_000,
-    };
+    if mode == "handover" {
+        return handover(&mut con, &keys, calls, format!("{now_ms}-{run}")).await;
+    }
     // A call's guard: none on the direct path; else the worker's, entry `i`.
     let guard = |license: &str, session: &str, i: usize| -> Guard {
         let limit = match mode {
@@ -116,9 +120,7 @@ async fn main() -> Result<(), Failure> {
             _ => return Guard::none(&keys, license, session),
         };
         let entry = format!("{now_ms}-{}", run as usize * 1_000_000 + i);
-        let mut g = Guard::for_entry(&policy(limit), &keys, &entry, license, session);
-        g.redelivery = true;
-        g
+        worker_guard(&keys, &entry, license, session, limit)
     };
     let session_args = |session: &'static str| SessionArgs {
         session,
@@ -139,7 +141,7 @@ async fn main() -> Result<(), Failure> {
     if mode == "heartbeat" || mode == "reap" {
         for n in 0..10 {
             let session: &'static str = format!("h{run}-{n}").leak();
-            take_seat(&mut con, scripts, &keys, session).await?;
+            take_seat(&mut con, scripts, &keys, LICENSE, session).await?;
             held.push(session);
         }
     }
@@ -246,18 +248,33 @@ fn env_count(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|n| n.parse().ok())
 }
 
-/// `session` takes a seat of `LICENSE` on the direct path, for a mode's setup.
+/// The worker's guard of stream entry `entry`: the redelivery lookup and
+/// record, both rate limits at `limit` (0 = off, as the benchmark's workers run).
+fn worker_guard(keys: &Keys, entry: &str, license: &str, session: &str, limit: u64) -> Guard {
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: limit,
+        license_limit: limit,
+        rate_window_ms: 10_000,
+    };
+    let mut g = Guard::for_entry(&policy, keys, entry, license, session);
+    g.redelivery = true;
+    g
+}
+
+/// `session` takes a seat of `license` on the direct path, for a mode's setup.
 async fn take_seat(
     con: &mut redis::aio::MultiplexedConnection,
     scripts: &Scripts,
     keys: &Keys,
+    license: &str,
     session: &str,
 ) -> Result<(), Failure> {
     let outcome = acquire_args(session)
         .call(
             scripts,
-            &keys.license(LICENSE),
-            &Guard::none(keys, LICENSE, session),
+            &keys.license(license),
+            &Guard::none(keys, license, session),
         )
         .run(con)
         .await?;
@@ -265,6 +282,120 @@ async fn take_seat(
         "ACQUIRED" => Ok(()),
         other => Err(format!("setup acquire: {other}").into()),
     }
+}
+
+/// An acquire of `session` that waits for a seat, as a queued user's: its
+/// request id and a reply stream inside `replies.prefix`, so that the call
+/// that grants it writes its GRANTED itself (one Redis node).
+fn waiting_acquire<'a>(session: &'a str, reply_to: &'a str) -> AcquireArgs<'a> {
+    AcquireArgs {
+        wait_ms: 3_600_000,
+        request_id: session,
+        reply_to,
+        ..acquire_args(session)
+    }
+}
+
+/// The `handover` mode: `calls` worker calls (entries `<run>-<i>`) on
+/// `HOT`, release and acquire in turn, each release granting the queue's
+/// head and each acquire queuing the session that released. The first run
+/// on a fresh server sets the license up; each run reads who holds and who
+/// waits, in order, and follows the hand-overs from there.
+async fn handover(
+    con: &mut redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    calls: usize,
+    run: String,
+) -> Result<(), Failure> {
+    const HOT: &str = "callgrind-hot";
+    const SEATS: usize = 10;
+    const WAITERS: usize = 20;
+    if calls % 2 != 0 {
+        return Err("handover: CALLS must be even (release, acquire)".into());
+    }
+    let scripts = Scripts::get();
+    let lk = keys.license(HOT);
+    // On one node the scripts write a waiter's GRANTED to a reply stream
+    // inside replies.prefix themselves, as the service's do.
+    let prefix = lk
+        .events
+        .queue_replies
+        .as_ref()
+        .map(|q| q.prefix.clone())
+        .ok_or("handover: the settings name no replies.prefix for the scripts (a cluster?)")?;
+    let reply_to = |session: &str| format!("{prefix}callgrind-{session}");
+    let exists: bool = redis::cmd("EXISTS").arg(&lk.license).query_async(con).await?;
+    if !exists {
+        redis::cmd("HSET")
+            .arg(&lk.license)
+            .arg("seats_total")
+            .arg(SEATS)
+            .arg("active")
+            .arg(1)
+            .exec_async(con)
+            .await?;
+        for n in 0..SEATS {
+            take_seat(con, scripts, keys, HOT, &format!("hot-h{n}")).await?;
+        }
+        for n in 0..WAITERS {
+            let session = format!("hot-w{n}");
+            let to = reply_to(&session);
+            let g = Guard::none(keys, HOT, &session);
+            let got = waiting_acquire(&session, &to)
+                .call(scripts, &lk, &g)
+                .run(con)
+                .await?;
+            if got.status() != Status::Queued {
+                return Err(format!("handover setup: {} instead of QUEUED", got.status()).into());
+            }
+        }
+    }
+    let read = |key: &str| redis::cmd("ZRANGE").arg(key.to_owned()).arg(0).arg(-1).to_owned();
+    let holders: Vec<String> = read(&lk.holders).query_async(con).await?;
+    let queue: Vec<String> = read(&lk.queue).query_async(con).await?;
+    let (mut holders, mut queue) = (VecDeque::from(holders), VecDeque::from(queue));
+    if (holders.len(), queue.len()) != (SEATS, WAITERS) {
+        return Err(format!("handover: {} holders and {} waiting", holders.len(), queue.len()).into());
+    }
+    let mut done = 0;
+    while done < calls {
+        let batch = DEPTH.min(calls - done);
+        let mut pipe = redis::pipe();
+        let mut decoders = Vec::with_capacity(batch);
+        for i in done..done + batch {
+            let entry = format!("{run}-{i}");
+            let (call, want) = if i % 2 == 0 {
+                let session = holders.pop_front().ok_or("handover: no holder")?;
+                let granted = queue.pop_front().ok_or("handover: nobody waiting")?;
+                holders.push_back(granted);
+                queue.push_back(session.clone());
+                let session: &'static str = session.leak();
+                let g = worker_guard(keys, &entry, HOT, session, 0);
+                let args = SessionArgs {
+                    session,
+                    lease: None,
+                    default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+                };
+                (release::call(scripts, &lk, &g, &args), "RELEASED")
+            } else {
+                let session: &'static str = queue.back().ok_or("handover: nobody waiting")?.clone().leak();
+                let to: &'static str = reply_to(session).leak();
+                let g = worker_guard(keys, &entry, HOT, session, 0);
+                (waiting_acquire(session, to).call(scripts, &lk, &g), "QUEUED")
+            };
+            pipe.add_command(call.cmd());
+            decoders.push((call, want));
+        }
+        let replies: Vec<redis::Value> = pipe.query_async(con).await?;
+        for (reply, (call, want)) in replies.into_iter().zip(decoders) {
+            let got = call.decode(Ok(reply))?;
+            if got.status().as_str() != want {
+                return Err(format!("{}: {} instead of {want}", call.name(), got.status().as_str()).into());
+            }
+        }
+        done += batch;
+    }
+    Ok(())
 }
 
 /// License `n` of a run spread over several (`LICENSES`): the first is `LICENSE`.

@@ -19,6 +19,11 @@
 #              commands, arguments and reply size with no decision (what
 #              the call and its commands cost alone)
 #   floor-worker  the worker calls, sent there too
+#   handover   the hot license's seat changing hands, as the worker calls
+#              it: 10 seats held, 20 sessions waiting; the oldest holder
+#              releases (granting the queue's head in the same call, its
+#              GRANTED written by the script) and asks again with a wait
+#              (queued at the tail); a hand-over is two calls
 #   e2e        requests end to end, not script calls: 50 users of one
 #              multiplexed client through a worker (CALLS a multiple of 100);
 #              every command a request costs Redis, the XADDs, reads and acks
