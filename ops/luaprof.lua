@@ -51,6 +51,13 @@ local function rcall_impl(raise, ...)
   local args = {...}
   local info = debug.getinfo(3, 'Sl')
   local k = (info and info.currentline or 0) .. ' ' .. tostring(args[1])
+  -- Arguments passed as Lua numbers, which Redis writes out with '%.17g'
+  -- (printf's floating-point path: thousands of instructions each).
+  local numbers = 0
+  for i = 2, #args do
+    if type(args[i]) == 'number' then numbers = numbers + 1 end
+  end
+  if numbers > 0 then k = k .. ' (' .. numbers .. ' as numbers)' end
   cmd_tally[k] = (cmd_tally[k] or 0) + 1
   send(args)
   local r = read()

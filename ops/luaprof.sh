@@ -12,10 +12,16 @@
 #
 #   bash ops/luaprof.sh             # direct: acquire + release, as ops/callgrind.sh's direct
 #   bash ops/luaprof.sh worker 200  # the worker's calls (the redelivery record), 200 rounds
+#   bash ops/luaprof.sh handover 5  # the hot license's hand-overs, 5 rounds of 30
 #
 # The calls are the first acquire and release examples/script_calls.rs
 # makes in MODE (captured with MONITOR), each round with a fresh session
-# (and entry id). Line numbers are the library's (printed beside each).
+# (and entry id). `handover` captures 30 hand-overs in a row (60 calls:
+# release, queued acquire, ...) on its license of 10 holders and 20
+# waiters, which leave its holders and queue as they found them (each of
+# the 30 sessions moves one place round), and replays them as they were,
+# each round with fresh entry ids and no request deadline. Line numbers
+# are the library's (printed beside each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-redis.sh
@@ -26,8 +32,9 @@ rounds=${2:-100}
 # only the modes made of those calls can be profiled: heartbeat and reap
 # would capture their setup's acquires instead.
 case "$mode" in
-  direct | worker | limits) ;;
-  *) echo "luaprof: MODE must be direct, worker or limits (acquire + release calls), not $mode" >&2; exit 2 ;;
+  direct | worker | limits) capture=2 ;;
+  handover) capture=60 ;;
+  *) echo "luaprof: MODE must be direct, worker, limits (acquire + release calls) or handover, not $mode" >&2; exit 2 ;;
 esac
 if ! command -v lua5.1 >/dev/null 2>&1 || ! lua5.1 -e 'require "socket"; require "cjson"' >/dev/null 2>&1; then
   apt_install lua5.1 lua-socket lua-cjson
@@ -44,16 +51,18 @@ trap 'kill $monitor "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' 
 wait_for_redis "$port"
 url="redis://127.0.0.1:$port"
 "$bin" "$url" setup
+# handover sets its license up on its first run: not captured.
+[ "$mode" = handover ] && "$bin" "$url" handover 2
 redis-cli -p "$port" MONITOR >"$dir/monitor" &
 monitor=$!
 sleep 0.3
-"$bin" "$url" "$mode" 2
+"$bin" "$url" "$mode" "$capture"
 sleep 0.3
 kill "$monitor"
 monitor=""
-python3 - "$dir" "$port" <<'PY'
+python3 - "$dir" "$port" "$mode" "$capture" <<'PY'
 import shlex, subprocess, sys
-dir, port = sys.argv[1], sys.argv[2]
+dir, port, mode, capture = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 calls = []
 for line in open(f"{dir}/monitor"):
     if '"FCALL"' not in line:
@@ -64,14 +73,17 @@ for line in open(f"{dir}/monitor"):
     keys, args = rest[1:1 + nkeys], rest[1 + nkeys:]
     if len(args) < 4:
         continue
-    args[3] = args[3] + "-%I"  # ARGV[4]: the session
+    if mode == "handover":
+        args[5] = "0"  # ARGV[6]: no deadline, so that later rounds still run
+    else:
+        args[3] = args[3] + "-%I"  # ARGV[4]: the session
     if args[0]:
         args[0] = args[0] + "-%I"  # ARGV[1]: the request's dedupe key
     calls.append("\t".join([fn, str(nkeys)] + keys + args))
-    if len(calls) == 2:
+    if len(calls) == capture:
         break
-if len(calls) < 2:
-    sys.exit("luaprof: no seat calls captured")
+if len(calls) < capture:
+    sys.exit("luaprof: %d of %d seat calls captured" % (len(calls), capture))
 library = calls[0].split("\t")[0].rsplit("_", 1)[0]
 open(f"{dir}/calls", "w").write("\n".join(calls) + "\n")
 code = subprocess.run(["redis-cli", "-p", port, "--raw", "FUNCTION", "LIST", "LIBRARYNAME", library, "WITHCODE"],
