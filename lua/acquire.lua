@@ -102,8 +102,9 @@ local rcall = redis.call
 local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   queue_joined()
   local arrival = rcall('INCR', K.queue_seq)
-  rcall('ZADD', K.queue, arrival - priority * PRIORITY_STEP, session)
-  rcall('ZADD', K.deadlines, now + wait_ms, session)
+  -- Scores as strings (clock.lua, ms): exact, as both are whole numbers.
+  rcall('ZADD', K.queue, ms(arrival - priority * PRIORITY_STEP), session)
+  rcall('ZADD', K.deadlines, ms(now + wait_ms), session)
   rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
   -- Past 128 waiters the queue is a skiplist (zset-max-listpack-entries),
   -- while the waiters hash stays a listpack up to 512, searched entry by

@@ -43,7 +43,7 @@
 -- somewhere to go, to the outbox; queues its event, carrying the user and
 -- group of owner record `owner` (owners.lua; nil for none).
 local function note(notes, now, kind, session, w, owner)
-  local id = kind .. ':' .. session .. ':' .. now
+  local id = kind .. ':' .. session .. ':' .. ms(now)
   local waited = now - w.queued_at
   local n = {kind, session, w.id, w.reply_to, waited, id, now}
   if w.reply_to ~= '' then
@@ -63,11 +63,11 @@ local function note(notes, now, kind, session, w, owner)
   end
   notes[#notes + 1] = n
   if kind == 'GRANTED' then
-    event_later('granted', session, add_who({'waited_ms', waited}, owner))
+    event_later('granted', session, add_who({'waited_ms', ms(waited)}, owner))
   elseif kind == 'QUEUE_TIMEOUT' then
-    event_later('queue_timeout', session, add_who({'waited_ms', waited}, owner))
+    event_later('queue_timeout', session, add_who({'waited_ms', ms(waited)}, owner))
   elseif kind == 'LICENSE_NOT_FOUND' then
-    event_later('denied', session, add_who({'reason', kind, 'waited_ms', waited}, owner))
+    event_later('denied', session, add_who({'reason', kind, 'waited_ms', ms(waited)}, owner))
   end
 end
 
@@ -107,8 +107,11 @@ local function send_queue_replies(result)
     return result
   end
   local conf = EV.reply_conf
-  local used, total, now = result[2], result[3], result[5]
+  -- Numbers as strings: Redis writes a Lua number argument with '%.17g'
+  -- (printf's floating-point path), several times the cost of ms().
+  local used, total, now = ms(result[2]), ms(result[3]), result[5]
   local trim = string.format('%d', now - conf.ttl)
+  local timeout = ms(result[11])
   local license = license_id()
   for _, n in ipairs(pending) do
     local reply_to = n[4]
@@ -118,12 +121,12 @@ local function send_queue_replies(result)
       if n[1] == 'GRANTED' then
         r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
           'status', 'GRANTED', 'ok', '1', 'license', license, 'session', n[2], 'seats_used', used,
-          'seats_total', total, 'waited_ms', n[5], 'heartbeat_timeout_ms', result[11],
+          'seats_total', total, 'waited_ms', ms(n[5]), 'heartbeat_timeout_ms', timeout,
           'held_since_ms', string.format('%d', n[7]))
       else
         r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
           'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', n[2], 'seats_used', used,
-          'seats_total', total, 'waited_ms', n[5], 'error', 'waited ' .. n[5] .. ' ms without a seat')
+          'seats_total', total, 'waited_ms', ms(n[5]), 'error', 'waited ' .. ms(n[5]) .. ' ms without a seat')
       end
       if not (type(r) == 'table' and r.err) then
         rcall('PEXPIRE', reply_to, conf.expiry)

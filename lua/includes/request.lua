@@ -136,7 +136,7 @@ local function request_event(r, session)
       f[#f + 1], f[#f + 2] = 'folded', folded
     end
   elseif kind == 'queued' then
-    f[#f + 1], f[#f + 2] = 'priority', type(detail) == 'table' and detail[2] or 0
+    f[#f + 1], f[#f + 2] = 'priority', type(detail) == 'table' and ms(detail[2]) or '0'
   elseif kind == 'revoked' then
     f[#f + 1], f[#f + 2] = 'held', detail
     for _, v in ipairs(EV.extra) do
