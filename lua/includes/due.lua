@@ -59,7 +59,7 @@
 -- `default` is the service's heartbeat timeout (ms); `timeout`, the one in
 -- force, when the script read it already (else nil).
 local function due_report(result, now, default, timeout, outbox_due, session)
-  local stale, work, holds, alone = true, true, false, false
+  local stale, work, holds, alone, queued = true, true, false, false, false
   -- A due time the script set already: a denial window's end, when the
   -- request's denial was the window's first folded (request.lua).
   local also = 0
@@ -73,6 +73,7 @@ local function due_report(result, now, default, timeout, outbox_due, session)
     local replayed, changed = result[8] == 1, result[7] == 1
     local ends = (status == 'ACQUIRED' or status == 'RELEASED') and result[4] ~= 0
     alone = changed and not replayed and status == 'ACQUIRED' and #notes == 0 and result[2] == 1
+    queued = changed and not replayed and status == 'QUEUED'
     stale = replayed or #notes > 0
     work = replayed or #notes > 0 or (changed and (status == 'QUEUED' or ends))
     holds = status == 'ACQUIRED' or status == 'ALREADY_ACTIVE' or #notes > 0
@@ -95,7 +96,9 @@ local function due_report(result, now, default, timeout, outbox_due, session)
     end
   end
   if work then
-    if rcall('EXISTS', K.queue) == 1 then
+    -- A call that just queued its session (QUEUED, changed, no replay)
+    -- knows the queue is there without asking.
+    if queued or rcall('EXISTS', K.queue) == 1 then
       work_at = now
     else
       local ends = {

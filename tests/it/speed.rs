@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use seatgate::engine::records::WaiterRecord;
+use seatgate::engine::scripts::Decision;
 use seatgate::engine::status::Status;
 
 use crate::support::{
@@ -202,6 +203,34 @@ async fn the_window_counters_admit_a_burst_refuse_the_rest_and_forget_it() {
     tokio::time::sleep(Duration::from_millis(2 * WINDOW + 50)).await;
     assert_eq!(a.acquire(&mut con).await.status(), Status::Acquired);
     assert_eq!(b("d").acquire(&mut con).await.status(), Status::NoSeatsAvailable);
+}
+
+/// A queued acquire reports its license due at once (the reaper watches the
+/// queue's deadlines) without asking Redis whether the queue it has just
+/// joined exists: one `EXISTS` a call, the lease check's, where it was two.
+#[tokio::test]
+async fn a_queued_acquire_knows_its_queue_is_there_without_asking() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    put_license(&s, "lic", 1).await;
+    let held = direct(&s, "lic", "a").acquire(&mut con).await;
+    assert_eq!(held.status(), Status::Acquired);
+    for (n, session) in ["b", "c"].into_iter().enumerate() {
+        let exists = command_calls(&mut con, "exists").await;
+        let queued = direct(&s, "lic", session)
+            .queue(&mut con, 30_000, session, "seat:reply:speed")
+            .await;
+        let place = match queued.decision {
+            Decision::Queued { position, .. } => position,
+            _ => panic!("{session}: {} instead of QUEUED", queued.status()),
+        };
+        assert_eq!(place, n as i64 + 1, "{session}'s place");
+        assert_eq!(
+            queued.due_ms,
+            Some(queued.now_ms),
+            "{session}: the license is due at once"
+        );
+        assert_eq!(command_calls(&mut con, "exists").await, exists + 1, "{session}");
+    }
 }
 
 #[tokio::test]
