@@ -44,7 +44,7 @@ use seatgate::engine::keys::Keys;
 use seatgate::engine::ops::{heartbeat, release, AcquireArgs};
 use seatgate::engine::policy::RequestPolicy;
 use seatgate::engine::scripts::{
-    is_already_loaded, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SessionArgs,
+    is_already_loaded, Guard, GuardPolicy, OutboxCursor, ReapArgs, Scripts, SeatCall, SessionArgs,
 };
 use seatgate::engine::status::Status;
 use seatgate::tools::bench::{bench_settings, cycle_call, Fleet};
@@ -122,11 +122,6 @@ async fn main() -> Result<(), Failure> {
         let entry = format!("{now_ms}-{}", run as usize * 1_000_000 + i);
         worker_guard(&keys, &entry, license, session, limit)
     };
-    let session_args = |session: &'static str| SessionArgs {
-        session,
-        lease: None,
-        default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
-    };
     let floor = mode.starts_with("floor");
     if floor {
         load_floor(&mut con).await?;
@@ -191,22 +186,42 @@ async fn main() -> Result<(), Failure> {
             pipe.add_command(call.cmd());
             decoders.push(Some((call, expect[i % 2])));
         }
-        let replies: Vec<redis::Value> = pipe.query_async(&mut con).await?;
-        for (reply, decoder) in replies.into_iter().zip(decoders) {
-            if let Some((call, want)) = decoder {
-                let got = call.decode(Ok(reply))?;
-                if got.status().as_str() != want {
-                    return Err(
-                        format!("{}: {} instead of {want}", call.name(), got.status().as_str()).into(),
-                    );
-                }
-            } else if let redis::Value::ServerError(e) = reply {
-                return Err(format!("{mode}: {e:?}").into());
-            }
-        }
+        send_checked(&mut con, pipe, decoders, mode).await?;
         done += batch;
     }
     Ok(())
+}
+
+/// Sends `pipe` and checks each answer: a seat call's status is the one
+/// paired with it, and a command sent unchecked (a reaper step, a floor
+/// call) did not fail.
+async fn send_checked(
+    con: &mut redis::aio::MultiplexedConnection,
+    pipe: redis::Pipeline,
+    checks: Vec<Option<(SeatCall<'_>, &str)>>,
+    mode: &str,
+) -> Result<(), Failure> {
+    let replies: Vec<redis::Value> = pipe.query_async(con).await?;
+    for (reply, check) in replies.into_iter().zip(checks) {
+        if let Some((call, want)) = check {
+            let got = call.decode(Ok(reply))?;
+            if got.status().as_str() != want {
+                return Err(format!("{}: {} instead of {want}", call.name(), got.status().as_str()).into());
+            }
+        } else if let redis::Value::ServerError(e) = reply {
+            return Err(format!("{mode}: {e:?}").into());
+        }
+    }
+    Ok(())
+}
+
+/// A session's arguments as the benchmark's calls send them: no lease.
+fn session_args(session: &str) -> SessionArgs<'_> {
+    SessionArgs {
+        session,
+        lease: None,
+        default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+    }
 }
 
 /// Loads examples/floor.lua unless it is loaded (a plain `FUNCTION LOAD`
@@ -371,12 +386,10 @@ async fn handover(
                 queue.push_back(session.clone());
                 let session: &'static str = session.leak();
                 let g = worker_guard(keys, &entry, HOT, session, 0);
-                let args = SessionArgs {
-                    session,
-                    lease: None,
-                    default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
-                };
-                (release::call(scripts, &lk, &g, &args), "RELEASED")
+                (
+                    release::call(scripts, &lk, &g, &session_args(session)),
+                    "RELEASED",
+                )
             } else {
                 let session: &'static str = queue.back().ok_or("handover: nobody waiting")?.clone().leak();
                 let to: &'static str = reply_to(session).leak();
@@ -384,15 +397,9 @@ async fn handover(
                 (waiting_acquire(session, to).call(scripts, &lk, &g), "QUEUED")
             };
             pipe.add_command(call.cmd());
-            decoders.push((call, want));
+            decoders.push(Some((call, want)));
         }
-        let replies: Vec<redis::Value> = pipe.query_async(con).await?;
-        for (reply, (call, want)) in replies.into_iter().zip(decoders) {
-            let got = call.decode(Ok(reply))?;
-            if got.status().as_str() != want {
-                return Err(format!("{}: {} instead of {want}", call.name(), got.status().as_str()).into());
-            }
-        }
+        send_checked(con, pipe, decoders, "handover").await?;
         done += batch;
     }
     Ok(())
