@@ -201,8 +201,10 @@ impl OwnerRecord {
 /// Decodes a dedupe record, the value of a stream entry id in
 /// `seat:{L}:done:<bucket>`, written by lua/includes/dedupe.lua: what the
 /// entry's outcome answered, either plain, `ACQUIRED:1:5:0` (status, seats
-/// used, seats total, a number for detail; no notes), or as a JSON array of
-/// the outcome's first six slots, `["RELEASED",1,1,0,1796013944505,[[…note…]]]`.
+/// used, seats total, a number for detail), then a line per note, its eight
+/// slots joined by tabs (`\nGRANTED\tw1\tr-1\tseat:reply:w1\t2749\t…`), or
+/// as a JSON array of the outcome's first six slots,
+/// `["NO_SEATS_AVAILABLE",5,5,"queue_full",1796013949007,{}]`.
 /// Returns the outcome a replay of that entry at `now_ms` (the Redis clock)
 /// answers (`changed` false, `replayed` true), as the Lua side rebuilds it,
 /// but for what a replay reads from the license as it stands and the record
@@ -233,11 +235,12 @@ pub fn parse_dedupe_record(raw: &str, now_ms: i64) -> Result<Outcome, Error> {
     decode_outcome("dedupe", Value::Array(slots))
 }
 
-/// The outcome slots of a plain dedupe record, `<STATUS>:<used>:<total>:<detail>`,
-/// as the script's `string.match` reads it (now_ms 0, to be set; no notes);
+/// The outcome slots of a plain dedupe record, `<STATUS>:<used>:<total>:<detail>`
+/// and its note lines, as the script reads it (now_ms 0, to be set);
 /// `None` for anything else.
 fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
-    let mut parts = raw.split(':');
+    let mut lines = raw.split('\n');
+    let mut parts = lines.next()?.split(':');
     let status = parts.next()?;
     let word = |c: char| c.is_ascii_uppercase() || c == '_';
     if !status.starts_with(|c: char| c.is_ascii_uppercase()) || !status.chars().all(word) {
@@ -255,8 +258,33 @@ fn plain_dedupe_slots(raw: &str) -> Option<Vec<Value>> {
         return None;
     }
     slots.push(Value::Int(0)); // now_ms
-    slots.push(Value::Array(Vec::new())); // no notes
+    let notes = lines.map(dedupe_note).collect::<Option<Vec<Value>>>()?;
+    slots.push(Value::Array(notes));
     Some(slots)
+}
+
+/// One note line of a plain dedupe record: kind, session, request id,
+/// reply_to, waited_ms, note id, held_since_ms, delivery (empty when unset),
+/// tab-separated, as the note's slots (lua/includes/outbox.lua).
+fn dedupe_note(line: &str) -> Option<Value> {
+    let f: Vec<&str> = line.split('\t').collect();
+    let [kind, session, id, reply_to, waited, note_id, at, delivery] = f.as_slice() else {
+        return None;
+    };
+    let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    let mut note = vec![
+        text(kind),
+        text(session),
+        text(id),
+        text(reply_to),
+        Value::Int(waited.parse().ok()?),
+        text(note_id),
+        Value::Int(at.parse().ok()?),
+    ];
+    if !delivery.is_empty() {
+        note.push(Value::Int(delivery.parse().ok()?));
+    }
+    Some(Value::Array(note))
 }
 
 /// JSON as a Lua script would hand the same data to Redis: strings as bulk
@@ -279,7 +307,7 @@ fn to_redis(json: &serde_json::Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::scripts::{Decision, NoSeats};
+    use crate::engine::scripts::{Decision, Delivery, NoSeats};
     use crate::engine::status::Status;
 
     #[test]
@@ -455,12 +483,51 @@ mod tests {
         let o = parse_dedupe_record(raw, NOW).unwrap();
         assert_eq!(o.notes.len(), 1);
         assert_eq!((o.notes[0].status, o.notes[0].waited_ms), (Status::Granted, 2749));
+        let raw = "RELEASED:1:1:0\nGRANTED\tw1\tr-1\tseat:reply:w1\t2749\tGRANTED:w1:1796013944505\t1796013944505\t1\n\
+                   QUEUE_TIMEOUT\tw2\tr-2\t\t-3\tQUEUE_TIMEOUT:w2:1796013944505\t1796013944505\t";
+        let o = parse_dedupe_record(raw, NOW).unwrap();
+        assert_eq!(
+            (&o.decision, o.replayed),
+            (&Decision::Released { linger_ms: None }, true)
+        );
+        let n = &o.notes;
+        assert_eq!(n.len(), 2);
+        assert_eq!(
+            (
+                n[0].status,
+                n[0].session.as_str(),
+                n[0].request_id.as_str(),
+                n[0].reply_to.as_str()
+            ),
+            (Status::Granted, "w1", "r-1", "seat:reply:w1")
+        );
+        assert_eq!(
+            (
+                n[0].waited_ms,
+                n[0].note_id.as_str(),
+                n[0].held_since_ms,
+                n[0].delivery
+            ),
+            (
+                2749,
+                "GRANTED:w1:1796013944505",
+                Some(1796013944505),
+                Delivery::Sent
+            )
+        );
+        assert_eq!(
+            (n[1].status, n[1].reply_to.as_str(), n[1].waited_ms, n[1].delivery),
+            (Status::QueueTimeout, "", -3, Delivery::Caller)
+        );
         for foreign in [
             "ACQUIRED|1|1|0",
             "ACQUIRED:1:1",
             "ACQUIRED:1:1:0:",
             "ACQUIRED:1:1:0:1796013949007",
             "ACQUIRED:1:1:-1",
+            "RELEASED:1:1:0\n",
+            "RELEASED:1:1:0\nGRANTED\tw1\tr-1\tseat:reply:w1\t2749\tGRANTED:w1:1\t1",
+            "RELEASED:1:1:0\nGRANTED\tw1\tr-1\tseat:reply:w1\tsoon\tGRANTED:w1:1\t1\t1",
             "acquired:1:1:0",
             ":1:1:0",
             "[]",

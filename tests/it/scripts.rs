@@ -660,6 +660,8 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
         );
         assert!(again.now_ms >= first.now_ms);
         let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
+        // A number for detail, notes or not: the plain form, no JSON.
+        assert!(!raw.starts_with('['), "{req:?}: {raw}");
         assert_eq!(
             parse_dedupe_record(&raw, again.now_ms).unwrap(),
             as_stored(&replayed),
@@ -669,6 +671,54 @@ async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decod
     }
     assert_eq!(notes, 1, "the release granted b");
     assert_eq!(holders(&settings, "lic").await, ["b"], "replays changed nothing");
+}
+
+#[tokio::test]
+async fn a_note_whose_request_id_holds_a_tab_is_stored_as_json_and_replays_the_same() {
+    // The protocol refuses control characters in an id; a caller of the
+    // scripts may not. The plain record's note line is tab-separated, so
+    // such a note goes to the JSON form, and its replay still matches.
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let policy = GuardPolicy {
+        dedupe_window_ms: 60_000,
+        session_limit: 0,
+        license_limit: 0,
+        rate_window_ms: 1_000,
+    };
+    let now = redis_ms(&mut con).await;
+    assert_eq!(
+        run(&mut con, &settings, "lic", Req::Acquire("a", 0))
+            .await
+            .status(),
+        Status::Acquired
+    );
+    let b = direct(&settings, "lic", "b").with_meta(meta_of("b"));
+    let queued = b
+        .queue(&mut con, 60_000, "req\tb", &reply_stream(&settings, "b"))
+        .await;
+    assert_eq!(queued.status(), Status::Queued);
+    let mut g = Guard::for_entry(&policy, &keys(&settings), &format!("{now}-9"), "lic", "a");
+    g.redelivery = true;
+    let release = || direct(&settings, "lic", "a").with_guard(g.clone());
+    let first = release().release(&mut con).await;
+    assert_eq!(first.status(), Status::Released);
+    assert_eq!(first.notes.len(), 1);
+    assert_eq!(first.notes[0].request_id, "req\tb");
+    let raw: String = con.hget(&g.done_key, &g.entry_id).await.unwrap();
+    assert!(raw.starts_with('['), "{raw}");
+    let again = release().release(&mut con).await;
+    assert!(again.replayed);
+    assert_eq!(again.notes, first.notes);
+    assert_eq!(
+        parse_dedupe_record(&raw, again.now_ms).unwrap().notes[0].request_id,
+        "req\tb"
+    );
+    assert_eq!(
+        holders(&settings, "lic").await,
+        ["b"],
+        "the replay changed nothing"
+    );
 }
 
 #[tokio::test]
