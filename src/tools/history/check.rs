@@ -1024,7 +1024,10 @@ fn fresh_holders(h: &History, by_id: &BTreeMap<&str, Vec<&Received>>) -> (usize,
                 revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
                     || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *answered)
             }
-            "SESSION_NOT_ACTIVE" | "SESSION_NOT_FOUND" => {
+            // A holder's acquire asked again (the seat no longer its own)
+            // as a heartbeat's SESSION_NOT_ACTIVE.
+            "SESSION_NOT_ACTIVE" | "SESSION_NOT_FOUND" | "ACQUIRED" | "QUEUED" | "NO_SEATS_AVAILABLE"
+            | "LIMIT_REACHED" | "LICENSE_NOT_FOUND" | "LICENSE_INACTIVE" | "LICENSE_EXPIRED" => {
                 deleted(&hold.license, hold.start_ms, *answered)
                     || revoked.contains(&(hold.license.as_str(), hold.session.as_str()))
                     || ended_by_admin(&hold.license, &hold.session, hold.start_ms, *answered)
@@ -1533,6 +1536,52 @@ mod tests {
         assert_eq!(found(&h, "fresh_holders").len(), 1);
         // A whole timeout after it: fine.
         h.events[1].fields.insert("at_ms".into(), "7001".into());
+        assert!(found(&h, "fresh_holders").is_empty());
+    }
+
+    #[test]
+    fn a_holder_asking_again_is_answered_its_own_seat_while_it_heartbeats_in_time() {
+        // A holder that asks for its seat again (a restarted client) and is
+        // given a new one, or none, though it heartbeated every second: its
+        // seat was taken from it.
+        for status in ["ACQUIRED", "NO_SEATS_AVAILABLE", "LIMIT_REACHED"] {
+            let mut h = good();
+            h.holds.push(Hold {
+                client: 0,
+                license: "L".into(),
+                session: "s".into(),
+                user: "ada".into(),
+                start_ms: 1001,
+                timeout_ms: 4000,
+                heartbeats: vec![2000, 3000],
+                end: HoldEnd::Lost(4000, 4000, status.into()),
+            });
+            assert_eq!(found(&h, "fresh_holders").len(), 1, "{status}");
+            // Unless an administrator ended the seat meanwhile.
+            h.events.push(event(
+                "3500-0",
+                &[
+                    ("type", "evicted"),
+                    ("license", "L"),
+                    ("session", "s"),
+                    ("reason", "license_deleted"),
+                    ("at_ms", "3500"),
+                ],
+            ));
+            assert!(found(&h, "fresh_holders").is_empty(), "{status}");
+        }
+        // After a silence longer than half the timeout: no finding.
+        let mut h = good();
+        h.holds.push(Hold {
+            client: 0,
+            license: "L".into(),
+            session: "s".into(),
+            user: "ada".into(),
+            start_ms: 1001,
+            timeout_ms: 4000,
+            heartbeats: vec![1500],
+            end: HoldEnd::Lost(6000, 6000, "ACQUIRED".into()),
+        });
         assert!(found(&h, "fresh_holders").is_empty());
     }
 

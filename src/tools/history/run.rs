@@ -906,8 +906,10 @@ async fn client_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize
 }
 
 /// Holds the seat `granted` gave: heartbeats every quarter of its timeout
-/// for a while, then releases it (under linger, sometimes takes it back
-/// and holds again) or abandons it.
+/// for a while, now and then asking for the seat again as a restarted
+/// client would (a new request id, the same session and lease: the seat is
+/// still its own, ALREADY_ACTIVE), then releases it (under linger,
+/// sometimes takes it back and holds again) or abandons it.
 #[allow(clippy::too_many_arguments)]
 async fn hold(
     ctx: &Ctx,
@@ -946,10 +948,37 @@ async fn hold(
         let until = Instant::now() + Duration::from_millis(rng.range(500, 7000));
         let period = Duration::from_millis(timeout_ms / 4);
         let mut lost = false;
+        // A seat the client was given instead of the one it held (asked
+        // again and answered ACQUIRED: the old one was gone).
+        let mut next = None;
         while Instant::now() < until && !ctx.stop.is_cancelled() {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
                 _ = ctx.stop.cancelled() => break,
+            }
+            if rng.chance(0.1) {
+                let mut again = with_op("acquire");
+                again.push(field("user", user));
+                let asked = w.request(&requests, again, rng).await;
+                match asked.status() {
+                    // Its own still; ALREADY_ACTIVE does not restart the
+                    // heartbeat clock, so it heartbeats at once (below), as
+                    // docs/protocol.md tells a client to.
+                    "ALREADY_ACTIVE" | "RATE_LIMITED" | "REQUEST_EXPIRED" | "ERROR" | "" => {}
+                    other => {
+                        h.end = HoldEnd::Lost(asked.last_sent_ms(), asked.answered_ms(), other.to_owned());
+                        lost = true;
+                        if other == "QUEUED" {
+                            let left = w.request(&requests, with_op("release"), rng).await;
+                            if left.status() == "RELEASED" || left.status() == "LEFT_QUEUE" {
+                                w.inbox.remove(&asked.id);
+                            }
+                        } else if other == "ACQUIRED" {
+                            next = Some(asked);
+                        }
+                        break;
+                    }
+                }
             }
             let hb = w.request(&requests, with_op("heartbeat"), rng).await;
             match hb.status() {
@@ -965,7 +994,13 @@ async fn hold(
         }
         if lost {
             w.hist.holds.push(h);
-            return;
+            match next {
+                Some(seat) => {
+                    granted = seat;
+                    continue;
+                }
+                None => return,
+            }
         }
         if !ctx.stop.is_cancelled() && rng.chance(0.1) {
             h.end = HoldEnd::Abandoned(h.heartbeats.last().copied().unwrap_or(h.start_ms));
