@@ -140,15 +140,7 @@ async fn a_heartbeat_and_its_replay_carry_the_timeout_in_force() {
     );
 
     provision(&settings, "lic", &seats_with_timeout(1, 30_000)).await;
-    let policy = GuardPolicy {
-        dedupe_window_ms: 60_000,
-        session_limit: 0,
-        license_limit: 0,
-        rate_window_ms: 1_000,
-    };
-    let id = format!("{}-0", redis_ms(&mut con).await);
-    let mut g = Guard::for_entry(&policy, &keys(&settings), &id, "lic", "s1");
-    g.redelivery = true;
+    let g = redelivered(&settings, redis_ms(&mut con).await, 0, "s1");
     let guarded = || direct(&settings, "lic", "s1").with_guard(g.clone());
     let first = guarded().heartbeat(&mut con).await;
     assert_eq!(
@@ -605,23 +597,27 @@ fn as_stored(o: &Outcome) -> Outcome {
     stored
 }
 
-#[tokio::test]
-async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
-    let TestApp(_redis, settings, mut con) = spawn_app().await;
-    put_license(&settings, "lic", 1).await;
+/// The guard of a redelivery of entry `<now>-<n>` of `session` on license
+/// `lic`: dedupe for a minute, no rate limits.
+fn redelivered(settings: &Settings, now: i64, n: u32, session: &str) -> Guard {
     let policy = GuardPolicy {
         dedupe_window_ms: 60_000,
         session_limit: 0,
         license_limit: 0,
         rate_window_ms: 1_000,
     };
+    let id = format!("{now}-{n}");
+    let mut g = Guard::for_entry(&policy, &keys(settings), &id, "lic", session);
+    g.redelivery = true;
+    g
+}
+
+#[tokio::test]
+async fn a_replayed_entry_answers_its_stored_outcome_and_the_dedupe_record_decodes_to_it() {
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
     let now = redis_ms(&mut con).await;
-    let entry = |n: u32, session: &str| {
-        let id = format!("{now}-{n}");
-        let mut g = Guard::for_entry(&policy, &keys(&settings), &id, "lic", session);
-        g.redelivery = true;
-        g
-    };
+    let entry = |n: u32, session: &str| redelivered(&settings, now, n, session);
     use Req::{Acquire, Release};
     // a takes the seat, b queues, a releases and so grants b: a record
     // without notes, one with a detail, one with a note.
@@ -680,12 +676,6 @@ async fn a_note_whose_request_id_holds_a_tab_is_stored_as_json_and_replays_the_s
     // such a note goes to the JSON form, and its replay still matches.
     let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    let policy = GuardPolicy {
-        dedupe_window_ms: 60_000,
-        session_limit: 0,
-        license_limit: 0,
-        rate_window_ms: 1_000,
-    };
     let now = redis_ms(&mut con).await;
     assert_eq!(
         run(&mut con, &settings, "lic", Req::Acquire("a", 0))
@@ -698,8 +688,7 @@ async fn a_note_whose_request_id_holds_a_tab_is_stored_as_json_and_replays_the_s
         .queue(&mut con, 60_000, "req\tb", &reply_stream(&settings, "b"))
         .await;
     assert_eq!(queued.status(), Status::Queued);
-    let mut g = Guard::for_entry(&policy, &keys(&settings), &format!("{now}-9"), "lic", "a");
-    g.redelivery = true;
+    let g = redelivered(&settings, now, 9, "a");
     let release = || direct(&settings, "lic", "a").with_guard(g.clone());
     let first = release().release(&mut con).await;
     assert_eq!(first.status(), Status::Released);

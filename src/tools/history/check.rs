@@ -1467,19 +1467,42 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_holder_evicted_before_its_timeout_is_found() {
-        let mut h = good();
-        h.holds.push(Hold {
+    /// A hold of session `s` of license `L` from 1001 ms under a 4 s
+    /// timeout, with `heartbeats` and `end`.
+    fn held_by_s(heartbeats: Vec<u64>, end: HoldEnd) -> Hold {
+        Hold {
             client: 0,
             license: "L".into(),
             session: "s".into(),
             user: "ada".into(),
             start_ms: 1001,
             timeout_ms: 4000,
-            heartbeats: vec![2000, 3000],
-            end: HoldEnd::Lost(4000, 4000, "SESSION_NOT_ACTIVE".into()),
-        });
+            heartbeats,
+            end,
+        }
+    }
+
+    /// Entry `entry`: session `s` of license `L` evicted for `reason` at `at_ms`.
+    fn evicted_s(entry: &str, reason: &str, at_ms: &str) -> Event {
+        event(
+            entry,
+            &[
+                ("type", "evicted"),
+                ("license", "L"),
+                ("session", "s"),
+                ("reason", reason),
+                ("at_ms", at_ms),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_holder_evicted_before_its_timeout_is_found() {
+        let mut h = good();
+        h.holds.push(held_by_s(
+            vec![2000, 3000],
+            HoldEnd::Lost(4000, 4000, "SESSION_NOT_ACTIVE".into()),
+        ));
         // Told its seat was gone though it heartbeated every second.
         assert_eq!(found(&h, "fresh_holders").len(), 1);
         // Unless the license was deleted meanwhile, as the events say, when
@@ -1487,16 +1510,7 @@ mod tests {
         // eviction for a stale heartbeat excuses nothing.
         for (reason, excused) in [("license_deleted", true), ("heartbeat_timeout", false)] {
             let mut h = h.clone();
-            h.events.push(event(
-                "3500-0",
-                &[
-                    ("type", "evicted"),
-                    ("license", "L"),
-                    ("session", "s"),
-                    ("reason", reason),
-                    ("at_ms", "3500"),
-                ],
-            ));
+            h.events.push(evicted_s("3500-0", reason, "3500"));
             assert_eq!(found(&h, "fresh_holders").is_empty(), excused, "{reason}");
         }
         // The license deleted after the heartbeat's XADD (4000) but before
@@ -1505,16 +1519,7 @@ mod tests {
         for (answered, excused) in [(5000, true), (4100, false)] {
             let mut h = h.clone();
             h.holds[0].end = HoldEnd::Lost(4000, answered, "SESSION_NOT_ACTIVE".into());
-            h.events.push(event(
-                "4200-0",
-                &[
-                    ("type", "evicted"),
-                    ("license", "L"),
-                    ("session", "s"),
-                    ("reason", "license_deleted"),
-                    ("at_ms", "4200"),
-                ],
-            ));
+            h.events.push(evicted_s("4200-0", "license_deleted", "4200"));
             assert_eq!(
                 found(&h, "fresh_holders").is_empty(),
                 excused,
@@ -1523,16 +1528,7 @@ mod tests {
         }
         // Evicted 2 s after its last heartbeat under a 4 s timeout.
         h.holds[0].end = HoldEnd::Unknown;
-        h.events.push(event(
-            "5000-0",
-            &[
-                ("type", "evicted"),
-                ("license", "L"),
-                ("session", "s"),
-                ("reason", "heartbeat_timeout"),
-                ("at_ms", "5000"),
-            ],
-        ));
+        h.events.push(evicted_s("5000-0", "heartbeat_timeout", "5000"));
         assert_eq!(found(&h, "fresh_holders").len(), 1);
         // A whole timeout after it: fine.
         h.events[1].fields.insert("at_ms".into(), "7001".into());
@@ -1546,42 +1542,21 @@ mod tests {
         // seat was taken from it.
         for status in ["ACQUIRED", "NO_SEATS_AVAILABLE", "LIMIT_REACHED"] {
             let mut h = good();
-            h.holds.push(Hold {
-                client: 0,
-                license: "L".into(),
-                session: "s".into(),
-                user: "ada".into(),
-                start_ms: 1001,
-                timeout_ms: 4000,
-                heartbeats: vec![2000, 3000],
-                end: HoldEnd::Lost(4000, 4000, status.into()),
-            });
+            h.holds.push(held_by_s(
+                vec![2000, 3000],
+                HoldEnd::Lost(4000, 4000, status.into()),
+            ));
             assert_eq!(found(&h, "fresh_holders").len(), 1, "{status}");
             // Unless an administrator ended the seat meanwhile.
-            h.events.push(event(
-                "3500-0",
-                &[
-                    ("type", "evicted"),
-                    ("license", "L"),
-                    ("session", "s"),
-                    ("reason", "license_deleted"),
-                    ("at_ms", "3500"),
-                ],
-            ));
+            h.events.push(evicted_s("3500-0", "license_deleted", "3500"));
             assert!(found(&h, "fresh_holders").is_empty(), "{status}");
         }
         // After a silence longer than half the timeout: no finding.
         let mut h = good();
-        h.holds.push(Hold {
-            client: 0,
-            license: "L".into(),
-            session: "s".into(),
-            user: "ada".into(),
-            start_ms: 1001,
-            timeout_ms: 4000,
-            heartbeats: vec![1500],
-            end: HoldEnd::Lost(6000, 6000, "ACQUIRED".into()),
-        });
+        h.holds.push(held_by_s(
+            vec![1500],
+            HoldEnd::Lost(6000, 6000, "ACQUIRED".into()),
+        ));
         assert!(found(&h, "fresh_holders").is_empty());
     }
 
