@@ -2,7 +2,7 @@
 # Checks the Prometheus alert rules: syntax (promtool check rules), the unit
 # tests (promtool test rules: one file per rule group, and interval-*.yml per
 # scrape interval), that every runbook_url points at a section of
-# docs/operations.md and renders under another base (render.sh), and the
+# docs/monitoring.md and renders under another base (render.sh), and the
 # Alertmanager example (amtool check-config, and its routes). Run by ops/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,23 +11,23 @@ source ops/ensure-alertmanager.sh
 promtool check rules ops/prometheus/alerts.yml
 promtool test rules ops/prometheus/tests/*.yml
 
-# Every alert has a runbook_url whose anchor is a heading of docs/operations.md.
+# Every alert has a runbook_url whose anchor is a heading of docs/monitoring.md.
 alerts=$(grep -c -- '- alert:' ops/prometheus/alerts.yml)
-anchors=$(sed -n 's|.*runbook_url: "https://seatgate.example/docs/operations.md#\([a-z0-9-]*\)".*|\1|p' ops/prometheus/alerts.yml)
+anchors=$(sed -n 's|.*runbook_url: "https://seatgate.example/docs/monitoring.md#\([a-z0-9-]*\)".*|\1|p' ops/prometheus/alerts.yml)
 if [ "$(echo "$anchors" | wc -l)" -ne "$alerts" ]; then
   echo "every one of the $alerts alerts needs a runbook_url under the placeholder base" >&2
   exit 1
 fi
 for anchor in $anchors; do
-  if ! grep -qi "^#### $anchor\$" docs/operations.md; then
-    echo "runbook_url #$anchor: no such section in docs/operations.md" >&2
+  if ! grep -qi "^### $anchor\$" docs/monitoring.md; then
+    echo "runbook_url #$anchor: no such section in docs/monitoring.md" >&2
     exit 1
   fi
 done
-echo "runbook_url: $alerts alerts, each with a section in docs/operations.md"
-RUNBOOK_BASE=https://git.example.com/ops/seatgate/blob/main/docs/operations.md \
+echo "runbook_url: $alerts alerts, each with a section in docs/monitoring.md"
+RUNBOOK_BASE=https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md \
   bash ops/prometheus/render.sh 2>/dev/null \
-  | grep -c 'runbook_url: "https://git.example.com/ops/seatgate/blob/main/docs/operations.md#' \
+  | grep -c 'runbook_url: "https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md#' \
   | { read -r n; [ "$n" -eq "$alerts" ] || { echo "render.sh rewrote $n of $alerts runbook_url" >&2; exit 1; }; }
 echo "render.sh: every runbook_url under RUNBOOK_BASE"
 

@@ -7,7 +7,7 @@
 # forwarded to a private redis-server, and prints per call: the Lua VM
 # instructions by source line, the calls of builtins and Lua functions by
 # the line that makes them, and the Redis commands by line.
-# docs/performance.md ("Where a direct call's ... go now") reads it beside
+# docs/performance.md ("Where a direct call's instructions go") reads it beside
 # the callgrind dump.
 #
 #   bash ops/luaprof.sh             # direct: acquire + release, as ops/callgrind.sh's direct

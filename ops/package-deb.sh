@@ -4,7 +4,7 @@
 # $CARGO_TARGET_DIR/debian/), with cargo-deb; installs cargo-deb first if it
 # is missing. Prints the package's path as the last line. What the package
 # holds: Cargo.toml, [package.metadata.deb]; how to install it:
-# docs/operations.md, "Install from the package".
+# docs/install.md, "Install from the package".
 # A second run with nothing changed rebuilds nothing and repackages in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
