@@ -49,7 +49,7 @@ modes=("$@")
 [ "${#modes[@]}" -eq 0 ] && modes=(direct worker)
 calls=${CALLS:-2000}
 
-cargo build --quiet --example script_calls
+cargo build --quiet -p seatgate-bench --example script_calls
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
 
 dir=$(mktemp -d)

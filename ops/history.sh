@@ -38,9 +38,9 @@ done
 source ops/ensure-redis.sh
 target="${CARGO_TARGET_DIR:-target}"
 if [ "$profile" = release ]; then
-  cargo build --release --features tools --bin seatgate --example history >&2
+  cargo build --release -p seatgate -p seatgate-history --features seatgate/fault-injection >&2
 else
-  cargo build --features tools --bin seatgate --example history >&2
+  cargo build -p seatgate -p seatgate-history --features seatgate/fault-injection >&2
 fi
-exec "$target/$profile/examples/history" --binary "$target/$profile/seatgate" \
+exec "$target/$profile/seatgate-history" --binary "$target/$profile/seatgate" \
   --seed "$seed" --secs "$((minutes * 60))" "${extra[@]}"

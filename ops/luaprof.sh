@@ -39,7 +39,7 @@ esac
 if ! command -v lua5.1 >/dev/null 2>&1 || ! lua5.1 -e 'require "socket"; require "cjson"' >/dev/null 2>&1; then
   apt_install lua5.1 lua-socket lua-cjson
 fi
-cargo build --quiet --example script_calls
+cargo build --quiet -p seatgate-bench --example script_calls
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/script_calls
 
 dir=$(mktemp -d)

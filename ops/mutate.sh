@@ -32,24 +32,24 @@ source ops/ensure-redis.sh
 # the history checker holds seatgate to.
 mutations=(
   # The grant's seat check flipped: a freed seat goes to one waiter too many.
-  "grant_seat_check|lua/includes/queue.lua|  while used < total and granted < max do|  while used <= total and granted < max do"
+  "grant_seat_check|crates/seatgate-core/lua/includes/queue.lua|  while used < total and granted < max do|  while used <= total and granted < max do"
   # The seat check flipped in acquire too (acquire.lua alone is masked by
   # the grant's check: with nobody waiting, grant_waiters says "not clear"
   # when full): a full license hands out a seat.
-  "acquire_seat_check|lua/includes/queue.lua|  while used < total and granted < max do|  while used <= total and granted < max do"
-  "acquire_seat_check|lua/acquire.lua|  elseif used >= total then|  elseif used > total then"
+  "acquire_seat_check|crates/seatgate-core/lua/includes/queue.lua|  while used < total and granted < max do|  while used <= total and granted < max do"
+  "acquire_seat_check|crates/seatgate-core/lua/acquire.lua|  elseif used >= total then|  elseif used > total then"
   # A request sent again is decided again (the dedupe lookup never finds the first answer).
-  "drop_dedupe|lua/includes/dedupe.lua|  if entry_id == '' then\n    return nil|  if true then\n    return nil"
+  "drop_dedupe|crates/seatgate-core/lua/includes/dedupe.lua|  if entry_id == '' then\n    return nil|  if true then\n    return nil"
   # The reaper evicts holders an eighth of their timeout after their last heartbeat.
-  "reaper_evicts_fresh|lua/reap.lua|local timeout = license.heartbeat_timeout_ms or default_timeout|local timeout = (license.heartbeat_timeout_ms or default_timeout) / 8"
+  "reaper_evicts_fresh|crates/seatgate-core/lua/reap.lua|local timeout = license.heartbeat_timeout_ms or default_timeout|local timeout = (license.heartbeat_timeout_ms or default_timeout) / 8"
   # A release's event is lost: the scripts record no `released` event (the
   # seat is still freed; the license's seq stays gapless, the event is simply
   # never written).
-  "lose_event|lua/includes/events.lua|  ACQUIRED = 'acquired', RELEASED = 'released', QUEUED|  ACQUIRED = 'acquired', QUEUED"
+  "lose_event|crates/seatgate-core/lua/includes/events.lua|  ACQUIRED = 'acquired', RELEASED = 'released', QUEUED|  ACQUIRED = 'acquired', QUEUED"
   # An acquire never looks for its session in holders: a lingering seat is
   # not taken back but counted twice over, a holder's new acquire is decided
   # as a stranger's.
-  "forget_holder|lua/acquire.lua|  local score = seated ~= false and rcall('ZSCORE', K.holders, session)|  local score = false"
+  "forget_holder|crates/seatgate-core/lua/acquire.lua|  local score = seated ~= false and rcall('ZSCORE', K.holders, session)|  local score = false"
 )
 
 src_target="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -96,7 +96,7 @@ PY
     continue
   fi
   echo "== $name: building" >&2
-  if ! (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build --quiet --features tools --bin seatgate --example history >&2); then
+  if ! (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build --quiet -p seatgate -p seatgate-history --features seatgate/fault-injection >&2); then
     results+=("$name|build failed")
     missed=1
     continue
@@ -104,7 +104,7 @@ PY
   echo "== $name: history seed $seed, $secs s" >&2
   log="/tmp/seatgate-mutant-$name.log"
   set +e
-  "$target/debug/examples/history" --binary "$target/debug/seatgate" --seed "$seed" --secs "$secs" >"$log" 2>&1
+  "$target/debug/seatgate-history" --binary "$target/debug/seatgate" --seed "$seed" --secs "$secs" >"$log" 2>&1
   code=$?
   set -e
   summary="$(grep -m1 '^anomalies:' "$log" || true)"

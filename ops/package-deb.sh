@@ -22,4 +22,4 @@ if ! command -v dpkg-shlibdeps >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dpkg-dev >/dev/null
 fi
 # Stripped: the release profile's line tables would make the binary 74 MB.
-cargo deb --locked --strip "$@"
+cargo deb -p seatgate --locked --strip "$@"

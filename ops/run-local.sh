@@ -61,7 +61,7 @@ fi
 if [ -n "${SEATGATE_BIN:-}" ]; then
   bin="$SEATGATE_BIN"
 else
-  cargo build --release --locked --quiet --features tools
+  cargo build --release --locked --quiet -p seatgate
   bin="$PWD/target/release/seatgate"
 fi
 # seatgate reads these itself: the URL without its password, the password

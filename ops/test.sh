@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. Tests start their own redis-server (and
-# prometheus, and for the status page a headless chromium) processes on free
-# loopback ports, an Alertmanager for its example configuration, run the
-# Python examples with redis-py, and install and purge the Debian package
-# (as root: dpkg); this script only makes sure those are installed, checks
-# the alert rules and builds the package first.
+# Runs the whole test suite: every crate's tests, the ones plain
+# `cargo test --workspace` leaves out too. Tests start their own
+# redis-server processes on free loopback ports; the ones marked
+# `#[ignore = "needs …"]` also start prometheus, promtool, an Alertmanager
+# for its example configuration or a headless chromium, run the Python
+# examples with redis-py, or install and purge the Debian package (as root:
+# dpkg). This script makes sure those are installed, checks the alert rules,
+# builds the package first, and runs the ignored tests with the rest
+# (`--include-ignored`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-redis.sh
@@ -17,4 +20,17 @@ bash ops/check-prometheus.sh
 # inside it, where its minutes of compiling would slow the timing-sensitive
 # tests; tests/it/package.rs then only repackages it and installs it.
 bash ops/package-deb.sh >/dev/null
-cargo test --locked "$@"
+# Arguments before a `--` go to cargo (`-p seatgate --test it`), those after
+# it to the test binaries (a name filter).
+cargo_args=()
+test_args=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--" ]; then
+    shift
+    test_args=("$@")
+    break
+  fi
+  cargo_args+=("$1")
+  shift
+done
+cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored "${test_args[@]}"

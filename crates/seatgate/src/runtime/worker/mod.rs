@@ -1,0 +1,482 @@
+//! The stream consumer: reads requests with XREADGROUP, decides each with a
+//! seat script, replies on the caller's stream, then acknowledges.
+//!
+//! Order per entry: decide (script) → reply (to `reply_to`) → XACK. An entry is
+//! acknowledged only once its effect is in Redis and its reply is written, so
+//! a crash in between leaves it pending. Pending entries come back three ways:
+//! this worker re-reads its own after a transient failure; any worker claims
+//! (XAUTOCLAIM) those another consumer has held for `stream.claim_idle_ms`;
+//! and one delivered more than `stream.max_deliveries` times goes to the
+//! dead-letter stream. A redelivered entry has the effect of one delivery:
+//! the scripts remember each entry's reply (lua/includes/dedupe.lua).
+//!
+//! The admin stream (`stream.admin_requests`, administrators' `revoke`s) is
+//! read the same way by one more loop, in the same group; the parser is told
+//! which stream an entry came from ([`Lane`]) and takes on each only its ops.
+//!
+//! Each read loop also keeps a liveness key for its consumer
+//! ([`consumer_alive`]), so the reaper's consumer cleanup never removes the
+//! consumer of a live worker: on Redis 7.0 a read that finds nothing does not
+//! reset the consumer's idle time, so a quiet stream alone cannot tell.
+//!
+//! This file sets up the consumer of every shard and runs its read loop;
+//! `read` talks XREADGROUP / XAUTOCLAIM, `schedule` decides what to read
+//! when, `decide` runs a batch's scripts and `settle` answers, dead-letters
+//! and acknowledges it.
+
+mod decide;
+mod read;
+mod schedule;
+mod settle;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::{JoinError, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use self::decide::Decider;
+use self::read::{Entry, Source, SWEEP_START};
+use self::schedule::Schedule;
+use crate::config::Settings;
+use crate::error::Error;
+use crate::runtime::health::Readiness;
+use crate::runtime::metrics;
+use seatgate_core::db::{is_transient, Db};
+use seatgate_core::keys::consumer_alive;
+use seatgate_core::request::Lane;
+use seatgate_core::scripts::Scripts;
+
+/// A worker: one consumer in the group of every requests stream shard and
+/// of the admin stream, a read loop per stream (a blocking read names one
+/// stream, and on a cluster the shards live on different masters), all
+/// sharing one decider (`decide.rs`).
+pub struct Worker {
+    /// One reader per shard, then the admin stream's.
+    shards: Vec<ShardWorker>,
+    /// This process's consumer name.
+    consumer: String,
+}
+
+impl Worker {
+    /// Connects to Redis, checks (or records) the deployment's shard count,
+    /// creates the consumer group of every requests stream if needed and
+    /// loads the scripts.
+    pub async fn connect(settings: Settings, ready: Readiness) -> Result<Worker, Error> {
+        let mut con = crate::connect(&settings).await?;
+        check_shards(&mut con, &settings).await?;
+        record_topology(&mut con, &settings).await?;
+        let decider = Arc::new(Decider::new(settings.clone(), con.clone(), ready.clone()));
+        let mut shards = Vec::new();
+        // A read loop per shard, one for the base stream when sharded, and
+        // one for the admin stream.
+        let streams = settings.read_streams().into_iter().map(|s| (s, Lane::Requests));
+        let admin = (settings.stream.admin_requests.clone(), Lane::Admin);
+        for (stream, lane) in streams.chain([admin]) {
+            shards.push(
+                ShardWorker::connect(
+                    settings.clone(),
+                    ready.clone(),
+                    con.clone(),
+                    decider.clone(),
+                    stream,
+                    lane,
+                )
+                .await?,
+            );
+        }
+        shards
+            .first_mut()
+            .ok_or_else(|| Error::Config("stream.shards must be at least 1".into()))?
+            .check_eviction_policy()
+            .await;
+        Ok(Worker {
+            consumer: settings.consumer_name(),
+            shards,
+        })
+    }
+
+    /// This worker's consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Serves every shard until `shutdown` is cancelled; each finishes the
+    /// batches in hand before returning.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let mut loops = JoinSet::new();
+        for shard in self.shards {
+            loops.spawn(shard.run(shutdown.clone()));
+        }
+        let mut result = Ok(());
+        while let Some(done) = loops.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(e) => result = Err(Error::Task(e)),
+            }
+        }
+        result
+    }
+}
+
+/// Records `stream.shards` in the deployment's settings HASH
+/// (`<prefix>:config`, field `shards`), where clients find it, or refuses to
+/// start when the HASH records another count: the workers would read other
+/// streams than the clients write to, and the due index would be sharded
+/// another way. Changing the shard count needs every worker stopped and the
+/// streams drained first (docs/running.md, "Sharding and Redis
+/// Cluster"); then the field is set to the new count. A Redis refusing
+/// writes for now (out of memory) leaves it unrecorded, with a warning.
+async fn check_shards(con: &mut Db, settings: &Settings) -> Result<(), Error> {
+    let key = seatgate_core::keys::Keys::new(settings.keys.prefix.clone()).deployment();
+    let ours = settings.stream.shards;
+    let recorded = |raw: Option<String>| -> Result<(), Error> {
+        match raw {
+            Some(raw) if raw.parse::<usize>().ok() == Some(ours) => Ok(()),
+            Some(raw) => Err(Error::Config(format!(
+                "stream.shards is {ours}, but this deployment runs with {raw:?} ({key}, field shards): \
+                 changing the shard count needs every worker stopped and the streams drained first, \
+                 then HSET {key} shards {ours} (docs/running.md, \"Sharding and Redis Cluster\")"
+            ))),
+            None => Ok(()),
+        }
+    };
+    let raw: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("shards")
+        .query_async(con)
+        .await?;
+    if raw.is_some() {
+        return recorded(raw);
+    }
+    let set: redis::RedisResult<bool> = redis::cmd("HSETNX")
+        .arg(&key)
+        .arg("shards")
+        .arg(ours)
+        .query_async(con)
+        .await;
+    match set {
+        Ok(true) => {
+            info!(shards = ours, key = %key, "recorded the deployment's shard count");
+            Ok(())
+        }
+        // Another worker recorded one first: it must be ours.
+        Ok(false) => recorded(
+            redis::cmd("HGET")
+                .arg(&key)
+                .arg("shards")
+                .query_async(con)
+                .await?,
+        ),
+        Err(e) if is_transient(&e) && !e.is_io_error() => {
+            warn!(error = %e, key = %key, "cannot record the shard count yet; clients reading it find none");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records the rest of the deployment's [`Topology`](seatgate_core::keys::Topology)
+/// beside its shard count (the requests stream, the applications with
+/// streams of their own, the admin stream, the reply namespace), where a
+/// client built with `Client::builder()` finds them: a program names only
+/// its Redis and its application. Every worker writes what its settings
+/// say, so the last one started wins; workers of one deployment share
+/// their settings. A Redis refusing writes for now leaves it as it was,
+/// with a warning.
+async fn record_topology(con: &mut Db, settings: &Settings) -> Result<(), Error> {
+    let key = seatgate_core::keys::Keys::new(settings.keys.prefix.clone()).deployment();
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&key);
+    for (field, value) in settings.topology().recorded_fields() {
+        hset.arg(field).arg(value);
+    }
+    match hset.query_async::<i64>(con).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_transient(&e) && !e.is_io_error() => {
+            warn!(error = %e, key = %key, "cannot record the deployment's streams yet; clients reading them find the defaults");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The read loop of one requests stream shard (or of the admin stream).
+struct ShardWorker {
+    /// The requests stream (shard) this loop reads.
+    stream: String,
+    /// Which ops that stream takes.
+    lane: Lane,
+    /// Settings the worker was started with.
+    settings: Settings,
+    /// This process's consumer name in the group.
+    consumer: String,
+    /// Scripts and replies go over a managed, multiplexed connection: many
+    /// requests of one batch share it concurrently (implicit pipelining), it
+    /// reconnects by itself, and its response timeout bounds a stuck call.
+    con: Db,
+    /// XREADGROUP BLOCK gets its own connection, with a response timeout
+    /// longer than the block: redis-rs's default timeout would fire while the
+    /// server still blocks, and the entry it then delivers would sit pending
+    /// with nobody reading it. It is also never shared, so a blocked read
+    /// cannot delay a script.
+    reader: Option<Db>,
+    /// Where the next XAUTOCLAIM continues its sweep of the pending list.
+    claim_cursor: String,
+    /// Setup (group, scripts) failed at startup: not ready until it succeeds.
+    unprepared: bool,
+    /// This consumer's liveness key on this shard.
+    alive_key: String,
+    /// When the liveness key was last set (or tried); `None` before the first time.
+    alive_set_at: Option<Instant>,
+    /// Health flag for `/ready`.
+    ready: Readiness,
+    /// Decides batches; shared by the batches in flight.
+    decider: Arc<Decider>,
+}
+
+impl ShardWorker {
+    /// Sets up the loop of shard `stream`; a Redis that refuses writes for
+    /// now (OOM, loading) leaves it unprepared rather than failing.
+    async fn connect(
+        settings: Settings,
+        ready: Readiness,
+        con: Db,
+        decider: Arc<Decider>,
+        stream: String,
+        lane: Lane,
+    ) -> Result<ShardWorker, Error> {
+        let consumer = settings.consumer_name();
+        let mut worker = ShardWorker {
+            alive_key: consumer_alive(&stream, &settings.stream.group, &consumer),
+            alive_set_at: None,
+            stream,
+            lane,
+            consumer,
+            con,
+            reader: None,
+            ready,
+            decider,
+            settings,
+            claim_cursor: SWEEP_START.to_owned(),
+            unprepared: false,
+        };
+        match worker.prepare().await {
+            Ok(()) => {}
+            // Redis is up but refusing writes (OOM, loading): start anyway, not
+            // ready, and let the read loop retry the setup.
+            Err(e) if e.redis().is_some_and(|r| is_transient(r) && !r.is_io_error()) => {
+                warn!(error = %e, "cannot prepare the consumer group yet; retrying while serving");
+                worker.unprepared = true;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(worker)
+    }
+
+    /// Group creation and script loading: safe to repeat after Redis comes back.
+    async fn prepare(&mut self) -> Result<(), Error> {
+        // A group created again has a pending list of its own.
+        self.claim_cursor = SWEEP_START.to_owned();
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.settings.stream.group)
+            // From the start: requests written before any worker existed are served too.
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.con)
+            .await;
+        match created {
+            Ok(()) => {
+                info!(stream = %self.stream, group = %self.settings.stream.group, "created consumer group")
+            }
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+        Scripts::get().load_all(&mut self.con).await?;
+        Ok(())
+    }
+
+    /// Warns loudly when Redis may evict seat records under memory pressure.
+    async fn check_eviction_policy(&mut self) {
+        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.con)
+            .await;
+        match policy.as_deref() {
+            Ok([_, policy]) if policy.starts_with("allkeys-") => error!(
+                %policy,
+                "Redis may EVICT SEAT RECORDS under memory pressure, and licenses would overbook: set maxmemory-policy noeviction (see ops/redis.conf)"
+            ),
+            Ok([_, policy]) if policy.starts_with("volatile-") => warn!(
+                %policy,
+                "Redis may evict expiring keys (dedupe records, rate windows, reply streams) under memory pressure; noeviction is safer (see ops/redis.conf)"
+            ),
+            Ok(_) => {}
+            Err(e) => debug!(error = %e, "cannot read maxmemory-policy (CONFIG may be disabled)"),
+        }
+    }
+
+    /// Serves requests until `shutdown` is cancelled, then finishes the batch
+    /// in hand and returns. A blocked read ends within `stream.block_ms`.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        info!(consumer = %self.consumer, stream = %self.stream, group = %self.settings.stream.group, "worker started");
+        let s = &self.settings.stream;
+        let mut schedule = Schedule::new(Instant::now(), s.claim_idle_ms, s.batch_size, self.unprepared);
+        let max_in_flight = s.max_in_flight;
+        // Batches decided concurrently: while one waits on Redis, the next is
+        // read and sent, so a worker keeps Redis busy instead of taking turns.
+        let mut in_flight: JoinSet<(bool, Source)> = JoinSet::new();
+        self.ready.set(!schedule.is_failing());
+        while !shutdown.is_cancelled() {
+            while let Some(done) = in_flight.try_join_next() {
+                settled(&mut schedule, done);
+            }
+            let now = Instant::now();
+            self.keep_alive(now).await;
+            let source = schedule.next_source(now);
+            // Re-reading our own pending entries would return those in flight:
+            // let them finish first. Otherwise just respect the in-flight cap.
+            let cap = if source == Source::OwnPending {
+                1
+            } else {
+                max_in_flight
+            };
+            while in_flight.len() >= cap {
+                if let Some(done) = in_flight.join_next().await {
+                    settled(&mut schedule, done);
+                }
+            }
+            // Measured after waiting for in-flight batches: a blocking read
+            // must not sleep through a retry or claim that fell due meanwhile.
+            let block = schedule.block_for(Instant::now());
+            let Some(batch) = self.read_batch(&mut schedule, source, block, &shutdown).await else {
+                continue;
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let decider = self.decider.clone();
+            let stream = self.stream.clone();
+            let lane = self.lane;
+            in_flight.spawn(async move { (decider.process(&stream, lane, batch, source).await, source) });
+        }
+        // Finish and acknowledge what is in hand before leaving.
+        while in_flight.join_next().await.is_some() {}
+        self.leave_group().await;
+        self.ready.set(false);
+        info!(consumer = %self.consumer, "worker stopped");
+        Ok(())
+    }
+
+    /// One read and its bookkeeping: readiness, the setup again after an
+    /// outage, the schedule. `None` when the read failed; the backoff pause
+    /// (cut short by `shutdown`) is then already over.
+    async fn read_batch(
+        &mut self,
+        schedule: &mut Schedule,
+        source: Source,
+        block: Duration,
+        shutdown: &CancellationToken,
+    ) -> Option<Vec<Entry>> {
+        let batch = match self.read(source, block).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                metrics::redis_error("read");
+                let failed = schedule.read_failed(Instant::now());
+                if failed.outage_began {
+                    warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    self.ready.set(false);
+                }
+                self.reader = None;
+                tokio::select! {
+                    _ = tokio::time::sleep(failed.pause) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                return None;
+            }
+        };
+        if schedule.read_ok() {
+            info!("redis reachable again; serving requests");
+            self.ready.set(true);
+            if let Err(e) = self.prepare().await {
+                debug!(error = %e, "re-preparing after an outage failed");
+            }
+        }
+        match source {
+            Source::Claimed => {
+                schedule.claimed(batch.len(), self.sweep_done(), Instant::now());
+                if !batch.is_empty() {
+                    info!(
+                        count = batch.len(),
+                        "claimed requests left pending by another consumer"
+                    );
+                    metrics::claimed(batch.len());
+                }
+            }
+            Source::OwnPending => schedule.pending_read(batch.len()),
+            Source::New => {}
+        }
+        Some(batch)
+    }
+
+    /// Sets this consumer's liveness key when it is due: every third of its
+    /// lifetime, which is three times the longest a read may block (at least
+    /// 3 s), so it outlives any pause of a loop that still runs. A loop stuck
+    /// longer has entries in flight, so its consumer holds pending entries,
+    /// which the cleanup never removes either. A failed SET (Redis down or
+    /// out of memory) is retried at the next period: the key is a courtesy,
+    /// the atomic check in lua/remove_consumer.lua is what keeps entries safe.
+    async fn keep_alive(&mut self, now: Instant) {
+        let ttl_ms = self.settings.stream.block_ms.saturating_mul(3).max(3_000);
+        if self
+            .alive_set_at
+            .is_some_and(|at| now < at + Duration::from_millis(ttl_ms / 3))
+        {
+            return;
+        }
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(&self.alive_key)
+            .arg(1)
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.con)
+            .await;
+        // Tried again a period later even when it failed: during an outage
+        // the read loop must not wait on one more call per turn.
+        self.alive_set_at = Some(now);
+        if let Err(e) = set {
+            debug!(error = %e, key = %self.alive_key, "cannot set the liveness key");
+        }
+    }
+
+    /// On shutdown: leave the group if nothing is pending for us, so restarts
+    /// (each with a new default consumer name) do not grow the group, and
+    /// drop the liveness key. Checked and removed in one script, like the
+    /// reaper's cleanup.
+    async fn leave_group(&mut self) {
+        let group = &self.settings.stream.group;
+        let left = Scripts::get()
+            .remove_consumer(&mut self.con, &self.stream, group, &self.consumer)
+            .await;
+        if let Err(e) = left {
+            debug!(error = %e, "cannot leave the consumer group; the reaper removes the consumer later");
+        }
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(&self.alive_key)
+            .query_async(&mut self.con)
+            .await;
+    }
+}
+
+/// A batch task ended: tells the schedule whether its entries need a retry.
+/// A task that panicked answered nothing it can vouch for, so it counts as
+/// needing one.
+fn settled(schedule: &mut Schedule, done: Result<(bool, Source), JoinError>) {
+    let (retry, source) = done.unwrap_or((true, Source::New));
+    schedule.batch_done(retry, source, Instant::now());
+}
