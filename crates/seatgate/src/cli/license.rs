@@ -1,0 +1,331 @@
+//! `seatgate license …`: provisioning (put, show, list, delete, the group
+//! map), each change checked and written atomically (`seatgate_core::provision`).
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Subcommand};
+
+use seatgate::config::Settings;
+use seatgate::error::Error;
+use seatgate_core::license::{self, LicenseChange, LicenseInfo, StoredRecord};
+use seatgate_core::policy::LicensePolicy;
+use seatgate_core::provision;
+
+use super::EXIT_REFUSED;
+
+/// `license put`'s policy flags, one per policy field (docs/protocol.md, "Policies").
+#[derive(Debug, Args)]
+pub(super) struct PolicyArgs {
+    /// One user holds at most this many seats (max_per_user).
+    #[arg(long, value_name = "N")]
+    max_per_user: Option<u64>,
+    /// A group holds at most N seats (group_max:<group>); repeat per group.
+    #[arg(long, value_name = "GROUP=N", value_parser = group_count)]
+    group_max: Vec<(String, u64)>,
+    /// N seats are kept for a group (group_reserve:<group>); repeat per group.
+    #[arg(long, value_name = "GROUP=N", value_parser = group_count)]
+    group_reserve: Vec<(String, u64)>,
+    /// The highest queue priority an acquire gets, 0-9 (max_priority).
+    #[arg(long, value_name = "P", value_parser = clap::value_parser!(u8).range(0..=9))]
+    max_priority: Option<u8>,
+    /// A released seat stays with its session this long, e.g. 10m (linger_ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    linger: Option<Duration>,
+    /// Allow borrowing a seat for up to this long, e.g. 7d (max_borrow_ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    max_borrow: Option<Duration>,
+    /// Refuse an acquire that names no user (require_user 1), so that
+    /// omitting `user` escapes no per-user limit; `license unset L
+    /// require_user` lifts it.
+    #[arg(long)]
+    require_user: bool,
+    /// One user has at most N sessions waiting in the queue
+    /// (queue_max_per_user); one more is refused NO_SEATS_AVAILABLE.
+    #[arg(long, value_name = "N")]
+    queue_max_per_user: Option<u64>,
+}
+
+impl PolicyArgs {
+    fn policy(&self) -> LicensePolicy {
+        LicensePolicy {
+            max_per_user: self.max_per_user,
+            group_max: self.group_max.iter().cloned().collect(),
+            group_reserve: self.group_reserve.iter().cloned().collect(),
+            max_priority: self.max_priority,
+            linger_ms: self.linger.map(|d| d.as_millis() as u64),
+            max_borrow_ms: self.max_borrow.map(|d| d.as_millis() as u64),
+            require_user: self.require_user.then_some(true),
+            queue_max_per_user: self.queue_max_per_user,
+        }
+    }
+}
+
+/// `GROUP=N` of `--group-max` and `--group-reserve`.
+fn group_count(s: &str) -> Result<(String, u64), String> {
+    let (group, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: use GROUP=N, like cad=3"))?;
+    if !seatgate_core::protocol::valid_id(group) {
+        return Err(format!(
+            "group {group:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
+        ));
+    }
+    let n = n
+        .parse()
+        .map_err(|_| format!("{s:?}: N must be a whole number"))?;
+    Ok((group.to_owned(), n))
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum LicenseCommand {
+    /// Create a license, or change the fields given and keep every other
+    /// (docs/protocol.md, "Provisioning"): `license put L --seats 8` changes
+    /// the seat count alone. `--unset FIELD` removes one field; `--replace`
+    /// writes the whole record as given.
+    Put {
+        /// License id.
+        license: String,
+        /// Seats that may be held at once (required to create a license).
+        #[arg(long)]
+        seats: Option<u64>,
+        /// When the license expires: RFC 3339 time, unix ms, or "never"
+        /// (a new license: never).
+        #[arg(long)]
+        expires: Option<String>,
+        /// Deactivate it (acquires refused).
+        #[arg(long, conflicts_with = "active")]
+        inactive: bool,
+        /// Activate it again (a new license is active).
+        #[arg(long)]
+        active: bool,
+        /// Heartbeat timeout for this license, e.g. 90s (absent: the service's).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        heartbeat_timeout: Option<Duration>,
+        /// The license's policies; each flag sets its field and keeps the others.
+        #[command(flatten)]
+        policy: PolicyArgs,
+        /// Remove a field of the record, by its name: heartbeat_timeout_ms,
+        /// queue_max, max_per_user, group_max:GROUP, linger_ms, …; repeat per field.
+        #[arg(long, value_name = "FIELD")]
+        unset: Vec<String>,
+        /// Write the whole record as given: every field not given (its
+        /// policies, heartbeat timeout, queue_max) is removed, the expiry is
+        /// never unless given, and --seats is required.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Show one license.
+    Show {
+        /// License id.
+        license: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every license.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a license: every seat on it ends (an `evicted` event, reason
+    /// `license_deleted`) and every waiter gets LICENSE_NOT_FOUND.
+    Delete {
+        /// License id.
+        license: String,
+    },
+    /// The license's group map (FlexNet's GROUP lines): while it holds
+    /// anyone, a request's group is its user's there (none for a user not
+    /// in it) and a request claiming another is refused.
+    Groups {
+        /// License id.
+        license: String,
+        #[command(subcommand)]
+        change: GroupsCommand,
+    },
+}
+
+/// `seatgate license groups L …`.
+#[derive(Debug, Subcommand)]
+pub(super) enum GroupsCommand {
+    /// Put USER in GROUP (creating the map).
+    Set {
+        /// The user, as acquires send it in `user`.
+        user: String,
+        /// Its group.
+        group: String,
+    },
+    /// Take USER out of the map (the last one out removes the map).
+    Unset {
+        /// The user.
+        user: String,
+    },
+    /// Print the map, one `USER GROUP` a line.
+    Show {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `license <cmd>`.
+pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCode, Error> {
+    let mut con = seatgate::connect(settings).await?;
+    let keys = settings.seat_keys();
+    match cmd {
+        LicenseCommand::Put {
+            license,
+            seats,
+            expires,
+            inactive,
+            active,
+            heartbeat_timeout,
+            policy,
+            unset,
+            replace,
+        } => {
+            let change = LicenseChange {
+                replace,
+                seats_total: seats,
+                expires_at_ms: expires.as_deref().map(parse_expiry).transpose()?,
+                active: match (active, inactive) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                heartbeat_timeout_ms: heartbeat_timeout.map(|d| d.as_millis() as u64),
+                policy: policy.policy(),
+                unset,
+            };
+            // Checked and written in one step: a refused change writes nothing.
+            let changed = provision::change(&mut con, &keys, &license, &change).await?;
+            let record = StoredRecord::from_map(&changed.record);
+            let spec = record.spec();
+            println!(
+                "license {license}: {} seats{}{}",
+                spec.seats_total,
+                if spec.active { "" } else { " (inactive)" },
+                if changed.existed { "" } else { " (created)" }
+            );
+        }
+        LicenseCommand::Show { license, json } => match license::show(&mut con, &keys, &license).await? {
+            Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
+            Some(info) => println!("{}", describe(&info)),
+            None => {
+                eprintln!("seatgate: license {license} does not exist");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
+        },
+        LicenseCommand::List { json } => {
+            let all = license::list(&mut con, &keys).await?;
+            if json {
+                println!("{}", serde_json::to_string(&all).unwrap_or_default());
+            } else if all.is_empty() {
+                println!("no licenses");
+            } else {
+                for info in &all {
+                    println!("{}", describe(info));
+                }
+            }
+        }
+        LicenseCommand::Delete { license } => {
+            let deleted = seatgate::runtime::reaper::Reaper::new(con.clone(), settings)
+                .delete_license(&license)
+                .await?;
+            if deleted.existed || deleted.seats + deleted.waits > 0 {
+                println!(
+                    "license {license} deleted; ended {} seats and {} waits",
+                    deleted.seats, deleted.waits
+                );
+            } else {
+                eprintln!("seatgate: license {license} does not exist");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
+        }
+        LicenseCommand::Groups { license, change } => match change {
+            GroupsCommand::Set { user, group } => {
+                provision::set_group(&mut con, &keys, &license, &user, &group).await?;
+                println!("license {license}: user {user} is in group {group}");
+            }
+            GroupsCommand::Unset { user } => {
+                if !provision::unset_group(&mut con, &keys, &license, &user).await? {
+                    eprintln!("seatgate: user {user} is not in license {license}'s group map");
+                    return Ok(ExitCode::from(EXIT_REFUSED));
+                }
+                println!("license {license}: user {user} is in no group");
+            }
+            GroupsCommand::Show { json } => {
+                let map = provision::groups(&mut con, &keys, &license).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&map).unwrap_or_default());
+                } else if map.is_empty() {
+                    println!("license {license} has no group map: acquires say their own group");
+                } else {
+                    for (user, group) in &map {
+                        println!("{user} {group}");
+                    }
+                }
+            }
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(info: &LicenseInfo) -> String {
+    let s = &info.spec;
+    let mut line = format!("{}  seats {}/{}", info.license, info.seats_used, s.seats_total);
+    if let Some(bad) = &info.invalid {
+        // The value as stored, escaped: it may hold anything.
+        line.push_str(&format!("  [INVALID: {}=\"{}\"]", bad.field, bad.shown_value()));
+    }
+    if !s.active {
+        line.push_str("  INACTIVE");
+    }
+    if s.expires_at_ms > 0 {
+        let at = UNIX_EPOCH + Duration::from_millis(s.expires_at_ms);
+        line.push_str(&format!("  expires {}", humantime::format_rfc3339_seconds(at)));
+    }
+    if let Some(ms) = s.heartbeat_timeout_ms {
+        line.push_str(&format!(
+            "  heartbeat timeout {}",
+            humantime::format_duration(Duration::from_millis(ms))
+        ));
+    }
+    if !info.policy.is_empty() {
+        line.push_str(&format!("  policy: {}", info.policy.describe()));
+    }
+    line
+}
+
+/// "never", unix ms, or an RFC 3339 time → unix ms (0 = never).
+fn parse_expiry(s: &str) -> Result<u64, Error> {
+    if s == "never" {
+        return Ok(0);
+    }
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(s)
+        .ok()
+        .and_then(|t: SystemTime| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--expires {s:?}: use \"never\", unix milliseconds or a time like 2027-01-31T00:00:00Z"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_accepts_never_ms_and_rfc3339() {
+        assert_eq!(parse_expiry("never").unwrap(), 0);
+        assert_eq!(parse_expiry("1700000000000").unwrap(), 1_700_000_000_000);
+        assert_eq!(parse_expiry("2027-01-01T00:00:00Z").unwrap(), 1_798_761_600_000);
+        assert!(parse_expiry("soon").is_err());
+    }
+}
