@@ -1,4 +1,4 @@
-//! `seatgate bench`: seatgate end to end beside the direct script path (FCALL) and
+//! seatgate-bench: seatgate end to end beside the direct script path (FCALL) and
 //! beside what one Redis core can do, in one run on one machine.
 //!
 //! Every scenario runs for a fixed time after a warm-up and reports

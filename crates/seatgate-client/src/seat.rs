@@ -77,6 +77,7 @@ impl Default for SeatOptions {
 
 /// What became of a seat, as its owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SeatState {
     /// The session holds the seat.
     Held {
@@ -102,6 +103,7 @@ pub enum SeatState {
 
 /// Why [`Client::acquire_seat`] returned no seat.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AcquireError {
     /// The service answered, and not with a seat: NO_SEATS_AVAILABLE,
     /// QUEUE_TIMEOUT, LEASE_MISMATCH, LICENSE_NOT_FOUND, ... The reply

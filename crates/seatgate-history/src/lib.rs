@@ -1,4 +1,4 @@
-//! The history checker (issue 22): a seeded run of real processes — a
+//! seatgate-history, the history checker: a seeded run of real processes — a
 //! redis-server with an fsynced AOF (or a Redis Cluster of 3 masters with a
 //! replica each, [`Options::cluster`]), several `seatgate run` workers and
 //! concurrent wire-level clients — under a seeded fault schedule, every

@@ -1,4 +1,4 @@
-//! A private redis-server: started on a free loopback port with its own temp
+//! seatgate-testkit: a private redis-server, started on a free loopback port with its own temp
 //! dir, stopped on drop, optionally TLS-only with a throwaway CA; and private
 //! Redis Clusters made of them. The benchmark uses them, and so do the tests.
 //!

@@ -254,6 +254,12 @@ fn tls_files_need_rediss(key: &str) -> Error {
 /// while ring is the only one enabled; saying so here keeps TLS working if
 /// another dependency ever enables aws-lc-rs too (rustls then refuses to
 /// guess). A provider the embedding program installed first is kept.
+//
+// rustls 0.23.48 deprecates its ring provider (no post-quantum key
+// exchange); ring stays the choice here for the build's sake (aws-lc-rs
+// costs cmake and most of a minute on 2 cores), and a Redis connection's
+// key exchange is what the server offers. Hence the `allow`.
+#[allow(deprecated)]
 fn use_ring_for_tls() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

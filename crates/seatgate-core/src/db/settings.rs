@@ -130,6 +130,9 @@ impl RedisSettings {
         } else {
             let (client_cert, chain) = read_certificates("redis.tls_cert_file", cert)?;
             let (client_key, key_der) = read_private_key("redis.tls_key_file", key)?;
+            // The provider the connection uses (db::use_ring_for_tls, where
+            // its deprecation in rustls 0.23.48 is explained).
+            #[allow(deprecated)]
             let provider = rustls::crypto::ring::default_provider();
             rustls::sign::CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| {
                 Error::Config(format!(

@@ -233,6 +233,10 @@ async fn run_client(i: usize, s: Settings, log: Log, stop: CancellationToken) ->
                 tokio::time::sleep(pause).await;
                 continue;
             }
+            Ok(Err(other)) => {
+                log.add(i, license, &session, What::Unanswered(other.to_string()));
+                continue;
+            }
             Ok(Ok(seat)) => seat,
         };
         let timeout_ms = match seat.state() {
@@ -270,6 +274,7 @@ async fn run_client(i: usize, s: Settings, log: Log, stop: CancellationToken) ->
                             error,
                         },
                         SeatState::Released => What::ReleasedState,
+                        other => What::Unanswered(format!("a seat state this test does not know: {other:?}")),
                     };
                     log.add(i, &license, &session, what);
                 }
