@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 
 use seatgate::config::Settings;
 use seatgate::error::Error;
+use seatgate::views::printable;
 use seatgate_core::license::{self, LicenseChange, LicenseInfo, StoredRecord};
 use seatgate_core::policy::LicensePolicy;
 use seatgate_core::provision;
@@ -211,7 +212,7 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
         }
         LicenseCommand::Show { license, json } => match license::show(&mut con, &keys, &license).await? {
             Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
-            Some(info) => println!("{}", describe(&info)),
+            Some(info) => println!("{}", printable(&describe(&info))),
             None => {
                 eprintln!("seatgate: license {license} does not exist");
                 return Ok(ExitCode::from(EXIT_REFUSED));
@@ -225,7 +226,7 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
                 println!("no licenses");
             } else {
                 for info in &all {
-                    println!("{}", describe(info));
+                    println!("{}", printable(&describe(info)));
                 }
             }
         }
@@ -263,7 +264,7 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
                     println!("license {license} has no group map: acquires say their own group");
                 } else {
                     for (user, group) in &map {
-                        println!("{user} {group}");
+                        println!("{} {}", printable(user), printable(group));
                     }
                 }
             }

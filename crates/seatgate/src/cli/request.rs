@@ -35,8 +35,19 @@ pub(super) struct ClientArgs {
     /// heartbeat and release must send it. With acquire: bind the seat to
     /// this one instead of a new random one (to re-send an acquire).
     /// A lease may start with `-` (its charset has it): taken as the value.
-    #[arg(long, value_name = "LEASE", allow_hyphen_values = true)]
+    /// Other users of the machine can read a command line: prefer
+    /// SEATGATE_LEASE or --lease-file.
+    #[arg(
+        long,
+        value_name = "LEASE",
+        allow_hyphen_values = true,
+        env = "SEATGATE_LEASE",
+        hide_env_values = true
+    )]
     lease: Option<String>,
+    /// A file whose first line is the lease (instead of --lease).
+    #[arg(long, value_name = "FILE", conflicts_with = "lease")]
+    lease_file: Option<std::path::PathBuf>,
     /// The user the seat counts for, under the license's max_per_user (acquire only).
     #[arg(long, value_name = "ID")]
     user: Option<String>,
@@ -82,10 +93,22 @@ pub(super) async fn client_call(
         }
         None => None,
     };
-    let lease = match &args.lease {
+    let text = match &args.lease_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| Error::Usage(format!("--lease-file {}: {e}", path.display())))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned(),
+        ),
+        None => args.lease.clone(),
+    };
+    let lease = match &text {
         Some(text) => Some(Lease::parse(text).ok_or_else(|| {
             Error::Usage(
-                "--lease must be 16 to 128 characters of A-Z a-z 0-9 _ -, as acquire printed it".into(),
+                "the lease (--lease, SEATGATE_LEASE or --lease-file) must be 16 to 128 characters of A-Z a-z 0-9 _ -, as acquire printed it".into(),
             )
         })?),
         None => None,

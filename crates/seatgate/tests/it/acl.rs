@@ -636,6 +636,44 @@ async fn no_application_can_touch_another_applications_requests() {
     assert!(!holders.contains(&"d-evil".to_owned()), "{holders:?}");
 }
 
+/// A client user reads and deletes its own reply streams, and writes none:
+/// only the workers write replies, so no application can fill the shared
+/// Redis through its reply namespace (an entry there has no trim and, under
+/// `noeviction`, one large enough stops every application).
+#[tokio::test]
+async fn a_client_user_reads_and_deletes_its_replies_but_writes_none() {
+    let redis = AclRedis::start().await;
+    let mut root = redis.con_as(ROOT).await;
+    let own = "seat:reply:demo:mine";
+    let _: String = command(&["XADD", own, "*", "status", "ACQUIRED"])
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    let mut demo = redis.con_as(CLIENT).await;
+    assert_refused(
+        &mut demo,
+        &[
+            &["XADD", own, "*", "filler", "x"],
+            &["XADD", "seat:reply:demo:new", "*", "filler", "x"],
+            &["XTRIM", own, "MAXLEN", "0"],
+            &["XDEL", own, "0-1"],
+            &["SET", "seat:reply:demo:k", "v"],
+        ],
+    )
+    .await;
+    let read: redis::Value = command(&["XREAD", "STREAMS", own, "0"])
+        .query_async(&mut demo)
+        .await
+        .unwrap();
+    assert!(
+        matches!(read, redis::Value::Array(ref a) if !a.is_empty())
+            || matches!(read, redis::Value::Map(ref m) if !m.is_empty()),
+        "{read:?}"
+    );
+    let deleted: i64 = command(&["DEL", own]).query_async(&mut demo).await.unwrap();
+    assert_eq!(deleted, 1, "its own reply stream it may delete");
+}
+
 /// A program as a Rust user writes it: `Client::builder()` with the URL (the
 /// application's ACL user in it) and the application's name, nothing of the
 /// deployment's settings. It finds the sharded application stream and its

@@ -37,6 +37,46 @@ async fn a_lease_starting_with_a_dash_is_a_lease() {
     }
 }
 
+/// The lease need not be on a command line (which other users of the
+/// machine can read): `SEATGATE_LEASE` or `--lease-file` give it, and
+/// without one the seat's heartbeat is refused LEASE_MISMATCH.
+#[tokio::test]
+async fn the_lease_comes_from_the_environment_or_a_file() {
+    let redis = RedisServer::start_with(&[]).await;
+    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "1"]).await;
+    assert!(put.status.success(), "{put:?}");
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let lease = "f00dfeedf00dfeedf00dfeedf00dfeed";
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut cmd = seatgate_cmd(&redis.url(), args);
+        if let Some(lease) = env {
+            cmd.env("SEATGATE_LEASE", lease);
+        }
+        output(cmd)
+    };
+    let s0 = ["--license", "cad", "--session", "s0"];
+    let acquired = run(&[&["acquire"][..], &s0].concat(), Some(lease)).await;
+    assert!(stdout(&acquired).starts_with("ACQUIRED"), "{acquired:?}");
+    assert!(
+        stdout(&acquired).contains(&format!("lease={lease}")),
+        "bound to the variable's lease: {acquired:?}"
+    );
+    let without = run(&[&["heartbeat"][..], &s0].concat(), None).await;
+    assert!(stdout(&without).starts_with("LEASE_MISMATCH"), "{without:?}");
+    let from_env = run(&[&["heartbeat"][..], &s0].concat(), Some(lease)).await;
+    assert!(stdout(&from_env).starts_with("HEARTBEAT_UPDATED"), "{from_env:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lease");
+    std::fs::write(&file, format!("{lease}\n")).unwrap();
+    let path = file.display().to_string();
+    let released = run(&[&["release"][..], &s0, &["--lease-file", &path]].concat(), None).await;
+    assert!(stdout(&released).starts_with("RELEASED"), "{released:?}");
+    // The variable's value never shows in the help.
+    let help = run(&["heartbeat", "--help"], Some(lease)).await;
+    assert!(stdout(&help).contains("SEATGATE_LEASE"), "{help:?}");
+    assert!(!stdout(&help).contains(lease), "{help:?}");
+}
+
 #[tokio::test]
 async fn cli_client_against_a_running_worker_and_metrics_count_what_was_served() {
     let redis = RedisServer::start_with(&[]).await;
@@ -563,6 +603,49 @@ async fn status_shows_the_requests_user_and_the_email_apart() {
     assert_eq!(words("s-none ")[..3], ["s-none", "-", "-"], "{text}");
     assert_eq!(words("POS "), ["POS", "WAITING", "SESSION", "USER"], "{text}");
     assert_eq!(words("1 ")[..4], ["1", "s-waits", "carol", "-"], "{text}");
+}
+
+/// What a billing system (or anyone with write access) stored in a license
+/// record reaches the operator's terminal escaped: a group name holding an
+/// escape sequence, a zero-width space or a line separator is shown as
+/// `\u{…}` by `license show`, `license list` and `license groups show`.
+#[tokio::test]
+async fn license_show_list_and_groups_escape_what_was_stored() {
+    let redis = RedisServer::start_with(&[]).await;
+    let put = seatgate(&redis, &["license", "put", "cad", "--seats", "2"]).await;
+    assert!(put.status.success(), "{put:?}");
+    let mut raw = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg("seat:{cad}:license")
+        .arg("group_max:ev\u{1b}[2Jil\u{200b}")
+        .arg("1")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HSET")
+        .arg("seat:{cad}:groups")
+        .arg("ada\u{2028}")
+        .arg("eng\u{1b}]0;pwned\u{7}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    for args in [
+        &["license", "show", "cad"][..],
+        &["license", "list"],
+        &["license", "groups", "cad", "show"],
+    ] {
+        let o = seatgate(&redis, args).await;
+        let out = stdout(&o);
+        assert!(
+            !out.contains(['\u{1b}', '\u{200b}', '\u{2028}', '\u{7}']),
+            "{args:?} printed a raw control or format character: {out:?}"
+        );
+        assert!(out.contains("\\u{1b}"), "{args:?}: {out:?}");
+    }
 }
 
 /// `seatgate status --license L` for a license that does not exist is a
