@@ -1,13 +1,18 @@
 //! The HTTP endpoints beside the worker: `/metrics` for Prometheus, `/live`
 //! (the process runs), `/ready` (it can reach Redis and serve requests), and
 //! the status page ([`crate::service::page`]) on the same listener or on one of
-//! its own (`http.page_listen`).
+//! its own (`http.page_listen`). Every route checks `Host`: the endpoints
+//! answer an IP address, a loopback name or one of `http.allowed_hosts`
+//! (license ids and utilisation are not for a site re-pointed at the
+//! listener by DNS rebinding), the page a narrower set (`page::AllowedHosts`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -72,17 +77,33 @@ fn spawn(
     })
 }
 
+/// Refuses a request to an endpoint whose `Host` it does not answer (421).
+async fn check_host(State(hosts): State<Arc<AllowedHosts>>, request: Request, next: Next) -> Response {
+    let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+    match host {
+        Some(host) if hosts.allows(host) => next.run(request).await,
+        _ => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this endpoint answers an IP address, a loopback name or a name in http.allowed_hosts; add it there\n",
+        )
+            .into_response(),
+    }
+}
+
 /// Binds `addr` and serves `/metrics`, `/live`, `/ready` and `page` (when
-/// given) until `shutdown` is cancelled. Returns the bound address (useful
-/// with port 0) and the server task.
+/// given) until `shutdown` is cancelled; `allowed_hosts` are the names
+/// (`http.allowed_hosts`) the endpoints answer besides addresses and
+/// loopback. Returns the bound address (useful with port 0) and the server task.
 pub async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
     ready: Readiness,
     page: Option<PageRoutes>,
+    allowed_hosts: &[String],
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
     let (listener, bound) = bind("metrics.listen", addr).await?;
+    let hosts = Arc::new(AllowedHosts::for_endpoints(bound, allowed_hosts));
     let mut app = Router::new()
         .route(
             "/metrics",
@@ -99,6 +120,7 @@ pub async fn serve(
                 }
             }),
         )
+        .route_layer(middleware::from_fn_with_state(hosts, check_host))
         .with_state(AppState { metrics, ready });
     if let Some(page) = page {
         app = app.merge(page.on(bound));

@@ -60,6 +60,10 @@ pub struct AllowedHosts {
     names: Vec<String>,
     /// `host:port`, that port only.
     exact: Vec<String>,
+    /// Whether any IP address literal is answered too (the endpoints: a
+    /// scraper or probe names the address it reaches; DNS rebinding needs
+    /// a name, never an address).
+    any_address: bool,
 }
 
 impl AllowedHosts {
@@ -69,6 +73,7 @@ impl AllowedHosts {
         let mut hosts = AllowedHosts {
             names: ["localhost", "127.0.0.1", "[::1]"].map(str::to_owned).to_vec(),
             exact: Vec::new(),
+            any_address: false,
         };
         if !listen.ip().is_unspecified() {
             hosts.names.push(match listen {
@@ -86,11 +91,30 @@ impl AllowedHosts {
         hosts
     }
 
+    /// The hosts `/metrics`, `/live` and `/ready` answer: those of
+    /// [`AllowedHosts::new`] and any IP address literal, so that Prometheus
+    /// and a probe reaching the listener by its address need no setting,
+    /// while a name an attacker points at it (DNS rebinding) is refused
+    /// unless it is listed.
+    pub fn for_endpoints(listen: SocketAddr, extra: &[String]) -> AllowedHosts {
+        AllowedHosts {
+            any_address: true,
+            ..AllowedHosts::new(listen, extra)
+        }
+    }
+
     /// Whether a request with this `Host` header is answered.
     pub fn allows(&self, host: &str) -> bool {
         let host = host.to_ascii_lowercase();
         let (name, _) = split_host(&host);
-        self.names.iter().any(|n| *n == name) || self.exact.contains(&host)
+        let address = || {
+            let literal = name
+                .strip_prefix('[')
+                .and_then(|n| n.strip_suffix(']'))
+                .unwrap_or(name);
+            literal.parse::<std::net::IpAddr>().is_ok()
+        };
+        self.names.iter().any(|n| *n == name) || self.exact.contains(&host) || (self.any_address && address())
     }
 }
 
@@ -283,6 +307,30 @@ mod tests {
         assert!(!wildcard.allows("0.0.0.0:9464"));
         let v6 = AllowedHosts::new("[fd00::5]:9464".parse().unwrap(), &[]);
         assert!(v6.allows("[fd00::5]:9464") && !v6.allows("[fd00::6]:9464"));
+    }
+
+    #[test]
+    fn the_endpoints_answer_any_address_too_but_no_unlisted_name() {
+        let hosts =
+            AllowedHosts::for_endpoints("0.0.0.0:9464".parse().unwrap(), &["seats.internal".to_owned()]);
+        for ok in [
+            "10.0.0.5:9464",
+            "[fd00::5]:9464",
+            "192.168.1.20",
+            "localhost:9464",
+            "seats.internal:9464",
+        ] {
+            assert!(hosts.allows(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example:9464",
+            "10.0.0.5.evil.example",
+            "[evil]:9464",
+            "",
+            "999.1.1.1",
+        ] {
+            assert!(!hosts.allows(refused), "{refused}");
+        }
     }
 
     #[test]

@@ -83,7 +83,15 @@ pub async fn run(
         Some(addr) => {
             let handle =
                 telemetry::install_metrics(settings.metrics.license_series_limit).map_err(Error::Metrics)?;
-            let (bound, task) = http::serve(addr, handle, ready.clone(), on_metrics, token.clone()).await?;
+            let (bound, task) = http::serve(
+                addr,
+                handle,
+                ready.clone(),
+                on_metrics,
+                &settings.http.allowed_hosts,
+                token.clone(),
+            )
+            .await?;
             if page_at == PageAt::Metrics {
                 info!(%bound, "serving /metrics, /live, /ready and the status page (/, /status.json)");
             } else {

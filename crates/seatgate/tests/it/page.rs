@@ -862,6 +862,24 @@ async fn the_page_can_be_off_or_on_a_listener_of_its_own() {
         let (got, raw) = http_get_as(&own, "/status.json", host).await;
         assert_eq!(got, code, "Host: {host}: {raw}");
     }
+    // The endpoints check Host too: any address (a scraper, a probe), the
+    // loopback names and the listed names; a name re-pointed at the
+    // listener (DNS rebinding) reads no license id or utilisation.
+    let endpoints = worker.metrics.clone();
+    for path in ["/metrics", "/ready", "/live"] {
+        for (host, code) in [
+            (endpoints.as_str(), 200),
+            ("localhost", 200),
+            ("10.9.8.7:9464", 200),
+            ("[fd00::5]:9464", 200),
+            ("seats.example.com", 200),
+            ("evil.example", 421),
+            ("127.0.0.1.evil.example", 421),
+        ] {
+            let (got, raw) = http_get_as(&endpoints, path, host).await;
+            assert_eq!(got, code, "{path} Host: {host}: {raw}");
+        }
+    }
     let (_, raw) = http_get_as(&own, "/status.json", &own).await;
     let summary: Value = serde_json::from_str(split_http(&raw).1).expect("status.json is JSON");
     assert_eq!(summary["licenses"][0]["license"], "cad");
@@ -990,7 +1008,9 @@ async fn the_page_at_2000_licenses() {
     let (code, _) = http_get_as(&addr, "/", "rebound.evil.example").await;
     assert_eq!(code, 421, "the page itself is refused too");
     let (code, _) = http_get_as(&addr, "/metrics", "prometheus.internal").await;
-    assert_eq!(code, 200, "/metrics answers any Host");
+    assert_eq!(code, 421, "/metrics answers no name that is not listed");
+    let (code, _) = http_get_as(&addr, "/metrics", "10.1.2.3:9464").await;
+    assert_eq!(code, 200, "/metrics answers a scraper that names an address");
 
     // No personal field by default: not in the JSON, not on the page.
     let personal = [
