@@ -1058,3 +1058,88 @@ async fn a_heartbeats_folded_denial_makes_the_license_due_too() {
     assert_eq!(denied.len(), 1, "one recorded, two folded");
     assert_eq!(denied[0].fields["reason"], "RATE_LIMITED");
 }
+
+/// ops/redis.conf's settings that bound one command (`proto-max-bulk-len`,
+/// `client-query-buffer-limit`), as `--name value` arguments for a test Redis.
+fn shipped_command_bounds() -> Vec<String> {
+    let conf = std::fs::read_to_string(crate::support::repo_file("ops/redis.conf")).expect("ops/redis.conf");
+    let mut args = Vec::new();
+    for line in conf.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some(name @ ("proto-max-bulk-len" | "client-query-buffer-limit")), Some(value)) =
+            (words.next(), words.next())
+        {
+            args.push(format!("--{name}"));
+            args.push(value.to_owned());
+        }
+    }
+    assert_eq!(args.len(), 4, "ops/redis.conf bounds both: {args:?}");
+    args
+}
+
+/// Oversize values (issue 35, M3): under ops/redis.conf's bounds no client
+/// can put a 50 MB value on a requests stream, so no worker reads one into
+/// memory and Redis does not fill with it; a request of the protocol's
+/// largest size still passes, and the worker serves on. (An entry of many
+/// fields, each under the bound, is not refused by Redis: the worker reads
+/// it once and answers it INVALID_REQUEST past `limits.max_entry_bytes`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_redis_conf_refuses_an_oversize_entry_and_the_worker_serves_on() {
+    let bounds = shipped_command_bounds();
+    let bounds: Vec<&str> = bounds.iter().map(String::as_str).collect();
+    let TestApp(redis, s, mut con) = crate::support::spawn_app_with(&bounds).await;
+    put_license(&s, "cad", 1).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let before = used_memory(&mut con).await;
+    let url = redis.url();
+    let attempt = |fields: Vec<(String, Vec<u8>)>| {
+        let url = url.clone();
+        let stream = s.stream.requests.clone();
+        async move {
+            let mut raw = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(&stream).arg("*");
+            for (k, v) in fields {
+                xadd.arg(k).arg(v);
+            }
+            xadd.query_async::<String>(&mut raw).await
+        }
+    };
+    let one_big = attempt(vec![field("op", "acquire"), field("meta", vec![b'x'; 50 << 20])]).await;
+    assert!(one_big.is_err(), "a 50 MB value was stored: {one_big:?}");
+    let just_over = attempt(vec![
+        field("op", "acquire"),
+        field("meta", vec![b'x'; (1 << 20) + 1]),
+    ])
+    .await;
+    assert!(
+        just_over.is_err(),
+        "a value of 1 MB and a byte was stored: {just_over:?}"
+    );
+    assert_eq!(
+        xlen(&mut con, &s.stream.requests).await,
+        0,
+        "nothing reached the stream"
+    );
+    let grew = used_memory(&mut con).await - before;
+    println!("oversize entries refused; used_memory grew {grew} bytes");
+    assert!(grew < 1 << 20, "Redis grew {grew} bytes");
+
+    // The largest entry the protocol takes still goes through, and the
+    // worker answers as before.
+    let meta = format!("{{\"pad\":\"{}\"}}", "z".repeat(4_000));
+    let c = client(&s).await;
+    let reply = c
+        .call(
+            &Call::acquire("cad", "s1").with_meta(crate::support::json(&meta)),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), Status::Acquired, "{reply:?}");
+    worker.stop().await;
+}
