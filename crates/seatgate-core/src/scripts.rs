@@ -201,6 +201,57 @@ impl Scripts {
     }
 }
 
+/// What Redis holds under the library's name ([`Scripts::library_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LibraryState {
+    /// This build's library.
+    Ours,
+    /// No library of that name (a fresh Redis, `FUNCTION FLUSH`): load it.
+    Missing,
+    /// A library of that name whose code is not this build's.
+    Foreign,
+}
+
+/// The state of library `name` in a `FUNCTION LIST ... WITHCODE` reply: each
+/// library is a list (RESP2) or map (RESP3) of `library_name`,
+/// `library_code` and other fields; LIBRARYNAME is a pattern, so only an
+/// exact name counts.
+fn library_in(listed: &Value, name: &str, ours: &str) -> LibraryState {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
+        _ => None,
+    };
+    let pairs = |lib: &Value| -> Vec<(String, Value)> {
+        match lib {
+            Value::Array(items) => items
+                .chunks(2)
+                .filter_map(|kv| Some((text(kv.first()?)?, kv.get(1)?.clone())))
+                .collect(),
+            Value::Map(kvs) => kvs
+                .iter()
+                .filter_map(|(k, v)| Some((text(k)?, v.clone())))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let Value::Array(libraries) = listed else {
+        return LibraryState::Missing;
+    };
+    for lib in libraries {
+        let fields = pairs(lib);
+        let field = |key: &str| fields.iter().find(|(k, _)| k == key).and_then(|(_, v)| text(v));
+        if field("library_name").as_deref() == Some(name) {
+            return if field("library_code").as_deref() == Some(ours) {
+                LibraryState::Ours
+            } else {
+                LibraryState::Foreign
+            };
+        }
+    }
+    LibraryState::Missing
+}
+
 // A broken include is a mistake in lua/, caught by this module's tests; the
 // panic only names it should one ever ship.
 static SCRIPTS: LazyLock<Scripts> =
@@ -236,6 +287,14 @@ fn too_old(e: RedisError) -> RedisError {
         RedisError::from((
             redis::ErrorKind::Client,
             "seatgate needs Redis 7.0 or later (FUNCTION LOAD, FCALL)",
+            e.to_string(),
+        ))
+    } else if e.code() == Some("NOPERM") && e.detail().is_some_and(|d| d.contains("function|load")) {
+        // Only the worker's ACL user may load the library (the shipped ACL):
+        // an administrator's command on a Redis no worker has loaded it on.
+        RedisError::from((
+            redis::ErrorKind::Client,
+            "the seat library is not loaded on this Redis, and this ACL user may not load it: start a worker (`seatgate run`), which loads it, then try again",
             e.to_string(),
         ))
     } else {
@@ -512,6 +571,24 @@ impl Scripts {
     /// functions, the error says seatgate needs Redis 7.0.
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> Result<(), Error> {
         Ok(self.load(con).await?)
+    }
+
+    /// What Redis holds under this library's name (`FUNCTION LIST
+    /// LIBRARYNAME <name> WITHCODE`): this build's text, nothing, or another
+    /// text under the same name. Another text means someone with
+    /// `FUNCTION LOAD REPLACE` put their own code where the workers' calls
+    /// go: the worker refuses to serve until it is this build's again.
+    /// (On a cluster the node asked is the one redis-rs routes to.)
+    pub async fn library_state<C: ConnectionLike>(&self, con: &mut C) -> Result<LibraryState, Error> {
+        let listed: Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(&self.name)
+            .arg("WITHCODE")
+            .query_async(con)
+            .await
+            .map_err(too_old)?;
+        Ok(library_in(&listed, &self.name, &self.library))
     }
 
     /// `FUNCTION LOAD` without `REPLACE`: the library's name carries the

@@ -49,6 +49,10 @@ pub enum Error {
     /// A task of this process panicked or was cancelled.
     #[error("a seatgate task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The function library on Redis under this build's name holds other
+    /// code (someone replaced it): nothing is decided with it.
+    #[error("the function library {0} on Redis holds code that is not this build's (replaced with FUNCTION LOAD REPLACE): remove it with FUNCTION DELETE {0}, and a worker loads its own")]
+    ForeignLibrary(String),
     /// Something local (socket, file) failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),

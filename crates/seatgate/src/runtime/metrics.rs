@@ -101,6 +101,8 @@ pub const BUILD_INFO: &str = "seatgate_build_info";
 pub const READY: &str = "seatgate_ready";
 /// 1 while this process's last Redis probe (PING) was answered.
 pub const REDIS_UP: &str = "seatgate_redis_up";
+/// 1 while the function library on Redis under this build's name is not this build's code.
+pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
 pub const REAPER_LEADER: &str = "seatgate_reaper_leader";
 /// Unix time of this process's last reaper pass that succeeded.
@@ -280,6 +282,10 @@ pub fn init(license_series_limit: usize) {
     );
     describe_gauge!(REDIS_UP, "1 while this process's last Redis PING was answered.");
     describe_gauge!(
+        LIBRARY_FOREIGN,
+        "1 while the function library on Redis under this build's name holds other code: the worker serves nothing until it is this build's again."
+    );
+    describe_gauge!(
         REAPER_LEADER,
         "1 while this process holds the reaper lock: it runs the passes and exports the shared-state series."
     );
@@ -355,6 +361,7 @@ pub fn init(license_series_limit: usize) {
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(READY).set(0.0);
     gauge!(REDIS_UP).set(0.0);
+    gauge!(LIBRARY_FOREIGN).set(0.0);
     gauge!(REAPER_LEADER).set(0.0);
     gauge!(REAPER_GRACE).set(0.0);
 }
@@ -486,6 +493,11 @@ pub fn ready(ready: bool) {
 /// Records whether Redis answered this process's last probe.
 pub fn redis_up(up: bool) {
     gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
+}
+
+/// Sets whether the library on Redis holds code that is not this build's.
+pub fn library_foreign(foreign: bool) {
+    gauge!(LIBRARY_FOREIGN).set(if foreign { 1.0 } else { 0.0 });
 }
 
 /// Counts entries claimed from other consumers.

@@ -431,6 +431,13 @@ impl Reaper {
         let started = Instant::now();
         let mut sweep = self.sweep.lock().await;
         let mut con = self.con.clone();
+        // A library of this build's name with other code would run in
+        // place of reap.lua: no pass until it is this build's again (the
+        // worker's library check says so too).
+        let scripts = seatgate_core::scripts::Scripts::get();
+        if scripts.library_state(&mut con).await? == seatgate_core::scripts::LibraryState::Foreign {
+            return Err(Error::ForeignLibrary(scripts.library_name().to_owned()));
+        }
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await?;
         let now_ms = secs * 1000 + micros / 1000;
         // Filed just before the pass's clock, so this pass reaps them.

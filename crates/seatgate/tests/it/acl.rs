@@ -13,8 +13,8 @@ use seatgate::config::Settings;
 use seatgate_core::keys::consumer_alive;
 
 use crate::support::{
-    add_request, free_port, http_get, keys, license_keys, output, reply_stream, repo_file, seatgate_cmd,
-    RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN,
+    add_request, free_port, http_get, keys, license_keys, metric, output, reply_stream, repo_file,
+    seatgate_cmd, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN,
 };
 
 const WORKER: &str = "seatgate-worker";
@@ -66,7 +66,16 @@ impl AclRedis {
         let path = dir.path().join("users.acl");
         std::fs::write(&path, acl).unwrap();
         let server = RedisServer::start_with(&["--aclfile", path.to_str().unwrap()]).await;
-        AclRedis { server, _dir: dir }
+        let redis = AclRedis { server, _dir: dir };
+        // The seat library, loaded as a worker's start (or an operator's
+        // install step) loads it: only the worker's user may, and the tests
+        // provision before their workers run.
+        let mut root = redis.con_as(ROOT).await;
+        seatgate_core::scripts::Scripts::get()
+            .load_all(&mut root)
+            .await
+            .unwrap();
+        redis
     }
 
     /// The URL without credentials, as a process is given it.
@@ -634,6 +643,94 @@ async fn no_application_can_touch_another_applications_requests() {
         .unwrap();
     assert_eq!(holders.len(), 3, "b1, d1 and b2 hold seats: {holders:?}");
     assert!(!holders.contains(&"d-evil".to_owned()), "{holders:?}");
+}
+
+/// The seat library is the worker's (issue 35, M2): the admin user may not
+/// `FUNCTION LOAD` (so cannot replace it), and when someone who may puts
+/// other code under the library's name, the worker notices within its check
+/// period: not ready, `seatgate_library_foreign 1`, and it answers nothing
+/// (a request sent meanwhile waits, unread). Once the foreign library is
+/// deleted the worker loads its own and answers the waiting request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_library_is_refused_and_the_worker_serves_again_once_it_is_its_own() {
+    use seatgate_core::scripts::Scripts;
+    let redis = AclRedis::start().await;
+    let put = redis
+        .seatgate(ADMIN, &["license", "put", "cad", "--seats", "2"])
+        .await;
+    assert!(put.status.success(), "{put:?}");
+    let worker = WorkerProcess::start(&redis.url(), &redis.login(WORKER)).await;
+    let first = redis.seatgate(CLIENT, &on_cad("acquire", "s1", &[])).await;
+    assert!(stdout(&first).starts_with("ACQUIRED"), "{first:?}");
+
+    let library = Scripts::get().library();
+    let name = Scripts::get().library_name();
+    // The same name, other code: what a replaced function would be.
+    let forged = format!("{library}\n-- forged\n");
+    let mut admin = redis.con_as(ADMIN).await;
+    let refused = refusal(
+        &mut admin,
+        redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&forged),
+    )
+    .await;
+    assert_eq!(refused, "NOPERM", "the admin user may not load a library");
+    let mut root = redis.con_as(ROOT).await;
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&forged)
+        .query_async(&mut root)
+        .await
+        .expect("a superuser replaces the library");
+
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while worker.status("/ready").await != Some(503) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker stayed ready on a foreign library"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        metric(&worker.scrape().await, "seatgate_library_foreign"),
+        Some(1.0)
+    );
+    // A request sent now is not decided by the foreign code.
+    let mut waiting = redis.command(
+        CLIENT,
+        &on_cad("acquire", "s2", &["--timeout", "40s", "--ttl", "40s"]),
+    );
+    waiting.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let waiting = waiting.spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let holders: Vec<String> = redis::cmd("ZRANGE")
+        .arg(license_keys(&redis.settings(), "cad").holders)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    assert_eq!(holders, ["s1"], "nothing decided while the library is foreign");
+
+    let _: String = redis::cmd("FUNCTION")
+        .arg("DELETE")
+        .arg(name)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    let answered = tokio::task::spawn_blocking(move || waiting.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answered.stdout).starts_with("ACQUIRED"),
+        "answered once the library is the worker's own: {answered:?}"
+    );
+    assert_eq!(worker.status("/ready").await, Some(200));
+    assert_eq!(
+        metric(&worker.scrape().await, "seatgate_library_foreign"),
+        Some(0.0)
+    );
 }
 
 /// A client user reads and deletes its own reply streams, and writes none:

@@ -25,6 +25,7 @@
 //! and acknowledges it.
 
 mod decide;
+mod library;
 mod read;
 mod schedule;
 mod settle;
@@ -37,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use self::decide::Decider;
+use self::library::LibraryWatch;
 use self::read::{Entry, Source, SWEEP_START};
 use self::schedule::Schedule;
 use crate::config::Settings;
@@ -57,6 +59,10 @@ pub struct Worker {
     shards: Vec<ShardWorker>,
     /// This process's consumer name.
     consumer: String,
+    /// Whether the function library on Redis is this build's, checked on a timer.
+    library: Arc<LibraryWatch>,
+    /// The connection the library is checked on.
+    con: Db,
 }
 
 impl Worker {
@@ -68,6 +74,8 @@ impl Worker {
         check_shards(&mut con, &settings).await?;
         record_topology(&mut con, &settings).await?;
         let decider = Arc::new(Decider::new(settings.clone(), con.clone(), ready.clone()));
+        let library = Arc::new(LibraryWatch::default());
+        library.check(&mut con).await;
         let mut shards = Vec::new();
         // A read loop per shard, one for the base stream when sharded, and
         // one for the admin stream.
@@ -80,6 +88,7 @@ impl Worker {
                     ready.clone(),
                     con.clone(),
                     decider.clone(),
+                    library.clone(),
                     stream,
                     lane,
                 )
@@ -94,6 +103,8 @@ impl Worker {
         Ok(Worker {
             consumer: settings.consumer_name(),
             shards,
+            library,
+            con,
         })
     }
 
@@ -109,6 +120,11 @@ impl Worker {
         for shard in self.shards {
             loops.spawn(shard.run(shutdown.clone()));
         }
+        let (library, con, stop) = (self.library, self.con, shutdown.clone());
+        loops.spawn(async move {
+            library.watch(con, stop).await;
+            Ok(())
+        });
         let mut result = Ok(());
         while let Some(done) = loops.join_next().await {
             match done {
@@ -235,6 +251,8 @@ struct ShardWorker {
     ready: Readiness,
     /// Decides batches; shared by the batches in flight.
     decider: Arc<Decider>,
+    /// Whether the library on Redis is this build's: no read while it is not.
+    library: Arc<LibraryWatch>,
 }
 
 impl ShardWorker {
@@ -245,6 +263,7 @@ impl ShardWorker {
         ready: Readiness,
         con: Db,
         decider: Arc<Decider>,
+        library: Arc<LibraryWatch>,
         stream: String,
         lane: Lane,
     ) -> Result<ShardWorker, Error> {
@@ -259,6 +278,7 @@ impl ShardWorker {
             reader: None,
             ready,
             decider,
+            library,
             settings,
             claim_cursor: SWEEP_START.to_owned(),
             unprepared: false,
@@ -331,10 +351,26 @@ impl ShardWorker {
         // Batches decided concurrently: while one waits on Redis, the next is
         // read and sent, so a worker keeps Redis busy instead of taking turns.
         let mut in_flight: JoinSet<(bool, Source)> = JoinSet::new();
-        self.ready.set(!schedule.is_failing());
+        self.ready
+            .set(!schedule.is_failing() && !self.library.is_foreign());
+        let mut paused = false;
         while !shutdown.is_cancelled() {
             while let Some(done) = in_flight.try_join_next() {
                 settled(&mut schedule, done);
+            }
+            // Another library's code under this build's name: read nothing
+            // (and decide nothing) until it is this build's again.
+            if self.library.is_foreign() {
+                paused = true;
+                self.ready.set(false);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            if std::mem::take(&mut paused) && !schedule.is_failing() {
+                self.ready.set(true);
             }
             let now = Instant::now();
             self.keep_alive(now).await;
