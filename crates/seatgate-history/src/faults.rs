@@ -212,7 +212,7 @@ async fn ready(port: u16) -> bool {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if write!(s, "GET /ready HTTP/1.0\r\nHost: x\r\n\r\n").is_err() {
+        if write!(s, "GET /ready HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").is_err() {
             return false;
         }
         let mut body = String::new();

@@ -325,12 +325,18 @@ impl Page {
     }
 
     /// Waits until one license's `part` (`holders` or `queue`) satisfies `ok`.
-    async fn wait_part(&mut self, what: &str, license: &str, part: &str, ok: impl Fn(&str) -> bool) {
+    async fn wait_part(
+        &mut self,
+        what: &str,
+        license: &str,
+        part: &str,
+        ok: impl Fn(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + SHOWS_WITHIN;
         loop {
             let text = self.part(license, part).await;
             if ok(&text) {
-                return;
+                return text;
             }
             if Instant::now() >= deadline {
                 panic!("the page did not show that {what} within {SHOWS_WITHIN:?}; {license} {part} reads:\n{text}");
@@ -427,7 +433,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     // changes hands within about three seconds.
     provision(&settings, "cad", &seats(1)).await;
     // The hostile metadata's seat must stay put while the page is read.
-    provision(&settings, "xss", &seats_with_timeout(1, 600_000)).await;
+    provision(&settings, "xss", &seats_with_timeout(2, 600_000)).await;
     let worker = WorkerProcess::start(
         &redis.url(),
         &[
@@ -496,6 +502,29 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
         json!(1)
     );
     assert_eq!(page.eval("typeof window.__pwned").await, json!("undefined"));
+
+    // Invisible or reordering characters (a right-to-left override, a
+    // zero-width space, a line separator) are shown escaped, not obeyed.
+    let disguised = "report\u{202e}fdp.exe\u{200b}\u{2028}x";
+    let (_, status) = acquire_as(
+        &mut mallory,
+        "xss",
+        ("eve", "eve"),
+        json!({ "hardware_id": disguised }),
+        0,
+    )
+    .await;
+    assert_eq!(status, Status::Acquired);
+    let shown = page
+        .wait_part("the disguised holder", "xss", "holders", |t| {
+            t.contains("\\u{202e}")
+        })
+        .await;
+    assert!(
+        shown.contains("report\\u{202e}fdp.exe\\u{200b}\\u{2028}x"),
+        "{shown}"
+    );
+    assert!(!shown.contains(['\u{202e}', '\u{200b}', '\u{2028}']), "{shown}");
 
     // The page's figures are `seatgate status --json`'s. (It used to serve
     // that JSON itself; it now serves a summary and one license's detail.)

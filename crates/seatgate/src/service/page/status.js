@@ -60,15 +60,25 @@
   const count = (n) => n.toLocaleString("en-US");
 
   /**
-   * createElement with a class and children; strings become text nodes.
-   * The only way this script makes DOM.
+   * `text` with every control character, format character (zero-width
+   * spaces and joiners, bidirectional marks and overrides, U+FEFF) and line
+   * or paragraph separator shown as `\u{…}`: a value some caller stored must
+   * not hide itself or reorder the line it is on. (The terminal's views
+   * escape the same: views::printable.)
+   */
+  const shown = (text) =>
+    text.replace(/[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+
+  /**
+   * createElement with a class and children; strings become text nodes,
+   * escaped (`shown`). The only way this script makes DOM.
    */
   function el(tag, className, ...children) {
     const node = document.createElement(tag);
     if (className) node.className = className;
     for (const child of children) {
       if (child === null || child === undefined) continue;
-      node.append(typeof child === "string" ? document.createTextNode(child) : child);
+      node.append(typeof child === "string" ? document.createTextNode(shown(child)) : child);
     }
     return node;
   }
