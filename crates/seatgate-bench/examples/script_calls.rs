@@ -44,7 +44,9 @@ use seatgate_core::keys::Keys;
 use seatgate_core::policy::RequestPolicy;
 use seatgate_core::request::{session, AcquireArgs};
 use seatgate_core::request::{Guard, GuardPolicy};
-use seatgate_core::scripts::{is_already_loaded, OutboxCursor, ReapArgs, Scripts, SeatCall, SessionArgs};
+use seatgate_core::scripts::{
+    is_already_loaded, OutboxCursor, ReapArgs, ScriptName, Scripts, SeatCall, SessionArgs,
+};
 use seatgate_core::status::Status;
 
 /// The license every call is about.
@@ -172,9 +174,11 @@ async fn main() -> Result<(), Failure> {
                 continue;
             }
             let call = match (mode, i % 2) {
-                ("heartbeat", _) => session::heartbeat(scripts, &lk, &g, &session_args(session)),
+                ("heartbeat", _) => {
+                    session::call(ScriptName::Heartbeat, scripts, &lk, &g, &session_args(session))
+                }
                 (_, 0) => acquire_args(session).call(scripts, &lk, &g),
-                _ => session::release(scripts, &lk, &g, &session_args(session)),
+                _ => session::call(ScriptName::Release, scripts, &lk, &g, &session_args(session)),
             };
             if floor {
                 pipe.add_command(floor_cmd(&call.cmd())?);
@@ -385,7 +389,7 @@ async fn handover(
                 let session: &'static str = session.leak();
                 let g = worker_guard(keys, &entry, HOT, session, 0);
                 (
-                    session::release(scripts, &lk, &g, &session_args(session)),
+                    session::call(ScriptName::Release, scripts, &lk, &g, &session_args(session)),
                     "RELEASED",
                 )
             } else {

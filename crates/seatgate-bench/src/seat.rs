@@ -9,7 +9,7 @@ use seatgate_core::keys::{Keys, LicenseKeys};
 use seatgate_core::policy::RequestPolicy;
 use seatgate_core::request::Guard;
 use seatgate_core::request::{session, AcquireArgs};
-use seatgate_core::scripts::{Outcome, Scripts, SeatCall, SessionArgs};
+use seatgate_core::scripts::{Outcome, ScriptName, Scripts, SeatCall, SessionArgs};
 
 /// The queue limit a direct acquire passes for licenses without their own
 /// `queue_max`: none of its own (only read when the acquire waits).
@@ -93,7 +93,8 @@ impl Seat {
                 reply_to,
             } => acquire(meta, wait_ms, request_id, reply_to, nobody).call(s, &self.keys, &self.guard),
             Step::AcquireAs { meta, who } => acquire(meta, 0, "", "", who).call(s, &self.keys, &self.guard),
-            Step::Release => session::release(
+            Step::Release => session::call(
+                ScriptName::Release,
                 s,
                 &self.keys,
                 &self.guard,

@@ -65,27 +65,19 @@ impl SessionFields {
             lease: self.lease.as_ref().map(Lease::as_str),
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
         };
-        scripts.request(script, keys, guard, &args).finish()
+        call(script, scripts, keys, guard, &args)
     }
 }
 
-/// lua/release.lua for `args` (it takes nothing beyond what every seat script
-/// does): the worker calls it for a release, tests and the benchmark directly.
-pub fn release<'s>(
+/// lua/release.lua or lua/heartbeat.lua (`script`) for `args`: they take
+/// nothing beyond what every seat script does. The worker calls it for a
+/// release or heartbeat, tests and the benchmark directly.
+pub fn call<'s>(
+    script: ScriptName,
     scripts: &'s Scripts,
     keys: &LicenseKeys,
     guard: &Guard,
     args: &SessionArgs<'_>,
 ) -> SeatCall<'s> {
-    scripts.request(ScriptName::Release, keys, guard, args).finish()
-}
-
-/// lua/heartbeat.lua for `args`, as [`release`] is called.
-pub fn heartbeat<'s>(
-    scripts: &'s Scripts,
-    keys: &LicenseKeys,
-    guard: &Guard,
-    args: &SessionArgs<'_>,
-) -> SeatCall<'s> {
-    scripts.request(ScriptName::Heartbeat, keys, guard, args).finish()
+    scripts.request(script, keys, guard, args).finish()
 }

@@ -151,13 +151,18 @@ pub(super) async fn client_call(
     }
     .await;
     let _ = client.close().await;
-    let reply = result?;
-    print_reply(&reply, args.json);
-    Ok(if reply.ok() {
+    Ok(answered(&result?, args.json))
+}
+
+/// Prints `reply` and gives the exit code it stands for: 0 when the request
+/// got what it asked for, 1 when it was refused.
+pub(super) fn answered(reply: &Reply, json: bool) -> ExitCode {
+    print_reply(reply, json);
+    if reply.ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_REFUSED)
-    })
+    }
 }
 
 /// Prints `reply` as one line for people, or as JSON.

@@ -10,8 +10,7 @@ use seatgate::config::Settings;
 use seatgate::error::Error;
 use seatgate_client::Revoke;
 
-use super::request::print_reply;
-use super::EXIT_REFUSED;
+use super::request::answered;
 
 #[derive(Debug, Args)]
 pub(super) struct RevokeArgs {
@@ -67,11 +66,5 @@ pub(super) async fn revoke(settings: &Settings, args: RevokeArgs) -> Result<Exit
     let client = settings.client().connect_admin().await?;
     let result = client.revoke(&revoke, args.timeout).await;
     let _ = client.close().await;
-    let reply = result?;
-    print_reply(&reply, args.json);
-    Ok(if reply.ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_REFUSED)
-    })
+    Ok(answered(&result?, args.json))
 }

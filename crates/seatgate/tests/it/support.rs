@@ -25,7 +25,7 @@ use seatgate_core::license::{self, LicenseSpec};
 use seatgate_core::policy::{LicensePolicy, RequestPolicy};
 use seatgate_core::request::Guard;
 use seatgate_core::request::{parse_request, session, AcquireArgs, EntryAt, Lane, RevokeArgs};
-use seatgate_core::scripts::{Outcome, Scripts, SessionArgs};
+use seatgate_core::scripts::{Outcome, ScriptName, Scripts, SessionArgs};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use seatgate_testkit::{LocalCluster, LocalRedis as RedisServer};
@@ -485,10 +485,16 @@ impl Direct {
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        session::release(Scripts::get(), &self.keys, &self.guard, &args)
-            .run(con)
-            .await
-            .expect("release.lua")
+        session::call(
+            ScriptName::Release,
+            Scripts::get(),
+            &self.keys,
+            &self.guard,
+            &args,
+        )
+        .run(con)
+        .await
+        .expect("release.lua")
     }
 
     /// lua/heartbeat.lua.
@@ -498,10 +504,16 @@ impl Direct {
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        session::heartbeat(Scripts::get(), &self.keys, &self.guard, &args)
-            .run(con)
-            .await
-            .expect("heartbeat.lua")
+        session::call(
+            ScriptName::Heartbeat,
+            Scripts::get(),
+            &self.keys,
+            &self.guard,
+            &args,
+        )
+        .run(con)
+        .await
+        .expect("heartbeat.lua")
     }
 
     /// lua/revoke.lua: an administrator `actor` revokes this session for
