@@ -279,7 +279,7 @@ local function decide(now, default_timeout, seated)
       and (tonumber(rcall('HGET', K.owners, 'w:' .. user)) or 0) >= P.queue_max_per_user then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_user_full', now, notes)
   end
-  local priority = math.min(asker and asker.priority or 0, P and P.max_priority or TOP_PRIORITY)
+  local priority = math.min(asker and asker.priority or 0, P and P.max_priority or 0)
   enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   if owned then
     rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, borrow_ms))

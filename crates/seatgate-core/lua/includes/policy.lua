@@ -11,7 +11,7 @@
     group_max:<g>      group g holds at most that many seats
     group_reserve:<g>  that many seats are kept for group g: others may use
                        only seats_total minus what g's reservation leaves unused
-    max_priority       the highest priority an acquire gets (0-9; absent: 9)
+    max_priority       the highest priority an acquire gets (0-9; absent: 0, so a license grants queue priority only when it raises this)
     linger_ms          a released seat stays with its session that long
     max_borrow_ms      the longest borrow an acquire may ask for (absent:
                        borrowing is off)
@@ -56,8 +56,6 @@
 -- Most waiters one grant step looks past (waiters that cannot be granted
 -- now): the bound on a step's cost. engine::policy::SKIP_LIMIT mirrors it.
 local SKIP_LIMIT = 50
--- The highest priority.
-local TOP_PRIORITY = 9
 
 local policy_built
 -- The policy helpers.
@@ -78,7 +76,7 @@ local function policy()
   -- `flat` is the record's HGETALL, when the caller read it (license_state).
   function M.read(flat)
     flat = flat or rcall('HGETALL', K.license)
-    local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = TOP_PRIORITY}
+    local P = {group_max = {}, group_reserve = {}, counts = {}, limits = false, max_priority = 0}
     local raw, bad_group = {}, nil
     for i = 1, #flat, 2 do
       local field, value = flat[i], flat[i + 1]
@@ -106,7 +104,7 @@ local function policy()
     if bad_group then
       return nil, bad_group
     end
-    P.max_priority = P.max_priority or TOP_PRIORITY
+    P.max_priority = P.max_priority or 0
     P.limits = P.max_per_user ~= nil or next(P.group_max) ~= nil or next(P.group_reserve) ~= nil
     return P, nil
   end

@@ -387,6 +387,34 @@ async fn priority_orders_the_queue_fifo_within_a_level_capped_by_max_priority() 
     worker.stop().await;
 }
 
+/// A license that does not raise `max_priority` keeps its queue in arrival
+/// order (issue 35, H2): a caller asking for priority 9 is queued at 0, so
+/// no application can jump everyone else's waiters by asking.
+#[tokio::test]
+async fn without_max_priority_every_waiter_waits_in_arrival_order() {
+    let (_redis, s, worker, c) = serve_cad(1, &LicensePolicy::default()).await;
+    expect(&c, acquire("cad", "holder", 0), Status::Acquired).await;
+    let mut waiting = Vec::new();
+    for (session, priority) in [("first", 0), ("pusher", 9)] {
+        let (r, id, c) = queued(
+            &s,
+            acquire("cad", session, 30_000).with_policy(ask("", "", priority)),
+        )
+        .await;
+        assert_eq!(r.get("priority"), "", "{session} queued at priority 0: {r:?}");
+        waiting.push((session, id, c));
+    }
+    expect(&c, release("cad", "holder"), Status::Released).await;
+    let (session, id, c) = &mut waiting[0];
+    assert_eq!(c.wait_for(id, T).await.unwrap().status(), Status::Granted, "{session}");
+    expect(c, release("cad", session), Status::Released).await;
+    let (session, id, c) = &mut waiting[1];
+    assert_eq!(c.wait_for(id, T).await.unwrap().status(), Status::Granted, "{session}");
+    let ev = events(&s, "cad").await;
+    assert_eq!(grant_order(&ev), ["first", "pusher"]);
+    worker.stop().await;
+}
+
 #[tokio::test]
 async fn linger_keeps_a_released_seat_for_its_session_then_the_reaper_grants_it() {
     let policy = LicensePolicy {
