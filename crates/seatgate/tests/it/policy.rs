@@ -406,10 +406,18 @@ async fn without_max_priority_every_waiter_waits_in_arrival_order() {
     }
     expect(&c, release("cad", "holder"), Status::Released).await;
     let (session, id, c) = &mut waiting[0];
-    assert_eq!(c.wait_for(id, T).await.unwrap().status(), Status::Granted, "{session}");
+    assert_eq!(
+        c.wait_for(id, T).await.unwrap().status(),
+        Status::Granted,
+        "{session}"
+    );
     expect(c, release("cad", session), Status::Released).await;
     let (session, id, c) = &mut waiting[1];
-    assert_eq!(c.wait_for(id, T).await.unwrap().status(), Status::Granted, "{session}");
+    assert_eq!(
+        c.wait_for(id, T).await.unwrap().status(),
+        Status::Granted,
+        "{session}"
+    );
     let ev = events(&s, "cad").await;
     assert_eq!(grant_order(&ev), ["first", "pusher"]);
     worker.stop().await;
