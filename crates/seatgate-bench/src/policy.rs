@@ -38,6 +38,7 @@ fn every_policy() -> LicensePolicy {
         max_borrow_ms: Some(86_400_000),
         require_user: None,
         queue_max_per_user: Some(1_000_000),
+        queue_max_per_group: Some(1_000_000),
     }
 }
 

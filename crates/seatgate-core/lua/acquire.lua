@@ -41,8 +41,10 @@
                         detail = 'queue_full' when the queue is full,
                         'queue_user_full' when the user already has the
                         license's queue_max_per_user sessions waiting
-                        (owners.lua, w:<user>), 'reserved' when the free
-                        seats are reserved for other groups
+                        (owners.lua, w:<user>), 'queue_group_full' when the
+                        group already has queue_max_per_group waiting
+                        (wg:<group>), 'reserved' when the free seats are
+                        reserved for other groups
     LIMIT_REACHED       detail = the limit: 'max_per_user' or 'group_max'
                         (without wait_ms; with it, the session queues and is
                         granted once under its limits), 'max_borrow_ms'
@@ -279,6 +281,11 @@ local function decide(now, default_timeout, seated)
       and (tonumber(rcall('HGET', K.owners, 'w:' .. user)) or 0) >= P.queue_max_per_user then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_user_full', now, notes)
   end
+  local group = asker and asker.group or ''
+  if group ~= '' and P and P.queue_max_per_group
+      and (tonumber(rcall('HGET', K.owners, 'wg:' .. group)) or 0) >= P.queue_max_per_group then
+    return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_group_full', now, notes)
+  end
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or 0)
   enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   if owned then
@@ -286,6 +293,9 @@ local function decide(now, default_timeout, seated)
   end
   if user ~= '' then
     rcall('HINCRBY', K.owners, 'w:' .. user, 1)
+  end
+  if group ~= '' then
+    rcall('HINCRBY', K.owners, 'wg:' .. group, 1)
   end
   if priority > 0 then
     local position = rcall('ZRANK', K.queue, session) + 1

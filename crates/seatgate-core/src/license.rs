@@ -67,6 +67,10 @@ pub enum Field {
     /// [`MAX_NUMBER`]; an acquire that would queue one more is refused
     /// NO_SEATS_AVAILABLE (`queue_user_full`).
     QueueMaxPerUser,
+    /// Sessions one group has waiting in the queue at most: digits, 0 to
+    /// [`MAX_NUMBER`]; an acquire that would queue one more is refused
+    /// NO_SEATS_AVAILABLE (`queue_group_full`).
+    QueueMaxPerGroup,
     /// `group_max:<group>`: seats the group holds at most: digits, 0 to [`MAX_SEATS`].
     GroupMax,
     /// `group_reserve:<group>`: seats kept for the group: digits, 0 to [`MAX_SEATS`].
@@ -93,6 +97,7 @@ impl Field {
                 | Field::MaxBorrowMs
                 | Field::RequireUser
                 | Field::QueueMaxPerUser
+                | Field::QueueMaxPerGroup
                 | Field::GroupMax
                 | Field::GroupReserve
         )
@@ -128,7 +133,7 @@ impl Field {
             Field::LingerMs => "is not a whole number of ms from 0 to 999999999999999",
             Field::MaxBorrowMs => "is not a whole number of ms from 0 to 31536000000",
             Field::RequireUser => "is not 0 or 1",
-            Field::QueueMaxPerUser => "is not a whole number from 0 to 999999999999999",
+            Field::QueueMaxPerUser | Field::QueueMaxPerGroup => "is not a whole number from 0 to 999999999999999",
             Field::GroupMax | Field::GroupReserve => {
                 "is not a whole number from 0 to 1000000 for a group of 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
             }
@@ -144,7 +149,9 @@ impl Field {
             Field::ExpiresAtMs => (0, MAX_NUMBER, 15),
             Field::Active | Field::Policy | Field::RequireUser => (0, 1, 1),
             Field::HeartbeatTimeoutMs | Field::QueueMax => (1, MAX_NUMBER, 15),
-            Field::MaxPerUser | Field::LingerMs | Field::QueueMaxPerUser => (0, MAX_NUMBER, 15),
+            Field::MaxPerUser | Field::LingerMs | Field::QueueMaxPerUser | Field::QueueMaxPerGroup => {
+                (0, MAX_NUMBER, 15)
+            }
             Field::MaxPriority => (0, 9, 1),
             Field::MaxBorrowMs => (0, MAX_BORROW_MS, 11),
             Field::GroupMax | Field::GroupReserve => (0, MAX_SEATS, 7),
@@ -750,6 +757,8 @@ pub const REFUSED_VALUES: &[(Field, &str)] = &[
     (Field::RequireUser, "yes"),
     (Field::QueueMaxPerUser, "-1"),
     (Field::QueueMaxPerUser, "5x"),
+    (Field::QueueMaxPerGroup, "-1"),
+    (Field::QueueMaxPerGroup, "2.0"),
 ];
 
 /// Values each field's rule takes, with what they stand for; used as
@@ -779,6 +788,8 @@ pub const TAKEN_VALUES: &[(Field, &str, u64)] = &[
     (Field::RequireUser, "1", 1),
     (Field::QueueMaxPerUser, "0", 0),
     (Field::QueueMaxPerUser, "5", 5),
+    (Field::QueueMaxPerGroup, "0", 0),
+    (Field::QueueMaxPerGroup, "12", 12),
 ];
 
 #[cfg(test)]

@@ -103,6 +103,10 @@ pub struct LicensePolicy {
     /// waiting in the queue.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_max_per_user: Option<u64>,
+    /// `queue_max_per_group`: one group has at most this many sessions
+    /// waiting in the queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_max_per_group: Option<u64>,
 }
 
 /// Why a policy could not be provisioned as given.
@@ -127,6 +131,7 @@ impl LicensePolicy {
                 | "max_borrow_ms"
                 | "require_user"
                 | "queue_max_per_user"
+                | "queue_max_per_group"
         ) || field.starts_with("group_max:")
             || field.starts_with("group_reserve:")
     }
@@ -148,6 +153,7 @@ impl LicensePolicy {
         put("max_borrow_ms", self.max_borrow_ms);
         put("require_user", self.require_user.map(u64::from));
         put("queue_max_per_user", self.queue_max_per_user);
+        put("queue_max_per_group", self.queue_max_per_group);
         for (group, n) in &self.group_max {
             out.push((format!("group_max:{group}"), n.to_string()));
         }
@@ -177,6 +183,7 @@ impl LicensePolicy {
                 "max_borrow_ms" => policy.max_borrow_ms = Some(number(raw)),
                 "require_user" => policy.require_user = Some(number(raw) == 1),
                 "queue_max_per_user" => policy.queue_max_per_user = Some(number(raw)),
+                "queue_max_per_group" => policy.queue_max_per_group = Some(number(raw)),
                 other => {
                     if let Some(group) = other.strip_prefix("group_max:") {
                         policy.group_max.insert(group.to_owned(), number(raw));
@@ -251,6 +258,9 @@ impl LicensePolicy {
         }
         if let Some(n) = self.queue_max_per_user {
             parts.push(format!("queue_max_per_user {n}"));
+        }
+        if let Some(n) = self.queue_max_per_group {
+            parts.push(format!("queue_max_per_group {n}"));
         }
         parts.join(", ")
     }
@@ -377,6 +387,7 @@ mod tests {
             max_borrow_ms: Some(86_400_000),
             require_user: Some(true),
             queue_max_per_user: Some(4),
+            queue_max_per_group: Some(6),
         };
         let mut record: HashMap<String, String> = policy.fields().into_iter().collect();
         record.insert("seats_total".into(), "5".into());

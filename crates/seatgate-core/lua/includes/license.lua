@@ -19,6 +19,7 @@
     max_borrow_ms         digits, 0 to 31536000000 (a year)
     require_user          0 or 1: 1 refuses an acquire without a user
     queue_max_per_user    digits, 0 to 999999999999999
+    queue_max_per_group   digits, 0 to 999999999999999
     group_max:<g>         digits, 0 to 1000000, in field name order, and
     group_reserve:<g>     <g> an id like a session's
   Digits only: tonumber alone would take "0x10", " 5", "1e3", "inf" and
@@ -45,7 +46,8 @@ local function license_number(field, raw)
   elseif field == 'heartbeat_timeout_ms' or field == 'queue_max' then
     low, high, digits = 1, 999999999999999, 15
   -- The policy fields, checked by policy.lua only.
-  elseif field == 'max_per_user' or field == 'linger_ms' or field == 'queue_max_per_user' then
+  elseif field == 'max_per_user' or field == 'linger_ms' or field == 'queue_max_per_user'
+      or field == 'queue_max_per_group' then
     low, high, digits = 0, 999999999999999, 15
   elseif field == 'max_priority' then
     low, high, digits = 0, 9, 1

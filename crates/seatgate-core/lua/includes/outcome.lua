@@ -11,7 +11,8 @@
                      priority} for a priority above 0;
                      NO_SEATS_AVAILABLE: 'queue_full' when the queue is full,
                      'queue_user_full' when the user's waiters reach
-                     queue_max_per_user,
+                     queue_max_per_user, 'queue_group_full' when the
+                     group's reach queue_max_per_group,
                      'reserved' when the free seats are reserved for others;
                      LIMIT_REACHED: the limit, 'max_per_user', 'group_max'
                      or 'max_borrow_ms';

@@ -11,6 +11,7 @@
                  at 0), for queue_max_per_user (policy.lua): added by
                  acquire when it queues a session with a user, taken by
                  remove_waiter (queue.lua), the one way out of the queue
+    wg:<group>   the same per group, for queue_max_per_group
     s:<session>  the owner record of a holder or waiter:
                    "<user>|<group>|<borrow_ms>"
                      user, group  as the acquire carried them ('' = none;

@@ -21,6 +21,10 @@
                        the queue; an acquire that would queue one more is
                        refused NO_SEATS_AVAILABLE 'queue_user_full'
                        (acquire.lua; counted as w:<user>, owners.lua)
+    queue_max_per_group one group has at most that many sessions waiting;
+                       one more is refused NO_SEATS_AVAILABLE
+                       'queue_group_full' (counted as wg:<group>), so one
+                       group cannot fill the queue ahead of the others
   Each is a whole number in plain digits, under the rules license.lua lists
   (policy().read() checks them): a record breaking one hands out no seat,
   LICENSE_INVALID naming the field, as for the other fields.
@@ -66,7 +70,7 @@ local function policy()
   local M = {}
 
   -- The policy fields' rules are license.lua's, in license_number.
-  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms', 'require_user', 'queue_max_per_user'}
+  local SCALARS = {'max_per_user', 'max_priority', 'linger_ms', 'max_borrow_ms', 'require_user', 'queue_max_per_user', 'queue_max_per_group'}
 
   -- The license's policies, read from its whole record, and the first field
   -- that breaks its rule ({field, value}, as license_state reports one:

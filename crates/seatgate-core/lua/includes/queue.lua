@@ -176,17 +176,19 @@ end
 
 -- Takes waiting `session`, whose owner record is `owner` (nil: none), out
 -- of the queue: every way a wait ends (a grant, a timeout, a release, a
--- revocation, the license deleted) goes through here, so the per-user
--- waiter count (owners.lua, `w:<user>`, for queue_max_per_user) is taken
--- from here, once: only when the session was still queued.
+-- revocation, the license deleted) goes through here, so the per-user and
+-- per-group waiter counts (owners.lua, `w:<user>` and `wg:<group>`, for
+-- queue_max_per_user and queue_max_per_group) are taken from here, once:
+-- only when the session was still queued.
 local function remove_waiter(session, owner)
   local queued = rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
   rcall('HDEL', K.waiters, session)
-  if queued == 1 and owner and owner.user ~= '' then
-    local field = 'w:' .. owner.user
-    if rcall('HINCRBY', K.owners, field, -1) <= 0 then
-      rcall('HDEL', K.owners, field)
+  if queued == 1 and owner then
+    for _, field in ipairs({owner.user ~= '' and 'w:' .. owner.user, owner.group ~= '' and 'wg:' .. owner.group}) do
+      if field and rcall('HINCRBY', K.owners, field, -1) <= 0 then
+        rcall('HDEL', K.owners, field)
+      end
     end
   end
 end

@@ -117,6 +117,9 @@ pub enum NoSeats {
     /// The user already has the license's `queue_max_per_user` sessions
     /// waiting (detail `queue_user_full`).
     QueueUserFull,
+    /// The group already has the license's `queue_max_per_group` sessions
+    /// waiting (detail `queue_group_full`).
+    QueueGroupFull,
     /// The free seats are reserved for others' groups.
     Reserved,
 }
@@ -520,6 +523,7 @@ fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Deci
             other => match text(other).as_deref() {
                 Some("queue_full") => Decision::NoSeatsAvailable(NoSeats::QueueFull),
                 Some("queue_user_full") => Decision::NoSeatsAvailable(NoSeats::QueueUserFull),
+                Some("queue_group_full") => Decision::NoSeatsAvailable(NoSeats::QueueGroupFull),
                 Some("reserved") => Decision::NoSeatsAvailable(NoSeats::Reserved),
                 _ => return Err(refuse()),
             },

@@ -45,6 +45,11 @@ pub(super) struct PolicyArgs {
     /// (queue_max_per_user); one more is refused NO_SEATS_AVAILABLE.
     #[arg(long, value_name = "N")]
     queue_max_per_user: Option<u64>,
+    /// One group has at most N sessions waiting in the queue
+    /// (queue_max_per_group); one more is refused NO_SEATS_AVAILABLE, so
+    /// one group cannot fill the queue ahead of the others.
+    #[arg(long, value_name = "N")]
+    queue_max_per_group: Option<u64>,
 }
 
 impl PolicyArgs {
@@ -58,6 +63,7 @@ impl PolicyArgs {
             max_borrow_ms: self.max_borrow.map(|d| d.as_millis() as u64),
             require_user: self.require_user.then_some(true),
             queue_max_per_user: self.queue_max_per_user,
+            queue_max_per_group: self.queue_max_per_group,
         }
     }
 }

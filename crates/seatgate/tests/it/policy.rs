@@ -1425,6 +1425,22 @@ async fn identity_refusals_decode_from_the_script() {
 /// The sessions each user has waiting, as the queue and the owner records
 /// say, and the per-user waiter counts (`w:<user>`) the scripts keep.
 async fn waiters_per_user(s: &Settings, license: &str) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    waiter_counts(s, license, "w:", |o| o.user).await
+}
+
+/// The same per group: the queue's, and the scripts' `wg:<group>` counts.
+async fn waiters_per_group(s: &Settings, license: &str) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    waiter_counts(s, license, "wg:", |o| o.group).await
+}
+
+/// The sessions waiting per `of` (a user or a group) of their owner
+/// records, and the counts the scripts keep under `prefix`.
+async fn waiter_counts(
+    s: &Settings,
+    license: &str,
+    prefix: &str,
+    of: fn(OwnerRecord) -> Option<String>,
+) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
     let k = license_keys(s, license);
     let (waiting, owners): (Vec<String>, HashMap<String, String>) = redis::pipe()
         .atomic()
@@ -1439,17 +1455,17 @@ async fn waiters_per_user(s: &Settings, license: &str) -> (BTreeMap<String, i64>
         .unwrap();
     let mut truth = BTreeMap::new();
     for w in &waiting {
-        if let Some(user) = owners
+        if let Some(who) = owners
             .get(&format!("s:{w}"))
             .and_then(|r| OwnerRecord::parse(r))
-            .and_then(|o| o.user)
+            .and_then(of)
         {
-            *truth.entry(user).or_default() += 1;
+            *truth.entry(who).or_default() += 1;
         }
     }
     let kept = owners
         .iter()
-        .filter_map(|(f, n)| Some((f.strip_prefix("w:")?.to_owned(), n.parse().unwrap())))
+        .filter_map(|(f, n)| Some((f.strip_prefix(prefix)?.to_owned(), n.parse().unwrap())))
         .collect();
     (truth, kept)
 }
@@ -1565,6 +1581,122 @@ async fn queue_max_per_user_through_every_way_a_wait_ends() {
         .await
         .unwrap());
     let (truth, kept) = waiters_per_user(&s, "cad").await;
+    assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
+}
+
+/// `queue_max_per_group` 2 on a full one-seat license (issue 35, H2's cap
+/// on waiters per group): group cad's third waiter is refused
+/// (NO_SEATS_AVAILABLE, `queue_group_full`) while eng and a waiter without
+/// a group still queue, so one group cannot fill the queue ahead of the
+/// others; each way a wait ends gives cad its place back, and the counts
+/// (`wg:<group>`) equal the queue after every step.
+#[tokio::test]
+async fn queue_max_per_group_holds_one_groups_waiters_and_frees_their_places() {
+    let policy = LicensePolicy {
+        queue_max_per_group: Some(2),
+        ..LicensePolicy::default()
+    };
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    provision_policy(&s, "cad", 1, &policy).await;
+    let as_group = |session: &str, group: &str| direct(&s, "cad", session).with_policy(ask("", group, 0));
+    let queue = |session: &'static str, group: &'static str, wait_ms: u64| {
+        let s = s.clone();
+        async move {
+            direct(&s, "cad", session)
+                .with_policy(ask("", group, 0))
+                .queue(&mut db(&s).await, wait_ms, &format!("r-{session}"), "")
+                .await
+        }
+    };
+    assert!(matches!(
+        as_group("holder", "ops").acquire(&mut con).await.decision,
+        Decision::Acquired { .. }
+    ));
+    let queued = |o: &seatgate_core::scripts::Outcome| matches!(o.decision, Decision::Queued { .. });
+    let group_full = |o: &seatgate_core::scripts::Outcome| {
+        o.decision == Decision::NoSeatsAvailable(seatgate_core::scripts::NoSeats::QueueGroupFull)
+    };
+    let counted = |at: &'static str| {
+        let s = s.clone();
+        async move {
+            let (truth, kept) = waiters_per_group(&s, "cad").await;
+            assert_eq!(
+                kept, truth,
+                "{at}: the group waiter counts drifted from the queue"
+            );
+            kept
+        }
+    };
+
+    assert!(queued(&queue("c1", "cad", 60_000).await));
+    assert!(queued(&queue("c2", "cad", 60_000).await));
+    let refused = queue("c3", "cad", 60_000).await;
+    assert!(group_full(&refused), "{refused:?}");
+    assert!(
+        queued(&queue("c1", "cad", 60_000).await),
+        "a re-sent acquire keeps its place"
+    );
+    assert!(
+        queued(&queue("e1", "eng", 60_000).await),
+        "another group is not held back"
+    );
+    assert!(
+        queued(&queue("none", "", 60_000).await),
+        "nor a waiter of no group"
+    );
+    assert_eq!(
+        counted("queued").await,
+        BTreeMap::from([("cad".to_owned(), 2), ("eng".to_owned(), 1)])
+    );
+
+    // A grant gives cad a place back.
+    assert_eq!(
+        as_group("holder", "ops")
+            .release(&mut con)
+            .await
+            .decision
+            .status(),
+        Status::Released
+    );
+    assert_eq!(holders(&s, "cad").await, ["c1"]);
+    counted("granted").await;
+    assert!(queued(&queue("c3", "cad", 60_000).await));
+    assert!(group_full(&queue("c4", "cad", 60_000).await));
+    // So do leaving the queue, a timeout and a revocation.
+    assert_eq!(
+        as_group("c2", "cad").release(&mut con).await.decision.status(),
+        Status::LeftQueue
+    );
+    counted("left").await;
+    assert!(queued(&queue("c4", "cad", 50).await));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(queued(&queue("c5", "cad", 60_000).await), "c4's wait ran out");
+    counted("timed out").await;
+    let revoked = as_group("c5", "cad").revoke(&mut con, "audit", "root", 0).await;
+    assert_eq!(revoked.decision.status(), Status::Revoked);
+    counted("revoked").await;
+
+    // The reply names the group and the quota, through the worker.
+    assert!(queued(&queue("c6", "cad", 60_000).await));
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(&s).await;
+    let r = expect(
+        &c,
+        acquire_as("cad", "c7", "", "cad", 60_000),
+        Status::NoSeatsAvailable,
+    )
+    .await;
+    assert!(
+        r.get("error").contains("group cad") && r.get("error").contains("queue_max_per_group"),
+        "{r:?}"
+    );
+    worker.stop().await;
+
+    // Deleting the license ends every wait and leaves no count.
+    assert!(seatgate_core::license::delete(&mut con, &keys(&s), "cad")
+        .await
+        .unwrap());
+    let (truth, kept) = waiters_per_group(&s, "cad").await;
     assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
 }
 

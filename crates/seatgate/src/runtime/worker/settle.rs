@@ -678,6 +678,12 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
             "every seat is in use and user {} already has queue_max_per_user sessions waiting for this license",
             who.user.as_deref().unwrap_or_default()
         )),
+        Decision::NoSeatsAvailable(NoSeats::QueueGroupFull) => Some(match who.group.as_deref() {
+            Some(group) => format!(
+                "every seat is in use and group {group} already has queue_max_per_group sessions waiting for this license"
+            ),
+            None => "every seat is in use and the user's group already has queue_max_per_group sessions waiting for this license".to_owned(),
+        }),
         Decision::NoSeatsAvailable(NoSeats::Reserved) => Some(PolicyRefusal::Reserved.reason(who)),
         Decision::LimitReached(limit) => Some(limit.reason(who)),
         Decision::LicenseInvalid(invalid) => Some(invalid.to_string()),
