@@ -50,6 +50,7 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     a_worker_killed_between_script_and_relay_loses_no_event(&cluster).await;
     the_invalid_request_budget_on_a_cluster(&cluster).await;
     the_function_library_is_on_every_master_and_loaded_again_when_lost(&cluster).await;
+    a_client_built_from_the_nodes_finds_its_streams(&cluster).await;
 }
 
 /// `seatgate run` on the cluster, killed by the fault hook right after its
@@ -676,4 +677,39 @@ async fn the_function_library_is_on_every_master_and_loaded_again_when_lost(clus
         err.contains("same slot") || err.contains("non local key"),
         "{err}"
     );
+}
+
+/// A Rust program on a cluster names the seed nodes, the key prefix and its
+/// application, nothing of the service's settings: the builder reads the
+/// topology the workers recorded in `<prefix>:config` (on that key's
+/// master), and its requests go to the application's own stream, on the
+/// license's shard.
+async fn a_client_built_from_the_nodes_finds_its_streams(cluster: &LocalCluster) {
+    let mut s = settings(cluster, "c9");
+    s.stream.applications = vec!["cad".to_owned()];
+    put_license(&s, "lic", 1).await;
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let client = seatgate_client::Client::builder()
+        .cluster(cluster.urls())
+        .key_prefix("c9")
+        .application("cad")
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        client.reply_to().starts_with("seat:reply:cad:"),
+        "{}",
+        client.reply_to()
+    );
+    let reply = client.call(&acquire("lic", "ws-1", 0), T).await.unwrap();
+    assert_eq!(reply.status(), Status::Acquired, "{reply:?}");
+    let shard = seatgate_core::keys::shard_name("c9:requests:app:cad", 4, "lic");
+    let sent: usize = redis::cmd("XLEN")
+        .arg(&shard)
+        .query_async(&mut db(&s).await)
+        .await
+        .unwrap();
+    assert!(sent >= 1, "the acquire went to {shard}");
+    client.close().await.unwrap();
+    worker.stop().await;
 }
