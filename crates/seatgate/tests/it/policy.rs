@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use seatgate::config::Settings;
 use seatgate_client::{Call, Client, Reply};
+use seatgate_core::db::Db;
 use seatgate_core::policy::{LicensePolicy, RequestPolicy};
 use seatgate_core::records::OwnerRecord;
 use seatgate_core::scripts::Decision;
@@ -1476,6 +1477,33 @@ async fn assert_waiter_counts(s: &Settings, license: &str, at: &str) {
     assert_eq!(kept, truth, "{at}: the waiter counts drifted from the queue");
 }
 
+/// The end of a waiter quota test on license "cad": through a worker,
+/// `call` (one waiter past the quota) is refused NO_SEATS_AVAILABLE with an
+/// error naming each of `names`; deleting the license then ends every wait
+/// and leaves no count under `prefix` (`of` picks the owner's user or group).
+async fn named_then_cleared(
+    s: &Settings,
+    con: &mut Db,
+    call: Call,
+    names: &[&str],
+    prefix: &str,
+    of: fn(OwnerRecord) -> Option<String>,
+) {
+    let worker = spawn_worker(s.clone(), "w1").await;
+    let c = client(s).await;
+    let r = expect(&c, call, Status::NoSeatsAvailable).await;
+    assert!(
+        names.iter().all(|n| r.get("error").contains(n)),
+        "{names:?}: {r:?}"
+    );
+    worker.stop().await;
+    assert!(seatgate_core::license::delete(con, &keys(s), "cad")
+        .await
+        .unwrap());
+    let (truth, kept) = waiter_counts(s, "cad", prefix, of).await;
+    assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
+}
+
 /// Session `session` of license "cad" asked by `user`, waiting up to
 /// `wait_ms` (called directly).
 async fn queue_as(s: &Settings, session: &str, user: &str, wait_ms: u64) -> seatgate_core::scripts::Outcome {
@@ -1562,26 +1590,15 @@ async fn queue_max_per_user_through_every_way_a_wait_ends() {
     );
 
     // The reply says which quota, through the worker.
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
-    let r = expect(
-        &c,
+    named_then_cleared(
+        &s,
+        &mut con,
         acquire_as("cad", "a8", "ada", "", 60_000),
-        Status::NoSeatsAvailable,
+        &["user ada", "queue_max_per_user"],
+        "w:",
+        |o| o.user,
     )
     .await;
-    assert!(
-        r.get("error").contains("user ada") && r.get("error").contains("queue_max_per_user"),
-        "{r:?}"
-    );
-    worker.stop().await;
-
-    // Deleting the license ends every wait and leaves no count.
-    assert!(seatgate_core::license::delete(&mut con, &keys(&s), "cad")
-        .await
-        .unwrap());
-    let (truth, kept) = waiters_per_user(&s, "cad").await;
-    assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
 }
 
 /// `queue_max_per_group` 2 on a full one-seat license (issue 35, H2's cap
@@ -1678,26 +1695,15 @@ async fn queue_max_per_group_holds_one_groups_waiters_and_frees_their_places() {
 
     // The reply names the group and the quota, through the worker.
     assert!(queued(&queue("c6", "cad", 60_000).await));
-    let worker = spawn_worker(s.clone(), "w1").await;
-    let c = client(&s).await;
-    let r = expect(
-        &c,
+    named_then_cleared(
+        &s,
+        &mut con,
         acquire_as("cad", "c7", "", "cad", 60_000),
-        Status::NoSeatsAvailable,
+        &["group cad", "queue_max_per_group"],
+        "wg:",
+        |o| o.group,
     )
     .await;
-    assert!(
-        r.get("error").contains("group cad") && r.get("error").contains("queue_max_per_group"),
-        "{r:?}"
-    );
-    worker.stop().await;
-
-    // Deleting the license ends every wait and leaves no count.
-    assert!(seatgate_core::license::delete(&mut con, &keys(&s), "cad")
-        .await
-        .unwrap());
-    let (truth, kept) = waiters_per_group(&s, "cad").await;
-    assert!(truth.is_empty() && kept.is_empty(), "{truth:?} {kept:?}");
 }
 
 /// `seatgate license put --queue-max-per-user` writes the field, `license
