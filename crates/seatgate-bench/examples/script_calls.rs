@@ -273,6 +273,7 @@ fn worker_guard(keys: &Keys, entry: &str, license: &str, session: &str, limit: u
         session_limit: limit,
         license_limit: limit,
         rate_window_ms: 10_000,
+        application: Default::default(),
     };
     let mut g = Guard::for_entry(&policy, keys, entry, license, session);
     g.redelivery = true;

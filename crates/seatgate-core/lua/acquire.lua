@@ -230,7 +230,7 @@ local function decide(now, default_timeout, seated)
       -- A mapped group that is no id (say holding '|', the owner record's
       -- separator) is refused like a disagreeing claim: never a seat counted
       -- for no group, which would escape group_max.
-      local id = mapped == '' or (#mapped <= 128 and string.find(mapped, '^[A-Za-z0-9._:@-]+$'))
+      local id = mapped == '' or owner_id(mapped)
       if not id or (asker.group ~= '' and asker.group ~= mapped) then
         return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'group_map', now, notes)
       end
@@ -240,6 +240,19 @@ local function decide(now, default_timeout, seated)
 
   local total = license.total
   local borrow_ms = asker and asker.borrow_ms or 0
+  -- What the session's application may use of the license (request.lua,
+  -- service()): seats held and sessions waiting together at most
+  -- app_sessions, so that its grants never take it past; at most
+  -- app_waiters waiting.
+  local app, S = app_of(session), service()
+  local app_held, app_waiting = 0, 0
+  if app and (S.app_sessions > 0 or (S.app_waiters > 0 and wait_ms > 0)) then
+    local c = rcall('HMGET', K.owners, 'a:' .. app, 'wa:' .. app)
+    app_held, app_waiting = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+    if S.app_sessions > 0 and app_held + app_waiting >= S.app_sessions then
+      return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'application_sessions', now, notes)
+    end
+  end
   if borrow_ms > 0 and not (P and P.max_borrow_ms and borrow_ms <= P.max_borrow_ms) then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), total, 'max_borrow_ms', now, notes)
   end
@@ -252,16 +265,19 @@ local function decide(now, default_timeout, seated)
   elseif used >= total then
     why = 'full'
   end
-  -- Whether the seat (or place) has an owner record (includes/owners.lua).
-  local owned = asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0)
+  -- Whether the seat (or place) has an owner record (includes/owners.lua),
+  -- and the owner it records.
+  local owned = app or (asker and (asker.user ~= '' or asker.group ~= '' or borrow_ms > 0))
+  local owner = owned and {user = asker and asker.user or '', group = asker and asker.group or '',
+    borrow_ms = borrow_ms, app = app}
   if not why and clear then
     -- A free seat that nobody waiting could take: take it.
     hold(session, now, meta, lease, used + 1)
     local borrowed_until = 0
     if owned then
       local O = owners()
-      rcall('HSET', K.owners, 's:' .. session, O.record(asker.user, asker.group, borrow_ms))
-      borrowed_until = O.taken(session, now, asker)
+      rcall('HSET', K.owners, 's:' .. session, O.record(owner.user, owner.group, borrow_ms, session))
+      borrowed_until = O.taken(session, now, owner)
     end
     return outcome('ACQUIRED', used + 1, total, borrowed_until, now, notes)
   end
@@ -281,6 +297,9 @@ local function decide(now, default_timeout, seated)
       and (tonumber(rcall('HGET', K.owners, 'w:' .. user)) or 0) >= P.queue_max_per_user then
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_user_full', now, notes)
   end
+  if app and S.app_waiters > 0 and app_waiting >= S.app_waiters then
+    return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_application_full', now, notes)
+  end
   local group = asker and asker.group or ''
   if group ~= '' and P and P.queue_max_per_group
       and (tonumber(rcall('HGET', K.owners, 'wg:' .. group)) or 0) >= P.queue_max_per_group then
@@ -289,10 +308,13 @@ local function decide(now, default_timeout, seated)
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or 0)
   enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority)
   if owned then
-    rcall('HSET', K.owners, 's:' .. session, owners().record(asker.user, asker.group, borrow_ms))
+    rcall('HSET', K.owners, 's:' .. session, owners().record(owner.user, owner.group, borrow_ms, session))
   end
   if user ~= '' then
     rcall('HINCRBY', K.owners, 'w:' .. user, 1)
+  end
+  if app then
+    rcall('HINCRBY', K.owners, 'wa:' .. app, 1)
   end
   if group ~= '' then
     rcall('HINCRBY', K.owners, 'wg:' .. group, 1)

@@ -23,6 +23,7 @@
 //!   every reply decoded (a seat script's into a `Decision`)
 //! - [`records`]    the records the scripts store (sessions, waiters, owners, dedupe), decoded
 //! - [`revocation`] the record of a revoked session, and what it is told
+//! - [`tenancy`]    who is asking: the application in every session, user and group id
 //! - [`db`]         the connection: one node or Redis Cluster, same commands; [`db::RedisSettings`]
 //! - [`error`]      the error type
 
@@ -39,5 +40,6 @@ pub mod request;
 pub mod revocation;
 pub mod scripts;
 pub mod status;
+pub mod tenancy;
 
 pub use error::{Error, Result};

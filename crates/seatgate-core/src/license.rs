@@ -175,7 +175,7 @@ impl Field {
             group: Some(group.to_owned()),
             value: raw.to_owned(),
         };
-        if !valid_id(group) {
+        if !crate::tenancy::valid_stored_id(group) {
             return Err(refused());
         }
         self.check(raw).map_err(|_| refused())

@@ -283,6 +283,12 @@ pub enum PolicyRefusal {
     /// LIMIT_REACHED: the license maps users to groups, and the group the
     /// acquire claimed is not its user's there.
     GroupMap,
+    /// LIMIT_REACHED: the license lists the applications that may use it,
+    /// and the request's is not one of them (or it has none: the shared stream).
+    Application,
+    /// LIMIT_REACHED: the request's application already holds
+    /// `tenancy.application_sessions` seats of the license.
+    ApplicationSessions,
 }
 
 impl PolicyRefusal {
@@ -295,6 +301,8 @@ impl PolicyRefusal {
             PolicyRefusal::Reserved => "reserved",
             PolicyRefusal::RequireUser => "require_user",
             PolicyRefusal::GroupMap => "group_map",
+            PolicyRefusal::Application => "application",
+            PolicyRefusal::ApplicationSessions => "application_sessions",
         }
     }
 
@@ -307,6 +315,8 @@ impl PolicyRefusal {
             PolicyRefusal::Reserved,
             PolicyRefusal::RequireUser,
             PolicyRefusal::GroupMap,
+            PolicyRefusal::Application,
+            PolicyRefusal::ApplicationSessions,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -340,6 +350,14 @@ impl PolicyRefusal {
                 name(&asked.group),
                 name(&asked.user)
             ),
+            PolicyRefusal::Application => {
+                "refused: the license lists the applications that may use it, and this one is not among them (ask its administrator: license put --applications)"
+                    .to_owned()
+            }
+            PolicyRefusal::ApplicationSessions => {
+                "limit reached: this application already holds tenancy.application_sessions seats of this license"
+                    .to_owned()
+            }
         }
     }
 }

@@ -12,7 +12,6 @@ use redis::aio::ConnectionLike;
 use crate::error::Error;
 use crate::keys::Keys;
 use crate::license::{check_id, Changed, Field, LicenseChange};
-use crate::protocol::valid_id;
 use crate::scripts::Scripts;
 
 /// Changes `license`'s record as `change` says, atomically with its
@@ -84,7 +83,8 @@ pub async fn groups<C: ConnectionLike>(
 
 /// Puts `user` in `group` in `license`'s group map (creating the map: from
 /// then on, users not in it get no group). Both must be ids like a
-/// session's; the license itself need not exist yet.
+/// session's, an application's named `<app>/<id>`; the license itself
+/// need not exist yet.
 pub async fn set_group<C: ConnectionLike>(
     con: &mut C,
     keys: &Keys,
@@ -93,8 +93,10 @@ pub async fn set_group<C: ConnectionLike>(
     group: &str,
 ) -> Result<(), Error> {
     check_id(license)?;
+    // An application's user or group as the scripts key it: `<app>/<id>`
+    // (crate::tenancy).
     for (what, id) in [("user", user), ("group", group)] {
-        if !valid_id(id) {
+        if !crate::tenancy::valid_stored_id(id) {
             return Err(Error::InvalidId {
                 what,
                 value: id.to_owned(),

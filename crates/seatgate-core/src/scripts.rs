@@ -506,8 +506,9 @@ impl<T> ScriptCall<'_, T> {
 /// On one node it ends with `|` and [`queue_replies_arg`]: the scripts then
 /// write their notes' queue replies themselves.
 fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
+    let app = &guard.application;
     let mut settings = format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
         guard.session_limit,
         guard.license_limit,
         guard.window_ms,
@@ -515,7 +516,10 @@ fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -
         args.default_heartbeat_timeout_ms,
         events.keep_ms,
         events.denials_window_ms,
-        events.denials_per_window
+        events.denials_per_window,
+        app.requests,
+        app.sessions,
+        app.waiters
     );
     let replies = queue_replies_arg(events);
     if !replies.is_empty() {

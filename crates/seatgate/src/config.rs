@@ -39,6 +39,9 @@ pub struct Settings {
     pub requests: RequestSettings,
     /// Rate limits.
     pub limits: LimitSettings,
+    /// What each application may use of a license, and who speaks for
+    /// shared identities.
+    pub tenancy: TenancySettings,
     /// The events stream.
     pub events: EventSettings,
     /// Session liveness.
@@ -61,17 +64,6 @@ pub struct Settings {
     pub log: LogSettings,
     /// Usage reports' daily rollups.
     pub report: ReportSettings,
-}
-
-/// Whether `name` may name an application (`client.name`,
-/// `stream.applications`): 1 to 64 characters of A-Z a-z 0-9 . _ -, so it
-/// is safe inside key names and ACL key patterns.
-fn valid_app_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// `[keys]`
@@ -161,6 +153,27 @@ pub struct LimitSettings {
     /// dead-lettered otherwise: a flood of invalid requests, each with a
     /// `reply_to` of its own, cannot fill Redis with reply streams.
     pub invalid_requests: u64,
+}
+
+/// `[tenancy]`: applications (`stream.applications`) sharing licenses.
+/// Each request of an application's own stream is that application's
+/// (`seatgate_core::tenancy`); these bound what one application may use of
+/// one license, so that it cannot starve the others.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TenancySettings {
+    /// Applications trusted to speak for users and groups every
+    /// application shares (the HTTPS gateway, a directory service): their
+    /// requests' `user` and `group` are kept as sent, so they count with
+    /// every other such application's; every other application's are its own.
+    #[serde(default)]
+    pub shared_identity: Vec<String>,
+    /// Requests one application may send about one license per
+    /// `limits.window_ms` (0 = no limit).
+    pub application_requests: u64,
+    /// Seats one application may hold of one license (0 = no limit).
+    pub application_sessions: u64,
+    /// Sessions one application may have waiting for one license (0 = no limit).
+    pub application_waiters: u64,
 }
 
 /// `[replies]`
@@ -399,6 +412,7 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls")
                 .with_list_parse_key("stream.applications")
+                .with_list_parse_key("tenancy.shared_identity")
                 .with_list_parse_key("http.allowed_hosts"),
         );
         let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
@@ -501,11 +515,11 @@ impl Settings {
                 )));
             }
         }
-        if !valid_app_name(&self.client.name) {
+        if !seatgate_core::tenancy::valid_application(&self.client.name) {
             return bad("client.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -");
         }
         for (i, app) in self.stream.applications.iter().enumerate() {
-            if !valid_app_name(app) {
+            if !seatgate_core::tenancy::valid_application(app) {
                 return Err(Error::Config(format!(
                     "stream.applications: {app:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
                 )));
@@ -518,6 +532,13 @@ impl Settings {
             }
             if self.stream.applications[..i].contains(app) {
                 return Err(Error::Config(format!("stream.applications names {app:?} twice")));
+            }
+        }
+        for app in &self.tenancy.shared_identity {
+            if !self.stream.applications.contains(app) {
+                return Err(Error::Config(format!(
+                    "tenancy.shared_identity names {app:?}, which is not one of stream.applications"
+                )));
             }
         }
         if self.client.max_in_flight == 0 {
@@ -656,6 +677,12 @@ impl Settings {
         self.topology().application_of(stream).map(str::to_owned)
     }
 
+    /// Whether application `app` speaks for shared users and groups
+    /// (`tenancy.shared_identity`).
+    pub fn shared_identity(&self, app: &str) -> bool {
+        self.tenancy.shared_identity.iter().any(|a| a == app)
+    }
+
     /// The reply namespace of requests read from `stream` ([`Topology::reply_prefix_for`]).
     pub fn reply_prefix_for(&self, stream: &str) -> String {
         self.topology().reply_prefix_for(stream)
@@ -740,6 +767,11 @@ impl Settings {
             session_limit: self.limits.session_requests,
             license_limit: self.limits.license_requests,
             rate_window_ms: self.limits.window_ms,
+            application: seatgate_core::request::ApplicationLimits {
+                requests: self.tenancy.application_requests,
+                sessions: self.tenancy.application_sessions,
+                waiters: self.tenancy.application_waiters,
+            },
         }
     }
 

@@ -116,16 +116,19 @@ local function send_queue_replies(result)
   for _, n in ipairs(pending) do
     local reply_to = n[4]
     local sent = false
+    -- The session as its caller sent it: an application's is kept as
+    -- '<application>/<session>' (src/tenancy.rs).
+    local session = string.match(n[2], '/(.*)$') or n[2]
     if #reply_to > #conf.prefix and string.sub(reply_to, 1, #conf.prefix) == conf.prefix then
       local r
       if n[1] == 'GRANTED' then
         r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
-          'status', 'GRANTED', 'ok', '1', 'license', license, 'session', n[2], 'seats_used', used,
+          'status', 'GRANTED', 'ok', '1', 'license', license, 'session', session, 'seats_used', used,
           'seats_total', total, 'waited_ms', ms(n[5]), 'heartbeat_timeout_ms', timeout,
           'held_since_ms', string.format('%d', n[7]))
       else
         r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
-          'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', n[2], 'seats_used', used,
+          'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', session, 'seats_used', used,
           'seats_total', total, 'waited_ms', ms(n[5]), 'error', 'waited ' .. ms(n[5]) .. ' ms without a seat')
       end
       if not (type(r) == 'table' and r.err) then

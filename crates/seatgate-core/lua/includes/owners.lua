@@ -12,6 +12,11 @@
                  acquire when it queues a session with a user, taken by
                  remove_waiter (queue.lua), the one way out of the queue
     wg:<group>   the same per group, for queue_max_per_group
+    a:<app>      seats the application holds, for tenancy.application_sessions
+                 (request.lua; the field goes at 0); the application of a
+                 session is what precedes the '/' of its id (app_of)
+    wa:<app>     sessions the application has waiting, for
+                 tenancy.application_waiters (like w:<user>)
     s:<session>  the owner record of a holder or waiter:
                    "<user>|<group>|<borrow_ms>"
                      user, group  as the acquire carried them ('' = none;
@@ -19,9 +24,11 @@
                      borrow_ms    the borrow the acquire asked for (0 = none):
                                   a waiter's grant starts it
                  Written for every session whose acquire carried a user, a
-                 group or a borrow, and for every lingering seat: a session
-                 with none of them (the common case) costs one HGET of a
-                 missing field when its seat goes. Rust reads it with
+                 group or a borrow, for every session of an application
+                 (so that its seat is counted in a:<app> and its end finds
+                 the count to take from) and for every lingering seat: a
+                 session with none of them (the common case, on the shared
+                 stream) costs one HGET of a missing field when its seat goes. Rust reads it with
                  engine::records::OwnerRecord (seatgate status).
   Every change of a holder keeps the counts, in the script making it: a
   seat taken or granted adds to them; a seat released without linger,
@@ -41,7 +48,13 @@
 --- @include "keys"
 --- @include "events"
 
--- {user, group, borrow_ms} of `session`'s owner record; nil for none (or a
+-- The application whose session (user, group) `id` is: what precedes the
+-- '/' of '<app>/<id>' (src/tenancy.rs); nil for a plain id.
+local function app_of(id)
+  return string.match(id, '^([^/]+)/')
+end
+
+-- {user, group, borrow_ms, app} of `session`'s owner record; nil for none (or a
 -- record of another form). The one parser of the record: `raw` is the record
 -- when the caller read it already, with others (false: none); nil reads it.
 local function owner_of(session, raw)
@@ -55,7 +68,7 @@ local function owner_of(session, raw)
   if not user then
     return nil
   end
-  return {user = user, group = group, borrow_ms = tonumber(borrow_ms)}
+  return {user = user, group = group, borrow_ms = tonumber(borrow_ms), app = app_of(session)}
 end
 
 -- A lingering seat's holders score, as ZSCORE returns it.
@@ -69,9 +82,10 @@ local function owners()
   end
   local O = {}
 
-  -- The owner record of an acquire, or nil when it carries nothing to record.
-  function O.record(user, group, borrow_ms)
-    if user == '' and group == '' and borrow_ms == 0 then
+  -- The owner record of an acquire by `session`, or nil when it carries
+  -- nothing to record (nor is an application's session).
+  function O.record(user, group, borrow_ms, session)
+    if user == '' and group == '' and borrow_ms == 0 and not app_of(session) then
       return nil
     end
     return user .. '|' .. group .. '|' .. borrow_ms
@@ -90,6 +104,9 @@ local function owners()
     end
     if owner.group ~= '' then
       bump('g:' .. owner.group, delta)
+    end
+    if owner.app then
+      bump('a:' .. owner.app, delta)
     end
   end
 

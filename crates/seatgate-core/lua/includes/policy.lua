@@ -57,6 +57,16 @@
 --- @include "owners"
 --- @include "queue"
 
+-- Whether `s` names a user or group as the license may: a plain id, or an
+-- application's, '<app>/<id>' (src/tenancy.rs, valid_stored_id).
+local function owner_id(s)
+  local app, id = string.match(s, '^([A-Za-z0-9._-]+)/([A-Za-z0-9._:@-]+)$')
+  if app then
+    return #app <= 64 and #id <= 128
+  end
+  return #s <= 128 and string.find(s, '^[A-Za-z0-9._:@-]+$') ~= nil
+end
+
 -- Most waiters one grant step looks past (waiters that cannot be granted
 -- now): the bound on a step's cost. engine::policy::SKIP_LIMIT mirrors it.
 local SKIP_LIMIT = 50
@@ -87,7 +97,7 @@ local function policy()
       local kind, group = string.match(field, '^(group_%a+):(.*)$')
       if kind == 'group_max' or kind == 'group_reserve' then
         local n = license_number(kind, value)
-        if n and #group <= 128 and string.find(group, '^[A-Za-z0-9._:@-]+$') then
+        if n and owner_id(group) then
           P[kind][group] = n
         elseif not bad_group or field < bad_group[1] then
           bad_group = {field, string.sub(value, 1, 64)}

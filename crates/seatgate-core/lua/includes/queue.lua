@@ -178,14 +178,18 @@ end
 -- of the queue: every way a wait ends (a grant, a timeout, a release, a
 -- revocation, the license deleted) goes through here, so the per-user and
 -- per-group waiter counts (owners.lua, `w:<user>` and `wg:<group>`, for
--- queue_max_per_user and queue_max_per_group) are taken from here, once:
+-- queue_max_per_user and queue_max_per_group) and the application's
+-- (`wa:<app>`, tenancy.application_waiters) are taken from here, once:
 -- only when the session was still queued.
 local function remove_waiter(session, owner)
   local queued = rcall('ZREM', K.queue, session)
   rcall('ZREM', K.deadlines, session)
   rcall('HDEL', K.waiters, session)
   if queued == 1 and owner then
-    for _, field in ipairs({owner.user ~= '' and 'w:' .. owner.user, owner.group ~= '' and 'wg:' .. owner.group}) do
+    local fields = {owner.user ~= '' and 'w:' .. owner.user, owner.group ~= '' and 'wg:' .. owner.group,
+      owner.app and 'wa:' .. owner.app}
+    for i = 1, 3 do
+      local field = fields[i]
       if field and rcall('HINCRBY', K.owners, field, -1) <= 0 then
         rcall('HDEL', K.owners, field)
       end

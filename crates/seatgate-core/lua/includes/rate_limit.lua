@@ -26,13 +26,18 @@
   commands per limit per request); this costs a GET and a SET per limit.
 ]]
 --- @include "keys"
+--- @include "owners"
 
--- Whether the request arriving at `now` is refused. The session's limit and
--- the license's are checked first, and only a request both admit is
--- counted, in both (a refused one is not counted anywhere). A limit of 0 is
--- no limit and keeps no key.
-local function rate_limited(now, session, session_limit, license_limit, window)
-  if session_limit <= 0 and license_limit <= 0 then
+-- Whether the request arriving at `now` is refused: false when it is
+-- admitted, else the outcome's detail, 0 for the session's or the
+-- license's limit, 'application' for its application's (app_limit, on a
+-- session '<app>/<id>': K.license_rate .. '/' .. app, a name no session's
+-- key takes, ids holding no '/'). Every limit is checked first, and only a
+-- request all admit is counted, in each (a refused one is not counted
+-- anywhere). A limit of 0 is no limit and keeps no key.
+local function rate_limited(now, session, session_limit, license_limit, window, app_limit)
+  local app = app_limit > 0 and app_of(session)
+  if session_limit <= 0 and license_limit <= 0 and not app then
     return false
   end
   -- Defined here, past the return above: a helper costs its closure on
@@ -64,20 +69,23 @@ local function rate_limited(now, session, session_limit, license_limit, window)
   local at = string.format('%d', index)
   -- The share of the window before that still lies within the last `window` ms.
   local weight = 1 - (now - index * window) / window
-  local limits = {{K.license_rate .. ':' .. session, session_limit}, {K.license_rate, license_limit}}
+  local limits = {{K.license_rate .. ':' .. session, session_limit, 0}, {K.license_rate, license_limit, 0}}
+  if app then
+    limits[3] = {K.license_rate .. '/' .. app, app_limit, 'application'}
+  end
   for _, l in ipairs(limits) do
     if l[2] > 0 then
       local count, before, current = window_counts(l[1], index, at)
       if count + 1 + before * weight > l[2] then
-        return true
+        return l[3]
       end
-      l[3], l[4], l[5] = count + 1, before, current
+      l[4], l[5], l[6] = count + 1, before, current
     end
   end
   for _, l in ipairs(limits) do
     if l[2] > 0 then
-      local record = string.format('%s:%d:%d', at, l[3], l[4])
-      if l[5] then
+      local record = string.format('%s:%d:%d', at, l[4], l[5])
+      if l[6] then
         rcall('SET', l[1], record, 'KEEPTTL')
       else
         -- Read back as "the window before" all through the next window.

@@ -25,7 +25,8 @@
     ARGV[7]  the service's settings, one argument (service(), below):
              '<session limit>|<license limit>|<rate window>|<dedupe window>|
               <heartbeat timeout>|<events retention>|<denial window>|
-              <denials per window>', all whole numbers:
+              <denials per window>|<app requests>|<app sessions>|
+              <app waiters>', all whole numbers:
                session limit, license limit  most requests per session and
                         per license per rate window (0 = no limit)
                rate window, dedupe window  ms
@@ -35,6 +36,12 @@
                events retention  ms (events.lua)
                denial window  ms; denials per window  recorded one by one,
                         0 = all (denial_sample.lua)
+             then '|<app requests>|<app sessions>|<app waiters>': what one
+               application may use of the license (0 = no limit), applied
+               to a session that is an application's, '<app>/<session>'
+               (owners.lua, app_of): requests per rate window
+               (rate_limit.lua), seats held and sessions waiting
+               (acquire.lua; counted as a:<app> and wa:<app>)
              and, on one Redis node only, '|<reply ttl>|<reply expiry>|<prefix>':
                the scripts then write the queue replies of their notes
                themselves (outbox.lua, reply_conf_of and send_queue_replies):
@@ -84,14 +91,15 @@ local service_raw, SERVICE
 local function service()
   local raw = ARGV[7]
   if raw ~= service_raw then
-    local sl, ll, rw, dw, ht, keep, win, per, rest =
-      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
+    local sl, ll, rw, dw, ht, keep, win, per, ar, as, aw, rest =
+      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
     if not sl or (rest ~= '' and string.sub(rest, 1, 1) ~= '|') then
       error('ARGV[7] is not the service settings: ' .. raw)
     end
     SERVICE = {session_limit = tonumber(sl), license_limit = tonumber(ll), rate_window = tonumber(rw),
       dedupe_window = tonumber(dw), heartbeat_timeout = tonumber(ht), keep_ms = tonumber(keep),
-      denials_window = tonumber(win), denials_per_window = tonumber(per)}
+      denials_window = tonumber(win), denials_per_window = tonumber(per),
+      app_requests = tonumber(ar), app_sessions = tonumber(as), app_waiters = tonumber(aw)}
     SERVICE.replies = reply_conf_of(string.sub(rest, 2))
     service_raw = raw
   end
@@ -203,8 +211,9 @@ local function run_request(decide, limited, refuse, session, lease)
     result, learned = refuse(session, lease, now)
   end
   if not result then
-    if limited and rate_limited(now, session, S.session_limit, S.license_limit, S.rate_window) then
-      result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), 0, now, {})
+    local limit = limited and rate_limited(now, session, S.session_limit, S.license_limit, S.rate_window, S.app_requests)
+    if limit then
+      result = outcome('RATE_LIMITED', rcall('ZCARD', K.holders), seats_total(), limit, now, {})
     else
       result = decide(now, default_timeout, learned)
     end

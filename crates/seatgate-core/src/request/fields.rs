@@ -248,6 +248,19 @@ pub(super) fn parse_id(fields: &Fields, name: RequestField) -> Result<String, Re
     }
 }
 
+/// A session as an administrator names it: a plain id, or an
+/// application's (`billing/ws-7`, [`crate::tenancy::valid_stored_id`]).
+pub(super) fn parse_stored_id(fields: &Fields, name: RequestField) -> Result<String, Refusal> {
+    match fields.text(name) {
+        Some(Ok(s)) if crate::tenancy::valid_stored_id(s) => Ok(s.to_owned()),
+        None => Err(Refusal::new(name, format!("missing field `{name}`"))),
+        Some(_) => Err(Refusal::new(
+            name,
+            format!("field `{name}` must be {}", crate::tenancy::STORED_ID_RULE),
+        )),
+    }
+}
+
 /// The `user` or `group` of an acquire: an id like a session's, when present.
 /// Checked for every op, like `wait_ms`; only acquire uses them.
 pub(super) fn parse_owner_id(fields: &Fields, name: RequestField) -> Result<Option<String>, Refusal> {

@@ -31,6 +31,9 @@ pub struct Guard {
     pub license_limit: u64,
     /// The rate window, ms.
     pub window_ms: u64,
+    /// What the request's application may use of the license (when the
+    /// session is an application's, crate::tenancy).
+    pub application: ApplicationLimits,
     /// The entry is a redelivery: look up the reply it may have got before.
     pub redelivery: bool,
     /// The key is the caller's request id ([`Guard::for_request`]): the
@@ -53,6 +56,22 @@ pub struct GuardPolicy {
     pub license_limit: u64,
     /// The rate window, ms.
     pub rate_window_ms: u64,
+    /// What one application may use of one license.
+    pub application: ApplicationLimits,
+}
+
+/// What one application may use of one license (`[tenancy]`): the limits
+/// the scripts apply to a session that is an application's
+/// (`<application>/<session>`, crate::tenancy), counted per application by
+/// that prefix (lua/includes/owners.lua, rate_limit.lua). 0 = no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplicationLimits {
+    /// Requests per rate window.
+    pub requests: u64,
+    /// Seats held.
+    pub sessions: u64,
+    /// Sessions waiting.
+    pub waiters: u64,
 }
 
 /// Where the reply of an entry added at `added_ms` is stored, `window` ms
@@ -152,6 +171,7 @@ impl Guard {
             session_limit: policy.session_limit,
             license_limit: policy.license_limit,
             window_ms: policy.rate_window_ms,
+            application: policy.application,
             redelivery: false,
             by_request: false,
             deadline_ms: 0,
@@ -203,6 +223,7 @@ impl Guard {
             session_limit: 0,
             license_limit: 0,
             window_ms: 1,
+            application: ApplicationLimits::default(),
             redelivery: false,
             by_request: false,
             deadline_ms: 0,
@@ -244,6 +265,7 @@ mod tests {
             session_limit: 0,
             license_limit: 0,
             rate_window_ms: 1,
+            application: ApplicationLimits::default(),
         };
         let keys = crate::keys::Keys::new("seat");
         let now = 1_796_013_949_007;
@@ -288,6 +310,7 @@ mod tests {
             session_limit: 0,
             license_limit: 0,
             rate_window_ms: 1,
+            application: ApplicationLimits::default(),
         };
         let keys = crate::keys::Keys::new("seat");
         let now = 1_796_013_949_007;

@@ -26,10 +26,10 @@ use crate::protocol::{Echo, Invalid, Lease, RequestField, Rules};
 use crate::scripts::{ScriptName, Scripts, SeatCall, ServiceDefaults};
 use crate::status::Status;
 use fields::{
-    check_sizes, check_unique, echo_valid_parts, parse_id, parse_reply_to, parse_request_id, parse_ttl_ms,
-    salvage_echo, truncate, Fields, Refusal,
+    check_sizes, check_unique, echo_valid_parts, parse_id, parse_reply_to, parse_request_id, parse_stored_id,
+    parse_ttl_ms, salvage_echo, truncate, Fields, Refusal,
 };
-pub use guard::{deadline, Guard, GuardPolicy};
+pub use guard::{deadline, ApplicationLimits, Guard, GuardPolicy};
 
 pub use acquire::{Acquire, AcquireArgs};
 pub use revoke::{Revoke, RevokeArgs, UNKNOWN_ACTOR};
@@ -171,8 +171,14 @@ pub struct Request {
     pub ttl_ms: u64,
     /// The license id (safe charset, no braces: it becomes a hash tag).
     pub license: String,
-    /// The session id (safe charset).
+    /// The session id (safe charset), as the scripts key it: once the
+    /// worker knows the request's application ([`Request::qualify`]),
+    /// `<application>/<session>`.
     pub session: String,
+    /// The application the request is from, as the server knows it (the
+    /// stream it was read from), never as a field says; `None` for the
+    /// shared stream and the admin stream ([`crate::tenancy`]).
+    pub application: Option<String>,
     /// Stream key to XADD the reply to; `None` for fire-and-forget requests.
     pub reply_to: Option<String>,
     /// What to do, with the fields only that op has.
@@ -208,6 +214,32 @@ impl Request {
     /// Which op this is.
     pub fn op(&self) -> Op {
         self.action.op()
+    }
+
+    /// Makes this request application `app`'s, as the server knows it (the
+    /// stream it was read from): its session becomes `<app>/<session>`, and
+    /// an acquire's user and group `<app>/<id>` unless `shared_identity`
+    /// (the application is trusted to speak for users and groups every
+    /// application shares, `tenancy.shared_identity`). Nothing a request
+    /// says can name another application's session, user or group.
+    pub fn qualify(&mut self, app: &str, shared_identity: bool) {
+        self.session = crate::tenancy::qualify(app, &self.session);
+        if let Action::Acquire(a) = &mut self.action {
+            if !shared_identity {
+                for id in [&mut a.policy.user, &mut a.policy.group].into_iter().flatten() {
+                    *id = crate::tenancy::qualify(app, id);
+                }
+            }
+        }
+        self.application = Some(app.to_owned());
+    }
+
+    /// The session as its caller sent it, which its reply echoes.
+    pub fn caller_session(&self) -> &str {
+        match self.application {
+            Some(_) => crate::tenancy::unqualified(&self.session),
+            None => &self.session,
+        }
     }
 
     /// The lease the request carries, if its op carries one: an acquire
@@ -321,7 +353,12 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
     echo_valid_parts(fields, echo);
     let op = parse_op(fields, lane)?;
     let license = parse_id(fields, RequestField::License)?;
-    let session = parse_id(fields, RequestField::Session)?;
+    // A service names its own sessions; an administrator names any, an
+    // application's as `<application>/<session>` (crate::tenancy).
+    let session = match lane {
+        Lane::Requests => parse_id(fields, RequestField::Session)?,
+        Lane::Admin => parse_stored_id(fields, RequestField::Session)?,
+    };
     let ttl_ms = parse_ttl_ms(fields, rules)?;
     let action = match op {
         Op::Acquire => Action::Acquire(Acquire::parse(fields, rules)?),
@@ -335,6 +372,7 @@ fn parse_fields(lane: Lane, fields: &Fields, rules: &Rules<'_>, echo: &mut Echo)
         ttl_ms,
         license,
         session,
+        application: None,
         reply_to,
         action,
     })

@@ -798,6 +798,7 @@ fn a_request_is_keyed_by_its_callers_id_or_by_its_stream_and_entry() {
         session_limit: 0,
         license_limit: 0,
         rate_window_ms: 1,
+        application: Default::default(),
     };
     let keys = Keys::new("seat");
     let now = 1_796_013_949_007;

@@ -81,6 +81,13 @@ pub enum Decision {
     LimitReached(PolicyRefusal),
     /// LICENSE_INVALID: the record's field that breaks its rule, and its value.
     LicenseInvalid(InvalidField),
+    /// RATE_LIMITED: by the session's or the license's limit, or by what
+    /// the request's application may send about the license
+    /// (`tenancy.application_requests`, detail `application`).
+    RateLimited {
+        /// The application's limit refused it.
+        application: bool,
+    },
     /// SESSION_REVOKED: who revoked the session, why, and its cooldown
     /// (`None` when the stored record is not of the scripts' form).
     SessionRevoked(Option<Revocation>),
@@ -120,6 +127,9 @@ pub enum NoSeats {
     /// The group already has the license's `queue_max_per_group` sessions
     /// waiting (detail `queue_group_full`).
     QueueGroupFull,
+    /// The request's application already has `tenancy.application_waiters`
+    /// sessions waiting for the license (detail `queue_application_full`).
+    QueueApplicationFull,
     /// The free seats are reserved for others' groups.
     Reserved,
 }
@@ -133,6 +143,7 @@ impl Decision {
             Decision::NoSeatsAvailable(_) => Status::NoSeatsAvailable,
             Decision::LimitReached(_) => Status::LimitReached,
             Decision::LicenseInvalid(_) => Status::LicenseInvalid,
+            Decision::RateLimited { .. } => Status::RateLimited,
             Decision::SessionRevoked(_) => Status::SessionRevoked,
             Decision::Revoked { .. } => Status::Revoked,
             Decision::Released { .. } => Status::Released,
@@ -524,9 +535,17 @@ fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Deci
                 Some("queue_full") => Decision::NoSeatsAvailable(NoSeats::QueueFull),
                 Some("queue_user_full") => Decision::NoSeatsAvailable(NoSeats::QueueUserFull),
                 Some("queue_group_full") => Decision::NoSeatsAvailable(NoSeats::QueueGroupFull),
+                Some("queue_application_full") => Decision::NoSeatsAvailable(NoSeats::QueueApplicationFull),
                 Some("reserved") => Decision::NoSeatsAvailable(NoSeats::Reserved),
                 _ => return Err(refuse()),
             },
+        },
+        Status::RateLimited => match detail {
+            Value::Int(_) => Decision::RateLimited { application: false },
+            other if text(other).as_deref() == Some("application") => {
+                Decision::RateLimited { application: true }
+            }
+            _ => return Err(refuse()),
         },
         Status::LimitReached => match text(detail).as_deref().and_then(PolicyRefusal::parse) {
             Some(limit) if limit != PolicyRefusal::Reserved && !matches!(detail, Value::Int(_)) => {

@@ -73,9 +73,10 @@ fn group_count(s: &str) -> Result<(String, u64), String> {
     let (group, n) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: use GROUP=N, like cad=3"))?;
-    if !seatgate_core::protocol::valid_id(group) {
+    if !seatgate_core::tenancy::valid_stored_id(group) {
         return Err(format!(
-            "group {group:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
+            "group {group:?} must be {}",
+            seatgate_core::tenancy::STORED_ID_RULE
         ));
     }
     let n = n

@@ -314,7 +314,9 @@ impl Publisher {
                 op: seatgate_core::request::Op::Acquire.as_str().to_owned(),
                 status: note.status,
                 license: license.to_owned(),
-                session: note.session.clone(),
+                // As its caller sent it (an application's session is kept
+                // as `<application>/<session>`, seatgate_core::tenancy).
+                session: seatgate_core::tenancy::unqualified(&note.session).to_owned(),
                 seats_used: seats.used,
                 seats_total: seats.total,
                 heartbeats: None,

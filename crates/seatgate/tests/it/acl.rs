@@ -313,7 +313,8 @@ async fn every_process_works_as_its_own_user_and_nothing_more() {
     let revoke = redis
         .seatgate(
             ADMIN,
-            &on_cad("revoke", "bob", &["--reason", "audit", "--actor", "ada"]),
+            // demo's session bob, as the administrator names it.
+            &on_cad("revoke", "demo/bob", &["--reason", "audit", "--actor", "ada"]),
         )
         .await;
     assert_eq!(revoke.status.code(), Some(0), "{revoke:?}");
@@ -710,7 +711,11 @@ async fn a_replaced_library_is_refused_and_the_worker_serves_again_once_it_is_it
         .query_async(&mut root)
         .await
         .unwrap();
-    assert_eq!(holders, ["s1"], "nothing decided while the library is foreign");
+    assert_eq!(
+        holders,
+        ["demo/s1"],
+        "nothing decided while the library is foreign"
+    );
 
     let _: String = redis::cmd("FUNCTION")
         .arg("DELETE")
@@ -1061,4 +1066,214 @@ async fn run_local_keeps_the_password_off_command_lines_and_output() {
         )),
         "{output}"
     );
+}
+
+/// `seatgate <verb> --license shared --session <session> <more> --json` as
+/// `user`, with the worker's `[tenancy]` the test runs: the reply's status
+/// and `error`.
+async fn on_shared(
+    redis: &AclRedis,
+    user: &str,
+    verb: &str,
+    session: &str,
+    more: &[&str],
+) -> (String, String) {
+    let mut args = vec![verb, "--license", "shared", "--session", session, "--json"];
+    args.extend_from_slice(more);
+    let out = redis.seatgate(user, &args).await;
+    let text = stdout(&out);
+    let reply: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{user} {verb} {session}: {e}: {out:?}"));
+    let field = |k: &str| {
+        reply
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (field("status"), field("error"))
+}
+
+/// The application is part of every identity (issue 35, H1 and M1), with
+/// the shipped ACL and two applications, `demo` and `billing`, on one
+/// license. What one application says names only its own sessions, users
+/// and groups: demo claiming billing's user, session or reserved group, or
+/// spending past its own limits, changes nothing of billing's, and an
+/// administrator's user-wide revocation of demo's user leaves billing's
+/// user of the same name alone. Each attempt below failed on the main of
+/// before (demo's `user ada` took billing's ada's one seat of
+/// max_per_user, demo's `user bob` took eng's reserved seat, demo's session
+/// `ws-7` was refused LEASE_MISMATCH as billing's, and nothing bounded
+/// demo's seats, waiters or requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
+    let redis = AclRedis::start().await;
+    let settings = redis.settings();
+    for args in [
+        &[
+            "license",
+            "put",
+            "shared",
+            "--seats",
+            "8",
+            "--max-per-user",
+            "1",
+            "--group-reserve",
+            "billing/eng=1",
+        ][..],
+        &["license", "groups", "shared", "set", "billing/bob", "billing/eng"],
+    ] {
+        let out = redis.seatgate(ADMIN, args).await;
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    let mut env = redis.login(WORKER);
+    env.push(("SEATGATE__TENANCY__APPLICATION_SESSIONS", "4".to_owned()));
+    env.push(("SEATGATE__TENANCY__APPLICATION_REQUESTS", "30".to_owned()));
+    let _worker = WorkerProcess::start(&redis.url(), &env).await;
+    let acquired = |r: (String, String)| assert_eq!(r.0, "ACQUIRED", "{r:?}");
+
+    // H1: demo says it is billing's user ada: it is demo's ada, and billing's
+    // ada still gets her one seat of max_per_user.
+    acquired(on_shared(&redis, CLIENT, "acquire", "d-ada", &["--user", "ada"]).await);
+    acquired(on_shared(&redis, BILLING, "acquire", "b-ada", &["--user", "ada"]).await);
+    let again = on_shared(&redis, BILLING, "acquire", "b-ada-2", &["--user", "ada"]).await;
+    assert_eq!(
+        again.0, "LIMIT_REACHED",
+        "billing's own ada is at her limit: {again:?}"
+    );
+    assert!(
+        again.1.contains("billing/ada"),
+        "the reply names whose user: {again:?}"
+    );
+
+    // H1: demo as bob of group eng, whose seat is reserved for billing's
+    // eng: the group map speaks of billing/bob, so demo's claim of a group is
+    // refused, and billing's bob takes the reserved seat.
+    let squat = on_shared(
+        &redis,
+        CLIENT,
+        "acquire",
+        "d-bob",
+        &["--user", "bob", "--group", "eng"],
+    )
+    .await;
+    assert_eq!(squat.0, "LIMIT_REACHED", "{squat:?}");
+    acquired(on_shared(&redis, BILLING, "acquire", "b-bob", &["--user", "bob"]).await);
+
+    // M1: the same session id is two sessions, one per application; demo's
+    // release of its ws-7 leaves billing's holding.
+    acquired(on_shared(&redis, BILLING, "acquire", "ws-7.example.com", &[]).await);
+    acquired(on_shared(&redis, CLIENT, "acquire", "ws-7.example.com", &[]).await);
+
+    // The raw reply echoes the session as its caller sent it.
+    let mut demo = redis.con_as(CLIENT).await;
+    let replies = reply_stream(&settings, "demo:raw-1");
+    let demo_stream = settings.app_requests("demo");
+    let _: String = command(&[
+        "XADD",
+        &demo_stream,
+        "*",
+        "op",
+        "heartbeat",
+        "id",
+        "hb-raw",
+        "license",
+        "shared",
+        "session",
+        "d-ada",
+        "reply_to",
+        &replies,
+    ])
+    .query_async(&mut demo)
+    .await
+    .unwrap();
+    let raw = first_reply(&mut demo, &replies).await.expect("a reply");
+    assert_eq!(raw.get("session").map(String::as_str), Some("d-ada"), "{raw:?}");
+
+    // The administrator sees whose each session is.
+    let mut root = redis.con_as(ROOT).await;
+    let holders: Vec<String> = redis::cmd("ZRANGE")
+        .arg(license_keys(&settings, "shared").holders)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut root)
+        .await
+        .unwrap();
+    let mut holders_sorted = holders.clone();
+    holders_sorted.sort();
+    assert_eq!(
+        holders_sorted,
+        [
+            "billing/b-ada",
+            "billing/b-bob",
+            "billing/ws-7.example.com",
+            "demo/d-ada",
+            "demo/ws-7.example.com"
+        ],
+        "{holders:?}"
+    );
+    let status = stdout(
+        &redis
+            .seatgate(DASHBOARD, &["status", "--license", "shared"])
+            .await,
+    );
+    assert!(
+        status.contains("billing/ws-7.example.com") && status.contains("demo/ws-7.example.com"),
+        "{status}"
+    );
+
+    // A user-wide revocation of demo's ada binds demo's ada only.
+    let revoke = redis
+        .seatgate(
+            ADMIN,
+            &[
+                "revoke",
+                "--license",
+                "shared",
+                "--session",
+                "demo/d-ada",
+                "--reason",
+                "abuse",
+                "--cooldown",
+                "10m",
+                "--user-wide",
+            ],
+        )
+        .await;
+    assert!(revoke.status.success(), "{revoke:?}");
+    let refused = on_shared(&redis, CLIENT, "acquire", "d-ada-2", &["--user", "ada"]).await;
+    assert_eq!(refused.0, "SESSION_REVOKED", "{refused:?}");
+    let billing_ada = on_shared(&redis, BILLING, "heartbeat", "b-ada", &[]).await;
+    assert_eq!(
+        billing_ada.0, "LEASE_MISMATCH",
+        "billing's ada still holds (the CLI sent no lease): {billing_ada:?}"
+    );
+
+    // Per-application limits: demo holds ws-7 and may hold or wait for 4 in
+    // all; billing is under its own.
+    acquired(on_shared(&redis, CLIENT, "acquire", "d-2", &[]).await);
+    acquired(on_shared(&redis, CLIENT, "acquire", "d-3", &[]).await);
+    acquired(on_shared(&redis, CLIENT, "acquire", "d-4", &[]).await);
+    let fifth = on_shared(&redis, CLIENT, "acquire", "d-5", &[]).await;
+    assert_eq!(fifth.0, "LIMIT_REACHED", "{fifth:?}");
+    assert!(fifth.1.contains("application_sessions"), "{fifth:?}");
+    // Billing takes the last free seat (8: billing 4, demo 4; eng's reserve
+    // used by b-bob): its limit is its own.
+    acquired(on_shared(&redis, BILLING, "acquire", "b-3", &[]).await);
+
+    // Rate: demo's requests about the license run out; billing's do not.
+    let mut limited = None;
+    for i in 0..40 {
+        let r = on_shared(&redis, CLIENT, "acquire", &format!("d-r{i}"), &[]).await;
+        if r.0 == "RATE_LIMITED" {
+            limited = Some(r);
+            break;
+        }
+    }
+    let limited = limited.expect("demo's requests were never rate limited");
+    assert!(limited.1.contains("application"), "{limited:?}");
+    // Billing's budget is its own: decided (and refused by its own seat
+    // limit), not rate limited.
+    let billing_now = on_shared(&redis, BILLING, "acquire", "b-5", &[]).await;
+    assert_eq!(billing_now.0, "LIMIT_REACHED", "{billing_now:?}");
 }

@@ -351,6 +351,7 @@ fn the_guard_of_the_largest_entry_id_saturates() {
         session_limit: 0,
         license_limit: 0,
         rate_window_ms: 10_000,
+        application: Default::default(),
     };
     let keys = keys(&settings);
     let guard = Guard::for_entry(&policy, &keys, MAX_ID, "lic", "s");

@@ -567,7 +567,7 @@ async fn a_rate_limited_request_gets_the_documented_outcome() {
     let o = run_as(&mut con, &settings, a(), Req::Heartbeat("a")).await;
     assert_eq!(
         (&o.decision, o.seats_used, o.seats_total, o.replayed),
-        (&Decision::Plain(Status::RateLimited), 1, 2, false)
+        (&Decision::RateLimited { application: false }, 1, 2, false)
     );
     assert!(o.notes.is_empty());
     let record: String = con
@@ -604,6 +604,7 @@ fn redelivered(settings: &Settings, now: i64, n: u32, session: &str) -> Guard {
         session_limit: 0,
         license_limit: 0,
         rate_window_ms: 1_000,
+        application: Default::default(),
     };
     let id = format!("{now}-{n}");
     let mut g = Guard::for_entry(&policy, &keys(settings), &id, "lic", session);

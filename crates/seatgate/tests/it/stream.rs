@@ -442,7 +442,8 @@ async fn each_application_is_served_on_its_own_stream_and_entry_ids_do_not_colli
     }
     assert_eq!(
         holders(&settings, "lic").await,
-        ["billing-1", "billing-2", "cad-1", "cad-2"]
+        // Each application's sessions are its own (seatgate_core::tenancy).
+        ["billing/billing-1", "billing/billing-2", "cad/cad-1", "cad/cad-2"]
     );
     worker.stop().await;
 }

@@ -238,6 +238,15 @@ impl Decider {
             ..self.settings.parse_rules()
         };
         let max = self.settings.stream.max_deliveries;
+        // Whose requests these are: the server knows it from the stream,
+        // never from a field (seatgate_core::tenancy).
+        let application = match lane {
+            Lane::Requests => self.settings.application_of(stream),
+            Lane::Admin => None,
+        };
+        let shared_identity = application
+            .as_deref()
+            .is_some_and(|a| self.settings.shared_identity(a));
         batch
             .into_iter()
             .map(|entry| {
@@ -246,10 +255,13 @@ impl Decider {
                     let reason = format!("delivered {} times without an answer", entry.deliveries);
                     (None, Some(Handled::Exhausted { reason }))
                 } else {
-                    let request = entry
-                        .fields
-                        .as_ref()
-                        .map(|f| seatgate_core::request::parse_entry(lane, &entry.id, f, &rules));
+                    let request = entry.fields.as_ref().map(|f| {
+                        let mut request = seatgate_core::request::parse_entry(lane, &entry.id, f, &rules);
+                        if let (Ok(req), Some(app)) = (&mut request, &application) {
+                            req.qualify(app, shared_identity);
+                        }
+                        request
+                    });
                     (request, None)
                 };
                 Item {

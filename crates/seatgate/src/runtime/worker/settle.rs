@@ -626,7 +626,7 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         op: req.op().as_str().to_owned(),
         status,
         license: req.license.clone(),
-        session: req.session.clone(),
+        session: req.caller_session().to_owned(),
         seats_used: outcome.seats_used,
         seats_total: outcome.seats_total,
         heartbeats: None,
@@ -684,6 +684,14 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
             ),
             None => "every seat is in use and the user's group already has queue_max_per_group sessions waiting for this license".to_owned(),
         }),
+        Decision::NoSeatsAvailable(NoSeats::QueueApplicationFull) => Some(
+            "every seat is in use and this application already has tenancy.application_waiters sessions waiting for this license"
+                .to_owned(),
+        ),
+        Decision::RateLimited { application: true } => Some(
+            "too many requests from this application about this license (tenancy.application_requests); slow down and retry"
+                .to_owned(),
+        ),
         Decision::NoSeatsAvailable(NoSeats::Reserved) => Some(PolicyRefusal::Reserved.reason(who)),
         Decision::LimitReached(limit) => Some(limit.reason(who)),
         Decision::LicenseInvalid(invalid) => Some(invalid.to_string()),
