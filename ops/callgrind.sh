@@ -24,6 +24,10 @@
 #              releases (granting the queue's head in the same call, its
 #              GRANTED written by the script) and asks again with a wait
 #              (queued at the tail); a hand-over is two calls
+#   grouped    direct acquires and releases of group eng on a license of
+#              group_max cad=1 whose cad seat is held, nobody waiting
+#   grouped-blocked  the same with 1,000 cad waiters ahead, each blocked by
+#              cad's limit: within 2x of grouped is the queue by group's promise
 #   e2e        requests end to end, not script calls: 50 users of one
 #              multiplexed client through a worker (CALLS a multiple of 100);
 #              every command a request costs Redis, the XADDs, reads and acks

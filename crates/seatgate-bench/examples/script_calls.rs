@@ -30,6 +30,11 @@
 //!              (its seat granted to the queue's head in the same call, the
 //!              GRANTED reply written by the script) and asks again with a
 //!              wait (queued at the tail): release, acquire, ...
+//!   grouped    direct acquires and releases of group eng on a license of
+//!              group_max cad=1 whose one cad seat is held, nobody waiting
+//!   grouped-blocked  the same with 1,000 cad waiters ahead, each blocked
+//!              by cad's group_max (set up by the first run): what the
+//!              queue by group (lua/includes/queue.lua) makes them cost
 //!   e2e        CALLS requests end to end, not script calls: 50 users of one
 //!              multiplexed client, acquire, release, ..., through a worker
 //!              in this process (its own startup commands are counted too,
@@ -126,8 +131,23 @@ async fn main() -> Result<(), Failure> {
     if floor {
         load_floor(&mut con).await?;
     }
+    // The grouped modes' license and who asks: group eng.
+    let eng = RequestPolicy {
+        group: Some("eng".to_owned()),
+        ..RequestPolicy::NONE
+    };
+    let grouped = match mode {
+        "grouped" => Some(format!("{LICENSE}-gm")),
+        "grouped-blocked" => Some(format!("{LICENSE}-gm-blocked")),
+        _ => None,
+    };
+    if let Some(license) = &grouped {
+        set_up_grouped(&mut con, &keys, license, mode == "grouped-blocked").await?;
+    }
     let expect = match mode {
-        "direct" | "worker" | "limits" | "floor" | "floor-worker" => ["ACQUIRED", "RELEASED"],
+        "direct" | "worker" | "limits" | "floor" | "floor-worker" | "grouped" | "grouped-blocked" => {
+            ["ACQUIRED", "RELEASED"]
+        }
         "heartbeat" => ["HEARTBEAT_UPDATED"; 2],
         "reap" => ["", ""],
         _ => return Err(format!("unknown mode {mode:?}").into()),
@@ -152,8 +172,9 @@ async fn main() -> Result<(), Failure> {
                 _ => format!("s{run}-{}", i / 2).leak(),
             };
             // An acquire and its release go to the same license.
-            let license = match mode {
-                "heartbeat" | "reap" => LICENSE.to_owned(),
+            let license = match (mode, &grouped) {
+                ("heartbeat" | "reap", _) => LICENSE.to_owned(),
+                (_, Some(license)) => license.clone(),
                 _ => license_name((i / 2) % spread),
             };
             let lk = keys.license(&license);
@@ -177,6 +198,11 @@ async fn main() -> Result<(), Failure> {
                 ("heartbeat", _) => {
                     session::call(ScriptName::Heartbeat, scripts, &lk, &g, &session_args(session))
                 }
+                (_, 0) if grouped.is_some() => AcquireArgs {
+                    who: &eng,
+                    ..acquire_args(session)
+                }
+                .call(scripts, &lk, &g),
                 (_, 0) => acquire_args(session).call(scripts, &lk, &g),
                 _ => session::call(ScriptName::Release, scripts, &lk, &g, &session_args(session)),
             };
@@ -300,6 +326,65 @@ async fn take_seat(
         "ACQUIRED" => Ok(()),
         other => Err(format!("setup acquire: {other}").into()),
     }
+}
+
+/// The grouped modes' `license`: 1,000 seats, `group_max:cad` 1, its cad
+/// seat held; with `blocked`, 1,000 cad waiters queued behind it (each
+/// blocked by the group's limit). Done once: later runs find it so.
+async fn set_up_grouped(
+    con: &mut redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    license: &str,
+    blocked: bool,
+) -> Result<(), Failure> {
+    let scripts = Scripts::get();
+    let lk = keys.license(license);
+    let exists: bool = redis::cmd("EXISTS").arg(&lk.license).query_async(con).await?;
+    if exists {
+        return Ok(());
+    }
+    redis::cmd("HSET")
+        .arg(&lk.license)
+        .arg(&[
+            "seats_total",
+            "1000",
+            "active",
+            "1",
+            "group_max:cad",
+            "1",
+            "queue_max",
+            "5000",
+        ])
+        .exec_async(con)
+        .await?;
+    let cad = RequestPolicy {
+        group: Some("cad".to_owned()),
+        ..RequestPolicy::NONE
+    };
+    let holder = AcquireArgs {
+        who: &cad,
+        ..acquire_args("cad-holder")
+    }
+    .call(scripts, &lk, &Guard::none(keys, license, "cad-holder"))
+    .run(con)
+    .await?;
+    if holder.status() != Status::Acquired {
+        return Err(format!("setup cad holder: {}", holder.status()).into());
+    }
+    for n in 0..if blocked { 1000 } else { 0 } {
+        let session = format!("cad-w{n}");
+        let o = AcquireArgs {
+            who: &cad,
+            ..waiting_acquire(&session, "")
+        }
+        .call(scripts, &lk, &Guard::none(keys, license, &session))
+        .run(con)
+        .await?;
+        if o.status() != Status::Queued {
+            return Err(format!("setup cad waiter: {}", o.status()).into());
+        }
+    }
+    Ok(())
 }
 
 /// An acquire of `session` that waits for a seat, as a queued user's: its

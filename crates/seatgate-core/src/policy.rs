@@ -20,10 +20,16 @@ pub const MAX_PRIORITY: u8 = 9;
 /// `max_borrow_ms` narrows it.
 pub const MAX_BORROW_MS: u64 = 31_536_000_000;
 
-/// Most waiters one grant step looks past when their own limits (or other
-/// groups' reservations) keep them from a free seat; the waiters behind
-/// them wait for the next step. `SKIP_LIMIT` in lua/includes/policy.lua.
+/// Most waiters of one group one grant step looks past when their own
+/// user's limit keeps them from a free seat (a group's limit or others'
+/// reservations pass over the group whole, [`MAX_GROUPS`]). `SKIP_LIMIT`
+/// in lua/includes/policy.lua.
 pub const SKIP_LIMIT: usize = 50;
+
+/// Most groups with waiters one grant step looks at: each group's first
+/// waiter is looked at, and a group its limit blocks is passed over whole
+/// (lua/includes/policy.lua's `MAX_GROUPS`).
+pub const MAX_GROUPS: usize = 256;
 
 /// One priority level in a queue score (lua/includes/queue.lua): a waiter's
 /// score is its arrival number minus its priority times this.

@@ -42,10 +42,13 @@
   Fair skipping: a waiter that its own limit (or others' reservations)
   keeps from a free seat keeps its place, and the waiters behind it who can
   take one are granted in queue order; nobody is granted ahead of a waiter
-  who could have taken the seat. One grant step looks past at most
-  SKIP_LIMIT such waiters, so its cost stays bounded however long the queue;
-  a direct acquire takes a free seat while others wait only when the step
-  found every one of them unable to take it.
+  who could have taken the seat. A grant step passes over a group its
+  group_max or others' reservations block whole, by the queue by group
+  (queue.lua), so its cost grows with the groups waiting (at most
+  MAX_GROUPS), not with their waiters; within a group it looks past at most
+  SKIP_LIMIT waiters their own user's limit blocks. A direct acquire takes a
+  free seat while others wait only when the step found every one of them
+  unable to take it.
 
   Cost: a license without policies pays for none of this but one call of
   grant_waiters: the helpers
@@ -70,6 +73,10 @@ end
 -- Most waiters one grant step looks past (waiters that cannot be granted
 -- now): the bound on a step's cost. engine::policy::SKIP_LIMIT mirrors it.
 local SKIP_LIMIT = 50
+
+-- Most groups with waiters one grant step looks at (fair_promote): the
+-- bound on a step's cost in groups. engine::policy::MAX_GROUPS mirrors it.
+local MAX_GROUPS = 256
 
 local policy_built
 -- The policy helpers.
@@ -196,14 +203,90 @@ local function policy()
 
   local NOBODY = {user = '', group = '', borrow_ms = 0}
 
-  -- Hands free seats to waiters in queue order under the limits, looking
-  -- past at most SKIP_LIMIT waiters that cannot take one. Returns the seats
-  -- in use afterwards, the grants made, and whether it looked at every waiter.
+  -- Hands free seats to waiters in queue order under the limits. Returns
+  -- the seats in use afterwards, the grants made, and whether nobody left
+  -- waiting could take a free seat (so a direct acquire may take one).
+  --
+  -- By group (K.queue_by_group, queue.lua): each step looks at every
+  -- group's first waiter. A group its group_max, or others' reservations,
+  -- keep from a seat is passed over whole, at one ZRANGEBYLEX, however many
+  -- of it wait; in a group that may take one, its waiters are looked at in
+  -- queue order past those their own user's max_per_user blocks (at most
+  -- SKIP_LIMIT of them); the first waiter in queue order among the groups'
+  -- is granted, and the step goes on. A queue of before the index (its
+  -- count differs from the queue's) is granted by scan_promote, the older
+  -- bounded scan, until its waiters are gone.
   function M.fair_promote(now, total, notes, max, P)
     local used = rcall('ZCARD', K.holders)
     if used >= total then
       return used, 0, false
     end
+    local depth = rcall('ZCARD', K.queue)
+    if depth == 0 then
+      return used, 0, true
+    end
+    if rcall('ZCARD', K.queue_by_group) ~= depth then
+      return M.scan_promote(now, total, notes, max, P, used)
+    end
+    M.prefetch(P, NOBODY)
+    local granted = 0
+    while used < total and granted < max do
+      local best, best_order, best_who, complete = nil, nil, nil, true
+      local cursor, groups = '-', 0
+      while true do
+        local first = rcall('ZRANGEBYLEX', K.queue_by_group, cursor, '+', 'LIMIT', '0', '1')[1]
+        if not first then
+          break
+        end
+        groups = groups + 1
+        if groups > MAX_GROUPS then
+          complete = false
+          break
+        end
+        local group = string.match(first, '^([^|]*)|')
+        local upper = '(' .. group .. '}'
+        cursor = upper
+        if not M.seat_refusal(P, {user = '', group = group}, used, total) then
+          -- The group may take a seat: its first waiter whose user may too.
+          local member, looked, batch, at = first, 0, nil, 0
+          while member do
+            local order, session = string.match(member, '^[^|]*|([^|]*)|(.*)$')
+            if best_order and order > best_order then
+              break
+            end
+            local who = owner_of(session) or NOBODY
+            if not M.seat_refusal(P, who, used, total) then
+              best, best_order, best_who = session, order, who
+              break
+            end
+            looked = looked + 1
+            if looked > SKIP_LIMIT then
+              complete = false
+              break
+            end
+            if not batch or at >= #batch then
+              batch, at = rcall('ZRANGEBYLEX', K.queue_by_group, '(' .. member, upper, 'LIMIT', '0', SKIP_LIMIT), 0
+            end
+            at = at + 1
+            member = batch[at]
+          end
+        end
+      end
+      if not best then
+        return used, granted, complete
+      end
+      if grant(best, now, notes, used + 1) then
+        used, granted = used + 1, granted + 1
+        P.counts['u:' .. best_who.user], P.counts['g:' .. best_who.group] = nil, nil
+      end
+    end
+    return used, granted, false
+  end
+
+  -- The grant step of a queue some of whose waiters are not in
+  -- K.queue_by_group (queued before it): in queue order under the limits,
+  -- looking past at most SKIP_LIMIT waiters that cannot take a seat.
+  function M.scan_promote(now, total, notes, max, P, used)
     local window = rcall('ZRANGE', K.queue, 0, SKIP_LIMIT + max - 1)
     if #window == 0 then
       return used, 0, true

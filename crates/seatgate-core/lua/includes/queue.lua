@@ -53,6 +53,20 @@
 -- and scores within +-10 * 2^40, far below 2^53: exact as doubles.
 local PRIORITY_STEP = 1099511627776
 
+-- The waiters by group, K.queue_by_group: a ZSET of members scored 0,
+-- '<group>|<order>|<session>' ('' for no group; ids hold no '|', and no
+-- id character sorts above it), so that ZRANGEBYLEX finds each group's
+-- waiters together, in queue order (<order>: the queue score plus 2^44 in
+-- twelve hex digits, which sort as the scores do), and steps from one
+-- group to the next ('(' .. group .. '}': '}' follows '|'). What lets a
+-- grant step skip a whole group its limit blocks at once, however many of
+-- it wait (policy.lua, fair_promote). Written by enqueue (acquire.lua),
+-- taken by remove_waiter, like the queue itself.
+local ORDER_OFFSET = 17592186044416
+local function by_group_member(group, score, session)
+  return group .. '|' .. string.format('%012x', tonumber(score) + ORDER_OFFSET) .. '|' .. session
+end
+
 -- The digits of a waiter record's queued_at (above), and 36^8: eight of
 -- them hold every ms until 2059.
 local BASE36 = '0123456789abcdefghijklmnopqrstuvwxyz'
@@ -182,9 +196,13 @@ end
 -- (`wa:<app>`, tenancy.application_waiters) are taken from here, once:
 -- only when the session was still queued.
 local function remove_waiter(session, owner)
-  local queued = rcall('ZREM', K.queue, session)
+  local score = rcall('ZSCORE', K.queue, session)
+  local queued = score and rcall('ZREM', K.queue, session) or 0
   rcall('ZREM', K.deadlines, session)
   rcall('HDEL', K.waiters, session)
+  if score then
+    rcall('ZREM', K.queue_by_group, by_group_member(owner and owner.group or '', score, session))
+  end
   if queued == 1 and owner then
     local fields = {owner.user ~= '' and 'w:' .. owner.user, owner.group ~= '' and 'wg:' .. owner.group,
       owner.app and 'wa:' .. owner.app}

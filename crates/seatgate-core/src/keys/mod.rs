@@ -114,6 +114,10 @@ pub struct LicenseKeys {
     pub queue: String,
     /// HASH: waiting session -> JSON waiter record (request id, reply_to, meta).
     pub waiters: String,
+    /// ZSET (all scores 0): `<group>|<order>|<session>` of every waiter, so
+    /// that a grant step passes over a group its limit blocks at once
+    /// (lua/includes/queue.lua, policy.lua's fair_promote).
+    pub queue_by_group: String,
     /// ZSET: waiting session -> time its wait runs out (ms).
     pub deadlines: String,
     /// STRING: arrival counter for the queue.
@@ -143,15 +147,16 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
-    /// (`license delete` removes them all): the record, the ten seat and
+    /// (`license delete` removes them all): the record, the eleven seat and
     /// queue keys, the two revocation keys and the group map.
-    pub fn all(&self) -> [&str; 14] {
+    pub fn all(&self) -> [&str; 15] {
         [
             &self.license,
             &self.holders,
             &self.sessions,
             &self.queue,
             &self.waiters,
+            &self.queue_by_group,
             &self.deadlines,
             &self.queue_seq,
             &self.outbox,
@@ -264,6 +269,7 @@ impl Keys {
             sessions: format!("{p}:{{{license}}}:sessions"),
             queue: format!("{p}:{{{license}}}:queue"),
             waiters: format!("{p}:{{{license}}}:waiters"),
+            queue_by_group: format!("{p}:{{{license}}}:queue_by_group"),
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),

@@ -950,6 +950,75 @@ async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
     assert_counts_match_holders(&s, "cad").await;
 }
 
+/// Waiters a group limit blocks never hold a free seat back (issue 35, H2):
+/// `gm` has 5 seats and `group_max cad=1`; one cad holder and 1,000 cad
+/// waiters (priority 9, `max_priority` 9, an hour's wait) block nobody
+/// else. Another group's direct acquire, and one of no group, take free
+/// seats at once (on the main of before: NO_SEATS_AVAILABLE, the skip
+/// stopping after 50), and once the seats are full, an eng waiter queued
+/// behind all 1,000 is granted by the next freed seat, not a cad waiter.
+#[tokio::test]
+async fn blocked_waiters_of_one_group_hold_no_seat_back_from_another() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    let policy = LicensePolicy {
+        group_max: BTreeMap::from([("cad".to_owned(), 1)]),
+        max_priority: Some(9),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "gm", 5, &policy).await;
+    set_license_field(&mut con, &s, "gm", "queue_max", "2000").await;
+    let as_group = |session: &str, group: &str, priority: u8| {
+        direct(&s, "gm", session).with_policy(ask("", group, priority))
+    };
+    assert_eq!(
+        as_group("cad-0", "cad", 0).acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    for i in 1..=1000 {
+        let o = as_group(&format!("cad-{i}"), "cad", 9)
+            .queue(&mut con, 3_600_000, "", "")
+            .await;
+        assert!(matches!(o.decision, Decision::Queued { .. }), "{o:?}");
+    }
+    assert_eq!(license_status(&s, "gm").await.queue.len(), 1000);
+
+    let eng = as_group("eng-1", "eng", 0).acquire(&mut con).await;
+    assert_eq!((eng.status(), eng.seats_used), (Status::Acquired, 2), "{eng:?}");
+    let nobody = direct(&s, "gm", "plain-1").acquire(&mut con).await;
+    assert_eq!(
+        (nobody.status(), nobody.seats_used),
+        (Status::Acquired, 3),
+        "{nobody:?}"
+    );
+    for session in ["eng-2", "eng-3"] {
+        assert_eq!(
+            as_group(session, "eng", 0).acquire(&mut con).await.status(),
+            Status::Acquired
+        );
+    }
+    let waiting = as_group("eng-w", "eng", 0)
+        .queue(&mut con, 3_600_000, "r-eng-w", "")
+        .await;
+    assert_eq!(
+        waiting.decision,
+        Decision::Queued {
+            position: 1001,
+            priority: 0
+        },
+        "{waiting:?}"
+    );
+    // A freed seat goes to eng-w, past the 1,000 cad waiters ahead.
+    let released = as_group("eng-2", "eng", 0).release(&mut con).await;
+    let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
+    assert_eq!((released.status(), granted), (Status::Released, vec!["eng-w"]));
+    assert_eq!(license_status(&s, "gm").await.queue.len(), 1000);
+    // And a cad seat freed goes to the first cad waiter.
+    let released = as_group("cad-0", "cad", 0).release(&mut con).await;
+    let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
+    assert_eq!(granted, ["cad-1"]);
+    assert_counts_match_holders(&s, "gm").await;
+}
+
 /// Every holder change keeps the counts: direct acquires, grants, releases,
 /// stale evictions, queue timeouts and leaving the queue, with and without
 /// policies on the license.

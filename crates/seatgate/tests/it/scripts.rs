@@ -1597,6 +1597,7 @@ return out
             ("sessions", k.sessions.clone()),
             ("queue", k.queue.clone()),
             ("waiters", k.waiters.clone()),
+            ("queue_by_group", k.queue_by_group.clone()),
             ("deadlines", k.deadlines.clone()),
             ("queue_seq", k.queue_seq.clone()),
             ("outbox", k.outbox.clone()),
