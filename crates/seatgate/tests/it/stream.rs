@@ -372,6 +372,74 @@ async fn sharded_workers_answer_the_base_stream_and_guard_the_shard_count() {
     spawn_worker(two, "w2").await.stop().await;
 }
 
+/// The scripts' per-application counts of `lic`: waiters of cad and
+/// billing, then seats of cad and billing.
+async fn app_counts(s: &Settings) -> Vec<Option<i64>> {
+    redis::cmd("HMGET")
+        .arg(crate::support::license_keys(s, "lic").owners)
+        .arg(&["wa:cad", "wa:billing", "a:cad", "a:billing"])
+        .query_async(&mut db(s).await)
+        .await
+        .unwrap()
+}
+
+/// What one application may have waiting for a license is its own budget
+/// (`tenancy.application_waiters`, issue 35 M1): cad's third waiter is
+/// refused NO_SEATS_AVAILABLE naming the limit while billing still queues;
+/// each way a wait ends (leaving, a grant) gives cad its place back, and the
+/// scripts' counts (`wa:<app>`, `a:<app>`) follow the queue and the holders.
+#[tokio::test]
+async fn an_applications_waiters_are_held_to_its_own_budget() {
+    let TestApp(_redis, mut settings, _con) = spawn_app().await;
+    settings.stream.applications = vec!["billing".to_owned(), "cad".to_owned()];
+    settings.tenancy.application_waiters = 2;
+    put_license(&settings, "lic", 1).await;
+    let _worker = spawn_worker(settings.clone(), "w1").await;
+    let as_app = |app: &str| {
+        let mut s = settings.clone();
+        s.client.name = app.to_owned();
+        s
+    };
+    let billing = client(&as_app("billing")).await;
+    let cad = client(&as_app("cad")).await;
+    let status = |r: seatgate_client::Reply| r.status();
+    assert_eq!(
+        status(billing.call(&acquire("lic", "b-holder", 0), T).await.unwrap()),
+        Status::Acquired
+    );
+    for session in ["c-1", "c-2"] {
+        assert_eq!(
+            status(cad.call(&acquire("lic", session, 60_000), T).await.unwrap()),
+            Status::Queued
+        );
+    }
+    let refused = cad.call(&acquire("lic", "c-3", 60_000), T).await.unwrap();
+    assert_eq!(refused.status(), Status::NoSeatsAvailable, "{refused:?}");
+    assert!(refused.error().contains("application_waiters"), "{refused:?}");
+    assert_eq!(
+        status(billing.call(&acquire("lic", "b-w1", 60_000), T).await.unwrap()),
+        Status::Queued
+    );
+    // Leaving the queue gives cad a place back.
+    assert_eq!(
+        status(cad.call(&Call::release("lic", "c-1"), T).await.unwrap()),
+        Status::LeftQueue
+    );
+    assert_eq!(
+        status(cad.call(&acquire("lic", "c-3", 60_000), T).await.unwrap()),
+        Status::Queued
+    );
+    assert_eq!(app_counts(&settings).await, [Some(2), Some(1), None, Some(1)]);
+    // A grant moves a waiter from one count to the other.
+    assert_eq!(
+        status(billing.call(&Call::release("lic", "b-holder"), T).await.unwrap()),
+        Status::Released
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(holders(&settings, "lic").await, ["cad/c-2"]);
+    assert_eq!(app_counts(&settings).await, [Some(1), Some(1), Some(1), None]);
+}
+
 /// Two applications with requests streams of their own, sharded two ways
 /// (`stream.applications`): each one's Rust client sends to its own stream
 /// and is served there. An entry id one application gives its XADD is no
