@@ -1160,6 +1160,67 @@ async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
     assert_eq!(squat.0, "LIMIT_REACHED", "{squat:?}");
     acquired(on_shared(&redis, BILLING, "acquire", "b-bob", &["--user", "bob"]).await);
 
+    // Nor can demo name billing's kept names itself: a `/` is in no id a
+    // request may send, so session, user and group `billing/...` are
+    // refused INVALID_REQUEST and change nothing.
+    for (field, args) in [
+        (
+            "session",
+            vec![
+                "acquire",
+                "--license",
+                "shared",
+                "--session",
+                "billing/b-ada",
+                "--json",
+            ],
+        ),
+        (
+            "user",
+            vec![
+                "acquire",
+                "--license",
+                "shared",
+                "--session",
+                "d-x",
+                "--user",
+                "billing/ada",
+                "--json",
+            ],
+        ),
+        (
+            "group",
+            vec![
+                "acquire",
+                "--license",
+                "shared",
+                "--session",
+                "d-y",
+                "--group",
+                "billing/eng",
+                "--json",
+            ],
+        ),
+        (
+            "session",
+            vec![
+                "release",
+                "--license",
+                "shared",
+                "--session",
+                "billing/b-ada",
+                "--json",
+            ],
+        ),
+    ] {
+        let out = redis.seatgate(CLIENT, &args).await;
+        let text = stdout(&out);
+        assert!(
+            text.contains("INVALID_REQUEST") && text.contains(&format!("`{field}`")),
+            "{field}: {out:?}"
+        );
+    }
+
     // M1: the same session id is two sessions, one per application; demo's
     // release of its ws-7 leaves billing's holding.
     acquired(on_shared(&redis, BILLING, "acquire", "ws-7.example.com", &[]).await);
