@@ -39,6 +39,8 @@ fn every_policy() -> LicensePolicy {
         require_user: None,
         queue_max_per_user: Some(1_000_000),
         queue_max_per_group: Some(1_000_000),
+        // Bench sessions are no application's: no allow-list.
+        applications: Default::default(),
     }
 }
 

@@ -220,6 +220,11 @@ local function decide(now, default_timeout, seated)
   if license.refusal then
     return outcome(license.refusal, rcall('ZCARD', K.holders), license.total, 0, now, notes)
   end
+  -- The applications the license lets use it (includes/policy.lua); a
+  -- session of the shared stream is no application's.
+  if P and P.applications and not P.applications[app_of(session) or ''] then
+    return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'application', now, notes)
+  end
   -- Identity the server decides (includes/policy.lua).
   if user == '' and P and P.require_user == 1 then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'require_user', now, notes)

@@ -75,6 +75,11 @@ pub enum Field {
     GroupMax,
     /// `group_reserve:<group>`: seats kept for the group: digits, 0 to [`MAX_SEATS`].
     GroupReserve,
+    /// `application:<app>`: `1`, the application may use the license, or
+    /// `0`. A record holding any such field is used by the applications
+    /// set to 1 alone (LIMIT_REACHED `application` for the others, and for
+    /// requests of the shared stream, which are no application's).
+    Application,
 }
 
 impl Field {
@@ -100,7 +105,14 @@ impl Field {
                 | Field::QueueMaxPerGroup
                 | Field::GroupMax
                 | Field::GroupReserve
+                | Field::Application
         )
+    }
+
+    /// Whether the field is keyed by a name after its own
+    /// (`group_max:<group>`, `group_reserve:<group>`, `application:<app>`).
+    pub fn is_keyed(self) -> bool {
+        matches!(self, Field::GroupMax | Field::GroupReserve | Field::Application)
     }
 
     /// The field a record field name stands for, with its group for
@@ -110,13 +122,14 @@ impl Field {
         for (field, prefix) in [
             (Field::GroupMax, "group_max:"),
             (Field::GroupReserve, "group_reserve:"),
+            (Field::Application, "application:"),
         ] {
             if let Some(group) = name.strip_prefix(prefix) {
                 return Some((field, Some(group.to_owned())));
             }
         }
         let field: Field = name.parse().ok()?;
-        (!matches!(field, Field::GroupMax | Field::GroupReserve)).then_some((field, None))
+        (!field.is_keyed()).then_some((field, None))
     }
 
     /// The rule a value breaks, as the error message ends.
@@ -137,6 +150,7 @@ impl Field {
             Field::GroupMax | Field::GroupReserve => {
                 "is not a whole number from 0 to 1000000 for a group of 1 to 128 characters of A-Z a-z 0-9 . _ - : @"
             }
+            Field::Application => "is not 0 or 1 for an application of 1 to 64 characters of A-Z a-z 0-9 . _ -",
         }
     }
 
@@ -147,7 +161,7 @@ impl Field {
         let (min, max, digits) = match self {
             Field::SeatsTotal => (0, MAX_SEATS, 7),
             Field::ExpiresAtMs => (0, MAX_NUMBER, 15),
-            Field::Active | Field::Policy | Field::RequireUser => (0, 1, 1),
+            Field::Active | Field::Policy | Field::RequireUser | Field::Application => (0, 1, 1),
             Field::HeartbeatTimeoutMs | Field::QueueMax => (1, MAX_NUMBER, 15),
             Field::MaxPerUser | Field::LingerMs | Field::QueueMaxPerUser | Field::QueueMaxPerGroup => {
                 (0, MAX_NUMBER, 15)
@@ -175,7 +189,11 @@ impl Field {
             group: Some(group.to_owned()),
             value: raw.to_owned(),
         };
-        if !crate::tenancy::valid_stored_id(group) {
+        let named = match self {
+            Field::Application => crate::tenancy::valid_application(group),
+            _ => crate::tenancy::valid_stored_id(group),
+        };
+        if !named {
             return Err(refused());
         }
         self.check(raw).map_err(|_| refused())
@@ -274,7 +292,7 @@ impl StoredRecord {
         let values = Field::ALL
             .iter()
             .map(|f| match f {
-                Field::GroupMax | Field::GroupReserve => None,
+                f if f.is_keyed() => None,
                 f => record.get(f.as_str()).cloned(),
             })
             .collect();
@@ -324,7 +342,7 @@ impl StoredRecord {
     /// fields by record field name.
     pub fn validate(&self) -> Result<(), InvalidField> {
         for &field in Field::ALL {
-            if matches!(field, Field::GroupMax | Field::GroupReserve) {
+            if field.is_keyed() {
                 continue;
             }
             if let Some(raw) = self.get(field) {
@@ -500,6 +518,7 @@ impl LicenseChange {
                         .map(|f| match f {
                             Field::GroupMax => "group_max:<group>",
                             Field::GroupReserve => "group_reserve:<group>",
+                            Field::Application => "application:<app>",
                             f => f.as_str(),
                         })
                         .collect();

@@ -113,6 +113,11 @@ pub struct LicensePolicy {
     /// waiting in the queue.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_max_per_group: Option<u64>,
+    /// `application:<app>`: whether the application may use the license.
+    /// Non-empty: only the applications set `true` may (an acquire of any
+    /// other, or of the shared stream, is refused LIMIT_REACHED `application`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub applications: BTreeMap<String, bool>,
 }
 
 /// Why a policy could not be provisioned as given.
@@ -140,6 +145,7 @@ impl LicensePolicy {
                 | "queue_max_per_group"
         ) || field.starts_with("group_max:")
             || field.starts_with("group_reserve:")
+            || field.starts_with("application:")
     }
 
     /// The record fields that provision it, the flag first (none when empty).
@@ -165,6 +171,12 @@ impl LicensePolicy {
         }
         for (group, n) in &self.group_reserve {
             out.push((format!("group_reserve:{group}"), n.to_string()));
+        }
+        for (app, allowed) in &self.applications {
+            out.push((
+                format!("application:{app}"),
+                if *allowed { "1" } else { "0" }.to_owned(),
+            ));
         }
         out
     }
@@ -195,6 +207,8 @@ impl LicensePolicy {
                         policy.group_max.insert(group.to_owned(), number(raw));
                     } else if let Some(group) = other.strip_prefix("group_reserve:") {
                         policy.group_reserve.insert(group.to_owned(), number(raw));
+                    } else if let Some(app) = other.strip_prefix("application:") {
+                        policy.applications.insert(app.to_owned(), number(raw) == 1);
                     }
                 }
             }
@@ -267,6 +281,22 @@ impl LicensePolicy {
         }
         if let Some(n) = self.queue_max_per_group {
             parts.push(format!("queue_max_per_group {n}"));
+        }
+        let allowed: Vec<&str> = self
+            .applications
+            .iter()
+            .filter(|(_, allowed)| **allowed)
+            .map(|(app, _)| app.as_str())
+            .collect();
+        if !self.applications.is_empty() {
+            parts.push(format!(
+                "applications {}",
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed.join(" ")
+                }
+            ));
         }
         parts.join(", ")
     }
@@ -412,6 +442,7 @@ mod tests {
             require_user: Some(true),
             queue_max_per_user: Some(4),
             queue_max_per_group: Some(6),
+            applications: [("billing".to_owned(), true), ("demo".to_owned(), false)].into(),
         };
         let mut record: HashMap<String, String> = policy.fields().into_iter().collect();
         record.insert("seats_total".into(), "5".into());

@@ -22,6 +22,8 @@
     queue_max_per_group   digits, 0 to 999999999999999
     group_max:<g>         digits, 0 to 1000000, in field name order, and
     group_reserve:<g>     <g> an id like a session's
+    application:<app>     0 or 1, <app> an application's name: a record
+                          with any lets only those at 1 use it
   Digits only: tonumber alone would take "0x10", " 5", "1e3", "inf" and
   "nan", and a record read that way fails open (5.5 seats hand out 6, inf is
   unlimited, an expiry that is no number never comes). A record that breaks a
@@ -41,7 +43,7 @@ local function license_number(field, raw)
     low, high, digits = 0, 1000000, 7
   elseif field == 'expires_at_ms' then
     low, high, digits = 0, 999999999999999, 15
-  elseif field == 'active' or field == 'policy' or field == 'require_user' then
+  elseif field == 'active' or field == 'policy' or field == 'require_user' or field == 'application' then
     low, high, digits = 0, 1, 1
   elseif field == 'heartbeat_timeout_ms' or field == 'queue_max' then
     low, high, digits = 1, 999999999999999, 15

@@ -21,6 +21,10 @@
                        the queue; an acquire that would queue one more is
                        refused NO_SEATS_AVAILABLE 'queue_user_full'
                        (acquire.lua; counted as w:<user>, owners.lua)
+    application:<app>  1: the application may use the license; a record
+                       with any such field lets only those at 1 (an
+                       acquire of another, or of the shared stream, is
+                       refused LIMIT_REACHED 'application', acquire.lua)
     queue_max_per_group one group has at most that many sessions waiting;
                        one more is refused NO_SEATS_AVAILABLE
                        'queue_group_full' (counted as wg:<group>), so one
@@ -101,11 +105,22 @@ local function policy()
     local raw, bad_group = {}, nil
     for i = 1, #flat, 2 do
       local field, value = flat[i], flat[i + 1]
-      local kind, group = string.match(field, '^(group_%a+):(.*)$')
-      if kind == 'group_max' or kind == 'group_reserve' then
+      local kind, group = string.match(field, '^([%a_]+):(.*)$')
+      if kind == 'group_max' or kind == 'group_reserve' or kind == 'application' then
         local n = license_number(kind, value)
-        if n and owner_id(group) then
-          P[kind][group] = n
+        local named
+        if kind == 'application' then
+          named = #group <= 64 and string.find(group, '^[A-Za-z0-9._-]+$') ~= nil
+          P.applications = P.applications or {}
+        else
+          named = owner_id(group)
+        end
+        if n and named then
+          if kind == 'application' then
+            P.applications[group] = n == 1
+          else
+            P[kind][group] = n
+          end
         elseif not bad_group or field < bad_group[1] then
           bad_group = {field, string.sub(value, 1, 64)}
         end

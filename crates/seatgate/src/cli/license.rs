@@ -50,6 +50,23 @@ pub(super) struct PolicyArgs {
     /// one group cannot fill the queue ahead of the others.
     #[arg(long, value_name = "N")]
     queue_max_per_group: Option<u64>,
+    /// Only these applications (stream.applications) may use the license
+    /// (application:<app> 1 each), e.g. billing,cad; an acquire of any
+    /// other, or of the shared stream, is refused LIMIT_REACHED.
+    /// `--unset application:<app>` takes one off the list.
+    #[arg(long, value_name = "APP,...", value_delimiter = ',', value_parser = application_name)]
+    applications: Vec<String>,
+}
+
+/// One name of `--applications`.
+fn application_name(s: &str) -> Result<String, String> {
+    if seatgate_core::tenancy::valid_application(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "application {s:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
+        ))
+    }
 }
 
 impl PolicyArgs {
@@ -64,6 +81,7 @@ impl PolicyArgs {
             require_user: self.require_user.then_some(true),
             queue_max_per_user: self.queue_max_per_user,
             queue_max_per_group: self.queue_max_per_group,
+            applications: self.applications.iter().map(|app| (app.clone(), true)).collect(),
         }
     }
 }

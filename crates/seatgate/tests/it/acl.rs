@@ -1322,6 +1322,52 @@ async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
     // used by b-bob): its limit is its own.
     acquired(on_shared(&redis, BILLING, "acquire", "b-3", &[]).await);
 
+    // A license that lists its applications serves them alone.
+    let put = redis
+        .seatgate(
+            ADMIN,
+            &[
+                "license",
+                "put",
+                "billing-only",
+                "--seats",
+                "2",
+                "--applications",
+                "billing",
+            ],
+        )
+        .await;
+    assert!(put.status.success(), "{put:?}");
+    let only = |user: &'static str, session: &'static str| {
+        let redis = &redis;
+        async move {
+            let out = redis
+                .seatgate(
+                    user,
+                    &[
+                        "acquire",
+                        "--license",
+                        "billing-only",
+                        "--session",
+                        session,
+                        "--json",
+                    ],
+                )
+                .await;
+            let reply: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+            (
+                reply["status"].as_str().unwrap_or_default().to_owned(),
+                reply["error"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+    let refused = only(CLIENT, "d-only").await;
+    assert_eq!(refused.0, "LIMIT_REACHED", "{refused:?}");
+    assert!(refused.1.contains("not among them"), "{refused:?}");
+    assert_eq!(only(BILLING, "b-only").await.0, "ACQUIRED");
+    let show = stdout(&redis.seatgate(ADMIN, &["license", "show", "billing-only"]).await);
+    assert!(show.contains("applications billing"), "{show}");
+
     // Rate: demo's requests about the license run out; billing's do not.
     let mut limited = None;
     for i in 0..40 {
