@@ -307,6 +307,21 @@ async fn reply_streams(con: &mut Db, prefix: &str) -> Vec<String> {
         .unwrap()
 }
 
+/// `total_connections_received` once it has not changed for a second
+/// (at most 10 s): what the server's other clients had opened by then.
+async fn settled_connections(con: &mut Db) -> u64 {
+    let mut last = connections_received(con).await;
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let now = connections_received(con).await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// `total_connections_received` of the server's INFO.
 async fn connections_received(con: &mut Db) -> u64 {
     let info: String = redis::cmd("INFO").arg("stats").query_async(con).await.unwrap();
@@ -561,7 +576,10 @@ async fn async_client_answers_every_concurrent_pair() {
     let TestApp(redis, s, mut con) = spawn_app().await;
     put_license(&s, "demo", 5).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
-    let connections = connections_received(&mut con).await;
+    // The worker process is ready before all of its connections are made
+    // (its reaper's, on a busy machine a moment later): counted from once
+    // they are.
+    let connections = settled_connections(&mut con).await;
 
     let args = [
         "--license",
