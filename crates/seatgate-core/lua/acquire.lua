@@ -213,6 +213,8 @@ local function decide(now, default_timeout, seated)
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
   end
   local user = asker and asker.user or ''
+  -- The session's application (includes/owners.lua), nil on the shared stream.
+  local app = app_of(session)
   local revoked = cooldown_of(session, now) or (user ~= '' and cooldown_of(USER_REVOCATION .. user, now))
   if revoked then
     return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), license.total, revoked, now, notes)
@@ -222,7 +224,7 @@ local function decide(now, default_timeout, seated)
   end
   -- The applications the license lets use it (includes/policy.lua); a
   -- session of the shared stream is no application's.
-  if P and P.applications and not P.applications[app_of(session) or ''] then
+  if P and P.applications and not P.applications[app or ''] then
     return outcome('LIMIT_REACHED', rcall('ZCARD', K.holders), license.total, 'application', now, notes)
   end
   -- Identity the server decides (includes/policy.lua).
@@ -252,7 +254,7 @@ local function decide(now, default_timeout, seated)
   -- service()): seats held and sessions waiting together at most
   -- app_sessions, so that its grants never take it past; at most
   -- app_waiters waiting.
-  local app, S = app_of(session), service()
+  local S = service()
   local app_held, app_waiting = 0, 0
   if app and (S.app_sessions > 0 or (S.app_waiters > 0 and wait_ms > 0)) then
     local c = rcall('HMGET', K.owners, 'a:' .. app, 'wa:' .. app)

@@ -151,7 +151,13 @@ impl Topology {
     /// no application can have replies written into another's reply
     /// streams; `replies_prefix` on any other.
     pub fn reply_prefix_for(&self, stream: &str) -> String {
-        match self.application_of(stream) {
+        self.reply_prefix_of(self.application_of(stream))
+    }
+
+    /// The reply namespace of application `app`'s requests,
+    /// `<replies_prefix><app>:`, or of the shared stream's (`None`).
+    pub fn reply_prefix_of(&self, app: Option<&str>) -> String {
+        match app {
             Some(app) => format!("{}{app}:", self.replies_prefix),
             None => self.replies_prefix.clone(),
         }

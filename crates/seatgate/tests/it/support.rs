@@ -480,40 +480,25 @@ impl Direct {
 
     /// lua/release.lua.
     pub async fn release(&self, con: &mut impl ConnectionLike) -> Outcome {
-        let args = SessionArgs {
-            session: &self.session,
-            lease: self.lease.as_deref(),
-            default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
-        };
-        session::call(
-            ScriptName::Release,
-            Scripts::get(),
-            &self.keys,
-            &self.guard,
-            &args,
-        )
-        .run(con)
-        .await
-        .expect("release.lua")
+        self.session_call(ScriptName::Release, con).await
     }
 
     /// lua/heartbeat.lua.
     pub async fn heartbeat(&self, con: &mut impl ConnectionLike) -> Outcome {
+        self.session_call(ScriptName::Heartbeat, con).await
+    }
+
+    /// Release or heartbeat (`script`) of this session, with its lease.
+    async fn session_call(&self, script: ScriptName, con: &mut impl ConnectionLike) -> Outcome {
         let args = SessionArgs {
             session: &self.session,
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
         };
-        session::call(
-            ScriptName::Heartbeat,
-            Scripts::get(),
-            &self.keys,
-            &self.guard,
-            &args,
-        )
-        .run(con)
-        .await
-        .expect("heartbeat.lua")
+        session::call(script, Scripts::get(), &self.keys, &self.guard, &args)
+            .run(con)
+            .await
+            .unwrap_or_else(|e| panic!("{script:?}: {e}"))
     }
 
     /// lua/revoke.lua: an administrator `actor` revokes this session for

@@ -231,22 +231,21 @@ impl Decider {
     /// that times out). It is dead-lettered without another attempt at
     /// deciding it.
     fn plan(&self, lane: Lane, stream: &str, batch: Vec<Entry>) -> Vec<Item> {
-        // An application's requests are answered in its own reply namespace only.
-        let prefix = self.settings.reply_prefix_for(stream);
+        // Whose requests these are: the server knows it from the stream,
+        // never from a field (seatgate_core::tenancy); an application's are
+        // answered in its own reply namespace only.
+        let topology = self.settings.topology();
+        let application = match lane {
+            Lane::Requests => topology.application_of(stream),
+            Lane::Admin => None,
+        };
+        let prefix = topology.reply_prefix_of(application);
         let rules = seatgate_core::protocol::Rules {
             reply_prefix: &prefix,
             ..self.settings.parse_rules()
         };
         let max = self.settings.stream.max_deliveries;
-        // Whose requests these are: the server knows it from the stream,
-        // never from a field (seatgate_core::tenancy).
-        let application = match lane {
-            Lane::Requests => self.settings.application_of(stream),
-            Lane::Admin => None,
-        };
-        let shared_identity = application
-            .as_deref()
-            .is_some_and(|a| self.settings.shared_identity(a));
+        let shared_identity = application.is_some_and(|a| self.settings.shared_identity(a));
         batch
             .into_iter()
             .map(|entry| {
@@ -257,7 +256,7 @@ impl Decider {
                 } else {
                     let request = entry.fields.as_ref().map(|f| {
                         let mut request = seatgate_core::request::parse_entry(lane, &entry.id, f, &rules);
-                        if let (Ok(req), Some(app)) = (&mut request, &application) {
+                        if let (Ok(req), Some(app)) = (&mut request, application) {
                             req.qualify(app, shared_identity);
                         }
                         request
