@@ -710,6 +710,19 @@ async fn a_client_built_from_the_nodes_finds_its_streams(cluster: &LocalCluster)
         .await
         .unwrap();
     assert!(sent >= 1, "the acquire went to {shard}");
+    // A waiter's GRANTED goes through the outbox on a cluster (the worker
+    // writes it, not the script): it names the session as the caller sent
+    // it, while the seat is kept as the application's.
+    let id = client.send(&acquire("lic", "ws-2", 30_000)).await.unwrap();
+    assert_eq!(client.wait_for(&id, T).await.unwrap().status(), Status::Queued);
+    let released = client.call(&Call::release("lic", "ws-1"), T).await.unwrap();
+    assert_eq!(released.status(), Status::Released);
+    let granted = client.wait_for(&id, T).await.unwrap();
+    assert_eq!(
+        (granted.status(), granted.get("session")),
+        (Status::Granted, "ws-2")
+    );
+    assert_eq!(holders(&s, "lic").await, ["cad/ws-2"]);
     client.close().await.unwrap();
     worker.stop().await;
 }
