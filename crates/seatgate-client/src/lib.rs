@@ -47,11 +47,13 @@
 //!
 //! The wire contract underneath, for clients in other languages, is
 //! docs/protocol.md. Inside: the request side (request.rs), the seat handle
-//! (seat.rs), the reply reader (reader.rs), the waiter table (waiters.rs) and
+//! (seat.rs), the reply reader (reader.rs), the waiter table (waiters.rs), the leases
+//! (leases.rs) and
 //! the reply itself (reply.rs), imported by the others; arrows point one way.
 //!
 //! [seatgate]: https://seatgate.example/seatgate
 
+mod leases;
 mod reader;
 mod reply;
 mod request;

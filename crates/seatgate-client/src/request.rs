@@ -18,7 +18,6 @@
 //! and re-sent acquires, so that no other caller can keep alive or free the
 //! seat.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -27,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::leases::LeaseBook;
 use super::reader::{Reader, ReaderCounters, READ_BLOCK};
 use super::reply::Reply;
 use super::waiters::{Waiters, Waiting};
@@ -337,8 +337,9 @@ struct Inner {
     counters: Arc<ReaderCounters>,
     /// The lease each (license, session) this client acquired is bound to,
     /// sent again with its heartbeats, releases and re-sent acquires by
-    /// any clone; forgotten once the seat or place is given back.
-    leases: Mutex<HashMap<(String, String), Lease>>,
+    /// any clone; kept a while after the seat or place is given back, for
+    /// that session's late calls (leases.rs).
+    leases: Mutex<LeaseBook>,
     /// The reader task, for [`Client::close`] to wait on.
     reader: Mutex<Option<JoinHandle<Result<(), Error>>>>,
     /// Stops the reader when the last clone is dropped. (The reader holds
@@ -637,7 +638,7 @@ impl ClientBuilder {
                 ttl: self.ttl,
                 heartbeat_timeout: self.heartbeat_timeout,
                 counters,
-                leases: Mutex::new(HashMap::new()),
+                leases: Mutex::new(LeaseBook::default()),
                 reader: Mutex::new(Some(reader)),
                 _stop: stop.drop_guard(),
             }),
@@ -685,11 +686,13 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// The lease this client holds for `session` of `license`: the one its
-    /// last acquire (or any call given one) carried.
+    /// The lease this client holds for `session` of `license` while its
+    /// seat or place is held: the one its last acquire (or any call given
+    /// one) carried. `None` once it is given back (the client still sends
+    /// it with that session's late heartbeats and releases).
     pub fn lease(&self, license: &str, session: &str) -> Option<Lease> {
         self.leases()
-            .get(&(license.to_owned(), session.to_owned()))
+            .live(&(license.to_owned(), session.to_owned()))
             .cloned()
     }
 
@@ -835,7 +838,7 @@ impl Client {
         )
     }
 
-    fn leases(&self) -> MutexGuard<'_, HashMap<(String, String), Lease>> {
+    fn leases(&self) -> MutexGuard<'_, LeaseBook> {
         // Every use is one map operation: a poisoned lock is used as is.
         self.inner
             .leases
@@ -848,17 +851,29 @@ impl Client {
     fn lease_for(&self, call: &Call) -> Option<Lease> {
         let key = (call.license.clone(), call.session.clone());
         let mut leases = self.leases();
+        // An acquire of an ended session takes a new lease: a new seat, a
+        // new secret. A late heartbeat or release of one carries its old
+        // lease without bringing it back to life.
+        let acquire = call.op == SeatOp::Acquire;
         let lease = call
             .lease
             .clone()
-            .or_else(|| leases.get(&key).cloned())
-            .or_else(|| (call.op == SeatOp::Acquire).then(new_lease).flatten())?;
-        leases.insert(key, lease.clone());
+            .or_else(|| leases.live(&key).cloned())
+            .or_else(|| {
+                if acquire {
+                    new_lease()
+                } else {
+                    leases.get(&key).cloned()
+                }
+            })?;
+        if acquire || call.lease.is_some() {
+            leases.hold(key, lease.clone());
+        }
         Some(lease)
     }
 
-    /// `reply` with the lease its session's request was sent with; a lease
-    /// whose seat or place is now given back is forgotten.
+    /// `reply` with the lease its session's request was sent with; a
+    /// session whose seat or place is now given back keeps it as ended.
     fn with_lease(&self, mut reply: Reply) -> Reply {
         let key = (reply.get("license").to_owned(), reply.get("session").to_owned());
         let mut leases = self.leases();
@@ -866,10 +881,9 @@ impl Client {
             // Released under the license's linger_ms: the seat stays with the
             // session, bound to its lease, which takes it back on an acquire.
             Status::Released if reply.fields.contains_key("linger_ms") => leases.get(&key).cloned(),
-            // Given back, taken away by an administrator, or never held:
-            // nothing left to bind.
+            // Given back, taken away by an administrator, or never held.
             Status::Released | Status::LeftQueue | Status::SessionNotFound | Status::SessionRevoked => {
-                leases.remove(&key)
+                leases.end(&key)
             }
             _ => leases.get(&key).cloned(),
         };

@@ -30,6 +30,9 @@ pub const MAX_ACTOR_LEN: usize = 128;
 pub const MAX_COOLDOWN_MS: u64 = 7 * 86_400_000;
 /// Most fields one request entry may have.
 pub const MAX_FIELDS: usize = 32;
+/// The field that opens the stub a worker reads (lua/read.lua) for an entry
+/// over the limits, valued `<fields> <bytes>`: the entry's size as stored.
+pub const OVERSIZE_FIELD: &str = "seatgate.oversize";
 /// Largest value of any field we do not otherwise limit, in bytes.
 pub const MAX_FIELD_LEN: usize = 8192;
 /// Longest field name, in bytes.

@@ -30,6 +30,7 @@ use strum::{EnumCount, EnumString, IntoStaticStr, VariantArray};
 
 use crate::error::Error;
 use crate::keys::{DueKeys, EventKeys, LicenseKeys};
+use crate::protocol::MAX_FIELDS;
 use crate::request::guard::Guard;
 
 use includes::IncludeError;
@@ -70,6 +71,8 @@ pub enum ScriptName {
     PutLicense,
     /// lua/relay.lua
     Relay,
+    /// lua/read.lua
+    Read,
 }
 
 impl ScriptName {
@@ -111,6 +114,7 @@ impl ScriptName {
             ScriptName::DeleteLicense => include_str!("../lua/delete_license.lua"),
             ScriptName::PutLicense => include_str!("../lua/put_license.lua"),
             ScriptName::Relay => include_str!("../lua/relay.lua"),
+            ScriptName::Read => include_str!("../lua/read.lua"),
         }
     }
 
@@ -421,6 +425,40 @@ pub struct Outage {
 /// Redis clock plus at most a 15-digit heartbeat timeout), and low enough
 /// that a claim's end added to it is still an exact double.
 pub const DUE_CLAIM_BASE: i64 = 1 << 52;
+
+/// One page of a requests stream for [`Scripts::read`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReadPage<'a> {
+    /// The requests stream.
+    pub stream: &'a str,
+    /// Its consumer group.
+    pub group: &'a str,
+    /// The consumer reading.
+    pub consumer: &'a str,
+    /// The most entries.
+    pub count: usize,
+    /// `limits.max_entry_bytes`.
+    pub max_entry_bytes: usize,
+    /// Which entries.
+    pub from: ReadFrom<'a>,
+}
+
+/// Which entries a [`ReadPage`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom<'a> {
+    /// Entries never delivered (XREADGROUP `>`).
+    New,
+    /// The consumer's own pending entries (XREADGROUP `0`).
+    Pending,
+    /// Entries pending with any consumer for at least `min_idle_ms`, from
+    /// `cursor` on (XAUTOCLAIM).
+    Claim {
+        /// XAUTOCLAIM's min-idle-time.
+        min_idle_ms: u64,
+        /// Where this page of the sweep starts.
+        cursor: &'a str,
+    },
+}
 
 /// One script call, ready to run alone or in a pipeline, decoding to `T`.
 pub struct ScriptCall<'a, T> {
@@ -769,6 +807,30 @@ impl Scripts {
             }
         }
         Ok(call.invoke_async(con).await?)
+    }
+
+    /// lua/read.lua: one page of `page.stream` for `page.consumer`, every
+    /// entry over `page.max_entry_bytes` or [`MAX_FIELDS`] fields cut down
+    /// to a stub ([`crate::protocol::OVERSIZE_FIELD`]). Returns what XREADGROUP (or, for
+    /// [`ReadFrom::Claim`], XAUTOCLAIM) returns for the stream.
+    pub async fn read<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        page: &ReadPage<'_>,
+    ) -> redis::RedisResult<Value> {
+        let mut call = self.invoke(ScriptName::Read);
+        call.key(page.stream) // KEYS[1]
+            .arg(page.group) // ARGV[1]
+            .arg(page.consumer) // ARGV[2]
+            .arg(page.count) // ARGV[3]
+            .arg(page.max_entry_bytes) // ARGV[4]
+            .arg(MAX_FIELDS); // ARGV[5]
+        match page.from {
+            ReadFrom::New => call.arg("new"),
+            ReadFrom::Pending => call.arg("pending"),
+            ReadFrom::Claim { min_idle_ms, cursor } => call.arg("claim").arg(min_idle_ms).arg(cursor),
+        };
+        call.invoke_async(con).await
     }
 
     /// lua/unlock.lua: delete `lock` only while it still holds `token`.

@@ -99,8 +99,10 @@ pub struct StreamSettings {
     pub batch_size: usize,
     /// Batches decided concurrently.
     pub max_in_flight: usize,
-    /// XREADGROUP BLOCK, ms.
+    /// The longest one read waits for new requests, ms.
     pub block_ms: u64,
+    /// The longest a read with nothing new waits before looking again, ms.
+    pub poll_ms: u64,
     /// XAUTOCLAIM min idle time, ms.
     pub claim_idle_ms: u64,
     /// Deliveries before dead-lettering.
@@ -441,6 +443,9 @@ impl Settings {
 
     fn validate(&self) -> Result<(), Error> {
         let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        if self.stream.poll_ms == 0 || self.stream.poll_ms > 1_000 {
+            return bad("stream.poll_ms must be between 1 and 1000");
+        }
         if self.stream.batch_size == 0 || self.stream.batch_size > 10_000 {
             return bad("stream.batch_size must be between 1 and 10000");
         }
@@ -987,7 +992,10 @@ mod tests {
         let s = Settings::load(None).unwrap();
         assert_eq!(
             s.parse_rules(),
-            seatgate_core::protocol::Rules::new("seat:reply:")
+            seatgate_core::protocol::Rules {
+                require_lease: true,
+                ..seatgate_core::protocol::Rules::new("seat:reply:")
+            }
         );
         assert_eq!(s.stream.requests, "seat:requests");
         assert_eq!(s.keys.prefix, "seat");

@@ -1,6 +1,7 @@
 //! The connection to Redis, one node or a cluster: the same commands either way.
 //!
-//! Everything but the blocking reads goes through [`Db::connect`]: a managed,
+//! Everything but the blocking reads and the workers' doorbell
+//! ([`Db::connect_tracking`]) goes through [`Db::connect`]: a managed,
 //! multiplexed connection on one node (it reconnects by itself), or redis-rs's
 //! async cluster connection, which routes each command to the master owning its
 //! slot and follows MOVED/ASK and failovers. Blocking reads (`XREADGROUP BLOCK`,
@@ -110,6 +111,45 @@ impl Db {
             Ok(con) => Ok(Db::Plain(con)),
             Err(e) => Err(connect_error(redis, e).await),
         }
+    }
+
+    /// A connection Redis tells at once of every write to a key under one
+    /// of `prefixes`: client-side caching's broadcast mode (`CLIENT TRACKING
+    /// ON BCAST PREFIX …`, over RESP3), each write arriving on the returned
+    /// channel as an `invalidate` push naming the keys written, and a
+    /// `Disconnection` push when the connection drops (tracking ends with
+    /// it: connect again). The workers' doorbell: what tells an idle read
+    /// loop that its stream has new entries, without reading them. One node
+    /// only; `None` on a cluster, whose nodes would each need their own.
+    pub async fn connect_tracking(
+        redis: &RedisSettings,
+        prefixes: &[&str],
+    ) -> Result<Option<(Db, tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>)>, Error> {
+        if redis.is_cluster() {
+            return Ok(None);
+        }
+        let info = connection_info(redis, &redis.url)?;
+        let login = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = node_client(info.set_redis_settings(login), redis.tls_certificates()?)?;
+        let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(redis.connect_timeout_ms)))
+            .set_response_timeout(Some(Duration::from_millis(redis.response_timeout_ms)))
+            .set_push_sender(pushes);
+        let mut con = match client.get_multiplexed_async_connection_with_config(&cfg).await {
+            Ok(con) => con,
+            Err(e) => return Err(connect_error(redis, e).await),
+        };
+        let mut tracking = redis::cmd("CLIENT");
+        tracking.arg("TRACKING").arg("ON").arg("BCAST");
+        for prefix in prefixes {
+            tracking.arg("PREFIX").arg(*prefix);
+        }
+        tracking.query_async::<()>(&mut con).await?;
+        Ok(Some((Db::Plain(con), received)))
     }
 
     /// Runs `cmds` and returns each one's result, in order. On one node they

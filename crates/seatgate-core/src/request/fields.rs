@@ -11,26 +11,42 @@ use crate::policy::{RequestPolicy, MAX_BORROW_MS, MAX_PRIORITY};
 use crate::protocol::{
     valid_id, valid_lease, Echo, Invalid, Lease, RequestField, Rules, MAX_FIELDS, MAX_FIELD_LEN,
     MAX_FIELD_NAME_LEN, MAX_ID_LEN, MAX_LEASE_LEN, MAX_META_LEN, MAX_REPLY_TO_LEN, MAX_REQUEST_ID_LEN,
-    MAX_TTL_MS, MAX_WAIT_MS, MIN_LEASE_LEN,
+    MAX_TTL_MS, MAX_WAIT_MS, MIN_LEASE_LEN, OVERSIZE_FIELD,
 };
 
 /// Longest unknown op echoed back as sent; a longer one is answered with an empty `op`.
 pub(crate) const MAX_ECHOED_OP_LEN: usize = 32;
 
+/// The fields and bytes of an entry read as lua/read.lua's stub: its first
+/// field is [`OVERSIZE_FIELD`], valued `<fields> <bytes>`.
+fn stored_size(pairs: &[(String, Vec<u8>)]) -> Option<(usize, usize)> {
+    let (name, value) = pairs.first()?;
+    if name != OVERSIZE_FIELD {
+        return None;
+    }
+    let (fields, bytes) = std::str::from_utf8(value).ok()?.split_once(' ')?;
+    Some((fields.parse().ok()?, bytes.parse().ok()?))
+}
+
 /// The entry limits, on lengths alone: the number of fields, the whole
 /// entry's bytes, then each field name's length, `meta`'s size (whatever the
 /// op) and every other value's.
+///
+/// An entry the worker read as lua/read.lua's stub ([`OVERSIZE_FIELD`])
+/// is judged by the size it has in the stream.
 pub(super) fn check_sizes(pairs: &[(String, Vec<u8>)], max_entry_bytes: usize) -> Result<(), Refusal> {
-    let count = pairs.len();
+    let (count, total) = stored_size(pairs).unwrap_or_else(|| {
+        let total = pairs.iter().fold(0usize, |sum, (name, value)| {
+            sum.saturating_add(name.len()).saturating_add(value.len())
+        });
+        (pairs.len(), total)
+    });
     if count > MAX_FIELDS {
         return Err(Refusal::new(
             RequestField::Fields,
             format!("request has {count} fields; at most {MAX_FIELDS} are allowed"),
         ));
     }
-    let total = pairs.iter().fold(0usize, |sum, (name, value)| {
-        sum.saturating_add(name.len()).saturating_add(value.len())
-    });
     if total > max_entry_bytes {
         return Err(Refusal::new(
             RequestField::Fields,

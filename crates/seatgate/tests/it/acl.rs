@@ -14,7 +14,7 @@ use seatgate_core::keys::consumer_alive;
 
 use crate::support::{
     add_request, free_port, http_get, keys, license_keys, metric, output, reply_stream, repo_file,
-    seatgate_cmd, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN,
+    seatgate_cmd, stream_entries, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN,
 };
 
 const WORKER: &str = "seatgate-worker";
@@ -524,6 +524,8 @@ async fn no_application_can_touch_another_applications_requests() {
         "cad",
         "session",
         "b1",
+        "lease",
+        &crate::support::lease_of("b1"),
         "reply_to",
         &billing_replies,
     ])
@@ -586,6 +588,8 @@ async fn no_application_can_touch_another_applications_requests() {
         "cad",
         "session",
         "d-evil",
+        "lease",
+        &crate::support::lease_of("d-evil"),
         "reply_to",
         &reply_stream(&settings, "billing:pending-1"),
     ])
@@ -1078,7 +1082,13 @@ async fn on_shared(
     session: &str,
     more: &[&str],
 ) -> (String, String) {
+    // Each application's own lease for each of its sessions: the other
+    // does not know it.
+    let lease = crate::support::lease_of(&format!("{user}-{session}"));
     let mut args = vec![verb, "--license", "shared", "--session", session, "--json"];
+    if ["acquire", "heartbeat", "release"].contains(&verb) {
+        args.extend_from_slice(&["--lease", &lease]);
+    }
     args.extend_from_slice(more);
     let out = redis.seatgate(user, &args).await;
     let text = stdout(&out);
@@ -1242,6 +1252,8 @@ async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
         "shared",
         "session",
         "d-ada",
+        "lease",
+        &crate::support::lease_of(&format!("{CLIENT}-d-ada")),
         "reply_to",
         &replies,
     ])
@@ -1306,8 +1318,8 @@ async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
     assert_eq!(refused.0, "SESSION_REVOKED", "{refused:?}");
     let billing_ada = on_shared(&redis, BILLING, "heartbeat", "b-ada", &[]).await;
     assert_eq!(
-        billing_ada.0, "LEASE_MISMATCH",
-        "billing's ada still holds (the CLI sent no lease): {billing_ada:?}"
+        billing_ada.0, "HEARTBEAT_UPDATED",
+        "billing's ada still holds: {billing_ada:?}"
     );
 
     // Per-application limits: demo holds ws-7 and may hold or wait for 4 in
@@ -1383,4 +1395,391 @@ async fn no_application_can_claim_squat_or_outspend_anothers_identities() {
     // limit), not rate limited.
     let billing_now = on_shared(&redis, BILLING, "acquire", "b-5", &[]).await;
     assert_eq!(billing_now.0, "LIMIT_REACHED", "{billing_now:?}");
+}
+
+/// A request's fields, as sent.
+type Fields = Vec<(&'static str, String)>;
+
+/// XADDs `fields` to `stream` as `con`'s user.
+async fn xadd_as(con: &mut redis::aio::MultiplexedConnection, stream: &str, fields: &[(&str, &str)]) {
+    let mut xadd = command(&["XADD", stream, "*"]);
+    for (k, v) in fields {
+        xadd.arg(*k).arg(*v);
+    }
+    let _: String = xadd.query_async(con).await.unwrap();
+}
+
+/// Application `app`'s part of license `license`, read as the test's
+/// superuser: its seats (holders and their records), its waiters (their
+/// records and their places in the whole queue), its counts in the owners
+/// hash, its reply stream, and how many events name its sessions. What the other application must not change.
+async fn application_state(
+    root: &mut redis::aio::MultiplexedConnection,
+    settings: &Settings,
+    license: &str,
+    app: &str,
+    replies: &str,
+) -> Vec<String> {
+    let keys = license_keys(settings, license);
+    let mine = |name: &str| {
+        name.starts_with(&format!("{app}/"))
+            || name == format!("a:{app}")
+            || name == format!("wa:{app}")
+            || name.contains(&format!(":{app}/"))
+    };
+    let mut state = Vec::new();
+    for (what, key) in [("holders", &keys.holders), ("queue", &keys.queue)] {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(root)
+            .await
+            .unwrap();
+        for (rank, (member, score)) in members.iter().enumerate() {
+            if mine(member) {
+                state.push(format!("{what} #{rank} {member} {score}"));
+            }
+        }
+    }
+    for (what, key) in [
+        ("session", &keys.sessions),
+        ("waiter", &keys.waiters),
+        ("owners", &keys.owners),
+    ] {
+        let map: HashMap<String, String> = redis::cmd("HGETALL").arg(key).query_async(root).await.unwrap();
+        let mut rows: Vec<String> = map
+            .into_iter()
+            .filter(|(k, _)| mine(k))
+            .map(|(k, v)| format!("{what} {k}={v}"))
+            .collect();
+        rows.sort();
+        state.extend(rows);
+    }
+    let replies = stream_entries(root, replies).await;
+    state.push(format!(
+        "replies {:?}",
+        replies.iter().map(|e| &e.id).collect::<Vec<_>>()
+    ));
+    let events = stream_entries(root, &settings.events_stream_for(license)).await;
+    let named = events
+        .iter()
+        .filter(|e| e.fields.get("session").is_some_and(|s| mine(s)))
+        .count();
+    state.push(format!("events naming its sessions {named}"));
+    state
+}
+
+/// The whole matrix, each of two applications against the other, under the
+/// shipped ACL (issue 35): every command either client user is granted, and
+/// the ones it is not, aimed at every key of the other application; then
+/// every field of a request on its own stream aimed at the other's seat,
+/// waiter, user, group, lease, request id and replies, with the longest
+/// wait and the highest priority. Afterwards the other's holders, waiters
+/// (and their places), counts, replies, requests and events are exactly as
+/// they were, its seat still answers to its lease and its waiter is still
+/// first in line. Each attempt and what it got is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_application_tries_every_command_and_field_on_the_other_and_changes_nothing() {
+    let redis = AclRedis::start().await;
+    let settings = redis.settings();
+    let mut root = redis.con_as(ROOT).await;
+    let _worker = WorkerProcess::start(&redis.url(), &redis.login(WORKER)).await;
+    for (me, other) in [(CLIENT, BILLING), (BILLING, CLIENT)] {
+        let my_app = me.strip_prefix("seatgate-client-").unwrap();
+        let other_app = other.strip_prefix("seatgate-client-").unwrap();
+        let license = format!("m-{other_app}");
+        let put = redis
+            .seatgate(
+                ADMIN,
+                &["license", "put", &license, "--seats", "1", "--max-per-user", "1"],
+            )
+            .await;
+        assert!(put.status.success(), "{put:?}");
+
+        // The other application holds the one seat and has a waiter.
+        let mut theirs = redis.con_as(other).await;
+        let their_replies = reply_stream(&settings, &format!("{other_app}:holds-{license}"));
+        let their_stream = settings.app_requests(other_app);
+        let held_lease = crate::support::lease_of(&format!("{other_app}-held"));
+        let wait_lease = crate::support::lease_of(&format!("{other_app}-wait"));
+        for (id, session, lease, user, wait) in [
+            ("o-held-1", "o-held", &held_lease, "ada", "0"),
+            ("o-wait-1", "o-wait", &wait_lease, "bob", "3600000"),
+        ] {
+            xadd_as(
+                &mut theirs,
+                &their_stream,
+                &[
+                    ("op", "acquire"),
+                    ("id", id),
+                    ("license", &license),
+                    ("session", session),
+                    ("lease", lease),
+                    ("user", user),
+                    ("group", "eng"),
+                    ("wait_ms", wait),
+                    ("reply_to", &their_replies),
+                ],
+            )
+            .await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: usize = redis::cmd("XLEN")
+                .arg(&their_replies)
+                .query_async(&mut root)
+                .await
+                .unwrap();
+            if n >= 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the other's requests were not answered"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = application_state(&mut root, &settings, &license, other_app, &their_replies).await;
+        assert!(
+            before
+                .iter()
+                .any(|row| row.starts_with(&format!("holders #0 {other_app}/o-held")))
+                && before
+                    .iter()
+                    .any(|row| row.starts_with(&format!("queue #0 {other_app}/o-wait"))),
+            "{before:?}"
+        );
+
+        // A: every command, granted or not, on every key of the other's.
+        let mut mine = redis.con_as(me).await;
+        let keys = license_keys(&settings, &license);
+        let their_shard = seatgate_core::keys::shard_name(&their_stream, 1, &license);
+        let their_keys = [
+            their_stream.as_str(),
+            their_shard.as_str(),
+            their_replies.as_str(),
+            keys.holders.as_str(),
+            keys.sessions.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+            keys.owners.as_str(),
+            keys.license.as_str(),
+        ];
+        let mut attempts = 0;
+        for key in their_keys {
+            for words in [
+                &["XADD", key, "*", "op", "release"][..],
+                &["XADD", key, "MAXLEN", "0", "*", "x", "y"],
+                &["XREAD", "STREAMS", key, "0"],
+                &["XRANGE", key, "-", "+"],
+                &["XTRIM", key, "MAXLEN", "0"],
+                &["XDEL", key, "0-1"],
+                &["XACK", key, "seatgate", "0-1"],
+                &["XREADGROUP", "GROUP", "seatgate", "evil", "STREAMS", key, ">"],
+                &["XAUTOCLAIM", key, "seatgate", "evil", "0", "0-0"],
+                &["XGROUP", "DESTROY", key, "seatgate"],
+                &["XSETID", key, "99999999999999-0"],
+                &["DEL", key],
+                &["RENAME", key, "seat:requests:app:x"],
+                &["EXPIRE", key, "1"],
+                &["HGET", key, "f"],
+                &["HSET", key, "f", "v"],
+                &["HGETALL", key],
+                &["ZRANGE", key, "0", "-1"],
+                &["ZADD", key, "0", "m"],
+                &["ZREM", key, "m"],
+                &["TYPE", key],
+                &["OBJECT", "ENCODING", key],
+                &["DUMP", key],
+            ] {
+                assert_eq!(
+                    refusal(&mut mine, &command(words)).await,
+                    "NOPERM",
+                    "{me}: {words:?}"
+                );
+                attempts += 1;
+            }
+        }
+        for words in [
+            &["FCALL", "seatgate_x", "0"][..],
+            &["EVAL", "return 1", "0"],
+            &[
+                "FUNCTION",
+                "LOAD",
+                "#!lua name=x\nredis.register_function('x', function() end)",
+            ],
+            &["FUNCTION", "DELETE", "seatgate"],
+            &["FUNCTION", "FLUSH"],
+            &["SCRIPT", "FLUSH"],
+            &["KEYS", "*"],
+            &["SCAN", "0"],
+            &["CONFIG", "SET", "maxmemory", "1"],
+            &["CLIENT", "LIST"],
+            &["CLIENT", "KILL", "TYPE", "normal"],
+            &["PUBLISH", "c", "m"],
+            &["FLUSHALL"],
+            &["ACL", "LIST"],
+            &["HSET", "seat:config", "shards", "9"],
+        ] {
+            assert_eq!(
+                refusal(&mut mine, &command(words)).await,
+                "NOPERM",
+                "{me}: {words:?}"
+            );
+            attempts += 1;
+        }
+        println!("{my_app} against {other_app}: {attempts} commands on its keys and the server: NOPERM each");
+
+        // B: every request field, on my own stream, aimed at the other's.
+        let my_replies = reply_stream(&settings, &format!("{my_app}:tries-{license}"));
+        let my_stream = settings.app_requests(my_app);
+        let stolen = held_lease.as_str();
+        let mut tried: Vec<(String, Vec<(&str, String)>)> = Vec::new();
+        let plain = |op: &str, session: &str| {
+            vec![
+                ("op", op.to_owned()),
+                ("license", license.clone()),
+                ("session", session.to_owned()),
+                ("lease", stolen.to_owned()),
+            ]
+        };
+        for op in ["acquire", "heartbeat", "release"] {
+            tried.push((
+                format!("{op} of its session id, with its lease"),
+                plain(op, "o-held"),
+            ));
+            tried.push((format!("{op} of its waiter's id"), plain(op, "o-wait")));
+            tried.push((
+                format!("{op} of its kept session name"),
+                plain(op, &format!("{other_app}/o-held")),
+            ));
+        }
+        let kept = |id: &str| format!("{other_app}/{id}");
+        let acquires: [(&str, &str, Fields); 5] = [
+            (
+                "acquire as its user",
+                "m-ada",
+                vec![("user", "ada".into()), ("group", "eng".into())],
+            ),
+            ("acquire as its kept user", "m-ada2", vec![("user", kept("ada"))]),
+            ("acquire in its kept group", "m-eng", vec![("group", kept("eng"))]),
+            (
+                "acquire under its request id",
+                "m-id",
+                vec![("id", "o-held-1".into())],
+            ),
+            (
+                "acquire waiting an hour at priority 9",
+                "m-first",
+                vec![("wait_ms", "3600000".into()), ("priority", "9".into())],
+            ),
+        ];
+        for (what, session, more) in acquires {
+            let mut fields = plain("acquire", session);
+            fields.extend(more);
+            tried.push((what.to_owned(), fields));
+        }
+        let mut revoke = plain("revoke", &kept("o-held"));
+        revoke.push(("reason", "x".into()));
+        tried.push(("revoke of its seat".into(), revoke));
+        let mut answered = Vec::new();
+        for (what, fields) in &tried {
+            let mut xadd = command(&["XADD", &my_stream, "*", "reply_to", &my_replies]);
+            for (k, v) in fields {
+                xadd.arg(*k).arg(v);
+            }
+            let id: String = xadd.query_async(&mut mine).await.unwrap();
+            answered.push((what.clone(), id));
+        }
+        // Aimed at its replies: dead-lettered, never written there.
+        xadd_as(
+            &mut mine,
+            &my_stream,
+            &[
+                ("op", "acquire"),
+                ("license", &license),
+                ("session", "m-r"),
+                ("lease", stolen),
+                ("reply_to", &their_replies),
+            ],
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let replies = loop {
+            let replies = stream_entries(&mut root, &my_replies).await;
+            if replies.len() >= answered.len() {
+                break replies;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} answered",
+                replies.len(),
+                answered.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let by_id: HashMap<String, (String, String)> = replies
+            .iter()
+            .map(|e| {
+                let field = |k: &str| e.fields.get(k).cloned().unwrap_or_default();
+                (field("id"), (field("status"), field("error")))
+            })
+            .collect();
+        for (what, entry) in &answered {
+            // A request without an `id` is answered under its entry id.
+            let key = if what == "acquire under its request id" {
+                "o-held-1"
+            } else {
+                entry.as_str()
+            };
+            let (status, error) = by_id.get(key).cloned().unwrap_or_default();
+            println!("{my_app} against {other_app}: {what} -> {status} {error}");
+            assert_ne!(status, "", "{what}: no answer");
+        }
+        println!("{my_app} against {other_app}: acquire with reply_to in its reply namespace -> dead-lettered, nothing written there");
+
+        // Nothing of the other's changed, and its seat and place still answer to it.
+        let after = application_state(&mut root, &settings, &license, other_app, &their_replies).await;
+        assert_eq!(after, before, "{my_app} changed {other_app}'s state");
+        xadd_as(
+            &mut theirs,
+            &their_stream,
+            &[
+                ("op", "heartbeat"),
+                ("id", "o-beat"),
+                ("license", &license),
+                ("session", "o-held"),
+                ("lease", &held_lease),
+                ("reply_to", &their_replies),
+            ],
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let beat = loop {
+            let replies = stream_entries(&mut root, &their_replies).await;
+            if let Some(e) = replies
+                .iter()
+                .find(|e| e.fields.get("id").map(String::as_str) == Some("o-beat"))
+            {
+                break e["status"].clone();
+            }
+            assert!(Instant::now() < deadline, "no answer to the other's heartbeat");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(beat, "HEARTBEAT_UPDATED");
+        let queue: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.queue)
+            .arg(0)
+            .arg(0)
+            .query_async(&mut root)
+            .await
+            .unwrap();
+        assert_eq!(
+            queue,
+            [format!("{other_app}/o-wait")],
+            "its waiter is still first in line"
+        );
+    }
 }

@@ -488,6 +488,7 @@ async fn waiters_asking_for_a_day_are_held_to_the_longest_wait() {
             field("op", "acquire"),
             field("license", "lic"),
             field("session", format!("waiter-{i}")),
+            field("lease", crate::support::lease_of(&format!("waiter-{i}"))),
             field("wait_ms", "86400000"),
             field("priority", "9"),
             field("reply_to", replies.clone()),
@@ -723,6 +724,7 @@ async fn denials_through_a_worker_are_bounded_and_all_accounted_for() {
             field("op", "acquire"),
             field("license", "lic"),
             field("session", format!("denied-{i}")),
+            field("lease", crate::support::lease_of(&format!("denied-{i}"))),
             field("user", "flooder"),
             field("reply_to", replies.clone()),
         ]
@@ -857,6 +859,7 @@ async fn one_users_waiters_are_held_to_the_queue_quota() {
             field("op", "acquire"),
             field("license", "lic"),
             field("session", format!("waiter-{i}")),
+            field("lease", crate::support::lease_of(&format!("waiter-{i}"))),
             field("user", "mallory"),
             field("wait_ms", "3600000"),
             field("priority", "9"),

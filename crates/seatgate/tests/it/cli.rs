@@ -39,7 +39,7 @@ async fn a_lease_starting_with_a_dash_is_a_lease() {
 
 /// The lease need not be on a command line (which other users of the
 /// machine can read): `SEATGATE_LEASE` or `--lease-file` give it, and
-/// without one the seat's heartbeat is refused LEASE_MISMATCH.
+/// without one the seat's heartbeat is refused (`sessions.require_lease`).
 #[tokio::test]
 async fn the_lease_comes_from_the_environment_or_a_file() {
     let redis = RedisServer::start_with(&[]).await;
@@ -62,7 +62,10 @@ async fn the_lease_comes_from_the_environment_or_a_file() {
         "bound to the variable's lease: {acquired:?}"
     );
     let without = run(&[&["heartbeat"][..], &s0].concat(), None).await;
-    assert!(stdout(&without).starts_with("LEASE_MISMATCH"), "{without:?}");
+    assert!(
+        stdout(&without).starts_with("INVALID_REQUEST") && stdout(&without).contains("`lease`"),
+        "{without:?}"
+    );
     let from_env = run(&[&["heartbeat"][..], &s0].concat(), Some(lease)).await;
     assert!(stdout(&from_env).starts_with("HEARTBEAT_UPDATED"), "{from_env:?}");
     let dir = tempfile::tempdir().unwrap();

@@ -514,24 +514,12 @@ async fn dropping_a_seat_handle_releases_its_seat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_same_lease() {
-    let TestApp(redis, settings, mut con) = spawn_app().await;
+    let TestApp(_redis, settings, mut con) = spawn_app().await;
     put_license(&settings, "lic", 1).await;
-    // A worker process whose read blocks for a minute: frozen while
-    // blocked, Redis still hands it the next request, which then sits in
-    // its pending list undecided.
-    let frozen = WorkerProcess::start(
-        &redis.url(),
-        &[("SEATGATE__STREAM__BLOCK_MS", "60000".to_owned())],
-    )
-    .await;
-    let deadline = Instant::now() + T;
-    while consumers(&settings).await.is_empty() {
-        assert!(Instant::now() < deadline, "the worker process never read");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    frozen.signal("STOP");
-
+    // A worker that read the request and froze before deciding it: the
+    // entry sits in its consumer's pending list, undecided (consumer
+    // `frozen` takes it and never answers, as a SIGSTOPped process would).
+    create_group(&settings).await;
     let c = client(&settings).await;
     let opts = SeatOptions {
         request_timeout: Duration::from_secs(1),
@@ -544,15 +532,18 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
         async move { c.acquire_seat(&acquire("lic", "s1", 0), &opts).await }
     });
     let deadline = Instant::now() + T;
-    while pending(&settings).await == 0 {
+    while take(&settings, "frozen", 10).await.is_empty() {
         assert!(
             Instant::now() < deadline,
-            "the frozen worker was not handed the acquire"
+            "the frozen consumer was not handed the acquire"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // A live worker decides the attempt sent after the request timeout.
-    let worker = spawn_worker(settings.clone(), "w2").await;
+    // A live worker decides the attempt sent after the request timeout, and
+    // claims the frozen one's entry once it has been idle for 3 s.
+    let mut live = settings.clone();
+    live.stream.claim_idle_ms = 3_000;
+    let worker = spawn_worker(live, "w2").await;
     let seat = acquiring
         .await
         .unwrap()
@@ -578,14 +569,14 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
         );
     }
 
-    // Thawed, the worker decides the attempt it held (ALREADY_ACTIVE from a
-    // service that does not expire requests, else REQUEST_EXPIRED).
-    frozen.signal("CONT");
+    // Claimed from the frozen consumer, the attempt it held is decided
+    // (ALREADY_ACTIVE from a service that does not expire requests, else
+    // REQUEST_EXPIRED).
     let deadline = Instant::now() + Duration::from_secs(10);
     while pending(&settings).await > 0 {
         assert!(
             Instant::now() < deadline,
-            "the thawed worker left its entry pending"
+            "the frozen consumer's entry was left pending"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

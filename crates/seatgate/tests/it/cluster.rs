@@ -11,7 +11,7 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, license_keys, provision, put_license, reaper,
+    acquire, client, db, direct, events, holders, lease_of, license_keys, provision, put_license, reaper,
     seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
 };
 
@@ -143,7 +143,11 @@ async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) 
     };
     // The script ran; its worker died before relaying.
     assert_eq!(
-        direct(&s, "lic", "a").acquire(&mut con).await.status(),
+        direct(&s, "lic", "a")
+            .with_lease(Some(&lease_of("a")))
+            .acquire(&mut con)
+            .await
+            .status(),
         Status::Acquired
     );
     assert_eq!(log_len(&mut con).await, 1);
@@ -196,7 +200,11 @@ async fn events_are_relayed_to_their_shard_exactly_once(cluster: &LocalCluster) 
     // Through a worker: the event is on the shard when the reply arrives.
     let w = spawn_worker(s.clone(), "w1").await;
     let c = client(&s).await;
-    let released = c.call(&Call::release("lic", "a"), T).await.unwrap();
+    let lease = seatgate_core::protocol::Lease::parse(&lease_of("a")).unwrap();
+    let released = c
+        .call(&Call::release("lic", "a").with_lease(lease), T)
+        .await
+        .unwrap();
     assert_eq!(released.status(), Status::Released);
     assert_eq!(
         recorded(&s).await,

@@ -12,9 +12,9 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, license_keys,
-    pending, put_license, reaper, redis_ms, reply_stream, request_xadd, run_out_of_memory, spawn_app,
-    spawn_app_with, spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp,
+    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, lease_of,
+    license_keys, pending, put_license, reaper, redis_ms, reply_stream, request_xadd, run_out_of_memory,
+    spawn_app, spawn_app_with, spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp,
     WorkerProcess, T,
 };
 
@@ -33,6 +33,7 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         ("id", "a1"),
         ("license", "lic"),
         ("session", "s1"),
+        ("lease", &lease_of("s1")),
         ("reply_to", &replies),
     ];
     let acquire_id = add_request(&mut con, &settings, &acquire).await;
@@ -41,12 +42,16 @@ async fn a_redelivered_entry_has_the_effect_of_one_delivery() {
         ("id", "r1"),
         ("license", "lic"),
         ("session", "held"),
+        ("lease", &lease_of("held")),
         ("reply_to", &replies),
     ];
     let release_id = add_request(&mut con, &settings, &release).await;
     take(&settings, "crashed", 10).await;
     // "held" already has a seat; the crashed worker ran both scripts, then died.
-    direct(&settings, "lic", "held").acquire(&mut con).await;
+    direct(&settings, "lic", "held")
+        .with_lease(Some(&lease_of("held")))
+        .acquire(&mut con)
+        .await;
     // As the crashed worker guarded them: keyed by their ids.
     let now = redis_ms(&mut con).await;
     let first = Direct::for_request(&settings, &acquire_id, &acquire, now)
@@ -121,6 +126,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flow() {
             ("id", "p1"),
             ("license", "poison"),
             ("session", "x"),
+            ("lease", &lease_of("x")),
             ("reply_to", &replies),
         ],
     )
@@ -335,10 +341,12 @@ async fn burst_with_fault(s: &Settings, n: usize, fault: impl Future<Output = ()
                 .arg(&reply_streams[i % 4])
                 .arg("wait_ms")
                 .arg(wait);
-            // The holders' seats are bound to the leases their acquires carried.
-            if let Some(lease) = c.lease(license, &session) {
-                xadd.arg("lease").arg(lease.as_str());
-            }
+            // The holders' seats are bound to the leases their acquires
+            // carried; a new session brings its own.
+            match c.lease(license, &session) {
+                Some(lease) => xadd.arg("lease").arg(lease.as_str()),
+                None => xadd.arg("lease").arg(lease_of(&session)),
+            };
             pipe.add_command(xadd).ignore();
             ledger
                 .sent

@@ -267,7 +267,14 @@ async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
         "retried with the same lease"
     );
 
-    for verb in [SeatOp::Heartbeat, SeatOp::Release, SeatOp::Acquire] {
+    // A stranger's heartbeat and release without a lease are refused
+    // (sessions.require_lease); with a lease of its own (its acquire
+    // brings one) they are the wrong lease.
+    for verb in [SeatOp::Heartbeat, SeatOp::Release] {
+        let r = stranger.call(&Call::new(verb, "cad", "laptop"), T).await.unwrap();
+        assert_eq!(r.status(), Status::InvalidRequest, "{verb} without a lease");
+    }
+    for verb in [SeatOp::Acquire, SeatOp::Heartbeat, SeatOp::Release] {
         let r = stranger.call(&Call::new(verb, "cad", "laptop"), T).await.unwrap();
         assert_eq!(r.status(), Status::LeaseMismatch, "{verb}");
     }
@@ -281,7 +288,10 @@ async fn the_rust_client_binds_each_seat_to_a_lease_of_its_own() {
     assert_eq!(r.status(), Status::HeartbeatUpdated);
     let r = owner.call(&Call::release("cad", "laptop"), T).await.unwrap();
     assert_eq!((r.status(), r.lease()), (Status::Released, Some(&lease)));
-    assert_eq!(owner.lease("cad", "laptop"), None, "forgotten once given back");
+    assert_eq!(owner.lease("cad", "laptop"), None, "no longer held");
+    // A late release still carries the lease, and hears the truth.
+    let r = owner.call(&Call::release("cad", "laptop"), T).await.unwrap();
+    assert_eq!(r.status(), Status::SessionNotFound, "{r:?}");
     let fresh = owner.call(&acquire("cad", "laptop", 0), T).await.unwrap();
     assert_ne!(fresh.lease(), Some(&lease), "a new seat, a new lease");
     worker.stop().await;
@@ -299,8 +309,9 @@ async fn the_cli_prints_the_lease_and_takes_it_back() {
     let lease = printed_lease(&text);
     let o = cli(&["heartbeat", "--license", "cad", "--session", "s"]).await;
     assert_eq!(o.status.code(), Some(1), "without the lease: {o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        String::from_utf8_lossy(&o.stdout).starts_with("LEASE_MISMATCH"),
+        text.starts_with("INVALID_REQUEST") && text.contains("`lease`"),
         "{o:?}"
     );
     let o = cli(&[
@@ -379,7 +390,11 @@ async fn a_lease_shows_up_in_no_event_status_log_metric_or_dead_letter() {
         .unwrap();
     assert_eq!(got.status(), Status::Acquired);
     let stranger = client(&s).await;
-    let r = stranger.call(&Call::heartbeat("cad", "s1"), T).await.unwrap();
+    let theirs = Lease::parse("a-lease-of-the-strangers-0001").unwrap();
+    let r = stranger
+        .call(&Call::heartbeat("cad", "s1").with_lease(theirs), T)
+        .await
+        .unwrap();
     assert_eq!(r.status(), Status::LeaseMismatch);
     let status = output(seatgate_cmd(&redis.url(), &["status", "--json"])).await;
     let status = String::from_utf8_lossy(&status.stdout).into_owned();

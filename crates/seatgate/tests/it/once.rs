@@ -116,6 +116,7 @@ async fn the_same_entry_id_on_two_streams_is_two_requests() {
                 ("op", "acquire"),
                 ("license", "lic"),
                 ("session", session),
+                ("lease", LEASE),
                 ("reply_to", reply_to),
             ])
             .query_async(&mut con)
@@ -190,6 +191,7 @@ async fn the_same_request_id_sent_twice_is_decided_once() {
         ("id", "req-1"),
         ("license", "lic"),
         ("session", "s2"),
+        ("lease", LEASE),
         ("reply_to", to.as_str()),
     ];
     add_request(&mut con, &settings, &fields).await;

@@ -413,7 +413,12 @@ async fn a_run_through_real_workers_reports_what_its_events_say() {
     add_request(
         &mut con,
         &s,
-        &[("op", "acquire"), ("license", "lab"), ("session", "s-dan")],
+        &[
+            ("op", "acquire"),
+            ("license", "lab"),
+            ("session", "s-dan"),
+            ("lease", &crate::support::lease_of("s-dan")),
+        ],
     )
     .await;
     let deadline = std::time::Instant::now() + T;

@@ -382,8 +382,10 @@ async fn an_unknown_session_is_not_found_and_nothing_changes() {
         "only the dedupe record is new"
     );
     assert!(of_type(&events(&s, "lic").await, "revoked").is_empty());
+    let lease = seatgate_core::protocol::Lease::parse(&crate::support::lease_of("nobody")).unwrap();
+    let release = Call::release("lic", "nobody").with_lease(lease);
     assert_eq!(
-        call(&c, SeatOp::Release, "nobody").await.status(),
+        c.call(&release, T).await.unwrap().status(),
         Status::SessionNotFound,
         "nothing remembered"
     );
@@ -474,6 +476,9 @@ async fn an_admin_entry_never_replays_a_request_with_the_same_id() {
             .arg("same id")
             .arg("reply_to")
             .arg(reply_to);
+        if op == "acquire" {
+            cmd.arg("lease").arg(crate::support::lease_of("alice"));
+        }
         cmd
     };
     let _: String = add(&s.stream.requests, "acquire", "a-1", c.reply_to())

@@ -90,7 +90,10 @@ async fn a_waiter_that_re_sends_its_acquire_hears_its_grant_on_the_new_stream() 
 
 #[tokio::test]
 async fn a_waiter_bound_to_no_lease_follows_every_re_send_that_names_a_stream() {
-    let TestApp(_redis, s, mut con) = spawn_app().await;
+    let TestApp(_redis, mut s, mut con) = spawn_app().await;
+    // A waiter with no lease: only where an operator turned
+    // sessions.require_lease off while clients move to leases.
+    s.sessions.require_lease = false;
     put_license(&s, "lic", 1).await;
     let worker = spawn_worker(s.clone(), "w1").await;
     let (r0, r1, r2) = (

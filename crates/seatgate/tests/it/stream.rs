@@ -219,8 +219,14 @@ async fn a_client_with_5000_requests_in_flight_receives_every_reply() {
     let client = client(&settings).await;
     let mut sent = std::collections::HashSet::new();
     for i in 0..5_000 {
-        // Releases are never rate limited; each is answered SESSION_NOT_FOUND.
-        let id = client.send(&Call::release("lic", format!("s{i}"))).await.unwrap();
+        // Releases are never rate limited; each (with its lease) is
+        // answered SESSION_NOT_FOUND.
+        let session = format!("s{i}");
+        let lease = seatgate_core::protocol::Lease::parse(&crate::support::lease_of(&session)).unwrap();
+        let id = client
+            .send(&Call::release("lic", session).with_lease(lease))
+            .await
+            .unwrap();
         sent.insert(id);
     }
     drained(&settings).await;
@@ -240,22 +246,20 @@ async fn replies_older_than_the_ttl_are_trimmed() {
     put_license(&settings, "lic", 1).await;
     let worker = spawn_worker(settings.clone(), "w1").await;
     let client = client(&settings).await;
+    // Releases of sessions nobody holds, each with its lease: every one
+    // answered SESSION_NOT_FOUND.
+    let release = |session: String| {
+        let lease = seatgate_core::protocol::Lease::parse(&crate::support::lease_of(&session)).unwrap();
+        Call::release("lic", session).with_lease(lease)
+    };
     for i in 0..1_000 {
-        client
-            .send(&Call::release("lic", format!("old{i}")))
-            .await
-            .unwrap();
+        client.send(&release(format!("old{i}"))).await.unwrap();
     }
     drained(&settings).await;
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let mut young = Vec::new();
     for i in 0..300 {
-        young.push(
-            client
-                .send(&Call::release("lic", format!("young{i}")))
-                .await
-                .unwrap(),
-        );
+        young.push(client.send(&release(format!("young{i}"))).await.unwrap());
     }
     drained(&settings).await;
     let replies = reply_ids(&settings, client.reply_to()).await;
@@ -484,6 +488,8 @@ async fn each_application_is_served_on_its_own_stream_and_entry_ids_do_not_colli
             .arg("lic")
             .arg("session")
             .arg(format!("{app}-2"))
+            .arg("lease")
+            .arg(crate::support::lease_of(&format!("{app}-2")))
             .arg("reply_to")
             .arg(&reply_to)
             .query_async(&mut con)

@@ -399,7 +399,12 @@ impl Direct {
             .iter()
             .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
             .collect();
-        let req = parse_request(entry_id, &pairs, &s.parse_rules()).expect("a valid request");
+        // Parsed for its guard alone, which no lease changes.
+        let rules = seatgate_core::protocol::Rules {
+            require_lease: false,
+            ..s.parse_rules()
+        };
+        let req = parse_request(entry_id, &pairs, &rules).expect("a valid request");
         let at = EntryAt {
             lane: Lane::Requests,
             stream: None,
@@ -407,6 +412,7 @@ impl Direct {
         };
         Direct {
             guard: req.guard(&s.guard_policy(), &keys(s), at, u64::try_from(now_ms).ok()),
+            lease: req.lease().map(|lease| lease.as_str().to_owned()),
             ..direct(s, &req.license, &req.session)
         }
     }
@@ -571,6 +577,28 @@ pub fn request_xadd(s: &Settings) -> redis::Cmd {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(s.client_requests()).arg("*");
     cmd
+}
+
+/// A lease for `session` of a raw request, as a client would send with
+/// every acquire, heartbeat and release of it (`sessions.require_lease` is
+/// on by default): the session id's letters, digits, `_` and `-` (others
+/// as `_`), padded with `0` to the 16 characters a lease needs at least.
+pub fn lease_of(session: &str) -> String {
+    let mut lease: String = format!("lease-{session}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128)
+        .collect();
+    while lease.len() < 16 {
+        lease.push('0');
+    }
+    lease
 }
 
 /// Adds a raw request entry with `fields`; its entry id.
@@ -907,6 +935,17 @@ impl WorkerProcess {
             .await
             .map(|(_, body)| body)
             .unwrap_or_default()
+    }
+
+    /// Its peak resident memory so far (`VmHWM` of /proc/<pid>/status), KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.0.id()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/<pid>/status")
     }
 
     /// Sends it `kill -<name>` (STOP freezes it mid-read, CONT lets it go

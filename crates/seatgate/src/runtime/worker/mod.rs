@@ -1,4 +1,4 @@
-//! The stream consumer: reads requests with XREADGROUP, decides each with a
+//! The stream consumer: reads requests (lua/read.lua), decides each with a
 //! seat script, replies on the caller's stream, then acknowledges.
 //!
 //! Order per entry: decide (script) → reply (to `reply_to`) → XACK. An entry is
@@ -20,11 +20,13 @@
 //! reset the consumer's idle time, so a quiet stream alone cannot tell.
 //!
 //! This file sets up the consumer of every shard and runs its read loop;
-//! `read` talks XREADGROUP / XAUTOCLAIM, `schedule` decides what to read
-//! when, `decide` runs a batch's scripts and `settle` answers, dead-letters
-//! and acknowledges it.
+//! `read` reads through lua/read.lua (new, own pending and claimed entries),
+//! `doorbell` wakes an idle loop when its stream is written, `schedule`
+//! decides what to read when, `decide` runs a batch's scripts and `settle`
+//! answers, dead-letters and acknowledges it.
 
 mod decide;
+mod doorbell;
 mod library;
 mod read;
 mod schedule;
@@ -38,8 +40,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use self::decide::Decider;
+use self::doorbell::{Bell, Doorbell};
 use self::library::LibraryWatch;
-use self::read::{Entry, Source, SWEEP_START};
+use self::read::{Entry, Source, FIRST_POLL, SWEEP_START};
 use self::schedule::Schedule;
 use crate::config::Settings;
 use crate::error::Error;
@@ -63,6 +66,10 @@ pub struct Worker {
     library: Arc<LibraryWatch>,
     /// The connection the library is checked on.
     con: Db,
+    /// What wakes the read loops when their streams are written.
+    doorbell: Arc<Doorbell>,
+    /// Where the doorbell connects.
+    redis: seatgate_core::db::RedisSettings,
 }
 
 impl Worker {
@@ -81,19 +88,19 @@ impl Worker {
         // one for the admin stream.
         let streams = settings.read_streams().into_iter().map(|s| (s, Lane::Requests));
         let admin = (settings.stream.admin_requests.clone(), Lane::Admin);
-        for (stream, lane) in streams.chain([admin]) {
-            shards.push(
-                ShardWorker::connect(
-                    settings.clone(),
-                    ready.clone(),
-                    con.clone(),
-                    decider.clone(),
-                    library.clone(),
-                    stream,
-                    lane,
-                )
-                .await?,
-            );
+        let streams: Vec<(String, Lane)> = streams.chain([admin]).collect();
+        let names: Vec<String> = streams.iter().map(|(s, _)| s.clone()).collect();
+        let doorbell = Doorbell::new(&names);
+        let shared = Shared {
+            settings: settings.clone(),
+            ready: ready.clone(),
+            con: con.clone(),
+            decider,
+            library: library.clone(),
+        };
+        for (stream, lane) in streams {
+            let bell = doorbell.bell(&stream);
+            shards.push(ShardWorker::connect(&shared, bell, stream, lane).await?);
         }
         shards
             .first_mut()
@@ -105,6 +112,8 @@ impl Worker {
             shards,
             library,
             con,
+            doorbell,
+            redis: settings.redis.clone(),
         })
     }
 
@@ -123,6 +132,11 @@ impl Worker {
         let (library, con, stop) = (self.library, self.con, shutdown.clone());
         loops.spawn(async move {
             library.watch(con, stop).await;
+            Ok(())
+        });
+        let (doorbell, redis, stop) = (self.doorbell, self.redis, shutdown.clone());
+        loops.spawn(async move {
+            doorbell.run(redis, stop).await;
             Ok(())
         });
         let mut result = Ok(());
@@ -219,6 +233,16 @@ async fn record_topology(con: &mut Db, settings: &Settings) -> Result<(), Error>
     }
 }
 
+/// What every read loop of a worker shares.
+#[derive(Clone)]
+struct Shared {
+    settings: Settings,
+    ready: Readiness,
+    con: Db,
+    decider: Arc<Decider>,
+    library: Arc<LibraryWatch>,
+}
+
 /// The read loop of one requests stream shard (or of the admin stream).
 struct ShardWorker {
     /// The requests stream (shard) this loop reads.
@@ -233,12 +257,11 @@ struct ShardWorker {
     /// requests of one batch share it concurrently (implicit pipelining), it
     /// reconnects by itself, and its response timeout bounds a stuck call.
     con: Db,
-    /// XREADGROUP BLOCK gets its own connection, with a response timeout
-    /// longer than the block: redis-rs's default timeout would fire while the
-    /// server still blocks, and the entry it then delivers would sit pending
-    /// with nobody reading it. It is also never shared, so a blocked read
-    /// cannot delay a script.
-    reader: Option<Db>,
+    /// How long the next read with nothing new waits before looking again
+    /// while the doorbell is down (read.rs).
+    idle_poll: Duration,
+    /// Rung when this loop's stream is written (doorbell.rs).
+    bell: Bell,
     /// Where the next XAUTOCLAIM continues its sweep of the pending list.
     claim_cursor: String,
     /// Setup (group, scripts) failed at startup: not ready until it succeeds.
@@ -258,15 +281,14 @@ struct ShardWorker {
 impl ShardWorker {
     /// Sets up the loop of shard `stream`; a Redis that refuses writes for
     /// now (OOM, loading) leaves it unprepared rather than failing.
-    async fn connect(
-        settings: Settings,
-        ready: Readiness,
-        con: Db,
-        decider: Arc<Decider>,
-        library: Arc<LibraryWatch>,
-        stream: String,
-        lane: Lane,
-    ) -> Result<ShardWorker, Error> {
+    async fn connect(shared: &Shared, bell: Bell, stream: String, lane: Lane) -> Result<ShardWorker, Error> {
+        let Shared {
+            settings,
+            ready,
+            con,
+            decider,
+            library,
+        } = shared.clone();
         let consumer = settings.consumer_name();
         let mut worker = ShardWorker {
             alive_key: consumer_alive(&stream, &settings.stream.group, &consumer),
@@ -275,7 +297,8 @@ impl ShardWorker {
             lane,
             consumer,
             con,
-            reader: None,
+            idle_poll: FIRST_POLL,
+            bell,
             ready,
             decider,
             library,
@@ -428,7 +451,6 @@ impl ShardWorker {
                     warn!(error = %e, "cannot read requests from redis; retrying with backoff");
                     self.ready.set(false);
                 }
-                self.reader = None;
                 tokio::select! {
                     _ = tokio::time::sleep(failed.pause) => {}
                     _ = shutdown.cancelled() => {}

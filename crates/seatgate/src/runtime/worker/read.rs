@@ -1,14 +1,14 @@
-//! Reading one shard: XREADGROUP (new or own pending entries), XAUTOCLAIM,
-//! delivery counts, and parsing the replies into [`Entry`]s.
+//! Reading one shard through lua/read.lua (new or own pending entries, or
+//! claimed ones), delivery counts, and parsing the replies into [`Entry`]s.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
 use super::ShardWorker;
 use crate::error::Error;
-use seatgate_core::db::Db;
+use seatgate_core::scripts::{ReadFrom, ReadPage, Scripts};
 
 /// Where a batch came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,9 @@ pub(super) struct Entry {
     /// Times delivered, this one included (1 for new entries).
     pub(super) deliveries: u64,
 }
+
+/// How soon a read with nothing new looks again, the first time.
+pub(super) const FIRST_POLL: Duration = Duration::from_millis(1);
 
 /// Where XAUTOCLAIM starts a sweep of the pending list, and the cursor it
 /// returns once a sweep has reached the end.
@@ -62,46 +65,68 @@ fn stream_gone(e: &redis::RedisError) -> bool {
 
 impl ShardWorker {
     /// One read: new entries (`>`), our own pending ones (`0`), or entries
-    /// claimed from consumers idle for `claim_idle_ms`.
+    /// claimed from consumers idle for `claim_idle_ms`. Every read goes
+    /// through lua/read.lua, which hands an entry over the entry limits out
+    /// as a small stub: no entry, however large, crosses to the worker whole.
+    /// A script cannot block, so with nothing new the read waits for the
+    /// stream's bell (doorbell.rs), or while the doorbell is down looks again
+    /// after 1 ms, then 2, 4, … up to `stream.poll_ms`, until `block` has
+    /// passed.
     pub(super) async fn read(&mut self, source: Source, block: Duration) -> Result<Vec<Entry>, Error> {
         if source == Source::Claimed {
             return self.claim().await;
         }
-        let s = &self.settings.stream;
-        let reader = match self.reader.take() {
-            Some(reader) => reader,
-            None => {
-                let block = Duration::from_millis(self.settings.stream.block_ms);
-                Db::connect_blocking(&self.settings.redis, block).await?
-            }
+        let from = if source == Source::New {
+            ReadFrom::New
+        } else {
+            ReadFrom::Pending
         };
-        let reader = self.reader.insert(reader);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&s.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(s.batch_size);
-        if source == Source::New {
-            let block_ms = (block.as_millis() as u64).clamp(1, s.block_ms.max(1));
-            cmd.arg("BLOCK").arg(block_ms);
-        }
-        cmd.arg("STREAMS")
-            .arg(&self.stream)
-            .arg(if source == Source::New { ">" } else { "0" });
-        let reply: Value = match cmd.query_async(reader).await {
-            Err(e) if stream_gone(&e) => {
-                self.prepare().await?;
+        // Never past `stream.block_ms`, which bounds how long shutdown waits.
+        let block = block.min(Duration::from_millis(self.settings.stream.block_ms.max(1)));
+        let deadline = Instant::now() + block;
+        loop {
+            let reply = match self.read_page(from).await {
+                Err(e) if stream_gone(&e) => {
+                    self.prepare().await?;
+                    return Ok(Vec::new());
+                }
+                other => other?,
+            };
+            let entries = parse_entries(reply);
+            if !entries.is_empty() || source != Source::New {
+                self.idle_poll = FIRST_POLL;
+                return if source == Source::New {
+                    Ok(entries)
+                } else {
+                    self.with_delivery_counts(entries).await
+                };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Ok(Vec::new());
             }
-            other => other?,
-        };
-        let entries = parse_read_reply(reply);
-        if source == Source::New {
-            Ok(entries)
-        } else {
-            self.with_delivery_counts(entries).await
+            if self.bell.is_up() {
+                self.bell.wait(left).await;
+            } else {
+                tokio::time::sleep(self.idle_poll.min(left)).await;
+                let most = Duration::from_millis(self.settings.stream.poll_ms.max(1));
+                self.idle_poll = (self.idle_poll * 2).min(most);
+            }
         }
+    }
+
+    /// One call of lua/read.lua on this shard.
+    async fn read_page(&mut self, from: ReadFrom<'_>) -> redis::RedisResult<Value> {
+        let s = &self.settings.stream;
+        let page = ReadPage {
+            stream: &self.stream,
+            group: &s.group,
+            consumer: &self.consumer,
+            count: s.batch_size,
+            max_entry_bytes: self.settings.limits.max_entry_bytes,
+            from,
+        };
+        Scripts::get().read(&mut self.con, &page).await
     }
 
     /// One page of XAUTOCLAIM, continuing the sweep of the pending list where
@@ -110,18 +135,12 @@ impl ShardWorker {
     /// never reach idle entries behind that many recently delivered ones.
     /// The cursor returns to `0-0` once a sweep reaches the end.
     async fn claim(&mut self) -> Result<Vec<Entry>, Error> {
-        let s = &self.settings.stream;
-        let reply: redis::RedisResult<Value> = redis::cmd("XAUTOCLAIM")
-            .arg(&self.stream)
-            .arg(&s.group)
-            .arg(&self.consumer)
-            .arg(s.claim_idle_ms)
-            .arg(&self.claim_cursor)
-            .arg("COUNT")
-            .arg(s.batch_size)
-            .query_async(&mut self.con)
-            .await;
-        let parts = match reply {
+        let cursor = self.claim_cursor.clone();
+        let from = ReadFrom::Claim {
+            min_idle_ms: self.settings.stream.claim_idle_ms,
+            cursor: &cursor,
+        };
+        let parts = match self.read_page(from).await {
             Ok(Value::Array(parts)) => parts,
             Ok(_) => Vec::new(),
             Err(e) => {
@@ -172,25 +191,9 @@ impl ShardWorker {
     }
 }
 
-/// Parses an XREADGROUP reply without assuming UTF-8 values: bad bytes must
-/// reach the validator (and be answered), not fail the whole batch.
-fn parse_read_reply(reply: Value) -> Vec<Entry> {
-    let streams = match reply {
-        Value::Array(streams) => streams,
-        Value::Map(pairs) => pairs.into_iter().map(|(k, v)| Value::Array(vec![k, v])).collect(),
-        _ => return Vec::new(),
-    };
-    let mut out = Vec::new();
-    for stream in streams {
-        let Value::Array(mut parts) = stream else { continue };
-        if let Some(entries) = parts.pop() {
-            out.extend(parse_entries(entries));
-        }
-    }
-    out
-}
-
-/// Parses a list of `[id, [field, value, ...]]` entries.
+/// Parses a list of `[id, [field, value, ...]]` entries without assuming
+/// UTF-8 values: bad bytes must reach the validator (and be answered), not
+/// fail the whole batch.
 fn parse_entries(entries: Value) -> Vec<Entry> {
     let Value::Array(entries) = entries else {
         return Vec::new();

@@ -76,7 +76,14 @@ async fn seat_state(con: &mut impl ConnectionLike, s: &Settings, license: &str) 
     out
 }
 
+/// `op` on `session` of `license`, carrying [`LEASE`] as a client sends
+/// every acquire, heartbeat and release (`sessions.require_lease`).
 fn op<'a>(op: &'a str, license: &'a str, session: &'a str) -> Vec<(&'a str, &'a str)> {
+    with(bare(op, license, session), &[("lease", LEASE)])
+}
+
+/// `op` on `session` of `license`, with no lease.
+fn bare<'a>(op: &'a str, license: &'a str, session: &'a str) -> Vec<(&'a str, &'a str)> {
     vec![("op", op), ("license", license), ("session", session)]
 }
 
@@ -87,7 +94,7 @@ fn with<'a>(mut fields: Vec<(&'a str, &'a str)>, more: &[(&'a str, &'a str)]) ->
 
 /// `verb` on `session` of license "cad", carrying `lease`.
 fn leased<'a>(verb: &'a str, session: &'a str, lease: &'a str) -> Vec<(&'a str, &'a str)> {
-    with(op(verb, "cad", session), &[("lease", lease)])
+    with(bare(verb, "cad", session), &[("lease", lease)])
 }
 
 /// [`ask`], whose reply must have `status`.
@@ -279,18 +286,19 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
         "a reply never carries the lease: {r:?}"
     );
 
-    // Another lease, or none: refused, and nothing changes.
+    // Another lease: LEASE_MISMATCH; none: INVALID_REQUEST naming `lease`
+    // (sessions.require_lease). Nothing changes.
     let before = seat_state(&mut con, &s, "cad").await;
-    for lease in [Some(OTHER), None] {
+    for (lease, status) in [(Some(OTHER), "LEASE_MISMATCH"), (None, "INVALID_REQUEST")] {
         for verb in ["heartbeat", "release", "acquire"] {
-            let mut fields = op(verb, "cad", "alice");
+            let mut fields = bare(verb, "cad", "alice");
             if let Some(l) = lease {
                 fields.push(("lease", l));
             }
             let r = ask(&mut con, &s, &fields).await;
             assert_eq!(
                 (r["status"].as_str(), r["ok"].as_str()),
-                ("LEASE_MISMATCH", "0"),
+                (status, "0"),
                 "{verb} {lease:?}: {r:?}"
             );
             assert!(r["error"].contains("lease"), "{r:?}");
@@ -311,8 +319,14 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
     );
     expect(&mut con, &s, &leased("release", "alice", LEASE), "RELEASED").await;
 
-    // Sessions acquired without a lease behave as before.
-    expect(&mut con, &s, &op("acquire", "cad", "bob"), "ACQUIRED").await;
+    worker.stop().await;
+
+    // Where an operator turned sessions.require_lease off (clients moving
+    // to leases), a session acquired without a lease answers any lease.
+    let mut lenient = s.clone();
+    lenient.sessions.require_lease = false;
+    let worker = spawn_worker(lenient, "w2").await;
+    expect(&mut con, &s, &bare("acquire", "cad", "bob"), "ACQUIRED").await;
     expect(
         &mut con,
         &s,
@@ -320,7 +334,7 @@ async fn only_the_lease_a_seat_was_acquired_with_heartbeats_or_releases_it() {
         "HEARTBEAT_UPDATED",
     )
     .await;
-    expect(&mut con, &s, &op("release", "cad", "bob"), "RELEASED").await;
+    expect(&mut con, &s, &bare("release", "cad", "bob"), "RELEASED").await;
     worker.stop().await;
 }
 
@@ -367,7 +381,7 @@ async fn a_waiter_granted_a_seat_keeps_it_bound_to_its_lease() {
         assert!(Instant::now() < deadline, "no GRANTED");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let r = ask(&mut con, &s, &op("heartbeat", "cad", "waiter")).await;
+    let r = ask(&mut con, &s, &leased("heartbeat", "waiter", OTHER)).await;
     assert_eq!(
         r["status"], "LEASE_MISMATCH",
         "the granted seat is bound to the queued lease"
@@ -416,6 +430,7 @@ async fn entries_far_ahead_of_the_clock_are_answered_deduplicated_and_forgotten_
         ("id", "far-1"),
         ("license", "cad"),
         ("session", "s1"),
+        ("lease", LEASE),
         ("reply_to", &reply_stream(&s, "wire")),
     ] {
         first.arg(k).arg(v);
