@@ -99,16 +99,17 @@ local rcall = redis.call
 -- own, a script builds a closure for each helper it carries on every run;
 -- in the function library these are built once, above the per-call line).
 
--- Puts `session` of `group` ('' = none) in the queue, behind those of its
--- priority (0-9), until `now + wait_ms`, bound to lease hash `lease` ('' =
--- none), and in the waiters by group (queue.lua).
-local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group)
+-- Puts `session` of `group` and `user` ('' = none) in the queue, behind
+-- those of its priority (0-9), until `now + wait_ms`, bound to lease hash
+-- `lease` ('' = none), and in the waiters by group and by user (queue.lua).
+local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user)
   queue_joined()
   local arrival = rcall('INCR', K.queue_seq)
   -- Scores as strings (clock.lua, ms): exact, as both are whole numbers.
   local score = arrival - priority * PRIORITY_STEP
   rcall('ZADD', K.queue, ms(score), session)
   rcall('ZADD', K.queue_by_group, 0, by_group_member(group, score, session))
+  rcall('ZADD', K.queue_by_user, 0, by_user_member(group, user, score, session))
   rcall('ZADD', K.deadlines, ms(now + wait_ms), session)
   rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
   -- Past 128 waiters the queue is a skiplist (zset-max-listpack-entries),
@@ -316,7 +317,7 @@ local function decide(now, default_timeout, seated)
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_group_full', now, notes)
   end
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or 0)
-  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group)
+  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user)
   if owned then
     rcall('HSET', K.owners, 's:' .. session, owners().record(owner.user, owner.group, borrow_ms, session))
   end

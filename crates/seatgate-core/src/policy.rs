@@ -21,9 +21,10 @@ pub const MAX_PRIORITY: u8 = 9;
 pub const MAX_BORROW_MS: u64 = 31_536_000_000;
 
 /// Most waiters of one group one grant step looks past when their own
-/// user's limit keeps them from a free seat (a group's limit or others'
-/// reservations pass over the group whole, [`MAX_GROUPS`]). `SKIP_LIMIT`
-/// in lua/includes/policy.lua.
+/// user's limit keeps them from a free seat, in a queue of waiters from
+/// before the index by user (`seat:{L}:queue_by_user`); with it a blocked
+/// user is passed over whole, as a group its limit blocks is
+/// ([`MAX_GROUPS`]). `SKIP_LIMIT` in lua/includes/policy.lua.
 pub const SKIP_LIMIT: usize = 50;
 
 /// Most groups with waiters one grant step looks at: each group's first

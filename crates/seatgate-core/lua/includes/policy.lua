@@ -49,8 +49,12 @@
   who could have taken the seat. A grant step passes over a group its
   group_max or others' reservations block whole, by the queue by group
   (queue.lua), so its cost grows with the groups waiting (at most
-  MAX_GROUPS), not with their waiters; within a group it looks past at most
-  SKIP_LIMIT waiters their own user's limit blocks. A direct acquire takes a
+  MAX_GROUPS), not with their waiters; within a group it passes over a user
+  its own max_per_user blocks whole, by the queue by user, so it grows with
+  the users waiting in the group (at most MAX_GROUPS), not with their
+  waiters. (A queue of waiters from before the index by user, which only the
+  group index holds, looks past at most SKIP_LIMIT blocked waiters of a
+  group until they are gone.) A direct acquire takes a
   free seat while others wait only when the step found every one of them
   unable to take it.
 
@@ -225,10 +229,10 @@ local function policy()
   -- By group (K.queue_by_group, queue.lua): each step looks at every
   -- group's first waiter. A group its group_max, or others' reservations,
   -- keep from a seat is passed over whole, at one ZRANGEBYLEX, however many
-  -- of it wait; in a group that may take one, its waiters are looked at in
-  -- queue order past those their own user's max_per_user blocks (at most
-  -- SKIP_LIMIT of them); the first waiter in queue order among the groups'
-  -- is granted, and the step goes on. A queue of before the index (its
+  -- of it wait; in a group that may take one, each user's first waiter is
+  -- looked at (K.queue_by_user), a user its own max_per_user blocks passed
+  -- over whole; the first waiter in queue order among those that may take
+  -- a seat is granted, and the step goes on. A queue of before the index (its
   -- count differs from the queue's) is granted by scan_promote, the older
   -- bounded scan, until its waiters are gone.
   function M.fair_promote(now, total, notes, max, P)
@@ -244,6 +248,9 @@ local function policy()
       return M.scan_promote(now, total, notes, max, P, used)
     end
     M.prefetch(P, NOBODY)
+    -- Waiters queued before K.queue_by_user existed are in the group index
+    -- only: their group's waiters are looked at in order, as before.
+    local by_user = rcall('ZCARD', K.queue_by_user) == depth
     local granted = 0
     while used < total and granted < max do
       local best, best_order, best_who, complete = nil, nil, nil, true
@@ -263,27 +270,52 @@ local function policy()
         cursor = upper
         if not M.seat_refusal(P, {user = '', group = group}, used, total) then
           -- The group may take a seat: its first waiter whose user may too.
-          local member, looked, batch, at = first, 0, nil, 0
-          while member do
-            local order, session = string.match(member, '^[^|]*|([^|]*)|(.*)$')
-            if best_order and order > best_order then
-              break
+          if by_user then
+            -- Each of its users' first waiter (K.queue_by_user), a user
+            -- its own limit blocks passed over whole.
+            local from, users = '[' .. group .. '|', 0
+            while true do
+              local head = rcall('ZRANGEBYLEX', K.queue_by_user, from, upper, 'LIMIT', '0', '1')[1]
+              if not head then
+                break
+              end
+              users = users + 1
+              if users > MAX_GROUPS then
+                complete = false
+                break
+              end
+              local user, order, session = string.match(head, '^[^|]*|([^|]*)|([^|]*)|(.*)$')
+              from = '(' .. group .. '|' .. user .. '}'
+              if not best_order or order < best_order then
+                local who = owner_of(session) or NOBODY
+                if not M.seat_refusal(P, who, used, total) then
+                  best, best_order, best_who = session, order, who
+                end
+              end
             end
-            local who = owner_of(session) or NOBODY
-            if not M.seat_refusal(P, who, used, total) then
-              best, best_order, best_who = session, order, who
-              break
+          else
+            local member, looked, batch, at = first, 0, nil, 0
+            while member do
+              local order, session = string.match(member, '^[^|]*|([^|]*)|(.*)$')
+              if best_order and order > best_order then
+                break
+              end
+              local who = owner_of(session) or NOBODY
+              if not M.seat_refusal(P, who, used, total) then
+                best, best_order, best_who = session, order, who
+                break
+              end
+              looked = looked + 1
+              if looked > SKIP_LIMIT then
+                complete = false
+                break
+              end
+              if not batch or at >= #batch then
+                batch, at = rcall('ZRANGEBYLEX', K.queue_by_group, '(' .. member, upper, 'LIMIT', '0', SKIP_LIMIT), 0
+              end
+              at = at + 1
+              member = batch[at]
             end
-            looked = looked + 1
-            if looked > SKIP_LIMIT then
-              complete = false
-              break
-            end
-            if not batch or at >= #batch then
-              batch, at = rcall('ZRANGEBYLEX', K.queue_by_group, '(' .. member, upper, 'LIMIT', '0', SKIP_LIMIT), 0
-            end
-            at = at + 1
-            member = batch[at]
           end
         end
       end

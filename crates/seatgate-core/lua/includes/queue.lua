@@ -67,6 +67,17 @@ local function by_group_member(group, score, session)
   return group .. '|' .. string.format('%012x', tonumber(score) + ORDER_OFFSET) .. '|' .. session
 end
 
+-- The waiters by group and user, K.queue_by_user: the same, with the
+-- user between ('' for none): '<group>|<user>|<order>|<session>', so that a
+-- grant step finds each user's first waiter of a group at one ZRANGEBYLEX
+-- and passes over a user its own max_per_user blocks whole, however many
+-- of that user wait ('(' .. group .. '|' .. user .. '}' steps to the next
+-- user: every id that extends `user` sorts before `user|`). Written and
+-- taken with K.queue_by_group.
+local function by_user_member(group, user, score, session)
+  return group .. '|' .. user .. '|' .. string.format('%012x', tonumber(score) + ORDER_OFFSET) .. '|' .. session
+end
+
 -- The digits of a waiter record's queued_at (above), and 36^8: eight of
 -- them hold every ms until 2059.
 local BASE36 = '0123456789abcdefghijklmnopqrstuvwxyz'
@@ -201,7 +212,9 @@ local function remove_waiter(session, owner)
   rcall('ZREM', K.deadlines, session)
   rcall('HDEL', K.waiters, session)
   if score then
-    rcall('ZREM', K.queue_by_group, by_group_member(owner and owner.group or '', score, session))
+    local group, user = owner and owner.group or '', owner and owner.user or ''
+    rcall('ZREM', K.queue_by_group, by_group_member(group, score, session))
+    rcall('ZREM', K.queue_by_user, by_user_member(group, user, score, session))
   end
   if queued == 1 and owner then
     local fields = {owner.user ~= '' and 'w:' .. owner.user, owner.group ~= '' and 'wg:' .. owner.group,

@@ -118,6 +118,10 @@ pub struct LicenseKeys {
     /// that a grant step passes over a group its limit blocks at once
     /// (lua/includes/queue.lua, policy.lua's fair_promote).
     pub queue_by_group: String,
+    /// ZSET (all scores 0): `<group>|<user>|<order>|<session>` of every
+    /// waiter, so that a grant step passes over a user its own limit blocks
+    /// at once (lua/includes/queue.lua, policy.lua's fair_promote).
+    pub queue_by_user: String,
     /// ZSET: waiting session -> time its wait runs out (ms).
     pub deadlines: String,
     /// STRING: arrival counter for the queue.
@@ -147,9 +151,9 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
-    /// (`license delete` removes them all): the record, the eleven seat and
+    /// (`license delete` removes them all): the record, the twelve seat and
     /// queue keys, the two revocation keys and the group map.
-    pub fn all(&self) -> [&str; 15] {
+    pub fn all(&self) -> [&str; 16] {
         [
             &self.license,
             &self.holders,
@@ -157,6 +161,7 @@ impl LicenseKeys {
             &self.queue,
             &self.waiters,
             &self.queue_by_group,
+            &self.queue_by_user,
             &self.deadlines,
             &self.queue_seq,
             &self.outbox,
@@ -270,6 +275,7 @@ impl Keys {
             queue: format!("{p}:{{{license}}}:queue"),
             waiters: format!("{p}:{{{license}}}:waiters"),
             queue_by_group: format!("{p}:{{{license}}}:queue_by_group"),
+            queue_by_user: format!("{p}:{{{license}}}:queue_by_user"),
             deadlines: format!("{p}:{{{license}}}:deadlines"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),

@@ -916,38 +916,56 @@ async fn a_per_user_limit_with_a_queue_skips_fairly() {
     worker.stop().await;
 }
 
-/// A grant step looks past at most SKIP_LIMIT blocked waiters: a waiter
-/// behind more of them waits for a step that reaches it, and a direct
-/// acquire does not jump a queue the step could not see to its end.
+/// A grant step passes over a user its own limit blocks whole (the queue by
+/// user): bob, queued behind SKIP_LIMIT + 1 of ada's blocked waiters, takes
+/// the free seat at once. A queue of waiters from before that index (here:
+/// the index deleted by hand) looks past at most SKIP_LIMIT blocked
+/// waiters: a waiter behind more waits for a step that reaches it, and a
+/// direct acquire does not jump a queue the step could not see to its end.
 #[tokio::test]
-async fn a_grant_step_looks_past_a_bounded_number_of_blocked_waiters() {
+async fn a_grant_step_passes_over_a_blocked_user_whole_and_an_old_queue_looks_past_a_bounded_number() {
     use seatgate_core::policy::SKIP_LIMIT;
     let TestApp(_redis, s, mut con) = spawn_app().await;
     let policy = LicensePolicy {
         max_per_user: Some(1),
         ..LicensePolicy::default()
     };
-    provision_policy(&s, "cad", 2, &policy).await;
-    let ada = |session: &str| direct(&s, "cad", session).with_policy(ask("ada", "", 0));
-    assert_eq!(ada("a0").acquire(&mut con).await.status(), Status::Acquired);
-    for i in 0..SKIP_LIMIT + 1 {
-        let o = ada(&format!("a{}", i + 1)).queue(&mut con, 30_000, "", "").await;
+    for (license, indexed) in [("cad", true), ("old", false)] {
+        provision_policy(&s, license, 2, &policy).await;
+        let ada = |session: &str| direct(&s, license, session).with_policy(ask("ada", "", 0));
+        assert_eq!(ada("a0").acquire(&mut con).await.status(), Status::Acquired);
+        for i in 0..SKIP_LIMIT + 1 {
+            let o = ada(&format!("a{}", i + 1)).queue(&mut con, 30_000, "", "").await;
+            assert_eq!(o.status(), Status::Queued);
+        }
+        if !indexed {
+            let _: () = redis::cmd("DEL")
+                .arg(license_keys(&s, license).queue_by_user)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+        let bob = direct(&s, license, "b1").with_policy(ask("bob", "", 0));
+        let o = bob.queue(&mut con, 30_000, "", "").await;
+        if indexed {
+            assert_eq!((o.status(), o.seats_used), (Status::Acquired, 2), "{o:?}");
+            assert_counts_match_holders(&s, license).await;
+            continue;
+        }
         assert_eq!(o.status(), Status::Queued);
+        // One seat is free, but bob is behind SKIP_LIMIT + 1 blocked waiters:
+        // not granted, and nobody without a wait takes the seat past him.
+        let o = direct(&s, license, "newcomer").acquire(&mut con).await;
+        assert_eq!((o.status(), o.seats_used), (Status::NoSeatsAvailable, 1));
+        assert!(o.notes.is_empty());
+        // One ada waiter leaves: bob is now within reach.
+        assert_eq!(ada("a1").release(&mut con).await.status(), Status::LeftQueue);
+        let o = direct(&s, license, "newcomer").acquire(&mut con).await;
+        assert_eq!(o.status(), Status::NoSeatsAvailable, "the seat went to bob first");
+        let granted: Vec<&str> = o.notes.iter().map(|n| n.session.as_str()).collect();
+        assert_eq!(granted, ["b1"]);
+        assert_counts_match_holders(&s, license).await;
     }
-    let bob = direct(&s, "cad", "b1").with_policy(ask("bob", "", 0));
-    assert_eq!(bob.queue(&mut con, 30_000, "", "").await.status(), Status::Queued);
-    // One seat is free, but bob is behind SKIP_LIMIT + 1 blocked waiters:
-    // not granted, and nobody without a wait takes the seat past him.
-    let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
-    assert_eq!((o.status(), o.seats_used), (Status::NoSeatsAvailable, 1));
-    assert!(o.notes.is_empty());
-    // One ada waiter leaves: bob is now within reach.
-    assert_eq!(ada("a1").release(&mut con).await.status(), Status::LeftQueue);
-    let o = direct(&s, "cad", "newcomer").acquire(&mut con).await;
-    assert_eq!(o.status(), Status::NoSeatsAvailable, "the seat went to bob first");
-    let granted: Vec<&str> = o.notes.iter().map(|n| n.session.as_str()).collect();
-    assert_eq!(granted, ["b1"]);
-    assert_counts_match_holders(&s, "cad").await;
 }
 
 /// Waiters a group limit blocks never hold a free seat back (issue 35, H2):
@@ -1017,6 +1035,64 @@ async fn blocked_waiters_of_one_group_hold_no_seat_back_from_another() {
     let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
     assert_eq!(granted, ["cad-1"]);
     assert_counts_match_holders(&s, "gm").await;
+}
+
+/// Waiters their own user's limit blocks never hold a free seat back either
+/// (issue 35): `pu` has 5 seats and `max_per_user 1`; mallory holds one and
+/// has 1,000 sessions waiting an hour, all in group eng. Another eng user's
+/// direct acquire takes a free seat at once (on the main of before:
+/// NO_SEATS_AVAILABLE, the skip within a group stopping after 50), and once
+/// the seats are full, bob's waiter queued behind all 1,000 is granted by
+/// the next freed seat, not one of mallory's.
+#[tokio::test]
+async fn blocked_waiters_of_one_user_hold_no_seat_back_from_another_in_their_group() {
+    let TestApp(_redis, s, mut con) = spawn_app().await;
+    let policy = LicensePolicy {
+        max_per_user: Some(1),
+        ..LicensePolicy::default()
+    };
+    provision_policy(&s, "pu", 5, &policy).await;
+    set_license_field(&mut con, &s, "pu", "queue_max", "2000").await;
+    let as_user = |session: &str, user: &str| direct(&s, "pu", session).with_policy(ask(user, "eng", 0));
+    assert_eq!(
+        as_user("m-0", "mallory").acquire(&mut con).await.status(),
+        Status::Acquired
+    );
+    for i in 1..=1000 {
+        let o = as_user(&format!("m-{i}"), "mallory")
+            .queue(&mut con, 3_600_000, "", "")
+            .await;
+        assert!(matches!(o.decision, Decision::Queued { .. }), "{o:?}");
+    }
+    let ada = as_user("ada-1", "ada").acquire(&mut con).await;
+    assert_eq!((ada.status(), ada.seats_used), (Status::Acquired, 2), "{ada:?}");
+    for (session, user) in [("cy-1", "cy"), ("di-1", "di"), ("ed-1", "ed")] {
+        assert_eq!(
+            as_user(session, user).acquire(&mut con).await.status(),
+            Status::Acquired
+        );
+    }
+    let waiting = as_user("bob-w", "bob")
+        .queue(&mut con, 3_600_000, "r-bob-w", "")
+        .await;
+    assert_eq!(
+        waiting.decision,
+        Decision::Queued {
+            position: 1001,
+            priority: 0
+        },
+        "{waiting:?}"
+    );
+    // A freed seat goes to bob, past mallory's 1,000 waiters ahead.
+    let released = as_user("cy-1", "cy").release(&mut con).await;
+    let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
+    assert_eq!((released.status(), granted), (Status::Released, vec!["bob-w"]));
+    // And mallory's own seat freed goes to mallory's first waiter.
+    let released = as_user("m-0", "mallory").release(&mut con).await;
+    let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
+    assert_eq!(granted, ["m-1"]);
+    assert_eq!(license_status(&s, "pu").await.queue.len(), 999);
+    assert_counts_match_holders(&s, "pu").await;
 }
 
 /// Every holder change keeps the counts: direct acquires, grants, releases,

@@ -1598,6 +1598,7 @@ return out
             ("queue", k.queue.clone()),
             ("waiters", k.waiters.clone()),
             ("queue_by_group", k.queue_by_group.clone()),
+            ("queue_by_user", k.queue_by_user.clone()),
             ("deadlines", k.deadlines.clone()),
             ("queue_seq", k.queue_seq.clone()),
             ("outbox", k.outbox.clone()),
