@@ -968,6 +968,20 @@ async fn a_grant_step_passes_over_a_blocked_user_whole_and_an_old_queue_looks_pa
     }
 }
 
+/// Queues `waiter` for an hour as request `request_id`: it must be 1,001st,
+/// behind the blocked thousand.
+async fn last_of_1001(con: &mut seatgate_core::db::Db, waiter: crate::support::Direct, request_id: &str) {
+    let waiting = waiter.queue(con, 3_600_000, request_id, "").await;
+    assert_eq!(
+        waiting.decision,
+        Decision::Queued {
+            position: 1001,
+            priority: 0
+        },
+        "{waiting:?}"
+    );
+}
+
 /// Waiters a group limit blocks never hold a free seat back (issue 35, H2):
 /// `gm` has 5 seats and `group_max cad=1`; one cad holder and 1,000 cad
 /// waiters (priority 9, `max_priority` 9, an hour's wait) block nobody
@@ -1014,17 +1028,7 @@ async fn blocked_waiters_of_one_group_hold_no_seat_back_from_another() {
             Status::Acquired
         );
     }
-    let waiting = as_group("eng-w", "eng", 0)
-        .queue(&mut con, 3_600_000, "r-eng-w", "")
-        .await;
-    assert_eq!(
-        waiting.decision,
-        Decision::Queued {
-            position: 1001,
-            priority: 0
-        },
-        "{waiting:?}"
-    );
+    last_of_1001(&mut con, as_group("eng-w", "eng", 0), "r-eng-w").await;
     // A freed seat goes to eng-w, past the 1,000 cad waiters ahead.
     let released = as_group("eng-2", "eng", 0).release(&mut con).await;
     let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
@@ -1072,17 +1076,7 @@ async fn blocked_waiters_of_one_user_hold_no_seat_back_from_another_in_their_gro
             Status::Acquired
         );
     }
-    let waiting = as_user("bob-w", "bob")
-        .queue(&mut con, 3_600_000, "r-bob-w", "")
-        .await;
-    assert_eq!(
-        waiting.decision,
-        Decision::Queued {
-            position: 1001,
-            priority: 0
-        },
-        "{waiting:?}"
-    );
+    last_of_1001(&mut con, as_user("bob-w", "bob"), "r-bob-w").await;
     // A freed seat goes to bob, past mallory's 1,000 waiters ahead.
     let released = as_user("cy-1", "cy").release(&mut con).await;
     let granted: Vec<&str> = released.notes.iter().map(|n| n.session.as_str()).collect();
