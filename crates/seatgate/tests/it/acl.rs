@@ -1504,10 +1504,15 @@ async fn each_application_tries_every_command_and_field_on_the_other_and_changes
         let their_stream = settings.app_requests(other_app);
         let held_lease = crate::support::lease_of(&format!("{other_app}-held"));
         let wait_lease = crate::support::lease_of(&format!("{other_app}-wait"));
-        for (id, session, lease, user, wait) in [
+        // One after the other: requests in flight have no order
+        // (docs/protocol.md), and the waiter must come second.
+        for (sent, (id, session, lease, user, wait)) in [
             ("o-held-1", "o-held", &held_lease, "ada", "0"),
             ("o-wait-1", "o-wait", &wait_lease, "bob", "3600000"),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             xadd_as(
                 &mut theirs,
                 &their_stream,
@@ -1524,22 +1529,19 @@ async fn each_application_tries_every_command_and_field_on_the_other_and_changes
                 ],
             )
             .await;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let n: usize = redis::cmd("XLEN")
-                .arg(&their_replies)
-                .query_async(&mut root)
-                .await
-                .unwrap();
-            if n >= 2 {
-                break;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let n: usize = redis::cmd("XLEN")
+                    .arg(&their_replies)
+                    .query_async(&mut root)
+                    .await
+                    .unwrap();
+                if n > sent {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the other's {id} was not answered");
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the other's requests were not answered"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let before = application_state(&mut root, &settings, &license, other_app, &their_replies).await;
         assert!(

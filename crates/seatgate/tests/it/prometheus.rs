@@ -392,7 +392,9 @@ async fn mixed_load(settings: &Settings) {
         ],
     )
     .await;
-    // An entry id an hour ahead of the Redis clock (fire and forget).
+    // An entry id an hour ahead of the Redis clock (fire and forget): a
+    // valid request (its lease too), so a script decides it and the worker
+    // compares the id with the Redis clock.
     let ahead = redis_ms(&mut con).await + 3_600_000;
     let _: String = redis::cmd("XADD")
         .arg(settings.client_requests())
@@ -403,6 +405,8 @@ async fn mixed_load(settings: &Settings) {
         .arg("spare")
         .arg("session")
         .arg("ghost")
+        .arg("lease")
+        .arg(crate::support::lease_of("ghost"))
         .query_async(&mut con)
         .await
         .unwrap();

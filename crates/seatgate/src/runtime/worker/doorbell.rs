@@ -152,9 +152,14 @@ impl Doorbell {
                     self.ring_all();
                     debug!("doorbell disconnected: idle read loops poll until it is back");
                 }
+                // Redis away: the read loops report the outage; the
+                // doorbell connects again with them.
+                Err(seatgate_core::Error::Redis(e)) if e.is_io_error() => {
+                    debug!(error = %e, "cannot connect the doorbell yet: Redis is away");
+                }
                 Err(e) => {
                     if !std::mem::replace(&mut warned, true) {
-                        warn!(error = %e, "cannot connect the doorbell (CLIENT TRACKING over RESP3); idle read loops poll every stream.poll_ms until it connects");
+                        warn!(error = %e, "cannot connect the doorbell (CLIENT TRACKING over RESP3; the worker's ACL user needs HELLO and CLIENT TRACKING); idle read loops poll every stream.poll_ms until it connects");
                     }
                 }
             }
