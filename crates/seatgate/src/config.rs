@@ -64,6 +64,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// Usage reports' daily rollups.
     pub report: ReportSettings,
+    /// `seatgate gateway`: the HTTPS front door.
+    pub gateway: seatgate_gateway::GatewaySettings,
 }
 
 /// `[keys]`
@@ -415,7 +417,10 @@ impl Settings {
                 .with_list_parse_key("redis.cluster_urls")
                 .with_list_parse_key("stream.applications")
                 .with_list_parse_key("tenancy.shared_identity")
-                .with_list_parse_key("http.allowed_hosts"),
+                .with_list_parse_key("http.allowed_hosts")
+                .with_list_parse_key("gateway.allowed_hosts")
+                .with_list_parse_key("gateway.cors_allowed_origins")
+                .with_list_parse_key("gateway.borrow.previous_key_files"),
         );
         let mut settings: Settings = builder.build().and_then(|c| c.try_deserialize())?;
         // Parsing the environment turns "0012" into the number 12: credentials
@@ -443,6 +448,7 @@ impl Settings {
 
     fn validate(&self) -> Result<(), Error> {
         let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        self.gateway.validate().map_err(Error::Config)?;
         if self.stream.poll_ms == 0 || self.stream.poll_ms > 1_000 {
             return bad("stream.poll_ms must be between 1 and 1000");
         }
@@ -647,6 +653,19 @@ impl Settings {
             .ttl(Duration::from_millis(self.client.ttl_ms))
             .reply_ttl(Duration::from_millis(self.replies.ttl_ms))
             .heartbeat_timeout(Duration::from_millis(self.sessions.heartbeat_timeout_ms))
+    }
+
+    /// The deployment as `seatgate gateway` serves it: these settings'
+    /// Redis, streams, shared identities and events, and their client.
+    pub fn gateway_deployment(&self) -> seatgate_gateway::Deployment {
+        seatgate_gateway::Deployment {
+            redis: self.redis.clone(),
+            client: self.client(),
+            topology: self.topology(),
+            shared_identity: self.tenancy.shared_identity.clone(),
+            key_prefix: self.keys.prefix.clone(),
+            events_stream: self.events.stream.clone(),
+        }
     }
 
     /// Every requests stream shard ([`Topology::request_streams`]).

@@ -53,6 +53,9 @@ pub enum Error {
     /// code (someone replaced it): nothing is decided with it.
     #[error("the function library {0} on Redis holds code that is not this build's (replaced with FUNCTION LOAD REPLACE): remove it with FUNCTION DELETE {0}, and a worker loads its own")]
     ForeignLibrary(String),
+    /// The gateway, or a token command, failed.
+    #[error(transparent)]
+    Gateway(#[from] seatgate_gateway::GatewayError),
     /// Something local (socket, file) failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),

@@ -2,16 +2,19 @@
 //! `cmd/`): `run` (the service: `seatgate::service::run`), `check-config`,
 //! the `acquire` / `release` / `heartbeat` client (request.rs), `license`
 //! provisioning, the administrator's `revoke`, and the `status`, `events`,
-//! `report` and `audit` views. Errors come out as one line.
+//! `report` and `audit` views, the HTTPS `gateway` and its `token`s.
+//! Errors come out as one line.
 
 mod audit;
 mod check_config;
 mod events;
+mod gateway;
 mod license;
 mod report;
 mod request;
 mod revoke;
 mod status;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,6 +77,12 @@ enum Command {
     CheckConfig,
     /// Show seats in use, holders and queues per license (like lmstat).
     Status(status::StatusArgs),
+    /// The HTTPS gateway: seats for desktops and any language, with
+    /// server-decided identity (docs/gateway.md).
+    Gateway(gateway::GatewayArgs),
+    /// Gateway tokens: issue, list, revoke.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// Replay the events against the seat rules and the state in Redis:
     /// prints every violation, one line each, and a summary; exits 0 when
     /// there is none, 1 when there is one (docs/reports.md, "Audit").
@@ -130,6 +139,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::CheckConfig => check_config::check_config(&settings, cli.config.as_deref()),
         Command::Status(args) => status::status(&settings, args).await,
         Command::Audit(args) => audit::audit(&settings, args).await,
+        Command::Gateway(args) => gateway::gateway(settings, args).await,
+        Command::Token(cmd) => token::token(&settings, cmd).await,
     }
 }
 

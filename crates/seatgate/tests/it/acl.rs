@@ -17,8 +17,8 @@ use crate::support::{
     seatgate_cmd, stream_entries, RedisServer, RedisServerExt, Spawned, WorkerProcess, BIN,
 };
 
-const WORKER: &str = "seatgate-worker";
-const ADMIN: &str = "seatgate-admin";
+pub(crate) const WORKER: &str = "seatgate-worker";
+pub(crate) const ADMIN: &str = "seatgate-admin";
 const DASHBOARD: &str = "seatgate-dashboard";
 const CLIENT: &str = "seatgate-client-demo";
 /// A second application's client user, beside `demo`'s.
@@ -26,7 +26,7 @@ const BILLING: &str = "seatgate-client-billing";
 /// The applications with requests streams of their own: the two client users'.
 const APPLICATIONS: &str = "demo,billing";
 /// A superuser added to the test's copy only, to read ACL LOG.
-const ROOT: &str = "test-root";
+pub(crate) const ROOT: &str = "test-root";
 
 fn password(user: &str) -> String {
     format!("pw-of-{user}")
@@ -38,13 +38,13 @@ fn shipped_acl() -> String {
 
 /// A redis-server loading ops/redis-users.acl, its placeholder password hashes
 /// replaced by test passwords, plus a test-only superuser.
-struct AclRedis {
+pub(crate) struct AclRedis {
     server: RedisServer,
     _dir: tempfile::TempDir,
 }
 
 impl AclRedis {
-    async fn start() -> AclRedis {
+    pub(crate) async fn start() -> AclRedis {
         let mut acl = String::new();
         for line in shipped_acl().lines() {
             let user = line.split_whitespace().nth(1).unwrap_or_default();
@@ -79,13 +79,13 @@ impl AclRedis {
     }
 
     /// The URL without credentials, as a process is given it.
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.server.url()
     }
 
     /// The settings every process here runs with (but for the login): the
     /// key and stream names the ACL file's patterns must cover.
-    fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self) -> Settings {
         let mut s = self.server.settings();
         s.stream.applications = APPLICATIONS.split(',').map(str::to_owned).collect();
         s.client.name = "demo".to_owned();
@@ -95,7 +95,7 @@ impl AclRedis {
     /// The environment that logs a process in as `user`: a client user's
     /// application (`seatgate-client-<app>`) is its client name, `demo` for
     /// the other users.
-    fn login(&self, user: &str) -> Vec<(&'static str, String)> {
+    pub(crate) fn login(&self, user: &str) -> Vec<(&'static str, String)> {
         let app = user.strip_prefix("seatgate-client-").unwrap_or("demo");
         vec![
             ("SEATGATE__REDIS__USERNAME", user.to_owned()),
@@ -106,7 +106,7 @@ impl AclRedis {
     }
 
     /// `seatgate <args>` logged in as `user`, to its end.
-    async fn seatgate(&self, user: &str, args: &[&str]) -> Output {
+    pub(crate) async fn seatgate(&self, user: &str, args: &[&str]) -> Output {
         output(self.command(user, args)).await
     }
 
@@ -118,7 +118,7 @@ impl AclRedis {
         cmd
     }
 
-    async fn con_as(&self, user: &str) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn con_as(&self, user: &str) -> redis::aio::MultiplexedConnection {
         let url = format!(
             "redis://{user}:{}@127.0.0.1:{}",
             password(user),

@@ -12,6 +12,7 @@ mod due;
 mod events_once;
 mod examples;
 mod faults;
+mod gateway;
 mod hardening;
 mod history;
 mod invalid;
