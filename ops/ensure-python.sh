@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's python3-redis (redis-py; Debian 12 ships 4.3, which has
-# redis.asyncio) when no python3 the tests look at can import redis.asyncio.
+# redis.asyncio) when no python3 the tests look at can import redis.asyncio,
+# and the gateway tests' venv (below).
 # Sourced by ops/test.sh: tests/it/examples.rs runs examples/python_client.py
 # and examples/python_async_client.py, and fails (it does not skip) when it
 # finds no interpreter for them.
@@ -24,3 +25,22 @@ elif ! _seatgate_python_ok python3 && ! _seatgate_python_ok /usr/bin/python3; th
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-redis >/dev/null
 fi
 unset -f _seatgate_python_ok
+
+# The gateway's generated-client test (tests/it/gateway.rs) runs
+# openapi-python-client and PyJWT from a venv of their own,
+# target/python-gateway, made here from PyPI (pinned) when it lacks them.
+_seatgate_gateway_venv=target/python-gateway
+if ! "$_seatgate_gateway_venv/bin/python" -c 'import jwt, openapi_python_client' >/dev/null 2>&1; then
+  echo "making $_seatgate_gateway_venv (openapi-python-client, PyJWT) for the gateway tests" >&2
+  if ! python3 -m venv "$_seatgate_gateway_venv" >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    rm -rf "$_seatgate_gateway_venv"
+    python3 -m venv "$_seatgate_gateway_venv"
+  fi
+  "$_seatgate_gateway_venv/bin/pip" install -q --disable-pip-version-check \
+    'openapi-python-client==0.29.1' 'pyjwt[crypto]==2.10.1'
+fi
+unset _seatgate_gateway_venv

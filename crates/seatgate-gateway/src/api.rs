@@ -149,6 +149,7 @@ pub struct SeatPath {
 
 /// Where to resume an event stream from.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// An event id (`id:` of an event, or the cursor of an acquire's
     /// `events` link): only later events are sent. `Last-Event-ID` wins.

@@ -76,6 +76,8 @@ impl TestCa {
 struct GatewayProcess {
     _child: Spawned,
     base: String,
+    /// Its stderr (the log), on disk.
+    log: tempfile::NamedTempFile,
 }
 
 impl GatewayProcess {
@@ -88,14 +90,17 @@ impl GatewayProcess {
             .arg(url)
             .arg("gateway")
             .env("SEATGATE__GATEWAY__LISTEN", format!("127.0.0.1:{port}"))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info")
             .stdout(Stdio::null());
         for (k, v) in ca.env().iter().chain(env) {
             cmd.env(k, v);
         }
+        let log = tempfile::NamedTempFile::new().unwrap();
+        cmd.stderr(Stdio::from(log.reopen().unwrap()));
         let gateway = GatewayProcess {
             _child: Spawned(cmd.spawn().expect("start seatgate gateway")),
             base: format!("https://127.0.0.1:{port}"),
+            log,
         };
         let http = ca.client();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -113,6 +118,11 @@ impl GatewayProcess {
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// What it logged so far.
+    fn logged(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap()
     }
 }
 
@@ -939,5 +949,214 @@ async fn the_committed_openapi_document_is_what_the_gateway_serves() {
         "/v1/licenses/{license}/seats/{session}/events",
     ] {
         assert!(doc["paths"][path].is_object(), "{path}");
+    }
+}
+
+/// The Python the gateway's generated-client test runs: $SEATGATE_TEST_GATEWAY_PYTHON,
+/// else the venv ops/ensure-python.sh makes (target/python-gateway), with
+/// openapi-python-client and PyJWT from PyPI.
+fn gateway_python() -> std::path::PathBuf {
+    match std::env::var_os("SEATGATE_TEST_GATEWAY_PYTHON") {
+        Some(p) => p.into(),
+        None => crate::support::repo_file("target/python-gateway/bin/python"),
+    }
+}
+
+/// A client generated from the committed docs/openapi.json by a standard
+/// generator (openapi-python-client), run here, drives acquire, a wait
+/// granted by a release, heartbeats and releases, unchanged; the borrow
+/// token it gets verifies with PyJWT and the published keys, and fails
+/// verification once one byte is changed (tests/it/python/gateway_generated.py).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs Python with openapi-python-client and PyJWT: bash ops/test.sh makes target/python-gateway and runs it"]
+async fn a_client_generated_from_the_committed_openapi_document_drives_a_wait_and_checks_a_borrow() {
+    let python = gateway_python();
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash ops/test.sh` (ops/ensure-python.sh makes it)",
+        python.display()
+    );
+    let d = Deployment::start().await;
+    d.license(&["py-one", "--seats", "1"]).await;
+    d.license(&["py-borrow", "--seats", "2", "--max-borrow", "1d"])
+        .await;
+    let ada = d.token(&["--app", "cad", "--user", "ada"]).await;
+    let bob = d.token(&["--app", "cad", "--user", "bob"]).await;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("borrow.pem");
+    let out = seatgate(
+        &d.redis.url(),
+        &d.env,
+        &["gateway", "keygen", "--out", key.to_str().unwrap()],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let gw = d
+        .gateway(&[(
+            "SEATGATE__GATEWAY__BORROW__SIGNING_KEY_FILE",
+            key.to_string_lossy().into_owned(),
+        )])
+        .await;
+    let work = tempfile::tempdir().unwrap();
+    let generator = python.with_file_name("openapi-python-client");
+    let generated = output({
+        let mut cmd = Command::new(&generator);
+        cmd.arg("generate")
+            .arg("--path")
+            .arg(crate::support::repo_file("docs/openapi.json"))
+            .arg("--output-path")
+            .arg(work.path().join("client"))
+            .current_dir(work.path());
+        cmd
+    })
+    .await;
+    assert!(generated.status.success(), "{generated:?}");
+    let warnings = String::from_utf8_lossy(&generated.stdout);
+    assert!(
+        !warnings.contains("will not be generated"),
+        "every endpoint is generated:\n{warnings}"
+    );
+    let ca = d.ca.dir.path().join("ca.pem");
+    std::fs::write(&ca, &d.ca.ca_pem).unwrap();
+    let run = output({
+        let mut cmd = Command::new(&python);
+        cmd.arg(crate::support::repo_file(
+            "crates/seatgate/tests/it/python/gateway_generated.py",
+        ))
+        .env("SEATGATE_CLIENT_DIR", work.path().join("client"))
+        .env("SEATGATE_GATEWAY", &gw.base)
+        .env("SEATGATE_CA", &ca)
+        .env("SEATGATE_ADA", &ada)
+        .env("SEATGATE_BOB", &bob)
+        .env("SEATGATE_LICENSE", "py-one")
+        .env("SEATGATE_BORROW_LICENSE", "py-borrow");
+        cmd
+    })
+    .await;
+    let printed = String::from_utf8_lossy(&run.stdout);
+    println!("{printed}");
+    assert!(
+        run.status.success() && printed.trim_end().ends_with("OK"),
+        "{run:?}"
+    );
+}
+
+/// An acquire sent again with its Idempotency-Key, on another gateway,
+/// gets the same session, lease and seat (ALREADY_ACTIVE), not a second
+/// one; another key is another seat.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_sent_again_with_its_idempotency_key_on_another_gateway_gets_the_same_seat() {
+    let d = Deployment::start().await;
+    d.license(&["cad-pro", "--seats", "3"]).await;
+    let ada = d.token(&["--app", "cad", "--user", "ada"]).await;
+    let gw1 = d.gateway(&[]).await;
+    let gw2 = d.gateway(&[]).await;
+    let http = d.ca.client();
+    let send = |gw: &GatewayProcess, key: &str| {
+        http.post(gw.url("/v1/licenses/cad-pro/seats"))
+            .bearer_auth(&ada)
+            .header("Idempotency-Key", key)
+            .json(&json!({}))
+            .send()
+    };
+    let (status, first) = answer(send(&gw1, "k-1").await.unwrap()).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, again) = answer(send(&gw2, "k-1").await.unwrap()).await;
+    assert_eq!(
+        (status, again["status"].as_str()),
+        (StatusCode::OK, Some("ALREADY_ACTIVE")),
+        "{again}"
+    );
+    assert_eq!(
+        (&again["session"], &again["lease"]),
+        (&first["session"], &first["lease"])
+    );
+    assert_eq!(
+        seats_used(&http, &gw1, &ada, "cad-pro").await,
+        1,
+        "one seat for one key"
+    );
+    let (status, other) = answer(send(&gw2, "k-2").await.unwrap()).await;
+    assert_eq!(status, StatusCode::CREATED, "{other}");
+    assert_ne!(other["session"], first["session"]);
+    assert_eq!(seats_used(&http, &gw1, &ada, "cad-pro").await, 2);
+    // Another user's same key is another seat: keys are per credential.
+    let bob = d.token(&["--app", "cad", "--user", "bob"]).await;
+    let (status, theirs) = answer(
+        http.post(gw1.url("/v1/licenses/cad-pro/seats"))
+            .bearer_auth(&bob)
+            .header("Idempotency-Key", "k-1")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{theirs}");
+    assert_ne!(theirs["lease"], first["lease"]);
+}
+
+/// The edges: a Host it does not answer is 421, a body past
+/// gateway.max_body_bytes 413; /ready turns 503 while Redis is frozen
+/// (SIGSTOP) and 200 once it runs again; and no token, JWT or lease is in
+/// its log after a seat's whole life.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_refuses_foreign_hosts_and_large_bodies_sees_a_frozen_redis_and_logs_no_secret() {
+    let d = Deployment::start().await;
+    d.license(&["cad-pro", "--seats", "1"]).await;
+    let ada = d.token(&["--app", "cad", "--user", "ada"]).await;
+    let gw = d.gateway(&[]).await;
+    let http = d.ca.client();
+    let (status, p) = answer(
+        http.get(gw.url("/v1/licenses/cad-pro"))
+            .bearer_auth(&ada)
+            .header("Host", "evil.example")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, p["code"].as_str()),
+        (StatusCode::MISDIRECTED_REQUEST, Some("MISDIRECTED")),
+        "{p}"
+    );
+    let big = json!({"session": "big", "meta": {"pad": "x".repeat(20_000)}});
+    let r = http
+        .post(gw.url("/v1/licenses/cad-pro/seats"))
+        .bearer_auth(&ada)
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    let (status, seat) = acquire(&http, &gw, &ada, "cad-pro", json!({"session": "ws-1"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{seat}");
+    let lease = seat["lease"].as_str().unwrap().to_owned();
+    heartbeat(&http, &gw, &ada, "cad-pro", "ws-1", &lease).await;
+    release(&http, &gw, &ada, "cad-pro", "ws-1", &lease).await;
+    acquire(&http, &gw, "sgt_wrong", "cad-pro", json!({})).await;
+
+    let ready = |gw: &GatewayProcess| http.get(gw.url("/ready")).send();
+    assert_eq!(ready(&gw).await.unwrap().status(), StatusCode::OK);
+    let pid = d.redis.pid().to_string();
+    let kill = |sig: &str| Command::new("kill").arg(sig).arg(&pid).status().unwrap();
+    assert!(kill("-STOP").success());
+    let frozen = ready(&gw).await.unwrap();
+    let (status, why) = (frozen.status(), frozen.text().await.unwrap());
+    assert!(kill("-CONT").success());
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{why}");
+    assert!(why.contains("Redis"), "{why}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&gw).await.unwrap().status() != StatusCode::OK {
+        assert!(Instant::now() < deadline, "not ready again after Redis went on");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let log = gw.logged();
+    assert!(log.contains("gateway listening"), "the log was read: {log}");
+    for secret in [ada.as_str(), lease.as_str(), "sgt_wrong"] {
+        assert!(!log.contains(secret), "the log holds a secret: {log}");
     }
 }

@@ -16,6 +16,7 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 const UNIT: &str = "/usr/lib/systemd/system/seatgate.service";
+const GATEWAY_UNIT: &str = "/usr/lib/systemd/system/seatgate-gateway.service";
 
 fn run(cmd: &mut Command) -> Output {
     let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -161,6 +162,9 @@ fn the_deb_installs_runs_from_its_paths_and_purges_cleanly() {
     same("/etc/seatgate/seatgate.toml", "config/default.toml");
     same("/etc/seatgate/seatgate.env", "ops/systemd/seatgate.env");
     same(UNIT, "ops/systemd/seatgate.service");
+    same(GATEWAY_UNIT, "ops/systemd/seatgate-gateway.service");
+    same("/usr/share/doc/seatgate/gateway.md", "docs/gateway.md");
+    same("/usr/share/doc/seatgate/openapi.json", "docs/openapi.json");
     same("/usr/share/seatgate/redis-users.acl", "ops/redis-users.acl");
     same("/usr/share/seatgate/redis.conf", "ops/redis.conf");
     same(
@@ -189,29 +193,34 @@ fn the_deb_installs_runs_from_its_paths_and_purges_cleanly() {
     for f in ["/etc/seatgate/seatgate.toml", "/etc/seatgate/seatgate.env"] {
         assert!(conffiles.contains(f), "{f} is not a conffile: {conffiles}");
     }
-    // The installed unit passes systemd's own checks, where its tools are.
+    // The installed units pass systemd's own checks, where its tools are.
     if Command::new("systemd-analyze").arg("--version").output().is_ok() {
-        let verify = Command::new("systemd-analyze")
-            .args(["verify", UNIT])
-            .output()
-            .unwrap();
-        assert!(verify.status.success() && verify.stderr.is_empty(), "{verify:?}");
-        let security = Command::new("systemd-analyze")
-            .args(["security", "--offline=true", UNIT])
-            .output()
-            .unwrap();
-        let score = text(&security.stdout);
-        let score = score
-            .lines()
-            .find(|l| l.contains("Overall exposure level"))
-            .unwrap_or_default();
-        println!("{}", score.trim());
-        assert!(
-            score.contains(" OK "),
-            "the unit's exposure is worse than OK: {security:?}"
-        );
+        for unit in [UNIT, GATEWAY_UNIT] {
+            let verify = Command::new("systemd-analyze")
+                .args(["verify", unit])
+                .output()
+                .unwrap();
+            assert!(
+                verify.status.success() && verify.stderr.is_empty(),
+                "{unit}: {verify:?}"
+            );
+            let security = Command::new("systemd-analyze")
+                .args(["security", "--offline=true", unit])
+                .output()
+                .unwrap();
+            let score = text(&security.stdout);
+            let score = score
+                .lines()
+                .find(|l| l.contains("Overall exposure level"))
+                .unwrap_or_default();
+            println!("{unit}: {}", score.trim());
+            assert!(
+                score.contains(" OK "),
+                "{unit}'s exposure is worse than OK: {security:?}"
+            );
+        }
     } else {
-        println!("systemd-analyze is not installed: the unit was not verified");
+        println!("systemd-analyze is not installed: the units were not verified");
     }
 
     // Removed: the binary and the unit go, the settings stay.
@@ -221,6 +230,7 @@ fn the_deb_installs_runs_from_its_paths_and_purges_cleanly() {
     for gone in [
         "/usr/bin/seatgate",
         UNIT,
+        GATEWAY_UNIT,
         "/usr/share/seatgate",
         "/usr/share/doc/seatgate",
     ] {
