@@ -7,7 +7,7 @@
 //!
 //! This file holds the options, the report and the table of scenarios; the
 //! scenarios live by kind in `throughput`, `latency`, `footprint`, `soak`,
-//! `cluster` and `policy`, on the shared pieces of `harness`. Every direct call of
+//! `cluster`, `policy` and `gateway`, on the shared pieces of `harness`. Every direct call of
 //! seatgate's scripts goes through `seat`, every call of the seed design's
 //! through `seed`; `cost` reads what a measured window cost Redis, and
 //! `compare` sets a run beside an earlier one (`--baseline`).
@@ -17,6 +17,7 @@ mod compare;
 mod cost;
 mod error;
 mod footprint;
+mod gateway;
 mod harness;
 mod latency;
 mod policy;
@@ -63,6 +64,8 @@ pub struct BenchOptions {
     pub soak: Duration,
     /// Master counts of the cluster scenario (it runs only when asked for by name).
     pub cluster_masters: Vec<usize>,
+    /// The `seatgate` binary the gateway scenario runs (None: the one beside the benchmark's).
+    pub seatgate_bin: Option<std::path::PathBuf>,
 }
 
 /// One line of the table.
@@ -181,6 +184,12 @@ const SCENARIOS: &[Scenario] = &[
         by_default: true,
         needs_flush: true,
         run: |b| Box::pin(footprint::reaper(b)),
+    },
+    Scenario {
+        name: "gateway",
+        by_default: false,
+        needs_flush: false,
+        run: |b| Box::pin(gateway::run(b)),
     },
     Scenario {
         name: "cluster",

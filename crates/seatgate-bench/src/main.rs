@@ -33,7 +33,7 @@ struct BenchArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
     /// Only these scenarios (seed, ceiling, direct, seatgate, fixed-rate, contention, policy, reaper, memory;
-    /// soak and cluster run only when named here).
+    /// gateway, soak and cluster run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions in the reaper scenario.
@@ -45,6 +45,9 @@ struct BenchArgs {
     /// Length of the soak scenario (run it with --only soak), e.g. 30m.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     soak_duration: Duration,
+    /// The `seatgate` binary the gateway scenario runs (default: the one beside this benchmark).
+    #[arg(long, value_name = "FILE")]
+    seatgate_bin: Option<PathBuf>,
     /// Print the report as JSON (the table still goes to stderr as it runs).
     #[arg(long)]
     json: bool,
@@ -97,6 +100,7 @@ async fn bench(args: BenchArgs) -> Result<ExitCode, seatgate_bench::Error> {
         reaper_sessions: args.reaper_sessions,
         soak: args.soak_duration,
         cluster_masters: args.cluster_masters,
+        seatgate_bin: args.seatgate_bin,
     };
     let run = seatgate_bench::run(opts, |row| {
         eprintln!(

@@ -600,7 +600,7 @@ async fn events_inner(
         .as_deref()
         .map(|u| gw.deployment.kept_user(&caller.app, u));
     let stream = gw.deployment.events_stream_for(&license);
-    let rx = gw
+    let follow = gw
         .hub
         .follow(&stream, &license, &kept, cursor.as_deref())
         .await
@@ -608,12 +608,12 @@ async fn events_inner(
     metrics::event_streams(1.0);
     let guard = StreamGuard;
     let sent_session = session.clone();
-    let events = futures_util::stream::unfold((rx, guard), move |(mut rx, guard)| {
+    let events = futures_util::stream::unfold((follow, guard), move |(mut follow, guard)| {
         let user = user.clone();
         let session = sent_session.clone();
         async move {
             loop {
-                let event = rx.recv().await?;
+                let event = follow.next().await?;
                 // Only the caller's own: another user's session of the same
                 // application is not followed.
                 if let (Some(user), Some(theirs)) = (&user, event.fields.get("user")) {
@@ -621,7 +621,7 @@ async fn events_inner(
                         continue;
                     }
                 }
-                return Some((Ok(sse_event(&event, &session)), (rx, guard)));
+                return Some((Ok(sse_event(&event, &session)), (follow, guard)));
             }
         }
     });

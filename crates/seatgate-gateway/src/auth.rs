@@ -5,12 +5,15 @@
 //! come from the credential; nothing in a request body can change them.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use seatgate_core::db::Db;
 use seatgate_core::protocol::valid_id;
+
+use tracing::warn;
 
 use crate::config::OidcSettings;
 use crate::error::{read_file, GatewayError};
@@ -85,67 +88,131 @@ impl AuthFailure {
     }
 }
 
-/// Verifies JWT access tokens of one issuer.
+/// Keys by `kid` (keys without one under "").
+type KeySet = HashMap<String, (DecodingKey, Algorithm)>;
+
+/// How soon after a fetch an unknown `kid` may fetch the JWKS again.
+const REFETCH_AFTER: Duration = Duration::from_secs(10);
+
+/// Verifies JWT access tokens of one issuer, with its keys from a JWKS file
+/// (read at start) or URL (fetched at start, every `jwks_refresh_s`, and
+/// when a token names a key it lacks, at most every 10 s: an issuer's key
+/// rotation is followed without a restart).
 pub(crate) struct Oidc {
     settings: OidcSettings,
-    /// Keys by `kid`; keys without one under "".
-    keys: HashMap<String, (DecodingKey, Algorithm)>,
+    keys: std::sync::RwLock<KeySet>,
+    http: Option<reqwest::Client>,
+    fetched: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Oidc {
-    /// Loads the issuer's keys from `gateway.oidc.jwks_file`.
-    pub(crate) fn load(settings: &OidcSettings) -> Result<Oidc, GatewayError> {
-        let raw = read_file("gateway.oidc.jwks_file", &settings.jwks_file)?;
-        let set: JwkSet = serde_json::from_slice(&raw).map_err(|e| {
-            GatewayError::Config(format!(
-                "gateway.oidc.jwks_file {} is not a JWKS document: {e}",
-                settings.jwks_file
-            ))
-        })?;
-        let mut keys = HashMap::new();
-        for jwk in &set.keys {
-            let Some(alg) = algorithm(jwk) else {
-                continue;
-            };
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| {
-                GatewayError::Config(format!("a key of gateway.oidc.jwks_file cannot verify: {e}"))
-            })?;
-            keys.insert(jwk.common.key_id.clone().unwrap_or_default(), (key, alg));
-        }
-        if keys.is_empty() {
-            return Err(GatewayError::Config(format!(
-                "gateway.oidc.jwks_file {} holds no RSA, EC or Ed25519 signing key",
-                settings.jwks_file
-            )));
-        }
-        Ok(Oidc {
+    /// Loads the issuer's keys. A file that cannot be read or parsed stops
+    /// the start; a URL that does not answer yet is logged and tried again
+    /// (JWTs are refused until it does).
+    pub(crate) async fn load(settings: &OidcSettings) -> Result<Arc<Oidc>, GatewayError> {
+        let (keys, http) = if settings.jwks_url.is_empty() {
+            let raw = read_file("gateway.oidc.jwks_file", &settings.jwks_file)?;
+            (parse_jwks(&raw, &settings.jwks_file)?, None)
+        } else {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .map_err(|e| GatewayError::Config(format!("cannot make the JWKS client: {e}")))?;
+            (KeySet::new(), Some(http))
+        };
+        let oidc = Arc::new(Oidc {
             settings: settings.clone(),
-            keys,
-        })
+            keys: std::sync::RwLock::new(keys),
+            http,
+            fetched: tokio::sync::Mutex::new(None),
+        });
+        if oidc.http.is_some() {
+            if let Err(e) = oidc.fetch().await {
+                warn!(error = %e, url = %settings.jwks_url, "cannot fetch the issuer's keys yet; JWTs are refused until they are");
+            }
+        }
+        Ok(oidc)
     }
 
-    fn verify(&self, jwt: &str) -> Result<Caller, AuthFailure> {
+    /// Fetches `jwks_url` and replaces the keys with what it holds.
+    async fn fetch(&self) -> Result<(), GatewayError> {
+        let Some(http) = &self.http else {
+            return Ok(());
+        };
+        *self.fetched.lock().await = Some(Instant::now());
+        let url = &self.settings.jwks_url;
+        let fail = |e: String| GatewayError::Config(format!("gateway.oidc.jwks_url {url}: {e}"));
+        let response = http.get(url).send().await.map_err(|e| fail(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(fail(format!("answered {}", response.status())));
+        }
+        let raw = response.bytes().await.map_err(|e| fail(e.to_string()))?;
+        let keys = parse_jwks(&raw, url)?;
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = keys;
+        Ok(())
+    }
+
+    /// Fetches the keys again every `jwks_refresh_s` while the gateway runs.
+    pub(crate) fn refresh_periodically(self: &Arc<Oidc>, shutdown: tokio_util::sync::CancellationToken) {
+        if self.http.is_none() || self.settings.jwks_refresh_s == 0 {
+            return;
+        }
+        let oidc = Arc::clone(self);
+        let every = Duration::from_secs(self.settings.jwks_refresh_s);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = oidc.fetch().await {
+                    warn!(error = %e, "cannot refresh the issuer's keys; keeping the ones fetched before");
+                }
+            }
+        });
+    }
+
+    /// The key for `kid`, fetching the keys again (at most every 10 s)
+    /// when a URL is set and it is not among them.
+    async fn key(&self, kid: &str) -> Option<(DecodingKey, Algorithm)> {
+        let pick = |keys: &KeySet| {
+            keys.get(kid)
+                .or_else(|| (keys.len() == 1).then(|| keys.values().next()).flatten())
+                .cloned()
+        };
+        if let Some(found) = pick(&self.keys.read().unwrap_or_else(|p| p.into_inner())) {
+            return Some(found);
+        }
+        if self.http.is_some() {
+            let recent = self
+                .fetched
+                .lock()
+                .await
+                .is_some_and(|at| at.elapsed() < REFETCH_AFTER);
+            if !recent {
+                if let Err(e) = self.fetch().await {
+                    warn!(error = %e, "cannot fetch the issuer's keys for a key it lacks");
+                }
+                return pick(&self.keys.read().unwrap_or_else(|p| p.into_inner()));
+            }
+        }
+        None
+    }
+
+    async fn verify(&self, jwt: &str) -> Result<Caller, AuthFailure> {
         let header = jsonwebtoken::decode_header(jwt).map_err(|_| AuthFailure::InvalidJwt)?;
         let kid = header.kid.unwrap_or_default();
-        let (key, alg) = self
-            .keys
-            .get(&kid)
-            .or_else(|| {
-                (self.keys.len() == 1)
-                    .then(|| self.keys.values().next())
-                    .flatten()
-            })
-            .ok_or(AuthFailure::InvalidJwt)?;
-        if header.alg != *alg {
+        let (key, alg) = self.key(&kid).await.ok_or(AuthFailure::InvalidJwt)?;
+        if header.alg != alg {
             return Err(AuthFailure::InvalidJwt);
         }
-        let mut validation = Validation::new(*alg);
+        let mut validation = Validation::new(alg);
         validation.set_issuer(&[&self.settings.issuer]);
         validation.set_audience(&[&self.settings.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.validate_nbf = true;
         validation.leeway = self.settings.leeway_s;
-        let data = jsonwebtoken::decode::<serde_json::Value>(jwt, key, &validation)
+        let data = jsonwebtoken::decode::<serde_json::Value>(jwt, &key, &validation)
             .map_err(|_| AuthFailure::InvalidJwt)?;
         let claims = data.claims;
         let user = claims
@@ -173,6 +240,27 @@ impl Oidc {
             group,
         })
     }
+}
+
+/// The signing keys of a JWKS document from `source` (a file or URL).
+fn parse_jwks(raw: &[u8], source: &str) -> Result<KeySet, GatewayError> {
+    let set: JwkSet = serde_json::from_slice(raw)
+        .map_err(|e| GatewayError::Config(format!("{source} is not a JWKS document: {e}")))?;
+    let mut keys = KeySet::new();
+    for jwk in &set.keys {
+        let Some(alg) = algorithm(jwk) else {
+            continue;
+        };
+        let key = DecodingKey::from_jwk(jwk)
+            .map_err(|e| GatewayError::Config(format!("a key of {source} cannot verify: {e}")))?;
+        keys.insert(jwk.common.key_id.clone().unwrap_or_default(), (key, alg));
+    }
+    if keys.is_empty() {
+        return Err(GatewayError::Config(format!(
+            "{source} holds no RSA, EC or Ed25519 signing key"
+        )));
+    }
+    Ok(keys)
 }
 
 /// The JWS algorithm a JWK is for, from its `alg` or its key type.
@@ -206,11 +294,11 @@ fn algorithm(jwk: &Jwk) -> Option<Algorithm> {
 pub(crate) struct Authenticator {
     tokens: TokenStore,
     cache: TokenCache,
-    oidc: Option<Oidc>,
+    oidc: Option<Arc<Oidc>>,
 }
 
 impl Authenticator {
-    pub(crate) fn new(tokens: TokenStore, cache_ttl: Duration, oidc: Option<Oidc>) -> Authenticator {
+    pub(crate) fn new(tokens: TokenStore, cache_ttl: Duration, oidc: Option<Arc<Oidc>>) -> Authenticator {
         Authenticator {
             tokens,
             cache: TokenCache::new(cache_ttl),
@@ -235,7 +323,7 @@ impl Authenticator {
         }
         if credential.split('.').count() == 3 {
             return match &self.oidc {
-                Some(oidc) => oidc.verify(credential).map_err(Ok),
+                Some(oidc) => oidc.verify(credential).await.map_err(Ok),
                 None => Err(Ok(AuthFailure::JwtNotAccepted)),
             };
         }

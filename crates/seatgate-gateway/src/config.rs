@@ -66,6 +66,11 @@ pub struct OidcSettings {
     pub audience: String,
     /// The issuer's public keys, a JWKS document (RFC 7517) on disk.
     pub jwks_file: String,
+    /// The issuer's JWKS URL (its `jwks_uri`), instead of `jwks_file`.
+    pub jwks_url: String,
+    /// How often the keys of `jwks_url` are fetched again, seconds (0: only
+    /// at start and when a token names a key they lack).
+    pub jwks_refresh_s: u64,
     /// The application a JWT's caller belongs to (one of
     /// `stream.applications` when that is set).
     pub application: String,
@@ -128,9 +133,11 @@ impl GatewaySettings {
         }
         let o = &self.oidc;
         if !o.issuer.is_empty() {
+            if o.jwks_file.is_empty() == o.jwks_url.is_empty() {
+                return Err("set one of gateway.oidc.jwks_file and gateway.oidc.jwks_url while gateway.oidc.issuer is".into());
+            }
             for (name, value) in [
                 ("gateway.oidc.audience", &o.audience),
-                ("gateway.oidc.jwks_file", &o.jwks_file),
                 ("gateway.oidc.application", &o.application),
                 ("gateway.oidc.user_claim", &o.user_claim),
             ] {
@@ -178,6 +185,8 @@ pub(crate) mod tests {
                 issuer: String::new(),
                 audience: String::new(),
                 jwks_file: String::new(),
+                jwks_url: String::new(),
+                jwks_refresh_s: 300,
                 application: String::new(),
                 user_claim: "sub".into(),
                 group_claim: String::new(),
@@ -209,11 +218,14 @@ pub(crate) mod tests {
     fn an_issuer_needs_its_audience_keys_and_application() {
         let mut s = defaults();
         s.oidc.issuer = "https://id.example".into();
+        s.oidc.jwks_file = "jwks.json".into();
         let e = s.validate().expect_err("no audience");
         assert!(e.contains("gateway.oidc.audience"), "{e}");
         s.oidc.audience = "seatgate".into();
-        s.oidc.jwks_file = "jwks.json".into();
         s.oidc.application = "cad".into();
         assert_eq!(s.validate(), Ok(()));
+        s.oidc.jwks_url = "https://id.example/jwks".into();
+        let e = s.validate().expect_err("a file and a URL");
+        assert!(e.contains("one of"), "{e}");
     }
 }

@@ -48,6 +48,36 @@ impl SeatEvent {
     }
 }
 
+/// What one follower is owed: the events it missed, then the live ones
+/// after the last it got.
+pub struct Follow {
+    missed: std::collections::VecDeque<SeatEvent>,
+    live: mpsc::UnboundedReceiver<SeatEvent>,
+    last: String,
+    done: bool,
+}
+
+impl Follow {
+    /// The next event; `None` after the one that ends the seat or the wait.
+    pub async fn next(&mut self) -> Option<SeatEvent> {
+        if self.done {
+            return None;
+        }
+        let event = match self.missed.pop_front() {
+            Some(event) => event,
+            None => loop {
+                let event = self.live.recv().await?;
+                if id_after(&event.id, &self.last) {
+                    break event;
+                }
+            },
+        };
+        self.last.clone_from(&event.id);
+        self.done = event.is_final();
+        Some(event)
+    }
+}
+
 /// (license, session as the events name it).
 type Key = (String, String);
 
@@ -93,16 +123,16 @@ impl EventHub {
 
     /// Follows `session` (its name in the events) of `license` on `stream`
     /// from `cursor` (exclusive; `None`: from now): the events a follower
-    /// is owed, in order, none twice. The receiver ends when the hub does.
+    /// is owed, in order, none twice ([`Follow::next`]).
     pub async fn follow(
         self: &Arc<EventHub>,
         stream: &str,
         license: &str,
         session: &str,
         cursor: Option<&str>,
-    ) -> Result<mpsc::UnboundedReceiver<SeatEvent>, redis::RedisError> {
+    ) -> Result<Follow, redis::RedisError> {
         let key: Key = (license.to_owned(), session.to_owned());
-        let (live_tx, mut live_rx) = mpsc::unbounded_channel();
+        let (live_tx, live_rx) = mpsc::unbounded_channel();
         self.followers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -132,28 +162,12 @@ impl EventHub {
                 }
             }
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut last = cursor.map(str::to_owned).unwrap_or_else(|| "0-0".into());
-        tokio::spawn(async move {
-            for event in missed {
-                last = event.id.clone();
-                let done = event.is_final();
-                if tx.send(event).is_err() || done {
-                    return;
-                }
-            }
-            while let Some(event) = live_rx.recv().await {
-                if !id_after(&event.id, &last) {
-                    continue;
-                }
-                last = event.id.clone();
-                let done = event.is_final();
-                if tx.send(event).is_err() || done {
-                    return;
-                }
-            }
-        });
-        Ok(rx)
+        Ok(Follow {
+            missed: missed.into(),
+            live: live_rx,
+            last: cursor.map(str::to_owned).unwrap_or_else(|| "0-0".into()),
+            done: false,
+        })
     }
 
     /// Starts the reader of `stream` unless it runs.

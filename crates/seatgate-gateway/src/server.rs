@@ -228,7 +228,9 @@ pub async fn serve(
     let oidc = if settings.oidc.issuer.is_empty() {
         None
     } else {
-        Some(Oidc::load(&settings.oidc)?)
+        let oidc = Oidc::load(&settings.oidc).await?;
+        oidc.refresh_periodically(shutdown.clone());
+        Some(oidc)
     };
     let signer = BorrowSigner::load(&settings.borrow)?;
     let tls = if settings.tls() {

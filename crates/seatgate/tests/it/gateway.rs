@@ -595,6 +595,8 @@ struct Issuer {
     key: jsonwebtoken::EncodingKey,
     kid: String,
     jwks_file: String,
+    /// The JWKS document it publishes.
+    jwks: Value,
 }
 
 impl Issuer {
@@ -620,6 +622,7 @@ impl Issuer {
             key: jsonwebtoken::EncodingKey::from_ed_pem(pem.as_bytes()).unwrap(),
             kid,
             jwks_file: jwks_file.to_string_lossy().into_owned(),
+            jwks,
             _dir: dir,
         }
     }
@@ -1159,4 +1162,114 @@ async fn the_gateway_refuses_foreign_hosts_and_large_bodies_sees_a_frozen_redis_
     for secret in [ada.as_str(), lease.as_str(), "sgt_wrong"] {
         assert!(!log.contains(secret), "the log holds a secret: {log}");
     }
+}
+
+/// An issuer's keys from its JWKS URL (a real HTTP server, Python's
+/// http.server): fetched at start, and after the issuer adds a new key
+/// (a rotation), a token signed with it is accepted once the gateway has
+/// fetched again (`jwks_refresh_s` = 1), without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_issuers_jwks_url_is_fetched_and_a_rotated_key_is_followed() {
+    let d = Deployment::start().await;
+    d.license(&["cad-pro", "--seats", "5"]).await;
+    let old = Issuer::new();
+    let served = tempfile::tempdir().unwrap();
+    let jwks = served.path().join("jwks.json");
+    std::fs::write(&jwks, old.jwks.to_string()).unwrap();
+    let port = free_port();
+    let _server = Spawned(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(served.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server"),
+    );
+    let url = format!("http://127.0.0.1:{port}/jwks.json");
+    let plain = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !plain.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+        assert!(Instant::now() < deadline, "http.server did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut env: Vec<(&'static str, String)> = old
+        .env()
+        .into_iter()
+        .filter(|(k, _)| *k != "SEATGATE__GATEWAY__OIDC__JWKS_FILE")
+        .collect();
+    env.push(("SEATGATE__GATEWAY__OIDC__JWKS_URL", url));
+    env.push(("SEATGATE__GATEWAY__OIDC__JWKS_REFRESH_S", "1".to_owned()));
+    let gw = d.gateway(&env).await;
+    let http = d.ca.client();
+    let now = unix_now();
+    let claims = json!({"iss": "https://id.test", "aud": "seatgate", "sub": "carol", "exp": now + 600});
+    let (status, seat) = acquire(
+        &http,
+        &gw,
+        &old.sign(&claims),
+        "cad-pro",
+        json!({"session": "u-1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{seat}");
+    // The issuer rotates: a new key beside the old in its JWKS.
+    let new = Issuer::new();
+    let (status, p) = acquire(
+        &http,
+        &gw,
+        &new.sign(&claims),
+        "cad-pro",
+        json!({"session": "u-2"}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a key the issuer does not publish yet: {p}"
+    );
+    let both = json!({"keys": [old.jwks["keys"][0], new.jwks["keys"][0]]});
+    std::fs::write(&jwks, both.to_string()).unwrap();
+    let rotated = Instant::now();
+    let deadline = rotated + Duration::from_secs(15);
+    loop {
+        let (status, seat) = acquire(
+            &http,
+            &gw,
+            &new.sign(&claims),
+            "cad-pro",
+            json!({"session": "u-2"}),
+        )
+        .await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{seat}");
+        assert!(Instant::now() < deadline, "the new key was not taken up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "a token of the rotated-in key accepted {:?} after the JWKS changed",
+        rotated.elapsed()
+    );
+    let (status, seat) = acquire(
+        &http,
+        &gw,
+        &old.sign(&claims),
+        "cad-pro",
+        json!({"session": "u-3"}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the old key still works while published: {seat}"
+    );
 }
