@@ -281,6 +281,9 @@ async fn cycles(
 
 /// The scenario.
 pub(super) async fn run(b: &mut Bench<'_>) -> Result<(), Error> {
+    // reqwest is built without a TLS provider of its own (the gateway's
+    // features): it needs the process's before a client is made.
+    seatgate_gateway::use_ring_for_tls();
     let bin = seatgate_bin(b.opts.seatgate_bin.as_ref())?;
     b.reset().await?;
     let (token, _) = TokenStore::new(&b.settings.keys.prefix)

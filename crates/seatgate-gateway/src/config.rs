@@ -179,7 +179,7 @@ pub(crate) mod tests {
             rate_burst: 40,
             auth_failures_per_minute: 30,
             token_cache_ms: 500,
-            max_event_streams: 20_000,
+            max_event_streams: 10_000,
             sse_keepalive_ms: 15_000,
             oidc: OidcSettings {
                 issuer: String::new(),

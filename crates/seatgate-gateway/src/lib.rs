@@ -37,5 +37,5 @@ pub use api::{IDEMPOTENCY_HEADER, LEASE_HEADER};
 pub use auth::{AuthFailure, Caller};
 pub use config::GatewaySettings;
 pub use error::GatewayError;
-pub use server::serve;
+pub use server::{serve, use_ring_for_tls};
 pub use state::Deployment;

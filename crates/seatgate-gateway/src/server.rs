@@ -205,12 +205,13 @@ async fn secret(db: &Db, prefix: &str) -> Result<[u8; 32], GatewayError> {
     })
 }
 
-/// rustls's provider: the workspace's `ring`, as for Redis (seatgate-core's
-/// db module says why: aws-lc-rs costs cmake and most of a minute of a
-/// 2-core build; ring has no post-quantum key exchange, hence the `allow`).
-/// A second install is a no-op.
+/// Installs rustls's provider for the process: the workspace's `ring`, as for
+/// Redis (seatgate-core's db module says why: aws-lc-rs costs cmake and most
+/// of a minute of a 2-core build; ring has no post-quantum key exchange,
+/// hence the `allow`). A second install is a no-op. An HTTP client (reqwest,
+/// built without a provider of its own) of the same process needs it first.
 #[allow(deprecated)]
-fn use_ring_for_tls() {
+pub fn use_ring_for_tls() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
 }
 

@@ -1164,8 +1164,8 @@ async fn the_gateway_refuses_foreign_hosts_and_large_bodies_sees_a_frozen_redis_
     }
 }
 
-/// An issuer's keys from its JWKS URL (a real HTTP server, Python's
-/// http.server): fetched at start, and after the issuer adds a new key
+/// An issuer's keys from its JWKS URL (a real HTTP server: axum, in the
+/// test): fetched at start, and after the issuer adds a new key
 /// (a rotation), a token signed with it is accepted once the gateway has
 /// fetched again (`jwks_refresh_s` = 1), without a restart.
 #[tokio::test(flavor = "multi_thread")]
@@ -1176,30 +1176,19 @@ async fn an_issuers_jwks_url_is_fetched_and_a_rotated_key_is_followed() {
     let served = tempfile::tempdir().unwrap();
     let jwks = served.path().join("jwks.json");
     std::fs::write(&jwks, old.jwks.to_string()).unwrap();
-    let port = free_port();
-    let _server = Spawned(
-        Command::new("python3")
-            .args([
-                "-m",
-                "http.server",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-            ])
-            .arg(served.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 -m http.server"),
+    // The issuer's web server: axum on a free loopback port, serving the
+    // file as it is at each request.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    let file = jwks.clone();
+    let app = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get(move || {
+            let file = file.clone();
+            async move { std::fs::read_to_string(file).unwrap() }
+        }),
     );
-    let url = format!("http://127.0.0.1:{port}/jwks.json");
-    let plain = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !plain.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "http.server did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let mut env: Vec<(&'static str, String)> = old
         .env()
         .into_iter()
@@ -1272,4 +1261,189 @@ async fn an_issuers_jwks_url_is_fetched_and_a_rotated_key_is_followed() {
         StatusCode::CREATED,
         "the old key still works while published: {seat}"
     );
+    server.abort();
+}
+
+/// What a client that misbehaves meets: a request head sent slowly is cut
+/// off at gateway.header_read_timeout_ms, and so is a kept-alive connection
+/// left idle; an address that keeps failing to authenticate is answered 429
+/// even with a valid token, and another credential's request from a fresh
+/// gateway is not; CORS headers go to allow-listed origins only.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_heads_failing_addresses_and_foreign_origins_are_refused() {
+    use std::io::{Read, Write};
+    let d = Deployment::start().await;
+    d.license(&["cad-pro", "--seats", "1"]).await;
+    let ada = d.token(&["--app", "cad", "--user", "ada"]).await;
+    let gw = d
+        .gateway(&[
+            ("SEATGATE__GATEWAY__HEADER_READ_TIMEOUT_MS", "1000".to_owned()),
+            ("SEATGATE__GATEWAY__AUTH_FAILURES_PER_MINUTE", "5".to_owned()),
+            (
+                "SEATGATE__GATEWAY__CORS_ALLOWED_ORIGINS",
+                "https://app.example".to_owned(),
+            ),
+        ])
+        .await;
+    let http = d.ca.client();
+
+    // A head that never ends: closed after about a second (TLS first, as a
+    // client would; the handshake is not the head).
+    let addr = gw.base.trim_start_matches("https://").to_owned();
+    let closes = |partial: &'static [u8]| {
+        let addr = addr.clone();
+        let ca = d.ca.ca_pem.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut roots = rustls::RootCertStore::empty();
+            use rustls::pki_types::pem::PemObject;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let config = rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+            tls.write_all(partial).unwrap();
+            tls.flush().unwrap();
+            let started = Instant::now();
+            let mut buf = Vec::new();
+            let _ = tls.read_to_end(&mut buf);
+            (started.elapsed(), String::from_utf8_lossy(&buf).into_owned())
+        })
+    };
+    let (slow, _) = closes(b"GET /live HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    assert!(
+        slow < Duration::from_secs(5),
+        "a slow head held its connection {slow:?}"
+    );
+    let (idle, answered) = closes(b"GET /live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        answered.contains("200 OK") && answered.contains("live"),
+        "{answered}"
+    );
+    assert!(
+        idle < Duration::from_secs(5),
+        "an idle kept-alive connection was held {idle:?}"
+    );
+    println!("a slow head was cut off after {slow:?}, an idle kept-alive connection after {idle:?}");
+
+    // CORS: the allow-listed origin gets its headers, another none (and its preflight 403).
+    let preflight = |origin: &str| {
+        http.request(reqwest::Method::OPTIONS, gw.url("/v1/licenses/cad-pro/seats"))
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .send()
+    };
+    let ok = preflight("https://app.example").await.unwrap();
+    assert_eq!(ok.status(), StatusCode::NO_CONTENT);
+    assert_eq!(ok.headers()["access-control-allow-origin"], "https://app.example");
+    let other = preflight("https://evil.example").await.unwrap();
+    assert_eq!(other.status(), StatusCode::FORBIDDEN);
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+    let plain = http
+        .get(gw.url("/v1/licenses/cad-pro"))
+        .bearer_auth(&ada)
+        .header("Origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), StatusCode::OK);
+    assert!(
+        plain.headers().get("access-control-allow-origin").is_none(),
+        "no CORS header for another origin"
+    );
+
+    // Five failures from this address, then 429 for anything, a valid token too.
+    for _ in 0..5 {
+        let r = http
+            .get(gw.url("/v1/licenses/cad-pro"))
+            .bearer_auth("sgt_guess")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    let (status, p) = answer(
+        http.get(gw.url("/v1/licenses/cad-pro"))
+            .bearer_auth(&ada)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, p["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("RATE_LIMITED")),
+        "{p}"
+    );
+    let metrics = http
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("seatgate_gateway_rate_limited_total{limit=\"auth_failures\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("seatgate_gateway_auth_failures_total{reason=\"unknown_token\"} 5"),
+        "{metrics}"
+    );
+}
+
+/// A renewed certificate (here: one of another CA) is served after SIGHUP,
+/// to new connections, without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_certificate() {
+    let d = Deployment::start().await;
+    let gw = d.gateway(&[]).await;
+    let old = d.ca.client();
+    assert_eq!(
+        old.get(gw.url("/live")).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    let renewed = TestCa::new();
+    for f in ["cert.pem", "key.pem"] {
+        std::fs::copy(renewed.dir.path().join(f), d.ca.dir.path().join(f)).unwrap();
+    }
+    let pid = gw._child.0.id().to_string();
+    assert!(Command::new("kill")
+        .arg("-HUP")
+        .arg(&pid)
+        .status()
+        .unwrap()
+        .success());
+    let new = renewed.client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !new
+        .get(gw.url("/live"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == StatusCode::OK)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate was not served: {}",
+            gw.logged()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A fresh client trusting only the old CA now fails the handshake.
+    let fresh_old = d.ca.client();
+    assert!(
+        fresh_old.get(gw.url("/live")).send().await.is_err(),
+        "still the old certificate"
+    );
+    assert!(gw.logged().contains("certificate reloaded"), "{}", gw.logged());
 }
