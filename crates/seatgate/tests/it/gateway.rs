@@ -147,6 +147,21 @@ async fn seatgate(url: &str, env: &[(&str, String)], args: &[&str]) -> std::proc
     output(cmd).await
 }
 
+/// Asserts that the gateway's `/metrics` holds each of `lines`.
+async fn has_series(http: &reqwest::Client, gw: &GatewayProcess, lines: &[&str]) {
+    let metrics = http
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in lines {
+        assert!(metrics.contains(line), "no {line} in\n{metrics}");
+    }
+}
+
 /// Status and JSON body of a response.
 async fn answer(r: reqwest::Response) -> (StatusCode, Value) {
     let status = r.status();
@@ -727,22 +742,15 @@ async fn jwts_that_fail_any_check_are_401_and_change_nothing() {
         events_before,
         "the refused ones made no event"
     );
-    let metrics = http
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("seatgate_gateway_auth_failures_total{reason=\"invalid_jwt\"} 6"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("seatgate_gateway_auth_failures_total{reason=\"bad_claims\"} 1"),
-        "{metrics}"
-    );
+    has_series(
+        &http,
+        &gw,
+        &[
+            "seatgate_gateway_auth_failures_total{reason=\"invalid_jwt\"} 6",
+            "seatgate_gateway_auth_failures_total{reason=\"bad_claims\"} 1",
+        ],
+    )
+    .await;
 }
 
 /// The user and group are the credential's: a body naming others is 403
@@ -1384,22 +1392,15 @@ async fn slow_heads_failing_addresses_and_foreign_origins_are_refused() {
         (StatusCode::TOO_MANY_REQUESTS, Some("RATE_LIMITED")),
         "{p}"
     );
-    let metrics = http
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("seatgate_gateway_rate_limited_total{limit=\"auth_failures\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("seatgate_gateway_auth_failures_total{reason=\"unknown_token\"} 5"),
-        "{metrics}"
-    );
+    has_series(
+        &http,
+        &gw,
+        &[
+            "seatgate_gateway_rate_limited_total{limit=\"auth_failures\"} 1",
+            "seatgate_gateway_auth_failures_total{reason=\"unknown_token\"} 5",
+        ],
+    )
+    .await;
 }
 
 /// A renewed certificate (here: one of another CA) is served after SIGHUP,
