@@ -173,6 +173,10 @@ class SeatClient:
         self._waiters = {}
         self._outbox = asyncio.Queue()
         self._tasks = []
+        # Set on exit, before the reader is cancelled: a blocking XREAD that
+        # is cancelled can return an empty result instead of raising
+        # (redis-py 4.3 to 8.2 were seen to), and the reader must still end.
+        self._closing = False
         # The lease each (license, session) is bound to, sent with its later requests.
         self.leases = Leases()
         # Seat handles not yet released, released when the client closes;
@@ -202,8 +206,17 @@ class SeatClient:
         for task in list(self._listening):
             task.cancel()
         await asyncio.gather(*self._listening, return_exceptions=True)
-        for task in self._tasks:
-            task.cancel()
+        # The reader is ended by closing its connection under its blocking
+        # XREAD, not by cancelling it: a cancelled XREAD can return an empty
+        # result instead of raising, or leave the cancellation pending in
+        # redis-py (4.3 to 8.2 were seen to), and an exit waited forever.
+        self._closing = True
+        reader, writer = self._tasks
+        writer.cancel()
+        await self._read.connection_pool.disconnect(inuse_connections=True)
+        done, _ = await asyncio.wait([reader], timeout=2.0)
+        if not done:
+            reader.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             await self._write.delete(self.reply_to)
@@ -249,14 +262,17 @@ class SeatClient:
         return self.leases.get(license, session)
 
     async def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None,
-                      user=None):
+                      user=None, group=None, priority=0, borrow_s=0.0):
         """One acquire, no more (acquire_seat re-sends, heartbeats and
         releases for you); it carries ttl_ms = `timeout`. Takes a seat for
         `user` (None: nobody in particular), waiting up to `wait_s` seconds in
         the license's queue when none is free, bound to `lease` (default: the
-        one held for the session, else a new random one). Returns the final
-        reply; `on_queued(reply)` is called with the QUEUED reply, if any."""
-        fields = {**acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user),
+        one held for the session, else a new random one); `group`,
+        `priority` and `borrow_s` are the license policies' fields
+        (seatgate_wire.acquire_fields). Returns the final reply;
+        `on_queued(reply)` is called with the QUEUED reply, if any."""
+        fields = {**acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user, group, priority,
+                                   borrow_s),
                   **ttl_field(timeout)}
         async with await self.request("acquire", license, session, **fields) as pending:
             reply = await pending.reply(timeout)
@@ -279,16 +295,18 @@ class SeatClient:
         return reply
 
     async def acquire_seat(self, license, session, meta=None, wait_s=0.0, lease=None, request_timeout=5.0,
-                           ttl_s=None, give_up_s=30.0, on_queued=None, user=None):
+                           ttl_s=None, give_up_s=30.0, on_queued=None, user=None, group=None, priority=0,
+                           borrow_s=0.0):
         """Takes a seat for `user` (None: nobody in particular) and returns a
         Seat that keeps it (see the module's doc); raises SeatRefused with the
         reply when the service says no (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT,
         ...), ReplyTimeout when no attempt is answered within `give_up_s` (or,
         once QUEUED, within the wait and a margin). Every request carries
-        `ttl_s` (default: `request_timeout`)."""
+        `ttl_s` (default: `request_timeout`). `group`, `priority` and
+        `borrow_s` go to the license's policies (seatgate_wire.acquire_fields)."""
         lease = self.leases.bind(license, session, lease)
         ttl = ttl_field(request_timeout if ttl_s is None else ttl_s)
-        fields = {**acquire_fields(lease, meta, wait_s, user), **ttl}
+        fields = {**acquire_fields(lease, meta, wait_s, user, group, priority, borrow_s), **ttl}
         acquire = _Exchange(self, "acquire", license, session, fields, request_timeout)
         undo = True
         try:
@@ -400,11 +418,13 @@ class SeatClient:
         """Reads the reply stream and hands each reply to its waiter."""
         last = "0-0"  # the stream is new and ours alone
         backoff = 0.05
-        while True:
+        while not self._closing:
             try:
                 read = await self._read.xread({self.reply_to: last}, count=500, block=READ_BLOCK_MS)
                 backoff = 0.05
             except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                if self._closing:
+                    return
                 self.stats["read_retries"] += 1
                 log.warning("cannot read replies (%s); retrying from %s in %.2f s", e, last, backoff)
                 await asyncio.sleep(backoff)

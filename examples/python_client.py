@@ -77,13 +77,14 @@ class SeatClient:
         """The lease this client holds for the session, or None."""
         return self.leases.get(license, session)
 
-    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None, user=None):
+    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None, user=None,
+                group=None, priority=0, borrow_s=0.0):
         """Takes a seat for `user` (None: nobody in particular), waiting up to
         `wait_s` seconds in the license's queue when none is free, bound to
         `lease` (default: the one held for the session, else a new random
         one). Returns the final reply; `on_queued(reply)` is called with the
         QUEUED reply, if any."""
-        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user)
+        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user, group, priority, borrow_s)
         reply = self.call("acquire", license, session, extra, timeout)
         if reply["status"] == "QUEUED":
             if on_queued:

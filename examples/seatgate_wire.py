@@ -176,14 +176,23 @@ def user_id(text):
     return text
 
 
-def acquire_fields(lease, meta=None, wait_s=0.0, user=None):
+def acquire_fields(lease, meta=None, wait_s=0.0, user=None, group=None, priority=0, borrow_s=0.0):
     """An acquire's own fields: its lease, the `user` the seat counts for
     (the one `seatgate status` shows, and the license's per-user policies
-    count; `meta` is display data only), `meta` as compact JSON, and the
-    queue wait in ms when it may wait."""
+    count; `meta` is display data only), the user's `group` (group limits
+    and reservations), the queue `priority` (0-9, capped by the license's
+    max_priority), a borrow of `borrow_s` seconds (held without heartbeats,
+    within the license's max_borrow_ms), `meta` as compact JSON, and the
+    queue wait in ms when it may wait (docs/protocol.md, "Policies")."""
     fields = {"lease": lease}
     if user is not None:
         fields["user"] = user
+    if group is not None:
+        fields["group"] = group
+    if priority:
+        fields["priority"] = str(int(priority))
+    if borrow_s > 0:
+        fields["borrow_ms"] = str(int(borrow_s * 1000))
     if meta is not None:
         fields["meta"] = json.dumps(meta, separators=(",", ":"))
     if wait_s > 0:

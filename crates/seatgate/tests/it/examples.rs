@@ -739,3 +739,103 @@ async fn both_examples_route_to_the_license_shard() {
     // Nothing went to the unsharded stream (which the workers read too).
     assert_eq!(entries_added(&mut con, &s.stream.requests).await, 0);
 }
+
+/// Issue 37, problem 2: leaving the asyncio client (`async with`, its
+/// `__aexit__`) after acquire_seat always ends: 100 times in a row, each
+/// within 2 s, the seat released each time. Before the fix an exit waited
+/// forever on a cancelled blocking XREAD (redis-py 4.3 and 8.2 alike).
+#[tokio::test]
+#[ignore = "needs python3 with redis-py: bash ops/test.sh runs it"]
+async fn the_async_client_exits_within_two_seconds_a_hundred_times_in_a_row() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    provision(&s, "exits", &crate::support::seats(2)).await;
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let script = crate::support::repo_file("crates/seatgate/tests/it/python/exits.py");
+    let mut cmd = Command::new(python().await);
+    cmd.arg(script)
+        .arg(redis.url())
+        .arg(crate::support::repo_file("examples"))
+        .args(["exits", "100"])
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = output(cmd).await;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    println!("{printed}");
+    assert!(out.status.success() && printed.contains("100 exits"), "{out:?}");
+    assert!(
+        crate::support::holders(&s, "exits").await.is_empty(),
+        "every seat was released on exit"
+    );
+}
+
+/// Issue 37, problem 5: the policy fields reach the server from both Python
+/// clients: a borrow (`borrowed_until_ms` in the answer and the event), the
+/// group (the events' `group`), and the queue priority (the `queued`
+/// event's `priority`), on a license whose policies use them.
+#[tokio::test]
+#[ignore = "needs python3 with redis-py: bash ops/test.sh runs it"]
+async fn the_python_clients_send_group_priority_and_borrow() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    let put = output(seatgate_cmd(
+        &redis.url(),
+        &[
+            "license",
+            "put",
+            "pol",
+            "--seats",
+            "1",
+            "--max-borrow",
+            "1h",
+            "--max-priority",
+            "5",
+        ],
+    ))
+    .await;
+    assert!(put.status.success(), "{put:?}");
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let _reaping = reaping(&s).await;
+    let script = crate::support::repo_file("crates/seatgate/tests/it/python/policy_fields.py");
+    let mut cmd = Command::new(python().await);
+    cmd.arg(script)
+        .arg(redis.url())
+        .arg(crate::support::repo_file("examples"))
+        .arg("pol")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = output(cmd).await;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    println!("{printed}");
+    assert!(out.status.success(), "{out:?}");
+    let reply = |label: &str| -> serde_json::Value {
+        let line = printed
+            .lines()
+            .find_map(|l| l.strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label} in {printed}"));
+        serde_json::from_str(line.trim()).unwrap()
+    };
+    assert_eq!(reply("async borrow ")["status"], "ACQUIRED");
+    assert!(reply("async borrow ")["borrowed_until_ms"].as_str().is_some());
+    assert_eq!(reply("async queued ")["status"], "QUEUED");
+    assert_eq!(reply("async wait ")["status"], "QUEUE_TIMEOUT");
+    assert_eq!(reply("sync borrow ")["status"], "ACQUIRED");
+    assert!(reply("sync borrow ")["borrowed_until_ms"].as_str().is_some());
+    let mut con = crate::support::db(&s).await;
+    let events = crate::support::stream_entries(&mut con, &s.events_stream_for("pol")).await;
+    let event = |kind: &str, session: &str| {
+        events
+            .iter()
+            .find(|e| {
+                e.fields.get("type").map(String::as_str) == Some(kind)
+                    && e.fields.get("session").map(String::as_str) == Some(session)
+            })
+            .unwrap_or_else(|| panic!("no {kind} of {session} in {events:?}"))
+            .fields
+            .clone()
+    };
+    let ada = event("acquired", "p-ada");
+    assert_eq!((ada["user"].as_str(), ada["group"].as_str()), ("ada", "eng"));
+    assert!(ada.contains_key("borrowed_until_ms"), "{ada:?}");
+    let bob = event("queued", "p-bob");
+    assert_eq!((bob["group"].as_str(), bob["priority"].as_str()), ("ops", "3"));
+    let cy = event("acquired", "p-cy");
+    assert_eq!((cy["user"].as_str(), cy["group"].as_str()), ("cy", "ops"));
+    assert!(cy.contains_key("borrowed_until_ms"), "{cy:?}");
+}
