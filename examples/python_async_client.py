@@ -370,10 +370,11 @@ class SeatClient:
             self._listening.discard(task)
             acquire.close()
 
-    async def exchange(self, op, license, session, fields, request_timeout=5.0, give_up_s=30.0):
+    async def exchange(self, op, license, session, fields, request_timeout=5.0, give_up_s=30.0,
+                       keep=ATTEMPTS_KEPT):
         """Sends a request until one of its attempts is answered (see
         _Exchange) or `give_up_s` passes (None: never); returns the reply."""
-        ex = _Exchange(self, op, license, session, fields, request_timeout)
+        ex = _Exchange(self, op, license, session, fields, request_timeout, keep)
         try:
             return await ex.answer(None if give_up_s is None else time.monotonic() + give_up_s)
         finally:
@@ -460,10 +461,14 @@ class _Exchange:
     with the same fields (lease and ttl_ms included), all answering into one
     queue, so that a reply to any attempt answers the request."""
 
-    def __init__(self, client, op, license, session, fields, request_timeout):
+    def __init__(self, client, op, license, session, fields, request_timeout, keep=ATTEMPTS_KEPT):
         self.client, self.op, self.license, self.session = client, op, license, session
         self.fields = fields
         self.request_timeout = request_timeout
+        # How many attempts' replies are awaited (None: all): a release keeps
+        # every one, since a frozen Redis decides them all at once, the
+        # first RELEASED and the rest SESSION_NOT_FOUND.
+        self.keep = keep
         self.replies = asyncio.Queue()
         self.ids = collections.deque()
         self.sent = 0
@@ -483,7 +488,7 @@ class _Exchange:
             log.warning("cannot send %s for %s/%s (%s); trying again", self.op, self.license, self.session, e)
             return
         self.ids.append(pending.id)
-        if len(self.ids) > ATTEMPTS_KEPT:
+        if self.keep is not None and len(self.ids) > self.keep:
             self.client._unregister(self.ids.popleft())
 
     async def next(self, until):
@@ -540,6 +545,9 @@ class Seat:
         self.lost_status = None
         self.heartbeat_timeout = timeout
         self.heartbeats = 0
+        # When the seat's heartbeat clock last restarted, as this handle saw
+        # it: a release keeps trying until the timeout ran out since then.
+        self._last_beat = time.monotonic()
         self._gone = asyncio.Event()
         self._task = asyncio.ensure_future(self._heartbeat(first_pause))
         client._seats.add(self)
@@ -550,15 +558,38 @@ class Seat:
         return self.state
 
     async def release(self):
-        """Stops heartbeating and gives the seat back; the reply (RELEASED,
-        or SESSION_NOT_FOUND when it was already gone)."""
+        """Stops heartbeating and gives the seat back. Never reports a
+        release that worked as failed: it keeps sending (new ids, the same
+        lease; a reply to any attempt counts) until the service answers, or
+        until the seat's heartbeat timeout has run out since its last
+        answered heartbeat (and at least `give_up_s`), through a Redis outage
+        or freeze. Returns the reply: RELEASED (or LEFT_QUEUE); the one that
+        says it was already gone (SESSION_NOT_FOUND, SESSION_REVOKED, ...);
+        or, when no attempt was answered by then, a reply of status UNKNOWN
+        (not a wire status): a seat whose release never arrived has been
+        evicted by then."""
         self.client._seats.discard(self)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        reply = await self.client.exchange("release", self.license, self.session, self._fields,
-                                           self._request_timeout, self._give_up_s)
-        self.client.leases.settle(self.license, self.session, reply)
-        if self.state == "held":
+        give_up = max(self._give_up_s,
+                      self._last_beat + self.heartbeat_timeout + self._request_timeout - time.monotonic())
+        deadline = time.monotonic() + give_up
+        while True:
+            try:
+                reply = await self.client.exchange("release", self.license, self.session, self._fields,
+                                                   self._request_timeout, max(0.0, deadline - time.monotonic()),
+                                                   keep=None)
+            except ReplyTimeout:
+                reply = Reply({"status": "UNKNOWN", "license": self.license, "session": self.session,
+                               "error": "no answer before the seat's heartbeat timeout ran out: if the release "
+                                        "never reached the service, the seat has been evicted"})
+                break
+            if reply.get("status") in RETRY_LATER and time.monotonic() < deadline:
+                await asyncio.sleep(max(0.01, self._request_timeout / 5))
+                continue
+            self.client.leases.settle(self.license, self.session, reply)
+            break
+        if self.state == "held" and reply.get("status") != "UNKNOWN":
             self.state = "released"
         self._gone.set()
         return reply
@@ -583,6 +614,7 @@ class Seat:
                 # leaves the grant's in force.
                 self.heartbeat_timeout = heartbeat_timeout_s(reply, self.heartbeat_timeout)
                 self.heartbeats += 1
+                self._last_beat = time.monotonic()
                 pause = self.heartbeat_timeout / 3
             elif status in RETRY_LATER:
                 pause = self.heartbeat_timeout / 6

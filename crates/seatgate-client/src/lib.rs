@@ -64,7 +64,7 @@ pub use reply::{Decision, Reply};
 pub use request::{
     AdminClient, Call, Client, ClientBuilder, Pending, Revoke, SeatOp, Stats, ADMIN_CLIENT_NAME,
 };
-pub use seat::{AcquireError, Seat, SeatOptions, SeatState};
+pub use seat::{AcquireError, Released, Seat, SeatOptions, SeatState};
 pub use seatgate_core::db::RedisSettings;
 pub use seatgate_core::keys::Topology;
 pub use seatgate_core::policy::RequestPolicy;

@@ -58,9 +58,11 @@ pub struct SeatOptions {
     /// request given up on sure to be decided, if ever, before the one sent
     /// in its place.
     pub ttl: Option<Duration>,
-    /// How long an acquire (before any QUEUED) or a release goes on
-    /// sending before it gives up with [`Error::ReplyTimeout`]. Heartbeats
-    /// never give up: the seat is the service's to take, not the client's.
+    /// How long an acquire (before any QUEUED) goes on sending before it
+    /// gives up with [`Error::ReplyTimeout`]. A release goes on at least
+    /// this long, and until the seat's heartbeat timeout has run out since
+    /// its last heartbeat ([`Seat::release`]). Heartbeats never give up:
+    /// the seat is the service's to take, not the client's.
     pub give_up_after: Duration,
 }
 
@@ -115,6 +117,39 @@ pub enum AcquireError {
     Failed(#[from] Error),
 }
 
+/// What a release learnt: never a failure when the seat was given back.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Released {
+    /// The service gave the seat back (RELEASED), or took the session out
+    /// of the queue (LEFT_QUEUE): the reply.
+    Released(Reply),
+    /// The seat was no longer the session's when a release was decided
+    /// (SESSION_NOT_FOUND: evicted, or released already; SESSION_REVOKED
+    /// with the administrator's reason; LEASE_MISMATCH; LICENSE_NOT_FOUND):
+    /// the reply says why.
+    AlreadyGone(Reply),
+    /// No attempt was answered before the seat's heartbeat timeout ran out
+    /// (nor within `give_up_after`, if later): if none ever reaches the
+    /// service, the seat has been evicted by then. Nothing more could be learnt.
+    Unknown,
+}
+
+impl Released {
+    /// The service's answer, when there was one.
+    pub fn reply(&self) -> Option<&Reply> {
+        match self {
+            Released::Released(r) | Released::AlreadyGone(r) => Some(r),
+            Released::Unknown => None,
+        }
+    }
+
+    /// Its status, when there was an answer.
+    pub fn status(&self) -> Option<Status> {
+        self.reply().map(Reply::status)
+    }
+}
+
 /// A seat the session holds and the handle keeps: see the module's doc.
 pub struct Seat {
     /// The client its requests go through (kept alive with the handle).
@@ -135,6 +170,10 @@ pub struct Seat {
     heartbeats: Option<JoinHandle<()>>,
     /// Whether the seat was released (or is being): nothing left for `Drop`.
     released: bool,
+    /// When the seat's heartbeat clock last restarted, as this handle saw
+    /// it (the grant, then each answered heartbeat): a release keeps trying
+    /// until the heartbeat timeout has run out since then.
+    last_beat: Arc<std::sync::Mutex<Instant>>,
 }
 
 impl Client {
@@ -218,11 +257,13 @@ impl Client {
             heartbeats: 0,
         }));
         let stop = CancellationToken::new();
+        let last_beat = Arc::new(std::sync::Mutex::new(Instant::now()));
         let heart = Heartbeats {
             client: self.clone(),
             call: seat_call(&release, SeatOp::Heartbeat),
             request_timeout: opts.request_timeout,
             state: state.clone(),
+            last_beat: last_beat.clone(),
         };
         let heartbeats = tokio::spawn(heart.run(heartbeat_timeout, first_pause, stop.clone()));
         Ok(Seat {
@@ -235,6 +276,7 @@ impl Client {
             stop,
             heartbeats: Some(heartbeats),
             released: false,
+            last_beat,
         })
     }
 }
@@ -280,24 +322,46 @@ impl Seat {
         state
     }
 
-    /// Stops heartbeating and gives the seat back, sending the release
-    /// again under new ids until answered or `give_up_after`. The reply:
-    /// RELEASED, or SESSION_NOT_FOUND when the seat was already gone.
-    pub async fn release(mut self) -> Result<Reply, Error> {
+    /// Stops heartbeating and gives the seat back. The release is sent again
+    /// under new ids, the same lease, until the service answers; a reply to
+    /// any attempt counts, the first decided first. It gives up only once
+    /// the seat's heartbeat timeout has run out since its last answered
+    /// heartbeat (and not before `give_up_after`): by then a seat whose
+    /// release never arrived is evicted. So a release that worked is never
+    /// reported as failed: see [`Released`]. `Err` only when the client
+    /// stopped reading replies.
+    pub async fn release(mut self) -> Result<Released, Error> {
         self.released = true;
         self.stop.cancel();
         if let Some(heartbeats) = self.heartbeats.take() {
             let _ = heartbeats.await;
         }
-        let reply = release(self.client.clone(), self.release.clone(), &self.opts).await?;
-        self.state.send_if_modified(|s| {
-            let held = matches!(s, SeatState::Held { .. });
-            if held {
-                *s = SeatState::Released;
-            }
-            held
-        });
-        Ok(reply)
+        let until = self.release_deadline();
+        let released = release(self.client.clone(), self.release.clone(), &self.opts, until).await?;
+        if !matches!(released, Released::Unknown) {
+            self.state.send_if_modified(|s| {
+                let held = matches!(s, SeatState::Held { .. });
+                if held {
+                    *s = SeatState::Released;
+                }
+                held
+            });
+        }
+        Ok(released)
+    }
+
+    /// When a release of this seat stops trying: the heartbeat timeout
+    /// last heard (and a request timeout) after the last answered
+    /// heartbeat, or `give_up_after` from now, whichever is later.
+    fn release_deadline(&self) -> Instant {
+        let timeout = match &*self.state.borrow() {
+            SeatState::Held {
+                heartbeat_timeout, ..
+            } => *heartbeat_timeout,
+            _ => Duration::ZERO,
+        };
+        let last = *self.last_beat.lock().unwrap_or_else(|p| p.into_inner());
+        (last + timeout + self.opts.request_timeout).max(Instant::now() + self.opts.give_up_after)
     }
 }
 
@@ -314,13 +378,15 @@ impl Drop for Seat {
             return;
         };
         let heartbeats = self.heartbeats.take();
+        let until = self.release_deadline();
         let (client, call, opts) = (self.client.clone(), self.release.clone(), self.opts.clone());
         let state = self.state.clone();
         runtime.spawn(async move {
             if let Some(heartbeats) = heartbeats {
                 let _ = heartbeats.await;
             }
-            match release(client, call, &opts).await {
+            match release(client, call, &opts, until).await {
+                Ok(Released::Unknown) => tracing::warn!("no answer to the release of a dropped seat; it is evicted after its heartbeat timeout if the release never arrived"),
                 Ok(_) => {
                     state.send_replace(SeatState::Released);
                 }
@@ -354,11 +420,37 @@ fn seat_call(call: &Call, op: SeatOp) -> Call {
     }
 }
 
-/// Sends `call` (a release) until answered or `opts.give_up_after`.
-async fn release(client: Client, call: Call, opts: &SeatOptions) -> Result<Reply, Error> {
-    Exchange::new(client, call, opts.request_timeout)
-        .answer(Some(Instant::now() + opts.give_up_after))
-        .await
+/// Sends `call` (a release) until answered or `until`, keeping every
+/// attempt's waiter (a frozen Redis decides them all at once, the first
+/// RELEASED and the rest SESSION_NOT_FOUND); tries again after an answer
+/// that decided nothing (RATE_LIMITED, ERROR).
+async fn release(client: Client, call: Call, opts: &SeatOptions, until: Instant) -> Result<Released, Error> {
+    let mut ex = Exchange::new(client, call, opts.request_timeout);
+    ex.keep = usize::MAX;
+    loop {
+        let reply = match ex.answer(Some(until)).await {
+            Ok(reply) => reply,
+            Err(Error::ReplyTimeout(_)) => return Ok(Released::Unknown),
+            Err(e) => return Err(e),
+        };
+        match reply.status() {
+            Status::Released | Status::LeftQueue => return Ok(Released::Released(reply)),
+            Status::RateLimited | Status::Error => {
+                if Instant::now() >= until {
+                    return Ok(Released::Unknown);
+                }
+                tokio::time::sleep((opts.request_timeout / 5).max(MIN_PAUSE)).await;
+                ex.send().await?;
+            }
+            _ => return Ok(Released::AlreadyGone(reply)),
+        }
+    }
+}
+
+/// Sends `call` (the release that undoes an acquire) until answered or
+/// `opts.give_up_after`.
+async fn undo_release(client: Client, call: Call, opts: &SeatOptions) -> Result<Released, Error> {
+    release(client, call, opts, Instant::now() + opts.give_up_after).await
 }
 
 /// The seat's heartbeat task.
@@ -371,6 +463,8 @@ struct Heartbeats {
     request_timeout: Duration,
     /// Where the seat's state goes.
     state: Arc<watch::Sender<SeatState>>,
+    /// When the last heartbeat was answered.
+    last_beat: Arc<std::sync::Mutex<Instant>>,
 }
 
 impl Heartbeats {
@@ -403,6 +497,7 @@ impl Heartbeats {
                     // leaves the one of the grant in force.
                     timeout = reply.heartbeat_timeout().unwrap_or(timeout);
                     beats += 1;
+                    *self.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                     self.state.send_replace(SeatState::Held {
                         heartbeat_timeout: timeout,
                         heartbeats: beats,
@@ -456,8 +551,10 @@ impl Drop for Undo {
 /// while and releases again after any grant that still comes.
 async fn undo(mut acquire: Exchange, release_call: Call, opts: SeatOptions) {
     let client = acquire.client.clone();
-    if let Err(e) = release(client.clone(), release_call.clone(), &opts).await {
-        tracing::warn!(error = %e, "could not release an acquire given up on");
+    match undo_release(client.clone(), release_call.clone(), &opts).await {
+        Ok(Released::Unknown) => tracing::warn!("no answer to the release of an acquire given up on"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not release an acquire given up on"),
     }
     let until = Instant::now() + opts.give_up_after;
     while let Ok(Some(reply)) = acquire.next_until(until).await {
@@ -469,8 +566,10 @@ async fn undo(mut acquire: Exchange, release_call: Call, opts: SeatOptions) {
                 status = reply.get("status"),
                 "releasing a seat granted after its acquire was given up on"
             );
-            if let Err(e) = release(client.clone(), release_call.clone(), &opts).await {
-                tracing::warn!(error = %e, "could not release a late grant");
+            match undo_release(client.clone(), release_call.clone(), &opts).await {
+                Ok(Released::Unknown) => tracing::warn!("no answer to the release of a late grant"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not release a late grant"),
             }
         }
     }
@@ -486,8 +585,10 @@ struct Exchange {
     call: Call,
     /// How long an attempt waits before the next goes out.
     request_timeout: Duration,
-    /// The last [`ATTEMPTS_KEPT`] attempts, oldest first.
+    /// The last `keep` attempts, oldest first.
     attempts: VecDeque<Pending>,
+    /// How many attempts' waiters are kept ([`ATTEMPTS_KEPT`]; a release keeps all).
+    keep: usize,
     /// When the first attempt went out.
     first_sent: Option<Instant>,
     /// When the last attempt went out (or failed to).
@@ -503,6 +604,7 @@ impl Exchange {
             call,
             request_timeout,
             attempts: VecDeque::new(),
+            keep: ATTEMPTS_KEPT,
             first_sent: None,
             last_sent: Instant::now(),
             sent: 0,
@@ -527,7 +629,7 @@ impl Exchange {
                         "sent again under a new id"
                     );
                 }
-                if self.attempts.len() == ATTEMPTS_KEPT {
+                if self.attempts.len() >= self.keep {
                     self.attempts.pop_front();
                 }
                 self.attempts.push_back(pending);

@@ -858,7 +858,10 @@ async fn a_client_built_from_url_and_application_finds_its_streams_under_the_shi
         .unwrap();
     assert!(sent >= 2, "the acquire and a heartbeat on {shard}: {sent}");
     let released = seat.release().await.unwrap();
-    assert_eq!(released.decision(), Decision::Released { linger: None });
+    assert_eq!(
+        released.reply().map(|r| r.decision()),
+        Some(Decision::Released { linger: None })
+    );
     client.close().await.unwrap();
 
     // demo's login cannot pose as billing: its requests stream and reply

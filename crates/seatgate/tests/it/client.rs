@@ -453,7 +453,7 @@ async fn a_seat_handle_keeps_its_seat_across_heartbeat_timeouts() {
     assert!(beats >= 5, "{beats} heartbeats in 4.5 s");
 
     let gone = seat.release().await.unwrap();
-    assert_eq!(gone.status(), Status::Released);
+    assert_eq!(gone.status(), Some(Status::Released));
     assert!(holders(&settings, "lic").await.is_empty());
     worker.stop().await;
 }
@@ -596,7 +596,7 @@ async fn a_request_a_frozen_worker_holds_is_sent_again_under_a_new_id_and_the_sa
         Status::HeartbeatUpdated
     );
     held(&seat);
-    assert_eq!(seat.release().await.unwrap().status(), Status::Released);
+    assert_eq!(seat.release().await.unwrap().status(), Some(Status::Released));
     assert!(holders(&settings, "lic").await.is_empty());
     worker.stop().await;
 }
@@ -641,7 +641,7 @@ async fn a_queued_acquire_gets_its_grant_through_the_seat_handle() {
     assert_eq!(seat.grant().status(), Status::Granted);
     assert_eq!(holders(&settings, "lic").await, ["second"]);
     held(&seat);
-    assert_eq!(seat.release().await.unwrap().status(), Status::Released);
+    assert_eq!(seat.release().await.unwrap().status(), Some(Status::Released));
     worker.stop().await;
 }
 
@@ -754,5 +754,111 @@ async fn a_seat_handle_reports_the_status_that_took_its_seat() {
         sent,
         "no release for a lost seat"
     );
+    worker.stop().await;
+}
+
+/// Five seats, each released by its handle; `SeatOptions::give_up_after`
+/// well under the outage.
+async fn five_seats(settings: &Settings, client: &Client) -> Vec<Seat> {
+    let opts = SeatOptions {
+        request_timeout: Duration::from_millis(500),
+        give_up_after: Duration::from_secs(1),
+        ..SeatOptions::default()
+    };
+    let mut seats = Vec::new();
+    for i in 0..5 {
+        let seat = client
+            .acquire_seat(&Call::acquire("lic", format!("out-{i}")), &opts)
+            .await
+            .unwrap();
+        seats.push(seat);
+    }
+    assert_eq!(holders(settings, "lic").await.len(), 5);
+    seats
+}
+
+/// What each release said, and how long it took.
+async fn released(
+    tasks: Vec<tokio::task::JoinHandle<(Result<seatgate_client::Released, Error>, Duration)>>,
+) -> Vec<String> {
+    let mut said = Vec::new();
+    for t in tasks {
+        let (r, took) = t.await.unwrap();
+        let r = r.unwrap();
+        println!("release: {:?} after {took:.1?}", r.status());
+        assert!(matches!(r, seatgate_client::Released::Released(_)), "{r:?}");
+        said.push(format!("{:?}", r.status()));
+    }
+    said
+}
+
+fn release_all(
+    seats: Vec<Seat>,
+) -> Vec<tokio::task::JoinHandle<(Result<seatgate_client::Released, Error>, Duration)>> {
+    seats
+        .into_iter()
+        .map(|seat| {
+            tokio::spawn(async move {
+                let started = Instant::now();
+                (seat.release().await, started.elapsed())
+            })
+        })
+        .collect()
+}
+
+/// Issue 37, problem 3: releases sent while Redis is stopped (3 s, three
+/// times `give_up_after`) are each reported released once it is back, as
+/// the events say; none is reported as failed.
+#[tokio::test]
+async fn a_release_while_redis_is_stopped_is_reported_released_once_it_is_back() {
+    let TestApp(mut redis, settings, _) =
+        spawn_app_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    put_license(&settings, "lic", 5).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let seats = five_seats(&settings, &client).await;
+    redis.shutdown().await;
+    let tasks = release_all(seats);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.restart().await.expect("restart redis");
+    let said = released(tasks).await;
+    assert_eq!(said.len(), 5);
+    assert!(holders(&settings, "lic").await.is_empty());
+    let mut con = db(&settings).await;
+    let events = stream_entries(&mut con, &settings.events_stream_for("lic")).await;
+    let freed = events
+        .iter()
+        .filter(|e| e.fields.get("type").map(String::as_str) == Some("released"))
+        .count();
+    assert_eq!(freed, 5, "the events show each released once");
+    worker.stop().await;
+}
+
+/// Issue 37, problem 3, the freeze: releases sent while Redis is frozen
+/// (SIGSTOP 3 s, three times `give_up_after`) wait in it and are decided
+/// when it goes on; each handle reports released (before the fix: an
+/// error once `give_up_after` passed).
+#[tokio::test]
+async fn a_release_while_redis_is_frozen_is_reported_released_not_already_gone() {
+    let TestApp(redis, settings, _) = spawn_app().await;
+    put_license(&settings, "lic", 5).await;
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let client = client(&settings).await;
+    let seats = five_seats(&settings, &client).await;
+    let pid = redis.pid().to_string();
+    let kill = |sig: &str| {
+        std::process::Command::new("kill")
+            .arg(sig)
+            .arg(&pid)
+            .status()
+            .unwrap()
+    };
+    assert!(kill("-STOP").success());
+    let tasks = release_all(seats);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(kill("-CONT").success());
+    let said = released(tasks).await;
+    assert_eq!(said.len(), 5);
+    assert!(holders(&settings, "lic").await.is_empty());
     worker.stop().await;
 }

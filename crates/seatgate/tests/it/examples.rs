@@ -839,3 +839,26 @@ async fn the_python_clients_send_group_priority_and_borrow() {
     assert_eq!((cy["user"].as_str(), cy["group"].as_str()), ("cy", "ops"));
     assert!(cy.contains_key("borrowed_until_ms"), "{cy:?}");
 }
+
+/// Issue 37, problem 3, in Python: releases sent while Redis is frozen for
+/// three times `give_up_s` are each reported RELEASED once it goes on.
+#[tokio::test]
+#[ignore = "needs python3 with redis-py: bash ops/test.sh runs it"]
+async fn the_async_client_reports_a_release_during_a_redis_freeze_as_released() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    provision(&s, "freeze", &crate::support::seats(5)).await;
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    let script = crate::support::repo_file("crates/seatgate/tests/it/python/release_freeze.py");
+    let mut cmd = Command::new(python().await);
+    cmd.arg(script)
+        .arg(redis.url())
+        .arg(crate::support::repo_file("examples"))
+        .arg("freeze")
+        .arg(redis.pid().to_string())
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = output(cmd).await;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    println!("{printed}");
+    assert!(out.status.success(), "{out:?}");
+    assert!(holders(&s, "freeze").await.is_empty(), "every seat was released");
+}

@@ -291,11 +291,19 @@ async fn run_client(i: usize, s: Settings, log: Log, stop: CancellationToken) ->
         } else {
             log.add(i, license, &session, What::Release);
             match seat.release().await {
-                Ok(reply) => log.add(
+                Ok(seatgate_client::Released::Unknown) => {
+                    log.add(i, license, &session, What::ReleaseUnanswered("unknown".into()))
+                }
+                Ok(released) => log.add(
                     i,
                     license,
                     &session,
-                    What::ReleaseAnswered(reply.get("status").to_owned()),
+                    What::ReleaseAnswered(
+                        released
+                            .reply()
+                            .map(|r| r.get("status").to_owned())
+                            .unwrap_or_default(),
+                    ),
                 ),
                 Err(e) => log.add(i, license, &session, What::ReleaseUnanswered(e.to_string())),
             }
