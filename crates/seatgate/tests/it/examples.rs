@@ -96,6 +96,20 @@ async fn example(script: &str, url: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// `<python> crates/seatgate/tests/it/python/<script> <url> <examples dir> <args>`:
+/// a test's own script that imports the examples as a program would, to its end.
+async fn test_script(script: &str, url: &str, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(python().await);
+    cmd.arg(crate::support::repo_file("crates/seatgate/tests/it/python").join(script))
+        .arg(url)
+        .arg(crate::support::repo_file("examples"))
+        .args(args)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = output(cmd).await;
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    out
+}
+
 /// `examples/python_client.py --redis-url <url> <args>`.
 async fn sync_client(url: &str, args: &[&str]) -> Command {
     example("python_client.py", url, args).await
@@ -750,16 +764,8 @@ async fn the_async_client_exits_within_two_seconds_a_hundred_times_in_a_row() {
     let TestApp(redis, s, _) = spawn_app().await;
     provision(&s, "exits", &crate::support::seats(2)).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
-    let script = crate::support::repo_file("crates/seatgate/tests/it/python/exits.py");
-    let mut cmd = Command::new(python().await);
-    cmd.arg(script)
-        .arg(redis.url())
-        .arg(crate::support::repo_file("examples"))
-        .args(["exits", "100"])
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = output(cmd).await;
+    let out = test_script("exits.py", &redis.url(), &["exits", "100"]).await;
     let printed = String::from_utf8_lossy(&out.stdout);
-    println!("{printed}");
     assert!(out.status.success() && printed.contains("100 exits"), "{out:?}");
     assert!(
         crate::support::holders(&s, "exits").await.is_empty(),
@@ -793,16 +799,8 @@ async fn the_python_clients_send_group_priority_and_borrow() {
     assert!(put.status.success(), "{put:?}");
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
     let _reaping = reaping(&s).await;
-    let script = crate::support::repo_file("crates/seatgate/tests/it/python/policy_fields.py");
-    let mut cmd = Command::new(python().await);
-    cmd.arg(script)
-        .arg(redis.url())
-        .arg(crate::support::repo_file("examples"))
-        .arg("pol")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = output(cmd).await;
+    let out = test_script("policy_fields.py", &redis.url(), &["pol"]).await;
     let printed = String::from_utf8_lossy(&out.stdout);
-    println!("{printed}");
     assert!(out.status.success(), "{out:?}");
     let reply = |label: &str| -> serde_json::Value {
         let line = printed
@@ -848,17 +846,8 @@ async fn the_async_client_reports_a_release_during_a_redis_freeze_as_released() 
     let TestApp(redis, s, _) = spawn_app().await;
     provision(&s, "freeze", &crate::support::seats(5)).await;
     let _worker = WorkerProcess::start(&redis.url(), &[]).await;
-    let script = crate::support::repo_file("crates/seatgate/tests/it/python/release_freeze.py");
-    let mut cmd = Command::new(python().await);
-    cmd.arg(script)
-        .arg(redis.url())
-        .arg(crate::support::repo_file("examples"))
-        .arg("freeze")
-        .arg(redis.pid().to_string())
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = output(cmd).await;
-    let printed = String::from_utf8_lossy(&out.stdout);
-    println!("{printed}");
+    let pid = redis.pid().to_string();
+    let out = test_script("release_freeze.py", &redis.url(), &["freeze", &pid]).await;
     assert!(out.status.success(), "{out:?}");
     assert!(holders(&s, "freeze").await.is_empty(), "every seat was released");
 }
