@@ -37,7 +37,7 @@ pub(super) struct PolicyArgs {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     max_borrow: Option<Duration>,
     /// Refuse an acquire that names no user (require_user 1), so that
-    /// omitting `user` escapes no per-user limit; `license unset L
+    /// omitting `user` escapes no per-user limit; `license put L --unset
     /// require_user` lifts it.
     #[arg(long)]
     require_user: bool,
@@ -116,9 +116,13 @@ pub(super) enum LicenseCommand {
         #[arg(long)]
         seats: Option<u64>,
         /// When the license expires: RFC 3339 time, unix ms, or "never"
-        /// (a new license: never).
+        /// (a new license: never). A time already past needs --force.
         #[arg(long)]
         expires: Option<String>,
+        /// Write an --expires that is already past (the license is then
+        /// expired at once: every acquire is refused LICENSE_EXPIRED).
+        #[arg(long)]
+        force: bool,
         /// Deactivate it (acquires refused).
         #[arg(long, conflicts_with = "active")]
         inactive: bool,
@@ -210,11 +214,21 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
             policy,
             unset,
             replace,
+            force,
         } => {
+            let expires_at_ms = expires.as_deref().map(parse_expiry).transpose()?;
+            if let (Some(at), false) = (expires_at_ms, force) {
+                if at > 0 && at <= now_ms() {
+                    return Err(Error::Usage(format!(
+                        "--expires {:?} is already past: the license would be expired at once; pass --force to write it anyway",
+                        expires.unwrap_or_default()
+                    )));
+                }
+            }
             let change = LicenseChange {
                 replace,
                 seats_total: seats,
-                expires_at_ms: expires.as_deref().map(parse_expiry).transpose()?,
+                expires_at_ms,
                 active: match (active, inactive) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
@@ -310,7 +324,12 @@ fn describe(info: &LicenseInfo) -> String {
     }
     if s.expires_at_ms > 0 {
         let at = UNIX_EPOCH + Duration::from_millis(s.expires_at_ms);
-        line.push_str(&format!("  expires {}", humantime::format_rfc3339_seconds(at)));
+        let word = if s.expires_at_ms <= now_ms() {
+            "EXPIRED"
+        } else {
+            "expires"
+        };
+        line.push_str(&format!("  {word} {}", humantime::format_rfc3339_seconds(at)));
     }
     if let Some(ms) = s.heartbeat_timeout_ms {
         line.push_str(&format!(
@@ -324,12 +343,30 @@ fn describe(info: &LicenseInfo) -> String {
     line
 }
 
+/// Unix ms now.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// 2001-01-01T00:00:00Z in unix ms: an expiry below it given as a number is
+/// taken for seconds, not milliseconds.
+const YEAR_2001_MS: u64 = 978_307_200_000;
+
 /// "never", unix ms, or an RFC 3339 time → unix ms (0 = never).
 fn parse_expiry(s: &str) -> Result<u64, Error> {
     if s == "never" {
         return Ok(0);
     }
     if let Ok(ms) = s.parse::<u64>() {
+        if ms > 0 && ms < YEAR_2001_MS {
+            return Err(Error::Usage(format!(
+                "--expires {s}: as unix milliseconds that is before 2001; if it is seconds, give {}",
+                ms.saturating_mul(1000)
+            )));
+        }
         return Ok(ms);
     }
     humantime::parse_rfc3339_weak(s)
@@ -353,5 +390,8 @@ mod tests {
         assert_eq!(parse_expiry("1700000000000").unwrap(), 1_700_000_000_000);
         assert_eq!(parse_expiry("2027-01-01T00:00:00Z").unwrap(), 1_798_761_600_000);
         assert!(parse_expiry("soon").is_err());
+        // Seconds mistaken for milliseconds: refused with the milliseconds.
+        let e = parse_expiry("1893456000").unwrap_err().to_string();
+        assert!(e.contains("1893456000000"), "{e}");
     }
 }

@@ -900,3 +900,93 @@ async fn the_group_map_require_user_and_a_user_wide_revoke_from_the_command_line
     );
     drop(worker);
 }
+
+/// Issue 38, problem 8: `license put --expires` in the past needs `--force`
+/// (refused, nothing written, without it); an expiry given as a number
+/// before 2001 is taken for seconds and refused with the milliseconds to
+/// give; `license list` and `show` tag an expired license EXPIRED; the help
+/// names the `--unset require_user` that exists.
+#[tokio::test]
+async fn license_put_refuses_a_past_or_seconds_expiry_and_list_tags_expired() {
+    let TestApp(redis, _s, _con) = spawn_app().await;
+    let past = seatgate(
+        &redis,
+        &[
+            "license",
+            "put",
+            "old",
+            "--seats",
+            "1",
+            "--expires",
+            "2020-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert_eq!(past.status.code(), Some(2), "{past:?}");
+    let err = String::from_utf8_lossy(&past.stderr);
+    assert!(err.contains("already past") && err.contains("--force"), "{err}");
+    let show = seatgate(&redis, &["license", "show", "old"]).await;
+    assert_eq!(show.status.code(), Some(1), "nothing was written: {show:?}");
+
+    let secs = seatgate(
+        &redis,
+        &["license", "put", "old", "--seats", "1", "--expires", "1893456000"],
+    )
+    .await;
+    assert_eq!(secs.status.code(), Some(2), "{secs:?}");
+    let err = String::from_utf8_lossy(&secs.stderr);
+    assert!(
+        err.contains("before 2001") && err.contains("1893456000000"),
+        "{err}"
+    );
+
+    let forced = seatgate(
+        &redis,
+        &[
+            "license",
+            "put",
+            "old",
+            "--seats",
+            "1",
+            "--expires",
+            "2020-01-01T00:00:00Z",
+            "--force",
+        ],
+    )
+    .await;
+    assert!(forced.status.success(), "{forced:?}");
+    let fresh = seatgate(
+        &redis,
+        &[
+            "license",
+            "put",
+            "new",
+            "--seats",
+            "1",
+            "--expires",
+            "2099-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert!(fresh.status.success(), "{fresh:?}");
+    let list = String::from_utf8(seatgate(&redis, &["license", "list"]).await.stdout).unwrap();
+    let line = |id: &str| {
+        list.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("{id} in {list}"))
+            .to_owned()
+    };
+    assert!(line("old").contains("EXPIRED 2020-01-01T00:00:00Z"), "{list}");
+    assert!(
+        line("new").contains("expires 2099-01-01T00:00:00Z") && !line("new").contains("EXPIRED"),
+        "{list}"
+    );
+    let shown = String::from_utf8(seatgate(&redis, &["license", "show", "old"]).await.stdout).unwrap();
+    assert!(shown.contains("EXPIRED"), "{shown}");
+
+    let help = String::from_utf8(seatgate(&redis, &["license", "put", "--help"]).await.stdout).unwrap();
+    assert!(
+        help.contains("--unset require_user") && !help.contains("license unset"),
+        "{help}"
+    );
+}
