@@ -9,6 +9,28 @@ use seatgate::config::Settings;
 use seatgate::error::Error;
 use seatgate::service::run as service;
 use seatgate::views::printable;
+use seatgate_core::db::Db;
+
+/// How long one read blocks.
+const BLOCK: Duration = Duration::from_secs(2);
+
+/// The id of the last entry of `stream` now ("0-0" when it has none).
+async fn last_id(con: &mut Db, stream: &str) -> Result<String, Error> {
+    let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(stream)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(con)
+        .await
+        .map_err(seatgate_core::Error::from)?;
+    Ok(last
+        .ids
+        .first()
+        .map(|e| e.id.clone())
+        .unwrap_or_else(|| "0-0".into()))
+}
 
 /// `seatgate events`'s flags.
 #[derive(Debug, Args)]
@@ -23,34 +45,53 @@ pub(super) struct EventsArgs {
 
 /// Prints the events of every events stream shard as they come (one read
 /// loop per shard: on a cluster a blocking read may name one slot only).
+/// A read that fails (Redis restarted, a failover) is said once on stderr;
+/// the loop connects again and resumes after the last event it printed, so
+/// nothing written meanwhile is missed.
 pub(super) async fn follow_events(settings: &Settings, args: EventsArgs) -> Result<(), Error> {
     let EventsArgs { from_start, json } = args;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<BTreeMap<String, String>>(1024);
     for stream in settings.events_streams() {
         let tx = tx.clone();
-        let mut con =
-            seatgate_core::db::Db::connect_blocking(&settings.redis, Duration::from_secs(5)).await?;
+        let redis = settings.redis.clone();
+        let mut con = Db::connect_blocking(&redis, BLOCK + Duration::from_secs(3)).await?;
+        // A concrete id from the start, not `$`: a read resumed after a
+        // reconnect must not skip what came in between.
         let mut last = if from_start {
-            "0".to_owned()
+            "0-0".to_owned()
         } else {
-            "$".to_owned()
+            last_id(&mut con, &stream).await?
         };
         tokio::spawn(async move {
+            let mut lost = false;
             loop {
                 let read: redis::RedisResult<redis::streams::StreamReadReply> = redis::cmd("XREAD")
                     .arg("COUNT")
                     .arg(500)
                     .arg("BLOCK")
-                    .arg(2000)
+                    .arg(BLOCK.as_millis() as u64)
                     .arg("STREAMS")
                     .arg(&stream)
                     .arg(&last)
                     .query_async(&mut con)
                     .await;
-                let Ok(read) = read else {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
+                let read = match read {
+                    Ok(read) => read,
+                    Err(e) => {
+                        if !std::mem::replace(&mut lost, true) {
+                            eprintln!("seatgate events: cannot read {stream} from Redis ({e}); reconnecting, and resuming after {last}");
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        if let Ok(again) = Db::connect_blocking(&redis, BLOCK + Duration::from_secs(3)).await
+                        {
+                            con = again;
+                        }
+                        continue;
+                    }
                 };
+                if std::mem::replace(&mut lost, false) {
+                    eprintln!("seatgate events: reading {stream} again, after {last}");
+                }
                 for key in read.keys {
                     for entry in key.ids {
                         last = entry.id.clone();

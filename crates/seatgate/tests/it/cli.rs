@@ -2,11 +2,11 @@
 //! provisioning commands, exit codes, and `/metrics` counting what it served.
 
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::{
-    free_port, http_get, metric, output, printed_lease, seatgate_cmd, spawn_app, RedisServer, RedisServerExt,
-    Spawned, TestApp, WorkerProcess, BIN,
+    free_port, http_get, metric, output, printed_lease, seatgate_cmd, spawn_app, spawn_app_with,
+    spawn_worker, RedisServer, RedisServerExt, Spawned, TestApp, WorkerProcess, BIN,
 };
 
 /// `seatgate <args>` against `redis`, to its end.
@@ -989,4 +989,85 @@ async fn license_put_refuses_a_past_or_seconds_expiry_and_list_tags_expired() {
         help.contains("--unset require_user") && !help.contains("license unset"),
         "{help}"
     );
+}
+
+/// The next line a follower printed, within 15 s.
+async fn next_line(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Option<String> {
+    tokio::time::timeout(Duration::from_secs(15), rx.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Issue 38, problem 7: `seatgate events` survives a Redis restart: it says
+/// so once on stderr, connects again and resumes after the last event it
+/// printed, so the events made after the restart (and any made while it
+/// was reconnecting) are printed too.
+#[tokio::test]
+async fn events_follows_across_a_redis_restart() {
+    use std::io::BufRead;
+    let TestApp(mut redis, settings, _) =
+        spawn_app_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    let put = seatgate(&redis, &["license", "put", "ev", "--seats", "5"]).await;
+    assert!(put.status.success(), "{put:?}");
+    let worker = spawn_worker(settings.clone(), "w1").await;
+    let mut follower = Spawned(
+        seatgate_cmd(&redis.url(), &["events", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = follower.0.stdout.take().unwrap();
+    let mut stderr = follower.0.stderr.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if tx
+                .send(v["session"].as_str().unwrap_or_default().to_owned())
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    // The follower reads from its start: give it a moment to be reading.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let url = redis.url();
+    let acquire = |session: &'static str| {
+        output(seatgate_cmd(
+            &url,
+            &["acquire", "--license", "ev", "--session", session],
+        ))
+    };
+    assert!(acquire("before").await.status.success());
+    assert_eq!(next_line(&mut rx).await.as_deref(), Some("before"));
+
+    redis.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart().await.expect("restart redis");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let o = acquire("after").await;
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no worker answered after the restart: {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        next_line(&mut rx).await.as_deref(),
+        Some("after"),
+        "the event after the restart was printed"
+    );
+    drop(follower);
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+    assert!(said.contains("reconnecting, and resuming after"), "{said}");
+    worker.stop().await;
 }
