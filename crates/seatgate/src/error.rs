@@ -80,3 +80,15 @@ impl Error {
 
 /// Result with the server's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether this is a connection to Redis that broke under a command (a
+    /// Redis restart, a failover): the next command on a managed connection,
+    /// which has reconnected, does not meet it, so one more try is worth it.
+    pub fn is_broken_connection(&self) -> bool {
+        match self {
+            Error::Core(seatgate_core::Error::Redis(e)) => e.is_io_error() || e.is_connection_dropped(),
+            _ => false,
+        }
+    }
+}

@@ -1281,3 +1281,25 @@ fn fmt_thousands(n: u64) -> String {
     }
     out
 }
+
+/// Issue 38, problem 7: the first status-page read after a Redis restart
+/// answers 200, not 503 "broken pipe": a read whose connection broke under
+/// it is made once more on the reconnected one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_page_read_after_a_redis_restart_answers() {
+    let TestApp(mut redis, settings, _) =
+        crate::support::spawn_app_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    provision(&settings, "cad", &seats(1)).await;
+    let worker =
+        WorkerProcess::start(&redis.url(), &[("SEATGATE__HTTP__PAGE_REFRESH_MS", "250".into())]).await;
+    assert_eq!(worker.status("/status.json").await, Some(200));
+    redis.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.restart().await.expect("restart redis");
+    // Past the page's refresh interval: the next read goes to Redis.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (code, raw) = http_get(&worker.metrics, "/status.json")
+        .await
+        .expect("an answer");
+    assert_eq!(code, 200, "the first read after the restart: {raw}");
+}

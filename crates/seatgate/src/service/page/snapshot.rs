@@ -95,7 +95,17 @@ impl Snapshots {
         if let Some(taken) = last.as_ref().filter(|t| t.at.elapsed() < self.refresh) {
             return taken.result.clone();
         }
-        let result = match tokio::time::timeout(READ_TIMEOUT, self.read()).await {
+        let mut read = tokio::time::timeout(READ_TIMEOUT, self.read()).await;
+        if let Ok(Err(e)) = &read {
+            if e.is_broken_connection() {
+                // The first command after Redis restarted meets the old,
+                // dead connection; the connection manager has reconnected
+                // by the next one. Once more, then the answer stands.
+                tracing::debug!(error = %e, "status page: Redis connection broken; reading once more");
+                read = tokio::time::timeout(READ_TIMEOUT, self.read()).await;
+            }
+        }
+        let result = match read {
             Ok(Ok(status)) => self.encode(status).map(Arc::new),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "status page cannot read redis");
