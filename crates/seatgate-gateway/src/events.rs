@@ -9,6 +9,7 @@
 //! takes the live entries after the last id it sent.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +56,25 @@ pub struct Follow {
     live: mpsc::UnboundedReceiver<SeatEvent>,
     last: String,
     done: bool,
+    /// Where it is registered, to leave when it ends.
+    hub: Arc<EventHub>,
+    key: Key,
+}
+
+impl Drop for Follow {
+    /// Leaves the hub: a stream whose session never gets another event
+    /// would otherwise stay registered.
+    fn drop(&mut self) {
+        self.live.close();
+        self.hub.open.fetch_sub(1, Ordering::Relaxed);
+        let mut followers = self.hub.followers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = followers.get_mut(&self.key) {
+            list.retain(|tx| !tx.is_closed());
+            if list.is_empty() {
+                followers.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl Follow {
@@ -86,6 +106,8 @@ pub struct EventHub {
     redis: RedisSettings,
     db: Db,
     followers: Mutex<HashMap<Key, Vec<mpsc::UnboundedSender<SeatEvent>>>>,
+    /// Follows open now.
+    open: AtomicUsize,
     /// The events streams read, each by its own task.
     readers: Mutex<HashSet<String>>,
 }
@@ -106,6 +128,7 @@ impl EventHub {
             redis,
             db,
             followers: Mutex::new(HashMap::new()),
+            open: AtomicUsize::new(0),
             readers: Mutex::new(HashSet::new()),
         })
     }
@@ -139,8 +162,17 @@ impl EventHub {
             .entry(key.clone())
             .or_default()
             .push(live_tx);
+        self.open.fetch_add(1, Ordering::Relaxed);
+        // Built at once: a catch-up that fails drops it, which leaves the hub.
+        let mut follow = Follow {
+            missed: std::collections::VecDeque::new(),
+            live: live_rx,
+            last: cursor.map(str::to_owned).unwrap_or_else(|| "0-0".into()),
+            done: false,
+            hub: Arc::clone(self),
+            key,
+        };
         self.start_reader(stream);
-        let mut missed = Vec::new();
         if let Some(cursor) = cursor {
             let mut from = format!("({cursor}");
             loop {
@@ -153,8 +185,8 @@ impl EventHub {
                 for entry in page.ids {
                     from = format!("({}", entry.id);
                     let event = event_of(&entry);
-                    if matches_key(&event, &key) {
-                        missed.push(event);
+                    if matches_key(&event, &follow.key) {
+                        follow.missed.push_back(event);
                     }
                 }
                 if n < CATCH_UP_PAGE {
@@ -162,12 +194,7 @@ impl EventHub {
                 }
             }
         }
-        Ok(Follow {
-            missed: missed.into(),
-            live: live_rx,
-            last: cursor.map(str::to_owned).unwrap_or_else(|| "0-0".into()),
-            done: false,
-        })
+        Ok(follow)
     }
 
     /// Starts the reader of `stream` unless it runs.
@@ -254,14 +281,9 @@ impl EventHub {
         }
     }
 
-    /// Followers registered now (for the gauge).
+    /// Follows open now (each counted from `follow` until it is dropped).
     pub fn followers(&self) -> usize {
-        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
-        followers.retain(|_, list| {
-            list.retain(|tx| !tx.is_closed());
-            !list.is_empty()
-        });
-        followers.values().map(Vec::len).sum()
+        self.open.load(Ordering::Relaxed)
     }
 }
 
