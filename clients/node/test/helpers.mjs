@@ -19,8 +19,12 @@ export const SEATGATE_BIN = process.env.SEATGATE_BIN || resolve(PACKAGE_DIR, '..
 /** Whether the server does waiter heartbeats and the claim window (docs: /work/spec/waiters.md). */
 export const WAITERS_READY_FILE = process.env.SEATGATE_WAITERS_READY || resolve(dirname(SEATGATE_BIN), 'WAITERS_READY');
 
-if (!existsSync(SEATGATE_BIN)) {
-  throw new Error(`no seatgate binary at ${SEATGATE_BIN}: build it (cargo build) or set SEATGATE_BIN`);
+/** The binary, or a clear failure when it is not there. */
+function bin() {
+  if (!existsSync(SEATGATE_BIN)) {
+    throw new Error(`no seatgate binary at ${SEATGATE_BIN}: build it (cargo build) or set SEATGATE_BIN`);
+  }
+  return SEATGATE_BIN;
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -126,7 +130,7 @@ export function baseEnv(extra = {}) {
 /** `seatgate --redis <url> <args>`: { code, stdout, stderr }. */
 export function seatgate(url, args, env = {}) {
   return new Promise((res) => {
-    const child = track(spawn(SEATGATE_BIN, ['--redis', url, ...args], { env: baseEnv(env) }));
+    const child = track(spawn(bin(), ['--redis', url, ...args], { env: baseEnv(env) }));
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -146,7 +150,7 @@ export async function seatgateOk(url, args, env = {}) {
 export async function startWorker(url, env = {}) {
   const port = await freePort();
   const child = track(
-    spawn(SEATGATE_BIN, ['--redis', url, 'run'], {
+    spawn(bin(), ['--redis', url, 'run'], {
       env: baseEnv({ SEATGATE__METRICS__LISTEN: `127.0.0.1:${port}`, ...env }),
       stdio: ['ignore', 'ignore', 'inherit'],
     }),
@@ -164,7 +168,7 @@ export async function startWorker(url, env = {}) {
 export async function startGateway(url, env = {}) {
   const port = await freePort();
   const child = track(
-    spawn(SEATGATE_BIN, ['--redis', url, 'gateway'], {
+    spawn(bin(), ['--redis', url, 'gateway'], {
       env: baseEnv({ SEATGATE__GATEWAY__LISTEN: `127.0.0.1:${port}`, ...env }),
       stdio: ['ignore', 'ignore', 'inherit'],
     }),
