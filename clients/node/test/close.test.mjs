@@ -54,3 +54,25 @@ test('close() 100 times in a row, each within 2 s while XREAD blocks', async () 
   }
   console.log(`100 closes: slowest ${slowest.toFixed(1)} ms, mean ${(total / 100).toFixed(1)} ms`);
 });
+
+test('releaseOnExit: SIGTERM releases the seat, then the process dies of the signal', async () => {
+  await licensePut(svc, 'exit', ['--seats', '1']);
+  const { spawn } = await import('node:child_process');
+  const script = `
+    import { Client } from ${JSON.stringify(new URL('../dist/index.js', import.meta.url).href)};
+    const client = await Client.connect({ url: ${JSON.stringify(svc.url)}, releaseOnExit: true });
+    await client.acquireSeat('exit', { session: 'leaving' });
+    console.log('held');
+    setInterval(() => {}, 1000);
+  `;
+  const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  await new Promise((res) => child.stdout.once('data', res));
+  assert.equal((await status(svc, 'exit')).licenses[0].seats_used, 1);
+  const exited = new Promise((res) => child.on('exit', (code, signal) => res({ code, signal })));
+  const t0 = Date.now();
+  process.kill(child.pid, 'SIGTERM');
+  const how = await exited;
+  assert.deepEqual(how, { code: null, signal: 'SIGTERM' });
+  assert.ok(Date.now() - t0 < 2000, `${Date.now() - t0} ms`);
+  assert.equal((await status(svc, 'exit')).licenses[0].seats_used, 0);
+});
