@@ -56,6 +56,8 @@ export class GatewayTransport implements Backend {
   private readonly agent: http.Agent;
   private readonly open = new Set<http.ClientRequest>();
   private closing = false;
+  /** The last failure to get an answer, for the message of a give-up. */
+  private lastFailure = '';
 
   constructor(opts: GatewayTransportOptions) {
     this.opts = opts;
@@ -166,6 +168,7 @@ export class GatewayTransport implements Backend {
         if (signal?.aborted || this.closing) return null;
         failure = describe(e);
       }
+      this.lastFailure = failure;
       this.opts.log('warn', `${what}: ${failure}; trying again`);
       const left = untilMs === undefined ? pause : Math.min(pause, untilMs - Date.now());
       await sleep(left, signal);
@@ -220,7 +223,8 @@ export class GatewayTransport implements Backend {
         );
         if (reply === null) {
           if (signal?.aborted) return null;
-          throw new SeatgateError('TIMEOUT', `no answer to acquire ${spec.license}/${spec.session} from ${self.where}`);
+          const last = self.lastFailure ? ` (last: ${self.lastFailure})` : '';
+          throw new SeatgateError('TIMEOUT', `no answer to acquire ${spec.license}/${spec.session} from ${self.where}${last}`);
         }
         lease = reply['lease'] ?? '';
         if (reply['status'] === 'QUEUED' && reply['events'] && lease) {

@@ -3,6 +3,10 @@
 // heartbeats and releases, and a wait is granted over server-sent events.
 
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { Client, SeatgateError } from '../dist/index.js';
@@ -82,4 +86,38 @@ test('a refusal through the gateway carries the wire status', async () => {
     return true;
   });
   await bad.close();
+});
+
+/** A throwaway CA and a certificate it signed for 127.0.0.1, made with openssl. */
+function testCa() {
+  const dir = mkdtempSync(join(tmpdir(), 'seatgate-node-ca-'));
+  const f = (name) => join(dir, name);
+  const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
+  ssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f('ca.key'), '-out', f('ca.pem'), '-days', '1', '-subj', '/CN=seatgate node test CA');
+  ssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f('key.pem'), '-out', f('leaf.csr'), '-subj', '/CN=127.0.0.1');
+  writeFileSync(f('ext.cnf'), 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
+  ssl('x509', '-req', '-in', f('leaf.csr'), '-CA', f('ca.pem'), '-CAkey', f('ca.key'), '-CAcreateserial', '-out', f('cert.pem'), '-days', '1', '-extfile', f('ext.cnf'));
+  return { dir, ca: readFileSync(f('ca.pem')), cert: f('cert.pem'), key: f('key.pem') };
+}
+
+test('over HTTPS with a private CA given as `ca`', async () => {
+  const ca = testCa();
+  const tls = await startGateway(svc.url, { ...env, SEATGATE__GATEWAY__TLS_CERT_FILE: ca.cert, SEATGATE__GATEWAY__TLS_KEY_FILE: ca.key }, 'https');
+  const token = (await seatgateOk(svc.url, ['token', 'issue', '--app', 'cad', '--user', 'eve', '--actor', 'test'], env)).trim();
+  const client = Client.gateway({ baseUrl: tls.baseUrl, token, ca: ca.ca });
+  const untrusting = Client.gateway({ baseUrl: tls.baseUrl, token, giveUpAfterMs: 1000 });
+  try {
+    await licensePut(svc, 'gw-tls', ['--seats', '1'], env);
+    assert.ok(tls.baseUrl.startsWith('https://'));
+    const seat = await client.acquireSeat('gw-tls', { session: 'e-1' });
+    assert.equal(seat.grant.status, 'ACQUIRED');
+    assert.equal((await seat.release()).outcome, 'released');
+    // Without the CA the certificate is not trusted: no seat, an error naming the gateway.
+    await assert.rejects(untrusting.acquireSeat('gw-tls', { session: 'e-2' }), (e) => e.code === 'TIMEOUT' && /gateway.*certificate/i.test(e.message) && !e.message.includes('\n'));
+  } finally {
+    await client.close();
+    await untrusting.close();
+    tls.stop();
+    rmSync(ca.dir, { recursive: true, force: true });
+  }
 });

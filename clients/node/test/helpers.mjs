@@ -5,7 +5,7 @@
 
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -165,7 +165,7 @@ export async function startWorker(url, env = {}) {
 }
 
 /** `seatgate gateway` on a loopback port over plain HTTP: { baseUrl, stop() }. */
-export async function startGateway(url, env = {}) {
+export async function startGateway(url, env = {}, scheme = 'http') {
   const port = await freePort();
   const child = track(
     spawn(bin(), ['--redis', url, 'gateway'], {
@@ -173,8 +173,17 @@ export async function startGateway(url, env = {}) {
       stdio: ['ignore', 'ignore', 'inherit'],
     }),
   );
-  const baseUrl = `http://127.0.0.1:${port}`;
-  await waitFor('seatgate gateway', async () => (await fetch(`${baseUrl}/live`)).status === 200);
+  const baseUrl = `${scheme}://127.0.0.1:${port}`;
+  // Up once it listens (over TLS the handshake fails for fetch, which trusts no test CA).
+  await waitFor('seatgate gateway', () =>
+    new Promise((res) => {
+      const s = connect(port, '127.0.0.1', () => {
+        s.destroy();
+        res(true);
+      });
+      s.on('error', () => res(false));
+    }),
+  );
   return {
     baseUrl,
     pid: child.pid,
