@@ -5,7 +5,9 @@
 # `#[ignore = "needs …"]` also start prometheus, promtool, an Alertmanager
 # for its example configuration or a headless chromium, run the Python
 # examples with redis-py, or install and purge the Debian package (as root:
-# dpkg). This script makes sure those are installed, checks the alert rules,
+# dpkg). Then the TypeScript client's suite (clients/node/test.sh: npm ci,
+# tsc, node --test against redis-server and the seatgate binary cargo
+# built). This script makes sure those are installed, checks the alert rules,
 # builds the package first, and runs the ignored tests with the rest
 # (`--include-ignored`).
 set -euo pipefail
@@ -15,6 +17,7 @@ source ops/ensure-prometheus.sh
 source ops/ensure-alertmanager.sh
 source ops/ensure-chromium.sh
 source ops/ensure-python.sh
+source ops/ensure-node.sh
 bash ops/check-prometheus.sh
 # The Debian package (release build, cargo-deb) before the suite rather than
 # inside it, where its minutes of compiling would slow the timing-sensitive
@@ -34,3 +37,5 @@ while [ $# -gt 0 ]; do
   shift
 done
 cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored "${test_args[@]}"
+# The TypeScript client (clients/node), against the binary the suite built.
+SEATGATE_BIN="$PWD/target/debug/seatgate" bash clients/node/test.sh
