@@ -2,6 +2,7 @@
 //! transports share: statuses, replies, leases, the shard of a license.
 
 import { randomBytes } from 'node:crypto';
+import { crc32 as zlibCrc32 } from 'node:zlib';
 
 /** A reply as the service wrote it: every field a string (docs/protocol.md, "Replies"). */
 export type Reply = Readonly<Record<string, string>>;
@@ -78,23 +79,9 @@ export function firstPauseMs(grant: Reply, timeoutMs: number, writtenMs: number 
   return Math.max(0, Math.floor(timeoutMs / 3) - age);
 }
 
-const CRC_TABLE: Uint32Array = (() => {
-  const table = new Uint32Array(256);
-  for (let n = 0; n < 256; n++) {
-    let c = n;
-    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-    table[n] = c >>> 0;
-  }
-  return table;
-})();
-
 /** CRC-32 (IEEE, zlib's) of `text` as UTF-8: the shard of a license. */
 export function crc32(text: string): number {
-  let crc = 0xffffffff;
-  for (const byte of Buffer.from(text, 'utf8')) {
-    crc = (CRC_TABLE[(crc ^ byte) & 0xff] as number) ^ (crc >>> 8);
-  }
-  return (crc ^ 0xffffffff) >>> 0;
+  return zlibCrc32(text);
 }
 
 /** The stream (shard) of `base` that serves `license` with `shards` shards. */
