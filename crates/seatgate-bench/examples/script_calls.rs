@@ -184,6 +184,7 @@ async fn main() -> Result<(), Failure> {
                     &lk,
                     &ReapArgs {
                         default_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+                        default_claim_ms: 10_000,
                         limit: 100,
                         redeliver_after_ms: 30_000,
                         outbox: &cursor,
@@ -249,6 +250,7 @@ fn session_args(session: &str) -> SessionArgs<'_> {
         session,
         lease: None,
         default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+        default_claim_ms: 10_000,
     }
 }
 
@@ -513,6 +515,7 @@ fn acquire_args(session: &str) -> AcquireArgs<'_> {
         reply_to: "",
         default_queue_max: u64::MAX,
         default_heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+        default_claim_ms: 10_000,
         who: &RequestPolicy::NONE,
     }
 }

@@ -81,6 +81,7 @@ impl Seat {
             reply_to,
             default_queue_max: DEFAULT_QUEUE_MAX,
             default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+            default_claim_ms: 10_000,
             who,
         };
         let nobody = &RequestPolicy::NONE;
@@ -102,6 +103,7 @@ impl Seat {
                     session,
                     lease: None,
                     default_heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+                    default_claim_ms: 10_000,
                 },
             ),
         }

@@ -219,16 +219,44 @@ impl Client {
         let mut reply = ex.answer(Some(Instant::now() + opts.give_up_after)).await?;
         if reply.status() == Status::Queued {
             // Decided: from now on it waits for GRANTED or QUEUE_TIMEOUT under
-            // the id of whichever attempt queued it last, and sends nothing.
+            // the id of whichever attempt queued it last, and keeps its place
+            // with a waiter heartbeat every third of the heartbeat timeout
+            // (docs/protocol.md, "Waiter liveness"), each in a task of its
+            // own, so that none holds up the wait.
             let wait = Duration::from_millis(call.wait_ms);
             let deadline = Instant::now() + wait + opts.request_timeout + QUEUE_MARGIN;
+            let alive = seat_call(&release, SeatOp::Heartbeat);
+            let mut every = reply
+                .heartbeat_timeout()
+                .unwrap_or_else(|| self.default_heartbeat_timeout())
+                / 3;
+            let mut beat_at = Instant::now() + every.max(MIN_PAUSE);
+            let (beats, mut answers) = tokio::sync::mpsc::unbounded_channel();
             reply = loop {
-                match ex.next_until(deadline).await? {
-                    None => {
-                        return Err(Error::ReplyTimeout(wait + opts.request_timeout + QUEUE_MARGIN).into())
+                tokio::select! {
+                    next = ex.next_until(deadline.min(beat_at)) => match next? {
+                        None if Instant::now() >= deadline => {
+                            return Err(Error::ReplyTimeout(wait + opts.request_timeout + QUEUE_MARGIN).into())
+                        }
+                        None => {
+                            beat_at = Instant::now() + every.max(MIN_PAUSE);
+                            let (client, alive, beats, timeout) =
+                                (self.clone(), alive.clone(), beats.clone(), opts.request_timeout);
+                            tokio::spawn(async move {
+                                if let Ok(r) = client.call(&alive, timeout).await {
+                                    let _ = beats.send(r);
+                                }
+                            });
+                        }
+                        Some(r) if r.status() == Status::Queued || r.status() == Status::RequestExpired => {}
+                        Some(r) => break r,
+                    },
+                    Some(r) = answers.recv() => {
+                        // A timeout lowered while it waits is followed.
+                        if let Some(t) = r.heartbeat_timeout().filter(|_| r.status() == Status::Queued) {
+                            every = t / 3;
+                        }
                     }
-                    Some(r) if r.status() == Status::Queued || r.status() == Status::RequestExpired => {}
-                    Some(r) => break r,
                 }
             };
         }
@@ -396,13 +424,19 @@ impl Drop for Seat {
     }
 }
 
-/// How long after `grant` the first heartbeat goes out: a third of the
-/// timeout after the seat's heartbeat clock started. The service says when
+/// How long after `grant` the first heartbeat goes out: at once for a
+/// GRANTED (its claim), else a third of the timeout after the seat's
+/// heartbeat clock started. The service says when
 /// that was (`held_since_ms`) on replies that grant or replay a seat.
 /// Without it: a clock started for this acquire started after its first
 /// attempt went out, `since_first_sent` ago; ALREADY_ACTIVE's may be older
 /// still (an earlier acquire of the session), so it is taken as run out.
 fn first_pause(grant: &Reply, heartbeat_timeout: Duration, since_first_sent: Duration) -> Duration {
+    if grant.status() == Status::Granted {
+        // A grant is claimed with a heartbeat at once, well within its claim
+        // window (docs/protocol.md, "The wait queue").
+        return Duration::ZERO;
+    }
     let age = grant.clock_age().unwrap_or(match grant.status() {
         Status::AlreadyActive => heartbeat_timeout,
         _ => since_first_sent,
@@ -713,9 +747,11 @@ mod tests {
         let timeout = Duration::from_millis(3000);
         let ms = Duration::from_millis;
         // The service says when the clock started: its age counts, not ours.
-        let fresh = grant("GRANTED", Some(10_000), Some(9_800));
+        let fresh = grant("ACQUIRED", Some(10_000), Some(9_800));
         assert_eq!(first_pause(&fresh, timeout, ms(5000)), ms(800));
-        let old = grant("GRANTED", Some(10_000), Some(6_000));
+        // A grant is claimed at once, however fresh.
+        assert_eq!(first_pause(&grant("GRANTED", Some(10_000), Some(9_800)), timeout, ms(5000)), Duration::ZERO);
+        let old = grant("ACQUIRED", Some(10_000), Some(6_000));
         assert_eq!(
             first_pause(&old, timeout, ms(10)),
             Duration::ZERO,

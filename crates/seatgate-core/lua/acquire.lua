@@ -101,8 +101,9 @@ local rcall = redis.call
 
 -- Puts `session` of `group` and `user` ('' = none) in the queue, behind
 -- those of its priority (0-9), until `now + wait_ms`, bound to lease hash
--- `lease` ('' = none), and in the waiters by group and by user (queue.lua).
-local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user)
+-- `lease` ('' = none), and in the waiters by group and by user (queue.lua);
+-- it must show it is alive within heartbeat timeout `timeout` (K.alive).
+local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user, timeout)
   queue_joined()
   local arrival = rcall('INCR', K.queue_seq)
   -- Scores as strings (clock.lua, ms): exact, as both are whole numbers.
@@ -111,6 +112,7 @@ local function enqueue(session, now, wait_ms, request_id, reply_to, meta, lease,
   rcall('ZADD', K.queue_by_group, 0, by_group_member(group, score, session))
   rcall('ZADD', K.queue_by_user, 0, by_user_member(group, user, score, session))
   rcall('ZADD', K.deadlines, ms(now + wait_ms), session)
+  rcall('ZADD', K.alive, ms(now + timeout), session)
   rcall('HSET', K.waiters, session, encode_waiter_record(now, lease, request_id, reply_to, meta))
   -- Past 128 waiters the queue is a skiplist (zset-max-listpack-entries),
   -- while the waiters hash stays a listpack up to 512, searched entry by
@@ -209,6 +211,8 @@ local function decide(now, default_timeout, seated)
     -- event; the later answer goes to this request (its lease was checked
     -- in run_request).
     redirect_waiter(session, request_id, reply_to)
+    -- A sign of life, like a waiter heartbeat (queue.lua, K.alive).
+    rcall('ZADD', K.alive, 'XX', ms(now + timeout), session)
     local M = policy()
     local priority = M.score_priority(rcall('ZSCORE', K.queue, session))
     return outcome('QUEUED', rcall('ZCARD', K.holders), license.total, M.queued_detail(rank + 1, priority), now, notes, 0)
@@ -317,7 +321,7 @@ local function decide(now, default_timeout, seated)
     return outcome('NO_SEATS_AVAILABLE', used, total, 'queue_group_full', now, notes)
   end
   local priority = math.min(asker and asker.priority or 0, P and P.max_priority or 0)
-  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user)
+  enqueue(session, now, wait_ms, request_id, reply_to, meta, lease, priority, group, user, timeout)
   if owned then
     rcall('HSET', K.owners, 's:' .. session, owners().record(owner.user, owner.group, borrow_ms, session))
   end
@@ -337,5 +341,11 @@ local function decide(now, default_timeout, seated)
   return outcome('QUEUED', used, total, depth + 1, now, notes)
 end
 
+use_claim(service().heartbeat_timeout, service().claim_ms)
 local result, now, default_timeout = run_request(decide, true, seat_lease_refusal, session, lease)
-return replied(send_queue_replies(due_report(result, now, default_timeout, timeout, nil, session)))
+result = due_report(result, now, default_timeout, timeout, nil, session)
+if result[1] == 'QUEUED' and timeout then
+  -- What the waiter must show it is alive within (queue.lua, K.alive).
+  result[11] = timeout
+end
+return replied(send_queue_replies(result))

@@ -13,9 +13,14 @@
                         detail = the heartbeat count. A borrowed seat
                         (includes/owners.lua) keeps its borrow's end as its
                         score: ZADD GT never lowers it
+    QUEUED              the session waits in the queue: it showed it is
+                        alive (K.alive, queue.lua), and keeps its place a
+                        heartbeat timeout more; detail = its 1-based
+                        position. Changes nothing else. A place bound to
+                        a lease needs that lease (else LEASE_MISMATCH)
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
-                        evicted, or still queued; a lingering seat was
-                        released): acquire again
+                        evicted; a lingering seat was released): acquire
+                        again
     SESSION_REVOKED     the session holds no seat because an administrator
                         revoked it (remembered for a bounded time);
                         detail = the revocation record (includes/revoked.lua)
@@ -46,6 +51,7 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "lease"
 --- @include "revoked"
+--- @include "queue"
 --- @include "request"
 
 -- The session record the lease check read, parsed (holder_lease,
@@ -90,8 +96,9 @@ end
 local session, lease = ARGV[4], lease_hash(ARGV[5])
 
 -- Set by decide: the license's stale time when this heartbeat, the oldest
--- holder's, moved it on; the heartbeat timeout in force.
-local stale_at, timeout
+-- holder's, moved it on; the heartbeat timeout in force; whether the
+-- session waits in the queue (its heartbeat answered QUEUED).
+local stale_at, timeout, waiting
 
 -- The decision (run_request, includes/request.lua).
 local function decide(now, default_timeout)
@@ -106,6 +113,21 @@ local function decide(now, default_timeout)
     score = first[2]
   else
     score = rcall('ZSCORE', K.holders, session)
+  end
+  if not score then
+    -- A waiting session shows it is alive (queue.lua, K.alive): it keeps its
+    -- place a heartbeat timeout more, and hears where it stands. Only with
+    -- the lease it queued with.
+    local place = not nobody_waits() and rcall('ZRANK', K.queue, session)
+    if place then
+      local w = waiter_record(session)
+      if w and w.lease_hash ~= '' and w.lease_hash ~= lease then
+        return outcome('LEASE_MISMATCH', rcall('ZCARD', K.holders), total, 0, now, {})
+      end
+      rcall('ZADD', K.alive, ms(now + timeout), session)
+      waiting = true
+      return outcome('QUEUED', rcall('ZCARD', K.holders), total, place + 1, now, {}, 0)
+    end
   end
   if not score or score == LINGERING then
     local revoked = revocation_of(session, now)
@@ -134,7 +156,7 @@ local result, _, default_timeout = run_request(decide, true, holder_lease_refusa
 -- with [1..8] only. [10] is set already when a denial (RATE_LIMITED) was
 -- the first its window folded (request.lua): the window's end.
 result[9], result[10], result[11] = stale_at or 0, result[10] or 0, 0
-if result[1] == 'HEARTBEAT_UPDATED' then
+if result[1] == 'HEARTBEAT_UPDATED' or (result[1] == 'QUEUED' and waiting) then
   if not timeout then
     -- A replay: the timeout in force now, which is what the holder must meet.
     local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')

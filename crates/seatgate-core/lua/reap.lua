@@ -48,7 +48,10 @@
   ARGV[9]  on one Redis node, the queue reply settings (includes/outbox.lua,
            reply_conf_of): the step then writes the GRANTED and QUEUE_TIMEOUT
            of its notes itself; '' on a cluster (the outbox)
-  ARGV[10..] note ids the last step's page held beyond the limit, handed out
+  ARGV[10] the claim window (ms) when the license sets no claim_ms: how
+           long a session granted a seat from the queue has to claim it with
+           a heartbeat (queue.lua, claim_score; 0 = none)
+  ARGV[11..] note ids the last step's page held beyond the limit, handed out
            (if still there) before the scan goes on
 
   Returns {seats_used, seats_total, now_ms, evicted, notes, more, queue_depth,
@@ -57,7 +60,8 @@
            heartbeat_timeout_ms, deleted, held}
     seats_used, seats_total  after the step
     now_ms       the Redis clock
-    evicted      sessions evicted (each a seat-freed event, reason heartbeat_timeout)
+    evicted      sessions evicted (each a seat-freed event, reason
+                 heartbeat_timeout, or unclaimed for a grant never claimed)
     notes        GRANTED / QUEUE_TIMEOUT notes made by this step (includes/outbox.lua)
     more         1 when work is left: call again with the returned position
     queue_depth  sessions still waiting
@@ -117,7 +121,8 @@ local watermark, resumed_at = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local pending = {}
 EV.license, EV.keep_ms = ARGV[7], tonumber(ARGV[8])
 EV.reply_conf = reply_conf_of(ARGV[9])
-for i = 10, #ARGV do
+use_claim(default_timeout, tonumber(ARGV[10]) or 0)
+for i = 11, #ARGV do
   pending[#pending + 1] = ARGV[i]
 end
 local now = now_ms()
@@ -140,24 +145,35 @@ local function outbox_note(id, n)
     if not score or score == LINGERING then
       kind = 'SESSION_NOT_ACTIVE'
     elseif not rcall('ZSCORE', K.borrowed, n.session) then
-      rcall('ZADD', K.holders, 'XX', ms(now), n.session)
-      since = now
+      -- Its claim window, if any, starts again too (queue.lua, claim_score).
+      since = claim_score(now) or now
+      rcall('ZADD', K.holders, 'XX', ms(since), n.session)
     end
   end
-  return {kind, n.session, n.id, n.reply_to, n.waited_ms, id, since}
+  return {kind, n.session, n.id, n.reply_to, n.waited_ms, id, since, 0, n.reason or ''}
 end
 
--- Whether `session` was granted its seat from the queue and never heard of
--- it: no heartbeat since, and its GRANTED still in the outbox (note ids are
--- "GRANTED:<session>:<grant time>", the session record's acquired_at).
+-- Whether stale `session` was granted its seat from the queue and never
+-- heard of it: no heartbeat since, and its GRANTED still in the outbox
+-- (note ids are "GRANTED:<session>:<grant time>", the session record's
+-- acquired_at); and, second, whether it never claimed it: no heartbeat
+-- since a grant, whose claim window (queue.lua, claim_score) scored it
+-- before its acquired_at.
 local function unheard_grant(session)
   local record = rcall('HGET', K.sessions, session)
   if not record then
-    return false
+    return false, false
   end
   local acquired_at, heartbeats = parse_session_record(record)
+  if heartbeats ~= 0 then
+    return false, false
+  end
   -- HGET, not HEXISTS: the worker's ACL user has the one (ops/redis-users.acl).
-  return heartbeats == 0 and rcall('HGET', K.outbox, 'GRANTED:' .. session .. ':' .. acquired_at) ~= false
+  if rcall('HGET', K.outbox, 'GRANTED:' .. session .. ':' .. acquired_at) ~= false then
+    return true, false
+  end
+  local score = tonumber(rcall('ZSCORE', K.holders, session))
+  return false, score ~= nil and score < tonumber(acquired_at)
 end
 
 -- Up to `limit` outbox notes older than `max_age` that this step did not
@@ -255,7 +271,8 @@ if horizon - timeout >= resumed_at then
   candidates = rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(horizon - timeout), 'LIMIT', '0', ARGV[2])
 end
 for _, session in ipairs(candidates) do
-  if unheard_grant(session) then
+  local unheard, unclaimed = unheard_grant(session)
+  if unheard then
     skipped = true
   else
     stale[#stale + 1] = session
@@ -265,7 +282,8 @@ for _, session in ipairs(candidates) do
     if owner then
       owners().gone(session, owner)
     end
-    event_later('evicted', session, add_who({'reason', 'heartbeat_timeout'}, owner))
+    event_later('evicted', session,
+      add_who({'reason', unclaimed and 'unclaimed' or 'heartbeat_timeout'}, owner))
   end
 end
 -- Those left stale by now - timeout (at most `limit` counted; ZCOUNT is not
@@ -275,6 +293,11 @@ if ruled or skipped then
   held = #rcall('ZRANGEBYSCORE', K.holders, '-inf', '(' .. ms(now - timeout), 'LIMIT', '0', ARGV[2])
 end
 local expired = expire_waiters(now, notes, limit)
+-- Waiters that stopped showing they are alive, under the same outage rule
+-- as the holders: none while the service has not been back a timeout.
+if expired < limit and horizon - timeout >= resumed_at then
+  expired = expired + expire_stale_waiters(now, horizon, notes, limit - expired)
+end
 
 local total = license.total
 local used, granted = grant_if_valid(license, now, notes, limit)

@@ -146,5 +146,6 @@ local function decide(now, default_timeout)
   return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
 end
 
+use_claim(service().heartbeat_timeout, service().claim_ms)
 local result, now, default_timeout = run_request(decide, false, nil, session, nil)
 return replied(send_queue_replies(due_report(result, now, default_timeout, timeout)))

@@ -374,6 +374,10 @@ pub struct ServiceDefaults {
     /// `queue.max_wait_ms`: the longest an acquire waits; a larger `wait_ms`
     /// counts as this.
     pub max_wait_ms: u64,
+    /// `queue.claim_ms`: how long a session granted a seat from the queue has
+    /// to claim it with a heartbeat, when the license sets no `claim_ms`
+    /// (0 = no claim window).
+    pub claim_ms: u64,
 }
 
 /// `ARGV[4..5]` of every seat script (lua/includes/request.lua): the
@@ -389,6 +393,9 @@ pub struct SessionArgs<'a> {
     /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
     /// made on the way carries, and what the next due time is reckoned with.
     pub default_heartbeat_timeout_ms: u64,
+    /// The claim window (ms) of a grant made on the way when the license
+    /// sets no `claim_ms` (lua/includes/queue.lua, claim_score; 0 = none).
+    pub default_claim_ms: u64,
 }
 
 /// `ARGV[1..4]` and `ARGV[5..]` of lua/reap.lua.
@@ -396,6 +403,9 @@ pub struct SessionArgs<'a> {
 pub struct ReapArgs<'a> {
     /// Heartbeat timeout for a license without its own, ms.
     pub default_timeout_ms: u64,
+    /// Claim window of a grant for a license without its own `claim_ms`, ms
+    /// (0 = none).
+    pub default_claim_ms: u64,
     /// Most evictions, waiter removals, grants and re-delivered notes per step.
     pub limit: usize,
     /// Age after which an undelivered outbox note is handed out again, ms.
@@ -546,7 +556,7 @@ impl<T> ScriptCall<'_, T> {
 fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -> String {
     let app = &guard.application;
     let mut settings = format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
         guard.session_limit,
         guard.license_limit,
         guard.window_ms,
@@ -557,7 +567,8 @@ fn service_settings(guard: &Guard, args: &SessionArgs<'_>, events: &EventKeys) -
         events.denials_per_window,
         app.requests,
         app.sessions,
-        app.waiters
+        app.waiters,
+        args.default_claim_ms
     );
     let replies = queue_replies_arg(events);
     if !replies.is_empty() {
@@ -693,9 +704,10 @@ impl Scripts {
             .arg(args.outage.watermark_ms.unwrap_or(0)) // ARGV[5]
             .arg(args.outage.resumed_at_ms.unwrap_or(0)); // ARGV[6]
         bind_events(&mut call, &keys.events); // ARGV[7..8]
-        call.arg(queue_replies_arg(&keys.events)); // ARGV[9]
+        call.arg(queue_replies_arg(&keys.events)) // ARGV[9]
+            .arg(args.default_claim_ms); // ARGV[10]
         for id in &args.outbox.pending {
-            call.arg(id); // ARGV[10..]
+            call.arg(id); // ARGV[11..]
         }
         ScriptCall {
             name: ScriptName::Reap.as_str(),

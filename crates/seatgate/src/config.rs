@@ -283,6 +283,10 @@ pub struct QueueSettings {
     /// The longest an acquire may wait in a queue, ms: a larger `wait_ms`
     /// counts as this, so no waiter holds a place (and its memory) longer.
     pub max_wait_ms: u64,
+    /// How long a session granted a seat from the queue has to claim it
+    /// with a heartbeat before the seat goes to the next waiter, ms, where
+    /// the license sets no `claim_ms` (0 = no claim window).
+    pub claim_ms: u64,
 }
 
 /// `[revoke]`
@@ -584,6 +588,9 @@ impl Settings {
         if self.queue.max_wait_ms == 0 || self.queue.max_wait_ms > seatgate_core::protocol::MAX_WAIT_MS {
             return bad("queue.max_wait_ms must be between 1 and 86400000 (one day)");
         }
+        if self.queue.claim_ms != 0 && self.queue.claim_ms < 1000 {
+            return bad("queue.claim_ms must be 0 (no claim window) or at least 1000 (a second)");
+        }
         if self.revoke.remember_ms == 0 || self.revoke.max_per_license == 0 {
             return bad("revoke.remember_ms and revoke.max_per_license must be positive");
         }
@@ -832,6 +839,7 @@ impl Settings {
             revoke_remember_ms: self.revoke.remember_ms,
             revoke_max_per_license: self.revoke.max_per_license,
             max_wait_ms: self.queue.max_wait_ms,
+            claim_ms: self.queue.claim_ms,
         }
     }
 

@@ -42,10 +42,10 @@
 -- Adds a note for waiter record `w` (queue.lua) to `notes` and, when it has
 -- somewhere to go, to the outbox; queues its event, carrying the user and
 -- group of owner record `owner` (owners.lua; nil for none).
-local function note(notes, now, kind, session, w, owner)
+local function note(notes, now, kind, session, w, owner, reason)
   local id = kind .. ':' .. session .. ':' .. ms(now)
   local waited = now - w.queued_at
-  local n = {kind, session, w.id, w.reply_to, waited, id, now}
+  local n = {kind, session, w.id, w.reply_to, waited, id, now, 0, reason or ''}
   if w.reply_to ~= '' then
     if EV.reply_conf and (kind == 'GRANTED' or kind == 'QUEUE_TIMEOUT') then
       -- One node: the script writes it itself, at its end
@@ -58,6 +58,7 @@ local function note(notes, now, kind, session, w, owner)
     else
       rcall('HSET', K.outbox, id, cjson.encode({
         kind = kind, session = session, id = w.id, reply_to = w.reply_to, waited_ms = waited, at = now,
+        reason = reason,
       }))
     end
   end
@@ -65,7 +66,11 @@ local function note(notes, now, kind, session, w, owner)
   if kind == 'GRANTED' then
     event_later('granted', session, add_who({'waited_ms', ms(waited)}, owner))
   elseif kind == 'QUEUE_TIMEOUT' then
-    event_later('queue_timeout', session, add_who({'waited_ms', ms(waited)}, owner))
+    local fields = {'waited_ms', ms(waited)}
+    if reason then
+      fields[3], fields[4] = 'reason', reason
+    end
+    event_later('queue_timeout', session, add_who(fields, owner))
   elseif kind == 'LICENSE_NOT_FOUND' then
     event_later('denied', session, add_who({'reason', kind, 'waited_ms', ms(waited)}, owner))
   end
@@ -101,6 +106,10 @@ end
 -- after the call and [11] the heartbeat timeout in force (due.lua), after
 -- the events (an event is never later than its reply); returns `result`.
 -- (reap.lua hands it a table of those slots.)
+-- The error of a QUEUE_TIMEOUT whose waiter stopped showing it is alive
+-- (queue.lua, expire_stale_waiters); src/runtime/publish.rs says the same.
+local WAITER_STALE_ERROR = 'the waiting session sent no heartbeat for a heartbeat timeout and gave up its place'
+
 local function send_queue_replies(result)
   local pending = EV.replies
   if not pending then
@@ -126,6 +135,11 @@ local function send_queue_replies(result)
           'status', 'GRANTED', 'ok', '1', 'license', license, 'session', session, 'seats_used', used,
           'seats_total', total, 'waited_ms', ms(n[5]), 'heartbeat_timeout_ms', timeout,
           'held_since_ms', string.format('%d', n[7]))
+      elseif n[9] == 'waiter_stale' then
+        r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
+          'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', session, 'seats_used', used,
+          'seats_total', total, 'waited_ms', ms(n[5]), 'reason', 'waiter_stale', 'error',
+          WAITER_STALE_ERROR)
       else
         r = redis.pcall('XADD', reply_to, 'MINID', '~', trim, '*', 'id', n[3], 'op', 'acquire',
           'status', 'QUEUE_TIMEOUT', 'ok', '0', 'license', license, 'session', session, 'seats_used', used,

@@ -183,10 +183,40 @@ end
 -- ZRANGEBYSCORE, acquire's ZRANK and the queue head's ZRANGE. Only
 -- acquire's enqueue adds a waiter, and says so (queue_joined).
 local idle_queue
+-- The claim window of this call's grants (claim_score, below): the
+-- service's defaults, set by the calling script (use_claim), and what the
+-- license record says, read at the call's first grant.
+local claim_timeout, claim_default, claim_offset
 local function bind_queue()
   idle_queue = nil
+  claim_offset = nil
 end
 --- @on_call "bind_queue"
+
+-- Sets the service's heartbeat timeout and claim window (ms; 0 = no
+-- window) that this call's grants use where the license sets neither.
+local function use_claim(timeout, claim)
+  claim_timeout, claim_default = timeout, claim
+end
+
+-- The score a seat granted at `now` starts with in K.holders, or nil for
+-- `now` itself: with a claim window C under heartbeat timeout T, now - T +
+-- C, so that the grant goes stale C after it, unless its session claims
+-- the seat with a heartbeat first (whose ZADD GT scores it now). The
+-- license's claim_ms and heartbeat_timeout_ms, where set, over the
+-- service's (use_claim); none when the window is 0 or not under T.
+local function claim_score(now)
+  if claim_offset == nil then
+    local raw = rcall('HMGET', K.license, 'heartbeat_timeout_ms', 'claim_ms')
+    local timeout = tonumber(raw[1]) or claim_timeout
+    local claim = tonumber(raw[2]) or claim_default
+    claim_offset = false
+    if timeout and claim and claim > 0 and claim < timeout then
+      claim_offset = timeout - claim
+    end
+  end
+  return claim_offset and now - claim_offset or nil
+end
 
 local function nobody_waits()
   if idle_queue == nil then
@@ -210,6 +240,7 @@ local function remove_waiter(session, owner)
   local score = rcall('ZSCORE', K.queue, session)
   local queued = score and rcall('ZREM', K.queue, session) or 0
   rcall('ZREM', K.deadlines, session)
+  rcall('ZREM', K.alive, session)
   rcall('HDEL', K.waiters, session)
   if score then
     local group, user = owner and owner.group or '', owner and owner.user or ''
@@ -247,9 +278,33 @@ local function expire_waiters(now, notes, limit)
   return #due
 end
 
+-- Removes up to `limit` waiters that showed no sign of life (a waiter
+-- heartbeat, a re-sent acquire) for a heartbeat timeout, as of `horizon`
+-- (reap.lua's outage rule: time the service was away counts against no
+-- waiter either), noting QUEUE_TIMEOUT with reason waiter_stale for each.
+-- Waiters queued by a release without K.alive are never found here.
+-- Returns how many it removed.
+local function expire_stale_waiters(now, horizon, notes, limit)
+  if nobody_waits() then
+    return 0
+  end
+  local stale = rcall('ZRANGEBYSCORE', K.alive, '-inf', '(' .. ms(horizon), 'LIMIT', '0', ms(limit))
+  for _, session in ipairs(stale) do
+    local w = waiter_record(session)
+    local owner = owner_of(session)
+    remove_waiter(session, owner)
+    owners().forget(session)
+    if w then
+      note(notes, now, 'QUEUE_TIMEOUT', session, w, owner, 'waiter_stale')
+    end
+  end
+  return #stale
+end
+
 -- Gives waiting `session` a seat, noting GRANTED; `used`: the seats in use
 -- with it. Returns false when its waiter record was gone or unreadable (it
--- only leaves the queue).
+-- only leaves the queue). The seat starts its claim window (claim_score),
+-- unless it is borrowed (scored with its borrow's end).
 local function grant(session, now, notes, used)
   local w = waiter_record(session)
   local owner = owner_of(session)
@@ -258,10 +313,20 @@ local function grant(session, now, notes, used)
     return false
   end
   hold(session, now, w.meta, w.lease_hash, used)
+  local borrowed = 0
   if owner then
-    owners().taken(session, now, owner)
+    borrowed = owners().taken(session, now, owner)
+  end
+  local claim_at = borrowed == 0 and claim_score(now)
+  if claim_at then
+    rcall('ZADD', K.holders, 'XX', ms(claim_at), session)
   end
   note(notes, now, 'GRANTED', session, w, owner)
+  if claim_at then
+    -- Its held_since_ms: held_since_ms + the heartbeat timeout is when the
+    -- claim window ends.
+    notes[#notes][7] = claim_at
+  end
   return true
 end
 

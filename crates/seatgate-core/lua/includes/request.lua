@@ -26,7 +26,7 @@
              '<session limit>|<license limit>|<rate window>|<dedupe window>|
               <heartbeat timeout>|<events retention>|<denial window>|
               <denials per window>|<app requests>|<app sessions>|
-              <app waiters>', all whole numbers:
+              <app waiters>|<claim window>', all whole numbers:
                session limit, license limit  most requests per session and
                         per license per rate window (0 = no limit)
                rate window, dedupe window  ms
@@ -42,6 +42,9 @@
                (owners.lua, app_of): requests per rate window
                (rate_limit.lua), seats held and sessions waiting
                (acquire.lua; counted as a:<app> and wa:<app>)
+             then '|<claim window>': queue.claim_ms, the ms a session granted
+               a seat from the queue has to claim it with a heartbeat where
+               the license sets no claim_ms (queue.lua, claim_score; 0 = none)
              and, on one Redis node only, '|<reply ttl>|<reply expiry>|<prefix>':
                the scripts then write the queue replies of their notes
                themselves (outbox.lua, reply_conf_of and send_queue_replies):
@@ -91,15 +94,16 @@ local service_raw, SERVICE
 local function service()
   local raw = ARGV[7]
   if raw ~= service_raw then
-    local sl, ll, rw, dw, ht, keep, win, per, ar, as, aw, rest =
-      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
+    local sl, ll, rw, dw, ht, keep, win, per, ar, as, aw, claim, rest =
+      string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)(.*)$')
     if not sl or (rest ~= '' and string.sub(rest, 1, 1) ~= '|') then
       error('ARGV[7] is not the service settings: ' .. raw)
     end
     SERVICE = {session_limit = tonumber(sl), license_limit = tonumber(ll), rate_window = tonumber(rw),
       dedupe_window = tonumber(dw), heartbeat_timeout = tonumber(ht), keep_ms = tonumber(keep),
       denials_window = tonumber(win), denials_per_window = tonumber(per),
-      app_requests = tonumber(ar), app_sessions = tonumber(as), app_waiters = tonumber(aw)}
+      app_requests = tonumber(ar), app_sessions = tonumber(as), app_waiters = tonumber(aw),
+      claim_ms = tonumber(claim)}
     SERVICE.replies = reply_conf_of(string.sub(rest, 2))
     service_raw = raw
   end

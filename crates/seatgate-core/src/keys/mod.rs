@@ -124,6 +124,10 @@ pub struct LicenseKeys {
     pub queue_by_user: String,
     /// ZSET: waiting session -> time its wait runs out (ms).
     pub deadlines: String,
+    /// ZSET: waiting session -> when it last showed it is alive (a waiter
+    /// heartbeat, its acquire or a re-send) plus the heartbeat timeout (ms):
+    /// past that the reaper takes it out of the queue (lua/includes/queue.lua).
+    pub alive: String,
     /// STRING: arrival counter for the queue.
     pub queue_seq: String,
     /// HASH: note id -> GRANTED / QUEUE_TIMEOUT reply not yet delivered.
@@ -151,9 +155,9 @@ pub struct LicenseKeys {
 
 impl LicenseKeys {
     /// Every key of the license that lives as long as the license does
-    /// (`license delete` removes them all): the record, the twelve seat and
+    /// (`license delete` removes them all): the record, the thirteen seat and
     /// queue keys, the two revocation keys and the group map.
-    pub fn all(&self) -> [&str; 16] {
+    pub fn all(&self) -> [&str; 17] {
         [
             &self.license,
             &self.holders,
@@ -163,6 +167,7 @@ impl LicenseKeys {
             &self.queue_by_group,
             &self.queue_by_user,
             &self.deadlines,
+            &self.alive,
             &self.queue_seq,
             &self.outbox,
             &self.owners,
@@ -277,6 +282,7 @@ impl Keys {
             queue_by_group: format!("{p}:{{{license}}}:queue_by_group"),
             queue_by_user: format!("{p}:{{{license}}}:queue_by_user"),
             deadlines: format!("{p}:{{{license}}}:deadlines"),
+            alive: format!("{p}:{{{license}}}:alive"),
             queue_seq: format!("{p}:{{{license}}}:queue_seq"),
             outbox: format!("{p}:{{{license}}}:outbox"),
             owners: format!("{p}:{{{license}}}:owners"),

@@ -80,6 +80,7 @@ impl Acquire {
             reply_to,
             default_queue_max: defaults.queue_max,
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
+            default_claim_ms: defaults.claim_ms,
             who: &self.policy,
         }
         .call(scripts, keys, guard)
@@ -110,6 +111,8 @@ pub struct AcquireArgs<'a> {
     /// `heartbeat_timeout_ms`: the one an ACQUIRED reply then carries, and
     /// the one the license's next due time is reckoned with.
     pub default_heartbeat_timeout_ms: u64,
+    /// The claim window (ms) of a grant when the license sets no `claim_ms`.
+    pub default_claim_ms: u64,
     /// Who asks: the user and group (the per-user and per-group policies),
     /// the priority in the queue and the borrow ([`RequestPolicy::NONE`]:
     /// nobody in particular).
@@ -124,6 +127,7 @@ impl AcquireArgs<'_> {
             session: self.session,
             lease: self.lease,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            default_claim_ms: self.default_claim_ms,
         };
         scripts
             .request(ScriptName::Acquire, keys, guard, &shared)

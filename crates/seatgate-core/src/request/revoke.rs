@@ -78,6 +78,7 @@ impl Revoke {
             remember_ms: defaults.revoke_remember_ms,
             max_remembered: defaults.revoke_max_per_license,
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
+            default_claim_ms: defaults.claim_ms,
         }
         .call(scripts, keys, guard)
     }
@@ -106,6 +107,9 @@ pub struct RevokeArgs<'a> {
     /// made on the way carries, and what the license's stale time is
     /// reckoned with.
     pub default_heartbeat_timeout_ms: u64,
+    /// The claim window (ms) of a grant made on the way when the license
+    /// sets no `claim_ms`.
+    pub default_claim_ms: u64,
 }
 
 impl RevokeArgs<'_> {
@@ -116,6 +120,7 @@ impl RevokeArgs<'_> {
             session: self.session,
             lease: None,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            default_claim_ms: self.default_claim_ms,
         };
         scripts
             .request(ScriptName::Revoke, keys, guard, &shared)

@@ -64,6 +64,7 @@ impl SessionFields {
             session,
             lease: self.lease.as_ref().map(Lease::as_str),
             default_heartbeat_timeout_ms: defaults.heartbeat_timeout_ms,
+            default_claim_ms: defaults.claim_ms,
         };
         call(script, scripts, keys, guard, &args)
     }

@@ -38,6 +38,10 @@ pub struct Note {
     /// grant, or its redelivery by the reaper, which restarts it. A GRANTED
     /// reply carries it; `None` for other notes.
     pub held_since_ms: Option<i64>,
+    /// Why a QUEUE_TIMEOUT came before the wait ran out: `waiter_stale`,
+    /// the waiter showed no sign of life for a heartbeat timeout
+    /// (lua/includes/queue.lua, expire_stale_waiters); `None` otherwise.
+    pub reason: Option<String>,
 }
 
 /// Who sends a note's queue reply (the note's eighth slot,
@@ -347,7 +351,7 @@ fn flag(script: &'static str, v: Option<&Value>, what: &str) -> Result<bool, Err
 }
 
 /// Decodes a list of notes: `{kind, session, request_id, reply_to, waited_ms,
-/// note_id, held_since_ms, delivery}` each (lua/includes/outbox.lua; a note
+/// note_id, held_since_ms, delivery, reason}` each (lua/includes/outbox.lua; a note
 /// read back from a dedupe record written before held_since_ms has 6 slots,
 /// one written before delivery 7), of a
 /// license whose heartbeat timeout in force is `timeout`.
@@ -370,8 +374,8 @@ fn notes(
             let Value::Array(f) = item else {
                 return Err(bad(script, format!("note is not a list: {item:?}")));
             };
-            if !(6..=8).contains(&f.len()) {
-                return Err(bad(script, format!("note has {} fields, not 6 to 8", f.len())));
+            if !(6..=9).contains(&f.len()) {
+                return Err(bad(script, format!("note has {} fields, not 6 to 9", f.len())));
             }
             let status = string(script, f.first(), "note kind")?
                 .parse::<Status>()
@@ -398,6 +402,10 @@ fn notes(
                     None => None,
                 }
                 .filter(|ms| *ms > 0 && status == Status::Granted),
+                reason: match f.get(8) {
+                    Some(v) => Some(string(script, Some(v), "reason")?).filter(|r| !r.is_empty()),
+                    None => None,
+                },
             })
         })
         .collect()

@@ -144,10 +144,41 @@ pub(super) async fn client_call(
         // The final answer (GRANTED or QUEUE_TIMEOUT) carries the same id. A
         // queued acquire may wait for it as long as it asked to; its
         // QUEUE_TIMEOUT may come up to a reaper period (or a slow pass) late.
+        // Meanwhile it keeps its place with a waiter heartbeat every third
+        // of the heartbeat timeout, and claims a grant with one at once
+        // (docs/protocol.md, "Waiter liveness").
         let wait = Duration::from_millis(wait_ms);
-        pending
-            .final_reply(args.timeout + wait + Duration::from_secs(30))
-            .await
+        let deadline = tokio::time::Instant::now() + args.timeout + wait + Duration::from_secs(30);
+        let alive = Call {
+            op: SeatOp::Heartbeat,
+            meta: None,
+            wait_ms: 0,
+            policy: RequestPolicy::NONE,
+            ..call.clone()
+        };
+        let every = first.heartbeat_timeout().unwrap_or(Duration::from_millis(
+            settings.sessions.heartbeat_timeout_ms,
+        )) / 3;
+        let every = every.max(Duration::from_millis(100));
+        let last = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::from(seatgate_client::Error::ReplyTimeout(args.timeout + wait)));
+            }
+            match pending.final_reply(left.min(every)).await {
+                Ok(reply) => break reply,
+                Err(seatgate_client::Error::ReplyTimeout(_)) => {
+                    let _ = client.send(&alive).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if last.status() == Status::Granted {
+            if let Err(e) = client.call(&alive, args.timeout).await {
+                eprintln!("granted, but the claiming heartbeat got no answer ({e}); send `seatgate heartbeat` within the claim window, or the seat goes to the next waiter");
+            }
+        }
+        Ok(last)
     }
     .await;
     let _ = client.close().await;

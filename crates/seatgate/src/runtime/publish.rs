@@ -21,6 +21,11 @@ use seatgate_core::protocol::Reply;
 use seatgate_core::scripts::{Delivery, Note, Scripts};
 use seatgate_core::status::Status;
 
+/// The error of a QUEUE_TIMEOUT whose waiter showed no sign of life for a
+/// heartbeat timeout (lua/includes/outbox.lua says the same on one node).
+const WAITER_STALE_ERROR: &str =
+    "the waiting session sent no heartbeat for a heartbeat timeout and gave up its place";
+
 /// Writes replies, deferred ones too.
 #[derive(Debug, Clone)]
 pub struct Publisher {
@@ -328,6 +333,9 @@ impl Publisher {
                 linger_ms: None,
                 borrowed_until_ms: None,
                 error: match note.status {
+                    Status::QueueTimeout if note.reason.as_deref() == Some("waiter_stale") => {
+                        Some(WAITER_STALE_ERROR.to_owned())
+                    }
                     Status::QueueTimeout => Some(format!("waited {} ms without a seat", note.waited_ms)),
                     // The only note of this kind (lua/includes/deleted.lua).
                     Status::LicenseNotFound => Some(format!(

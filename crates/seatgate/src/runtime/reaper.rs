@@ -112,6 +112,8 @@ pub struct Reaper {
     publisher: Publisher,
     /// Heartbeat timeout for licenses without their own.
     default_timeout_ms: u64,
+    /// Claim window of a grant for licenses without their own `claim_ms`.
+    default_claim_ms: u64,
     /// Most removals per script call.
     batch: usize,
     /// Licenses reaped concurrently (pipelined on the one connection).
@@ -157,6 +159,7 @@ impl Reaper {
             keys: settings.seat_keys(),
             publisher: Publisher::new(settings),
             default_timeout_ms: settings.sessions.heartbeat_timeout_ms,
+            default_claim_ms: settings.queue.claim_ms,
             batch: settings.reaper.batch,
             concurrency: settings.reaper.concurrency,
             redeliver_after_ms: settings.reaper.redeliver_after_ms,
@@ -599,6 +602,7 @@ impl Reaper {
             let started = Instant::now();
             let args = ReapArgs {
                 default_timeout_ms: self.default_timeout_ms,
+                default_claim_ms: self.default_claim_ms,
                 limit: self.batch,
                 redeliver_after_ms: self.redeliver_after_ms,
                 outbox: &outbox,

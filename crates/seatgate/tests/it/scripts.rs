@@ -1208,6 +1208,7 @@ async fn reap(
 ) -> Reaped {
     let args = ReapArgs {
         default_timeout_ms: 90_000,
+        default_claim_ms: 10_000,
         limit,
         redeliver_after_ms,
         outbox,
@@ -1239,6 +1240,7 @@ async fn a_reap_step_on_one_node_writes_its_queue_replies_itself() {
     stale_holder_and_two_waiters(&mut con, &settings).await;
     let args = ReapArgs {
         default_timeout_ms: 90_000,
+        default_claim_ms: 10_000,
         limit: 10,
         redeliver_after_ms: 0,
         outbox: &OutboxCursor::start(),
@@ -1600,6 +1602,7 @@ return out
             ("queue_by_group", k.queue_by_group.clone()),
             ("queue_by_user", k.queue_by_user.clone()),
             ("deadlines", k.deadlines.clone()),
+            ("alive", k.alive.clone()),
             ("queue_seq", k.queue_seq.clone()),
             ("outbox", k.outbox.clone()),
             ("owners", k.owners.clone()),

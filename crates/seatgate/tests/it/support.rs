@@ -359,6 +359,8 @@ pub struct Direct {
     default_queue_max: u64,
     /// The heartbeat timeout for a license without its own, as a worker passes it.
     default_heartbeat_timeout_ms: u64,
+    /// The claim window of a grant for a license without its own, as a worker passes it.
+    default_claim_ms: u64,
     /// Who its acquires say is asking (user, group, priority, borrow).
     policy: RequestPolicy,
     /// The lease every call carries (`None`: none).
@@ -376,6 +378,7 @@ pub fn direct(s: &Settings, license: &str, session: &str) -> Direct {
         meta: META.to_owned(),
         default_queue_max: s.queue.max_length,
         default_heartbeat_timeout_ms: s.sessions.heartbeat_timeout_ms,
+        default_claim_ms: s.queue.claim_ms,
         policy: RequestPolicy::NONE,
         lease: None,
         revoke: s.revoke.clone(),
@@ -476,6 +479,7 @@ impl Direct {
             reply_to,
             default_queue_max: self.default_queue_max,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            default_claim_ms: self.default_claim_ms,
             who: &self.policy,
         };
         args.call(Scripts::get(), &self.keys, &self.guard)
@@ -500,6 +504,7 @@ impl Direct {
             session: &self.session,
             lease: self.lease.as_deref(),
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            default_claim_ms: self.default_claim_ms,
         };
         session::call(script, Scripts::get(), &self.keys, &self.guard, &args)
             .run(con)
@@ -525,6 +530,7 @@ impl Direct {
             remember_ms: self.revoke.remember_ms,
             max_remembered: self.revoke.max_per_license,
             default_heartbeat_timeout_ms: self.default_heartbeat_timeout_ms,
+            default_claim_ms: self.default_claim_ms,
         };
         args.call(Scripts::get(), &self.keys, &self.guard)
             .run(con)

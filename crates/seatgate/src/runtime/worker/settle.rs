@@ -638,7 +638,7 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         heartbeat_timeout_ms: outcome.heartbeat_timeout_ms.filter(|_| {
             matches!(
                 status,
-                Status::Acquired | Status::AlreadyActive | Status::HeartbeatUpdated
+                Status::Acquired | Status::AlreadyActive | Status::HeartbeatUpdated | Status::Queued
             )
         }),
         held_since_ms: outcome
