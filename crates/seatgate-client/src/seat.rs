@@ -750,7 +750,10 @@ mod tests {
         let fresh = grant("ACQUIRED", Some(10_000), Some(9_800));
         assert_eq!(first_pause(&fresh, timeout, ms(5000)), ms(800));
         // A grant is claimed at once, however fresh.
-        assert_eq!(first_pause(&grant("GRANTED", Some(10_000), Some(9_800)), timeout, ms(5000)), Duration::ZERO);
+        assert_eq!(
+            first_pause(&grant("GRANTED", Some(10_000), Some(9_800)), timeout, ms(5000)),
+            Duration::ZERO
+        );
         let old = grant("ACQUIRED", Some(10_000), Some(6_000));
         assert_eq!(
             first_pause(&old, timeout, ms(10)),

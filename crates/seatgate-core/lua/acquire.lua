@@ -344,8 +344,13 @@ end
 use_claim(service().heartbeat_timeout, service().claim_ms)
 local result, now, default_timeout = run_request(decide, true, seat_lease_refusal, session, lease)
 result = due_report(result, now, default_timeout, timeout, nil, session)
-if result[1] == 'QUEUED' and timeout then
-  -- What the waiter must show it is alive within (queue.lua, K.alive).
+if result[1] == 'QUEUED' then
+  -- What the waiter must show it is alive within (K.alive, keys.lua); on a
+  -- replay, the timeout in force now.
+  if not timeout then
+    local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
+    timeout = raw and license_number('heartbeat_timeout_ms', raw) or default_timeout
+  end
   result[11] = timeout
 end
 return replied(send_queue_replies(result))

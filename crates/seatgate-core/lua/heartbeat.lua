@@ -14,7 +14,7 @@
                         (includes/owners.lua) keeps its borrow's end as its
                         score: ZADD GT never lowers it
     QUEUED              the session waits in the queue: it showed it is
-                        alive (K.alive, queue.lua), and keeps its place a
+                        alive (K.alive, keys.lua), and keeps its place a
                         heartbeat timeout more; detail = its 1-based
                         position. Changes nothing else. A place bound to
                         a lease needs that lease (else LEASE_MISMATCH)
@@ -51,7 +51,7 @@ local rcall = redis.call
 --- @include "owners"
 --- @include "lease"
 --- @include "revoked"
---- @include "queue"
+--- @include "waiter_record"
 --- @include "request"
 
 -- The session record the lease check read, parsed (holder_lease,
@@ -96,9 +96,8 @@ end
 local session, lease = ARGV[4], lease_hash(ARGV[5])
 
 -- Set by decide: the license's stale time when this heartbeat, the oldest
--- holder's, moved it on; the heartbeat timeout in force; whether the
--- session waits in the queue (its heartbeat answered QUEUED).
-local stale_at, timeout, waiting
+-- holder's, moved it on; the heartbeat timeout in force.
+local stale_at, timeout
 
 -- The decision (run_request, includes/request.lua).
 local function decide(now, default_timeout)
@@ -115,17 +114,16 @@ local function decide(now, default_timeout)
     score = rcall('ZSCORE', K.holders, session)
   end
   if not score then
-    -- A waiting session shows it is alive (queue.lua, K.alive): it keeps its
+    -- A waiting session shows it is alive (K.alive, keys.lua): it keeps its
     -- place a heartbeat timeout more, and hears where it stands. Only with
     -- the lease it queued with.
-    local place = not nobody_waits() and rcall('ZRANK', K.queue, session)
+    local place = rcall('ZRANK', K.queue, session)
     if place then
       local w = waiter_record(session)
       if w and w.lease_hash ~= '' and w.lease_hash ~= lease then
         return outcome('LEASE_MISMATCH', rcall('ZCARD', K.holders), total, 0, now, {})
       end
       rcall('ZADD', K.alive, ms(now + timeout), session)
-      waiting = true
       return outcome('QUEUED', rcall('ZCARD', K.holders), total, place + 1, now, {}, 0)
     end
   end
@@ -156,9 +154,9 @@ local result, _, default_timeout = run_request(decide, true, holder_lease_refusa
 -- with [1..8] only. [10] is set already when a denial (RATE_LIMITED) was
 -- the first its window folded (request.lua): the window's end.
 result[9], result[10], result[11] = stale_at or 0, result[10] or 0, 0
-if result[1] == 'HEARTBEAT_UPDATED' or (result[1] == 'QUEUED' and waiting) then
+if result[1] == 'HEARTBEAT_UPDATED' or result[1] == 'QUEUED' then
   if not timeout then
-    -- A replay: the timeout in force now, which is what the holder must meet.
+    -- A replay: the timeout in force now, which is what the session must meet.
     local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
     timeout = raw and license_number('heartbeat_timeout_ms', raw) or default_timeout
   end

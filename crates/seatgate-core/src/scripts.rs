@@ -1061,8 +1061,9 @@ mod tests {
         let heartbeat = source(ScriptName::Heartbeat);
         assert!(
             !heartbeat.contains("local function promote"),
-            "heartbeat touches no queue"
+            "heartbeat changes no queue"
         );
+        assert!(heartbeat.contains("local function waiter_record"));
         assert!(heartbeat.contains("local function count_heartbeat"));
         assert!(reap.contains("local function grant_if_valid"));
         for script in [

@@ -12,8 +12,10 @@
                                        is the seats in use, its low end the stale
              seat:{L}:sessions   HASH  session -> session record (session_record.lua)
              seat:{L}:queue      ZSET  waiting session -> priority and arrival (queue.lua)
-             seat:{L}:waiters    HASH  waiting session -> waiter record (queue.lua)
+             seat:{L}:waiters    HASH  waiting session -> waiter record (waiter_record.lua)
              seat:{L}:deadlines  ZSET  waiting session -> give-up time (ms)
+             seat:{L}:alive      ZSET  waiting session -> when it is stale unless it
+                                       shows it is alive again (ms; queue.lua)
              seat:{L}:queue_seq  STRING arrival counter
              seat:{L}:outbox     HASH  note id -> outbox record (outbox.lua):
                                        queue replies not yet delivered

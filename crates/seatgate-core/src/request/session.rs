@@ -26,6 +26,7 @@ pub(super) const RELEASE_STATUSES: &[Status] = &[
 /// The statuses a heartbeat can be answered with (lua/heartbeat.lua's header).
 pub(super) const HEARTBEAT_STATUSES: &[Status] = &[
     Status::HeartbeatUpdated,
+    Status::Queued,
     Status::SessionNotActive,
     Status::LeaseMismatch,
     Status::RateLimited,

@@ -46,6 +46,10 @@ const INCLUDES: &[(&str, &str)] = &[
     ("outbox", include_str!("../../lua/includes/outbox.lua")),
     ("owners", include_str!("../../lua/includes/owners.lua")),
     ("queue", include_str!("../../lua/includes/queue.lua")),
+    (
+        "waiter_record",
+        include_str!("../../lua/includes/waiter_record.lua"),
+    ),
     ("policy", include_str!("../../lua/includes/policy.lua")),
     ("lease", include_str!("../../lua/includes/lease.lua")),
     ("seat_lease", include_str!("../../lua/includes/seat_lease.lua")),

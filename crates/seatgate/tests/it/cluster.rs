@@ -11,8 +11,8 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, lease_of, license_keys, provision, put_license, reaper,
-    seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
+    acquire, client, db, direct, events, holders, keep_waiting, lease_of, license_keys, provision,
+    put_license, reaper, seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
 };
 
 /// How long a test waits for a reply (a cluster answers slower while failing over).
@@ -307,6 +307,11 @@ async fn queue_reaper_and_self_healing(cluster: &LocalCluster) {
     let w3 = client(&s).await;
     let id3 = w3.send(&acquire("q", "third", 30_000)).await.unwrap();
     assert_eq!(w3.wait_for(&id3, T).await.unwrap().int("position"), 2);
+    let every = Duration::from_millis(100);
+    let _alive = (
+        keep_waiting(&w2, "q", "second", every),
+        keep_waiting(&w3, "q", "third", every),
+    );
 
     let reaper = reaper(&s).await;
     // Eviction: "first" never heartbeats; FIFO: "second" gets the seat.

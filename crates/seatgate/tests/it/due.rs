@@ -14,8 +14,8 @@ use seatgate_core::scripts::{Scripts, DUE_CLAIM_BASE};
 use seatgate_core::status::Status;
 
 use crate::support::{
-    acquire, client, command_calls, db, direct, encoding, holders, keys, license_keys, provision, queue_up,
-    reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
+    acquire, client, command_calls, db, direct, encoding, holders, keep_waiting, keys, license_keys,
+    provision, queue_up, reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, TestApp, T,
 };
 
 /// Writes `license`'s record the way a billing system may (the documented
@@ -65,7 +65,8 @@ async fn a_license_written_as_its_hash_alone_has_its_stale_seat_reaped_and_its_w
         .unwrap();
     assert!(!indexed, "provisioned without the license index");
 
-    // "first" never heartbeats.
+    // "first" never heartbeats; "second" shows it is alive while it waits.
+    let _alive = keep_waiting(&waiter, "billed", "second", Duration::from_millis(100));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let report = reaper(&settings).await.pass().await.unwrap();
     assert_eq!((report.evicted, report.granted), (1, 1), "{report:?}");
@@ -100,7 +101,10 @@ async fn the_sweep_files_licenses_the_due_index_lacks_and_the_same_pass_reaps_th
         .queue(&mut con, 60_000, "req-b", &waiter)
         .await;
     assert_eq!(filed(&settings, "unlisted").await, (None, None));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // b shows it is alive (a waiter heartbeat), a does not.
+    let alive = direct(&settings, "unlisted", "b").heartbeat(&mut con).await;
+    assert_eq!(alive.status(), Status::Queued);
 
     let report = reaper(&settings).await.pass().await.unwrap();
     let mut found = report.filed.clone();

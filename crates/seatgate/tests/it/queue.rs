@@ -10,9 +10,9 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, license_keys, outbox_len, provision, put_license, queue_up,
-    reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, stream_entries, watch_holders, Entry,
-    TestApp, T,
+    acquire, client, db, direct, events, holders, keep_waiting, license_keys, outbox_len, provision,
+    put_license, queue_up, reaper, reply_stream, seats_with_timeout, spawn_app, spawn_worker, stream_entries,
+    watch_holders, Entry, TestApp, T,
 };
 
 fn of_type<'a>(events: &'a [Entry], kind: &str) -> Vec<&'a Entry> {
@@ -327,17 +327,23 @@ async fn a_granted_user_who_never_heartbeats_is_reaped_and_the_next_is_granted()
     c.call(&acquire("lic", "first", 0), T).await.unwrap();
     let (_, id2, c2) = queue_up(&settings, "lic", "second", 30_000).await;
     let (_, id3, c3) = queue_up(&settings, "lic", "third", 30_000).await;
+    let every = Duration::from_millis(100);
+    let alive2 = keep_waiting(&c2, "lic", "second", every);
+    let _alive3 = keep_waiting(&c3, "lic", "third", every);
     let r = reaper(&settings).await;
 
     tokio::time::sleep(Duration::from_millis(350)).await;
     r.pass().await.unwrap(); // first is stale: second gets the seat
+                             // Second stops at once (a heartbeat already on its way may claim the
+                             // seat once: the wait below is longer than a timeout after it).
+    drop(alive2);
     let granted = c2.wait_for(&id2, T).await.unwrap();
     assert_eq!(
         (granted.status(), granted.heartbeat_timeout()),
         (Status::Granted, Some(Duration::from_millis(300))),
         "the reaper's grant carries the license's own timeout"
     );
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     r.pass().await.unwrap(); // second never heartbeated: third gets it
     assert_eq!(c3.wait_for(&id3, T).await.unwrap().status(), Status::Granted);
     assert_eq!(holders(&settings, "lic").await, ["third"]);
@@ -376,7 +382,8 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
         let wait = if i == 4 { 200 } else { 20_000 };
         let (first, id, cl) = queue_up(&settings, "e2e", &format!("w{i}"), wait).await;
         assert_eq!((first.status(), first.int("position")), (Status::Queued, i + 1));
-        waiters.push((i, id, cl));
+        let alive = keep_waiting(&cl, "e2e", &format!("w{i}"), Duration::from_millis(100));
+        waiters.push((i, id, cl, alive));
     }
     let steady = tokio::spawn({
         let settings = settings.clone();
@@ -392,10 +399,11 @@ async fn end_to_end_heartbeats_deaths_and_a_draining_queue() {
     // Granted waiters heartbeat until they release, so they are not reaped.
     let mut outcomes = Vec::new();
     let mut tasks = Vec::new();
-    for (i, id, cl) in waiters {
+    for (i, id, cl, alive) in waiters {
         let settings = settings.clone();
         tasks.push(tokio::spawn(async move {
             let r = cl.wait_for(&id, Duration::from_secs(15)).await.unwrap();
+            drop(alive);
             if r.status() == Status::Granted {
                 let c = client(&settings).await;
                 for _ in 0..3 {

@@ -496,6 +496,13 @@ async fn every_seat_script_answers_the_documented_outcome() {
             },
         ),
         (
+            Heartbeat("b"),
+            Want {
+                changed: false,
+                ..want(queued_first.clone(), 1)
+            },
+        ),
+        (
             Acquire("c", 60_000),
             want(Decision::NoSeatsAvailable(NoSeats::QueueFull), 1),
         ),
@@ -1220,14 +1227,23 @@ async fn reap(
 }
 
 /// The reaper's work on `license` (1 seat, a 50 ms heartbeat timeout): "a"
-/// holds the seat and has gone stale, "b" waits for a minute, "c" for a
-/// millisecond that has passed.
+/// holds the seat and has gone stale, "b" waits for a minute (and has just
+/// shown it is alive), "c" for a millisecond that has passed.
 async fn stale_holder_and_two_waiters(con: &mut Db, s: &Settings) {
     provision(s, "lic", &seats_with_timeout(1, 50)).await;
     run(con, s, "lic", Req::Acquire("a", 0)).await;
     run(con, s, "lic", Req::Acquire("b", 60_000)).await;
     run(con, s, "lic", Req::Acquire("c", 1)).await;
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let alive = run(con, s, "lic", Req::Heartbeat("b")).await;
+    assert_eq!(
+        alive.decision,
+        Decision::Queued {
+            position: 1,
+            priority: 0
+        },
+        "a waiter's heartbeat keeps its place"
+    );
 }
 
 /// On one node a reaper step that evicts a holder and grants its seat, or

@@ -783,6 +783,30 @@ pub async fn send_alone(s: &Settings, request: &Call) -> (Reply, String, Client)
     (first, id, c)
 }
 
+/// Heartbeats waiting `session` of `license` through `c` (the client that
+/// queued it, which holds its lease) every `every` while the answer is
+/// QUEUED, until the guard drops: a waiter that shows it is alive keeps its
+/// place (docs/protocol.md, "Waiter liveness"). It stops at the first other
+/// answer, so that a granted seat it never claims goes stale as any other.
+pub fn keep_waiting(c: &Client, license: &str, session: &str, every: Duration) -> DropGuard {
+    let (c, call) = (c.clone(), Call::heartbeat(license, session));
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        while !token.is_cancelled() {
+            match c.call(&call, T).await {
+                Ok(r) if r.status() == seatgate_core::status::Status::Queued => {}
+                _ => break,
+            }
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    });
+    stop.drop_guard()
+}
+
 /// Reaper passes every 200 ms until the guard drops, so that a seat nobody
 /// heartbeats is evicted soon after its timeout.
 pub async fn reaping(s: &Settings) -> DropGuard {

@@ -196,7 +196,10 @@ async fn holders_of_an_invalid_license_heartbeat_release_and_are_reaped_but_nobo
         ["stays"],
         "the freed seat went to nobody"
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r = ask(&mut con, &s, &op("heartbeat", "cad", "waits")).await;
+    assert_eq!(r["status"], "QUEUED", "a waiter keeps its place alive");
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let pass = reaper(&s).await.pass().await.unwrap();
     assert_eq!(
         (pass.evicted, pass.granted),
