@@ -17,7 +17,6 @@ export const PACKAGE_DIR = resolve(here, '..');
 /** The seatgate binary: $SEATGATE_BIN, else the repo's debug build. */
 export const SEATGATE_BIN = process.env.SEATGATE_BIN || resolve(PACKAGE_DIR, '../../target/debug/seatgate');
 /** Whether the server does waiter heartbeats and the claim window (docs: /work/spec/waiters.md). */
-export const WAITERS_READY_FILE = process.env.SEATGATE_WAITERS_READY || resolve(dirname(SEATGATE_BIN), 'WAITERS_READY');
 
 /** The binary, or a clear failure when it is not there. */
 function bin() {
@@ -237,11 +236,6 @@ export async function waitForEvent(svc, pred, ms = 15000) {
 /** `seatgate status --json --license L`, parsed. */
 export async function status(svc, license) {
   return JSON.parse(await seatgateOk(svc.url, ['status', '--json', '--license', license], svc.env));
-}
-
-/** Whether the waiter-liveness build is there. */
-export function waitersReady() {
-  return existsSync(WAITERS_READY_FILE);
 }
 
 export { readFileSync, spawnSync };

@@ -168,9 +168,11 @@ impl Reply {
         self.get("ok") == "1"
     }
 
-    /// Whether this is the last reply to its request (anything but QUEUED).
+    /// Whether this is the last reply to its request: anything but the
+    /// QUEUED of an acquire (a waiting session's heartbeat is answered
+    /// QUEUED too, and nothing follows that).
     pub fn is_final(&self) -> bool {
-        self.status().is_final()
+        self.status().is_final() || self.get("op") == "heartbeat"
     }
 
     /// An integer field, 0 when absent or malformed.

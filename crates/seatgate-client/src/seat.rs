@@ -186,6 +186,19 @@ impl Client {
     /// up to its `wait_ms` (and a margin). Giving up, or dropping the
     /// returned future, undoes the acquire in the background.
     pub async fn acquire_seat(&self, call: &Call, opts: &SeatOptions) -> Result<Seat, AcquireError> {
+        self.acquire_seat_with(call, opts, |_| {}).await
+    }
+
+    /// [`acquire_seat`](Client::acquire_seat), telling `on_queued` each
+    /// QUEUED reply it hears while it waits (the first, a re-sent
+    /// acquire's, a waiter heartbeat's): its `position` says where the
+    /// session stands, for a "waiting for a seat" display.
+    pub async fn acquire_seat_with(
+        &self,
+        call: &Call,
+        opts: &SeatOptions,
+        mut on_queued: impl FnMut(&Reply) + Send,
+    ) -> Result<Seat, AcquireError> {
         if call.op != SeatOp::Acquire {
             return Err(
                 Error::Usage(format!("acquire_seat sends an acquire, not {}", call.op.as_str())).into(),
@@ -218,6 +231,7 @@ impl Client {
         };
         let mut reply = ex.answer(Some(Instant::now() + opts.give_up_after)).await?;
         if reply.status() == Status::Queued {
+            on_queued(&reply);
             // Decided: from now on it waits for GRANTED or QUEUE_TIMEOUT under
             // the id of whichever attempt queued it last, and keeps its place
             // with a waiter heartbeat every third of the heartbeat timeout
@@ -248,13 +262,17 @@ impl Client {
                                 }
                             });
                         }
-                        Some(r) if r.status() == Status::Queued || r.status() == Status::RequestExpired => {}
+                        Some(r) if r.status() == Status::Queued => on_queued(&r),
+                        Some(r) if r.status() == Status::RequestExpired => {}
                         Some(r) => break r,
                     },
                     Some(r) = answers.recv() => {
-                        // A timeout lowered while it waits is followed.
-                        if let Some(t) = r.heartbeat_timeout().filter(|_| r.status() == Status::Queued) {
-                            every = t / 3;
+                        if r.status() == Status::Queued {
+                            on_queued(&r);
+                            // A timeout lowered while it waits is followed.
+                            if let Some(t) = r.heartbeat_timeout() {
+                                every = t / 3;
+                            }
                         }
                     }
                 }

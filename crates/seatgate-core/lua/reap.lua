@@ -48,7 +48,7 @@
   ARGV[9]  on one Redis node, the queue reply settings (includes/outbox.lua,
            reply_conf_of): the step then writes the GRANTED and QUEUE_TIMEOUT
            of its notes itself; '' on a cluster (the outbox)
-  ARGV[10] the claim window (ms) when the license sets no claim_ms: how
+  ARGV[10] the claim window (ms), queue.claim_ms: how
            long a session granted a seat from the queue has to claim it with
            a heartbeat (queue.lua, claim_score; 0 = none)
   ARGV[11..] note ids the last step's page held beyond the limit, handed out

@@ -375,8 +375,7 @@ pub struct ServiceDefaults {
     /// counts as this.
     pub max_wait_ms: u64,
     /// `queue.claim_ms`: how long a session granted a seat from the queue has
-    /// to claim it with a heartbeat, when the license sets no `claim_ms`
-    /// (0 = no claim window).
+    /// to claim it with a heartbeat (0 = no claim window).
     pub claim_ms: u64,
 }
 
@@ -393,8 +392,8 @@ pub struct SessionArgs<'a> {
     /// The heartbeat timeout (ms) when the license sets none: what a GRANTED
     /// made on the way carries, and what the next due time is reckoned with.
     pub default_heartbeat_timeout_ms: u64,
-    /// The claim window (ms) of a grant made on the way when the license
-    /// sets no `claim_ms` (lua/includes/queue.lua, claim_score; 0 = none).
+    /// The claim window (ms) of a grant made on the way, `queue.claim_ms`
+    /// (lua/includes/queue.lua, claim_score; 0 = none).
     pub default_claim_ms: u64,
 }
 
@@ -403,8 +402,7 @@ pub struct SessionArgs<'a> {
 pub struct ReapArgs<'a> {
     /// Heartbeat timeout for a license without its own, ms.
     pub default_timeout_ms: u64,
-    /// Claim window of a grant for a license without its own `claim_ms`, ms
-    /// (0 = none).
+    /// Claim window of a grant, `queue.claim_ms` (0 = none).
     pub default_claim_ms: u64,
     /// Most evictions, waiter removals, grants and re-delivered notes per step.
     pub limit: usize,

@@ -102,7 +102,8 @@ pub struct SeatResponse {
 /// A heartbeat's or release's answer.
 #[derive(Debug, Clone, Serialize, ToSchema, PartialEq)]
 pub struct SessionResponse {
-    /// `HEARTBEAT_UPDATED`, `RELEASED` or `LEFT_QUEUE`.
+    /// `HEARTBEAT_UPDATED`, `QUEUED` (a heartbeat of a waiting session:
+    /// it keeps its place), `RELEASED` or `LEFT_QUEUE`.
     pub status: String,
     /// The license.
     pub license: String,
@@ -115,6 +116,9 @@ pub struct SessionResponse {
     /// The heartbeat timeout in force, ms (heartbeat).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// Where a waiting session stands, 1-based (`QUEUED`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
 }
 
 /// A license's availability.
@@ -430,10 +434,8 @@ async fn acquire_inner(
         lease: lease_text,
         seats_used,
         seats_total,
-        heartbeat_timeout_ms: reply
-            .heartbeat_timeout()
-            .map(|d| d.as_millis() as u64)
-            .filter(|_| held),
+        // Held or waiting, the session must show it is alive within it.
+        heartbeat_timeout_ms: reply.heartbeat_timeout().map(|d| d.as_millis() as u64),
         held_since_ms: reply.held_since_ms().filter(|_| held),
         position: (!held).then(|| reply.int("position").max(0) as u64),
         borrowed_until_ms,
@@ -450,7 +452,7 @@ async fn acquire_inner(
     tag = "seats",
     params(SeatPath, ("Seatgate-Lease" = String, Header, description = "The seat's lease")),
     responses(
-        (status = 200, description = "HEARTBEAT_UPDATED", body = SessionResponse),
+        (status = 200, description = "HEARTBEAT_UPDATED, or QUEUED for a waiting session, which keeps its place (it must heartbeat while it waits, as a holder does)", body = SessionResponse),
         (status = 400, description = "No lease, or an invalid request", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Another lease holds the seat, or it was revoked", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The session holds no seat: acquire again", body = Problem, content_type = "application/problem+json"),
@@ -518,6 +520,7 @@ async fn session_call(
     let status = reply.status();
     match status {
         Status::HeartbeatUpdated | Status::Released | Status::LeftQueue => {}
+        Status::Queued if op == SeatOp::Heartbeat => {}
         other => return Err(Problem::from_wire(other, reply.error(), reply.seats())),
     }
     let (seats_used, seats_total) = reply.seats();
@@ -530,6 +533,7 @@ async fn session_call(
             seats_used,
             seats_total,
             heartbeat_timeout_ms: reply.heartbeat_timeout().map(|d| d.as_millis() as u64),
+            position: (status == Status::Queued).then(|| reply.int("position").max(0) as u64),
         }),
     ))
 }

@@ -867,10 +867,15 @@ async fn client_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize
             let deadline = Instant::now() + Duration::from_millis(wait_ms) + Duration::from_secs(10);
             let leave_at = leave_after.map(|d| Instant::now() + d);
             let id = out.id.clone();
+            // A waiter shows it is alive every quarter of the timeout, or
+            // the reaper drops it (docs/protocol.md, "Waiter liveness").
+            let every = Duration::from_millis(l.heartbeat_timeout_ms / 4);
+            let mut beat_at = Instant::now() + every;
             loop {
                 let until = leave_at
                     .unwrap_or(deadline)
                     .min(deadline)
+                    .min(beat_at)
                     .min(Instant::now() + Duration::from_millis(500));
                 if let Some(r) = w.next_reply(&id, until).await {
                     if r.get("status") != "QUEUED" {
@@ -890,6 +895,11 @@ async fn client_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize
                         w.inbox.remove(&id);
                     }
                     break;
+                }
+                if Instant::now() >= beat_at {
+                    // QUEUED while it waits; a grant's answer is the acquire's reply.
+                    w.request(&requests, with_op("heartbeat"), &mut rng).await;
+                    beat_at = Instant::now() + every;
                 }
             }
         }

@@ -284,8 +284,8 @@ pub struct QueueSettings {
     /// counts as this, so no waiter holds a place (and its memory) longer.
     pub max_wait_ms: u64,
     /// How long a session granted a seat from the queue has to claim it
-    /// with a heartbeat before the seat goes to the next waiter, ms, where
-    /// the license sets no `claim_ms` (0 = no claim window).
+    /// with a heartbeat before the seat goes to the next waiter, ms (0 = no
+    /// claim window).
     pub claim_ms: u64,
 }
 

@@ -52,8 +52,9 @@ end
 -- acquire's enqueue adds a waiter, and says so (queue_joined).
 local idle_queue
 -- The claim window of this call's grants (claim_score, below): the
--- service's defaults, set by the calling script (use_claim), and what the
--- license record says, read at the call's first grant.
+-- service's heartbeat timeout and window, set by the calling script
+-- (use_claim), and the offset they and the license's own timeout give,
+-- worked out at the call's first grant.
 local claim_timeout, claim_default, claim_offset
 local function bind_queue()
   idle_queue = nil
@@ -61,8 +62,8 @@ local function bind_queue()
 end
 --- @on_call "bind_queue"
 
--- Sets the service's heartbeat timeout and claim window (ms; 0 = no
--- window) that this call's grants use where the license sets neither.
+-- Sets the service's heartbeat timeout (used where the license sets none)
+-- and claim window (ms; 0 = no window) for this call's grants.
 local function use_claim(timeout, claim)
   claim_timeout, claim_default = timeout, claim
 end
@@ -70,14 +71,13 @@ end
 -- The score a seat granted at `now` starts with in K.holders, or nil for
 -- `now` itself: with a claim window C under heartbeat timeout T, now - T +
 -- C, so that the grant goes stale C after it, unless its session claims
--- the seat with a heartbeat first (whose ZADD GT scores it now). The
--- license's claim_ms and heartbeat_timeout_ms, where set, over the
--- service's (use_claim); none when the window is 0 or not under T.
+-- the seat with a heartbeat first (whose ZADD GT scores it now). T is the
+-- license's heartbeat_timeout_ms where set, else the service's; C the
+-- service's queue.claim_ms (use_claim); none when C is 0 or not under T.
 local function claim_score(now)
   if claim_offset == nil then
-    local raw = rcall('HMGET', K.license, 'heartbeat_timeout_ms', 'claim_ms')
-    local timeout = tonumber(raw[1]) or claim_timeout
-    local claim = tonumber(raw[2]) or claim_default
+    local timeout = tonumber(rcall('HGET', K.license, 'heartbeat_timeout_ms')) or claim_timeout
+    local claim = claim_default
     claim_offset = false
     if timeout and claim and claim > 0 and claim < timeout then
       claim_offset = timeout - claim

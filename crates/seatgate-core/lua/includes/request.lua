@@ -43,8 +43,8 @@
                (rate_limit.lua), seats held and sessions waiting
                (acquire.lua; counted as a:<app> and wa:<app>)
              then '|<claim window>': queue.claim_ms, the ms a session granted
-               a seat from the queue has to claim it with a heartbeat where
-               the license sets no claim_ms (queue.lua, claim_score; 0 = none)
+               a seat from the queue has to claim it with a heartbeat
+               (queue.lua, claim_score; 0 = none)
              and, on one Redis node only, '|<reply ttl>|<reply expiry>|<prefix>':
                the scripts then write the queue replies of their notes
                themselves (outbox.lua, reply_conf_of and send_queue_replies):

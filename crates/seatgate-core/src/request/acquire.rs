@@ -111,7 +111,7 @@ pub struct AcquireArgs<'a> {
     /// `heartbeat_timeout_ms`: the one an ACQUIRED reply then carries, and
     /// the one the license's next due time is reckoned with.
     pub default_heartbeat_timeout_ms: u64,
-    /// The claim window (ms) of a grant when the license sets no `claim_ms`.
+    /// The claim window (ms) of a grant made on the way (`queue.claim_ms`).
     pub default_claim_ms: u64,
     /// Who asks: the user and group (the per-user and per-group policies),
     /// the priority in the queue and the borrow ([`RequestPolicy::NONE`]:

@@ -107,8 +107,7 @@ pub struct RevokeArgs<'a> {
     /// made on the way carries, and what the license's stale time is
     /// reckoned with.
     pub default_heartbeat_timeout_ms: u64,
-    /// The claim window (ms) of a grant made on the way when the license
-    /// sets no `claim_ms`.
+    /// The claim window (ms) of a grant made on the way (`queue.claim_ms`).
     pub default_claim_ms: u64,
 }
 

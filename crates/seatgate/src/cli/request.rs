@@ -186,10 +186,12 @@ pub(super) async fn client_call(
 }
 
 /// Prints `reply` and gives the exit code it stands for: 0 when the request
-/// got what it asked for, 1 when it was refused.
+/// got what it asked for (a waiting session's heartbeat kept its place:
+/// QUEUED), 1 when it was refused.
 pub(super) fn answered(reply: &Reply, json: bool) -> ExitCode {
     print_reply(reply, json);
-    if reply.ok() {
+    let kept_waiting = reply.status() == Status::Queued && reply.get("op") == "heartbeat";
+    if reply.ok() || kept_waiting {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_REFUSED)

@@ -112,7 +112,7 @@ pub struct Reaper {
     publisher: Publisher,
     /// Heartbeat timeout for licenses without their own.
     default_timeout_ms: u64,
-    /// Claim window of a grant for licenses without their own `claim_ms`.
+    /// Claim window of a grant (`queue.claim_ms`).
     default_claim_ms: u64,
     /// Most removals per script call.
     batch: usize,
