@@ -71,6 +71,9 @@ export class Client {
   private readonly closeTimeoutMs: number;
   private readonly seats = new Set<Seat>();
   private readonly undoing = new Set<Promise<void>>();
+  /** The acquires under way, and what aborts them all at close(). */
+  private readonly acquiring = new Set<Promise<unknown>>();
+  private readonly closeSignal = new AbortController();
   private readonly owner: SeatOwner;
   private closing: Promise<void> | undefined;
   private unhook: (() => void) | undefined;
@@ -150,11 +153,18 @@ export class Client {
    */
   acquireSeat(license: string, options: AcquireOptions = {}): Promise<Seat> {
     if (this.closing) return Promise.reject(new SeatgateError('CLOSED', 'the seatgate client is closed'));
-    return acquireSeat(this.owner, license, options);
+    const stop = this.closeSignal.signal;
+    const signal = options.signal ? AbortSignal.any([options.signal, stop]) : stop;
+    const p = acquireSeat(this.owner, license, { ...options, signal });
+    const settled = p.catch(() => undefined);
+    this.acquiring.add(settled);
+    void settled.finally(() => this.acquiring.delete(settled));
+    return p;
   }
 
   /**
-   * Releases every seat still held (for at most closeTimeoutMs), then
+   * Aborts the acquires under way (a queued one leaves the queue) and
+   * releases every seat still held (for at most closeTimeoutMs), then
    * drops the connections: it ends within about 2 s even while a read is
    * blocked. Returns the same promise when called again.
    */
@@ -166,6 +176,13 @@ export class Client {
   private async doClose(): Promise<void> {
     this.unhook?.();
     const until = Date.now() + this.closeTimeoutMs;
+    // Acquires under way first (a queued one leaves the queue), so that a
+    // seat released below is not granted to one of our own waits.
+    this.closeSignal.abort();
+    await Promise.race([
+      Promise.all([...this.acquiring]),
+      new Promise((r) => setTimeout(r, Math.max(0, until - Date.now())).unref()),
+    ]);
     const releases: Promise<ReleaseResult | void>[] = [...this.seats].map((s) => s.releaseBy(until));
     const bounded = (p: Promise<unknown>): Promise<unknown> =>
       Promise.race([p.catch(() => undefined), new Promise((r) => setTimeout(r, Math.max(0, until - Date.now())).unref())]);

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use seatgate_client::{AcquireError, Call, Client, RedisSettings, Released, Seat, SeatOptions, SeatState};
+use seatgate_client::{AcquireError, Call, Client, Lease, RedisSettings, Released, Seat, SeatOptions, SeatState};
 use serde_json::{json, Map, Value};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{watch, Mutex};
@@ -31,8 +31,13 @@ fn say(v: Value) {
 /// One named seat handle: its seat once held, and whether its acquire ended.
 #[derive(Clone)]
 struct Handle {
+    license: String,
+    session: String,
+    lease: Lease,
     seat: Arc<Mutex<Option<Seat>>>,
     done: watch::Receiver<bool>,
+    /// Aborts the acquire (its undo releases what it may have taken).
+    acquiring: tokio::task::AbortHandle,
 }
 
 fn args() -> Result<(String, Option<String>), String> {
@@ -142,7 +147,10 @@ fn acquire(
         return Err("acquire needs \"name\" and \"license\"".into());
     };
     let session = text(cmd, "session")?.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let mut call = Call::acquire(license, session);
+    // The lease is the agent's, so that its exit can take a queued
+    // session out of the queue (below) while the acquire is given up.
+    let lease = Lease::parse(&uuid::Uuid::new_v4().simple().to_string()).ok_or("cannot make a lease")?;
+    let mut call = Call::acquire(&license, &session).with_lease(lease.clone());
     if let Some(user) = text(cmd, "user")? {
         call = call.with_user(user);
     }
@@ -159,13 +167,11 @@ fn acquire(
         call = call.with_wait(Duration::from_millis(ms));
     }
     let (done_tx, done) = watch::channel(false);
-    let handle = Handle {
-        seat: Arc::new(Mutex::new(None)),
-        done,
-    };
-    handles.insert(name.clone(), handle.clone());
+    let seat_slot = Arc::new(Mutex::new(None));
+    let slot = seat_slot.clone();
     let client = client.clone();
-    tokio::spawn(async move {
+    let key = name.clone();
+    let task = tokio::spawn(async move {
         let queued_name = name.clone();
         let on_queued = move |r: &seatgate_client::Reply| {
             say(json!({"name": queued_name, "event": "queued", "position": r.int("position")}));
@@ -179,7 +185,7 @@ fn acquire(
                     json!({"name": name, "event": "held", "status": seat.grant().status().as_str(), "session": seat.session()}),
                 );
                 let mut state = seat.watch();
-                *handle.seat.lock().await = Some(seat);
+                *slot.lock().await = Some(seat);
                 tokio::spawn(async move {
                     if let Ok(s) = state.wait_for(|s| !matches!(s, SeatState::Held { .. })).await {
                         if let SeatState::Lost { status, error } = &*s {
@@ -199,6 +205,15 @@ fn acquire(
         }
         let _ = done_tx.send(true);
     });
+    let handle = Handle {
+        license,
+        session,
+        lease,
+        seat: seat_slot,
+        done,
+        acquiring: task.abort_handle(),
+    };
+    handles.insert(key, handle);
     Ok(())
 }
 
@@ -234,11 +249,18 @@ fn release(cmd: &Map<String, Value>, handles: &HashMap<String, Handle>) -> Resul
     Ok(())
 }
 
-/// The handle's normal shutdown: every held seat released, the client
-/// closed, all within [`EXIT_WITHIN`]; then `exited`.
+/// The handle's normal shutdown, all within [`EXIT_WITHIN`], then `exited`:
+/// the acquires under way given up (a queued session leaves the queue,
+/// first, so that no seat released next is granted to one of them), every
+/// held seat released, the client closed.
 async fn exit(client: Client, handles: HashMap<String, Handle>) {
     let releases = async {
-        for (_, h) in handles {
+        for h in handles.values().filter(|h| !*h.done.borrow()) {
+            h.acquiring.abort();
+            let leave = Call::release(&h.license, &h.session).with_lease(h.lease.clone());
+            let _ = client.call(&leave, Duration::from_millis(800)).await;
+        }
+        for h in handles.values() {
             if let Some(seat) = h.seat.lock().await.take() {
                 let _ = seat.release().await;
             }
