@@ -198,3 +198,28 @@ def test_redis_unreachable_is_redis_unavailable_in_one_line_naming_redis() -> No
 def test_the_package_says_its_version() -> None:
     assert seatgate.__version__ == "0.1.0"
     assert seatgate.crc32("north") == __import__("zlib").crc32(b"north")
+
+
+def test_closing_the_client_ends_a_wait_in_the_queue_with_closed(svc: Service) -> None:
+    svc.license_put("shut", "--seats", "1")
+
+    async def main() -> None:
+        other = await Client.connect(svc.url)
+        holder = await other.acquire_seat("shut", session="h")
+        client = await Client.connect(svc.url)
+        waiting = asyncio.ensure_future(client.acquire_seat("shut", session="w", wait_ms=30000))
+        await svc.await_event(lambda e: e["type"] == "queued" and e["session"] == "w")
+        t0 = time.monotonic()
+        await client.close()
+        with pytest.raises(SeatgateError) as e:
+            await asyncio.wait_for(waiting, 2)
+        assert e.value.code == "CLOSED"
+        assert time.monotonic() - t0 < 2.0
+        with pytest.raises(SeatgateError) as e:
+            await client.acquire_seat("shut")
+        assert e.value.code == "CLOSED"
+        assert holder.state == "held"
+        await other.close()
+        assert holder.state == "released"
+
+    run(main())

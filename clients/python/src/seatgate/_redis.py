@@ -499,7 +499,12 @@ class _Exchange:
             self.t.forget(self.ids.popleft())
 
     async def next(self, until_ms: float, stop: Optional[asyncio.Event] = None) -> Optional[Received]:
-        return await self.inbox.next(until_ms, stop)
+        """The next reply to any attempt, or None at `until_ms`; raises
+        CLOSED once the client closes (its inbox answers nothing more)."""
+        got = await self.inbox.next(until_ms, stop)
+        if got is None and self.t.is_closing:
+            raise SeatgateError(CLOSED, "the seatgate client is closed")
+        return got
 
     async def answer(self, give_up_at: Optional[float], stop: Optional[asyncio.Event] = None) -> Optional[Received]:
         """The first reply that is not REQUEST_EXPIRED (one for an older

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Protocol
 
 from ._backend import AcquireAttempt, AcquireSpec, Backend, Logger, SeatTarget, Timing
-from .errors import ABORTED, INVALID_ARGUMENT, TIMEOUT, SeatgateError, describe
+from .errors import ABORTED, CLOSED, INVALID_ARGUMENT, TIMEOUT, SeatgateError, describe
 from .wire import (
     GAVE_BACK,
     GRANTS,
@@ -209,8 +209,9 @@ class Seat:
             except Exception as e:
                 if self._stop.is_set():
                     return None
-                # The client closed under it.
-                self._lose(SeatLoss("ERROR", describe(e), None))
+                # The client closed under it (or Redis failed beyond retrying).
+                code = e.code if isinstance(e, SeatgateError) else "ERROR"
+                self._lose(SeatLoss(code, describe(e), None))
                 return None
             if got is None or self._stop.is_set():
                 return None
@@ -385,6 +386,8 @@ async def acquire_seat(
             except asyncio.CancelledError:
                 owner.track(seat.release_by(None))
                 raise
+            if loss is not None and loss.reply is None:
+                raise SeatgateError(loss.status, f"claim of the seat granted to {license}/{spec.session}: {loss.error}")
             if loss is not None:
                 raise SeatgateError.refused(
                     f"claim of the seat granted to {license}/{spec.session}",
@@ -488,7 +491,8 @@ async def _undo(owner: SeatOwner, attempt: AcquireAttempt, target: SeatTarget) -
                 owner.log("info", f"releasing {target.license}/{target.session}, granted after its acquire was given up on")
                 await owner.backend.release(target, now_ms() + t.give_up_after_ms)
     except Exception as e:
-        owner.log("warn", f"could not undo the acquire of {target.license}/{target.session}: {describe(e)}")
+        level = "debug" if isinstance(e, SeatgateError) and e.code == CLOSED else "warn"
+        owner.log(level, f"could not undo the acquire of {target.license}/{target.session}: {describe(e)}")
     finally:
         attempt.close()
 
