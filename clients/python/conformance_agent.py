@@ -5,6 +5,7 @@ by JSON lines on stdin, answering JSON lines on stdout, one object per line,
 flushed at once. Diagnostics go to stderr only.
 
     python3 conformance_agent.py --redis <url> [--application <app>]
+    python3 conformance_agent.py --gateway <url> --token <bearer> [--ca <pem-file>]
 
 The Redis password, if any, comes from SEATGATE_REDIS_PASSWORD. Commands:
 {"cmd":"acquire","name":...,"license":...,"session"?,"user"?,"group"?,"priority"?,"borrow_ms"?,"wait_ms"?},
@@ -171,7 +172,10 @@ def read_stdin(loop, lines):
 
 async def main(args):
     try:
-        client = await seatgate.Client.connect(args.redis, application=args.application, logger=logger)
+        if args.redis:
+            client = await seatgate.Client.connect(args.redis, application=args.application, logger=logger)
+        else:
+            client = seatgate.Client.gateway(args.gateway, args.token, ca=args.ca, logger=logger)
     except Exception as e:  # noqa: BLE001
         say({"event": "error", "error": str(e)})
         return 3
@@ -191,15 +195,14 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description="seatgate's conformance agent for the Python package")
     parser.add_argument("--redis", help="redis:// URL (Redis mode)")
     parser.add_argument("--application")
-    parser.add_argument("--gateway", help="gateway URL (HTTP mode: not in this version of the package)")
+    parser.add_argument("--gateway", help="gateway URL (HTTP mode)")
     parser.add_argument("--token")
     parser.add_argument("--ca")
     args = parser.parse_args(argv)
     if bool(args.redis) == bool(args.gateway):
         parser.error("give --redis <url> or --gateway <url> --token <bearer>")
-    if args.gateway:
-        diag("HTTP mode is not in this version of the Python package")
-        sys.exit(2)
+    if args.gateway and not args.token:
+        parser.error("--gateway needs --token")
     return args
 
 

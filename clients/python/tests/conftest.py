@@ -128,20 +128,45 @@ class Worker:
             self.proc.wait()
 
 
+class Gateway:
+    """`seatgate gateway` on a loopback port (plain HTTP unless TLS files are in `env`)."""
+
+    def __init__(self, url: str, env: Optional[Dict[str, str]] = None, scheme: str = "http") -> None:
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [_bin(), "--redis", url, "gateway"],
+            env=base_env({"SEATGATE__GATEWAY__LISTEN": f"127.0.0.1:{port}", **(env or {})}),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        )
+        self.base_url = f"{scheme}://127.0.0.1:{port}"
+
+        def listening() -> bool:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+
+        wait_for("seatgate gateway", listening, 20.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Service:
     """A Redis and a worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Optional[Dict[str, str]] = None) -> None:
+        self.env = dict(env or {})
         self.redis = RedisServer()
         self.url = self.redis.url
         try:
-            self.worker = Worker(self.url)
+            self.worker = Worker(self.url, self.env)
         except BaseException:
             self.redis.stop()
             raise
 
     def seatgate(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([_bin(), "--redis", self.url, *args], env=base_env(), capture_output=True, text=True,
+        return subprocess.run([_bin(), "--redis", self.url, *args], env=base_env(self.env), capture_output=True, text=True,
                               timeout=60)
 
     def seatgate_ok(self, *args: str) -> str:

@@ -65,6 +65,13 @@ class AgentProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        time.sleep(0.05)  # the readers see the end
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except (OSError, ValueError):
+                    pass
 
 
 def test_the_agent_ready_held_queued_refused_released_lost_errors_exited(svc: Service) -> None:

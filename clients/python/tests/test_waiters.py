@@ -40,6 +40,8 @@ def waiter_heartbeat(svc: Service, lic: str, session: str, lease: str) -> Dict[s
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     reply: Dict[str, Any] = json.loads(line)
     return reply
 

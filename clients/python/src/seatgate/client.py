@@ -153,8 +153,13 @@ class Client:
         """A client of ``seatgate gateway`` (HTTP mode): `base_url` like
         https://seats.example.com:8443 (http:// only on loopback), `token` a
         gateway token or an OpenID Connect access token, `ca` the PEM file
-        of a private CA. Not built yet: raises INVALID_ARGUMENT."""
-        raise SeatgateError(INVALID_ARGUMENT, "HTTP mode (Client.gateway) is not in this version of the package yet")
+        of a private CA (a path, or the PEM text). Nothing is sent until the
+        first acquire. Standard library only (asyncio streams and ssl)."""
+        from ._gateway import GatewayTransport
+
+        timing = _timing(request_timeout_ms, ttl_ms, give_up_after_ms, default_heartbeat_timeout_ms)
+        log = logger or _python_logging
+        return cls(GatewayTransport(base_url, token, ca, timing, log), timing, log, close_timeout_ms)
 
     @property
     def where(self) -> str:
