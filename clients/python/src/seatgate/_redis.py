@@ -282,7 +282,18 @@ class RedisTransport:
             self._slots.release()
 
     async def _write_loop(self) -> None:
-        """Sends queued XADDs, as many as have piled up, in one pipeline."""
+        """Sends queued XADDs, as many as have piled up, in one pipeline;
+        never ends but at close (were it to, every request would go unsent)."""
+        while not self._closing:
+            try:
+                await self._write_batches()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug, not Redis: keep writing
+                self._opts.log("warn", f"the request writer failed ({describe(e)}); going on")
+                await asyncio.sleep(0.1)
+
+    async def _write_batches(self) -> None:
         backoff = 0.05
         while not self._closing:
             batch = [await self._outbox.get()]
@@ -360,7 +371,12 @@ class RedisTransport:
             # flag, not the result, says whether to go on.
             if self._closing:
                 return
-            for entry_id, flat in _entries(result):
+            try:
+                entries = _entries(result)
+            except (TypeError, ValueError, IndexError, AttributeError) as e:
+                self._opts.log("warn", f"an XREAD answer from {self.where} not understood ({describe(e)})")
+                continue
+            for entry_id, flat in entries:
                 last = entry_id
                 reply = fields_of(flat)
                 waiter = self._waiters.get(reply.get("id", ""))
