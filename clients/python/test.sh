@@ -58,7 +58,7 @@ for v in .venv-old .venv-new; do
   step "pytest in $v (redis-py $redis_version, Python $py_version, the installed wheel)"
   log=$(mktemp)
   # From tests/ only: the package comes from the venv's site-packages, not src/.
-  (cd "$HERE" && $v/bin/python -m pytest -q -p no:cacheprovider -rs tests) 2>&1 | tee "$log"
+  (cd "$HERE" && $v/bin/python -m pytest -q -s -p no:cacheprovider -rs tests) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || failed=1
   counts=$($v/bin/python - "$log" <<'PY'
