@@ -1,178 +1,107 @@
-"""A minimal seatgate client in Python: acquire (waiting in the queue if asked),
-heartbeat and release a seat.
+"""A minimal seatgate client in Python: acquire a seat (waiting in the queue
+if asked), heartbeat it twice and release it, printing each reply.
 
-It speaks the wire protocol of docs/protocol.md directly with redis-py, to
-one Redis node (not Redis Cluster). Each call XADDs a request (with a unique
-`id` and this client's own `reply_to` stream, seat:reply:<app>:<random>) to
-`seat:requests` and, in the
-same round trip (a pipeline), starts an XREAD BLOCK on the reply stream; it
-keeps reading until the reply carrying that id arrives, or the timeout passes.
-An acquire that gets QUEUED keeps reading for the final GRANTED or
-QUEUE_TIMEOUT, which carries the same id. With `stream.shards` = N > 1 the
-requests go to `seat:requests:{i}`, i = crc32(license) % N (docs/protocol.md,
-"Shards and Redis Cluster"). The workers record N in the HASH `seat:config`
-(field `shards`); the client reads it there unless --shards says otherwise.
+It uses the `seatgate` package (clients/python), from synchronous code:
+`seatgate.sync.Client` runs the asyncio seat handle on a thread of its own.
+The handle does what docs/protocol.md ("Writing a client") asks of a
+client: every request carries the seat's lease and ttl_ms, one unanswered
+is sent again, a QUEUED acquire waits for its GRANTED (heartbeating to keep
+its place, and claiming the grant at once), the seat heartbeats itself at a
+third of its heartbeat timeout, and the release is honest. The shard count
+(`stream.shards`) and the application's own requests stream come from what
+the workers record in the HASH `seat:config`.
+
+This example also heartbeats by hand (`seat.heartbeat()`), twice, every
+--interval seconds (default: a third of the heartbeat timeout the acquire's
+reply names), to show the replies.
 
 Every acquire carries a lease (docs/protocol.md, "Leases"): a random secret
-the seat is bound to. The client makes one per session (or takes the
-caller's, `lease=`), keeps it, and sends it with that session's heartbeats,
-releases and re-sent acquires; nobody without it can release or keep alive
-the seat. It prints the lease, never logs it elsewhere; pass it back with
---lease to pick up a seat after a restart.
+the seat is bound to. The handle makes one per acquire (or takes the
+caller's, --lease) and sends it with that session's heartbeats and release;
+nobody without it can release or keep alive the seat. It prints the lease,
+never logs it elsewhere; pass it back with --lease to pick up a seat after a
+restart.
 
 Run it against a Redis with a `seatgate run` worker and a provisioned license:
 
-    pip install redis    # or Debian's python3-redis (redis-py 4.3 works)
+    pip install ./clients/python    # or run from the repository: it finds the package
     seatgate --redis redis://127.0.0.1:6379 license put demo --seats 1
     seatgate --redis redis://127.0.0.1:6379 run &
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo &
     python3 examples/python_client.py --redis-url redis://127.0.0.1:6379 --license demo --wait 30
 
 With ops/redis-users.acl installed, log in as the application's client user
-(the password from the environment, so that it is on no command line),
-give the application name its ACL key pattern allows (seat:reply:demo:*) and
-send to the application's own requests stream, seat:requests:app:demo (the
-workers list it in stream.applications), the only one its user may write:
+(the password from the environment, so that it is on no command line) and
+give the application name its ACL key pattern allows (seat:reply:demo:*);
+when the workers list the application in stream.applications, its requests
+go to its own stream, seat:requests:app:demo:
 
     SEATGATE_REDIS_PASSWORD=... python3 examples/python_client.py \
-        --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --own-stream --license demo
+        --redis-url redis://seatgate-client-demo@127.0.0.1:6379 --app demo --license demo
 
 Each acquire names the user its seat counts for, in the `user` field: --user,
 else your OS login name. `seatgate status` shows it in its USER column (the
 `meta` sent along is display data, never the user). The second copy finds the
-only seat taken, prints QUEUED, and gets GRANTED when the first releases. It prints each reply, and exits 1 when the acquire
-was refused (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 2 for a malformed
---lease, 3 when Redis or the worker did not answer, 0 otherwise.
+only seat taken, prints QUEUED, and gets GRANTED when the first releases. It
+prints each reply, and exits 1 when the acquire was refused
+(NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, ...), 2 for a malformed --lease, 3 when
+Redis or the worker did not answer, 0 otherwise.
 """
 
 import argparse
+import getpass
 import json
+import os
+import re
 import sys
 import time
 import uuid
 
-import redis
+try:
+    import seatgate
+except ImportError:  # run from the repository: the package is beside it
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python", "src"))
+    import seatgate
+import seatgate.sync
 
-from seatgate_wire import (CONFIG_KEY, QUEUE_MARGIN_S, REPLY_PREFIX, REQUESTS_STREAM, Leases, ReplyTimeout,
-                           acquire_fields, add_common_args, redis_password, reply_stream, request_fields,
-                           requests_stream_of, stream_for, ttl_field)
-
-
-class SeatClient:
-    """Sends seat requests and waits for their replies on a private stream."""
-
-    def __init__(self, r: redis.Redis, app: str = "seatgate-py", requests_stream: str = REQUESTS_STREAM,
-                 shards: int = 1, reply_prefix: str = REPLY_PREFIX):
-        # `r` must be created with decode_responses=True.
-        self.r = r
-        self.requests_stream = requests_stream
-        self.shards = shards
-        # One reply stream per client.
-        self.reply_to = reply_stream(reply_prefix, app)
-        self.last_seen = "0-0"  # last reply entry read from our stream
-        # The lease each (license, session) is bound to, sent with its later requests.
-        self.leases = Leases()
-
-    def lease(self, license, session):
-        """The lease this client holds for the session, or None."""
-        return self.leases.get(license, session)
-
-    def acquire(self, license, session, meta=None, wait_s=0.0, timeout=5.0, on_queued=None, lease=None, user=None,
-                group=None, priority=0, borrow_s=0.0):
-        """Takes a seat for `user` (None: nobody in particular), waiting up to
-        `wait_s` seconds in the license's queue when none is free, bound to
-        `lease` (default: the one held for the session, else a new random
-        one). Returns the final reply; `on_queued(reply)` is called with the
-        QUEUED reply, if any."""
-        extra = acquire_fields(self.leases.bind(license, session, lease), meta, wait_s, user, group, priority, borrow_s)
-        reply = self.call("acquire", license, session, extra, timeout)
-        if reply["status"] == "QUEUED":
-            if on_queued:
-                on_queued(reply)
-            # The final answer carries the same id; skip repeats of QUEUED.
-            reply = self.wait_for(reply["id"], wait_s + timeout + QUEUE_MARGIN_S, final=True)
-        return reply
-
-    def heartbeat(self, license, session, timeout=5.0):
-        """Keeps the session's seat alive, with the lease it was acquired with."""
-        return self.call("heartbeat", license, session, self.leases.field(license, session), timeout)
-
-    def release(self, license, session, timeout=5.0):
-        """Gives the session's seat back (or leaves the queue), with its lease."""
-        reply = self.call("release", license, session, self.leases.field(license, session), timeout)
-        self.leases.settle(license, session, reply)
-        return reply
-
-    def call(self, op, license, session, extra, timeout):
-        """Sends one request and returns its first reply as a dict of strings.
-        It carries ttl_ms = `timeout`: one not decided by then never will be
-        (REQUEST_EXPIRED), so a caller may send it again."""
-        deadline = time.monotonic() + timeout
-        request_id = uuid.uuid4().hex
-        request = request_fields(op, request_id, license, session, self.reply_to, {**extra, **ttl_field(timeout)})
-        # XADD and the first XREAD BLOCK in one round trip: Redis runs one
-        # connection's commands in order, so the read starts after the request
-        # is on the stream, and usually returns with the reply.
-        pipe = self.r.pipeline(transaction=False)
-        pipe.xadd(self.stream_for(license), request)
-        self._read(pipe, timeout)
-        _, read = pipe.execute()
-        return self._match(read, request_id) or self.wait_for(request_id, deadline - time.monotonic())
-
-    def stream_for(self, license):
-        """The requests stream (shard) that serves `license`."""
-        return stream_for(self.requests_stream, self.shards, license)
-
-    def wait_for(self, request_id, timeout, final=False):
-        """Reads our reply stream until the reply to `request_id` arrives (with
-        `final`, one that is not QUEUED). Replies to other ids (an earlier call
-        that timed out) are skipped."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            read = self._read(self.r, deadline - time.monotonic())
-            reply = self._match(read, request_id, final)
-            if reply:
-                return reply
-        raise ReplyTimeout(f"no reply to request {request_id} in time")
-
-    def _read(self, r, timeout):
-        # Block in slices of at most 1 s: BLOCK 0 would mean "forever", and a
-        # long block would trip redis-py's socket_timeout (5 s by default).
-        block_ms = max(1, min(int(timeout * 1000), 1000))
-        return r.xread({self.reply_to: self.last_seen}, count=100, block=block_ms)
-
-    def _match(self, read, request_id, final=False):
-        found = None
-        for _stream, entries in read or []:
-            for entry_id, fields in entries:
-                self.last_seen = entry_id
-                if found is None and fields.get("id") == request_id:
-                    if not (final and fields.get("status") == "QUEUED"):
-                        found = fields
-        return found
-
-    def close(self):
-        """Deletes the reply stream (it would otherwise expire by itself)."""
-        self.r.delete(self.reply_to)
+# What the service takes as an id: a session, a user, a group.
+ID_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
 
-def discover_shards(r):
-    """The requests stream's shard count, as the workers recorded it (HGET
-    seat:config shards); 1 when none is recorded yet."""
-    return int(r.hget(CONFIG_KEY, "shards") or 1)
+def default_user():
+    """The user a session counts for when none is given: the OS login name
+    (as `seatgate revoke --actor` defaults to it), or None when there is
+    none or it is not an id the service takes."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        return None
+    return name if ID_RE.fullmatch(name) else None
 
 
-def heartbeat_interval(reply):
-    """Seconds between heartbeats for the seat `reply` gave or kept: a third
-    of the license's heartbeat timeout (`heartbeat_timeout_ms`, on ACQUIRED,
-    ALREADY_ACTIVE, GRANTED and HEARTBEAT_UPDATED), so one lost or late
-    heartbeat never costs the seat; 1 s from a service too old to say."""
-    timeout_ms = int(reply.get("heartbeat_timeout_ms") or 3000)
-    return timeout_ms / 3000.0
+def user_id(text):
+    """argparse type of --user: an id the service takes."""
+    if not ID_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError("a user is 1 to 128 characters of A-Z a-z 0-9 . _ : @ -")
+    return text
+
+
+def add_common_args(parser):
+    """The command-line options both examples take."""
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379", help="Redis URL (default: %(default)s)")
+    parser.add_argument("--license", required=True, help="license id, e.g. demo")
+    parser.add_argument("--user", type=user_id, default=default_user(),
+                        help="the user the seats count for, sent as the acquire's `user` (seatgate status shows it; "
+                             "default: your OS login name)")
+    parser.add_argument("--app", default="seatgate-py",
+                        help="application name in the reply stream's name; its ACL user's pattern (default: %(default)s)")
+    parser.add_argument("--own-stream", action="store_true",
+                        help="kept for old command lines: the package sends to the application's own requests stream, "
+                             "seat:requests:app:<app>, by itself when the workers list it in stream.applications")
 
 
 def show(label, reply):
-    print(f"{label:<10} {json.dumps(reply)}", flush=True)
+    print(f"{label:<10} {json.dumps(dict(reply))}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -188,47 +117,45 @@ def main(argv=None) -> int:
                         help="bind the seat to this lease (default: a new random one); it is printed after the acquire")
     args = parser.parse_args(argv)
 
-    password = redis_password()
-    r = redis.Redis.from_url(args.redis_url, decode_responses=True, **({"password": password} if password else {}))
-    client = SeatClient(r, app=args.app, requests_stream=requests_stream_of(args),
-                        shards=args.shards or discover_shards(r))
     try:
-        reply = client.acquire(args.license, args.session, meta={"client": "python_client.py"},
-                               wait_s=args.wait, on_queued=lambda r: show("queued", r), lease=args.lease,
-                               user=args.user)
-        show("acquire", reply)
-        if reply.get("ok") != "1":
-            return 1
-        # The lease is the one secret of the seat: shown to whoever runs this, nowhere else.
-        print(f"{'lease':<10} {client.lease(args.license, args.session)}", flush=True)
-        interval = args.interval
-        if interval is None:
-            # ACQUIRED and GRANTED name the license's heartbeat timeout: no
-            # copy of the service's settings needed.
-            interval = heartbeat_interval(reply)
-        try:
-            for _ in range(2):
-                time.sleep(interval)
-                beat = client.heartbeat(args.license, args.session)
-                show("heartbeat", beat)
-                if args.interval is None and beat.get("heartbeat_timeout_ms"):
-                    # An operator may have changed the license's timeout:
-                    # each heartbeat's reply names the one in force.
-                    interval = heartbeat_interval(beat)
-        finally:
-            show("release", client.release(args.license, args.session))
-        return 0
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ReplyTimeout, redis.RedisError) as e:
+        client = seatgate.sync.Client.connect(args.redis_url, application=args.app, shards=args.shards)
+    except seatgate.SeatgateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    finally:
+    try:
         try:
-            client.close()
-        except redis.RedisError:
-            pass
+            seat = client.acquire_seat(args.license, session=args.session, user=args.user, lease=args.lease,
+                                       wait_ms=int(args.wait * 1000), meta={"client": "python_client.py"},
+                                       on_queued=lambda position, reply: show("queued", reply))
+        except seatgate.SeatgateError as e:
+            if e.code == "INVALID_ARGUMENT":
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            if e.reply is not None:  # refused: the service's answer
+                show("acquire", e.reply)
+                return 1
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        show("acquire", seat.grant)
+        # The lease is the one secret of the seat: shown to whoever runs this, nowhere else.
+        print(f"{'lease':<10} {seat.lease}", flush=True)
+        try:
+            for _ in range(2):
+                # An operator may have changed the license's timeout: each
+                # heartbeat's reply names the one in force.
+                time.sleep(args.interval if args.interval is not None else seat.heartbeat_timeout_ms / 3000)
+                beat = seat.heartbeat()
+                if beat is None:
+                    break
+                show("heartbeat", beat)
+                if seat.state != "held":
+                    break
+        finally:
+            gone = seat.release()
+            show("release", gone.reply if gone.reply is not None else {"status": "UNKNOWN"})
+        return 0
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":

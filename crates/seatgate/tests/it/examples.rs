@@ -1,9 +1,11 @@
 //! The Python examples (`examples/python_client.py` and
-//! `examples/python_async_client.py`, sharing `examples/seatgate_wire.py`)
-//! are part of the wire contract: these tests run them as README.md and
-//! docs/protocol.md show, from outside the repository, against a real
-//! redis-server and a `seatgate run` process, and check what a user relies
-//! on: the output, the exit codes and what is left in Redis.
+//! `examples/python_async_client.py`, both uses of the `seatgate` package in
+//! `clients/python/src`, which they find beside them when it is not
+//! installed) are part of the wire contract: these tests run them as
+//! README.md and docs/protocol.md show, from outside the repository, against
+//! a real redis-server and a `seatgate run` process, and check what a user
+//! relies on: the output, the exit codes and what is left in Redis. The
+//! scripts in `tests/it/python/` import the package the same way.
 //!
 //! The interpreter is `$SEATGATE_TEST_PYTHON` when set, else the first of
 //! `python3` on PATH and `/usr/bin/python3` that can import `redis.asyncio`.
@@ -745,10 +747,16 @@ async fn both_examples_route_to_the_license_shard() {
     ];
     let run = Running::run(async_client(&url, &args).await).await;
     assert_eq!(run.status.code(), Some(0), "{run}");
+    // The seat handle claims each GRANTED at once with a heartbeat.
+    let granted: u64 = run
+        .summary("replies:")
+        .split(", ")
+        .find_map(|kv| kv.strip_prefix("GRANTED "))
+        .map_or(0, |n| n.parse().expect("a count"));
     assert_eq!(
         entries_added(&mut con, &south).await - before,
-        20,
-        "10 acquires, 10 releases"
+        20 + granted,
+        "10 acquires, 10 releases, a claiming heartbeat per GRANTED: {run}"
     );
     // Nothing went to the unsharded stream (which the workers read too).
     assert_eq!(entries_added(&mut con, &s.stream.requests).await, 0);

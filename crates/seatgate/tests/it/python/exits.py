@@ -1,29 +1,31 @@
-"""Problem 2 of issue 37: `async with SeatClient(...)` after acquire_seat
-must always end. Enters and leaves a client N times in a row, a seat held
-each time, and prints how long each exit (releasing the seat, stopping the
-reader and writer, closing the connections) took.
+"""Problem 2 of issue 37: `async with` the seatgate package's asyncio Client
+after acquire_seat must always end. Enters and leaves a client N times in a
+row, a seat held each time, and prints how long each exit (releasing the
+seat, stopping the reader and writer, closing the connections) took.
 
 Usage: exits.py <redis url> <examples dir> <license> <n>
 """
 
 import asyncio
+import os
 import sys
 import time
 
-sys.path.insert(0, sys.argv[2])
-import python_async_client as pac  # noqa: E402
+sys.path.insert(0, os.path.join(sys.argv[2], "..", "clients", "python", "src"))
+import seatgate  # noqa: E402
 
 URL, LICENSE, N = sys.argv[1], sys.argv[3], int(sys.argv[4])
 DEADLINE_S = 2.0
 
 
 async def one(i):
-    client = pac.SeatClient(URL, app="exits")
+    client = await seatgate.Client.connect(URL, application="exits")
     await client.__aenter__()
     seat = await client.acquire_seat(LICENSE, f"exit-{i}")
-    assert seat is not None
+    assert seat.state == "held"
     started = time.monotonic()
     await asyncio.wait_for(client.__aexit__(None, None, None), timeout=DEADLINE_S)
+    assert seat.state == "released", seat
     return time.monotonic() - started
 
 

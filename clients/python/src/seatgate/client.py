@@ -1,0 +1,256 @@
+"""The client: one per process (per event loop), in Redis mode
+(``await Client.connect(url)``), with the seat handle of seat.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Dict, List, Mapping, Optional, Set
+
+from ._backend import Backend, Logger, Timing
+from .errors import CLOSED, INVALID_ARGUMENT, SeatgateError, describe
+from .seat import OnQueued, Seat, acquire_seat
+from .wire import APP_RULE, DEFAULT_HEARTBEAT_TIMEOUT_MS, is_application, now_ms
+
+_log = logging.getLogger("seatgate")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}
+
+
+def _python_logging(level: str, message: str) -> None:
+    """The default logger: Python's logging, logger "seatgate"."""
+    _log.log(_LEVELS.get(level, logging.WARNING), "%s", message)
+
+
+def _timing(
+    request_timeout_ms: float, ttl_ms: Optional[int], give_up_after_ms: float, default_heartbeat_timeout_ms: float
+) -> Timing:
+    return Timing(
+        request_timeout_ms=request_timeout_ms,
+        ttl_ms=int(max(1, min(ttl_ms if ttl_ms is not None else 5000, request_timeout_ms))),
+        give_up_after_ms=give_up_after_ms,
+        default_heartbeat_timeout_ms=default_heartbeat_timeout_ms,
+    )
+
+
+class Client:
+    """A seatgate client: see the package README.
+
+    ``async with await Client.connect(url) as client:`` closes it on the way out.
+    """
+
+    def __init__(self, backend: Backend, timing: Timing, log: Logger, close_timeout_ms: float) -> None:
+        """Use Client.connect()."""
+        self._backend = backend
+        self._timing = timing
+        self._log = log
+        self._close_timeout_ms = close_timeout_ms
+        self._seats: Set[Seat] = set()
+        self._undoing: Set["asyncio.Future[Any]"] = set()
+        self._closing: Optional["asyncio.Future[None]"] = None
+
+    # -- what the seats need of their owner (seat.SeatOwner) --
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def timing(self) -> Timing:
+        return self._timing
+
+    @property
+    def log(self) -> Logger:
+        return self._log
+
+    def adopt(self, seat: Seat) -> None:
+        self._seats.add(seat)
+
+    def disown(self, seat: Seat) -> None:
+        self._seats.discard(seat)
+
+    def track(self, task: "asyncio.Future[Any]") -> None:
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
+
+    # -- the API --
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        application: Optional[str] = None,
+        password: Optional[str] = None,
+        *,
+        username: Optional[str] = None,
+        key_prefix: str = "seat",
+        connect_timeout_ms: float = 5000,
+        request_timeout_ms: float = 5000,
+        ttl_ms: Optional[int] = None,
+        give_up_after_ms: float = 30_000,
+        default_heartbeat_timeout_ms: float = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        close_timeout_ms: float = 1500,
+        max_in_flight: int = 256,
+        shards: Optional[int] = None,
+        logger: Optional[Logger] = None,
+    ) -> "Client":
+        """Connects to Redis (Redis mode) and reads the service's topology
+        from ``<key_prefix>:config`` (shards, the requests stream, which
+        applications have a stream of their own, the replies prefix).
+
+        - `application`: its own requests stream when the service lists it
+          in stream.applications; it names the reply stream (default "python").
+        - `password`: default the URL's, else $SEATGATE_REDIS_PASSWORD.
+        - `request_timeout_ms`: how long a reply is waited for before the
+          request goes again under a new id; `ttl_ms` (at most that) the
+          ttl_ms every request carries; `give_up_after_ms` how long an
+          acquire goes on sending (a release goes on at least this long).
+        - `close_timeout_ms`: how long close() lets the releases of the seats
+          still held take before it drops the connections.
+        - `max_in_flight`: most requests sent and not yet answered.
+        - `shards`: the service's stream.shards, if not what seat:config says.
+        - `logger`: ``logger(level, message)``; default Python's logging
+          ("seatgate").
+
+        Raises SeatgateError REDIS_UNAVAILABLE (naming Redis) when Redis
+        cannot be reached.
+        """
+        from ._redis import RedisOptions, RedisTransport, env_password
+
+        if application is not None and not is_application(application):
+            raise SeatgateError(INVALID_ARGUMENT, APP_RULE)
+        if max_in_flight < 1:
+            raise SeatgateError(INVALID_ARGUMENT, "max_in_flight must be at least 1")
+        timing = _timing(request_timeout_ms, ttl_ms, give_up_after_ms, default_heartbeat_timeout_ms)
+        log = logger or _python_logging
+        backend = await RedisTransport.connect(
+            RedisOptions(
+                url=url,
+                application=application,
+                username=username,
+                password=password if password is not None else env_password(url),
+                key_prefix=key_prefix,
+                connect_timeout_ms=connect_timeout_ms,
+                max_in_flight=max_in_flight,
+                shards=shards,
+                timing=timing,
+                log=log,
+            )
+        )
+        return cls(backend, timing, log, close_timeout_ms)
+
+    @classmethod
+    def gateway(
+        cls,
+        base_url: str,
+        token: str,
+        ca: Optional[str] = None,
+        *,
+        request_timeout_ms: float = 5000,
+        ttl_ms: Optional[int] = None,
+        give_up_after_ms: float = 30_000,
+        default_heartbeat_timeout_ms: float = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        close_timeout_ms: float = 1500,
+        logger: Optional[Logger] = None,
+    ) -> "Client":
+        """A client of ``seatgate gateway`` (HTTP mode): `base_url` like
+        https://seats.example.com:8443 (http:// only on loopback), `token` a
+        gateway token or an OpenID Connect access token, `ca` the PEM file
+        of a private CA (a path, or the PEM text). Nothing is sent until the
+        first acquire. Standard library only (asyncio streams and ssl)."""
+        from ._gateway import GatewayTransport
+
+        timing = _timing(request_timeout_ms, ttl_ms, give_up_after_ms, default_heartbeat_timeout_ms)
+        log = logger or _python_logging
+        return cls(GatewayTransport(base_url, token, ca, timing, log), timing, log, close_timeout_ms)
+
+    @property
+    def where(self) -> str:
+        """Where the client talks to ("Redis at redis://...")."""
+        return self._backend.where
+
+    @property
+    def reply_stream(self) -> Optional[str]:
+        """In Redis mode, the stream replies come back on."""
+        return getattr(self._backend, "reply_to", None)
+
+    @property
+    def stats(self) -> Dict[str, int]:
+        """Redis mode's counters: pipelines, most_in_flight, unclaimed (replies without a waiter), read_retries."""
+        return dict(getattr(self._backend, "stats", {}))
+
+    @property
+    def held_seats(self) -> List[Seat]:
+        """The seats this client holds now."""
+        return list(self._seats)
+
+    async def acquire_seat(
+        self,
+        license: str,
+        session: Optional[str] = None,
+        user: Optional[str] = None,
+        group: Optional[str] = None,
+        priority: Optional[int] = None,
+        borrow_ms: Optional[int] = None,
+        wait_ms: Optional[int] = None,
+        meta: Optional[Mapping[str, Any]] = None,
+        lease: Optional[str] = None,
+        on_queued: Optional[OnQueued] = None,
+    ) -> Seat:
+        """Takes a seat of `license` and returns a handle that keeps it.
+
+        - `session`: one per running copy of the product (default a new random one);
+        - `user`, `group`: who the seat counts for (per-user and group policies);
+        - `priority`: queue priority 0-9 (the license's max_priority caps it);
+        - `borrow_ms`: borrow the seat this long (held without heartbeats);
+        - `wait_ms`: wait in the queue this long when no seat is free (default: answer at once);
+        - `meta`: display data kept with the session (a JSON object);
+        - `lease`: the lease to bind the seat to (default a new random one);
+        - `on_queued(position, reply)`: told the place in the queue at
+          QUEUED, and each time a waiter heartbeat says it again.
+
+        Raises SeatgateError whose code is the refusal's status
+        (NO_SEATS_AVAILABLE, QUEUE_TIMEOUT, LICENSE_NOT_FOUND, ...), or
+        TIMEOUT, CLOSED, INVALID_ARGUMENT, REDIS_UNAVAILABLE. Cancelling it
+        gives the acquire up (the session is released in the background).
+        """
+        if self._closing is not None:
+            raise SeatgateError(CLOSED, "the seatgate client is closed")
+        return await acquire_seat(
+            self,
+            license,
+            session=session,
+            user=user,
+            group=group,
+            priority=priority,
+            borrow_ms=borrow_ms,
+            wait_ms=wait_ms,
+            meta=meta,
+            lease=lease,
+            on_queued=on_queued,
+        )
+
+    async def close(self) -> None:
+        """Releases every seat still held (for at most close_timeout_ms),
+        then drops the connections: it ends within about 2 s even while a
+        read is blocked. Calling it again waits for the same close."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._do_close())
+        await asyncio.shield(self._closing)
+
+    async def _do_close(self) -> None:
+        until = now_ms() + self._close_timeout_ms
+        waits: List["asyncio.Future[Any]"] = [s.release_by(until) for s in list(self._seats)]
+        waits.extend(self._undoing)
+        if waits:
+            await asyncio.wait(waits, timeout=max(0.0, until - now_ms()) / 1000.0)
+        try:
+            await self._backend.close()
+        except Exception as e:
+            self._log("warn", f"closing: {describe(e)}")
+        for w in waits:
+            if w.done() and not w.cancelled():
+                w.exception()  # retrieved
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

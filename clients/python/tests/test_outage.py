@@ -1,0 +1,71 @@
+"""Honest release through a frozen Redis: redis-server is SIGSTOPped while
+the release goes out, the handle keeps sending (the same id while an XADD's
+fate is unknown, new ids after each request timeout, the same lease) and
+reports what the service decided once it answers: released, and the events
+stream shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import List
+
+from conftest import Service, run
+
+from seatgate import Client
+
+
+def test_a_release_sent_while_redis_is_frozen_for_4_s_reports_released(svc: Service) -> None:
+    svc.license_put("frozen", "--seats", "1", "--heartbeat-timeout", "30s")
+    logs: List[str] = []
+
+    async def main() -> float:
+        client = await Client.connect(svc.url, request_timeout_ms=1000, logger=lambda l, m: logs.append(f"{l} {m}"))
+        try:
+            seat = await client.acquire_seat("frozen", session="ice")
+            svc.redis.freeze()
+            t0 = time.monotonic()
+            thawed = asyncio.get_running_loop().create_future()
+
+            def thaw() -> None:
+                svc.redis.thaw()
+                thawed.set_result(time.monotonic())
+
+            asyncio.get_running_loop().call_later(4.0, thaw)
+            result = await seat.release()
+            took = time.monotonic() - t0
+            assert thawed.done(), "answered only after Redis came back"
+            assert result.outcome == "released", result
+            assert result.reply is not None and result.reply["status"] == "RELEASED"
+            assert 3.9 <= took < 15, took
+            return took
+        finally:
+            svc.redis.thaw()
+            await client.close()
+
+    took = run(main())
+    evs = [f"{e['type']}:{e['session']}" for e in svc.events("frozen")]
+    assert evs == ["acquired:ice", "released:ice"], evs
+    assert svc.status("frozen")["seats_used"] == 0
+    print(f"released after {took:.2f} s through a 4 s freeze")
+
+
+def test_a_release_nobody_answers_before_the_heartbeat_timeout_ends_in_unknown(svc: Service) -> None:
+    svc.license_put("gone", "--seats", "1", "--heartbeat-timeout", "1500ms")
+
+    async def main() -> None:
+        client = await Client.connect(svc.url, request_timeout_ms=500, give_up_after_ms=1000)
+        try:
+            seat = await client.acquire_seat("gone", session="far")
+            svc.worker.stop()  # nobody decides anything any more
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            result = await seat.release()
+            took = time.monotonic() - t0
+            assert result.outcome == "unknown", result
+            assert result.reply is None
+            assert 0.9 <= took < 4, took
+        finally:
+            await client.close()
+
+    run(main())
