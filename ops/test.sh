@@ -7,7 +7,9 @@
 # examples with redis-py, or install and purge the Debian package (as root:
 # dpkg). Then the TypeScript client's suite (clients/node/test.sh: npm ci,
 # tsc, node --test against redis-server and the seatgate binary cargo
-# built). This script makes sure those are installed, checks the alert rules,
+# built), the Python client's (clients/python/test.sh: wheel, twine check,
+# mypy --strict, pytest under the oldest and newest redis-py) and the client
+# conformance suite against the Rust, TypeScript and Python clients. This script makes sure those are installed, checks the alert rules,
 # builds the package first, and runs the ignored tests with the rest
 # (`--include-ignored`).
 set -euo pipefail
@@ -36,6 +38,21 @@ while [ $# -gt 0 ]; do
   cargo_args+=("$1")
   shift
 done
-cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored "${test_args[@]}"
-# The TypeScript client (clients/node), against the binary the suite built.
-SEATGATE_BIN="$PWD/target/debug/seatgate" bash clients/node/test.sh
+# The conformance runs of the TypeScript and Python clients wait for those
+# clients to be built and installed (below).
+cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored \
+  --skip the_typescript_client_conforms --skip the_python_client_conforms "${test_args[@]}"
+# The TypeScript client (clients/node) and the Python client (clients/python:
+# its wheel, two venvs with the oldest and newest redis-py, mypy), against
+# the binary the suite built.
+export SEATGATE_BIN="$PWD/target/debug/seatgate"
+bash clients/node/test.sh
+bash clients/python/test.sh
+# The client conformance suite against all three clients (the Rust run
+# again, for its summary beside the others).
+conformance_log=target/conformance.log
+if ! cargo test -p seatgate-conformance --locked -- --include-ignored --nocapture --test-threads 1 >"$conformance_log" 2>&1; then
+  cat "$conformance_log"
+  exit 1
+fi
+grep -E '^(Rust|Node|Python): |^test result: .* [1-9][0-9]* passed' "$conformance_log"

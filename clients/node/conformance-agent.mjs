@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The conformance agent (spec: the lead's conformance harness): drives the
+// The conformance agent (docs/testing.md, "The client conformance suite"): drives the
 // package's seat handle from JSON lines on stdin and answers JSON lines on
 // stdout, one object per line. Diagnostics go to stderr only.
 //

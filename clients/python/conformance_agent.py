@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The conformance agent (/work/spec/conformance-agent.md; the repository's
-conformance harness drives it): the seatgate package's seat handle, driven
+"""The conformance agent (docs/testing.md, "The client conformance suite";
+crates/seatgate-conformance drives it): the seatgate package's seat handle, driven
 by JSON lines on stdin, answering JSON lines on stdout, one object per line,
 flushed at once. Diagnostics go to stderr only.
 

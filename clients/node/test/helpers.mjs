@@ -16,7 +16,6 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const PACKAGE_DIR = resolve(here, '..');
 /** The seatgate binary: $SEATGATE_BIN, else the repo's debug build. */
 export const SEATGATE_BIN = process.env.SEATGATE_BIN || resolve(PACKAGE_DIR, '../../target/debug/seatgate');
-/** Whether the server does waiter heartbeats and the claim window (docs: /work/spec/waiters.md). */
 
 /** The binary, or a clear failure when it is not there. */
 function bin() {

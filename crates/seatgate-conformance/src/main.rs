@@ -13,7 +13,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use seatgate_client::{AcquireError, Call, Client, Lease, RedisSettings, Released, Seat, SeatOptions, SeatState};
+use seatgate_client::{
+    AcquireError, Call, Client, Lease, RedisSettings, Released, Seat, SeatOptions, SeatState,
+};
 use serde_json::{json, Map, Value};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{watch, Mutex};

@@ -70,7 +70,7 @@ impl Kind {
             Kind::Python => {
                 let python = std::env::var("SEATGATE_CONFORMANCE_PYTHON").unwrap_or_else(|_| {
                     repo()
-                        .join("clients/python/.venv-newest/bin/python")
+                        .join("clients/python/.venv-new/bin/python")
                         .display()
                         .to_string()
                 });

@@ -46,6 +46,8 @@ class Client:
         self._close_timeout_ms = close_timeout_ms
         self._seats: Set[Seat] = set()
         self._undoing: Set["asyncio.Future[Any]"] = set()
+        # The acquires under way, which close() gives up first.
+        self._acquiring: Set["asyncio.Future[Seat]"] = set()
         self._closing: Optional["asyncio.Future[None]"] = None
 
     # -- what the seats need of their owner (seat.SeatOwner) --
@@ -213,7 +215,7 @@ class Client:
         """
         if self._closing is not None:
             raise SeatgateError(CLOSED, "the seatgate client is closed")
-        return await acquire_seat(
+        task = asyncio.ensure_future(acquire_seat(
             self,
             license,
             session=session,
@@ -225,18 +227,38 @@ class Client:
             meta=meta,
             lease=lease,
             on_queued=on_queued,
-        )
+        ))
+        self._acquiring.add(task)
+        task.add_done_callback(self._acquiring.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
     async def close(self) -> None:
-        """Releases every seat still held (for at most close_timeout_ms),
-        then drops the connections: it ends within about 2 s even while a
-        read is blocked. Calling it again waits for the same close."""
+        """Gives up the acquires under way (a queued session leaves the
+        queue), releases every seat still held (for at most
+        close_timeout_ms), then drops the connections: it ends within about
+        2 s even while a read is blocked. Calling it again waits for the
+        same close."""
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._do_close())
         await asyncio.shield(self._closing)
 
     async def _do_close(self) -> None:
         until = now_ms() + self._close_timeout_ms
+        # Acquires first, so that a seat released below is not granted to
+        # one of our own waits: a cancelled acquire undoes itself (tracked
+        # in _undoing, awaited below).
+        acquiring = list(self._acquiring)
+        for task in acquiring:
+            task.cancel()
+        if acquiring:
+            await asyncio.wait(acquiring, timeout=max(0.0, until - now_ms()) / 1000.0)
+            for task in acquiring:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved
         waits: List["asyncio.Future[Any]"] = [s.release_by(until) for s in list(self._seats)]
         waits.extend(self._undoing)
         if waits:
