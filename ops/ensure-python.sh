@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Debian's python3-redis (redis-py; Debian 12 ships 4.3, which has
 # redis.asyncio) when no python3 the tests look at can import redis.asyncio,
-# and the gateway tests' venv (below).
+# python3-venv for clients/python/test.sh, and the gateway tests' venv
+# (below).
 # Sourced by ops/test.sh: tests/it/examples.rs runs examples/python_client.py
 # and examples/python_async_client.py, and fails (it does not skip) when it
 # finds no interpreter for them.
@@ -25,6 +26,16 @@ elif ! _seatgate_python_ok python3 && ! _seatgate_python_ok /usr/bin/python3; th
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-redis >/dev/null
 fi
 unset -f _seatgate_python_ok
+
+# clients/python/test.sh makes venvs (python3 -m venv): Debian splits
+# ensurepip, which venv needs, into python3-venv.
+if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+  echo "python3 cannot make venvs: installing Debian's python3-venv package" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
 
 # The gateway's generated-client test (tests/it/gateway.rs) runs
 # openapi-python-client and PyJWT from a venv of their own,

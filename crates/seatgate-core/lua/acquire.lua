@@ -347,10 +347,6 @@ result = due_report(result, now, default_timeout, timeout, nil, session)
 if result[1] == 'QUEUED' then
   -- What the waiter must show it is alive within (K.alive, keys.lua); on a
   -- replay, the timeout in force now.
-  if not timeout then
-    local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
-    timeout = raw and license_number('heartbeat_timeout_ms', raw) or default_timeout
-  end
-  result[11] = timeout
+  result[11] = timeout or heartbeat_timeout(default_timeout)
 end
 return replied(send_queue_replies(result))

@@ -155,11 +155,7 @@ local result, _, default_timeout = run_request(decide, true, holder_lease_refusa
 -- the first its window folded (request.lua): the window's end.
 result[9], result[10], result[11] = stale_at or 0, result[10] or 0, 0
 if result[1] == 'HEARTBEAT_UPDATED' or result[1] == 'QUEUED' then
-  if not timeout then
-    -- A replay: the timeout in force now, which is what the session must meet.
-    local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
-    timeout = raw and license_number('heartbeat_timeout_ms', raw) or default_timeout
-  end
-  result[11] = timeout
+  -- On a replay, the timeout in force now, which is what the session must meet.
+  result[11] = timeout or heartbeat_timeout(default_timeout)
 end
 return replied(result)

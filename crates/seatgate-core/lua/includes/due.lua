@@ -82,10 +82,7 @@ local function due_report(result, now, default, timeout, outbox_due, session)
     end
     outbox_due = now
   end
-  if not timeout then
-    local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
-    timeout = raw and license_number('heartbeat_timeout_ms', raw) or default
-  end
+  timeout = timeout or heartbeat_timeout(default)
   local stale_at, work_at = 0, 0
   if alone then
     stale_at = math.max(now, tonumber(result[4]) or 0) + timeout + 1

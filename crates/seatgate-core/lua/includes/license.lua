@@ -77,6 +77,13 @@ local function seats_total()
   return raw and license_number('seats_total', raw) or 0
 end
 
+-- The heartbeat timeout in force (ms): the license's heartbeat_timeout_ms,
+-- or `default` (the service's) when it has none or one that breaks the rule.
+local function heartbeat_timeout(default)
+  local raw = rcall('HGET', K.license, 'heartbeat_timeout_ms')
+  return raw and license_number('heartbeat_timeout_ms', raw) or default
+end
+
 -- Reads the license record and decides whether it may hand out seats now.
 -- Returns a table:
 --   refusal   nil, or LICENSE_NOT_FOUND | LICENSE_INVALID | LICENSE_INACTIVE | LICENSE_EXPIRED

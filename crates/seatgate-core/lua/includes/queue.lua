@@ -13,6 +13,7 @@
 --- @include "outbox"
 --- @include "session_record"
 --- @include "owners"
+--- @include "license"
 --- @include "waiter_record"
 
 -- 2^40: one priority level in a queue score. Arrival numbers stay below it,
@@ -76,7 +77,7 @@ end
 -- service's queue.claim_ms (use_claim); none when C is 0 or not under T.
 local function claim_score(now)
   if claim_offset == nil then
-    local timeout = tonumber(rcall('HGET', K.license, 'heartbeat_timeout_ms')) or claim_timeout
+    local timeout = heartbeat_timeout(claim_timeout)
     local claim = claim_default
     claim_offset = false
     if timeout and claim and claim > 0 and claim < timeout then
