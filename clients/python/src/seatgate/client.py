@@ -233,6 +233,11 @@ class Client:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+            if task.cancelled() and self._closing is not None:
+                # Given up by close(), not by our caller.
+                raise SeatgateError(
+                    CLOSED, f"the seatgate client was closed while the acquire of {license} waited"
+                ) from None
             task.cancel()
             raise
 
