@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};
 
 use crate::support::{
-    acquire, client, db, http_get, keys, output, provision, put_policy, seatgate_cmd, seats,
+    acquire, client, db, http_get, keep_waiting, keys, output, provision, put_policy, seatgate_cmd, seats,
     seats_with_timeout, spawn_app, TestApp, WorkerProcess, T,
 };
 
@@ -590,6 +590,14 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     })
     .await;
     assert!(page.text().await.contains("1 / 1 seats"));
+    // Every license active and ids shown: the header has no part left out
+    // that reads "null" (it once said "… waitingnull").
+    let summary = page.eval("document.getElementById('summary').innerText").await;
+    let summary = summary.as_str().unwrap_or_default();
+    assert!(
+        summary.ends_with(" waiting") && !summary.contains("null"),
+        "{summary:?}"
+    );
 
     // Bob queues for it.
     let mut bob = client(&settings).await;
@@ -602,6 +610,8 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     )
     .await;
     assert_eq!(status, Status::Queued);
+    // A waiter shows it is alive, or it loses its place (waiter liveness).
+    let bob_alive = keep_waiting(&bob, "cad", "bob-1", Duration::from_millis(500));
     page.wait_part("bob waits for cad", "cad", "queue", |t| {
         t.to_lowercase().contains("waiting (1)") && t.contains("bob-1")
     })
@@ -612,6 +622,7 @@ async fn the_page_follows_a_seat_changing_hands_without_reloading() {
     stop_heartbeats.cancel();
     heartbeats.await.expect("heartbeat task");
     let granted = bob.wait_for(&bob_id, SHOWS_WITHIN).await.expect("bob is granted");
+    drop(bob_alive);
     assert_eq!(granted.status(), Status::Granted);
     page.wait_part("bob holds cad", "cad", "holders", |t| {
         t.contains("bob-1") && !t.contains("alice")

@@ -160,13 +160,16 @@
   function renderHeader(summary) {
     const t = summary.totals;
     const left = t.licenses - t.active;
-    $("summary").replaceChildren(
+    // replaceChildren() would write a null as the text "null": the parts
+    // that are not there are left out.
+    const parts = [
       el("strong", null, count(t.active)), t.active === 1 ? " active license · " : " active licenses · ",
       el("strong", null, `${count(t.seats_used)} / ${count(t.seats_total)}`), " seats in use · ",
       el("strong", null, count(t.waiting)), " waiting",
       left > 0 ? el("span", "uncounted", ` · ${count(left)} inactive, expired or invalid (not counted)`) : null,
       summary.personal ? null : el("span", "uncounted", " · user, hardware and session ids hidden"),
-    );
+    ];
+    $("summary").replaceChildren(...parts.filter((p) => p !== null));
   }
 
   function renderSummary() {
