@@ -25,6 +25,10 @@ pub const MAX_SEATS: u64 = 1_000_000;
 /// Largest millisecond value or count in the other fields: 15 digits, below
 /// 2^53, so a Lua number holds every allowed value exactly.
 pub const MAX_NUMBER: u64 = 999_999_999_999_999;
+/// The earliest expiry other than 0 (never): 2001-01-01T00:00:00Z in unix ms.
+/// Anything below is an expiry written in seconds (1.7 billion is 1970 in
+/// ms) or a typo, never a license that ran out in the 1970s.
+pub const MIN_EXPIRES_AT_MS: u64 = 978_307_200_000;
 
 /// A field of the license record.
 ///
@@ -136,7 +140,9 @@ impl Field {
     pub fn rule(self) -> &'static str {
         match self {
             Field::SeatsTotal => "is not a whole number from 0 to 1000000",
-            Field::ExpiresAtMs => "is not a whole number of unix ms from 0 (never) to 999999999999999",
+            Field::ExpiresAtMs => {
+                "is not 0 (never) or a whole number of unix ms from 978307200000 (2001-01-01) to 999999999999999 (a time in seconds is too small)"
+            }
             Field::Active => "is not 0 or 1",
             Field::HeartbeatTimeoutMs => "is not a whole number of ms from 1 to 999999999999999",
             Field::QueueMax => "is not a whole number from 1 to 999999999999999",
@@ -173,7 +179,8 @@ impl Field {
         let number = Some(raw)
             .filter(|r| !r.is_empty() && r.len() <= digits && r.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|r| r.parse::<u64>().ok())
-            .filter(|n| (min..=max).contains(n));
+            .filter(|n| (min..=max).contains(n))
+            .filter(|&n| self != Field::ExpiresAtMs || n == 0 || n >= MIN_EXPIRES_AT_MS);
         number.ok_or_else(|| InvalidField {
             field: self,
             group: None,
@@ -753,6 +760,9 @@ pub const REFUSED_VALUES: &[(Field, &str)] = &[
     (Field::ExpiresAtMs, "-5"),
     (Field::ExpiresAtMs, "0x1"),
     (Field::ExpiresAtMs, "1000000000000000"),
+    (Field::ExpiresAtMs, "1796011191"),
+    (Field::ExpiresAtMs, "978307199999"),
+    (Field::ExpiresAtMs, "1"),
     (Field::Active, "false"),
     (Field::Active, "true"),
     (Field::Active, "2"),
@@ -789,6 +799,7 @@ pub const TAKEN_VALUES: &[(Field, &str, u64)] = &[
     (Field::SeatsTotal, "007", 7),
     (Field::SeatsTotal, "1000000", MAX_SEATS),
     (Field::ExpiresAtMs, "0", 0),
+    (Field::ExpiresAtMs, "978307200000", MIN_EXPIRES_AT_MS),
     (Field::ExpiresAtMs, "1796011191648", 1_796_011_191_648),
     (Field::ExpiresAtMs, "999999999999999", MAX_NUMBER),
     (Field::Active, "0", 0),

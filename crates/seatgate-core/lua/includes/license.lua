@@ -4,7 +4,9 @@
   The rules, checked in this order (their Rust home is src/engine/license.rs,
   StoredRecord::validate; tests/it/lease.rs runs both on the same values):
     seats_total           digits, 0 to 1000000 (absent: there is no license)
-    expires_at_ms         digits, 0 to 999999999999999 (absent or 0: never)
+    expires_at_ms         digits, 0 (absent or 0: never) or 978307200000
+                          (2001-01-01) to 999999999999999: below is a
+                          time written in seconds, never a real expiry
     active                0 or 1 (absent: active)
     heartbeat_timeout_ms  digits, 1 to 999999999999999 (absent: the default)
     queue_max             digits, 1 to 999999999999999 (absent: the default)
@@ -64,7 +66,7 @@ local function license_number(field, raw)
     return nil
   end
   local n = tonumber(raw)
-  if n < low or n > high then
+  if n < low or n > high or (n > 0 and n < 978307200000 and field == 'expires_at_ms') then
     return nil
   end
   return n

@@ -1,6 +1,8 @@
 //! Readiness: whether this process can serve requests now. The worker sets
-//! it (Redis reachable and accepting writes); `/ready` reports it. And
-//! whether Redis answers at all, probed on a timer for `seatgate_redis_up`.
+//! it (Redis reachable and accepting writes), and so does a PING on a timer
+//! with a deadline (a hung Redis, which leaves a blocked read waiting, is
+//! caught there); `/ready` reports both. The PING also feeds
+//! `seatgate_redis_up`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,33 +13,79 @@ use tokio_util::sync::CancellationToken;
 use crate::runtime::metrics;
 use seatgate_core::db::Db;
 
-/// Shared readiness flag: the worker sets it while it can read its stream.
+/// Shared readiness: the worker sets it while it can read its stream; the
+/// probe ([`probe_redis`]) takes it away while Redis does not answer a
+/// PING in time.
 #[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    serving: Arc<AtomicBool>,
+    /// Set while the last PING went unanswered within its deadline.
+    redis_silent: Arc<AtomicBool>,
+}
 
 impl Readiness {
     /// Marks the process ready (or not).
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Relaxed);
+        self.serving.store(ready, Ordering::Relaxed);
     }
 
-    /// Whether the process is ready.
+    /// Whether the process is ready: the worker serves and Redis answers.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.serving.load(Ordering::Relaxed) && !self.redis_silent.load(Ordering::Relaxed)
     }
 }
 
-/// Pings Redis every `every` until `shutdown`, recording whether it answered
-/// (`seatgate_redis_up`). Separate from readiness: a Redis that answers but
-/// refuses writes is up and yet not ready.
-pub async fn probe_redis(mut con: Db, every: Duration, shutdown: CancellationToken) {
+/// How often (in probe ticks) Redis's memory is read.
+const MEMORY_EVERY_TICKS: u64 = 5;
+
+/// Reads `used_memory` and `maxmemory` from `INFO memory` into their
+/// gauges (one node; a Redis Cluster has no one memory to judge); on no
+/// answer within `deadline`, leaves them as they were.
+async fn read_memory(con: &mut Db, deadline: Duration) {
+    let info = redis::cmd("INFO").arg("memory").to_owned();
+    let Ok(Ok(text)) = tokio::time::timeout(deadline, info.query_async::<String>(con)).await else {
+        return;
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    if let (Some(used), Some(max)) = (field("used_memory"), field("maxmemory")) {
+        metrics::redis_memory(used, max);
+    }
+}
+
+/// Pings Redis every `every` until `shutdown`, each PING given `every` to
+/// answer, recording whether it answered (`seatgate_redis_up`) and making
+/// `ready` not ready while it does not: a Redis hung (stopped, swapping, a
+/// long script) leaves the worker's blocked read waiting without an error,
+/// and only a deadline notices. A Redis that answers but refuses writes is
+/// up and yet not ready: the worker says so ([`Readiness::set`]).
+pub async fn probe_redis(mut con: Db, every: Duration, ready: Readiness, shutdown: CancellationToken) {
+    let mut tick: u64 = 0;
     loop {
+        if tick % MEMORY_EVERY_TICKS == 0 && !con.is_cluster() {
+            read_memory(&mut con, every).await;
+        }
+        tick += 1;
         let ping = redis::cmd("PING");
         let up = matches!(
             tokio::time::timeout(every, ping.query_async::<String>(&mut con)).await,
             Ok(Ok(_))
         );
         metrics::redis_up(up);
+        let was_silent = ready.redis_silent.swap(!up, Ordering::Relaxed);
+        if was_silent != !up {
+            if up {
+                tracing::info!("redis answers PING again");
+            } else {
+                tracing::warn!(
+                    deadline = ?every,
+                    "redis did not answer PING in time (hung, overloaded or unreachable); /ready says not ready until it does"
+                );
+            }
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}

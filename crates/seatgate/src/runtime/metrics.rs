@@ -101,6 +101,10 @@ pub const BUILD_INFO: &str = "seatgate_build_info";
 pub const READY: &str = "seatgate_ready";
 /// 1 while this process's last Redis probe (PING) was answered.
 pub const REDIS_UP: &str = "seatgate_redis_up";
+/// Redis's `used_memory` (INFO memory), bytes, as this process last read it.
+pub const REDIS_MEMORY_USED: &str = "seatgate_redis_memory_used_bytes";
+/// Redis's `maxmemory`, bytes (0: no limit), as this process last read it.
+pub const REDIS_MAXMEMORY: &str = "seatgate_redis_maxmemory_bytes";
 /// 1 while the function library on Redis under this build's name is not this build's code.
 pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
@@ -281,6 +285,14 @@ pub fn init(license_series_limit: usize) {
         "1 while /ready answers 200 (the worker can read and decide requests)."
     );
     describe_gauge!(REDIS_UP, "1 while this process's last Redis PING was answered.");
+    describe_gauge!(
+        REDIS_MEMORY_USED,
+        "Redis's used_memory (INFO memory), bytes, read every 5 s: against seatgate_redis_maxmemory_bytes, how close Redis is to refusing writes (OOM)."
+    );
+    describe_gauge!(
+        REDIS_MAXMEMORY,
+        "Redis's maxmemory, bytes (0: no limit), read every 5 s."
+    );
     describe_gauge!(
         LIBRARY_FOREIGN,
         "1 while the function library on Redis under this build's name holds other code: the worker serves nothing until it is this build's again."
@@ -493,6 +505,12 @@ pub fn ready(ready: bool) {
 /// Records whether Redis answered this process's last probe.
 pub fn redis_up(up: bool) {
     gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
+}
+
+/// Sets Redis's memory in use and its limit (`maxmemory`, 0 = none), bytes.
+pub fn redis_memory(used: u64, max: u64) {
+    gauge!(REDIS_MEMORY_USED).set(used as f64);
+    gauge!(REDIS_MAXMEMORY).set(max as f64);
 }
 
 /// Sets whether the library on Redis holds code that is not this build's.

@@ -123,6 +123,7 @@ pub async fn run(
     let probe = tokio::spawn(health::probe_redis(
         crate::connect(&settings).await?,
         REDIS_PROBE_EVERY,
+        ready.clone(),
         token.clone(),
     ));
 

@@ -557,6 +557,61 @@ async fn redis_down_makes_the_worker_not_ready_and_it_resumes_when_redis_returns
     assert_eq!(r.status(), Status::Acquired);
 }
 
+/// Redis's memory is exported; a hung Redis (SIGSTOP: the connection stays
+/// open, nothing answers, no error comes): `/ready` turns 503 within a few PING deadlines and
+/// `seatgate_redis_up` reads 0; once Redis resumes, `/ready` is 200 again
+/// and a request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_makes_the_worker_not_ready_and_it_resumes_when_redis_does() {
+    let TestApp(redis, settings, _) = spawn_app().await;
+    put_license(&settings, "lic", 1).await;
+    let worker = WorkerProcess::start(&redis.url(), &[]).await;
+    // Redis's memory against its limit is read too (none set here: 0).
+    let before = worker.scrape().await;
+    let used = before
+        .lines()
+        .find_map(|l| l.strip_prefix("seatgate_redis_memory_used_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(used.is_some_and(|u| u > 100_000.0), "used memory: {before}");
+    assert!(before.contains("seatgate_redis_maxmemory_bytes 0"), "{before}");
+    let hang = |signal: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([signal, &redis.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} redis-server");
+    };
+    hang("-STOP");
+    let stopped = Instant::now();
+    while worker.status("/ready").await != Some(503) {
+        if stopped.elapsed() > Duration::from_secs(10) {
+            hang("-CONT");
+            panic!("/ready stayed 200 while Redis hung");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let noticed = stopped.elapsed();
+    let scrape = worker.scrape().await;
+    hang("-CONT");
+    assert!(
+        scrape.contains("seatgate_redis_up 0"),
+        "redis_up while hung: {scrape}"
+    );
+    assert_eq!(worker.status("/live").await, Some(200));
+    let back = Instant::now();
+    while worker.status("/ready").await != Some(200) {
+        assert!(back.elapsed() < Duration::from_secs(10), "/ready did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "hung redis: /ready 503 after {noticed:?}, 200 again {:?} after it resumed",
+        back.elapsed()
+    );
+    let c = client(&settings).await;
+    let r = c.call(&Call::acquire("lic", "after"), T).await.unwrap();
+    assert_eq!(r.status(), Status::Acquired);
+}
+
 /// Redis out of memory (noeviction): the worker reports not-ready, the
 /// request is not lost (it stays on the stream or pending), nothing is
 /// evicted, and once memory is freed it is answered, with its effect applied once.

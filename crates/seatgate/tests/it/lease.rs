@@ -156,8 +156,11 @@ async fn an_edited_license_record_decides_the_very_next_call() {
     set("active", "0").await;
     assert_eq!(status("d").await, Status::LicenseInactive);
     set("active", "1").await;
-    set("expires_at_ms", "1").await;
+    set("expires_at_ms", "1000000000000").await; // 2001-09-09
     assert_eq!(status("d").await, Status::LicenseExpired);
+    // An expiry written in seconds (next year's) is no expiry in ms: invalid.
+    set("expires_at_ms", "1830000000").await;
+    assert_eq!(status("d").await, Status::LicenseInvalid);
     set("expires_at_ms", "0").await;
     assert_eq!(status("d").await, Status::Acquired);
     assert_eq!(crate::support::holders(&s, "edited").await, ["a", "b", "c", "d"]);

@@ -126,7 +126,7 @@ async fn serve_cad(seats: u64) -> (RedisServer, Settings, WorkerHandle, Db) {
 async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
     let worker = spawn_worker(s.clone(), "w1").await;
-    let far_past = "1000";
+    let far_past = "1000000000000"; // 2001-09-09
     for (field, value) in [
         ("seats_total", "5.5"),
         ("seats_total", "inf"),
@@ -142,10 +142,14 @@ async fn a_license_record_that_breaks_the_rules_hands_out_no_seat() {
         put_license(&s, &license, 5).await;
         set_license_field(&mut con, &s, &license, field, value).await;
         if field == "expires_at_ms" {
-            // An expiry that is no number never came; one in the past did.
+            // An expiry that is no number never came; one in the past did;
+            // one written in seconds (1000 s) is no expiry in ms at all.
             expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_INVALID").await;
             set_license_field(&mut con, &s, &license, field, far_past).await;
             expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_EXPIRED").await;
+            set_license_field(&mut con, &s, &license, field, "1000").await;
+            let r = expect(&mut con, &s, &op("acquire", &license, "probe"), "LICENSE_INVALID").await;
+            assert!(r["error"].contains("expires_at_ms = \"1000\""), "{r:?}");
             continue;
         }
         let before = seat_state(&mut con, &s, &license).await;
