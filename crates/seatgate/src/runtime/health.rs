@@ -75,8 +75,9 @@ pub async fn probe_redis(mut con: Db, every: Duration, ready: Readiness, shutdow
             Ok(Ok(_))
         );
         metrics::redis_up(up);
+        // A change is a silent Redis answering again, or the other way.
         let was_silent = ready.redis_silent.swap(!up, Ordering::Relaxed);
-        if was_silent != !up {
+        if was_silent == up {
             if up {
                 tracing::info!("redis answers PING again");
             } else {
