@@ -55,4 +55,5 @@ if ! cargo test -p seatgate-conformance --locked -- --include-ignored --nocaptur
   cat "$conformance_log"
   exit 1
 fi
-grep -E '^(Rust|Node|Python): |^test result: .* [1-9][0-9]* passed' "$conformance_log"
+# Each scenario's line (the first of a test follows its name on one line).
+grep -oE '(Rust|Node|Python): .*|^test result: .* [1-9][0-9]* passed.*' "$conformance_log"
