@@ -45,12 +45,14 @@ cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored \
 # The TypeScript client (clients/node) and the Python client (clients/python:
 # its wheel, two venvs with the oldest and newest redis-py, mypy), against
 # the binary the suite built.
-export SEATGATE_BIN="$PWD/target/debug/seatgate"
+# (where cargo put it: $CARGO_TARGET_DIR when set, else target/).
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+export SEATGATE_BIN="$target_dir/debug/seatgate"
 bash clients/node/test.sh
 bash clients/python/test.sh
 # The client conformance suite against all three clients (the Rust run
 # again, for its summary beside the others).
-conformance_log=target/conformance.log
+conformance_log="$target_dir/conformance.log"
 if ! cargo test -p seatgate-conformance --locked -- --include-ignored --nocapture --test-threads 1 >"$conformance_log" 2>&1; then
   cat "$conformance_log"
   exit 1
