@@ -35,13 +35,7 @@ local function end_deleted(now, notes, limit)
   end
   local waiting = rcall('ZRANGE', K.queue, '0', ms(limit - 1))
   for _, session in ipairs(waiting) do
-    local w = waiter_record(session)
-    local owner = owner_of(session)
-    remove_waiter(session, owner)
-    owners().forget(session)
-    if w then
-      note(notes, now, 'LICENSE_NOT_FOUND', session, w, owner)
-    end
+    end_wait(session, now, notes, 'LICENSE_NOT_FOUND')
   end
   if #held >= limit or #waiting >= limit then
     return held, 1

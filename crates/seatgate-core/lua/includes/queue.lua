@@ -128,6 +128,19 @@ local function remove_waiter(session, owner)
   end
 end
 
+-- Ends the wait of `session` without a seat: takes it out of the queue
+-- and forgets its owner record, and notes `status` (with `reason`, if any)
+-- for its waiter, when its record still reads.
+local function end_wait(session, now, notes, status, reason)
+  local w = waiter_record(session)
+  local owner = owner_of(session)
+  remove_waiter(session, owner)
+  owners().forget(session)
+  if w then
+    note(notes, now, status, session, w, owner, reason)
+  end
+end
+
 -- Removes up to `limit` waiters whose wait ran out, noting QUEUE_TIMEOUT for each.
 -- Returns how many it removed.
 local function expire_waiters(now, notes, limit)
@@ -136,13 +149,7 @@ local function expire_waiters(now, notes, limit)
   end
   local due = rcall('ZRANGEBYSCORE', K.deadlines, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(due) do
-    local w = waiter_record(session)
-    local owner = owner_of(session)
-    remove_waiter(session, owner)
-    owners().forget(session)
-    if w then
-      note(notes, now, 'QUEUE_TIMEOUT', session, w, owner)
-    end
+    end_wait(session, now, notes, 'QUEUE_TIMEOUT')
   end
   return #due
 end
@@ -159,13 +166,7 @@ local function expire_stale_waiters(now, horizon, notes, limit)
   end
   local stale = rcall('ZRANGEBYSCORE', K.alive, '-inf', '(' .. ms(horizon), 'LIMIT', '0', ms(limit))
   for _, session in ipairs(stale) do
-    local w = waiter_record(session)
-    local owner = owner_of(session)
-    remove_waiter(session, owner)
-    owners().forget(session)
-    if w then
-      note(notes, now, 'QUEUE_TIMEOUT', session, w, owner, 'waiter_stale')
-    end
+    end_wait(session, now, notes, 'QUEUE_TIMEOUT', 'waiter_stale')
   end
   return #stale
 end
