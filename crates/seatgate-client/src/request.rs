@@ -481,6 +481,18 @@ impl ClientBuilder {
         self
     }
 
+    /// The Sentinels to ask for the master named `master_name` (the URL is
+    /// then unused): the client follows the master through failovers.
+    pub fn sentinel<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        sentinels: I,
+        master_name: impl Into<String>,
+    ) -> ClientBuilder {
+        self.redis.sentinel.urls = sentinels.into_iter().map(Into::into).collect();
+        self.redis.sentinel.master_name = master_name.into();
+        self
+    }
+
     /// Every connection setting at once: ACL user and password (or password
     /// file), TLS files, timeouts, cluster nodes.
     pub fn redis(mut self, redis: RedisSettings) -> ClientBuilder {

@@ -419,6 +419,7 @@ impl Settings {
                 .try_parsing(true)
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls")
+                .with_list_parse_key("redis.sentinel.urls")
                 .with_list_parse_key("stream.applications")
                 .with_list_parse_key("tenancy.shared_identity")
                 .with_list_parse_key("http.allowed_hosts")

@@ -29,6 +29,7 @@ mod report;
 mod revoke;
 mod scripts;
 mod seams;
+mod sentinel;
 mod speed;
 mod stream;
 mod support;
