@@ -724,6 +724,13 @@ impl Client {
         &self.inner.reply_to
     }
 
+    /// The requests stream (shard) this client sends `license`'s requests
+    /// to: its application's stream or the shared one, sharded the way the
+    /// deployment recorded when the client connected.
+    pub fn requests_stream_for(&self, license: &str) -> String {
+        seatgate_core::keys::shard_name(&self.inner.requests, self.inner.shards, license)
+    }
+
     /// Sends `call` and waits up to `timeout` (including any wait for an
     /// in-flight slot) for its first reply. For a queued acquire that is
     /// QUEUED; [`Client::request`] waits for the final answer, or

@@ -255,6 +255,12 @@ pub struct EventSettings {
     /// Denials per license and window recorded one by one (0 = every one).
     #[serde(default = "default_denials_per_window")]
     pub denials_per_window: u64,
+    /// Shards of the events stream; 0 = as many as the requests stream
+    /// (`stream.shards`). Set to the old count while `stream.shards` grows
+    /// online, so that every license's events stay where they were
+    /// (docs/running.md, "Changing the topology").
+    #[serde(default)]
+    pub shards: usize,
 }
 
 /// A duration written for people, like `"30d"` or `"12h 30m"` (humantime).
@@ -577,6 +583,9 @@ impl Settings {
         if self.stream.shards == 0 || self.stream.shards > 1024 {
             return bad("stream.shards must be between 1 and 1024");
         }
+        if self.events.shards > 1024 {
+            return bad("events.shards must be between 0 (as stream.shards) and 1024");
+        }
         if self.stream.max_in_flight == 0 {
             return bad("stream.max_in_flight must be at least 1");
         }
@@ -673,6 +682,7 @@ impl Settings {
             shared_identity: self.tenancy.shared_identity.clone(),
             key_prefix: self.keys.prefix.clone(),
             events_stream: self.events.stream.clone(),
+            events_shards: self.events_shards(),
         }
     }
 
@@ -726,14 +736,23 @@ impl Settings {
         self.topology().stream_tag(stream)
     }
 
-    /// Every events stream shard (sharded like the requests stream).
+    /// How many ways the events stream is sharded: `events.shards`, or
+    /// the requests stream's `stream.shards` when that is 0.
+    pub fn events_shards(&self) -> usize {
+        match self.events.shards {
+            0 => self.stream.shards,
+            n => n,
+        }
+    }
+
+    /// Every events stream shard.
     pub fn events_streams(&self) -> Vec<String> {
-        shard_names(&self.events.stream, self.stream.shards)
+        shard_names(&self.events.stream, self.events_shards())
     }
 
     /// The events stream shard that carries `license`'s events.
     pub fn events_stream_for(&self, license: &str) -> String {
-        shard_name(&self.events.stream, self.stream.shards, license)
+        shard_name(&self.events.stream, self.events_shards(), license)
     }
 
     /// The consumer name: configured, or `<hostname>-<pid>`.
@@ -816,7 +835,7 @@ impl Settings {
         let keys = seatgate_core::keys::Keys::new(self.keys.prefix.clone())
             .with_events(
                 &self.events.stream,
-                self.stream.shards,
+                self.events_shards(),
                 self.redis.is_cluster(),
                 u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
             )

@@ -20,7 +20,7 @@ use redis::aio::ConnectionLike;
 use super::usage::{carry_field, date, Aggregate, CarryRecord, CARRY_PREFIX, DAY, DONE_DAY};
 use crate::config::Settings;
 use crate::error::Error;
-use seatgate_core::keys::{shard_names, Keys};
+use seatgate_core::keys::Keys;
 
 /// Most days one pass rolls up: a service back after a long stop catches
 /// up over a few passes, each of bounded length.
@@ -134,7 +134,7 @@ pub async fn roll_day<C: ConnectionLike>(
             agg.seed(license, record.carry);
         }
     }
-    for stream in shard_names(&settings.events.stream, settings.stream.shards) {
+    for stream in settings.events_streams() {
         agg.read_shard(con, &stream).await?;
     }
     let mut carries = agg.end_period_carry();

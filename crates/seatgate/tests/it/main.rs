@@ -34,3 +34,4 @@ mod speed;
 mod stream;
 mod support;
 mod tls;
+mod topology;
