@@ -1092,6 +1092,34 @@ mod tests {
         assert!(s.redis.is_cluster());
     }
 
+    /// The .deb's /etc/seatgate/seatgate.toml (ops/seatgate.toml) changes
+    /// nothing as shipped, stays a short file of overrides (the defaults
+    /// are built in), and every example in it, uncommented, is a real,
+    /// valid setting.
+    #[test]
+    fn the_packaged_settings_file_is_overrides_only() {
+        let shipped = include_str!("../../../ops/seatgate.toml");
+        assert!(shipped.lines().count() < 40, "a short file of overrides, not the defaults");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seatgate.toml");
+        std::fs::write(&path, shipped).unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!(s.redis.url, Settings::load(None).unwrap().redis.url);
+        // Uncommented: `# [section]` and `# key = value` lines become settings.
+        let examples: String = shipped
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| l.starts_with('[') || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(examples.matches(" = ").count() >= 4, "{examples}");
+        std::fs::write(&path, &examples).unwrap();
+        let s = Settings::load(Some(&path)).unwrap_or_else(|e| panic!("{e}\n{examples}"));
+        assert_eq!(s.redis.username, "seatgate-worker");
+        assert_eq!(s.redis.sentinel.master_name, "seatgate");
+        assert_eq!(s.redis.sentinel.urls.len(), 3);
+    }
+
     #[test]
     fn a_file_overrides_defaults() {
         let dir = tempfile::tempdir().unwrap();
