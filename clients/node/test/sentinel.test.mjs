@@ -17,7 +17,7 @@ let dep;
 let worker;
 before(async () => {
   dep = await startSentinel(1, 3);
-  await seatgateOk(NOWHERE, ['license', 'put', 'cad', '--seats', '2', '--heartbeat-timeout', '9s'], dep.env);
+  await seatgateOk(NOWHERE, ['license', 'put', 'cad', '--seats', '3', '--heartbeat-timeout', '9s'], dep.env);
   worker = await startWorker(NOWHERE, dep.env);
 });
 after(async () => {
@@ -89,6 +89,10 @@ test('a seat handle keeps its seat when the master is killed and a replica promo
 
     node.kill9();
     const killed = Date.now();
+    // An acquire sent while there is no master: sent again until the
+    // promoted one's workers answer.
+    const during = client.acquireSeat('cad', { session: 'during' });
+    during.catch(() => undefined);
     const promoted = await dep.promoted(victim, 30000);
     const took = Date.now() - killed;
     const beatsAtPromotion = seat.heartbeats;
@@ -101,16 +105,17 @@ test('a seat handle keeps its seat when the master is killed and a replica promo
     }
     assert.equal(seat.state, 'held', JSON.stringify(seat.loss));
 
+    const inFailover = await during;
+    assert.equal(inFailover.grant.status, 'ACQUIRED');
+
     // A new acquire and a release, through the same client.
     const other = await client.acquireSeat('cad', { session: 'after' });
     assert.equal(other.grant.status, 'ACQUIRED');
-    assert.deepEqual(await holders('cad'), ['after', 'before']);
-    assert.equal((await other.release()).outcome, 'released');
-    assert.deepEqual(await holders('cad'), ['before']);
-    // The license's two seats: a second is granted, a third refused.
-    const third = await client.acquireSeat('cad', { session: 'third' });
+    assert.deepEqual(await holders('cad'), ['after', 'before', 'during']);
+    // The license's three seats are taken: a fourth session is refused.
     await assert.rejects(client.acquireSeat('cad', { session: 'fourth' }), (e) => e.code === 'NO_SEATS_AVAILABLE');
-    assert.equal((await third.release()).outcome, 'released');
+    for (const s of [other, inFailover]) assert.equal((await s.release()).outcome, 'released');
+    assert.deepEqual(await holders('cad'), ['before']);
 
     // The promoted node holds it, as a master.
     assert.equal(await dep.role(dep.node(promoted)), 'master');

@@ -29,7 +29,7 @@ class Deployment:
         self.sentinel = SentinelDeployment(replicas=1, sentinels=3)
         self.env = self.sentinel.env()
         try:
-            self.cli_ok("license", "put", "cad", "--seats", "2", "--heartbeat-timeout", "15s")
+            self.cli_ok("license", "put", "cad", "--seats", "3", "--heartbeat-timeout", "15s")
             self.worker = Worker(NOWHERE, self.env)
         except BaseException:
             self.sentinel.stop()
@@ -127,6 +127,9 @@ def test_a_seat_handle_keeps_its_seat_when_the_master_is_killed_and_a_replica_pr
 
             node.kill9()
             killed = time.monotonic()
+            # An acquire sent while there is no master: sent again until the
+            # promoted one's workers answer.
+            during = asyncio.ensure_future(client.acquire_seat("cad", session="during"))
             promoted = await asyncio.to_thread(sentinel.promoted, victim, 30.0)
             took = time.monotonic() - killed
             beats_at_promotion = seat.heartbeats
@@ -141,19 +144,21 @@ def test_a_seat_handle_keeps_its_seat_when_the_master_is_killed_and_a_replica_pr
                 await asyncio.sleep(0.1)
             assert seat.state == "held", seat.loss
 
+            in_failover = await asyncio.wait_for(during, 30)
+            assert in_failover.grant["status"] == "ACQUIRED", in_failover.grant
+
             # A new acquire and a release, through the same client.
             other = await client.acquire_seat("cad", session="after")
             assert other.grant["status"] == "ACQUIRED", other.grant
-            assert await asyncio.to_thread(dep.holders, "cad") == ["after", "before"]
-            released = await other.release()
-            assert released.outcome == "released", released
-            assert await asyncio.to_thread(dep.holders, "cad") == ["before"]
-            # The license's two seats: a third session is refused, a second granted.
-            third = await client.acquire_seat("cad", session="third")
+            assert await asyncio.to_thread(dep.holders, "cad") == ["after", "before", "during"]
+            # The license's three seats are taken: a fourth session is refused.
             with pytest.raises(SeatgateError) as refused:
                 await client.acquire_seat("cad", session="fourth")
             assert refused.value.code == "NO_SEATS_AVAILABLE", refused.value
-            assert (await third.release()).outcome == "released"
+            for s in (other, in_failover):
+                released = await s.release()
+                assert released.outcome == "released", released
+            assert await asyncio.to_thread(dep.holders, "cad") == ["before"]
 
             # It is the promoted node that holds the seat, as a master.
             new = sentinel.node(promoted)
