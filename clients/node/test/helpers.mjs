@@ -285,17 +285,18 @@ export async function startWorker(url, env = {}) {
       stdio: ['ignore', 'ignore', 'inherit'],
     }),
   );
-  await waitFor('seatgate run', async () => (await fetch(`http://127.0.0.1:${port}/ready`)).status === 200);
+  /** Whether its /ready answers 200 now. */
+  const ready = async () => {
+    try {
+      return (await fetch(`http://127.0.0.1:${port}/ready`)).status === 200;
+    } catch {
+      return false;
+    }
+  };
+  await waitFor('seatgate run', ready);
   return {
     pid: child.pid,
-    /** Whether its /ready answers 200 now. */
-    async ready() {
-      try {
-        return (await fetch(`http://127.0.0.1:${port}/ready`)).status === 200;
-      } catch {
-        return false;
-      }
-    },
+    ready,
     stop() {
       child.kill('SIGKILL');
     },

@@ -249,13 +249,8 @@ class Worker:
             env=base_env({"SEATGATE__METRICS__LISTEN": f"127.0.0.1:{port}", **(env or {})}),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         )
-
-        def ready() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
-                return bool(r.status == 200)
-
-        wait_for("seatgate run", ready, 20.0)
         self.metrics_port = port
+        wait_for("seatgate run", self.ready, 20.0)
 
     def ready(self) -> bool:
         """Whether its /ready answers 200 now."""
