@@ -68,7 +68,7 @@ pub async fn run(
     on_listen: impl FnOnce(Option<SocketAddr>),
 ) -> Result<(), Error> {
     let token = CancellationToken::new();
-    let ready = Readiness::default();
+    let ready = Readiness::new(settings.log.repeats_per_minute);
     let grace = Duration::from_millis(settings.shutdown.grace_ms);
     let mut deadline = None;
 

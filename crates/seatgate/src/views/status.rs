@@ -1,6 +1,7 @@
 //! `seatgate status`: who holds each license's seats and who waits, like
 //! FlexLM's `lmstat`. Each license is read in one MULTI, so its holders and
-//! queue are a consistent snapshot.
+//! queue are a consistent snapshot (in a plain pipeline while Redis is out
+//! of memory and refuses MULTI: [`read_snapshot`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -10,6 +11,7 @@ use serde::Serialize;
 
 use super::printable;
 use crate::error::Error;
+use seatgate_core::db::is_out_of_memory;
 use seatgate_core::keys::Keys;
 use seatgate_core::license::{InvalidField, StoredRecord};
 use seatgate_core::policy::{score_priority, LicensePolicy};
@@ -170,18 +172,39 @@ impl Snapshot {
 }
 
 /// Reads one license's [`Snapshot`] in one MULTI, so that its holders and
-/// queue are consistent with each other.
+/// queue are consistent with each other. A Redis out of memory refuses a
+/// MULTI whatever it holds (under `OOM` it queues no command, not even a
+/// read): the same reads then go as a plain pipeline, which it answers, so
+/// the views still work while Redis refuses writes, each key read as it is
+/// a moment apart from the others.
 pub async fn read_snapshot<C: ConnectionLike>(
     con: &mut C,
     keys: &Keys,
     license: &str,
+) -> Result<Snapshot, Error> {
+    match read_snapshot_in(con, keys, license, true).await {
+        Err(e) if e.redis().is_some_and(is_out_of_memory) => {
+            read_snapshot_in(con, keys, license, false).await
+        }
+        read => read,
+    }
+}
+
+/// The snapshot's reads, in one MULTI when `atomic`.
+async fn read_snapshot_in<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    atomic: bool,
 ) -> Result<Snapshot, Error> {
     fn zrange(pipe: &mut redis::Pipeline, key: &str) {
         pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
     }
     let k = keys.license(license);
     let mut pipe = redis::pipe();
-    pipe.atomic();
+    if atomic {
+        pipe.atomic();
+    }
     pipe.cmd("HGETALL").arg(&k.license);
     zrange(&mut pipe, &k.holders);
     pipe.cmd("HGETALL").arg(&k.sessions);

@@ -930,6 +930,12 @@ impl WorkerProcess {
     /// Starts `seatgate run` against `url` with extra `SEATGATE__*` variables
     /// and waits until /ready answers 200.
     pub async fn start(url: &str, env: &[(&str, String)]) -> WorkerProcess {
+        WorkerProcess::start_logging(url, env, Stdio::inherit()).await
+    }
+
+    /// As [`WorkerProcess::start`], its log (stderr, at `warn`, or as
+    /// `RUST_LOG` in `env` says) going to `log`.
+    pub async fn start_logging(url: &str, env: &[(&str, String)], log: impl Into<Stdio>) -> WorkerProcess {
         let port = free_port();
         let mut cmd = Command::new(BIN);
         cmd.arg("--redis")
@@ -938,7 +944,8 @@ impl WorkerProcess {
             .env("SEATGATE__METRICS__LISTEN", format!("127.0.0.1:{port}"))
             .env("SEATGATE__STREAM__BLOCK_MS", "100")
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            .stderr(log);
         for (k, v) in env {
             cmd.env(k, v);
         }
