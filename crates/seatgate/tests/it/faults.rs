@@ -592,7 +592,13 @@ async fn a_hung_redis_makes_the_worker_not_ready_and_it_resumes_when_redis_does(
     }
     let noticed = stopped.elapsed();
     let scrape = worker.scrape().await;
+    let why = http_get(&worker.metrics, "/ready").await.map(|(_, body)| body);
     hang("-CONT");
+    assert!(
+        why.as_deref()
+            .is_some_and(|b| b.contains("not ready: Redis does not answer PING within its deadline")),
+        "/ready's reason while Redis hung: {why:?}"
+    );
     assert!(
         scrape.contains("seatgate_redis_up 0"),
         "redis_up while hung: {scrape}"
