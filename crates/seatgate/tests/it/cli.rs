@@ -1106,10 +1106,13 @@ async fn status_totals_sorts_and_filters_licenses() {
             assert_eq!(o.status.code(), Some(0), "{license} {session}: {o:?}");
         }
     }
-    let shown = |args: &'static [&'static str]| {
+    let shown = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let redis = &redis;
         async move {
-            let o = seatgate(redis, &[&["status"][..], args].concat()).await;
+            let mut all = vec!["status"];
+            all.extend(args.iter().map(String::as_str));
+            let o = seatgate(redis, &all).await;
             assert_eq!(o.status.code(), Some(0), "{args:?}: {o:?}");
             let text = stdout(&o);
             let ids: Vec<String> = text
@@ -1127,22 +1130,14 @@ async fn status_totals_sorts_and_filters_licenses() {
         total,
         "total: 4 licenses, 5 of 12 seats in use, 7 free, 0 waiting; 1 full, 0 expired, 0 inactive, 0 invalid"
     );
-    assert_eq!(
-        shown(&["--sort", "used"]).await.0,
-        ["eda", "cad-a", "cad-b", "sim"]
-    );
-    assert_eq!(
-        shown(&["--sort", "free"]).await.0,
-        ["cad-a", "eda", "sim", "cad-b"]
-    );
-    assert_eq!(
-        shown(&["--sort", "expiry"]).await.0,
-        ["eda", "cad-b", "cad-a", "sim"]
-    );
-    assert_eq!(
-        shown(&["--sort", "queued"]).await.0,
-        ["cad-a", "cad-b", "eda", "sim"]
-    );
+    for (order, expected) in [
+        ("used", ["eda", "cad-a", "cad-b", "sim"]),
+        ("free", ["cad-a", "eda", "sim", "cad-b"]),
+        ("expiry", ["eda", "cad-b", "cad-a", "sim"]),
+        ("queued", ["cad-a", "cad-b", "eda", "sim"]),
+    ] {
+        assert_eq!(shown(&["--sort", order]).await.0, expected, "--sort {order}");
+    }
     let (ids, total) = shown(&["--filter", "cad"]).await;
     assert_eq!(ids, ["cad-a", "cad-b"]);
     assert!(

@@ -753,17 +753,9 @@ async fn redis_out_of_memory_leaves_the_views_working_and_is_named_everywhere() 
     }
 
     free_memory(&mut con).await;
-    let freed = Instant::now();
-    while worker.status("/ready").await != Some(200) {
-        assert!(
-            freed.elapsed() < Duration::from_secs(10),
-            "/ready did not recover"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = worker.ready_turns(200, Duration::from_secs(10)).await;
     eprintln!(
-        "redis out of memory: /ready 503 naming OOM after {noticed:?}, 200 again {:?} after memory was freed",
-        freed.elapsed()
+        "redis out of memory: /ready 503 naming OOM after {noticed:?}, 200 again {recovered:?} after memory was freed"
     );
     assert_eq!(metric(&worker.scrape().await, "seatgate_redis_oom"), Some(0.0));
     let logged = std::fs::read_to_string(log.path()).unwrap();

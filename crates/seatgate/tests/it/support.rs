@@ -966,6 +966,19 @@ impl WorkerProcess {
         http_get(&self.metrics, path).await.map(|(code, _)| code)
     }
 
+    /// Waits (at most `within`) until `/ready` answers `code`; how long it took.
+    pub async fn ready_turns(&self, code: u16, within: Duration) -> Duration {
+        let since = Instant::now();
+        while self.status("/ready").await != Some(code) {
+            assert!(
+                since.elapsed() < within,
+                "/ready did not turn {code} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        since.elapsed()
+    }
+
     /// Its `/metrics` response ("" when it does not answer).
     pub async fn scrape(&self) -> String {
         http_get(&self.metrics, "/metrics")
