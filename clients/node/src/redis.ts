@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import type { RedisOptions } from 'ioredis';
 
 import type { AcquireAttempt, AcquireSpec, Backend, Logger, SeatTarget, Timing } from './backend.js';
-import { SeatgateError, describe } from './errors.js';
+import { OUT_OF_MEMORY, SeatgateError, describe, isOutOfMemory } from './errors.js';
 import { Inbox, newLease, randomHex, RETRY_LATER, shardOf, sleep } from './wire.js';
 import type { Received, Reply } from './wire.js';
 
@@ -101,6 +101,8 @@ export class RedisTransport implements Backend {
   private closing = false;
   private readLoop: Promise<void> | undefined;
   private lastError = '';
+  /** Whether Redis refused the last request sent with OOM (until one is sent). */
+  outOfMemory = false;
 
   private constructor(opts: RedisTransportOptions, writer: Redis, topology: Topology) {
     this.opts = opts;
@@ -193,9 +195,15 @@ export class RedisTransport implements Backend {
     this.waiters.set(id, inbox);
     const args: string[] = ['op', op, 'id', id, 'license', license, 'session', session, 'reply_to', this.replyTo];
     for (const [k, v] of Object.entries(fields)) args.push(k, v);
-    this.writer.xadd(this.streamFor(license), '*', ...args).catch((e: unknown) => {
-      if (!this.closing) this.opts.log('warn', `cannot send ${op} for ${license}/${session} to ${this.where} (${describe(e)}); trying again`);
-    });
+    this.writer.xadd(this.streamFor(license), '*', ...args).then(
+      () => {
+        this.outOfMemory = false;
+      },
+      (e: unknown) => {
+        this.outOfMemory = isOutOfMemory(e);
+        if (!this.closing) this.opts.log('warn', `cannot send ${op} for ${license}/${session} to ${this.where} (${describe(e)}); trying again`);
+      },
+    );
     return id;
   }
 
@@ -386,6 +394,12 @@ class Exchange {
       if (got === null) {
         if (signal?.aborted) return null;
         if (this.t.isClosing) throw new SeatgateError('CLOSED', 'the seatgate client is closed');
+        if (giveUpAt !== undefined && Date.now() >= giveUpAt && this.t.outOfMemory) {
+          throw new SeatgateError(
+            'REDIS_UNAVAILABLE',
+            `no reply to ${this.op} ${this.license}/${this.session} from ${this.t.where}: ${OUT_OF_MEMORY}`,
+          );
+        }
         if (giveUpAt !== undefined && Date.now() >= giveUpAt) {
           throw new SeatgateError(
             'TIMEOUT',

@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._backend import AcquireSpec, Logger, SeatTarget, Timing
-from .errors import CLOSED, REDIS_UNAVAILABLE, TIMEOUT, SeatgateError, describe
+from .errors import CLOSED, OUT_OF_MEMORY, REDIS_UNAVAILABLE, TIMEOUT, SeatgateError, describe, is_out_of_memory
 from .wire import (
     DEDUPE_WINDOW_MS,
     REQUEST_EXPIRED,
@@ -270,6 +270,8 @@ class RedisTransport:
         self._slots = asyncio.Semaphore(opts.max_in_flight)
         self._outbox: asyncio.Queue[_Out] = asyncio.Queue()
         self._last_error = ""
+        #: Whether Redis refused the last batch of requests with OOM (until one is sent).
+        self.out_of_memory = False
         #: Counters for the curious: pipelines written, the most requests in
         #: flight at once, replies without a waiter, read retries.
         self.stats: Dict[str, int] = collections.Counter()
@@ -419,6 +421,9 @@ class RedisTransport:
             if self._closing:
                 return
             self.stats["pipelines"] += 1
+            self.out_of_memory = any(is_out_of_memory(r) for r in results if isinstance(r, BaseException)) and all(
+                isinstance(r, BaseException) for r in results
+            )
             failed = False
             for out, result in zip(batch, results):
                 if not isinstance(result, BaseException):
@@ -643,6 +648,11 @@ class _Exchange:
                     return None
                 if self.t.is_closing:
                     raise SeatgateError(CLOSED, "the seatgate client is closed")
+                if give_up_at is not None and now_ms() >= give_up_at and self.t.out_of_memory:
+                    raise SeatgateError(
+                        REDIS_UNAVAILABLE,
+                        f"no reply to {self.op} {self.license}/{self.session} from {self.t.where}: {OUT_OF_MEMORY}",
+                    )
                 if give_up_at is not None and now_ms() >= give_up_at:
                     raise SeatgateError(
                         TIMEOUT,

@@ -88,12 +88,13 @@ pub const LOG_SUPPRESSED: &str = "seatgate_log_lines_suppressed_total";
 /// Acquires whose `wait_ms` was cut to `queue.max_wait_ms`.
 pub const WAIT_CAPPED: &str = "seatgate_wait_capped_total";
 /// The kinds of rate-limited log lines (runtime::log_limit).
-pub const LOG_KINDS: [&str; 5] = [
+pub const LOG_KINDS: [&str; 6] = [
     "dead_letter",
     "refused_reply_to",
     "shed",
     "invalid_request",
     "reply_error",
+    "redis_oom",
 ];
 /// Always 1, labelled with the `version`: which build each process runs.
 pub const BUILD_INFO: &str = "seatgate_build_info";
@@ -105,6 +106,8 @@ pub const REDIS_UP: &str = "seatgate_redis_up";
 pub const REDIS_MEMORY_USED: &str = "seatgate_redis_memory_used_bytes";
 /// Redis's `maxmemory`, bytes (0: no limit), as this process last read it.
 pub const REDIS_MAXMEMORY: &str = "seatgate_redis_maxmemory_bytes";
+/// 1 while Redis refuses this process's writes for lack of memory (`OOM`).
+pub const REDIS_OOM: &str = "seatgate_redis_oom";
 /// 1 while the function library on Redis under this build's name is not this build's code.
 pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
@@ -294,6 +297,10 @@ pub fn init(license_series_limit: usize) {
         "Redis's maxmemory, bytes (0: no limit), read every 5 s."
     );
     describe_gauge!(
+        REDIS_OOM,
+        "1 while Redis refuses this process's writes for lack of memory (OOM: used_memory above maxmemory): /ready says not ready until a write succeeds."
+    );
+    describe_gauge!(
         LIBRARY_FOREIGN,
         "1 while the function library on Redis under this build's name holds other code: the worker serves nothing until it is this build's again."
     );
@@ -315,7 +322,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_counter!(
         LOG_SUPPRESSED,
-        "Log lines held back by log.repeats_per_minute, by kind (dead_letter, refused_reply_to, shed, invalid_request, reply_error)."
+        "Log lines held back by log.repeats_per_minute, by kind (dead_letter, refused_reply_to, shed, invalid_request, reply_error, redis_oom)."
     );
     describe_counter!(
         WAIT_CAPPED,
@@ -373,6 +380,7 @@ pub fn init(license_series_limit: usize) {
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(READY).set(0.0);
     gauge!(REDIS_UP).set(0.0);
+    gauge!(REDIS_OOM).set(0.0);
     gauge!(LIBRARY_FOREIGN).set(0.0);
     gauge!(REAPER_LEADER).set(0.0);
     gauge!(REAPER_GRACE).set(0.0);
@@ -511,6 +519,11 @@ pub fn redis_up(up: bool) {
 pub fn redis_memory(used: u64, max: u64) {
     gauge!(REDIS_MEMORY_USED).set(used as f64);
     gauge!(REDIS_MAXMEMORY).set(max as f64);
+}
+
+/// Sets whether Redis refuses this process's writes with `OOM`.
+pub fn redis_oom(oom: bool) {
+    gauge!(REDIS_OOM).set(if oom { 1.0 } else { 0.0 });
 }
 
 /// Sets whether the library on Redis holds code that is not this build's.

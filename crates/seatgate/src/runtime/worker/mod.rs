@@ -48,7 +48,7 @@ use crate::config::Settings;
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
-use seatgate_core::db::{is_transient, Db};
+use seatgate_core::db::{is_out_of_memory, is_transient, Db};
 use seatgate_core::keys::{consumer_alive, EVENTS_SHARDS};
 use seatgate_core::request::Lane;
 use seatgate_core::scripts::Scripts;
@@ -486,8 +486,16 @@ impl ShardWorker {
             Err(e) => {
                 metrics::redis_error("read");
                 let failed = schedule.read_failed(Instant::now());
+                // Reads go through a script, which Redis refuses under OOM:
+                // the readiness names that (and logs it) instead.
+                let oom = e.redis().is_some_and(is_out_of_memory);
+                if oom {
+                    self.ready.out_of_memory(true);
+                }
                 if failed.outage_began {
-                    warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    if !oom {
+                        warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    }
                     self.ready.set(false);
                 }
                 tokio::select! {
@@ -546,8 +554,12 @@ impl ShardWorker {
         // Tried again a period later even when it failed: during an outage
         // the read loop must not wait on one more call per turn.
         self.alive_set_at = Some(now);
-        if let Err(e) = set {
-            debug!(error = %e, key = %self.alive_key, "cannot set the liveness key");
+        // A write every period, requests or not: an idle worker notices too
+        // when Redis runs out of memory, and when it accepts writes again.
+        match set {
+            Ok(()) => self.ready.out_of_memory(false),
+            Err(e) if is_out_of_memory(&e) => self.ready.out_of_memory(true),
+            Err(e) => debug!(error = %e, key = %self.alive_key, "cannot set the liveness key"),
         }
     }
 
