@@ -2,8 +2,10 @@
 # Checks the Prometheus alert rules: syntax (promtool check rules), the unit
 # tests (promtool test rules: one file per rule group, and interval-*.yml per
 # scrape interval), that every runbook_url points at a section of
-# docs/monitoring.md and renders under another base (render.sh), and the
-# Alertmanager example (amtool check-config, and its routes). Run by ops/test.sh.
+# docs/monitoring.md and renders under another base (render.sh), that no
+# dashboard panel is empty at a 1 m scrape (ops/grafana/check-dashboard.py),
+# and the Alertmanager example (amtool check-config, and its routes). Run by
+# ops/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/ensure-prometheus.sh
@@ -30,6 +32,9 @@ RUNBOOK_BASE=https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md \
   | grep -c 'runbook_url: "https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md#' \
   | { read -r n; [ "$n" -eq "$alerts" ] || { echo "render.sh rewrote $n of $alerts runbook_url" >&2; exit 1; }; }
 echo "render.sh: every runbook_url under RUNBOOK_BASE"
+
+# Every range selector of the dashboard holds two samples at a 1 m scrape.
+python3 ops/grafana/check-dashboard.py ops/grafana/seatgate.json
 
 amtool check-config ops/prometheus/alertmanager.yml
 route() { amtool config routes test --config.file=ops/prometheus/alertmanager.yml --verify.receivers="$1" "${@:2}" 2>/dev/null; }
