@@ -1099,7 +1099,10 @@ mod tests {
     #[test]
     fn the_packaged_settings_file_is_overrides_only() {
         let shipped = include_str!("../../../ops/seatgate.toml");
-        assert!(shipped.lines().count() < 40, "a short file of overrides, not the defaults");
+        assert!(
+            shipped.lines().count() < 40,
+            "a short file of overrides, not the defaults"
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("seatgate.toml");
         std::fs::write(&path, shipped).unwrap();
