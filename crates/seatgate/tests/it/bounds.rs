@@ -1168,7 +1168,12 @@ async fn no_denial_sampling_records_every_denial() {
         .await
         .iter()
         .filter(|e| e.fields["type"] == "denied")
-        .map(|e| (e["session"].clone(), e.fields.get("folded").cloned().unwrap_or_default()))
+        .map(|e| {
+            (
+                e["session"].clone(),
+                e.fields.get("folded").cloned().unwrap_or_default(),
+            )
+        })
         .collect();
     assert_eq!(
         denied,
