@@ -254,34 +254,17 @@ async fn rdb_backup(redis: &RedisServer, file: &Path) {
 /// A copy of the AOF directory as docs/backup.md takes it: automatic
 /// rewrites off, none in progress, copy, rewrites as they were.
 async fn aof_backup(redis: &RedisServer, to: &Path) {
-    let mut con = redis
-        .client()
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = admin(redis).await;
     let (_, percentage): (String, String) = redis::cmd("CONFIG")
         .arg("GET")
         .arg("auto-aof-rewrite-percentage")
         .query_async(&mut con)
         .await
         .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("auto-aof-rewrite-percentage")
-        .arg("0")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    config_set(&mut con, "auto-aof-rewrite-percentage", "0").await;
     wait_for_persistence(&mut con, "aof_rewrite_in_progress:0").await;
     copy_dir(&redis.dir().join("appendonlydir"), to);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("auto-aof-rewrite-percentage")
-        .arg(percentage)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    config_set(&mut con, "auto-aof-rewrite-percentage", &percentage).await;
 }
 
 /// Puts the backup in the lost Redis's place, into a data directory of
@@ -301,17 +284,8 @@ async fn restore(redis: &mut RedisServer, kind: Backup, backup: &Path, events_st
         Backup::Aof => {
             copy_dir(&backup.join("appendonlydir"), &dir.join("appendonlydir"));
             redis.restart().await.expect("redis-server on the AOF copy");
-            let mut con = redis
-                .client()
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            redis::cmd("XLEN")
-                .arg(events_stream)
-                .query_async(&mut con)
-                .await
-                .unwrap()
+            let mut con = admin(redis).await;
+            xlen(&mut con, events_stream).await
         }
         Backup::Rdb => {
             std::fs::copy(backup.join("seatgate.rdb"), dir.join("dump.rdb")).unwrap();
@@ -320,45 +294,21 @@ async fn restore(redis: &mut RedisServer, kind: Backup, backup: &Path, events_st
                 .restart_with(&["--appendonly", "no"])
                 .await
                 .expect("redis-server on the RDB");
-            let mut con = redis
-                .client()
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("appendonly")
-                .arg("yes")
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            let mut con = admin(redis).await;
+            config_set(&mut con, "appendonly", "yes").await;
             wait_for_persistence(&mut con, "aof_rewrite_in_progress:0").await;
             wait_for_persistence(&mut con, "aof_enabled:1").await;
             // The AOF it wrote holds the restore: a restart with the AOF
             // on (redis.conf as before) starts from it, every event there.
-            let events: i64 = redis::cmd("XLEN")
-                .arg(events_stream)
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            let events = xlen(&mut con, events_stream).await;
             assert!(events > 0, "the RDB restored no events");
             redis.shutdown().await;
             redis
                 .restart_with(&["--appendonly", "yes"])
                 .await
                 .expect("redis-server on the new AOF");
-            let mut con = redis
-                .client()
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            let again: i64 = redis::cmd("XLEN")
-                .arg(events_stream)
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            let mut con = admin(redis).await;
+            let again = xlen(&mut con, events_stream).await;
             assert!(
                 again >= events,
                 "the AOF written after the RDB restore holds it: {events} events, {again} after a restart"
@@ -366,6 +316,28 @@ async fn restore(redis: &mut RedisServer, kind: Backup, backup: &Path, events_st
             events
         }
     }
+}
+
+/// A connection of the operator's, for what seatgate never does itself.
+async fn admin(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis.client().expect("a client of the test redis");
+    client.get_multiplexed_async_connection().await.expect("connect")
+}
+
+/// `CONFIG SET name value`.
+async fn config_set(con: &mut impl redis::aio::ConnectionLike, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// `XLEN stream`.
+async fn xlen(con: &mut impl redis::aio::ConnectionLike, stream: &str) -> i64 {
+    redis::cmd("XLEN").arg(stream).query_async(con).await.unwrap()
 }
 
 /// Waits until `INFO persistence` has `line`.
