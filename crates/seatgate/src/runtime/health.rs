@@ -2,11 +2,12 @@
 //! it (Redis reachable and accepting writes), and so does a PING on a timer
 //! with a deadline (a hung Redis, which leaves a blocked read waiting, is
 //! caught there); `/ready` reports both. The PING also feeds
-//! `seatgate_redis_up`.
+//! `seatgate_redis_up`; every fifth tick also reads Redis's memory and
+//! clock (`seatgate_clock_skew_seconds`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +57,24 @@ async fn read_memory(con: &mut Db, deadline: Duration) {
     }
 }
 
+/// Measures this host's clock against the Redis server's `TIME` into
+/// `seatgate_clock_skew_seconds`: the server's time is taken for this
+/// host's halfway through the round trip. On no answer within `deadline`,
+/// leaves it as it was.
+async fn read_clock_skew(con: &mut Db, deadline: Duration) {
+    let (sent, started) = (SystemTime::now(), Instant::now());
+    let time = redis::cmd("TIME").to_owned();
+    let Ok(Ok((secs, micros))) = tokio::time::timeout(deadline, time.query_async::<(u64, u64)>(con)).await
+    else {
+        return;
+    };
+    let Ok(here) = (sent + started.elapsed() / 2).duration_since(UNIX_EPOCH) else {
+        return;
+    };
+    let redis = Duration::from_secs(secs) + Duration::from_micros(micros);
+    metrics::clock_skew(here.as_secs_f64() - redis.as_secs_f64());
+}
+
 /// Pings Redis every `every` until `shutdown`, each PING given `every` to
 /// answer, recording whether it answered (`seatgate_redis_up`) and making
 /// `ready` not ready while it does not: a Redis hung (stopped, swapping, a
@@ -65,8 +84,11 @@ async fn read_memory(con: &mut Db, deadline: Duration) {
 pub async fn probe_redis(mut con: Db, every: Duration, ready: Readiness, shutdown: CancellationToken) {
     let mut tick: u64 = 0;
     loop {
-        if tick % MEMORY_EVERY_TICKS == 0 && !con.is_cluster() {
-            read_memory(&mut con, every).await;
+        if tick % MEMORY_EVERY_TICKS == 0 {
+            if !con.is_cluster() {
+                read_memory(&mut con, every).await;
+            }
+            read_clock_skew(&mut con, every).await;
         }
         tick += 1;
         let ping = redis::cmd("PING");

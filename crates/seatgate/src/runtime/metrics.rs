@@ -105,6 +105,9 @@ pub const REDIS_UP: &str = "seatgate_redis_up";
 pub const REDIS_MEMORY_USED: &str = "seatgate_redis_memory_used_bytes";
 /// Redis's `maxmemory`, bytes (0: no limit), as this process last read it.
 pub const REDIS_MAXMEMORY: &str = "seatgate_redis_maxmemory_bytes";
+/// This host's clock minus the Redis server's (`TIME`), seconds, as this
+/// process last measured it: positive when this host is ahead.
+pub const CLOCK_SKEW: &str = "seatgate_clock_skew_seconds";
 /// 1 while the function library on Redis under this build's name is not this build's code.
 pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
@@ -219,7 +222,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_histogram!(
         REQUEST_DURATION,
-        "From the request entry's id time (Redis clock at XADD) to its reply, seconds, by op."
+        "From the request entry's id time (Redis clock at XADD) to its reply (the Redis clock as the worker carries it on its monotonic clock), seconds, by op."
     );
     describe_counter!(
         REPLY_ERRORS,
@@ -292,6 +295,10 @@ pub fn init(license_series_limit: usize) {
     describe_gauge!(
         REDIS_MAXMEMORY,
         "Redis's maxmemory, bytes (0: no limit), read every 5 s."
+    );
+    describe_gauge!(
+        CLOCK_SKEW,
+        "This host's clock minus the Redis server's (TIME, taken halfway through its round trip), seconds, read every 5 s: positive when this host is ahead. Seatgate decides on the Redis clock; this host's shows in its logs."
     );
     describe_gauge!(
         LIBRARY_FOREIGN,
@@ -511,6 +518,12 @@ pub fn redis_up(up: bool) {
 pub fn redis_memory(used: u64, max: u64) {
     gauge!(REDIS_MEMORY_USED).set(used as f64);
     gauge!(REDIS_MAXMEMORY).set(max as f64);
+}
+
+/// Sets how far this host's clock is ahead of the Redis server's, seconds
+/// (negative: behind).
+pub fn clock_skew(seconds: f64) {
+    gauge!(CLOCK_SKEW).set(seconds);
 }
 
 /// Sets whether the library on Redis holds code that is not this build's.
