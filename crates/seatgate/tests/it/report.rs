@@ -922,7 +922,10 @@ async fn an_event_costs_about_180_bytes_of_redis_memory() {
         for (field, value) in e.fields() {
             xadd.arg(field).arg(value);
         }
-        xadd.arg("seq").arg(i / 200 + 1).arg("epoch").arg("1796012600117263");
+        xadd.arg("seq")
+            .arg(i / 200 + 1)
+            .arg("epoch")
+            .arg("1796012600117263");
         batch.push(xadd);
         if batch.len() == 500 {
             let _: Vec<redis::Value> = con
