@@ -529,6 +529,14 @@ impl LocalRedis {
         }
     }
 
+    /// Starts the server again on the same port and data directory with
+    /// other `--name value` arguments than it was started with, kept for
+    /// later restarts (a restore that loads an RDB with `appendonly no`).
+    pub async fn restart_with(&mut self, extra: &[&str]) -> Result<(), Error> {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.restart().await
+    }
+
     /// SIGKILL (no chance to hand over anything), and reaps the process.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();

@@ -4,11 +4,12 @@
 //! caught there); `/ready` reports both, and says why it is not ready
 //! ([`Readiness::reason`]): Redis out of memory (`OOM`, which the worker's
 //! writes meet), Redis silent, or the worker not serving. The PING also
-//! feeds `seatgate_redis_up`.
+//! feeds `seatgate_redis_up`; every fifth tick also reads Redis's memory and
+//! clock (`seatgate_clock_skew_seconds`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
@@ -132,6 +133,24 @@ async fn read_memory(con: &mut Db, deadline: Duration) {
     }
 }
 
+/// Measures this host's clock against the Redis server's `TIME` into
+/// `seatgate_clock_skew_seconds`: the server's time is taken for this
+/// host's halfway through the round trip. On no answer within `deadline`,
+/// leaves it as it was.
+async fn read_clock_skew(con: &mut Db, deadline: Duration) {
+    let (sent, started) = (SystemTime::now(), Instant::now());
+    let time = redis::cmd("TIME").to_owned();
+    let Ok(Ok((secs, micros))) = tokio::time::timeout(deadline, time.query_async::<(u64, u64)>(con)).await
+    else {
+        return;
+    };
+    let Ok(here) = (sent + started.elapsed() / 2).duration_since(UNIX_EPOCH) else {
+        return;
+    };
+    let redis = Duration::from_secs(secs) + Duration::from_micros(micros);
+    metrics::clock_skew(here.as_secs_f64() - redis.as_secs_f64());
+}
+
 /// Pings Redis every `every` until `shutdown`, each PING given `every` to
 /// answer, recording whether it answered (`seatgate_redis_up`) and making
 /// `ready` not ready while it does not: a Redis hung (stopped, swapping, a
@@ -141,8 +160,11 @@ async fn read_memory(con: &mut Db, deadline: Duration) {
 pub async fn probe_redis(mut con: Db, every: Duration, ready: Readiness, shutdown: CancellationToken) {
     let mut tick: u64 = 0;
     loop {
-        if tick % MEMORY_EVERY_TICKS == 0 && !con.is_cluster() {
-            read_memory(&mut con, every).await;
+        if tick % MEMORY_EVERY_TICKS == 0 {
+            if !con.is_cluster() {
+                read_memory(&mut con, every).await;
+            }
+            read_clock_skew(&mut con, every).await;
         }
         tick += 1;
         let ping = redis::cmd("PING");

@@ -108,6 +108,9 @@ pub const REDIS_MEMORY_USED: &str = "seatgate_redis_memory_used_bytes";
 pub const REDIS_MAXMEMORY: &str = "seatgate_redis_maxmemory_bytes";
 /// 1 while Redis refuses this process's writes for lack of memory (`OOM`).
 pub const REDIS_OOM: &str = "seatgate_redis_oom";
+/// This host's clock minus the Redis server's (`TIME`), seconds, as this
+/// process last measured it: positive when this host is ahead.
+pub const CLOCK_SKEW: &str = "seatgate_clock_skew_seconds";
 /// 1 while the function library on Redis under this build's name is not this build's code.
 pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
@@ -233,7 +236,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_histogram!(
         REQUEST_DURATION,
-        "From the request entry's id time (Redis clock at XADD) to its reply, seconds, by op."
+        "From the request entry's id time (Redis clock at XADD) to its reply (the Redis clock as the worker carries it on its monotonic clock), seconds, by op."
     );
     describe_counter!(
         REPLY_ERRORS,
@@ -310,6 +313,10 @@ pub fn init(license_series_limit: usize) {
     describe_gauge!(
         REDIS_OOM,
         "1 while Redis refuses this process's writes for lack of memory (OOM: used_memory above maxmemory): /ready says not ready until a write succeeds."
+    );
+    describe_gauge!(
+        CLOCK_SKEW,
+        "This host's clock minus the Redis server's (TIME, taken halfway through its round trip), seconds, read every 5 s: positive when this host is ahead. Seatgate decides on the Redis clock; this host's shows in its logs."
     );
     describe_gauge!(
         LIBRARY_FOREIGN,
@@ -535,6 +542,12 @@ pub fn redis_memory(used: u64, max: u64) {
 /// Sets whether Redis refuses this process's writes with `OOM`.
 pub fn redis_oom(oom: bool) {
     gauge!(REDIS_OOM).set(if oom { 1.0 } else { 0.0 });
+}
+
+/// Sets how far this host's clock is ahead of the Redis server's, seconds
+/// (negative: behind).
+pub fn clock_skew(seconds: f64) {
+    gauge!(CLOCK_SKEW).set(seconds);
 }
 
 /// Sets whether the library on Redis holds code that is not this build's.

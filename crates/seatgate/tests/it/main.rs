@@ -26,6 +26,7 @@ mod policy;
 mod prometheus;
 mod queue;
 mod report;
+mod restore;
 mod revoke;
 mod scripts;
 mod seams;

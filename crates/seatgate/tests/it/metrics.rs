@@ -360,3 +360,72 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
         out.status
     );
 }
+
+/// libfaketime (Debian's `faketime`, ops/ensure-redis.sh installs it),
+/// preloaded into a worker: its wall clock `offset` off (`+2h`), its
+/// monotonic clock left alone.
+fn clock_off(offset: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "LD_PRELOAD",
+            "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1".to_owned(),
+        ),
+        ("FAKETIME", offset.to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+    ]
+}
+
+/// A worker whose clock is 2 h ahead of Redis's measures its requests on
+/// the Redis clock (carried on its monotonic clock), not 7,200 s each, and
+/// exports how far ahead it is; a worker on time exports about 0.
+#[tokio::test]
+async fn a_worker_whose_clock_is_ahead_times_requests_right_and_exports_its_skew() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    put_license(&s, "lic", 1).await;
+    let ahead = WorkerProcess::start(&redis.url(), &clock_off("+2h")).await;
+    let mut c = client(&s).await;
+    assert_eq!(status(&mut c, acquire("lic", "a", 0)).await, Status::Acquired);
+    for i in 0..4 {
+        let session = format!("d{i}");
+        assert_eq!(
+            status(&mut c, acquire("lic", &session, 0)).await,
+            Status::NoSeatsAvailable
+        );
+    }
+    let series = |name: &str| format!("seatgate_request_duration_seconds_{name}{{op=\"acquire\"}}");
+    let page = until(
+        &ahead,
+        Duration::from_secs(10),
+        "the skew and 5 acquires timed",
+        |page| {
+            metric(page, "seatgate_clock_skew_seconds").is_some()
+                && metric(page, &series("count")).is_some_and(|n| n >= 5.0)
+        },
+    )
+    .await;
+    let skew = metric(&page, "seatgate_clock_skew_seconds").unwrap();
+    assert!(
+        (skew - 7200.0).abs() < 5.0,
+        "a worker 2 h ahead (is Debian's faketime installed?): seatgate_clock_skew_seconds {skew}"
+    );
+    let (sum, count) = (
+        metric(&page, &series("sum")).unwrap(),
+        metric(&page, &series("count")).unwrap(),
+    );
+    assert!(
+        sum / count < 1.0,
+        "requests timed on the worker's clock: {count} acquires took {sum} s in all"
+    );
+    eprintln!("a worker 2 h ahead: skew {skew} s; {count} acquires took {sum} s in all");
+
+    let on_time = WorkerProcess::start(&redis.url(), &[]).await;
+    let page = until(&on_time, Duration::from_secs(10), "the skew", |page| {
+        metric(page, "seatgate_clock_skew_seconds").is_some()
+    })
+    .await;
+    let skew = metric(&page, "seatgate_clock_skew_seconds").unwrap();
+    assert!(
+        skew.abs() < 1.0,
+        "a worker on time: seatgate_clock_skew_seconds {skew}"
+    );
+}

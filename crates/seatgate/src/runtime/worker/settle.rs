@@ -241,7 +241,11 @@ impl Decider {
                     } else if outcome.status() == Status::Revoked {
                         metrics::revoked();
                     }
-                    metrics::request_answered(req.op().as_str(), outcome.status().as_str(), item.entry.age());
+                    metrics::request_answered(
+                        req.op().as_str(),
+                        outcome.status().as_str(),
+                        item.entry.age(self.clock.now_ms()),
+                    );
                     // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
                     // A replayed outcome's notes wait in the outbox for the reaper.
                     if !outcome.replayed {
@@ -254,7 +258,11 @@ impl Decider {
                     }
                 }
                 (Some(Ok(_)), _) => {}
-                _ => metrics::request_answered("invalid", Status::InvalidRequest.as_str(), item.entry.age()),
+                _ => metrics::request_answered(
+                    "invalid",
+                    Status::InvalidRequest.as_str(),
+                    item.entry.age(self.clock.now_ms()),
+                ),
             }
             item.handled = Some(Handled::Done);
         }
@@ -503,7 +511,11 @@ impl Decider {
                     if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
                         warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
                     }
-                    metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
+                    metrics::request_answered(
+                        &reply.op,
+                        reply.status.as_str(),
+                        entry.age(self.clock.now_ms()),
+                    );
                 }
             }
         }
