@@ -129,7 +129,7 @@ async fn deleting_a_license_answers_its_waiters_ends_its_holds_and_refuses_later
     until_queued(&s, "cad", "waiter").await;
 
     let before = redis_ms(&mut con).await;
-    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "cad"])).await;
+    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "cad", "--yes"])).await;
     assert!(deleted.status.success(), "{deleted:?}");
     let after = redis_ms(&mut con).await;
 

@@ -639,7 +639,7 @@ async fn a_deleted_licenses_holds_end_with_its_deletion() {
         assert_eq!(r.status(), Status::Acquired);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "gone"])).await;
+    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "gone", "--yes"])).await;
     assert!(deleted.status.success(), "{deleted:?}");
     worker.stop().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
