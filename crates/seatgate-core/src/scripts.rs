@@ -99,6 +99,13 @@ impl ScriptName {
         )
     }
 
+    /// Whether the script takes a license's keys and records its events
+    /// (includes/keys.lua, includes/events.lua): the seat scripts, and the
+    /// admin scripts that record the admin trail (put_license, group_map).
+    pub fn takes_license_keys(self) -> bool {
+        self.is_seat() || matches!(self, ScriptName::PutLicense | ScriptName::GroupMap)
+    }
+
     /// The script file, before its includes are resolved.
     fn text(self) -> &'static str {
         match self {
@@ -1073,8 +1080,8 @@ mod tests {
                 prologue[1].starts_with("  if not tonumber then tonumber, "),
                 "{name:?}"
             );
-            assert_eq!(prologue[2] == "  bind_keys()", name.is_seat(), "{name:?}");
-            assert_eq!(prologue[3] == "  bind_events()", name.is_seat(), "{name:?}");
+            assert_eq!(prologue[2] == "  bind_keys()", name.takes_license_keys(), "{name:?}");
+            assert_eq!(prologue[3] == "  bind_events()", name.takes_license_keys(), "{name:?}");
         }
         // The name follows the text: another text, another library.
         let hash = redis::Script::new(library).get_hash().to_owned();
@@ -1165,8 +1172,8 @@ mod tests {
         for &script in ScriptName::VARIANTS {
             assert_eq!(
                 source(script).contains("local function bind_keys"),
-                script.is_seat(),
-                "{script:?}: a seat script takes the license keys"
+                script.takes_license_keys(),
+                "{script:?}: a seat or admin script takes the license keys"
             );
         }
     }
