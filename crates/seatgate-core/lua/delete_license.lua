@@ -34,17 +34,14 @@ local rcall = redis.call
 --- @include "keys"
 --- @include "clock"
 --- @include "deleted"
+--- @include "admin"
 
 local now = now_ms()
 EV.license, EV.keep_ms = ARGV[2], tonumber(ARGV[3])
 local record = rcall('HGETALL', K.license)
 local existed = rcall('DEL', K.license)
 if existed == 1 then
-  local before = {}
-  for i = 1, #record, 2 do
-    before[record[i]] = record[i + 1]
-  end
-  event_later('license_deleted', '', {'actor', ARGV[4], 'before', cjson.encode(before), 'after', '{}'})
+  event_later('license_deleted', '', {'actor', ARGV[4], 'before', record_json(record), 'after', '{}'})
 end
 local notes = {}
 local ended, more = end_deleted(now, notes, tonumber(ARGV[1]))

@@ -378,7 +378,10 @@ impl EventRecord {
     /// are the ones it changed, and a record without `seats_total` is no
     /// license).
     pub fn created(&self) -> bool {
-        match (admin_fields(self.kind, &self.before), admin_fields(self.kind, &self.after)) {
+        match (
+            admin_fields(self.kind, &self.before),
+            admin_fields(self.kind, &self.after),
+        ) {
             (Some(before), Some(after)) => {
                 !before.contains_key(field::SEATS_TOTAL) && after.contains_key(field::SEATS_TOTAL)
             }

@@ -1080,8 +1080,16 @@ mod tests {
                 prologue[1].starts_with("  if not tonumber then tonumber, "),
                 "{name:?}"
             );
-            assert_eq!(prologue[2] == "  bind_keys()", name.takes_license_keys(), "{name:?}");
-            assert_eq!(prologue[3] == "  bind_events()", name.takes_license_keys(), "{name:?}");
+            assert_eq!(
+                prologue[2] == "  bind_keys()",
+                name.takes_license_keys(),
+                "{name:?}"
+            );
+            assert_eq!(
+                prologue[3] == "  bind_events()",
+                name.takes_license_keys(),
+                "{name:?}"
+            );
         }
         // The name follows the text: another text, another library.
         let hash = redis::Script::new(library).get_hash().to_owned();

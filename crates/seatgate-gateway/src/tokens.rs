@@ -130,7 +130,15 @@ impl TokenStore {
 
     /// The trail's entry for a change of token `id` by `actor`, into `pipe`
     /// (the change's transaction).
-    fn record_trail(&self, pipe: &mut redis::Pipeline, kind: &str, id: &str, actor: &str, before: &str, after: &str) {
+    fn record_trail(
+        &self,
+        pipe: &mut redis::Pipeline,
+        kind: &str,
+        id: &str,
+        actor: &str,
+        before: &str,
+        after: &str,
+    ) {
         pipe.cmd("XADD")
             .arg(self.trail_key())
             .arg("*")
@@ -228,7 +236,14 @@ impl TokenStore {
         if expires_at_ms > 0 {
             pipe.cmd("PEXPIREAT").arg(&key).arg(expires_at_ms).ignore();
         }
-        self.record_trail(&mut pipe, "token_issued", &record.id, &record.issued_by, "{}", &names(&record));
+        self.record_trail(
+            &mut pipe,
+            "token_issued",
+            &record.id,
+            &record.issued_by,
+            "{}",
+            &names(&record),
+        );
         pipe.query_async::<()>(con).await?;
         Ok((token, record))
     }
@@ -287,7 +302,11 @@ impl TokenStore {
         // expired): what is read here is what the transaction deletes, or
         // the transaction deletes nothing and says so.
         let Some(record) = self.lookup(con, &hash).await? else {
-            redis::cmd("HDEL").arg(self.index()).arg(id).query_async::<()>(con).await?;
+            redis::cmd("HDEL")
+                .arg(self.index())
+                .arg(id)
+                .query_async::<()>(con)
+                .await?;
             return Ok(false);
         };
         let mut pipe = redis::pipe();

@@ -19,6 +19,23 @@
 --- @include "license"
 --- @include "events"
 
+-- `flat` (HGETALL's field, value list) as a JSON object of strings, its
+-- fields in name order: the same record always reads the same (cjson's
+-- order of a table's keys is no order).
+local function record_json(flat)
+  local names, values = {}, {}
+  for i = 1, #flat, 2 do
+    names[#names + 1] = flat[i]
+    values[flat[i]] = flat[i + 1]
+  end
+  table.sort(names)
+  local parts = {}
+  for i, name in ipairs(names) do
+    parts[i] = cjson.encode(name) .. ':' .. cjson.encode(values[name])
+  end
+  return '{' .. table.concat(parts, ',') .. '}'
+end
+
 -- Records admin event `kind` by `actor` with `before` and `after` (JSON
 -- text, as the caller encoded them) at `now`, now (not queued).
 local function admin_event(kind, actor, before, after, now)

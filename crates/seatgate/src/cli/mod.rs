@@ -154,7 +154,8 @@ fn actor(explicit: Option<String>) -> Result<String, Error> {
         .or_else(|| whoami::username().ok().filter(|name| !name.is_empty()))
         .ok_or_else(|| {
             Error::Usage(
-                "cannot tell your user name for the admin trail; pass --actor NAME or set SEATGATE_ACTOR".into(),
+                "cannot tell your user name for the admin trail; pass --actor NAME or set SEATGATE_ACTOR"
+                    .into(),
             )
         })
 }

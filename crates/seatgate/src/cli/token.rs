@@ -142,7 +142,9 @@ fn trail_line(e: &std::collections::HashMap<String, String>) -> String {
     let when = e
         .get("at_ms")
         .and_then(|ms| ms.parse::<u64>().ok())
-        .map(|ms| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string())
+        .map(|ms| {
+            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+        })
         .unwrap_or_default();
     format!(
         "{when} {} {} by {}: {} -> {}",

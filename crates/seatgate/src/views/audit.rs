@@ -1370,9 +1370,23 @@ mod tests {
         let history = numbered(
             1,
             vec![
-                admin("license_put", 0, 1, 5, "{}", r#"{"seats_total":"1","active":"1"}"#),
+                admin(
+                    "license_put",
+                    0,
+                    1,
+                    5,
+                    "{}",
+                    r#"{"seats_total":"1","active":"1"}"#,
+                ),
                 e("acquired", "a", 1, 1, 10),
-                admin("license_put", 1, 2, 12, r#"{"seats_total":"1"}"#, r#"{"seats_total":"2"}"#),
+                admin(
+                    "license_put",
+                    1,
+                    2,
+                    12,
+                    r#"{"seats_total":"1"}"#,
+                    r#"{"seats_total":"2"}"#,
+                ),
                 e("acquired", "b", 2, 2, 13),
                 admin("groups_changed", 2, 2, 14, "{}", r#"{"ada":"eng"}"#),
                 e("released", "b", 1, 2, 15),
@@ -1393,19 +1407,27 @@ mod tests {
         let bad = numbered(
             1,
             vec![
-                e("license_put", "", 0, 3, 5).with("before", "{}").with("after", r#"{"seats_total":"3"}"#),
-                admin("license_put", 0, 4, 6, r#"{"seats_total":"3"}"#, r#"{"seats_total":"5"}"#),
+                e("license_put", "", 0, 3, 5)
+                    .with("before", "{}")
+                    .with("after", r#"{"seats_total":"3"}"#),
+                admin(
+                    "license_put",
+                    0,
+                    4,
+                    6,
+                    r#"{"seats_total":"3"}"#,
+                    r#"{"seats_total":"5"}"#,
+                ),
                 admin("groups_changed", 0, 4, 7, "not json", "{}"),
             ],
         );
         let r = run(Some(false), &bad);
-        let details: Vec<(Rule, &str)> = r
-            .violations
-            .iter()
-            .map(|v| (v.rule, v.detail.as_str()))
-            .collect();
+        let details: Vec<(Rule, &str)> = r.violations.iter().map(|v| (v.rule, v.detail.as_str())).collect();
         assert_eq!(details.len(), 3, "{details:?}");
-        assert!(details.iter().all(|(rule, _)| *rule == Rule::AdminEvent), "{details:?}");
+        assert!(
+            details.iter().all(|(rule, _)| *rule == Rule::AdminEvent),
+            "{details:?}"
+        );
         assert!(details[0].1.contains("no actor"), "{details:?}");
         assert!(details[1].1.contains("seats_total 5"), "{details:?}");
         assert!(details[2].1.contains("before"), "{details:?}");

@@ -2207,9 +2207,9 @@ mod tests {
         consistent(l);
         // A license whose first event in the period changes its seats was
         // there before, with the seats its `before` names.
-        let changed = [
-            ev(LicensePut, "", 0, 6, T0 + 30 * MIN).admin(r#"{"seats_total":"2"}"#, r#"{"seats_total":"6"}"#),
-        ];
+        let changed =
+            [ev(LicensePut, "", 0, 6, T0 + 30 * MIN)
+                .admin(r#"{"seats_total":"2"}"#, r#"{"seats_total":"6"}"#)];
         let report = report_of(T0, T0 + HOUR, &changed);
         assert_eq!(report.licenses[0].capacity_ms, 2 * 30 * MIN + 6 * 30 * MIN);
     }

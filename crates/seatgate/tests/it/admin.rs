@@ -12,7 +12,6 @@ use std::io::Write;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use seatgate::views::usage::{self, Query, When};
 use seatgate_client::Call;
 use seatgate_core::status::Status;
 
@@ -66,7 +65,12 @@ async fn every_license_and_group_change_is_an_event_naming_its_actor_and_what_ch
     let ok = |o: &Output| assert!(o.status.success(), "{}", text(o));
     ok(&as_actor(&url, "ada", &["license", "put", "cad", "--seats", "2"]).await);
     // --actor wins over SEATGATE_ACTOR.
-    ok(&as_actor(&url, "ada", &["license", "put", "cad", "--seats", "5", "--actor", "bob"]).await);
+    ok(&as_actor(
+        &url,
+        "ada",
+        &["license", "put", "cad", "--seats", "5", "--actor", "bob"],
+    )
+    .await);
     // A put that changes nothing writes nothing, and no event.
     ok(&as_actor(&url, "ada", &["license", "put", "cad", "--seats", "5"]).await);
     ok(&as_actor(&url, "ada", &["license", "put", "cad", "--max-per-user", "2"]).await);
@@ -103,11 +107,31 @@ async fn every_license_and_group_change_is_an_event_naming_its_actor_and_what_ch
                 map(&[]),
                 map(&[("active", "1"), ("expires_at_ms", "0"), ("seats_total", "2")])
             ),
-            ("license_put", "bob", map(&[("seats_total", "2")]), map(&[("seats_total", "5")])),
-            ("license_put", "ada", map(&[]), map(&[("max_per_user", "2"), ("policy", "1")])),
-            ("license_put", "ada", map(&[("max_per_user", "2"), ("policy", "1")]), map(&[])),
+            (
+                "license_put",
+                "bob",
+                map(&[("seats_total", "2")]),
+                map(&[("seats_total", "5")])
+            ),
+            (
+                "license_put",
+                "ada",
+                map(&[]),
+                map(&[("max_per_user", "2"), ("policy", "1")])
+            ),
+            (
+                "license_put",
+                "ada",
+                map(&[("max_per_user", "2"), ("policy", "1")]),
+                map(&[])
+            ),
             ("groups_changed", "carol", map(&[]), map(&[("eve", "eng")])),
-            ("groups_changed", "carol", map(&[("eve", "eng")]), map(&[("eve", "ops")])),
+            (
+                "groups_changed",
+                "carol",
+                map(&[("eve", "eng")]),
+                map(&[("eve", "ops")])
+            ),
             ("groups_changed", "carol", map(&[("eve", "ops")]), map(&[])),
             (
                 "license_deleted",
@@ -120,14 +144,20 @@ async fn every_license_and_group_change_is_an_event_naming_its_actor_and_what_ch
     );
     // The seat counts of each: after the change (the put that raised the
     // seats says 5; the deletion, like its evictions, 0 of 0).
-    assert_eq!((admin[1]["seats_used"].as_str(), admin[1]["seats_total"].as_str()), ("0", "5"));
+    assert_eq!(
+        (admin[1]["seats_used"].as_str(), admin[1]["seats_total"].as_str()),
+        ("0", "5")
+    );
     assert_eq!(admin[7]["seats_total"], "0");
     // One numbering with the seat events, no gap: the deletion's event first,
     // then the holder's eviction in the same step.
     let seqs: Vec<u64> = all.iter().map(|e| e["seq"].parse().unwrap()).collect();
     assert_eq!(seqs, (1..=all.len() as u64).collect::<Vec<_>>(), "{all:?}");
     let last = all.last().unwrap();
-    assert_eq!((last["type"].as_str(), last["reason"].as_str()), ("evicted", "license_deleted"));
+    assert_eq!(
+        (last["type"].as_str(), last["reason"].as_str()),
+        ("evicted", "license_deleted")
+    );
     assert_eq!(last["at_ms"], admin[7]["at_ms"]);
 
     // The audit replays them with the seat events: clean.
@@ -207,7 +237,10 @@ async fn license_delete_asks_on_a_terminal_takes_yes_and_dry_runs() {
         .unwrap()
         .unwrap();
         let said = text(&done);
-        assert!(said.contains("delete license cad: end 1 seats and 1 waits? [y/N]"), "{said}");
+        assert!(
+            said.contains("delete license cad: end 1 seats and 1 waits? [y/N]"),
+            "{said}"
+        );
         assert_eq!(exists().await, !deleted, "answer {answer}: {said}");
     }
 
@@ -251,12 +284,7 @@ async fn the_report_charges_capacity_from_a_license_s_creation_and_each_seat_cha
     let puts = admin_events(&all);
     assert_eq!(puts.len(), 2, "{all:?}");
     let at = |e: &Entry| e["at_ms"].parse::<i64>().unwrap();
-    let query = Query {
-        license: Some("cad".to_owned()),
-        since: Some(When::Ago(Duration::from_secs(3600))),
-        until: None,
-    };
-    let report = usage::usage(&mut con, &s, &query).await.unwrap();
+    let report = crate::support::usage_last_hour(&mut con, &s, "cad").await;
     let cad = &report.licenses[0];
     let expected = 2 * (at(puts[1]) - at(puts[0])) + 4 * (report.until_ms - at(puts[1]));
     assert_eq!(cad.capacity_ms, expected, "{cad:#?}");
@@ -271,7 +299,14 @@ async fn the_report_charges_capacity_from_a_license_s_creation_and_each_seat_cha
 async fn token_issues_and_revokes_are_on_the_tokens_trail_with_their_actor() {
     let TestApp(redis, _s, _con) = spawn_app().await;
     let url = redis.url();
-    let issued = as_actor(&url, "ada", &["token", "issue", "--app", "cad", "--user", "eve", "--note", "laptop"]).await;
+    let issued = as_actor(
+        &url,
+        "ada",
+        &[
+            "token", "issue", "--app", "cad", "--user", "eve", "--note", "laptop",
+        ],
+    )
+    .await;
     assert!(issued.status.success(), "{}", text(&issued));
     let list = output(seatgate_cmd(&url, &["token", "list", "--json"])).await;
     let record: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
@@ -298,9 +333,22 @@ async fn token_issues_and_revokes_are_on_the_tokens_trail_with_their_actor() {
             )
         })
         .collect();
-    assert_eq!(seen, [("token_issued", id.as_str(), "ada"), ("token_revoked", id.as_str(), "sec")]);
+    assert_eq!(
+        seen,
+        [
+            ("token_issued", id.as_str(), "ada"),
+            ("token_revoked", id.as_str(), "sec")
+        ]
+    );
     let names: serde_json::Value = serde_json::from_str(entries[0]["after"].as_str().unwrap()).unwrap();
-    assert_eq!((names["app"].as_str(), names["user"].as_str(), names["note"].as_str()), (Some("cad"), Some("eve"), Some("laptop")));
+    assert_eq!(
+        (
+            names["app"].as_str(),
+            names["user"].as_str(),
+            names["note"].as_str()
+        ),
+        (Some("cad"), Some("eve"), Some("laptop"))
+    );
     assert_eq!(entries[0]["before"], "{}");
     assert_eq!(entries[1]["before"], entries[0]["after"]);
     assert_eq!(entries[1]["after"], "{}");

@@ -989,6 +989,19 @@ async fn license_put_refuses_a_past_or_seconds_expiry_and_list_tags_expired() {
         help.contains("--unset require_user") && !help.contains("license unset"),
         "{help}"
     );
+    // No help text of `license` names a `license unset` (there is none:
+    // `license put L --unset FIELD` removes a field, with its event).
+    for args in [
+        &["license", "--help"][..],
+        &["license", "delete", "--help"],
+        &["license", "groups", "--help"],
+    ] {
+        let help = String::from_utf8(seatgate(&redis, args).await.stdout).unwrap();
+        assert!(
+            !help.is_empty() && !help.contains("license unset"),
+            "{args:?}: {help}"
+        );
+    }
 }
 
 /// The next line a follower printed, within 15 s.

@@ -1452,7 +1452,11 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
 
 /// One step of lua/delete_license.lua ending at most one seat and one wait.
 async fn delete_step(con: &mut Db, k: &seatgate_core::keys::LicenseKeys) -> seatgate_core::scripts::Deleted {
-    Scripts::get().delete_license(k, 1, "test").run(con).await.unwrap()
+    Scripts::get()
+        .delete_license(k, 1, "test")
+        .run(con)
+        .await
+        .unwrap()
 }
 
 /// lua/delete_license.lua in steps of one: the record goes with the first,
