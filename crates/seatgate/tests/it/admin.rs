@@ -35,6 +35,9 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// An admin event's `before` or `after`: field -> value.
+type Fields = BTreeMap<String, String>;
+
 /// An admin event's `before` or `after`, decoded.
 fn side(e: &Entry, name: &str) -> BTreeMap<String, String> {
     serde_json::from_str(&e[name]).unwrap_or_else(|err| panic!("{name} of {e:?}: {err}"))
@@ -87,7 +90,7 @@ async fn every_license_and_group_change_is_an_event_naming_its_actor_and_what_ch
 
     let all = events(&s, "cad").await;
     let admin = admin_events(&all);
-    let seen: Vec<(&str, &str, BTreeMap<String, String>, BTreeMap<String, String>)> = admin
+    let seen: Vec<(&str, &str, Fields, Fields)> = admin
         .iter()
         .map(|e| {
             (
