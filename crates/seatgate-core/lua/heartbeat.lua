@@ -21,7 +21,8 @@
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted; a lingering seat was released): acquire
                         again; detail = 'license_deleted' when the license
-                        has no record (deleted: its seats ended with it)
+                        has no record and was deleted within a day (its
+                        tombstone, keys.lua: its seats ended with it)
     SESSION_REVOKED     the session holds no seat because an administrator
                         revoked it (remembered for a bounded time);
                         detail = the revocation record (includes/revoked.lua)
@@ -133,9 +134,10 @@ local function decide(now, default_timeout)
     if revoked then
       return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, {})
     end
-    -- No record: the license was deleted (its seats with it), and the
-    -- holder hears so, not a bare SESSION_NOT_ACTIVE.
-    return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, raw[1] and 0 or 'license_deleted',
+    -- No record, and the license's tombstone: it was deleted (its seats
+    -- with it), and the holder hears so, not a bare SESSION_NOT_ACTIVE.
+    local deleted = not raw[1] and rcall('EXISTS', K.deleted) == 1
+    return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, deleted and 'license_deleted' or 0,
       now, {})
   end
   -- The oldest holder's heartbeat moves the stale time on: to the earlier

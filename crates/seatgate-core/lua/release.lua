@@ -22,7 +22,8 @@
     SESSION_NOT_FOUND  the session neither holds a seat nor waits (a
                        lingering seat was released already); detail =
                        'license_deleted' when the license has no record
-                       (deleted: its seats ended with it)
+                       and was deleted within a day (its tombstone,
+                       keys.lua: its seats ended with it)
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
     REQUEST_EXPIRED    read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
@@ -105,9 +106,10 @@ local function decide(now, default_timeout)
   if revoked then
     return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, notes)
   end
-  -- No record: the license was deleted, the seat with it.
-  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total,
-    license.refusal == 'LICENSE_NOT_FOUND' and 'license_deleted' or 0, now, notes)
+  -- No record, and the license's tombstone: it was deleted, the seat with it.
+  local deleted = license.refusal == 'LICENSE_NOT_FOUND' and rcall('EXISTS', K.deleted) == 1
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, deleted and 'license_deleted' or 0, now,
+    notes)
 end
 
 use_claim(service().heartbeat_timeout, service().claim_ms)

@@ -21,7 +21,7 @@
                      SESSION_REVOKED: the revocation record, JSON (revoked.lua);
                      SESSION_NOT_ACTIVE (heartbeat), SESSION_NOT_FOUND
                      (release): 'license_deleted' when the license has
-                     no record;
+                     no record and was deleted within a day;
                      REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
     [5] now_ms       the Redis clock when the script ran

@@ -254,6 +254,14 @@ async fn license_delete_asks_on_a_terminal_takes_yes_and_dry_runs() {
     let gone = c.call(&Call::release("cad", "holder"), T).await.unwrap();
     assert_eq!(gone.status(), Status::SessionNotFound, "{gone:?}");
     assert!(gone.get("error").starts_with("license_deleted:"), "{gone:?}");
+    // A license that never existed (a typo) was not deleted: the plain answer.
+    let lease = held.lease().cloned().expect("a lease");
+    let typo = c
+        .call(&Call::release("cda", "holder").with_lease(lease), T)
+        .await
+        .unwrap();
+    assert_eq!(typo.status(), Status::SessionNotFound, "{typo:?}");
+    assert!(!typo.get("error").contains("license_deleted"), "{typo:?}");
     // A session whose seat ended on a license that exists hears the plain
     // answer.
     let put = as_actor(&url, "ada", &["license", "put", "lab", "--seats", "1"]).await;

@@ -1643,6 +1643,7 @@ return out
             ("groups", k.groups.clone()),
             ("denials", keys.denials(license)),
             ("event_seq", k.events.seq.clone()),
+            ("deleted", keys.deleted(license)),
             ("license_rate", keys.license_rate(license)),
             ("session_rate", keys.session_rate(license, "sess-1")),
             ("done", keys.dedupe(license, 29_933_565)),
