@@ -256,12 +256,12 @@ async fn license_delete_asks_on_a_terminal_takes_yes_and_dry_runs() {
     assert!(gone.get("error").starts_with("license_deleted:"), "{gone:?}");
     // A license that never existed (a typo) was not deleted: the plain answer.
     let lease = held.lease().cloned().expect("a lease");
-    let typo = c
-        .call(&Call::release("cda", "holder").with_lease(lease), T)
-        .await
-        .unwrap();
-    assert_eq!(typo.status(), Status::SessionNotFound, "{typo:?}");
-    assert!(!typo.get("error").contains("license_deleted"), "{typo:?}");
+    plain_answer(
+        &c,
+        Call::release("cda", "holder").with_lease(lease),
+        Status::SessionNotFound,
+    )
+    .await;
     // A session whose seat ended on a license that exists hears the plain
     // answer.
     let put = as_actor(&url, "ada", &["license", "put", "lab", "--seats", "1"]).await;
@@ -270,12 +270,19 @@ async fn license_delete_asks_on_a_terminal_takes_yes_and_dry_runs() {
     let lease = took.lease().cloned().expect("a lease");
     let freed = c.call(&Call::release("lab", "other"), T).await.unwrap();
     assert_eq!(freed.status(), Status::Released, "{freed:?}");
-    let plain = c
-        .call(&Call::heartbeat("lab", "other").with_lease(lease), T)
-        .await
-        .unwrap();
-    assert_eq!(plain.status(), Status::SessionNotActive, "{plain:?}");
-    assert!(!plain.get("error").contains("license_deleted"), "{plain:?}");
+    plain_answer(
+        &c,
+        Call::heartbeat("lab", "other").with_lease(lease),
+        Status::SessionNotActive,
+    )
+    .await;
+}
+
+/// `call` is answered `status` without naming a deletion.
+async fn plain_answer(c: &seatgate_client::Client, call: Call, status: Status) {
+    let reply = c.call(&call, T).await.unwrap();
+    assert_eq!(reply.status(), status, "{reply:?}");
+    assert!(!reply.get("error").contains("license_deleted"), "{reply:?}");
 }
 
 #[tokio::test]
