@@ -2,7 +2,9 @@
 # Checks the Prometheus alert rules: syntax (promtool check rules), the unit
 # tests (promtool test rules: one file per rule group, and interval-*.yml per
 # scrape interval), that every runbook_url points at a section of
-# docs/monitoring.md and renders under another base (render.sh), and the
+# docs/monitoring.md and renders under another base (render.sh), that the
+# "nothing else pages" tests check every page alert, that no dashboard panel
+# is empty at a 1 m scrape (ops/grafana/check-dashboard.py), and the
 # Alertmanager example (amtool check-config, and its routes). Run by ops/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,24 @@ RUNBOOK_BASE=https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md \
   | grep -c 'runbook_url: "https://git.example.com/ops/seatgate/blob/main/docs/monitoring.md#' \
   | { read -r n; [ "$n" -eq "$alerts" ] || { echo "render.sh rewrote $n of $alerts runbook_url" >&2; exit 1; }; }
 echo "render.sh: every runbook_url under RUNBOOK_BASE"
+
+# The "nothing else pages" tests (interval-15s.yml, interval-1m.yml) check
+# every alert of severity page: a new page alert must be added to them.
+python3 - <<'PY'
+import re, sys
+rules = open("ops/prometheus/alerts.yml").read()
+pages = {a for a, sev in re.findall(r"- alert: (\w+)\n(?:.*\n)*?\s+severity: (\w+)", rules) if sev == "page"}
+for path in ["ops/prometheus/tests/interval-15s.yml", "ops/prometheus/tests/interval-1m.yml"]:
+    tests = re.split(r"\n  - name: ", open(path).read())
+    for t in (t for t in tests if "nothing else pages" in t.split("\n")[0]):
+        missing = pages - set(re.findall(r"alertname: (\w+)", t))
+        if missing:
+            sys.exit(f"{path}: test {t.splitlines()[0]!r} does not check {sorted(missing)}")
+print(f"nothing-else-pages tests: each checks all {len(pages)} page alerts")
+PY
+
+# Every range selector of the dashboard holds two samples at a 1 m scrape.
+python3 ops/grafana/check-dashboard.py ops/grafana/seatgate.json
 
 amtool check-config ops/prometheus/alertmanager.yml
 route() { amtool config routes test --config.file=ops/prometheus/alertmanager.yml --verify.receivers="$1" "${@:2}" 2>/dev/null; }

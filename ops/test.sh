@@ -38,16 +38,41 @@ while [ $# -gt 0 ]; do
   cargo_args+=("$1")
   shift
 done
+# The two real-Prometheus alert tests wait minutes for the shipped rules'
+# `for:` clocks, mostly asleep: in a whole run they go in the background
+# beside the clients' suites (below) instead of holding a test thread.
+slow_tests=(
+  prometheus::an_idle_license_expiring_in_12_hours_among_300_pages_at_15s_and_1m_and_nothing_else_does
+  prometheus::redis_at_96_percent_pages_and_every_worker_down_raises_the_backlog_alerts_at_15s_and_1m
+)
+slow_skips=()
+if [ ${#cargo_args[@]} -eq 0 ] && [ ${#test_args[@]} -eq 0 ]; then
+  for t in "${slow_tests[@]}"; do slow_skips+=(--skip "$t"); done
+fi
 # The conformance runs of the TypeScript and Python clients wait for those
 # clients to be built and installed (below).
 cargo test --workspace --locked "${cargo_args[@]}" -- --include-ignored \
-  --skip the_typescript_client_conforms --skip the_python_client_conforms "${test_args[@]}"
+  --skip the_typescript_client_conforms --skip the_python_client_conforms "${slow_skips[@]}" "${test_args[@]}"
 # The TypeScript client (clients/node) and the Python client (clients/python:
 # its wheel, two venvs with the oldest and newest redis-py, mypy), against
 # the binary the suite built.
 # (where cargo put it: $CARGO_TARGET_DIR when set, else target/).
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 export SEATGATE_BIN="$target_dir/debug/seatgate"
+slow_pid=
+if [ ${#slow_skips[@]} -gt 0 ]; then
+  # The integration test binary the run above built (same features: no rebuild),
+  # run as cargo runs it, from its crate's directory.
+  it_bin=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "it":
+        print(m["executable"])')
+  slow_log="$target_dir/prometheus-alerts.log"
+  (cd crates/seatgate && "$it_bin" --include-ignored --exact --nocapture "${slow_tests[@]}") >"$slow_log" 2>&1 &
+  slow_pid=$!
+fi
 bash clients/node/test.sh
 bash clients/python/test.sh
 # The client conformance suite against all three clients (the Rust run
@@ -59,3 +84,10 @@ if ! cargo test -p seatgate-conformance --locked -- --include-ignored --nocaptur
 fi
 # Each scenario's line (the first of a test follows its name on one line).
 grep -oE '(Rust|Node|Python): .*|^test result: .* [1-9][0-9]* passed.*' "$conformance_log"
+if [ -n "$slow_pid" ]; then
+  if ! wait "$slow_pid"; then
+    cat "$slow_log"
+    exit 1
+  fi
+  grep -E '^test |scrape: ' "$slow_log" || true
+fi

@@ -5,6 +5,7 @@ import type { Backend, Logger, Timing } from './backend.js';
 import { SeatgateError, describe } from './errors.js';
 import { GatewayTransport } from './gateway.js';
 import { RedisTransport } from './redis.js';
+import type { SentinelSettings } from './redis.js';
 import { acquireSeat, Seat } from './seat.js';
 import type { AcquireOptions, ReleaseResult, SeatOwner } from './seat.js';
 import { DEFAULT_HEARTBEAT_TIMEOUT_MS } from './wire.js';
@@ -28,8 +29,21 @@ export interface CommonOptions {
 }
 
 export interface ConnectOptions extends CommonOptions {
-  /** redis:// or rediss:// URL of the Redis the workers serve. */
-  url: string;
+  /** redis:// or rediss:// URL of the Redis the workers serve; or, instead, `sentinels` and `name`. */
+  url?: string;
+  /**
+   * Redis Sentinel: the Sentinels (the service's redis.sentinel.urls). The
+   * client asks them for the master named `name`, and again whenever a
+   * connection to it drops or it answers READONLY, so every seat follows a
+   * failover.
+   */
+  sentinels?: { host: string; port: number }[];
+  /** With `sentinels`: the name they monitor the master by (the service's redis.sentinel.master_name). */
+  name?: string;
+  /** With `sentinels`: the Sentinels' own ACL user, if any. */
+  sentinelUsername?: string;
+  /** With `sentinels`: the Sentinels' own password (default: env SEATGATE_REDIS_SENTINEL_PASSWORD). */
+  sentinelPassword?: string;
   /** The application: with a stream of its own (stream.applications) requests go there; it names the reply stream. */
   application?: string;
   /** The Redis ACL user, if not in the URL. */
@@ -105,11 +119,14 @@ export class Client {
       throw new SeatgateError('INVALID_ARGUMENT', 'an application is 1 to 64 characters of A-Z a-z 0-9 . _ -');
     }
     const timing = timingOf(o);
+    const sentinel = sentinelOf(o);
+    const url = sentinel === undefined ? (o.url as string) : '';
     const backend = await RedisTransport.connect({
-      url: o.url,
+      url,
+      sentinel,
       application: o.application,
       username: o.username,
-      password: o.password ?? (hasPassword(o.url) ? undefined : process.env['SEATGATE_REDIS_PASSWORD'] || undefined),
+      password: o.password ?? (hasPassword(url) ? undefined : process.env['SEATGATE_REDIS_PASSWORD'] || undefined),
       keyPrefix: o.keyPrefix ?? 'seat',
       connectTimeoutMs: o.connectTimeoutMs ?? 5000,
       timing,
@@ -220,6 +237,30 @@ export class Client {
     };
     return unhook;
   }
+}
+
+/** Sentinel mode's settings from the options, or undefined in URL mode; throws INVALID_ARGUMENT for a mix or a gap. */
+function sentinelOf(o: ConnectOptions): SentinelSettings | undefined {
+  const bad = (why: string): SeatgateError => new SeatgateError('INVALID_ARGUMENT', why);
+  if (o.sentinels === undefined) {
+    if (typeof o.url !== 'string' || o.url === '') throw bad('give url (redis://…) or sentinels and name');
+    if (o.name !== undefined) throw bad('name is the Sentinels\' name of the master: it goes with sentinels, not url');
+    return undefined;
+  }
+  if (o.url !== undefined) throw bad('give url or sentinels, not both');
+  if (!o.name) throw bad("sentinels needs name (the Sentinels' name of the master)");
+  if (!Array.isArray(o.sentinels) || o.sentinels.length === 0) throw bad('sentinels names no Sentinel');
+  for (const a of o.sentinels) {
+    if (typeof a?.host !== 'string' || a.host === '' || !Number.isInteger(a.port) || a.port < 1 || a.port > 65535) {
+      throw bad(`a Sentinel is { host, port }, not ${JSON.stringify(a)}`);
+    }
+  }
+  return {
+    sentinels: o.sentinels.map((a) => ({ host: a.host, port: a.port })),
+    name: o.name,
+    username: o.sentinelUsername,
+    password: o.sentinelPassword ?? (process.env['SEATGATE_REDIS_SENTINEL_PASSWORD'] || undefined),
+  };
 }
 
 function hasPassword(url: string): boolean {

@@ -8,7 +8,9 @@ import type { Reply } from './wire.js';
  * - a wire status (`NO_SEATS_AVAILABLE`, `QUEUE_TIMEOUT`, `LIMIT_REACHED`,
  *   `LICENSE_NOT_FOUND`, `SESSION_NOT_ACTIVE`, …) when the service refused:
  *   `reply` is its answer;
- * - `REDIS_UNAVAILABLE`: Redis could not be reached or failed;
+ * - `REDIS_UNAVAILABLE`: Redis could not be reached or failed (also when a
+ *   request got no reply because Redis refused its sends with `OOM`: the
+ *   message says Redis is out of memory);
  * - `GATEWAY_UNAVAILABLE`: the gateway could not be reached, or answered an
  *   HTTP error of its own (`reply.code` says which, e.g. `UNAUTHENTICATED`);
  * - `TIMEOUT`: no answer in time (is a `seatgate run` worker serving?);
@@ -50,8 +52,17 @@ function oneLine(text: string): string {
   return text.replace(/\s*[\r\n]+\s*/g, ' ').trim();
 }
 
-/** A short description of an unknown thrown value. */
+/** What a Redis `OOM` refusal means, and what to do. */
+export const OUT_OF_MEMORY = 'Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory';
+
+/** Whether `e` is Redis's `OOM` refusal (used memory above maxmemory). */
+export function isOutOfMemory(e: unknown): boolean {
+  return e instanceof Error && e.message.startsWith('OOM ');
+}
+
+/** A short description of an unknown thrown value; Redis's `OOM` refusal says what it means. */
 export function describe(e: unknown): string {
+  if (isOutOfMemory(e)) return `${OUT_OF_MEMORY} (${(e as Error).message})`;
   if (e instanceof Error) return e.message;
   return String(e);
 }

@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import type { RedisOptions } from 'ioredis';
 
 import type { AcquireAttempt, AcquireSpec, Backend, Logger, SeatTarget, Timing } from './backend.js';
-import { SeatgateError, describe } from './errors.js';
+import { OUT_OF_MEMORY, SeatgateError, describe, isOutOfMemory } from './errors.js';
 import { Inbox, newLease, randomHex, RETRY_LATER, shardOf, sleep } from './wire.js';
 import type { Received, Reply } from './wire.js';
 
@@ -20,8 +20,22 @@ const READ_WATCHDOG_MS = READ_BLOCK_MS + 10_000;
 /** Attempts of one request whose replies are still awaited (a release keeps all). */
 const ATTEMPTS_KEPT = 4;
 
+/** Redis Sentinel: the master is whichever node the Sentinels name. */
+export interface SentinelSettings {
+  /** The Sentinels, asked in turn. */
+  readonly sentinels: readonly { host: string; port: number }[];
+  /** The name the Sentinels monitor the master by (`sentinel monitor <name> …`). */
+  readonly name: string;
+  /** The Sentinels' own login (`requirepass` / ACL in sentinel.conf), if any. */
+  readonly username: string | undefined;
+  readonly password: string | undefined;
+}
+
 export interface RedisTransportOptions {
+  /** The Redis URL ('' in Sentinel mode). */
   readonly url: string;
+  /** Sentinel mode (then `url` is unused). */
+  readonly sentinel?: SentinelSettings | undefined;
   readonly application: string | undefined;
   readonly username: string | undefined;
   readonly password: string | undefined;
@@ -37,6 +51,13 @@ interface Topology {
   requests: string;
   applications: string[];
   repliesPrefix: string;
+}
+
+/** What the client talks to, for messages (no password). */
+function whereOf(opts: RedisTransportOptions): string {
+  const s = opts.sentinel;
+  if (s === undefined) return `Redis at ${safeUrl(opts.url)}`;
+  return `the Redis master "${s.name}" of the Sentinels at ${s.sentinels.map((a) => `${a.host}:${a.port}`).join(', ')}`;
 }
 
 /** The URL without its password, for messages. */
@@ -80,10 +101,12 @@ export class RedisTransport implements Backend {
   private closing = false;
   private readLoop: Promise<void> | undefined;
   private lastError = '';
+  /** Whether Redis refused the last request sent with OOM (until one is sent). */
+  outOfMemory = false;
 
   private constructor(opts: RedisTransportOptions, writer: Redis, topology: Topology) {
     this.opts = opts;
-    this.where = `Redis at ${safeUrl(opts.url)}`;
+    this.where = whereOf(opts);
     this.writer = writer;
     this.topology = topology;
     const app = opts.application ?? 'node';
@@ -99,9 +122,12 @@ export class RedisTransport implements Backend {
       const w = writer;
       let lastError = '';
       w.on('error', (e: Error) => {
-        lastError = e.message;
+        // ioredis's "All sentinels are unreachable" says it retries: here it does not.
+        lastError = e.message.replace(/ Retrying from scratch after \d+ms\./, '');
       });
-      await withTimeout(w.connect(), opts.connectTimeoutMs, () => lastError || 'no answer');
+      // Sentinel mode: the Sentinels are asked, then the master.
+      const within = opts.connectTimeoutMs * (opts.sentinel === undefined ? 1 : 2);
+      await withTimeout(w.connect(), within, () => lastError || 'no answer');
       const topology = await readTopology(w, opts);
       const t = new RedisTransport(opts, w, topology);
       t.writer.removeAllListeners('error');
@@ -111,8 +137,10 @@ export class RedisTransport implements Backend {
       return t;
     } catch (e) {
       writer?.disconnect();
-      if (e instanceof SeatgateError) throw e;
-      throw new SeatgateError('REDIS_UNAVAILABLE', `cannot connect to Redis at ${safeUrl(opts.url)}: ${describe(e)}`, {
+      // No answer in time (in Sentinel mode ioredis goes on asking the
+      // Sentinels by itself) is Redis unavailable too, saying why.
+      if (e instanceof SeatgateError && e.code !== 'TIMEOUT') throw e;
+      throw new SeatgateError('REDIS_UNAVAILABLE', `cannot connect to ${whereOf(opts)}: ${describe(e)}`, {
         cause: e,
       });
     }
@@ -167,9 +195,15 @@ export class RedisTransport implements Backend {
     this.waiters.set(id, inbox);
     const args: string[] = ['op', op, 'id', id, 'license', license, 'session', session, 'reply_to', this.replyTo];
     for (const [k, v] of Object.entries(fields)) args.push(k, v);
-    this.writer.xadd(this.streamFor(license), '*', ...args).catch((e: unknown) => {
-      if (!this.closing) this.opts.log('warn', `cannot send ${op} for ${license}/${session} to ${this.where} (${describe(e)}); trying again`);
-    });
+    this.writer.xadd(this.streamFor(license), '*', ...args).then(
+      () => {
+        this.outOfMemory = false;
+      },
+      (e: unknown) => {
+        this.outOfMemory = isOutOfMemory(e);
+        if (!this.closing) this.opts.log('warn', `cannot send ${op} for ${license}/${session} to ${this.where} (${describe(e)}); trying again`);
+      },
+    );
     return id;
   }
 
@@ -360,6 +394,12 @@ class Exchange {
       if (got === null) {
         if (signal?.aborted) return null;
         if (this.t.isClosing) throw new SeatgateError('CLOSED', 'the seatgate client is closed');
+        if (giveUpAt !== undefined && Date.now() >= giveUpAt && this.t.outOfMemory) {
+          throw new SeatgateError(
+            'REDIS_UNAVAILABLE',
+            `no reply to ${this.op} ${this.license}/${this.session} from ${this.t.where}: ${OUT_OF_MEMORY}`,
+          );
+        }
         if (giveUpAt !== undefined && Date.now() >= giveUpAt) {
           throw new SeatgateError(
             'TIMEOUT',
@@ -396,7 +436,25 @@ function connection(opts: RedisTransportOptions, forRequests: boolean): Redis {
     ...(opts.username !== undefined ? { username: opts.username } : {}),
     ...(opts.password !== undefined ? { password: opts.password } : {}),
   };
-  return new Redis(opts.url, options);
+  const s = opts.sentinel;
+  if (s === undefined) return new Redis(opts.url, options);
+  // Sentinel mode, ioredis's own: every (re)connection asks the Sentinels
+  // for the master, so after the master's connection drops both
+  // connections find the replica they promoted. A demoted master answers
+  // READONLY: that connection is dropped and made again (the write was
+  // not done, so it is sent again at once).
+  return new Redis({
+    ...options,
+    sentinels: s.sentinels.map((a) => ({ host: a.host, port: a.port })),
+    name: s.name,
+    role: 'master',
+    ...(s.username !== undefined ? { sentinelUsername: s.username } : {}),
+    ...(s.password !== undefined ? { sentinelPassword: s.password } : {}),
+    sentinelCommandTimeout: opts.connectTimeoutMs,
+    // Every Sentinel unreachable: ask them all again, backing off to 1 s.
+    sentinelRetryStrategy: (times: number) => Math.min(50 * 2 ** Math.min(times, 6), 1000),
+    reconnectOnError: (e: Error) => (e.message.startsWith('READONLY') ? 2 : false),
+  });
 }
 
 async function readTopology(r: Redis, opts: RedisTransportOptions): Promise<Topology> {

@@ -4,7 +4,7 @@
 // killed by its PID when the file's tests end.
 
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -58,7 +58,7 @@ export function killAll() {
 }
 process.on('exit', killAll);
 
-async function waitFor(what, check, ms = 10000) {
+export async function waitFor(what, check, ms = 10000) {
   const until = Date.now() + ms;
   for (;;) {
     try {
@@ -71,15 +71,15 @@ async function waitFor(what, check, ms = 10000) {
   }
 }
 
-/** A private redis-server: { url, port, pid, stop(), freeze(), thaw(), con }. */
-export async function startRedis() {
+/** A private redis-server (`extra`: more arguments): { url, port, pid, stop(), kill9(), freeze(), thaw(), con }. */
+export async function startRedis(extra = []) {
   const dir = mkdtempSync(join(tmpdir(), 'seatgate-node-redis-'));
   for (let attempt = 0; ; attempt++) {
     const port = await freePort();
     const child = track(
       spawn(
         'redis-server',
-        ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', join(dir, 'redis.log')],
+        ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', join(dir, 'redis.log'), ...extra],
         { stdio: 'ignore' },
       ),
     );
@@ -101,6 +101,11 @@ export async function startRedis() {
       dir,
       con,
       freeze: () => process.kill(child.pid, 'SIGSTOP'),
+      /** SIGKILL by PID, the files kept (stop() removes them). */
+      kill9: () => {
+        con.disconnect();
+        child.kill('SIGKILL');
+      },
       thaw: () => process.kill(child.pid, 'SIGCONT'),
       async stop() {
         con.disconnect();
@@ -112,6 +117,133 @@ export async function startRedis() {
       },
     };
   }
+}
+
+/** The Sentinels' name of the master in startSentinel(). */
+export const MASTER_NAME = 'seatgate';
+
+/** A Sentinel's view: [command reply] of SENTINEL <args>, or undefined when it does not answer. */
+async function askSentinel(port, ...args) {
+  const con = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 1000, commandTimeout: 1000 });
+  con.on('error', () => {});
+  try {
+    await con.connect();
+    return await con.call('SENTINEL', ...args);
+  } catch {
+    return undefined;
+  } finally {
+    con.disconnect();
+  }
+}
+
+async function roleOf(node) {
+  try {
+    return (await node.con.call('ROLE'))[0];
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A Redis Sentinel deployment: a master, `replicas` replicas of it
+ * (--replicaof) and `sentinels` Sentinels (`redis-server <conf> --sentinel`)
+ * monitoring it as MASTER_NAME with a majority quorum, calling it down after
+ * 1 s; free loopback ports, temp dirs, killed by PID in stop(). Ready once
+ * every Sentinel knows the master, its replicas and the other Sentinels and
+ * every replica's link is up.
+ */
+export async function startSentinel(replicas = 1, sentinels = 3) {
+  const nodes = [await startRedis(['--repl-diskless-sync-delay', '0'])];
+  const procs = [];
+  const stop = async () => {
+    for (const p of procs) {
+      p.child.kill('SIGKILL');
+      rmSync(p.dir, { recursive: true, force: true });
+    }
+    for (const n of nodes) await n.stop();
+  };
+  try {
+    const masterPort = nodes[0].port;
+    for (let i = 0; i < replicas; i++) nodes.push(await startRedis(['--replicaof', '127.0.0.1', String(masterPort)]));
+    const quorum = Math.floor(sentinels / 2) + 1;
+    for (let i = 0; i < sentinels; i++) {
+      const dir = mkdtempSync(join(tmpdir(), 'seatgate-node-sentinel-'));
+      const port = await freePort();
+      const conf = join(dir, 'sentinel.conf');
+      writeFileSync(
+        conf,
+        `port ${port}\nbind 127.0.0.1\nprotected-mode yes\ndir ${dir}\nlogfile ${join(dir, 'sentinel.log')}\n` +
+          `sentinel monitor ${MASTER_NAME} 127.0.0.1 ${masterPort} ${quorum}\n` +
+          `sentinel down-after-milliseconds ${MASTER_NAME} 1000\n` +
+          `sentinel failover-timeout ${MASTER_NAME} 10000\n` +
+          `sentinel parallel-syncs ${MASTER_NAME} 1\n`,
+      );
+      procs.push({ child: track(spawn('redis-server', [conf, '--sentinel'], { stdio: 'ignore' })), port, dir });
+    }
+    await waitFor(
+      'the Sentinels knowing the master, its replicas and each other',
+      async () => {
+        for (const p of procs) {
+          const m = await askSentinel(p.port, 'MASTER', MASTER_NAME);
+          if (!Array.isArray(m)) return false;
+          const f = {};
+          for (let i = 0; i + 1 < m.length; i += 2) f[m[i]] = m[i + 1];
+          if (Number(f['num-slaves']) < replicas || Number(f['num-other-sentinels']) + 1 < sentinels) return false;
+        }
+        for (const n of nodes.slice(1)) {
+          if (!/master_link_status:up/.test(await n.con.info('replication'))) return false;
+        }
+        return true;
+      },
+      20000,
+    );
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+  /** The master's port as the Sentinel on `port` names it now. */
+  const namedBy = async (port) => {
+    const addr = await askSentinel(port, 'GET-MASTER-ADDR-BY-NAME', MASTER_NAME);
+    return Array.isArray(addr) ? Number(addr[1]) : undefined;
+  };
+  return {
+    nodes,
+    /** For Client.connect({ sentinels }). */
+    sentinels: procs.map((p) => ({ host: '127.0.0.1', port: p.port })),
+    /** The SEATGATE__* variables that put seatgate in Sentinel mode. */
+    env: {
+      SEATGATE__REDIS__SENTINEL__URLS: procs.map((p) => `redis://127.0.0.1:${p.port}`).join(','),
+      SEATGATE__REDIS__SENTINEL__MASTER_NAME: MASTER_NAME,
+    },
+    node: (port) => nodes.find((n) => n.port === port),
+    role: roleOf,
+    /** The master's port as the first Sentinel that answers names it. */
+    async masterPort() {
+      for (const p of procs) {
+        const port = await namedBy(p.port);
+        if (port !== undefined) return port;
+      }
+      return undefined;
+    },
+    /** Waits until every Sentinel names a master other than `old` and that node says it is one; its port. */
+    async promoted(old, ms = 30000) {
+      let found;
+      await waitFor(
+        `a replica of :${old} promoted`,
+        async () => {
+          const named = await Promise.all(procs.map((p) => namedBy(p.port)));
+          const node = nodes.find((n) => n.port === named[0]);
+          if (named[0] === undefined || named[0] === old || named.some((n) => n !== named[0]) || !node) return false;
+          if ((await roleOf(node)) !== 'master') return false;
+          found = named[0];
+          return true;
+        },
+        ms,
+      );
+      return found;
+    },
+    stop,
+  };
 }
 
 /** Settings every test process gets: a fast reaper, short blocks, warnings only. */
@@ -153,9 +285,18 @@ export async function startWorker(url, env = {}) {
       stdio: ['ignore', 'ignore', 'inherit'],
     }),
   );
-  await waitFor('seatgate run', async () => (await fetch(`http://127.0.0.1:${port}/ready`)).status === 200);
+  /** Whether its /ready answers 200 now. */
+  const ready = async () => {
+    try {
+      return (await fetch(`http://127.0.0.1:${port}/ready`)).status === 200;
+    } catch {
+      return false;
+    }
+  };
+  await waitFor('seatgate run', ready);
   return {
     pid: child.pid,
+    ready,
     stop() {
       child.kill('SIGKILL');
     },

@@ -64,3 +64,29 @@ test('a release nobody answers before the heartbeat timeout ends in unknown, not
     await client.close();
   }
 });
+
+test('an acquire while Redis is out of memory says so', async () => {
+  // Redis full (maxmemory below used memory, noeviction) refuses every XADD with OOM.
+  await licensePut(svc, 'full', ['--seats', '1']);
+  const logs = [];
+  const client = await Client.connect({
+    url: svc.url,
+    requestTimeoutMs: 300,
+    giveUpAfterMs: 1200,
+    logger: (l, m) => logs.push(`${l} ${m}`),
+  });
+  try {
+    await svc.redis.con.setrange('ballast', 8 * 1024 * 1024, 'x');
+    await svc.redis.con.config('SET', 'maxmemory', '4mb');
+    await assert.rejects(client.acquireSeat('full', { session: 's1' }), (e) => {
+      assert.equal(e.code, 'REDIS_UNAVAILABLE', e.message);
+      assert.match(e.message, /Redis is out of memory \(OOM\).*maxmemory/);
+      return true;
+    });
+    assert.ok(logs.some((l) => l.includes('Redis is out of memory (OOM)')), logs.join('\n'));
+  } finally {
+    await svc.redis.con.del('ballast');
+    await svc.redis.con.config('SET', 'maxmemory', '0');
+    await client.close();
+  }
+});

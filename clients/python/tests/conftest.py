@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import pytest
 import redis
@@ -67,13 +67,13 @@ def _bin() -> str:
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, extra: Sequence[str] = ()) -> None:
         self.dir = tempfile.mkdtemp(prefix="seatgate-py-redis-")
         for attempt in range(4):
             self.port = free_port()
             self.proc = subprocess.Popen(
                 ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log")],
+                 "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log"), *extra],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             self.url = f"redis://127.0.0.1:{self.port}"
@@ -97,6 +97,12 @@ class RedisServer:
     def thaw(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
 
+    def kill9(self) -> None:
+        """SIGKILL, the files kept (stop() removes them)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         try:
             self.thaw()
@@ -107,6 +113,134 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class SentinelDeployment:
+    """A master, `replicas` replicas of it (--replicaof) and `sentinels`
+    Sentinels (redis-server <conf> --sentinel) monitoring it as "seatgate"
+    with a majority quorum, calling it down after 1 s: all on free loopback
+    ports in temp dirs, killed by PID in stop()."""
+
+    MASTER_NAME = "seatgate"
+
+    def __init__(self, replicas: int = 1, sentinels: int = 3) -> None:
+        self.nodes: List[RedisServer] = []
+        self.sentinel_procs: List[Tuple[subprocess.Popen[bytes], int, str]] = []
+        try:
+            # No wait for more replicas before the first full sync.
+            master = RedisServer(["--repl-diskless-sync-delay", "0"])
+            self.nodes.append(master)
+            for _ in range(replicas):
+                self.nodes.append(RedisServer(["--replicaof", "127.0.0.1", str(master.port)]))
+            quorum = sentinels // 2 + 1
+            for _ in range(sentinels):
+                self.sentinel_procs.append(self._spawn_sentinel(master.port, quorum))
+            self._wait_known(replicas, sentinels)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn_sentinel(self, master_port: int, quorum: int) -> Tuple["subprocess.Popen[bytes]", int, str]:
+        d = tempfile.mkdtemp(prefix="seatgate-py-sentinel-")
+        port = free_port()
+        name = self.MASTER_NAME
+        conf = os.path.join(d, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {d}\n"
+                f"logfile {os.path.join(d, 'sentinel.log')}\n"
+                f"sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n"
+                f"sentinel down-after-milliseconds {name} 1000\n"
+                f"sentinel failover-timeout {name} 10000\n"
+                f"sentinel parallel-syncs {name} 1\n"
+            )
+        proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return proc, port, d
+
+    @property
+    def addresses(self) -> List[Tuple[str, int]]:
+        """The Sentinels' (host, port)."""
+        return [("127.0.0.1", port) for _, port, _ in self.sentinel_procs]
+
+    def env(self) -> Dict[str, str]:
+        """The SEATGATE__* variables that put seatgate in Sentinel mode for this deployment."""
+        return {
+            "SEATGATE__REDIS__SENTINEL__URLS": ",".join(f"redis://{h}:{p}" for h, p in self.addresses),
+            "SEATGATE__REDIS__SENTINEL__MASTER_NAME": self.MASTER_NAME,
+        }
+
+    def _sentinel(self, port: int) -> "redis.Redis[str]":
+        return redis.Redis(host="127.0.0.1", port=port, decode_responses=True, socket_timeout=1,
+                           socket_connect_timeout=1)
+
+    def named_by(self, port: int) -> Optional[int]:
+        """The master's port as the Sentinel on `port` names it now."""
+        try:
+            with self._sentinel(port) as s:
+                addr = s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER_NAME)
+        except redis.RedisError:
+            return None
+        return int(addr[1]) if addr else None
+
+    def master_port(self) -> Optional[int]:
+        for _, port, _ in self.sentinel_procs:
+            named = self.named_by(port)
+            if named is not None:
+                return named
+        return None
+
+    def node(self, port: int) -> Optional[RedisServer]:
+        return next((n for n in self.nodes if n.port == port), None)
+
+    @staticmethod
+    def role(node: RedisServer) -> Optional[str]:
+        try:
+            return str(node.con.execute_command("ROLE")[0])
+        except redis.RedisError:
+            return None
+
+    def _wait_known(self, replicas: int, sentinels: int) -> None:
+        def known() -> bool:
+            for _, port, _ in self.sentinel_procs:
+                with self._sentinel(port) as s:
+                    m = s.execute_command("SENTINEL", "MASTER", self.MASTER_NAME)
+                fields = dict(zip(m[::2], m[1::2])) if isinstance(m, list) else dict(m)
+                if int(fields.get("num-slaves", 0)) < replicas:
+                    return False
+                if int(fields.get("num-other-sentinels", 0)) + 1 < sentinels:
+                    return False
+            return all(n.con.info("replication").get("master_link_status") == "up" for n in self.nodes[1:])
+
+        wait_for("the Sentinels knowing the master, its replicas and each other", known, 20.0)
+
+    def promoted(self, old: int, seconds: float = 30.0) -> int:
+        """Waits until every Sentinel names a master other than `old` and
+        that node says it is a master; returns its port."""
+        found: List[int] = []
+
+        def agreed() -> bool:
+            named = [self.named_by(port) for _, port, _ in self.sentinel_procs]
+            new = named[0]
+            node = self.node(new) if new is not None else None
+            if new is None or new == old or any(n != new for n in named) or node is None:
+                return False
+            if self.role(node) != "master":
+                return False
+            found[:] = [new]
+            return True
+
+        wait_for(f"a replica of :{old} promoted", agreed, seconds)
+        return found[0]
+
+    def stop(self) -> None:
+        for proc, _, d in self.sentinel_procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(d, ignore_errors=True)
+        for n in self.nodes:
+            n.stop()
+
+
 class Worker:
     def __init__(self, url: str, env: Optional[Dict[str, str]] = None) -> None:
         port = free_port()
@@ -115,12 +249,16 @@ class Worker:
             env=base_env({"SEATGATE__METRICS__LISTEN": f"127.0.0.1:{port}", **(env or {})}),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         )
+        self.metrics_port = port
+        wait_for("seatgate run", self.ready, 20.0)
 
-        def ready() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
+    def ready(self) -> bool:
+        """Whether its /ready answers 200 now."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/ready", timeout=1) as r:
                 return bool(r.status == 200)
-
-        wait_for("seatgate run", ready, 20.0)
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,7 +12,8 @@ from typing import List
 
 from conftest import Service, run
 
-from seatgate import Client
+from seatgate import Client, SeatgateError
+from seatgate.errors import REDIS_UNAVAILABLE
 
 
 def test_a_release_sent_while_redis_is_frozen_for_4_s_reports_released(svc: Service) -> None:
@@ -69,3 +70,33 @@ def test_a_release_nobody_answers_before_the_heartbeat_timeout_ends_in_unknown(s
             await client.close()
 
     run(main())
+
+
+def test_an_acquire_while_redis_is_out_of_memory_says_so(svc: Service) -> None:
+    """Redis full (maxmemory below used memory, noeviction) refuses every
+    XADD with OOM: the acquire gives up with REDIS_UNAVAILABLE saying Redis
+    is out of memory, and the log line of each refused send says it too."""
+    svc.license_put("full", "--seats", "1")
+    logs: List[str] = []
+
+    async def main() -> None:
+        client = await Client.connect(
+            svc.url, request_timeout_ms=300, give_up_after_ms=1200, logger=lambda l, m: logs.append(f"{l} {m}")
+        )
+        try:
+            svc.redis.con.setrange("ballast", 8 * 1024 * 1024, "x")
+            svc.redis.con.config_set("maxmemory", "4mb")
+            try:
+                await client.acquire_seat("full", session="s1")
+            except SeatgateError as e:
+                assert e.code == REDIS_UNAVAILABLE, e
+                assert "Redis is out of memory (OOM)" in e.message and "maxmemory" in e.message, e
+            else:
+                raise AssertionError("an acquire under OOM got a seat")
+        finally:
+            svc.redis.con.delete("ballast")
+            svc.redis.con.config_set("maxmemory", "0")
+            await client.close()
+
+    run(main())
+    assert any("Redis is out of memory (OOM)" in line for line in logs), logs

@@ -481,6 +481,18 @@ impl ClientBuilder {
         self
     }
 
+    /// The Sentinels to ask for the master named `master_name` (the URL is
+    /// then unused): the client follows the master through failovers.
+    pub fn sentinel<I: IntoIterator<Item = S>, S: Into<String>>(
+        mut self,
+        sentinels: I,
+        master_name: impl Into<String>,
+    ) -> ClientBuilder {
+        self.redis.sentinel.urls = sentinels.into_iter().map(Into::into).collect();
+        self.redis.sentinel.master_name = master_name.into();
+        self
+    }
+
     /// Every connection setting at once: ACL user and password (or password
     /// file), TLS files, timeouts, cluster nodes.
     pub fn redis(mut self, redis: RedisSettings) -> ClientBuilder {
@@ -710,6 +722,13 @@ impl Client {
     /// This client's reply stream key.
     pub fn reply_to(&self) -> &str {
         &self.inner.reply_to
+    }
+
+    /// The requests stream (shard) this client sends `license`'s requests
+    /// to: its application's stream or the shared one, sharded the way the
+    /// deployment recorded when the client connected.
+    pub fn requests_stream_for(&self, license: &str) -> String {
+        seatgate_core::keys::shard_name(&self.inner.requests, self.inner.shards, license)
     }
 
     /// Sends `call` and waits up to `timeout` (including any wait for an

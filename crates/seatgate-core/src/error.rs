@@ -13,8 +13,10 @@ pub enum Error {
     /// message names the setting.
     #[error("bad configuration: {0}")]
     Config(String),
-    /// Redis could not be reached or answered with an error.
-    #[error("redis error: {0}")]
+    /// Redis could not be reached or answered with an error. Its `OOM`
+    /// refusal says that Redis is out of memory and what to do
+    /// ([`crate::db::is_out_of_memory`]).
+    #[error("redis error: {}", redis_message(.0))]
     Redis(#[from] redis::RedisError),
     /// Redis could not be reached in a way that points at a setting: a plain
     /// URL against a TLS-only server, an untrusted certificate, a missing
@@ -59,5 +61,41 @@ pub enum Error {
     InvalidLicense(String),
 }
 
+/// What a Redis error says to people: Redis's own words, and for an `OOM`
+/// refusal what it means and what to do first.
+fn redis_message(e: &redis::RedisError) -> String {
+    if crate::db::is_out_of_memory(e) {
+        format!("Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory ({e})")
+    } else {
+        e.to_string()
+    }
+}
+
 /// Result with the engine's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oom_refusal_says_redis_is_out_of_memory_and_what_to_do() {
+        let oom = redis::make_extension_error(
+            "OOM".to_owned(),
+            Some("command not allowed when used memory > 'maxmemory'.".to_owned()),
+        );
+        assert!(crate::db::is_out_of_memory(&oom));
+        let line = Error::Redis(oom).to_string();
+        assert!(
+            line.starts_with("redis error: Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory ("),
+            "{line}"
+        );
+        assert!(
+            line.contains("command not allowed when used memory > 'maxmemory'"),
+            "{line}"
+        );
+        let other = redis::make_extension_error("WRONGTYPE".to_owned(), None);
+        assert!(!crate::db::is_out_of_memory(&other));
+        assert!(!Error::Redis(other).to_string().contains("OOM"));
+    }
+}

@@ -147,6 +147,10 @@ pub mod field {
     /// The license's event number: +1 from one event of the license to the
     /// next, never restarting (lua/includes/events.lua).
     pub const SEQ: &str = "seq";
+    /// The epoch of the `seq`: with the license and `seq`, the event's id
+    /// for good, also across a restore of Redis (a new life of the function
+    /// library, a new epoch: lua/includes/events.lua).
+    pub const EPOCH: &str = "epoch";
     /// The request's `user` (the seat's owner record, lua/includes/owners.lua),
     /// on every event of a session that has one.
     pub const USER: &str = "user";
@@ -320,6 +324,8 @@ pub struct EventRecord {
     pub group: Option<String>,
     /// The license's event number (absent on events written before it).
     pub seq: Option<i64>,
+    /// The epoch of `seq` (absent on events written before it).
+    pub epoch: Option<String>,
     /// Who did it, where a person did.
     pub actor: Option<String>,
     /// `revoked`: whether the session held a seat (absent: taken as held).
@@ -351,6 +357,7 @@ impl EventRecord {
             user: get(field::USER).filter(|u| !u.is_empty()).map(str::to_owned),
             group: get(field::GROUP).filter(|g| !g.is_empty()).map(str::to_owned),
             seq: number(field::SEQ),
+            epoch: get(field::EPOCH).filter(|e| !e.is_empty()).map(str::to_owned),
             actor: get(field::ACTOR).map(str::to_owned),
             held: get(field::HELD).map(|h| h != "0"),
             folded: get(field::FOLDED).and_then(|v| v.parse().ok()).unwrap_or(0),
@@ -615,6 +622,7 @@ mod tests {
                 user: Some("bob@example.com".into()),
                 group: None,
                 seq: None,
+                epoch: None,
                 actor: None,
                 held: None,
                 folded: 0,

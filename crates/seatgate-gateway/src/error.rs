@@ -5,9 +5,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     /// Redis refused or could not be reached.
-    #[error(
-        "redis error: {0}; is Redis reachable with the gateway's credentials (redis.url, redis.username)?"
-    )]
+    #[error("{}", redis_line(.0))]
     Redis(#[from] redis::RedisError),
     /// A setting is wrong.
     #[error("{0}")]
@@ -37,6 +35,16 @@ pub enum GatewayError {
     /// Something that should not fail did.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// A Redis error for people: out of memory says so and what to do (as the
+/// engine's errors do); anything else asks about the connection settings.
+fn redis_line(e: &redis::RedisError) -> String {
+    if seatgate_core::db::is_out_of_memory(e) {
+        seatgate_core::Error::Redis(e.clone()).to_string()
+    } else {
+        format!("redis error: {e}; is Redis reachable with the gateway's credentials (redis.url, redis.username)?")
+    }
 }
 
 /// Reads `path` (named by `setting` in the error).

@@ -37,6 +37,8 @@ pub struct Deployment {
     pub key_prefix: String,
     /// `events.stream` (unsharded).
     pub events_stream: String,
+    /// How many ways the events stream is sharded (`events.shards`, or `stream.shards`).
+    pub events_shards: usize,
 }
 
 impl Deployment {
@@ -66,7 +68,7 @@ impl Deployment {
 
     /// The events stream (shard) of `license`.
     pub(crate) fn events_stream_for(&self, license: &str) -> String {
-        shard_name(&self.events_stream, self.topology.shards, license)
+        shard_name(&self.events_stream, self.events_shards, license)
     }
 
     /// Whether a credential of `app` may be served: with application

@@ -473,6 +473,19 @@ impl LocalRedis {
         redis::from_redis_value(role.first()?.clone()).ok()
     }
 
+    /// Whether this replica's link to its master is up (its first sync done).
+    async fn link_up(&self) -> bool {
+        let Some(mut con) = self.con().await else {
+            return false;
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut con)
+            .await
+            .unwrap_or_default();
+        info.lines().any(|l| l.trim() == "master_link_status:up")
+    }
+
     /// The server process's id (for SIGSTOP / SIGCONT).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -514,6 +527,14 @@ impl LocalRedis {
         } else {
             Err(Error("redis-server did not restart".into()))
         }
+    }
+
+    /// Starts the server again on the same port and data directory with
+    /// other `--name value` arguments than it was started with, kept for
+    /// later restarts (a restore that loads an RDB with `appendonly no`).
+    pub async fn restart_with(&mut self, extra: &[&str]) -> Result<(), Error> {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.restart().await
     }
 
     /// SIGKILL (no chance to hand over anything), and reaps the process.
@@ -799,18 +820,10 @@ impl LocalCluster {
 
     /// Whether the node on `port` is a replica whose link to its master is up.
     async fn link_up(&self, port: u16) -> bool {
-        let Some(n) = self.node(port) else {
-            return false;
-        };
-        let Some(mut con) = n.con().await else {
-            return false;
-        };
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut con)
-            .await
-            .unwrap_or_default();
-        info.contains("master_link_status:up")
+        match self.node(port) {
+            Some(n) => n.link_up().await,
+            None => false,
+        }
     }
 
     /// The node on `port`, if it is one of the cluster's.
@@ -911,5 +924,223 @@ impl LocalCluster {
             }
         }
         Err(fail(format!("the replica on port {replica} did not take over")))
+    }
+}
+
+/// A private Redis Sentinel deployment: one master, `replicas` replicas of
+/// it, and `sentinels` redis-sentinel processes (`redis-server --sentinel`)
+/// monitoring it as [`LocalSentinel::MASTER_NAME`] with a quorum of a
+/// majority, all on free loopback ports, stopped on drop. The Sentinels
+/// call a master down after 1 s without an answer, so a failover takes a
+/// few seconds.
+pub struct LocalSentinel {
+    /// The data nodes, the first master at the start (failovers change roles).
+    pub nodes: Vec<LocalRedis>,
+    /// The Sentinel processes.
+    sentinels: Vec<SentinelProcess>,
+}
+
+/// One redis-sentinel process, killed on drop.
+struct SentinelProcess {
+    child: Child,
+    port: u16,
+    /// Its config file (Sentinel rewrites it) and log.
+    dir: tempfile::TempDir,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            if let Ok(log) = std::fs::read_to_string(self.dir.path().join("sentinel.log")) {
+                eprintln!("--- redis-sentinel log (port {}) ---\n{log}", self.port);
+            }
+        }
+    }
+}
+
+impl LocalSentinel {
+    /// The name the Sentinels monitor the master by.
+    pub const MASTER_NAME: &'static str = "seatgate";
+
+    /// Starts a master, `replicas` replicas and `sentinels` Sentinels, and
+    /// waits until every Sentinel knows the master, its replicas and the
+    /// other Sentinels (so a failover can be agreed on at once).
+    pub async fn start(replicas: usize, sentinels: usize) -> Result<LocalSentinel, Error> {
+        // No 5 s wait for more replicas before the first full sync.
+        let master = LocalRedis::start(&["--repl-diskless-sync-delay", "0"]).await?;
+        let master_port = master.port().to_string();
+        let mut nodes = vec![master];
+        for _ in 0..replicas {
+            nodes.push(LocalRedis::start(&["--replicaof", "127.0.0.1", &master_port]).await?);
+        }
+        let quorum = sentinels / 2 + 1;
+        let mut procs = Vec::new();
+        for _ in 0..sentinels {
+            procs.push(Self::spawn_sentinel(&master_port, quorum)?);
+        }
+        let deployment = LocalSentinel {
+            nodes,
+            sentinels: procs,
+        };
+        deployment
+            .wait_known(replicas, sentinels, Duration::from_secs(20))
+            .await?;
+        Ok(deployment)
+    }
+
+    fn spawn_sentinel(master_port: &str, quorum: usize) -> Result<SentinelProcess, Error> {
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let name = Self::MASTER_NAME;
+        let conf = format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode yes\ndir {dir}\nlogfile {log}\n\
+             sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 10000\n\
+             sentinel parallel-syncs {name} 1\n",
+            dir = dir.path().display(),
+            log = dir.path().join("sentinel.log").display(),
+        );
+        let path = dir.path().join("sentinel.conf");
+        std::fs::write(&path, conf)?;
+        let child = Command::new("redis-server")
+            .arg(&path)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                Error(format!(
+                    "cannot start redis-server --sentinel ({e}); install it: apt-get install redis-server redis-sentinel"
+                ))
+            })?;
+        Ok(SentinelProcess { child, port, dir })
+    }
+
+    /// The Sentinels' URLs, for `redis.sentinel.urls`.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// `[redis]` settings for this deployment: Sentinel mode, the master's name.
+    pub fn apply(&self, redis: &mut RedisSettings) {
+        redis.sentinel.urls = self.urls();
+        redis.sentinel.master_name = Self::MASTER_NAME.to_owned();
+    }
+
+    async fn sentinel_con(&self, port: u16) -> Option<MultiplexedConnection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(Duration::from_secs(1)));
+        client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .ok()
+    }
+
+    /// The master's port as Sentinel `port` names it now.
+    async fn named_by(&self, port: u16) -> Option<u16> {
+        let mut con = self.sentinel_con(port).await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(Self::MASTER_NAME)
+            .query_async(&mut con)
+            .await
+            .ok()?;
+        addr.map(|(_, p)| p)
+    }
+
+    async fn wait_known(&self, replicas: usize, sentinels: usize, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut ready = true;
+            for s in &self.sentinels {
+                let Some(mut con) = self.sentinel_con(s.port).await else {
+                    ready = false;
+                    break;
+                };
+                let master: redis::RedisResult<std::collections::HashMap<String, String>> =
+                    redis::cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(Self::MASTER_NAME)
+                        .query_async(&mut con)
+                        .await;
+                let count = |m: &std::collections::HashMap<String, String>, k: &str| {
+                    m.get(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0)
+                };
+                match master {
+                    Ok(m)
+                        if count(&m, "num-slaves") >= replicas
+                            && count(&m, "num-other-sentinels") + 1 >= sentinels => {}
+                    _ => ready = false,
+                }
+            }
+            for replica in &self.nodes[1..] {
+                ready &= replica.link_up().await;
+            }
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error("the Sentinels did not find the master, its replicas and each other in time, or a replica did not sync".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The master's port as the Sentinels name it (the first that answers).
+    pub async fn master_port(&self) -> Option<u16> {
+        for s in &self.sentinels {
+            if let Some(port) = self.named_by(s.port).await {
+                return Some(port);
+            }
+        }
+        None
+    }
+
+    /// The data node on `port`.
+    pub fn node(&self, port: u16) -> Option<&LocalRedis> {
+        self.nodes.iter().find(|n| n.port() == port)
+    }
+
+    /// SIGKILL of the data node on `port`.
+    pub fn kill9(&mut self, port: u16) {
+        if let Some(node) = self.nodes.iter_mut().find(|n| n.port() == port) {
+            node.kill9();
+        }
+    }
+
+    /// Waits until every Sentinel names a master other than `old` and that
+    /// node says it is a master; returns its port.
+    pub async fn promoted(&self, old: u16, within: Duration) -> Result<u16, Error> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut named = Vec::new();
+            for s in &self.sentinels {
+                named.push(self.named_by(s.port).await);
+            }
+            if let Some(Some(new)) = named.first().copied() {
+                let agreed = named.iter().all(|p| *p == Some(new));
+                let is_master = match self.node(new) {
+                    Some(node) => node.role().await.as_deref() == Some("master"),
+                    None => false,
+                };
+                if new != old && agreed && is_master {
+                    return Ok(new);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error(format!(
+                    "no replica of :{old} was promoted in time (the Sentinels name {named:?})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

@@ -255,6 +255,12 @@ pub struct EventSettings {
     /// Denials per license and window recorded one by one (0 = every one).
     #[serde(default = "default_denials_per_window")]
     pub denials_per_window: u64,
+    /// Shards of the events stream; 0 = as many as the requests stream
+    /// (`stream.shards`). Set to the old count while `stream.shards` grows
+    /// online, so that every license's events stay where they were
+    /// (docs/running.md, "Changing the topology").
+    #[serde(default)]
+    pub shards: usize,
 }
 
 /// A duration written for people, like `"30d"` or `"12h 30m"` (humantime).
@@ -419,6 +425,7 @@ impl Settings {
                 .try_parsing(true)
                 .list_separator(",")
                 .with_list_parse_key("redis.cluster_urls")
+                .with_list_parse_key("redis.sentinel.urls")
                 .with_list_parse_key("stream.applications")
                 .with_list_parse_key("tenancy.shared_identity")
                 .with_list_parse_key("http.allowed_hosts")
@@ -576,6 +583,9 @@ impl Settings {
         if self.stream.shards == 0 || self.stream.shards > 1024 {
             return bad("stream.shards must be between 1 and 1024");
         }
+        if self.events.shards > 1024 {
+            return bad("events.shards must be between 0 (as stream.shards) and 1024");
+        }
         if self.stream.max_in_flight == 0 {
             return bad("stream.max_in_flight must be at least 1");
         }
@@ -672,6 +682,7 @@ impl Settings {
             shared_identity: self.tenancy.shared_identity.clone(),
             key_prefix: self.keys.prefix.clone(),
             events_stream: self.events.stream.clone(),
+            events_shards: self.events_shards(),
         }
     }
 
@@ -725,14 +736,23 @@ impl Settings {
         self.topology().stream_tag(stream)
     }
 
-    /// Every events stream shard (sharded like the requests stream).
+    /// How many ways the events stream is sharded: `events.shards`, or
+    /// the requests stream's `stream.shards` when that is 0.
+    pub fn events_shards(&self) -> usize {
+        match self.events.shards {
+            0 => self.stream.shards,
+            n => n,
+        }
+    }
+
+    /// Every events stream shard.
     pub fn events_streams(&self) -> Vec<String> {
-        shard_names(&self.events.stream, self.stream.shards)
+        shard_names(&self.events.stream, self.events_shards())
     }
 
     /// The events stream shard that carries `license`'s events.
     pub fn events_stream_for(&self, license: &str) -> String {
-        shard_name(&self.events.stream, self.stream.shards, license)
+        shard_name(&self.events.stream, self.events_shards(), license)
     }
 
     /// The consumer name: configured, or `<hostname>-<pid>`.
@@ -815,7 +835,7 @@ impl Settings {
         let keys = seatgate_core::keys::Keys::new(self.keys.prefix.clone())
             .with_events(
                 &self.events.stream,
-                self.stream.shards,
+                self.events_shards(),
                 self.redis.is_cluster(),
                 u64::try_from(self.events.retention.as_millis()).unwrap_or(u64::MAX),
             )
@@ -1070,6 +1090,37 @@ mod tests {
             ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
         );
         assert!(s.redis.is_cluster());
+    }
+
+    /// The .deb's /etc/seatgate/seatgate.toml (ops/seatgate.toml) changes
+    /// nothing as shipped, stays a short file of overrides (the defaults
+    /// are built in), and every example in it, uncommented, is a real,
+    /// valid setting.
+    #[test]
+    fn the_packaged_settings_file_is_overrides_only() {
+        let shipped = include_str!("../../../ops/seatgate.toml");
+        assert!(
+            shipped.lines().count() < 40,
+            "a short file of overrides, not the defaults"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seatgate.toml");
+        std::fs::write(&path, shipped).unwrap();
+        let s = Settings::load(Some(&path)).unwrap();
+        assert_eq!(s.redis.url, Settings::load(None).unwrap().redis.url);
+        // Uncommented: `# [section]` and `# key = value` lines become settings.
+        let examples: String = shipped
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| l.starts_with('[') || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(examples.matches(" = ").count() >= 4, "{examples}");
+        std::fs::write(&path, &examples).unwrap();
+        let s = Settings::load(Some(&path)).unwrap_or_else(|e| panic!("{e}\n{examples}"));
+        assert_eq!(s.redis.username, "seatgate-worker");
+        assert_eq!(s.redis.sentinel.master_name, "seatgate");
+        assert_eq!(s.redis.sentinel.urls.len(), 3);
     }
 
     #[test]

@@ -16,7 +16,7 @@ import collections
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._backend import AcquireSpec, Logger, SeatTarget, Timing
-from .errors import CLOSED, REDIS_UNAVAILABLE, TIMEOUT, SeatgateError, describe
+from .errors import CLOSED, OUT_OF_MEMORY, REDIS_UNAVAILABLE, TIMEOUT, SeatgateError, describe, is_out_of_memory
 from .wire import (
     DEDUPE_WINDOW_MS,
     REQUEST_EXPIRED,
@@ -81,7 +81,44 @@ def url_has_password(url: str) -> bool:
 
 
 @dataclass(frozen=True)
+class SentinelOptions:
+    """Sentinel mode: the master is whichever node the Sentinels name."""
+
+    #: The Sentinels' (host, port) addresses, asked in turn.
+    addresses: Tuple[Tuple[str, int], ...]
+    #: The name the Sentinels monitor the master by (``sentinel monitor <name> ...``).
+    master_name: str
+    #: The Sentinels' own login (``requirepass`` / ACL in sentinel.conf), if any.
+    username: Optional[str]
+    password: Optional[str]
+
+
+#: A Sentinel's address as the caller gives it: (host, port) or "host:port".
+SentinelAddress = Union[Tuple[str, int], str]
+
+
+def sentinel_addresses(sentinels: Sequence[SentinelAddress]) -> Tuple[Tuple[str, int], ...]:
+    """(host, port) pairs of (host, port) tuples or "host:port" strings;
+    raises ValueError naming the first that is neither."""
+    out: List[Tuple[str, int]] = []
+    for s in sentinels:
+        if isinstance(s, str):
+            host, sep, port_text = s.rpartition(":")
+            port = int(port_text) if sep and port_text.isdigit() else 0
+        else:
+            host, port = (s[0], s[1]) if isinstance(s, (tuple, list)) and len(s) == 2 else ("", 0)
+        host = host.strip("[]") if isinstance(host, str) else ""
+        if not host or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"a Sentinel is (host, port) or \"host:port\", not {s!r}")
+        out.append((host, port))
+    if not out:
+        raise ValueError("sentinels names no Sentinel")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class RedisOptions:
+    #: The Redis URL ("" in Sentinel mode).
     url: str
     application: Optional[str]
     username: Optional[str]
@@ -92,6 +129,16 @@ class RedisOptions:
     shards: Optional[int]
     timing: Timing
     log: Logger
+    #: Sentinel mode (then `url` is unused).
+    sentinel: Optional[SentinelOptions] = None
+
+    @property
+    def where(self) -> str:
+        """What the client talks to, for messages (no password)."""
+        if self.sentinel is None:
+            return f"Redis at {safe_url(self.url)}"
+        addrs = ", ".join(f"{h}:{p}" for h, p in self.sentinel.addresses)
+        return f"the Redis master {self.sentinel.master_name!r} of the Sentinels at {addrs}"
 
 
 @dataclass
@@ -123,9 +170,48 @@ class _Out:
     failures: int = 0
 
 
-def _pool(opts: RedisOptions, blocking: bool, socket_timeout: Optional[float]) -> Any:
+def _sentinels(opts: RedisOptions) -> Any:
+    """In Sentinel mode, redis-py's Sentinel manager (the Sentinels' own
+    connections, which find the master), shared by both connections' pools;
+    else None."""
+    if opts.sentinel is None:
+        return None
+    from redis.asyncio import sentinel as aiosentinel
+
+    timeout = opts.connect_timeout_ms / 1000.0
+    kwargs: Dict[str, Any] = {
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if opts.sentinel.username is not None:
+        kwargs["username"] = opts.sentinel.username
+    if opts.sentinel.password is not None:
+        kwargs["password"] = opts.sentinel.password
+    manager: Any = aiosentinel.Sentinel
+    return manager(list(opts.sentinel.addresses), sentinel_kwargs=kwargs)
+
+
+async def _close_sentinels(sentinels: Any) -> None:
+    if sentinels is None:
+        return
+    for s in sentinels.sentinels:
+        try:
+            await asyncio.wait_for(_close_client(s), 0.3)
+        except BaseException:
+            pass
+
+
+def _pool(opts: RedisOptions, blocking: bool, socket_timeout: Optional[float], sentinels: Any = None) -> Any:
     """A pool of one connection. The package retries by itself: redis-py's
-    own retries are off (a retried blocking XREAD would outlive close())."""
+    own retries are off (a retried blocking XREAD would outlive close()).
+
+    In Sentinel mode a SentinelConnectionPool of `sentinels`: each
+    connection asks the Sentinels for the master when it connects (again
+    after the master's connection dropped, or it answered READONLY), so
+    both connections follow a failover. The requests' pool is not a
+    blocking one there (redis-py has no blocking Sentinel pool): a topology
+    read during a pipeline opens a second connection."""
     kwargs: Dict[str, Any] = {
         "decode_responses": True,
         "socket_connect_timeout": opts.connect_timeout_ms / 1000.0,
@@ -137,6 +223,13 @@ def _pool(opts: RedisOptions, blocking: bool, socket_timeout: Optional[float]) -
         kwargs["username"] = opts.username
     if opts.password is not None:
         kwargs["password"] = opts.password
+    if opts.sentinel is not None:
+        from redis.asyncio import sentinel as aiosentinel
+
+        if blocking:
+            del kwargs["max_connections"]
+        pool_class: Any = aiosentinel.SentinelConnectionPool  # untyped in redis-py 4.x
+        return pool_class(opts.sentinel.master_name, sentinels, **kwargs)
     if blocking:
         return aioredis.BlockingConnectionPool.from_url(opts.url, timeout=None, **kwargs)
     return aioredis.ConnectionPool.from_url(opts.url, **kwargs)
@@ -155,9 +248,10 @@ async def _close_client(r: Any) -> None:
 class RedisTransport:
     """Requests on one connection, replies on another: see the module's doc."""
 
-    def __init__(self, opts: RedisOptions, writer: Any, topology: Topology) -> None:
+    def __init__(self, opts: RedisOptions, writer: Any, topology: Topology, sentinels: Any = None) -> None:
         self._opts = opts
-        self.where = f"Redis at {safe_url(opts.url)}"
+        self.where = opts.where
+        self._sentinels = sentinels
         self._writer = writer
         self._topology = topology
         self._topology_read_at = now_ms()
@@ -166,7 +260,9 @@ class RedisTransport:
         self.reply_to = f"{topology.replies_prefix}{app}:{random_hex(16)}"
         # The reader's socket timeout must outlast its block: a shorter one
         # would abort a read the server still answers.
-        self._reader: Any = aioredis.Redis(connection_pool=_pool(opts, False, READ_BLOCK_MS / 1000.0 + 5))
+        self._reader: Any = aioredis.Redis(
+            connection_pool=_pool(opts, False, READ_BLOCK_MS / 1000.0 + 5, sentinels)
+        )
         self._waiters: Dict[str, _Waiter] = {}
         self._id_prefix = random_hex(8)
         self._counter = 0
@@ -174,6 +270,8 @@ class RedisTransport:
         self._slots = asyncio.Semaphore(opts.max_in_flight)
         self._outbox: asyncio.Queue[_Out] = asyncio.Queue()
         self._last_error = ""
+        #: Whether Redis refused the last batch of requests with OOM (until one is sent).
+        self.out_of_memory = False
         #: Counters for the curious: pipelines written, the most requests in
         #: flight at once, replies without a waiter, read retries.
         self.stats: Dict[str, int] = collections.Counter()
@@ -186,24 +284,29 @@ class RedisTransport:
         """Connects and reads the service's topology; raises REDIS_UNAVAILABLE
         naming Redis when it cannot."""
         writer: Any = None
+        sentinels: Any = None
         try:
+            sentinels = _sentinels(opts)
             # Requests: a command Redis does not answer (frozen, failing over)
             # is given up on after a while; the seat handle has sent it again
             # by then.
             timeout = max(opts.timing.request_timeout_ms * 2, 1000) / 1000.0
-            writer = aioredis.Redis(connection_pool=_pool(opts, True, timeout))
-            topology = await asyncio.wait_for(read_topology(writer, opts), opts.connect_timeout_ms / 1000.0)
+            writer = aioredis.Redis(connection_pool=_pool(opts, True, timeout, sentinels))
+            # Sentinel mode: the Sentinels are asked, then the master.
+            within = opts.connect_timeout_ms * (1 if sentinels is None else 2) / 1000.0
+            topology = await asyncio.wait_for(read_topology(writer, opts), within)
         except BaseException as e:
             if writer is not None:
                 try:
                     await asyncio.wait_for(_close_client(writer), 0.5)
                 except BaseException:
                     pass
+            await _close_sentinels(sentinels)
             if isinstance(e, SeatgateError) or not isinstance(e, Exception):
                 raise
             why = "no answer" if isinstance(e, asyncio.TimeoutError) else describe(e)
-            raise SeatgateError(REDIS_UNAVAILABLE, f"cannot connect to Redis at {safe_url(opts.url)}: {why}") from e
-        t = cls(opts, writer, topology)
+            raise SeatgateError(REDIS_UNAVAILABLE, f"cannot connect to {opts.where}: {why}") from e
+        t = cls(opts, writer, topology, sentinels)
         t._read_task = asyncio.ensure_future(t._read_loop())
         t._write_task = asyncio.ensure_future(t._write_loop())
         return t
@@ -318,6 +421,9 @@ class RedisTransport:
             if self._closing:
                 return
             self.stats["pipelines"] += 1
+            self.out_of_memory = any(is_out_of_memory(r) for r in results if isinstance(r, BaseException)) and all(
+                isinstance(r, BaseException) for r in results
+            )
             failed = False
             for out, result in zip(batch, results):
                 if not isinstance(result, BaseException):
@@ -485,6 +591,7 @@ class RedisTransport:
                 await asyncio.wait_for(_close_client(r), 0.3)
             except BaseException:
                 pass
+        await _close_sentinels(self._sentinels)
 
 
 class _Exchange:
@@ -541,6 +648,11 @@ class _Exchange:
                     return None
                 if self.t.is_closing:
                     raise SeatgateError(CLOSED, "the seatgate client is closed")
+                if give_up_at is not None and now_ms() >= give_up_at and self.t.out_of_memory:
+                    raise SeatgateError(
+                        REDIS_UNAVAILABLE,
+                        f"no reply to {self.op} {self.license}/{self.session} from {self.t.where}: {OUT_OF_MEMORY}",
+                    )
                 if give_up_at is not None and now_ms() >= give_up_at:
                     raise SeatgateError(
                         TIMEOUT,

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Set
+import os
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Set
 
 from ._backend import Backend, Logger, Timing
 from .errors import CLOSED, INVALID_ARGUMENT, SeatgateError, describe
 from .seat import OnQueued, Seat, acquire_seat
 from .wire import APP_RULE, DEFAULT_HEARTBEAT_TIMEOUT_MS, is_application, now_ms
+
+if TYPE_CHECKING:
+    from ._redis import SentinelAddress
 
 _log = logging.getLogger("seatgate")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}
@@ -77,10 +81,14 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: Optional[str] = None,
         application: Optional[str] = None,
         password: Optional[str] = None,
         *,
+        sentinels: Optional[Sequence["SentinelAddress"]] = None,
+        master_name: Optional[str] = None,
+        sentinel_username: Optional[str] = None,
+        sentinel_password: Optional[str] = None,
         username: Optional[str] = None,
         key_prefix: str = "seat",
         connect_timeout_ms: float = 5000,
@@ -97,6 +105,17 @@ class Client:
         from ``<key_prefix>:config`` (shards, the requests stream, which
         applications have a stream of their own, the replies prefix).
 
+        - `url`: redis:// or rediss:// URL of the Redis the workers serve;
+          or, instead of it,
+        - `sentinels` and `master_name`: Redis Sentinel, the Sentinels as
+          (host, port) pairs or "host:port" strings, and the name they
+          monitor the master by (the service's redis.sentinel.urls and
+          master_name). The client asks them for the master, and asks again
+          when the master's connection drops or answers READONLY, so both
+          its connections and every seat follow a failover.
+          `sentinel_username` / `sentinel_password` log in to the Sentinels
+          themselves (default password $SEATGATE_REDIS_SENTINEL_PASSWORD);
+          `username` / `password` log in to the master as in URL mode.
         - `application`: its own requests stream when the service lists it
           in stream.applications; it names the reply stream (default "python").
         - `password`: default the URL's, else $SEATGATE_REDIS_PASSWORD.
@@ -111,11 +130,35 @@ class Client:
         - `logger`: ``logger(level, message)``; default Python's logging
           ("seatgate").
 
-        Raises SeatgateError REDIS_UNAVAILABLE (naming Redis) when Redis
-        cannot be reached.
+        Raises SeatgateError REDIS_UNAVAILABLE (naming Redis, or the
+        Sentinels) when Redis cannot be reached, INVALID_ARGUMENT when
+        neither or both of `url` and `sentinels` are given.
         """
-        from ._redis import RedisOptions, RedisTransport, env_password
+        from ._redis import RedisOptions, RedisTransport, SentinelOptions, env_password, sentinel_addresses
 
+        sentinel: Optional[SentinelOptions] = None
+        if sentinels is not None:
+            if url is not None:
+                raise SeatgateError(INVALID_ARGUMENT, "give url or sentinels, not both")
+            if not master_name:
+                raise SeatgateError(INVALID_ARGUMENT, "sentinels needs master_name (the Sentinels' name of the master)")
+            try:
+                addresses = sentinel_addresses(sentinels)
+            except ValueError as e:
+                raise SeatgateError(INVALID_ARGUMENT, str(e)) from None
+            sentinel = SentinelOptions(
+                addresses=addresses,
+                master_name=master_name,
+                username=sentinel_username,
+                password=sentinel_password
+                if sentinel_password is not None
+                else os.environ.get("SEATGATE_REDIS_SENTINEL_PASSWORD") or None,
+            )
+            url = ""
+        elif url is None:
+            raise SeatgateError(INVALID_ARGUMENT, "give url (redis://...) or sentinels and master_name")
+        elif master_name is not None:
+            raise SeatgateError(INVALID_ARGUMENT, "master_name is for sentinels; with url it is unused")
         if application is not None and not is_application(application):
             raise SeatgateError(INVALID_ARGUMENT, APP_RULE)
         if max_in_flight < 1:
@@ -134,6 +177,7 @@ class Client:
                 shards=shards,
                 timing=timing,
                 log=log,
+                sentinel=sentinel,
             )
         )
         return cls(backend, timing, log, close_timeout_ms)

@@ -16,6 +16,17 @@ CLOSED = "CLOSED"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 
 
+#: What a Redis `OOM` refusal means, and what to do.
+OUT_OF_MEMORY = "Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is Redis's ``OOM`` refusal (used memory above maxmemory):
+    redis-py 5 and later raise ``OutOfMemoryError`` without the code in the
+    message, older ones a ``ResponseError`` starting with it."""
+    return type(e).__name__ == "OutOfMemoryError" or str(e).startswith("OOM ")
+
+
 def one_line(text: str) -> str:
     return re.sub(r"\s*[\r\n]+\s*", " ", text).strip()
 
@@ -26,7 +37,9 @@ class SeatgateError(Exception):
     - a wire status (``NO_SEATS_AVAILABLE``, ``QUEUE_TIMEOUT``,
       ``LIMIT_REACHED``, ``LICENSE_NOT_FOUND``, ``SESSION_NOT_ACTIVE``, ...)
       when the service refused: `reply` is its answer;
-    - ``REDIS_UNAVAILABLE``: Redis could not be reached or failed;
+    - ``REDIS_UNAVAILABLE``: Redis could not be reached or failed (also
+      when a request got no reply because Redis refused its sends with
+      ``OOM``: the message says Redis is out of memory);
     - ``GATEWAY_UNAVAILABLE``: the gateway could not be reached, or answered
       an HTTP error of its own;
     - ``TIMEOUT``: no answer in time (is a ``seatgate run`` worker serving?);
@@ -55,6 +68,9 @@ class SeatgateError(Exception):
 
 
 def describe(e: BaseException) -> str:
-    """A short description of an exception (its message, else its type)."""
+    """A short description of an exception (its message, else its type);
+    Redis's ``OOM`` refusal says what it means."""
     text = one_line(str(e))
+    if is_out_of_memory(e):
+        return f"{OUT_OF_MEMORY} ({text})"
     return text or type(e).__name__

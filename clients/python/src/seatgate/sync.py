@@ -166,9 +166,10 @@ class Client:
         self._closed = False
 
     @classmethod
-    def connect(cls, url: str, application: Optional[str] = None, password: Optional[str] = None,
+    def connect(cls, url: Optional[str] = None, application: Optional[str] = None, password: Optional[str] = None,
                 **options: Any) -> "Client":
-        """Connects as seatgate.Client.connect (the same options)."""
+        """Connects as seatgate.Client.connect (the same options: a URL, or
+        ``sentinels=[("10.0.0.1", 26379), ...], master_name="seatgate"``)."""
         runner = _LoopThread()
         try:
             c = runner.call(_client.Client.connect(url, application, password, **options))

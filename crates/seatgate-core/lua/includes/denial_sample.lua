@@ -40,7 +40,7 @@ local LINGER_WINDOWS = 10
 
 local function denial_sample(key, now, window, keep)
   if keep <= 0 then
-    return 1, 0
+    return 1, 0, 0
   end
   local raw = rcall('HMGET', key, 'start', 'n', 'folded', 'window')
   local start, n, folded = tonumber(raw[1]), tonumber(raw[2]) or 0, tonumber(raw[3]) or 0

@@ -21,7 +21,7 @@
   retention, ms; 0 = never trim, the license's own log) before it records.
 
   An event entry (src/engine/events.rs reads it, docs/protocol.md lists it):
-    type license session seats_used seats_total at_ms seq
+    type license session seats_used seats_total at_ms seq epoch
     [user] [group] [reason] [waited_ms] [actor] [held] [priority]
     [linger_ms] [borrowed_until_ms] [folded]
   `folded` (denied only, > 0): denials of the license not recorded as events
@@ -33,6 +33,18 @@
   them as the script makes them, flush_events writes them at its end (a
   call's only event, with no field to add, is written at once by
   request.lua, through the same append_event).
+
+  `epoch` (EPOCH below) makes `(license, epoch, seq)` name one event for
+  good, also when Redis loses writes (a restore from an older snapshot, a
+  crash that loses the end of the AOF, a failover to a replica that lagged):
+  the counter goes back with the data, and the next events take seq numbers
+  that lost ones had. Every such loss comes with a new life of this library
+  (Redis starting, a replica's full resync, a FUNCTION LOAD), and a new life
+  has a new epoch, so a reissued seq never comes with its old epoch. The
+  epoch is the Redis time (µs) of the life's first event, kept in the
+  library's Lua state, which no snapshot holds: nothing to restore, nothing
+  an operator must do. A restart that lost nothing changes it too, which
+  costs nothing (docs/protocol.md, "Events"; docs/backup.md).
 
   Trimming (MINID ~ <now - keep_ms>) costs about 40% of an XADD even when
   nothing goes, so only one event in TRIM_EVERY of a license trims: the
@@ -86,6 +98,22 @@ end
 -- No extra fields.
 local NO_FIELDS = {}
 
+-- This library life's epoch (above), set by its first event: kept from
+-- call to call in the function library, so a restarted or restored Redis
+-- starts without one. (A script run on its own has a new one every call,
+-- unique all the same.)
+local EPOCH
+
+-- The epoch, made on first use from the Redis clock: seconds and
+-- microseconds, one decimal number.
+local function epoch()
+  if not EPOCH then
+    local t = rcall('TIME')
+    EPOCH = t[1] .. string.format('%06d', tonumber(t[2]))
+  end
+  return EPOCH
+end
+
 -- Appends event `kind` of `session` (extra fields `f`, a flat list, or
 -- nil) with the license's seats after the script (`used`, `total`, as
 -- '%d' strings) and its clock (`now`; `at`, the same as a string): the one
@@ -99,10 +127,11 @@ local function append_event(kind, session, f, used, total, now, at)
   if EV.keep_ms > 0 and n % TRIM_EVERY == 1 and now > EV.keep_ms then
     rcall('XADD', EV.log, 'MINID', '~', string.format('%d', now - EV.keep_ms), '*', 'type', kind,
       'license', EV.license, 'session', session, 'seats_used', used, 'seats_total', total, 'at_ms', at,
-      'seq', seq, unpack(f or NO_FIELDS))
+      'seq', seq, 'epoch', epoch(), unpack(f or NO_FIELDS))
   else
     rcall('XADD', EV.log, '*', 'type', kind, 'license', EV.license, 'session', session,
-      'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', seq, unpack(f or NO_FIELDS))
+      'seats_used', used, 'seats_total', total, 'at_ms', at, 'seq', seq, 'epoch', epoch(),
+      unpack(f or NO_FIELDS))
   end
 end
 

@@ -23,10 +23,12 @@ use redis::{
 };
 use secrecy::ExposeSecret;
 
+mod sentinel;
 mod settings;
 
 use crate::error::Error;
-pub use settings::RedisSettings;
+pub use sentinel::Failover;
+pub use settings::{RedisSettings, SentinelSettings};
 
 /// A connection usable anywhere a redis-rs async connection is.
 #[derive(Clone)]
@@ -37,6 +39,8 @@ pub enum Db {
     Plain(MultiplexedConnection),
     /// Redis Cluster.
     Cluster(ClusterConnection),
+    /// The master Redis Sentinel names, followed through failovers.
+    Sentinel(Failover),
 }
 
 impl Db {
@@ -53,6 +57,9 @@ impl Db {
                 Ok(con) => Ok(Db::Cluster(con)),
                 Err(e) => Err(connect_error(redis, e).await),
             };
+        }
+        if redis.is_sentinel() {
+            return Db::sentinel(redis, Some(response)).await;
         }
         let client = redis_client(redis)?;
         // The manager retries its first connection with backoff (about 10 s)
@@ -82,7 +89,14 @@ impl Db {
     /// can be read, and TLS files come with a rediss:// address
     /// (`seatgate check-config`).
     pub fn check(redis: &RedisSettings) -> Result<(), Error> {
-        if redis.is_cluster() {
+        if redis.is_cluster() && !redis.sentinel.nodes().is_empty() {
+            return Err(Error::Config(
+                "both redis.cluster_urls and redis.sentinel.urls are set: a Redis Cluster fails over by itself, so set one of them".to_owned(),
+            ));
+        }
+        if redis.is_sentinel() {
+            Failover::new(redis, None)?;
+        } else if redis.is_cluster() {
             cluster_builder(redis)?.build()?;
         } else {
             redis_client(redis)?;
@@ -102,6 +116,9 @@ impl Db {
                 Ok(con) => Ok(Db::Cluster(con)),
                 Err(e) => Err(connect_error(redis, e).await),
             };
+        }
+        if redis.is_sentinel() {
+            return Db::sentinel(redis, None).await;
         }
         let client = redis_client(redis)?;
         let cfg = AsyncConnectionConfig::new()
@@ -128,12 +145,20 @@ impl Db {
         if redis.is_cluster() {
             return Ok(None);
         }
-        let info = connection_info(redis, &redis.url)?;
+        let (info, tls) = if redis.is_sentinel() {
+            // The master as the Sentinels name it now; when it fails over
+            // the connection drops, and the caller connects again.
+            let master = Failover::new(redis, None)?.master().await?;
+            // Its address carries the TLS files already.
+            (master.get_connection_info().clone(), None)
+        } else {
+            (connection_info(redis, &redis.url)?, redis.tls_certificates()?)
+        };
         let login = info
             .redis_settings()
             .clone()
             .set_protocol(redis::ProtocolVersion::RESP3);
-        let client = node_client(info.set_redis_settings(login), redis.tls_certificates()?)?;
+        let client = node_client(info.set_redis_settings(login), tls)?;
         let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(redis.connect_timeout_ms)))
@@ -150,6 +175,15 @@ impl Db {
         }
         tracking.query_async::<()>(&mut con).await?;
         Ok(Some((Db::Plain(con), received)))
+    }
+
+    /// The connection to the master `[redis.sentinel]` names, connected
+    /// once to check the settings; `response` `None` for blocking reads.
+    async fn sentinel(redis: &RedisSettings, response: Option<Duration>) -> Result<Db, Error> {
+        let failover = Failover::new(redis, response)?;
+        let mut db = Db::Sentinel(failover);
+        redis::cmd("PING").query_async::<()>(&mut db).await?;
+        Ok(db)
     }
 
     /// Runs `cmds` and returns each one's result, in order. On one node they
@@ -395,6 +429,7 @@ impl ConnectionLike for Db {
             Db::Managed(c) => c.req_packed_command(cmd),
             Db::Plain(c) => c.req_packed_command(cmd),
             Db::Cluster(c) => c.req_packed_command(cmd),
+            Db::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -408,6 +443,7 @@ impl ConnectionLike for Db {
             Db::Managed(c) => c.req_packed_commands(pipeline, offset, count),
             Db::Plain(c) => c.req_packed_commands(pipeline, offset, count),
             Db::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Db::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -416,6 +452,7 @@ impl ConnectionLike for Db {
             Db::Managed(c) => c.get_db(),
             Db::Plain(c) => c.get_db(),
             Db::Cluster(c) => c.get_db(),
+            Db::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -438,4 +475,16 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
                     | "NOREPLICAS"
             )
         )
+}
+
+/// Whether Redis refused for lack of memory: `OOM` (used memory above
+/// `maxmemory` under `maxmemory-policy noeviction`: every command that may
+/// add data is refused, reads are not), also as the reason a transaction
+/// was aborted (a MULTI under OOM queues no command, reads included).
+pub fn is_out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
+        || (e.code() == Some("EXECABORT")
+            && e.clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "OOM")))
 }

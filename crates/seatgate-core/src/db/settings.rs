@@ -43,30 +43,54 @@ pub struct RedisSettings {
     /// PEM private key of `tls_cert_file`; empty = none.
     #[serde(default)]
     pub tls_key_file: String,
+    /// `[redis.sentinel]`: find the master through Redis Sentinel (`url`
+    /// is then unused).
+    #[serde(default)]
+    pub sentinel: SentinelSettings,
+}
+
+/// `[redis.sentinel]`: the Sentinels to ask which node is the master of
+/// `master_name`. Non-empty `urls` means Sentinel mode. The master is
+/// logged in to as `[redis]` says (`username`, `password`), over TLS when
+/// the Sentinel URLs are rediss://, with `[redis]`'s TLS files.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SentinelSettings {
+    /// Sentinel addresses, `redis://host:26379` (or rediss://); from the
+    /// environment a comma-separated list.
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// The name the Sentinels monitor the master by (`sentinel monitor <name> …`).
+    #[serde(default)]
+    pub master_name: String,
+    /// ACL user to log in to the Sentinels as; empty = the URL's (or none).
+    #[serde(default)]
+    pub username: String,
+    /// Sentinels' password (`requirepass` in sentinel.conf), overriding
+    /// the URL's; from `SEATGATE__REDIS__SENTINEL__PASSWORD` or `password_file`.
+    #[serde(default)]
+    pub password: SecretString,
+    /// File whose first line is the Sentinels' password; wins over `password`.
+    #[serde(default)]
+    pub password_file: String,
+}
+
+impl SentinelSettings {
+    /// The Sentinel URLs, blanks dropped.
+    pub fn nodes(&self) -> Vec<String> {
+        trimmed(&self.urls)
+    }
+
+    /// The Sentinels' password, if one is set outside the URLs.
+    pub fn password(&self) -> Result<Option<SecretString>, Error> {
+        read_password("redis.sentinel", &self.password_file, &self.password)
+    }
 }
 
 impl RedisSettings {
     /// The password to log in with, if one is set outside the URL:
     /// `password_file` first, then `password`.
     pub fn password(&self) -> Result<Option<SecretString>, Error> {
-        if !self.password_file.is_empty() {
-            let text = std::fs::read_to_string(&self.password_file).map_err(|e| {
-                Error::Config(format!(
-                    "cannot read redis.password_file {}: {e}",
-                    self.password_file
-                ))
-            })?;
-            let first = text.lines().next().unwrap_or("");
-            if first.is_empty() {
-                return Err(Error::Config(format!(
-                    "redis.password_file {} is empty",
-                    self.password_file
-                )));
-            }
-            return Ok(Some(SecretString::from(first)));
-        }
-        let password = self.password.expose_secret();
-        Ok((!password.is_empty()).then(|| SecretString::from(password)))
+        read_password("redis", &self.password_file, &self.password)
     }
 
     /// Whether seatgate talks to a Redis Cluster.
@@ -76,11 +100,12 @@ impl RedisSettings {
 
     /// The cluster seed URLs, blanks dropped (an empty variable means none).
     pub fn cluster_nodes(&self) -> Vec<String> {
-        self.cluster_urls
-            .iter()
-            .map(|u| u.trim().to_owned())
-            .filter(|u| !u.is_empty())
-            .collect()
+        trimmed(&self.cluster_urls)
+    }
+
+    /// Whether seatgate finds its master through Redis Sentinel.
+    pub fn is_sentinel(&self) -> bool {
+        !self.is_cluster() && !self.sentinel.nodes().is_empty()
     }
 
     /// Whether any TLS file is configured.
@@ -151,6 +176,30 @@ impl RedisSettings {
     }
 }
 
+/// URLs trimmed, blanks dropped (an empty variable means none).
+fn trimmed(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// The password set outside a URL: the first line of `file` when one is
+/// named, else `password`; `section` names the settings in errors.
+fn read_password(section: &str, file: &str, password: &SecretString) -> Result<Option<SecretString>, Error> {
+    if !file.is_empty() {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::Config(format!("cannot read {section}.password_file {file}: {e}")))?;
+        let first = text.lines().next().unwrap_or("");
+        if first.is_empty() {
+            return Err(Error::Config(format!("{section}.password_file {file} is empty")));
+        }
+        return Ok(Some(SecretString::from(first)));
+    }
+    let password = password.expose_secret();
+    Ok((!password.is_empty()).then(|| SecretString::from(password)))
+}
+
 fn read_pem(key: &str, path: &str) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| Error::Config(format!("{key} {path:?} cannot be read: {e}")))
 }
@@ -194,6 +243,7 @@ impl Default for RedisSettings {
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            sentinel: SentinelSettings::default(),
         }
     }
 }

@@ -7,7 +7,7 @@
 
 mod topology;
 
-pub use topology::Topology;
+pub use topology::{Topology, EVENTS_SHARDS};
 
 /// Builds key names under one prefix (`seat` unless configured otherwise).
 #[derive(Debug, Clone)]

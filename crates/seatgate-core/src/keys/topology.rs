@@ -31,6 +31,10 @@ const REQUESTS: &str = "requests";
 const APPLICATIONS: &str = "applications";
 const ADMIN_REQUESTS: &str = "admin_requests";
 const REPLIES_PREFIX: &str = "replies_prefix";
+/// The deployment HASH's field for how many ways the events stream is
+/// sharded (`events.shards`, or `stream.shards` when that is 0): where
+/// readers of the events find them, whatever the requests streams' count.
+pub const EVENTS_SHARDS: &str = "events_shards";
 
 impl Default for Topology {
     /// The shipped settings' topology (config/default.toml): one shared,

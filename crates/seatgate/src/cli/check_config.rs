@@ -17,6 +17,12 @@ pub(super) fn check_config(settings: &Settings, file: Option<&std::path::Path>) 
             "a Redis Cluster of {} seed(s)",
             settings.redis.cluster_nodes().len()
         )
+    } else if settings.redis.is_sentinel() {
+        format!(
+            "the master {:?} of {} Sentinel(s)",
+            settings.redis.sentinel.master_name.trim(),
+            settings.redis.sentinel.nodes().len()
+        )
     } else {
         "one Redis".to_owned()
     };

@@ -34,7 +34,7 @@ use tracing::debug;
 
 use crate::config::Settings;
 use crate::error::Error;
-use crate::runtime::metrics::{LicenseSeats, SeatCensus};
+use crate::runtime::metrics::{Expiry, ExpiryCensus, LicenseSeats, SeatCensus};
 use seatgate_core::db::Db;
 use seatgate_core::keys::{shard_of, DueKeys, Keys};
 use seatgate_core::license::Field;
@@ -103,6 +103,13 @@ pub struct Sweep {
     index_cursor: u64,
     /// The seats counted so far in this round over the license index.
     census: SeatCensus,
+    /// The expiries of licenses outside the license index counted so far
+    /// in this round over the keyspace.
+    unindexed: ExpiryCensus,
+    /// Those of the last complete round over the keyspace: what a census
+    /// of the license index adds, so that a record written as its hash
+    /// alone has its expiry series in every census, not only some.
+    unindexed_done: Option<ExpiryCensus>,
     /// SCAN position in the keyspace, per node still to finish in this
     /// round (per master on a cluster, named by a slot it serves); empty
     /// when a round starts, and the nodes are looked up again.
@@ -120,6 +127,8 @@ pub struct SweepStep {
     pub filed: Vec<String>,
     /// This step ended a round over the license index: the census is whole.
     pub round_done: bool,
+    /// The expiries of the licenses outside the license index looked at.
+    unindexed: Vec<(String, Expiry)>,
 }
 
 impl Sweep {
@@ -142,13 +151,21 @@ impl Sweep {
         Ok(step)
     }
 
-    /// Counts `seats` (a step's, as the reaper leaves them) into the census
-    /// of this round; returns the census when the round is over.
-    pub fn count(&mut self, seats: Vec<LicenseSeats>, round_done: bool) -> Option<SeatCensus> {
+    /// Counts `seats` (a step's, as the reaper leaves them, read when the
+    /// Redis clock said `now_ms`) into the census of this round; returns the
+    /// census when the round is over, with the expiries of the licenses
+    /// outside the index (of the last complete round over the keyspace, or
+    /// of the one under way before the first is).
+    pub fn count(&mut self, seats: Vec<LicenseSeats>, round_done: bool, now_ms: i64) -> Option<SeatCensus> {
         for s in seats {
-            self.census.add(s);
+            self.census.add(s, now_ms);
         }
-        round_done.then(|| std::mem::take(&mut self.census))
+        if !round_done {
+            return None;
+        }
+        let mut census = std::mem::take(&mut self.census);
+        census.add_expiries(self.unindexed_done.as_ref().unwrap_or(&self.unindexed));
+        Some(census)
     }
 
     /// The license index, `budget` members on from where the last step
@@ -234,9 +251,7 @@ impl Sweep {
             };
             let (used, queued, outbox) = (int(used), int(queued), int(outbox));
             let (lingering, borrowed) = (int(lingering), int(borrowed));
-            let raw_total = redis::from_redis_value::<Option<String>>(total.clone())
-                .ok()
-                .flatten();
+            let raw_total = text(total);
             // Seats or waits on a license whose record is gone (deleted
             // behind seatgate's back): due now, for reap.lua to end them,
             // whatever time the index holds (a holder who keeps
@@ -246,12 +261,8 @@ impl Sweep {
             let total = raw_total
                 .and_then(|raw| Field::SeatsTotal.check(&raw).ok())
                 .map_or(0, |n| i64::try_from(n).unwrap_or(0));
-            // A value that breaks the rule (the scripts answer LICENSE_INVALID) gets no expiry.
-            let expires_at_ms = redis::from_redis_value::<Option<String>>(expires.clone())
-                .ok()
-                .flatten()
-                .and_then(|raw| Field::ExpiresAtMs.check(&raw).ok())
-                .map_or(0, |n| i64::try_from(n).unwrap_or(0));
+            // As the scripts read it: a value that breaks the rule is LICENSE_INVALID.
+            let expiry = Expiry::read(text(expires).as_deref());
             step.looked_at += 1;
             step.seats.push(LicenseSeats {
                 license: license.clone(),
@@ -260,7 +271,7 @@ impl Sweep {
                 queued,
                 lingering,
                 borrowed,
-                expires_at_ms,
+                expiry,
             });
             if deleted || lacks(stale, due, used > 0, queued + outbox + lingering + borrowed > 0) {
                 missing.push(license.clone());
@@ -307,7 +318,11 @@ impl Sweep {
                 .collect();
             self.look_unindexed(con, keys, index, &licenses, due_ms, step)
                 .await?;
+            for (license, expiry) in step.unindexed.drain(..) {
+                self.unindexed.add(&license, expiry, due_ms);
+            }
             if self.nodes.is_empty() {
+                self.unindexed_done = Some(std::mem::take(&mut self.unindexed));
                 break;
             }
         }
@@ -341,7 +356,7 @@ impl Sweep {
             .filter(|(_, m)| matches!(m, Ok(Value::Int(0))))
             .map(|(l, _)| l)
             .collect();
-        const PER_LICENSE: usize = 4;
+        const PER_LICENSE: usize = 5;
         let mut cmds = Vec::with_capacity(outside.len() * PER_LICENSE);
         for license in &outside {
             let lk = keys.license(license);
@@ -354,16 +369,20 @@ impl Sweep {
                 .arg(&lk.events.log)
                 .arg(&lk.lingering)
                 .arg(&lk.borrowed);
-            cmds.extend([stale, due, held, work]);
+            let mut expires = redis::cmd("HGET");
+            expires.arg(&lk.license).arg(Field::ExpiresAtMs.as_str());
+            cmds.extend([stale, due, held, work, expires]);
         }
         let answers = con.query_all(cmds).await?;
         let mut missing = Vec::new();
         for (license, a) in outside.iter().zip(answers.chunks(PER_LICENSE)) {
             step.looked_at += 1;
-            if let [Ok(stale), Ok(due), Ok(held), Ok(work)] = a {
+            if let [Ok(stale), Ok(due), Ok(held), Ok(work), Ok(expires)] = a {
                 if lacks(stale, due, int(held) > 0, int(work) > 0) {
                     missing.push((*license).clone());
                 }
+                step.unindexed
+                    .push(((*license).clone(), Expiry::read(text(expires).as_deref())));
             }
         }
         self.file(con, index, missing, due_ms, step).await
@@ -408,6 +427,13 @@ fn filed(index: &DueIndex, license: &str) -> [redis::Cmd; 2] {
 /// replies, lingering or borrowed seats.
 fn lacks(stale: &Value, due: &Value, held: bool, work: bool) -> bool {
     (held && *stale == Value::Nil) || (work && *due == Value::Nil)
+}
+
+/// A string answer (`None` for nil or anything else).
+fn text(v: &Value) -> Option<String> {
+    redis::from_redis_value::<Option<String>>(v.clone())
+        .ok()
+        .flatten()
 }
 
 /// An integer answer (0 for anything else).

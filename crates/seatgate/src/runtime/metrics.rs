@@ -88,12 +88,13 @@ pub const LOG_SUPPRESSED: &str = "seatgate_log_lines_suppressed_total";
 /// Acquires whose `wait_ms` was cut to `queue.max_wait_ms`.
 pub const WAIT_CAPPED: &str = "seatgate_wait_capped_total";
 /// The kinds of rate-limited log lines (runtime::log_limit).
-pub const LOG_KINDS: [&str; 5] = [
+pub const LOG_KINDS: [&str; 6] = [
     "dead_letter",
     "refused_reply_to",
     "shed",
     "invalid_request",
     "reply_error",
+    "redis_oom",
 ];
 /// Always 1, labelled with the `version`: which build each process runs.
 pub const BUILD_INFO: &str = "seatgate_build_info";
@@ -105,6 +106,11 @@ pub const REDIS_UP: &str = "seatgate_redis_up";
 pub const REDIS_MEMORY_USED: &str = "seatgate_redis_memory_used_bytes";
 /// Redis's `maxmemory`, bytes (0: no limit), as this process last read it.
 pub const REDIS_MAXMEMORY: &str = "seatgate_redis_maxmemory_bytes";
+/// 1 while Redis refuses this process's writes for lack of memory (`OOM`).
+pub const REDIS_OOM: &str = "seatgate_redis_oom";
+/// This host's clock minus the Redis server's (`TIME`), seconds, as this
+/// process last measured it: positive when this host is ahead.
+pub const CLOCK_SKEW: &str = "seatgate_clock_skew_seconds";
 /// 1 while the function library on Redis under this build's name is not this build's code.
 pub const LIBRARY_FOREIGN: &str = "seatgate_library_foreign";
 /// 1 while this process holds the reaper lock and exports the shared-state series.
@@ -130,9 +136,20 @@ pub const QUEUE_DEPTH: &str = "seatgate_queue_depth";
 pub const SEATS_LINGERING: &str = "seatgate_seats_lingering";
 /// Of the seats held, those borrowed (held without heartbeats), per `license` (same licenses).
 pub const SEATS_BORROWED: &str = "seatgate_seats_borrowed";
-/// When the license expires, unix seconds, per `license` (same licenses;
-/// `_other`: the soonest expiry among the rest). No series for a license that never expires.
+/// When the license expires, unix seconds, per `license`: every license that
+/// expires within [`EXPIRY_HORIZON_MS`] or has expired, whatever its
+/// utilisation (at most [`EXPIRY_SERIES_LIMIT`], the soonest first).
 pub const LICENSE_EXPIRY: &str = "seatgate_license_expiry_timestamp_seconds";
+/// 1 per `license` whose `expires_at_ms` breaks the rule (every acquire is
+/// refused LICENSE_INVALID), at most [`EXPIRY_SERIES_LIMIT`] of them.
+pub const LICENSE_EXPIRY_INVALID: &str = "seatgate_license_expiry_invalid";
+/// Licenses that expire within each window (`within`: `1d`, `7d`, `30d`,
+/// cumulative), not yet expired: all of them, with series or not.
+pub const LICENSES_EXPIRING: &str = "seatgate_licenses_expiring";
+/// Licenses whose expiry has passed.
+pub const LICENSES_EXPIRED: &str = "seatgate_licenses_expired";
+/// Licenses whose `expires_at_ms` breaks the rule.
+pub const LICENSES_EXPIRY_INVALID: &str = "seatgate_licenses_expiry_invalid";
 /// Seats held over all licenses.
 pub const FLEET_SEATS_USED: &str = "seatgate_fleet_seats_used";
 /// Seats lingering over all licenses.
@@ -219,7 +236,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_histogram!(
         REQUEST_DURATION,
-        "From the request entry's id time (Redis clock at XADD) to its reply, seconds, by op."
+        "From the request entry's id time (Redis clock at XADD) to its reply (the Redis clock as the worker carries it on its monotonic clock), seconds, by op."
     );
     describe_counter!(
         REPLY_ERRORS,
@@ -294,6 +311,14 @@ pub fn init(license_series_limit: usize) {
         "Redis's maxmemory, bytes (0: no limit), read every 5 s."
     );
     describe_gauge!(
+        REDIS_OOM,
+        "1 while Redis refuses this process's writes for lack of memory (OOM: used_memory above maxmemory): /ready says not ready until a write succeeds."
+    );
+    describe_gauge!(
+        CLOCK_SKEW,
+        "This host's clock minus the Redis server's (TIME, taken halfway through its round trip), seconds, read every 5 s: positive when this host is ahead. Seatgate decides on the Redis clock; this host's shows in its logs."
+    );
+    describe_gauge!(
         LIBRARY_FOREIGN,
         "1 while the function library on Redis under this build's name holds other code: the worker serves nothing until it is this build's again."
     );
@@ -315,7 +340,7 @@ pub fn init(license_series_limit: usize) {
     );
     describe_counter!(
         LOG_SUPPRESSED,
-        "Log lines held back by log.repeats_per_minute, by kind (dead_letter, refused_reply_to, shed, invalid_request, reply_error)."
+        "Log lines held back by log.repeats_per_minute, by kind (dead_letter, refused_reply_to, shed, invalid_request, reply_error, redis_oom)."
     );
     describe_counter!(
         WAIT_CAPPED,
@@ -373,6 +398,7 @@ pub fn init(license_series_limit: usize) {
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(READY).set(0.0);
     gauge!(REDIS_UP).set(0.0);
+    gauge!(REDIS_OOM).set(0.0);
     gauge!(LIBRARY_FOREIGN).set(0.0);
     gauge!(REAPER_LEADER).set(0.0);
     gauge!(REAPER_GRACE).set(0.0);
@@ -513,6 +539,17 @@ pub fn redis_memory(used: u64, max: u64) {
     gauge!(REDIS_MAXMEMORY).set(max as f64);
 }
 
+/// Sets whether Redis refuses this process's writes with `OOM`.
+pub fn redis_oom(oom: bool) {
+    gauge!(REDIS_OOM).set(if oom { 1.0 } else { 0.0 });
+}
+
+/// Sets how far this host's clock is ahead of the Redis server's, seconds
+/// (negative: behind).
+pub fn clock_skew(seconds: f64) {
+    gauge!(CLOCK_SKEW).set(seconds);
+}
+
 /// Sets whether the library on Redis holds code that is not this build's.
 pub fn library_foreign(foreign: bool) {
     gauge!(LIBRARY_FOREIGN).set(if foreign { 1.0 } else { 0.0 });
@@ -561,6 +598,121 @@ pub fn wait_capped() {
 /// Most licenses with series of their own, per per-license metric.
 static LICENSE_SERIES_LIMIT: AtomicUsize = AtomicUsize::new(50);
 
+/// How far ahead a license's expiry gets a series of its own: 30 days.
+pub const EXPIRY_HORIZON_MS: i64 = 30 * DAY_MS;
+/// Most licenses with an expiry series (and, apart, with an invalid-expiry
+/// series): the soonest to expire first, then the latest expired. The
+/// counts ([`LICENSES_EXPIRING`], [`LICENSES_EXPIRED`],
+/// [`LICENSES_EXPIRY_INVALID`]) cover every license past it.
+pub const EXPIRY_SERIES_LIMIT: usize = 1000;
+/// One day, ms.
+const DAY_MS: i64 = 86_400_000;
+/// The windows of [`LICENSES_EXPIRING`], as its `within` label and ms.
+const EXPIRY_WINDOWS: [(&str, i64); 3] = [("1d", DAY_MS), ("7d", 7 * DAY_MS), ("30d", EXPIRY_HORIZON_MS)];
+
+/// A license's `expires_at_ms` as the reaper read it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// 0 or absent: it never expires.
+    #[default]
+    Never,
+    /// It expires at this unix ms (978307200000 or later).
+    At(i64),
+    /// A value that breaks the rule: the scripts answer LICENSE_INVALID.
+    Invalid,
+}
+
+impl Expiry {
+    /// The field's raw value (`None`: absent), checked as the scripts check it.
+    pub fn read(raw: Option<&str>) -> Expiry {
+        match raw.map(|raw| seatgate_core::license::Field::ExpiresAtMs.check(raw)) {
+            None | Some(Ok(0)) => Expiry::Never,
+            Some(Ok(ms)) => i64::try_from(ms).map_or(Expiry::Invalid, Expiry::At),
+            Some(Err(_)) => Expiry::Invalid,
+        }
+    }
+}
+
+/// The expiries of every license of one census, as of the Redis clock when
+/// each was read: counts by window over all of them, and series for at most
+/// [`EXPIRY_SERIES_LIMIT`] expiring within [`EXPIRY_HORIZON_MS`] or expired
+/// (and as many invalid), so its memory stays bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpiryCensus {
+    /// (order, license, unix ms), in order: the soonest to expire first,
+    /// then the expired, the latest first.
+    dated: Vec<(i64, String, i64)>,
+    /// Licenses whose value breaks the rule, sorted.
+    invalid: Vec<String>,
+    /// Per [`EXPIRY_WINDOWS`]: licenses not yet expired that expire within it.
+    expiring: [usize; EXPIRY_WINDOWS.len()],
+    /// Licenses expired.
+    expired: usize,
+    /// Licenses with an invalid value.
+    invalid_count: usize,
+}
+
+impl ExpiryCensus {
+    /// Counts one license's expiry, read when the Redis clock said `now_ms`.
+    pub fn add(&mut self, license: &str, expiry: Expiry, now_ms: i64) {
+        match expiry {
+            Expiry::Never => {}
+            Expiry::Invalid => {
+                self.invalid_count += 1;
+                let at = self.invalid.partition_point(|l| l.as_str() < license);
+                if at < EXPIRY_SERIES_LIMIT {
+                    self.invalid.insert(at, license.to_owned());
+                    self.invalid.truncate(EXPIRY_SERIES_LIMIT);
+                }
+            }
+            Expiry::At(ms) => {
+                let left = ms - now_ms;
+                if left <= 0 {
+                    self.expired += 1;
+                }
+                for (n, (_, window)) in self.expiring.iter_mut().zip(EXPIRY_WINDOWS) {
+                    *n += usize::from(left > 0 && left <= window);
+                }
+                if left > EXPIRY_HORIZON_MS {
+                    return;
+                }
+                // Expiring: how soon; expired: after every one expiring, the latest first.
+                let order = if left > 0 { left } else { EXPIRY_HORIZON_MS - left };
+                let entry = (order, license.to_owned(), ms);
+                let at = self.dated.partition_point(|e| *e < entry);
+                if at < EXPIRY_SERIES_LIMIT {
+                    self.dated.insert(at, entry);
+                    self.dated.truncate(EXPIRY_SERIES_LIMIT);
+                }
+            }
+        }
+    }
+
+    /// Adds the counts and series of `other` (another walk's licenses).
+    pub fn merge(&mut self, other: &ExpiryCensus) {
+        for (order, license, ms) in &other.dated {
+            let entry = (*order, license.clone(), *ms);
+            let at = self.dated.partition_point(|e| *e < entry);
+            if at < EXPIRY_SERIES_LIMIT {
+                self.dated.insert(at, entry);
+                self.dated.truncate(EXPIRY_SERIES_LIMIT);
+            }
+        }
+        for license in &other.invalid {
+            let at = self.invalid.partition_point(|l| l < license);
+            if at < EXPIRY_SERIES_LIMIT {
+                self.invalid.insert(at, license.clone());
+                self.invalid.truncate(EXPIRY_SERIES_LIMIT);
+            }
+        }
+        for (n, m) in self.expiring.iter_mut().zip(other.expiring) {
+            *n += m;
+        }
+        self.expired += other.expired;
+        self.invalid_count += other.invalid_count;
+    }
+}
+
 /// The seats of one license, as the reaper saw them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LicenseSeats {
@@ -576,9 +728,8 @@ pub struct LicenseSeats {
     pub lingering: i64,
     /// Of `used`, the seats borrowed.
     pub borrowed: i64,
-    /// When the license expires, unix ms; 0 when it never does. For
-    /// [`OTHER`], the soonest expiry among the licenses it sums.
-    pub expires_at_ms: i64,
+    /// When the license expires (not summed: [`ExpiryCensus`] counts them).
+    pub expiry: Expiry,
 }
 
 impl LicenseSeats {
@@ -616,15 +767,14 @@ pub struct SeatCensus {
     fleet: LicenseSeats,
     /// Licenses counted.
     licenses: usize,
-    /// The soonest expiries so far (license, unix ms), soonest first: one
-    /// more than the top can hold, so the soonest of the licenses outside
-    /// the top is among them, whichever licenses end up in it.
-    expiring: Vec<(String, i64)>,
+    /// The expiry of every license counted, whatever its rank.
+    expiry: ExpiryCensus,
 }
 
 impl SeatCensus {
-    /// Counts one license.
-    pub fn add(&mut self, seats: LicenseSeats) {
+    /// Counts one license, read when the Redis clock said `now_ms`.
+    pub fn add(&mut self, seats: LicenseSeats, now_ms: i64) {
+        self.expiry.add(&seats.license, seats.expiry, now_ms);
         self.fleet.used += seats.used;
         self.fleet.total += seats.total;
         self.fleet.queued += seats.queued;
@@ -632,16 +782,6 @@ impl SeatCensus {
         self.fleet.borrowed += seats.borrowed;
         self.licenses += 1;
         let limit = LICENSE_SERIES_LIMIT.load(Ordering::Relaxed);
-        if seats.expires_at_ms > 0 {
-            let at = self
-                .expiring
-                .partition_point(|(_, ms)| *ms <= seats.expires_at_ms);
-            if at <= limit {
-                self.expiring
-                    .insert(at, (seats.license.clone(), seats.expires_at_ms));
-                self.expiring.truncate(limit + 1);
-            }
-        }
         let at = self.top.partition_point(|l| l.rank(&seats).is_lt());
         if at < limit {
             self.top.insert(at, seats);
@@ -652,6 +792,12 @@ impl SeatCensus {
     /// Licenses counted.
     pub fn licenses(&self) -> usize {
         self.licenses
+    }
+
+    /// Adds the expiries of licenses outside the license index (records
+    /// written as their hash alone, found by the walk over the keyspace).
+    pub fn add_expiries(&mut self, unindexed: &ExpiryCensus) {
+        self.expiry.merge(unindexed);
     }
 }
 
@@ -666,6 +812,8 @@ struct SeatSummary {
     fleet: LicenseSeats,
     /// Licenses counted.
     licenses: usize,
+    /// Every license's expiry.
+    expiry: ExpiryCensus,
 }
 
 impl From<SeatCensus> for SeatSummary {
@@ -680,17 +828,14 @@ impl From<SeatCensus> for SeatSummary {
             queued: c.fleet.queued - top.iter().map(|l| l.queued).sum::<i64>(),
             lingering: c.fleet.lingering - top.iter().map(|l| l.lingering).sum::<i64>(),
             borrowed: c.fleet.borrowed - top.iter().map(|l| l.borrowed).sum::<i64>(),
-            expires_at_ms: c
-                .expiring
-                .iter()
-                .find(|(license, _)| !top.iter().any(|l| &l.license == license))
-                .map_or(0, |(_, ms)| *ms),
+            expiry: Expiry::Never,
         };
         SeatSummary {
             top,
             other,
             fleet: c.fleet,
             licenses: c.licenses,
+            expiry: c.expiry,
         }
     }
 }
@@ -921,7 +1066,20 @@ pub fn record_snapshots() {
     );
     describe_gauge!(
         LICENSE_EXPIRY,
-        "When the license expires, unix seconds, per license (same licenses as seatgate_seats_used; _other: the soonest expiry among the rest); none for a license that never expires."
+        "When the license expires, unix seconds, for every license that expires within 30 days or has expired, whatever its utilisation (at most 1000, the soonest first; seatgate_licenses_expiring counts them all)."
+    );
+    describe_gauge!(
+        LICENSE_EXPIRY_INVALID,
+        "1 per license whose expires_at_ms breaks the rule (every acquire is refused LICENSE_INVALID); at most 1000."
+    );
+    describe_gauge!(
+        LICENSES_EXPIRING,
+        "Licenses not yet expired that expire within 1d, 7d or 30d (cumulative), every license counted."
+    );
+    describe_gauge!(LICENSES_EXPIRED, "Licenses whose expiry has passed.");
+    describe_gauge!(
+        LICENSES_EXPIRY_INVALID,
+        "Licenses whose expires_at_ms breaks the rule (LICENSE_INVALID)."
     );
     describe_gauge!(FLEET_SEATS_USED, "Seats held over all licenses.");
     describe_gauge!(FLEET_SEATS_LINGERING, "Seats lingering over all licenses.");
@@ -948,10 +1106,19 @@ pub fn record_snapshots() {
             gauge!(QUEUE_DEPTH, "license" => l.license.clone()).set(l.queued as f64);
             gauge!(SEATS_LINGERING, "license" => l.license.clone()).set(l.lingering as f64);
             gauge!(SEATS_BORROWED, "license" => l.license.clone()).set(l.borrowed as f64);
-            if l.expires_at_ms > 0 {
-                gauge!(LICENSE_EXPIRY, "license" => l.license.clone()).set(l.expires_at_ms as f64 / 1000.0);
-            }
         }
+        let e = &s.expiry;
+        for (_, license, ms) in &e.dated {
+            gauge!(LICENSE_EXPIRY, "license" => license.clone()).set(*ms as f64 / 1000.0);
+        }
+        for license in &e.invalid {
+            gauge!(LICENSE_EXPIRY_INVALID, "license" => license.clone()).set(1.0);
+        }
+        for (n, (within, _)) in e.expiring.iter().zip(EXPIRY_WINDOWS) {
+            gauge!(LICENSES_EXPIRING, "within" => within).set(*n as f64);
+        }
+        gauge!(LICENSES_EXPIRED).set(e.expired as f64);
+        gauge!(LICENSES_EXPIRY_INVALID).set(e.invalid_count as f64);
         gauge!(FLEET_SEATS_USED).set(s.fleet.used as f64);
         gauge!(FLEET_SEATS_CAPACITY).set(s.fleet.total as f64);
         gauge!(QUEUED_SESSIONS).set(s.fleet.queued as f64);
@@ -1044,7 +1211,7 @@ mod tests {
             seat("full", 3, 3, 4),
             seat("tenth", 1, 10, 0),
         ] {
-            census.add(l);
+            census.add(l, 0);
         }
         shared_state(Some(census), vec![], Some(0), Duration::from_secs(60));
         let s = SHARED.lock().unwrap().clone().unwrap().seats.unwrap();
@@ -1065,43 +1232,88 @@ mod tests {
     }
 
     #[test]
-    fn expiry_follows_the_top_licenses_and_other_holds_the_soonest_of_the_rest() {
-        let seat = |license: &str, used, expires_at_ms| LicenseSeats {
+    fn every_license_expiring_within_30_days_or_expired_has_a_series_whatever_its_rank() {
+        let seat = |license: &str, used, expiry| LicenseSeats {
             license: license.into(),
             used,
             total: 10,
-            expires_at_ms,
+            expiry,
             ..LicenseSeats::default()
         };
         // The limit every test of the snapshot uses (the statics are shared).
         LICENSE_SERIES_LIMIT.store(2, Ordering::Relaxed);
+        let now = 2_000_000_000_000;
+        let hours = |h: i64| Expiry::At(now + h * 3_600_000);
         let mut census = SeatCensus::default();
-        // Counted in this order, the soonest expiries (c, d, b) are seen
-        // before they are known to fall inside or outside the top.
         for l in [
-            seat("c", 9, 1_000),
-            seat("d", 8, 2_000),
-            seat("never", 0, 0),
-            seat("b", 1, 3_000),
-            seat("a", 0, 5_000),
+            seat("busy", 9, hours(24 * 60)), // 60 days: beyond the horizon
+            seat("full", 10, Expiry::Never),
+            seat("idle", 0, hours(12)), // the lowest rank: a series all the same
+            seat("week", 0, hours(24 * 6)),
+            seat("gone", 1, hours(-5)),
+            seat("bad", 0, Expiry::Invalid),
+            seat("month", 0, hours(24 * 29)),
         ] {
-            census.add(l);
+            census.add(l, now);
         }
         let s = SeatSummary::from(census);
-        let top: Vec<(&str, i64)> = s
-            .top
+        let top: Vec<&str> = s.top.iter().map(|l| l.license.as_str()).collect();
+        assert_eq!(top, ["full", "busy"]);
+        let dated: Vec<(&str, i64)> = s
+            .expiry
+            .dated
             .iter()
-            .map(|l| (l.license.as_str(), l.expires_at_ms))
+            .map(|(_, l, ms)| (l.as_str(), (ms - now) / 3_600_000))
             .collect();
-        assert_eq!(top, [("c", 1_000), ("d", 2_000)]);
-        assert_eq!(s.other.expires_at_ms, 3_000, "b, the soonest outside the top");
-        assert_eq!(s.fleet.expires_at_ms, 0);
+        assert_eq!(
+            dated,
+            [("idle", 12), ("week", 144), ("month", 696), ("gone", -5)],
+            "the soonest first, then the expired"
+        );
+        assert_eq!(s.expiry.expiring, [1, 2, 3], "1d, 7d, 30d, cumulative");
+        assert_eq!((s.expiry.expired, s.expiry.invalid_count), (1, 1));
+        assert_eq!(s.expiry.invalid, ["bad"]);
 
+        // Licenses written as their hash alone, counted by the other walk.
+        let mut unindexed = ExpiryCensus::default();
+        unindexed.add("billing-1", hours(2), now);
+        unindexed.add("billing-2", Expiry::Invalid, now);
         let mut census = SeatCensus::default();
-        for l in [seat("x", 5, 0), seat("y", 4, 0), seat("z", 0, 0)] {
-            census.add(l);
+        census.add(seat("week", 0, hours(24 * 6)), now);
+        census.add_expiries(&unindexed);
+        let e = SeatSummary::from(census).expiry;
+        let names: Vec<&str> = e.dated.iter().map(|(_, l, _)| l.as_str()).collect();
+        assert_eq!(names, ["billing-1", "week"]);
+        assert_eq!((e.expiring, e.invalid_count), ([1, 2, 2], 1));
+    }
+
+    #[test]
+    fn expiry_series_are_bounded_and_the_counts_cover_the_rest() {
+        let now = 2_000_000_000_000;
+        let mut e = ExpiryCensus::default();
+        // Counted latest first: the cap must keep the soonest whatever the order.
+        for i in (0..EXPIRY_SERIES_LIMIT as i64 + 10).rev() {
+            e.add(&format!("l{i}"), Expiry::At(now + 60_000 * (i + 1)), now);
         }
-        assert_eq!(SeatSummary::from(census).other.expires_at_ms, 0, "none expires");
+        e.add("expired", Expiry::At(now - 1), now);
+        assert_eq!(e.dated.len(), EXPIRY_SERIES_LIMIT);
+        assert_eq!(e.dated[0].1, "l0");
+        assert!(
+            e.dated.iter().all(|(_, l, _)| l != "expired"),
+            "expiring ones first"
+        );
+        assert_eq!(e.expiring[0], EXPIRY_SERIES_LIMIT + 10);
+        assert_eq!(e.expired, 1);
+    }
+
+    #[test]
+    fn an_expiry_reads_as_the_scripts_read_it() {
+        assert_eq!(Expiry::read(None), Expiry::Never);
+        assert_eq!(Expiry::read(Some("0")), Expiry::Never);
+        assert_eq!(Expiry::read(Some("1800000000000")), Expiry::At(1_800_000_000_000));
+        // Seconds mistaken for ms, and junk: LICENSE_INVALID, not a 1970 expiry.
+        assert_eq!(Expiry::read(Some("1800000000")), Expiry::Invalid);
+        assert_eq!(Expiry::read(Some("soon")), Expiry::Invalid);
     }
 
     /// Every metric name declared in this file has HELP text: a new metric

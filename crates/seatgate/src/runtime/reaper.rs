@@ -35,7 +35,7 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::error::Error;
 use crate::runtime::due::{DueIndex, Sweep};
-use crate::runtime::metrics::{self, LicenseSeats, SeatCensus, StreamHealth};
+use crate::runtime::metrics::{self, Expiry, LicenseSeats, SeatCensus, StreamHealth};
 use crate::runtime::publish::Publisher;
 use seatgate_core::db::Db;
 use seatgate_core::keys::DueKeys;
@@ -474,14 +474,13 @@ impl Reaper {
             .seats
             .into_iter()
             .map(|s| {
-                let expires_at_ms = s.expires_at_ms; // the census read it; reap.lua does not
-                reaped.get(s.license.as_str()).map_or(s, |&r| LicenseSeats {
-                    expires_at_ms,
-                    ..r.clone()
-                })
+                let expiry = s.expiry; // the census read it; reap.lua does not
+                reaped
+                    .get(s.license.as_str())
+                    .map_or(s, |&r| LicenseSeats { expiry, ..r.clone() })
             })
             .collect();
-        report.census = sweep.count(seats, step.round_done);
+        report.census = sweep.count(seats, step.round_done, now_ms);
         drop(sweep);
         if let Err(e) = self.record_pass(&mut con).await {
             first_error.get_or_insert(e);
@@ -676,7 +675,7 @@ impl Reaper {
                     queued: step.queue_depth,
                     lingering: step.seats_lingering,
                     borrowed: step.seats_borrowed,
-                    expires_at_ms: 0,
+                    expiry: Expiry::Never,
                 }];
                 return Ok((report, (step.stale_ms, step.due_ms)));
             }

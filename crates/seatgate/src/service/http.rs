@@ -1,5 +1,6 @@
 //! The HTTP endpoints beside the worker: `/metrics` for Prometheus, `/live`
-//! (the process runs), `/ready` (it can reach Redis and serve requests), and
+//! (the process runs), `/ready` (it can reach Redis and serve requests; when
+//! not, one line says why: Redis out of memory, silent, the worker not serving), and
 //! the status page ([`crate::service::page`]) on the same listener or on one of
 //! its own (`http.page_listen`). Every route checks `Host`: the endpoints
 //! answer an IP address, a loopback name or one of `http.allowed_hosts`
@@ -113,10 +114,9 @@ pub async fn serve(
         .route(
             "/ready",
             get(|State(s): State<AppState>| async move {
-                if s.ready.get() {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                match s.ready.reason() {
+                    None => (StatusCode::OK, "ready\n".to_owned()),
+                    Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
                 }
             }),
         )

@@ -36,13 +36,7 @@ async fn schedule_rollups(scheduler: &JobScheduler, settings: &Settings) -> Resu
     let job = Job::new_async(ROLLUP_SCHEDULE, move |_id, _lock| {
         let (mut con, settings) = (con.clone(), settings.clone());
         Box::pin(async move {
-            let mut pass = rollup::roll_up(&mut con, &settings).await;
-            if pass.as_ref().is_err_and(Error::is_broken_connection) {
-                // The first command after Redis restarted meets the dead
-                // connection; the manager has reconnected by the next.
-                pass = rollup::roll_up(&mut con, &settings).await;
-            }
-            match pass {
+            match rollup::roll_up_retrying(&mut con, &settings).await {
                 Ok(pass) if !pass.days.is_empty() => {
                     info!(days = ?pass.days, written = pass.written, trimmed = pass.trimmed, "usage rollups")
                 }
@@ -68,7 +62,7 @@ pub async fn run(
     on_listen: impl FnOnce(Option<SocketAddr>),
 ) -> Result<(), Error> {
     let token = CancellationToken::new();
-    let ready = Readiness::default();
+    let ready = Readiness::new(settings.log.repeats_per_minute);
     let grace = Duration::from_millis(settings.shutdown.grace_ms);
     let mut deadline = None;
 

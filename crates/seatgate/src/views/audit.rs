@@ -30,7 +30,7 @@ use super::usage::When;
 use crate::config::Settings;
 use crate::error::Error;
 use seatgate_core::events::{field, EventRecord, EventType, SeatChange};
-use seatgate_core::keys::{shard_name, shard_names, Keys};
+use seatgate_core::keys::{shard_name, shard_names, Keys, EVENTS_SHARDS};
 use seatgate_core::records::{SessionRecord, WaiterRecord};
 
 /// Entries per `XRANGE` page: bounds what one reply holds.
@@ -888,18 +888,21 @@ pub async fn audit<C: ConnectionLike>(
     });
     let base = &settings.events.stream;
     let keys = Keys::new(settings.keys.prefix.clone());
-    // The shard count the workers recorded is where the events are; a
-    // user without access to that HASH (the dashboard's) goes by the settings.
+    // The events shard count the workers recorded is where the events are
+    // (`events_shards`, or before it was recorded `shards`, the requests
+    // stream's, which it then equalled); a user without access to that
+    // HASH (the dashboard's) goes by the settings.
     let recorded: Option<usize> = redis::cmd("HMGET")
         .arg(keys.deployment())
+        .arg(EVENTS_SHARDS)
         .arg("shards")
         .query_async::<Vec<Option<String>>>(con)
         .await
         .ok()
-        .and_then(|v| v.into_iter().next().flatten())
+        .and_then(|v| v.into_iter().flatten().next())
         .and_then(|raw| raw.parse().ok())
         .filter(|&n| n >= 1);
-    let shards = recorded.unwrap_or(settings.stream.shards);
+    let shards = recorded.unwrap_or(settings.events_shards());
     let streams = match &query.license {
         Some(l) => vec![shard_name(base, shards, l)],
         None => shard_names(base, shards),
@@ -1011,11 +1014,11 @@ pub async fn audit<C: ConnectionLike>(
         notes: Vec::new(),
         violations: Vec::new(),
     };
-    if shards != settings.stream.shards {
+    if shards != settings.events_shards() {
         report.notes.push(format!(
-            "events read from the {shards} shard(s) this deployment records ({}, field shards), not stream.shards {}",
+            "events read from the {shards} shard(s) this deployment records ({}, field {EVENTS_SHARDS}), not the {} of the settings",
             keys.deployment(),
-            settings.stream.shards
+            settings.events_shards()
         ));
     }
     let mut policies_unjudged = Vec::new();

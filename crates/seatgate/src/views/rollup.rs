@@ -11,7 +11,7 @@
 //!
 //! One process rolls up at a time (a `SET NX PX` lock); rolling a day up
 //! again writes the same figures, so a pass that dies half way is simply
-//! done again. The service schedules [`roll_up`] (ops::service).
+//! done again. The service schedules [`roll_up_retrying`] (service::run).
 
 use std::collections::HashMap;
 
@@ -20,7 +20,7 @@ use redis::aio::ConnectionLike;
 use super::usage::{carry_field, date, Aggregate, CarryRecord, CARRY_PREFIX, DAY, DONE_DAY};
 use crate::config::Settings;
 use crate::error::Error;
-use seatgate_core::keys::{shard_names, Keys};
+use seatgate_core::keys::Keys;
 
 /// Most days one pass rolls up: a service back after a long stop catches
 /// up over a few passes, each of bounded length.
@@ -62,6 +62,23 @@ pub async fn roll_up<C: ConnectionLike>(con: &mut C, settings: &Settings) -> Res
     let result = roll_up_locked(con, settings, &keys).await;
     let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys.rollup_lock()).query_async(con).await;
     result
+}
+
+/// [`roll_up`], made once more when the connection broke under the first
+/// try ([`Error::is_broken_connection`]): the first command after Redis
+/// restarted meets the dead connection, and a managed connection has
+/// reconnected by the next. What the service schedules.
+pub async fn roll_up_retrying<C: ConnectionLike>(
+    con: &mut C,
+    settings: &Settings,
+) -> Result<RollupPass, Error> {
+    match roll_up(con, settings).await {
+        Err(e) if e.is_broken_connection() => {
+            tracing::debug!(error = %e, "usage rollup: Redis connection broken; trying once more");
+            roll_up(con, settings).await
+        }
+        pass => pass,
+    }
 }
 
 async fn roll_up_locked<C: ConnectionLike>(
@@ -134,7 +151,7 @@ pub async fn roll_day<C: ConnectionLike>(
             agg.seed(license, record.carry);
         }
     }
-    for stream in shard_names(&settings.events.stream, settings.stream.shards) {
+    for stream in settings.events_streams() {
         agg.read_shard(con, &stream).await?;
     }
     let mut carries = agg.end_period_carry();

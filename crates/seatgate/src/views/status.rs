@@ -1,6 +1,7 @@
 //! `seatgate status`: who holds each license's seats and who waits, like
 //! FlexLM's `lmstat`. Each license is read in one MULTI, so its holders and
-//! queue are a consistent snapshot.
+//! queue are a consistent snapshot (in a plain pipeline while Redis is out
+//! of memory and refuses MULTI: [`read_snapshot`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -10,6 +11,7 @@ use serde::Serialize;
 
 use super::printable;
 use crate::error::Error;
+use seatgate_core::db::is_out_of_memory;
 use seatgate_core::keys::Keys;
 use seatgate_core::license::{InvalidField, StoredRecord};
 use seatgate_core::policy::{score_priority, LicensePolicy};
@@ -170,18 +172,39 @@ impl Snapshot {
 }
 
 /// Reads one license's [`Snapshot`] in one MULTI, so that its holders and
-/// queue are consistent with each other.
+/// queue are consistent with each other. A Redis out of memory refuses a
+/// MULTI whatever it holds (under `OOM` it queues no command, not even a
+/// read): the same reads then go as a plain pipeline, which it answers, so
+/// the views still work while Redis refuses writes, each key read as it is
+/// a moment apart from the others.
 pub async fn read_snapshot<C: ConnectionLike>(
     con: &mut C,
     keys: &Keys,
     license: &str,
+) -> Result<Snapshot, Error> {
+    match read_snapshot_in(con, keys, license, true).await {
+        Err(e) if e.redis().is_some_and(is_out_of_memory) => {
+            read_snapshot_in(con, keys, license, false).await
+        }
+        read => read,
+    }
+}
+
+/// The snapshot's reads, in one MULTI when `atomic`.
+async fn read_snapshot_in<C: ConnectionLike>(
+    con: &mut C,
+    keys: &Keys,
+    license: &str,
+    atomic: bool,
 ) -> Result<Snapshot, Error> {
     fn zrange(pipe: &mut redis::Pipeline, key: &str) {
         pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
     }
     let k = keys.license(license);
     let mut pipe = redis::pipe();
-    pipe.atomic();
+    if atomic {
+        pipe.atomic();
+    }
     pipe.cmd("HGETALL").arg(&k.license);
     zrange(&mut pipe, &k.holders);
     pipe.cmd("HGETALL").arg(&k.sessions);
@@ -349,6 +372,192 @@ pub async fn status<C: ConnectionLike>(
     })
 }
 
+impl LicenseStatus {
+    /// Seats free now: provisioned minus in use, never below 0.
+    pub fn seats_free(&self) -> i64 {
+        (self.seats_total - i64::try_from(self.seats_used).unwrap_or(i64::MAX)).max(0)
+    }
+
+    /// Whether a new acquire would wait: no seat free, or sessions waiting
+    /// already (`seatgate status --full-only`).
+    pub fn is_full(&self) -> bool {
+        self.seats_free() == 0 || !self.queue.is_empty()
+    }
+
+    /// Whether the license has expired by `now_ms` (Redis clock).
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms > 0 && self.expires_at_ms <= now_ms
+    }
+}
+
+/// The order `seatgate status --sort` lists licenses in; ties by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// By license id (the default).
+    #[default]
+    Name,
+    /// Most seats in use first.
+    Used,
+    /// Fewest seats free first.
+    Free,
+    /// Most sessions waiting first.
+    Queued,
+    /// Soonest expiry first; licenses that never expire last.
+    Expiry,
+}
+
+/// Which licenses `seatgate status` shows, and in what order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Only licenses whose id matches: a glob (`*` any run, `?` one
+    /// character) when it has either, else a substring.
+    pub filter: Option<String>,
+    /// Only [full](LicenseStatus::is_full) licenses.
+    pub full_only: bool,
+    /// The order.
+    pub order: Order,
+}
+
+impl Selection {
+    /// Keeps the licenses of `status` this selection shows, in its order.
+    pub fn apply(&self, status: &mut Status) {
+        status.licenses.retain(|l| {
+            self.filter.as_deref().is_none_or(|f| id_matches(f, &l.license))
+                && (!self.full_only || l.is_full())
+        });
+        let expiry = |l: &LicenseStatus| {
+            if l.expires_at_ms > 0 {
+                l.expires_at_ms
+            } else {
+                i64::MAX
+            }
+        };
+        let key = |l: &LicenseStatus| -> i64 {
+            match self.order {
+                Order::Name => 0,
+                Order::Used => -i64::try_from(l.seats_used).unwrap_or(i64::MAX),
+                Order::Free => l.seats_free(),
+                Order::Queued => -i64::try_from(l.queue.len()).unwrap_or(i64::MAX),
+                Order::Expiry => expiry(l),
+            }
+        };
+        status
+            .licenses
+            .sort_by(|a, b| key(a).cmp(&key(b)).then_with(|| a.license.cmp(&b.license)));
+    }
+}
+
+/// Whether license id `id` matches `pattern`: a glob when it has `*` or
+/// `?`, else a substring. License ids are case-sensitive, so is this.
+pub fn id_matches(pattern: &str, id: &str) -> bool {
+    if !pattern.contains(['*', '?']) {
+        return id.contains(pattern);
+    }
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), id.chars().collect());
+    // Iterative wildcard match: on a mismatch, the last `*` takes one more character.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(c) if *c == '?' || *c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// The sums over the licenses shown: what `seatgate status` prints last
+/// and its JSON carries as `totals`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Licenses shown.
+    pub licenses: usize,
+    /// Of all the licenses read, before `--filter` and `--full-only`.
+    pub licenses_read: usize,
+    /// Seats provisioned.
+    pub seats_total: i64,
+    /// Seats in use, lingering and borrowed ones included.
+    pub seats_used: usize,
+    /// Of those, lingering.
+    pub seats_lingering: usize,
+    /// Of those, borrowed.
+    pub seats_borrowed: usize,
+    /// Seats free.
+    pub seats_free: i64,
+    /// Sessions waiting.
+    pub waiting: usize,
+    /// Licenses with no seat free or someone waiting.
+    pub full: usize,
+    /// Licenses expired.
+    pub expired: usize,
+    /// Licenses not active.
+    pub inactive: usize,
+    /// Licenses whose record breaks the rules.
+    pub invalid: usize,
+}
+
+impl Totals {
+    /// The sums over `status`'s licenses, of `licenses_read` read.
+    pub fn of(status: &Status, licenses_read: usize) -> Totals {
+        let mut t = Totals {
+            licenses_read,
+            ..Totals::default()
+        };
+        for l in &status.licenses {
+            t.licenses += 1;
+            t.seats_total += l.seats_total;
+            t.seats_used += l.seats_used;
+            t.seats_lingering += l.seats_lingering;
+            t.seats_borrowed += l.seats_borrowed;
+            t.seats_free += l.seats_free();
+            t.waiting += l.queue.len();
+            t.full += usize::from(l.is_full());
+            t.expired += usize::from(l.is_expired(status.at_ms));
+            t.inactive += usize::from(!l.active);
+            t.invalid += usize::from(l.invalid.is_some());
+        }
+        t
+    }
+
+    /// One line: `total: 3 licenses (of 5), 7 of 12 seats in use (1
+    /// lingering, 0 borrowed), 5 free, 2 waiting; 1 full, 0 expired, 0
+    /// inactive, 0 invalid`.
+    pub fn render(&self) -> String {
+        let mut out = format!("total: {} licenses", self.licenses);
+        if self.licenses != self.licenses_read {
+            let _ = write!(out, " (of {})", self.licenses_read);
+        }
+        let _ = write!(out, ", {} of {} seats in use", self.seats_used, self.seats_total);
+        if self.seats_lingering + self.seats_borrowed > 0 {
+            let _ = write!(
+                out,
+                " ({} lingering, {} borrowed)",
+                self.seats_lingering, self.seats_borrowed
+            );
+        }
+        let _ = writeln!(
+            out,
+            ", {} free, {} waiting; {} full, {} expired, {} inactive, {} invalid",
+            self.seats_free, self.waiting, self.full, self.expired, self.inactive, self.invalid
+        );
+        out
+    }
+}
+
 /// `1h02m`, `3m05s`, `42s`, `850ms`.
 fn ago(ms: i64) -> String {
     let ms = ms.max(0);
@@ -404,7 +613,7 @@ pub fn render(status: &Status) -> String {
         if !l.active {
             out.push_str("  [INACTIVE]");
         }
-        if l.expires_at_ms > 0 && l.expires_at_ms <= now {
+        if l.is_expired(now) {
             out.push_str("  [EXPIRED]");
         }
         if let Some(bad) = &l.invalid {
@@ -712,6 +921,112 @@ mod tests {
             ..Snapshot::default()
         };
         assert!(!stranded.is_missing(), "waiters without a record are shown");
+    }
+
+    fn license(id: &str, used: usize, total: i64, waiting: usize, expires_at_ms: i64) -> LicenseStatus {
+        let mut l = assemble(id, &Snapshot::default());
+        l.seats_used = used;
+        l.seats_total = total;
+        l.expires_at_ms = expires_at_ms;
+        l.queue = (0..waiting)
+            .map(|i| Waiter {
+                position: i + 1,
+                session: format!("w{i}"),
+                user: None,
+                user_email: None,
+                queued_at_ms: 0,
+                deadline_ms: 0,
+                priority: 0,
+                group: None,
+                borrow_ms: 0,
+            })
+            .collect();
+        l
+    }
+
+    fn ids(status: &Status) -> Vec<&str> {
+        status.licenses.iter().map(|l| l.license.as_str()).collect()
+    }
+
+    #[test]
+    fn licenses_are_sorted_filtered_and_totalled() {
+        let mut all = Status {
+            at_ms: 5_000,
+            licenses: vec![
+                license("cad-a", 2, 2, 1, 0),
+                license("cad-b", 1, 4, 0, 9_000),
+                license("eda", 3, 5, 0, 4_000),
+                license("sim", 0, 1, 0, 0),
+            ],
+        };
+        all.licenses[3].active = false;
+        let shown = |sel: Selection| {
+            let mut s = all.clone();
+            sel.apply(&mut s);
+            s
+        };
+        let by = |order| {
+            shown(Selection {
+                order,
+                ..Selection::default()
+            })
+        };
+        assert_eq!(ids(&by(Order::Name)), ["cad-a", "cad-b", "eda", "sim"]);
+        assert_eq!(ids(&by(Order::Used)), ["eda", "cad-a", "cad-b", "sim"]);
+        assert_eq!(ids(&by(Order::Free)), ["cad-a", "sim", "eda", "cad-b"]);
+        assert_eq!(ids(&by(Order::Queued)), ["cad-a", "cad-b", "eda", "sim"]);
+        assert_eq!(ids(&by(Order::Expiry)), ["eda", "cad-b", "cad-a", "sim"]);
+        let filtered = |f: &str| {
+            shown(Selection {
+                filter: Some(f.to_owned()),
+                ..Selection::default()
+            })
+        };
+        assert_eq!(ids(&filtered("cad")), ["cad-a", "cad-b"]);
+        assert_eq!(ids(&filtered("*a")), ["cad-a", "eda"]);
+        assert_eq!(ids(&filtered("?ad-?")), ["cad-a", "cad-b"]);
+        assert_eq!(ids(&filtered("s*m")), ["sim"]);
+        assert!(ids(&filtered("CAD")).is_empty(), "ids are case-sensitive");
+        let full = shown(Selection {
+            full_only: true,
+            order: Order::Used,
+            ..Selection::default()
+        });
+        assert_eq!(ids(&full), ["cad-a"], "no seat free, or someone waiting");
+
+        let t = Totals::of(&all, 4);
+        assert_eq!(
+            (t.licenses, t.seats_used, t.seats_total, t.seats_free, t.waiting),
+            (4, 6, 12, 6, 1)
+        );
+        assert_eq!((t.full, t.expired, t.inactive, t.invalid), (1, 1, 1, 0));
+        assert_eq!(
+            t.render(),
+            "total: 4 licenses, 6 of 12 seats in use, 6 free, 1 waiting; 1 full, 1 expired, 1 inactive, 0 invalid\n"
+        );
+        let t = Totals::of(&full, 4);
+        assert!(
+            t.render()
+                .starts_with("total: 1 licenses (of 4), 2 of 2 seats in use, 0 free"),
+            "{}",
+            t.render()
+        );
+    }
+
+    #[test]
+    fn globs_match_the_whole_id() {
+        for (pattern, id, matches) in [
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("*-pro", "cad-pro", true),
+            ("*-pro", "cad-pro2", false),
+            ("c?d", "cad", true),
+            ("c?d", "cd", false),
+            ("**a", "a", true),
+        ] {
+            assert_eq!(id_matches(pattern, id), matches, "{pattern:?} {id:?}");
+        }
     }
 
     #[test]

@@ -387,8 +387,8 @@ async fn oldest_event_ms<C: ConnectionLike>(
 ) -> Result<Option<i64>, Error> {
     let base = &settings.events.stream;
     let streams = match license {
-        Some(l) => vec![shard_name(base, settings.stream.shards, l)],
-        None => shard_names(base, settings.stream.shards),
+        Some(l) => vec![shard_name(base, settings.events_shards(), l)],
+        None => shard_names(base, settings.events_shards()),
     };
     let mut oldest: Option<i64> = None;
     for stream in streams {
@@ -530,7 +530,7 @@ pub(crate) async fn events_report<C: ConnectionLike>(
     seeds: Vec<(String, Carry)>,
 ) -> Result<UsageReport, Error> {
     let base = &settings.events.stream;
-    let shards = settings.stream.shards;
+    let shards = settings.events_shards();
     let streams = match license {
         Some(l) => vec![shard_name(base, shards, l)],
         None => shard_names(base, shards),
@@ -1143,7 +1143,7 @@ impl Aggregate {
         settings: &Settings,
     ) -> Result<(), Error> {
         let base = &settings.events.stream;
-        let shards = settings.stream.shards;
+        let shards = settings.events_shards();
         let mut wanted: HashMap<String, Vec<(String, String)>> = HashMap::new();
         for (license, session) in self.leading.keys() {
             wanted

@@ -283,7 +283,7 @@ async fn every_events_shard_is_audited() {
         "{plain}"
     );
     assert!(
-        plain.contains("events read from the 2 shard(s) this deployment records (seat:config, field shards), not stream.shards 1"),
+        plain.contains("events read from the 2 shard(s) this deployment records (seat:config, field events_shards), not the 1 of the settings"),
         "{plain}"
     );
 }

@@ -1146,3 +1146,37 @@ async fn the_shipped_redis_conf_refuses_an_oversize_entry_and_the_worker_serves_
     assert_eq!(reply.status(), Status::Acquired, "{reply:?}");
     worker.stop().await;
 }
+
+/// `events.denials_per_window = 0` records every denial as its own event
+/// (as config/default.toml says), folding none and filing nothing due.
+#[tokio::test]
+async fn no_denial_sampling_records_every_denial() {
+    let TestApp(_redis, mut settings, mut con) = spawn_app().await;
+    settings.events.denials_per_window = 0;
+    put_license(&settings, "lic", 1).await;
+    let direct = |session: &str| crate::support::direct(&settings, "lic", session);
+    assert_eq!(
+        direct("holder").acquire(&mut con).await.decision.status(),
+        Status::Acquired
+    );
+    for i in 0..3 {
+        let o = direct(&format!("d{i}")).acquire(&mut con).await;
+        assert_eq!(o.decision.status(), Status::NoSeatsAvailable);
+        assert_eq!(o.due_ms, None, "nothing folded, nothing due");
+    }
+    let denied: Vec<(String, String)> = crate::support::events(&settings, "lic")
+        .await
+        .iter()
+        .filter(|e| e.fields["type"] == "denied")
+        .map(|e| {
+            (
+                e["session"].clone(),
+                e.fields.get("folded").cloned().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        denied,
+        [("d0", ""), ("d1", ""), ("d2", "")].map(|(s, f)| (s.to_owned(), f.to_owned()))
+    );
+}

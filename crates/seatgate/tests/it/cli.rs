@@ -1084,3 +1084,117 @@ async fn events_follows_across_a_redis_restart() {
     assert!(said.contains("reconnecting, and resuming after"), "{said}");
     worker.stop().await;
 }
+
+/// Issue 38, problem 8: `seatgate status` for a fleet of licenses ends with
+/// a totals line, sorts (`--sort name|used|free|queued|expiry`), filters by
+/// id (`--filter`, a glob or a substring) and shows only the full ones
+/// (`--full-only`: no seat free, or someone waiting); `--json` carries the
+/// totals too.
+#[tokio::test]
+async fn status_totals_sorts_and_filters_licenses() {
+    let redis = RedisServer::start_with(&[]).await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let (soon, later) = (
+        (now_ms + 86_400_000).to_string(),
+        (now_ms + 30 * 86_400_000).to_string(),
+    );
+    let puts: [&[&str]; 4] = [
+        &["cad-a", "--seats", "1"],
+        &["cad-b", "--seats", "4", "--expires", &later],
+        &["eda", "--seats", "5", "--expires", &soon],
+        &["sim", "--seats", "2"],
+    ];
+    for put in puts {
+        let o = seatgate(&redis, &[&["license", "put"][..], put].concat()).await;
+        assert!(o.status.success(), "{put:?}: {o:?}");
+    }
+    let _worker = WorkerProcess::start(&redis.url(), &[]).await;
+    for (license, sessions) in [("cad-a", 1), ("cad-b", 1), ("eda", 3)] {
+        for i in 0..sessions {
+            let session = format!("{license}-s{i}");
+            let o = seatgate(&redis, &["acquire", "--license", license, "--session", &session]).await;
+            assert_eq!(o.status.code(), Some(0), "{license} {session}: {o:?}");
+        }
+    }
+    let shown = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let redis = &redis;
+        async move {
+            let mut all = vec!["status"];
+            all.extend(args.iter().map(String::as_str));
+            let o = seatgate(redis, &all).await;
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {o:?}");
+            let text = stdout(&o);
+            let ids: Vec<String> = text
+                .lines()
+                .filter(|l| !l.starts_with(' ') && !l.starts_with("total:"))
+                .filter_map(|l| l.split(':').next().map(str::to_owned))
+                .collect();
+            let total = text.lines().last().unwrap_or_default().to_owned();
+            (ids, total)
+        }
+    };
+    let (ids, total) = shown(&[]).await;
+    assert_eq!(ids, ["cad-a", "cad-b", "eda", "sim"]);
+    assert_eq!(
+        total,
+        "total: 4 licenses, 5 of 12 seats in use, 7 free, 0 waiting; 1 full, 0 expired, 0 inactive, 0 invalid"
+    );
+    for (order, expected) in [
+        ("used", ["eda", "cad-a", "cad-b", "sim"]),
+        ("free", ["cad-a", "eda", "sim", "cad-b"]),
+        ("expiry", ["eda", "cad-b", "cad-a", "sim"]),
+        ("queued", ["cad-a", "cad-b", "eda", "sim"]),
+    ] {
+        assert_eq!(shown(&["--sort", order]).await.0, expected, "--sort {order}");
+    }
+    let (ids, total) = shown(&["--filter", "cad"]).await;
+    assert_eq!(ids, ["cad-a", "cad-b"]);
+    assert!(
+        total.starts_with("total: 2 licenses (of 4), 2 of 5 seats in use, 3 free"),
+        "{total}"
+    );
+    assert_eq!(
+        shown(&["--filter", "*a", "--sort", "used"]).await.0,
+        ["eda", "cad-a"]
+    );
+    let (ids, total) = shown(&["--full-only"]).await;
+    assert_eq!(ids, ["cad-a"]);
+    assert!(total.contains("1 full"), "{total}");
+    let (ids, total) = shown(&["--filter", "nothing-like-it"]).await;
+    assert!(ids.iter().all(|l| l == "no licenses"), "{ids:?}");
+    assert!(total.starts_with("total: 0 licenses (of 4)"), "{total}");
+
+    let o = seatgate(
+        &redis,
+        &["status", "--json", "--sort", "used", "--filter", "cad-*"],
+    )
+    .await;
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status --json");
+    let ids: Vec<&str> = json["licenses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["license"].as_str())
+        .collect();
+    assert_eq!(ids, ["cad-a", "cad-b"], "{json}");
+    let t = &json["totals"];
+    assert_eq!(
+        (
+            &t["licenses"],
+            &t["licenses_read"],
+            &t["seats_used"],
+            &t["seats_total"],
+            &t["full"]
+        ),
+        (&2.into(), &4.into(), &2.into(), &5.into(), &1.into()),
+        "{json}"
+    );
+    let help = stdout(&seatgate(&redis, &["status", "--help"]).await);
+    for flag in ["--sort", "--filter", "--full-only", "expiry"] {
+        assert!(help.contains(flag), "{flag} in the help: {help}");
+    }
+}

@@ -12,10 +12,10 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, lease_of,
-    license_keys, pending, put_license, reaper, redis_ms, reply_stream, request_xadd, run_out_of_memory,
-    spawn_app, spawn_app_with, spawn_worker, stream_entries, take, watch_holders, Consumer, Direct, TestApp,
-    WorkerProcess, T,
+    add_request, client, consumers, create_group, db, direct, events, free_memory, holders, http_get,
+    lease_of, license_keys, metric, output, pending, put_license, reaper, redis_ms, reply_stream,
+    request_xadd, run_out_of_memory, seatgate_cmd, spawn_app, spawn_app_with, spawn_worker, stream_entries,
+    take, watch_holders, Consumer, Direct, TestApp, WorkerProcess, T,
 };
 
 /// A worker crashed after its script ran but before it replied: another
@@ -592,7 +592,13 @@ async fn a_hung_redis_makes_the_worker_not_ready_and_it_resumes_when_redis_does(
     }
     let noticed = stopped.elapsed();
     let scrape = worker.scrape().await;
+    let why = http_get(&worker.metrics, "/ready").await.map(|(_, body)| body);
     hang("-CONT");
+    assert!(
+        why.as_deref()
+            .is_some_and(|b| b.contains("not ready: Redis does not answer PING within its deadline")),
+        "/ready's reason while Redis hung: {why:?}"
+    );
     assert!(
         scrape.contains("seatgate_redis_up 0"),
         "redis_up while hung: {scrape}"
@@ -646,6 +652,121 @@ async fn redis_out_of_memory_is_not_ready_and_recovers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     worker.stop().await;
+}
+
+/// Issue 38: Redis full (maxmemory below used_memory, noeviction) refuses
+/// every write, and nothing goes blind: `seatgate status` (text and JSON),
+/// `/status.json`, `seatgate report` and `seatgate audit` still answer (a
+/// MULTI is refused under OOM even when it only reads: the views read in a
+/// plain pipeline then); `/ready` is 503 naming OOM, `seatgate_redis_oom`
+/// is 1, the worker's log names Redis and OOM in one line; the client's
+/// error (the CLI and the Rust client) says Redis is out of memory. Once
+/// memory is freed, `/ready` is 200 again and the log says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_leaves_the_views_working_and_is_named_everywhere() {
+    let TestApp(redis, settings, mut con) = spawn_app_with(&["--maxmemory-policy", "noeviction"]).await;
+    let url = redis.url();
+    let run = |args: &[&str]| output(seatgate_cmd(&url, args));
+    let put = run(&["license", "put", "cad", "--seats", "2"]).await;
+    assert!(put.status.success(), "{put:?}");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let worker = WorkerProcess::start_logging(
+        &url,
+        &[
+            ("SEATGATE__HTTP__PAGE_REFRESH_MS", "200".into()),
+            ("RUST_LOG", "info".into()),
+        ],
+        log.reopen().unwrap(),
+    )
+    .await;
+    let held = run(&["acquire", "--license", "cad", "--session", "s1", "--user", "ada"]).await;
+    assert_eq!(held.status.code(), Some(0), "{held:?}");
+
+    run_out_of_memory(&mut con).await;
+    let full = Instant::now();
+    let ready = loop {
+        let (code, body) = http_get(&worker.metrics, "/ready").await.expect("/ready answers");
+        if code == 503 {
+            break body;
+        }
+        assert!(
+            full.elapsed() < Duration::from_secs(10),
+            "/ready stayed 200 under OOM: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let noticed = full.elapsed();
+    assert!(
+        ready.contains("not ready: Redis refuses writes: OOM")
+            && ready.contains("raise maxmemory or free memory"),
+        "{ready}"
+    );
+    let scrape = worker.scrape().await;
+    assert_eq!(metric(&scrape, "seatgate_redis_oom"), Some(1.0), "{scrape}");
+
+    // The views answer.
+    let status = run(&["status"]).await;
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(status.status.code(), Some(0), "{status:?}");
+    assert!(
+        text.contains("cad: 1 of 2 seats in use") && text.contains("s1"),
+        "{text}"
+    );
+    let json = run(&["status", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status --json");
+    assert_eq!(json["licenses"][0]["holders"][0]["session"], "s1", "{json}");
+    let (code, page) = loop {
+        let (code, body) = http_get(&worker.metrics, "/status.json")
+            .await
+            .expect("/status.json answers");
+        // Past the refresh interval of a snapshot taken before memory ran out.
+        if full.elapsed() > Duration::from_millis(400) {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(code, 200, "/status.json under OOM: {page}");
+    assert!(page.contains(r#""license":"cad""#), "{page}");
+    let report = run(&["report", "--license", "cad", "--format", "json"]).await;
+    assert_eq!(report.status.code(), Some(0), "{report:?}");
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).expect("report json");
+    assert_eq!(report["licenses"][0]["license"], "cad", "{report}");
+    let audit = run(&["audit"]).await;
+    assert_eq!(audit.status.code(), Some(0), "{audit:?}");
+
+    // The client's error names OOM, in one line.
+    let refused = run(&["acquire", "--license", "cad", "--session", "s2"]).await;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains("Redis is out of memory (OOM)") && said.contains("maxmemory"),
+        "{said}"
+    );
+    let direct = async {
+        let c = settings.client().connect().await?;
+        c.call(&Call::acquire("cad", "s3"), T).await.map(|r| r.status())
+    };
+    match direct.await {
+        Err(e) => assert!(e.to_string().contains("Redis is out of memory (OOM)"), "{e}"),
+        Ok(status) => panic!("an acquire under OOM answered {status:?}"),
+    }
+
+    free_memory(&mut con).await;
+    let recovered = worker.ready_turns(200, Duration::from_secs(10)).await;
+    eprintln!(
+        "redis out of memory: /ready 503 naming OOM after {noticed:?}, 200 again {recovered:?} after memory was freed"
+    );
+    assert_eq!(metric(&worker.scrape().await, "seatgate_redis_oom"), Some(0.0));
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    let oom_lines: Vec<&str> = logged
+        .lines()
+        .filter(|l| {
+            l.contains("Redis is out of memory (OOM: used_memory above maxmemory) and refuses writes")
+        })
+        .collect();
+    assert_eq!(oom_lines.len(), 1, "one line names Redis and OOM: {logged}");
+    assert!(logged.contains("Redis accepts writes again"), "{logged}");
 }
 
 /// The reaper's stream upkeep trims what every consumer acknowledged (never

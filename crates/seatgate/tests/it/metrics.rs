@@ -200,6 +200,87 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
     );
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// Expiry is exported for every license that expires within 30 days or has
+/// expired, whatever its utilisation rank and however it was written: with
+/// `license_series_limit` 1, the busy license takes the one seat series, and
+/// an idle license expiring in 12 hours written as its hash alone (no
+/// license index, as a billing system writes it), an expired one and one
+/// whose `expires_at_ms` is in seconds (invalid) are still each exported as
+/// such, with the counts by window.
+#[tokio::test]
+async fn every_license_expiring_soon_or_expired_or_invalid_is_exported_whatever_its_rank() {
+    let TestApp(redis, settings, _) = spawn_app().await;
+    let now_s = now_ms() / 1000;
+    let at = |secs: u64| LicenseSpec {
+        expires_at_ms: secs * 1000,
+        ..seats(5)
+    };
+    put_license(&settings, "busy", 1).await;
+    provision(&settings, "month", &at(now_s + 20 * 86_400)).await;
+    provision(&settings, "later", &at(now_s + 90 * 86_400)).await;
+    provision(&settings, "gone", &at(now_s - 3_600)).await;
+    let mut con = crate::support::db(&settings).await;
+    for (license, expires) in [
+        ("billing-idle", (now_s + 12 * 3_600) * 1000),
+        ("billing-seconds", now_s + 12 * 3_600),
+    ] {
+        crate::support::set_license_field(&mut con, &settings, license, "seats_total", "3").await;
+        crate::support::set_license_field(
+            &mut con,
+            &settings,
+            license,
+            "expires_at_ms",
+            &expires.to_string(),
+        )
+        .await;
+    }
+    let worker = WorkerProcess::start(
+        &redis.url(),
+        &every_second(&[("SEATGATE__METRICS__LICENSE_SERIES_LIMIT", "1")]),
+    )
+    .await;
+    let mut c = client(&settings).await;
+    assert_eq!(status(&mut c, acquire("busy", "s1", 0)).await, Status::Acquired);
+    let expiry =
+        |license: &str| format!("seatgate_license_expiry_timestamp_seconds{{license=\"{license}\"}}");
+    let page = until(&worker, Duration::from_secs(10), "every expiry exported", |p| {
+        metric(p, "seatgate_seats_used{license=\"busy\"}") == Some(1.0)
+            && metric(p, &expiry("billing-idle")) == Some((now_s + 12 * 3_600) as f64)
+            && metric(p, &expiry("month")) == Some((now_s + 20 * 86_400) as f64)
+            && metric(p, &expiry("gone")) == Some((now_s - 3_600) as f64)
+            && metric(p, "seatgate_license_expiry_invalid{license=\"billing-seconds\"}") == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        metric(&page, "seatgate_seats_used{license=\"billing-idle\"}"),
+        None,
+        "not in the top 1"
+    );
+    assert_eq!(metric(&page, &expiry("later")), None, "beyond 30 days");
+    assert_eq!(metric(&page, &expiry("busy")), None, "never expires");
+    assert_eq!(
+        metric(&page, &expiry("billing-seconds")),
+        None,
+        "invalid, not 1970"
+    );
+    for (series, n) in [
+        ("seatgate_licenses_expiring{within=\"1d\"}", 1.0),
+        ("seatgate_licenses_expiring{within=\"7d\"}", 1.0),
+        ("seatgate_licenses_expiring{within=\"30d\"}", 2.0),
+        ("seatgate_licenses_expired", 1.0),
+        ("seatgate_licenses_expiry_invalid", 1.0),
+    ] {
+        assert_eq!(metric(&page, series), Some(n), "{series}");
+    }
+}
+
 /// `promtool check metrics` (Prometheus's own linter of names, types, units
 /// and help) on a live scrape holding every family: per-license seats and
 /// denials, a queue, histograms with samples, the reaper's series and the
@@ -208,7 +289,8 @@ async fn only_the_reaper_leader_exports_shared_state_and_another_takes_over() {
 #[ignore = "needs promtool: bash ops/test.sh runs it"]
 async fn a_live_scrape_passes_promtool_check_metrics() {
     let TestApp(redis, settings, _) = spawn_app().await;
-    let expires_at_ms = 4_102_444_800_000; // 2100-01-01
+    // In 10 days, whole seconds: inside the 30 days that get an expiry series.
+    let expires_at_ms = (now_ms() / 1000 + 10 * 86_400) * 1000;
     provision(
         &settings,
         "lint",
@@ -233,7 +315,9 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
         metric(p, "seatgate_queue_depth{license=\"lint\"}") == Some(1.0)
             && metric(p, "seatgate_seats_capacity{license=\"lint\"}") == Some(1.0)
             && metric(p, "seatgate_license_expiry_timestamp_seconds{license=\"lint\"}")
-                == Some(4_102_444_800.0)
+                == Some(expires_at_ms as f64 / 1000.0)
+            && metric(p, "seatgate_licenses_expiring{within=\"30d\"}") == Some(1.0)
+            && metric(p, "seatgate_licenses_expired") == Some(0.0)
             && p.contains("seatgate_reaper_pass_seconds_count")
             && metric(p, "seatgate_reaper_passes_total").is_some_and(|n| n >= 1.0)
             && p.contains("license_lua_script_latency_seconds_count")
@@ -274,5 +358,74 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
         out.status.success() && said.trim().is_empty(),
         "promtool check metrics ({}):\n{said}",
         out.status
+    );
+}
+
+/// libfaketime (Debian's `faketime`, ops/ensure-redis.sh installs it),
+/// preloaded into a worker: its wall clock `offset` off (`+2h`), its
+/// monotonic clock left alone.
+fn clock_off(offset: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "LD_PRELOAD",
+            "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1".to_owned(),
+        ),
+        ("FAKETIME", offset.to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+    ]
+}
+
+/// A worker whose clock is 2 h ahead of Redis's measures its requests on
+/// the Redis clock (carried on its monotonic clock), not 7,200 s each, and
+/// exports how far ahead it is; a worker on time exports about 0.
+#[tokio::test]
+async fn a_worker_whose_clock_is_ahead_times_requests_right_and_exports_its_skew() {
+    let TestApp(redis, s, _) = spawn_app().await;
+    put_license(&s, "lic", 1).await;
+    let ahead = WorkerProcess::start(&redis.url(), &clock_off("+2h")).await;
+    let mut c = client(&s).await;
+    assert_eq!(status(&mut c, acquire("lic", "a", 0)).await, Status::Acquired);
+    for i in 0..4 {
+        let session = format!("d{i}");
+        assert_eq!(
+            status(&mut c, acquire("lic", &session, 0)).await,
+            Status::NoSeatsAvailable
+        );
+    }
+    let series = |name: &str| format!("seatgate_request_duration_seconds_{name}{{op=\"acquire\"}}");
+    let page = until(
+        &ahead,
+        Duration::from_secs(10),
+        "the skew and 5 acquires timed",
+        |page| {
+            metric(page, "seatgate_clock_skew_seconds").is_some()
+                && metric(page, &series("count")).is_some_and(|n| n >= 5.0)
+        },
+    )
+    .await;
+    let skew = metric(&page, "seatgate_clock_skew_seconds").unwrap();
+    assert!(
+        (skew - 7200.0).abs() < 5.0,
+        "a worker 2 h ahead (is Debian's faketime installed?): seatgate_clock_skew_seconds {skew}"
+    );
+    let (sum, count) = (
+        metric(&page, &series("sum")).unwrap(),
+        metric(&page, &series("count")).unwrap(),
+    );
+    assert!(
+        sum / count < 1.0,
+        "requests timed on the worker's clock: {count} acquires took {sum} s in all"
+    );
+    eprintln!("a worker 2 h ahead: skew {skew} s; {count} acquires took {sum} s in all");
+
+    let on_time = WorkerProcess::start(&redis.url(), &[]).await;
+    let page = until(&on_time, Duration::from_secs(10), "the skew", |page| {
+        metric(page, "seatgate_clock_skew_seconds").is_some()
+    })
+    .await;
+    let skew = metric(&page, "seatgate_clock_skew_seconds").unwrap();
+    assert!(
+        skew.abs() < 1.0,
+        "a worker on time: seatgate_clock_skew_seconds {skew}"
     );
 }

@@ -159,7 +159,8 @@ fn the_deb_installs_runs_from_its_paths_and_purges_cleanly() {
             "{installed} is not {source}"
         );
     };
-    same("/etc/seatgate/seatgate.toml", "config/default.toml");
+    same("/etc/seatgate/seatgate.toml", "ops/seatgate.toml");
+    same("/usr/share/seatgate/default.toml", "config/default.toml");
     same("/etc/seatgate/seatgate.env", "ops/systemd/seatgate.env");
     same(UNIT, "ops/systemd/seatgate.service");
     same(GATEWAY_UNIT, "ops/systemd/seatgate-gateway.service");

@@ -860,9 +860,9 @@ async fn events_are_trimmed_by_their_own_age_not_by_count() {
 }
 
 /// The memory of an events stream of typical events, as docs/configuration.md
-/// ("Events: retention and memory") gives it: about 160 bytes an event.
+/// ("Events: retention and memory") gives it: about 180 bytes an event.
 #[tokio::test]
-async fn an_event_costs_about_160_bytes_of_redis_memory() {
+async fn an_event_costs_about_180_bytes_of_redis_memory() {
     let TestApp(_redis, s, mut con) = spawn_app().await;
     let now = redis_ms(&mut con).await;
     const N: usize = 10_000;
@@ -914,13 +914,17 @@ async fn an_event_costs_about_160_bytes_of_redis_memory() {
             EventType::Evicted => e.reason = Some("heartbeat_timeout"),
             _ => {}
         }
-        // As the scripts write it: the fields, and the license's seq.
+        // As the scripts write it: the fields, the license's seq and the
+        // epoch (one life of the function library: one epoch).
         let mut xadd = redis::cmd("XADD");
         xadd.arg(s.events_stream_for(e.license)).arg("*");
         for (field, value) in e.fields() {
             xadd.arg(field).arg(value);
         }
-        xadd.arg("seq").arg(i / 200 + 1);
+        xadd.arg("seq")
+            .arg(i / 200 + 1)
+            .arg("epoch")
+            .arg("1796012600117263");
         batch.push(xadd);
         if batch.len() == 500 {
             let _: Vec<redis::Value> = con
@@ -957,8 +961,45 @@ async fn an_event_costs_about_160_bytes_of_redis_memory() {
         .await
         .unwrap();
     let per_event = bytes / N;
+    eprintln!("{per_event} bytes an event ({bytes} for {N})");
     assert!(
-        (130..=180).contains(&per_event),
+        (150..=200).contains(&per_event),
         "{per_event} bytes an event ({bytes} for {N})"
     );
+}
+
+/// Issue 38, problem 7: the first usage rollup after a Redis restart
+/// succeeds (it failed with "broken pipe": its first command met the
+/// connection Redis closed; the retry runs on the reconnected one), and
+/// `seatgate report` answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_rollup_after_a_redis_restart_succeeds() {
+    use seatgate::views::rollup;
+    let TestApp(mut redis, settings, _) =
+        crate::support::spawn_app_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    put_license(&settings, "cad", 1).await;
+    let mut con = seatgate::connect(&settings).await.unwrap();
+    let mut bare = seatgate::connect(&settings).await.unwrap();
+    rollup::roll_up_retrying(&mut con, &settings)
+        .await
+        .expect("a rollup");
+    rollup::roll_up(&mut bare, &settings).await.expect("a rollup");
+    redis.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.restart().await.expect("restart redis");
+    // Without the retry, on a connection as old: what the service met.
+    let unretried = rollup::roll_up(&mut bare, &settings).await;
+    let pass = rollup::roll_up_retrying(&mut con, &settings).await;
+    eprintln!(
+        "first rollup after a restart: {:?} with the retry; {:?} without",
+        pass.as_ref().map(|_| "ok"),
+        unretried.as_ref().map(|_| "ok").map_err(|e| e.to_string())
+    );
+    pass.expect("the first rollup after the restart");
+    let report = output(seatgate_cmd(
+        &redis.url(),
+        &["report", "--license", "cad", "--format", "json"],
+    ))
+    .await;
+    assert_eq!(report.status.code(), Some(0), "{report:?}");
 }

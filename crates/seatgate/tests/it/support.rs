@@ -945,6 +945,12 @@ impl WorkerProcess {
     /// Starts `seatgate run` against `url` with extra `SEATGATE__*` variables
     /// and waits until /ready answers 200.
     pub async fn start(url: &str, env: &[(&str, String)]) -> WorkerProcess {
+        WorkerProcess::start_logging(url, env, Stdio::inherit()).await
+    }
+
+    /// As [`WorkerProcess::start`], its log (stderr, at `warn`, or as
+    /// `RUST_LOG` in `env` says) going to `log`.
+    pub async fn start_logging(url: &str, env: &[(&str, String)], log: impl Into<Stdio>) -> WorkerProcess {
         let port = free_port();
         let mut cmd = Command::new(BIN);
         cmd.arg("--redis")
@@ -953,7 +959,8 @@ impl WorkerProcess {
             .env("SEATGATE__METRICS__LISTEN", format!("127.0.0.1:{port}"))
             .env("SEATGATE__STREAM__BLOCK_MS", "100")
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            .stderr(log);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -972,6 +979,19 @@ impl WorkerProcess {
     /// The status code of `path` on its HTTP endpoint (None: no answer).
     pub async fn status(&self, path: &str) -> Option<u16> {
         http_get(&self.metrics, path).await.map(|(code, _)| code)
+    }
+
+    /// Waits (at most `within`) until `/ready` answers `code`; how long it took.
+    pub async fn ready_turns(&self, code: u16, within: Duration) -> Duration {
+        let since = Instant::now();
+        while self.status("/ready").await != Some(code) {
+            assert!(
+                since.elapsed() < within,
+                "/ready did not turn {code} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        since.elapsed()
     }
 
     /// Its `/metrics` response ("" when it does not answer).

@@ -13,7 +13,7 @@ use crate::runtime::health::Readiness;
 use crate::runtime::log_limit::LogLimit;
 use crate::runtime::publish::Publisher;
 use crate::runtime::{fault, metrics};
-use seatgate_core::db::{is_transient, Db};
+use seatgate_core::db::{is_out_of_memory, is_transient, Db};
 use seatgate_core::keys::Keys;
 use seatgate_core::protocol::{self, Reply};
 use seatgate_core::request::{EntryAt, Lane, Request};
@@ -159,6 +159,9 @@ pub(super) enum Cause {
     /// not the entry's fault, so the delivery is handed back (its count set
     /// one lower again) and the entry waits as long as the refusal lasts.
     Refused,
+    /// Redis refused for lack of memory (`OOM`): a refusal like
+    /// [`Cause::Refused`], and what `/ready` and the log then name.
+    OutOfMemory,
     /// The connection failed or timed out, so the entry may be what stalls
     /// Redis or the worker: the delivery counts.
     Lost,
@@ -168,6 +171,7 @@ impl Cause {
     /// The cause of a failed script or reply call.
     pub(super) fn of(e: &Error) -> Cause {
         match e {
+            Error::Redis(r) if is_out_of_memory(r) => Cause::OutOfMemory,
             Error::Redis(r) if !is_transient(r) => Cause::Permanent,
             // A server error reply has a code; a lost connection or a timeout has none.
             Error::Redis(r) if r.code().is_some() && !r.is_timeout() => Cause::Refused,
@@ -366,9 +370,10 @@ mod tests {
     #[test]
     fn a_refusal_is_handed_back_a_lost_connection_counts_a_script_error_is_permanent() {
         let server = |code: &str| Error::Redis(redis::make_extension_error(code.to_owned(), None));
-        for code in ["OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN"] {
+        for code in ["LOADING", "BUSY", "READONLY", "MASTERDOWN"] {
             assert_eq!(Cause::of(&server(code)), Cause::Refused, "{code}");
         }
+        assert_eq!(Cause::of(&server("OOM")), Cause::OutOfMemory);
         assert_eq!(Cause::of(&server("WRONGTYPE")), Cause::Permanent);
         let io = Error::Redis(redis::RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,

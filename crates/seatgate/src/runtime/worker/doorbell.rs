@@ -157,6 +157,12 @@ impl Doorbell {
                 Err(seatgate_core::Error::Redis(e)) if e.is_io_error() => {
                     debug!(error = %e, "cannot connect the doorbell yet: Redis is away");
                 }
+                // Behind Sentinel while it fails over: no master to name yet.
+                Err(seatgate_core::Error::Redis(e))
+                    if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel =>
+                {
+                    debug!(error = %e, "cannot connect the doorbell yet: the Sentinels name no master");
+                }
                 Err(e) => {
                     if !std::mem::replace(&mut warned, true) {
                         warn!(error = %e, "cannot connect the doorbell (CLIENT TRACKING over RESP3; the worker's ACL user needs HELLO and CLIENT TRACKING); idle read loops poll every stream.poll_ms until it connects");

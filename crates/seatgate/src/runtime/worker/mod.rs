@@ -48,8 +48,8 @@ use crate::config::Settings;
 use crate::error::Error;
 use crate::runtime::health::Readiness;
 use crate::runtime::metrics;
-use seatgate_core::db::{is_transient, Db};
-use seatgate_core::keys::consumer_alive;
+use seatgate_core::db::{is_out_of_memory, is_transient, Db};
+use seatgate_core::keys::{consumer_alive, EVENTS_SHARDS};
 use seatgate_core::request::Lane;
 use seatgate_core::scripts::Scripts;
 
@@ -151,61 +151,100 @@ impl Worker {
     }
 }
 
-/// Records `stream.shards` in the deployment's settings HASH
-/// (`<prefix>:config`, field `shards`), where clients find it, or refuses to
-/// start when the HASH records another count: the workers would read other
-/// streams than the clients write to, and the due index would be sharded
-/// another way. Changing the shard count needs every worker stopped and the
-/// streams drained first (docs/running.md, "Sharding and Redis
-/// Cluster"); then the field is set to the new count. A Redis refusing
-/// writes for now (out of memory) leaves it unrecorded, with a warning.
+/// Records `stream.shards` and the events shard count in the deployment's
+/// settings HASH (`<prefix>:config`, fields `shards` and `events_shards`),
+/// where clients and readers of the events find them, or refuses to start
+/// when this worker would not read every stream the clients may write to,
+/// or would record events elsewhere than the rest.
+///
+/// The requests shard count may grow online: a worker with more shards than
+/// recorded reads every old stream too (shards `{0}`…`{n-1}` are among its
+/// own, and a sharded worker reads the unsharded stream as well), so it
+/// records its count, and clients that read it from then on spread over the
+/// new shards while those still on the old count are served as before.
+/// The events must stay where they are meanwhile: such a worker needs
+/// `events.shards` set to the recorded events count. Fewer shards than
+/// recorded would leave streams unread: that needs the streams drained
+/// first (docs/running.md, "Changing the topology"). A Redis refusing
+/// writes for now (out of memory) leaves the counts unrecorded, with a warning.
 async fn check_shards(con: &mut Db, settings: &Settings) -> Result<(), Error> {
     let key = seatgate_core::keys::Keys::new(settings.keys.prefix.clone()).deployment();
     let ours = settings.stream.shards;
-    let recorded = |raw: Option<String>| -> Result<(), Error> {
-        match raw {
-            Some(raw) if raw.parse::<usize>().ok() == Some(ours) => Ok(()),
-            Some(raw) => Err(Error::Config(format!(
-                "stream.shards is {ours}, but this deployment runs with {raw:?} ({key}, field shards): \
-                 changing the shard count needs every worker stopped and the streams drained first, \
-                 then HSET {key} shards {ours} (docs/running.md, \"Sharding and Redis Cluster\")"
-            ))),
-            None => Ok(()),
-        }
-    };
-    let raw: Option<String> = redis::cmd("HGET")
+    let our_events = settings.events_shards();
+    let (shards, events): (Option<String>, Option<String>) = redis::cmd("HMGET")
         .arg(&key)
         .arg("shards")
+        .arg(EVENTS_SHARDS)
         .query_async(con)
         .await?;
-    if raw.is_some() {
-        return recorded(raw);
-    }
-    let set: redis::RedisResult<bool> = redis::cmd("HSETNX")
-        .arg(&key)
-        .arg("shards")
-        .arg(ours)
-        .query_async(con)
-        .await;
-    match set {
-        Ok(true) => {
-            info!(shards = ours, key = %key, "recorded the deployment's shard count");
-            Ok(())
+    let count = |raw: &Option<String>| raw.as_deref().and_then(|r| r.parse::<usize>().ok());
+    let recorded = count(&shards);
+    // Before events_shards was recorded, the events were sharded as the
+    // requests stream was.
+    let recorded_events = count(&events).or(recorded);
+    let guide = "docs/running.md, \"Changing the topology\"";
+    match recorded {
+        Some(n) if n == ours => {}
+        Some(n) if n > ours => {
+            return Err(Error::Config(format!(
+                "stream.shards is {ours}, but this deployment runs with {n} ({key}, field shards): \
+                 fewer shards would leave streams unread; shrinking needs every worker stopped and the \
+                 streams drained first, then HSET {key} shards {ours} ({guide})"
+            )))
         }
-        // Another worker recorded one first: it must be ours.
-        Ok(false) => recorded(
-            redis::cmd("HGET")
-                .arg(&key)
-                .arg("shards")
-                .query_async(con)
-                .await?,
-        ),
-        Err(e) if is_transient(&e) && !e.is_io_error() => {
+        Some(n) => {
+            info!(from = n, to = ours, key = %key, "growing the deployment's requests shards; clients that read the count from now on use the new shards");
+        }
+        None if shards.is_some() => {
+            return Err(Error::Config(format!(
+                "{key} field shards is {:?}, not a number: set it to the deployment's shard count",
+                shards.unwrap_or_default()
+            )))
+        }
+        None => {}
+    }
+    if let Some(n) = recorded_events.filter(|n| *n != our_events) {
+        let how = if settings.events.shards == 0 {
+            format!("set events.shards = {n} to keep them there")
+        } else {
+            format!("events.shards must stay {n}")
+        };
+        return Err(Error::Config(format!(
+            "this worker would record events on {our_events} shard(s), but this deployment's are on {n} \
+             ({key}, field {EVENTS_SHARDS}): {how} ({guide})"
+        )));
+    }
+    if recorded == Some(ours) && count(&events) == Some(our_events) {
+        return Ok(());
+    }
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&key).arg(EVENTS_SHARDS).arg(our_events);
+    let growing = recorded.is_some_and(|n| n < ours);
+    if growing {
+        hset.arg("shards").arg(ours);
+    }
+    if let Err(e) = hset.query_async::<i64>(con).await {
+        if is_transient(&e) && !e.is_io_error() {
             warn!(error = %e, key = %key, "cannot record the shard count yet; clients reading it find none");
-            Ok(())
+            return Ok(());
         }
-        Err(e) => Err(e.into()),
+        return Err(e.into());
     }
+    if recorded.is_none() {
+        let set: bool = redis::cmd("HSETNX")
+            .arg(&key)
+            .arg("shards")
+            .arg(ours)
+            .query_async(con)
+            .await?;
+        if set {
+            info!(shards = ours, key = %key, "recorded the deployment's shard count");
+        } else {
+            // Another worker recorded one first: check again against it.
+            return Box::pin(check_shards(con, settings)).await;
+        }
+    }
+    Ok(())
 }
 
 /// Records the rest of the deployment's [`Topology`](seatgate_core::keys::Topology)
@@ -447,8 +486,16 @@ impl ShardWorker {
             Err(e) => {
                 metrics::redis_error("read");
                 let failed = schedule.read_failed(Instant::now());
+                // Reads go through a script, which Redis refuses under OOM:
+                // the readiness names that (and logs it) instead.
+                let oom = e.redis().is_some_and(is_out_of_memory);
+                if oom {
+                    self.ready.out_of_memory(true);
+                }
                 if failed.outage_began {
-                    warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    if !oom {
+                        warn!(error = %e, "cannot read requests from redis; retrying with backoff");
+                    }
                     self.ready.set(false);
                 }
                 tokio::select! {
@@ -507,8 +554,12 @@ impl ShardWorker {
         // Tried again a period later even when it failed: during an outage
         // the read loop must not wait on one more call per turn.
         self.alive_set_at = Some(now);
-        if let Err(e) = set {
-            debug!(error = %e, key = %self.alive_key, "cannot set the liveness key");
+        // A write every period, requests or not: an idle worker notices too
+        // when Redis runs out of memory, and when it accepts writes again.
+        match set {
+            Ok(()) => self.ready.out_of_memory(false),
+            Err(e) if is_out_of_memory(&e) => self.ready.out_of_memory(true),
+            Err(e) => debug!(error = %e, key = %self.alive_key, "cannot set the liveness key"),
         }
     }
 

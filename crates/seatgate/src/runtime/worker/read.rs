@@ -2,7 +2,7 @@
 //! claimed ones), delivery counts, and parsing the replies into [`Entry`]s.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -46,12 +46,14 @@ impl Entry {
         self.id.split('-').next()?.parse().ok()
     }
 
-    /// Time since the entry was added; zero for an id ahead of the clock.
-    pub(super) fn age(&self) -> Option<Duration> {
+    /// Time since the entry was added, on the Redis clock: `redis_now_ms`
+    /// is the worker's estimate of it (decide.rs's `RedisClock`, the last
+    /// Redis time seen carried on this host's monotonic clock), so a host
+    /// whose own clock is off, or steps, measures right. Zero for an id
+    /// ahead of it; `None` without an estimate.
+    pub(super) fn age(&self, redis_now_ms: Option<u64>) -> Option<Duration> {
         let ms = self.id_ms()?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_millis();
-        let now = u64::try_from(now).unwrap_or(u64::MAX);
-        Some(Duration::from_millis(now.saturating_sub(ms)))
+        Some(Duration::from_millis(redis_now_ms?.saturating_sub(ms)))
     }
 }
 

@@ -241,7 +241,11 @@ impl Decider {
                     } else if outcome.status() == Status::Revoked {
                         metrics::revoked();
                     }
-                    metrics::request_answered(req.op().as_str(), outcome.status().as_str(), item.entry.age());
+                    metrics::request_answered(
+                        req.op().as_str(),
+                        outcome.status().as_str(),
+                        item.entry.age(self.clock.now_ms()),
+                    );
                     // Queue replies (GRANTED / QUEUE_TIMEOUT) are rare: one by one.
                     // A replayed outcome's notes wait in the outbox for the reaper.
                     if !outcome.replayed {
@@ -254,7 +258,11 @@ impl Decider {
                     }
                 }
                 (Some(Ok(_)), _) => {}
-                _ => metrics::request_answered("invalid", Status::InvalidRequest.as_str(), item.entry.age()),
+                _ => metrics::request_answered(
+                    "invalid",
+                    Status::InvalidRequest.as_str(),
+                    item.entry.age(self.clock.now_ms()),
+                ),
             }
             item.handled = Some(Handled::Done);
         }
@@ -268,6 +276,7 @@ impl Decider {
         let mut refused = Vec::new();
         let mut retry = false;
         let mut transient = None;
+        let mut out_of_memory = false;
         for Item {
             entry, lane, handled, ..
         } in items
@@ -321,8 +330,9 @@ impl Decider {
                             }
                         }
                         Cause::Permanent => {}
-                        Cause::Refused => {
+                        Cause::Refused | Cause::OutOfMemory => {
                             transient.get_or_insert_with(|| error.clone());
+                            out_of_memory |= *cause == Cause::OutOfMemory;
                             refused.push(entry);
                         }
                         Cause::Lost => {
@@ -334,7 +344,7 @@ impl Decider {
                 }
             }
         }
-        self.note_health(transient.as_deref(), done.len());
+        self.note_health(transient.as_deref(), out_of_memory, done.len());
         if !done.is_empty() {
             fault::pass(fault::Point::BeforeAck);
             let acked: redis::RedisResult<i64> = redis::cmd("XACK")
@@ -411,12 +421,21 @@ impl Decider {
         );
     }
 
-    /// Logs and reports a change between healthy and refused-by-Redis.
-    fn note_health(&self, transient: Option<&str>, answered: usize) {
+    /// Logs and reports a change between healthy and refused-by-Redis;
+    /// `out_of_memory` when a refusal was Redis's `OOM`, which the
+    /// readiness names (and logs) until a write succeeds again.
+    fn note_health(&self, transient: Option<&str>, out_of_memory: bool, answered: usize) {
         use std::sync::atomic::Ordering::Relaxed;
+        if out_of_memory {
+            self.ready.out_of_memory(true);
+        } else if answered > 0 {
+            self.ready.out_of_memory(false);
+        }
         match transient {
             Some(error) if !self.degraded.swap(true, Relaxed) => {
-                warn!(%error, "redis refuses to decide requests; they stay pending and are retried (is it out of memory?)");
+                if !out_of_memory {
+                    warn!(%error, "redis refuses to decide requests; they stay pending and are retried");
+                }
                 self.ready.set(false);
             }
             None if answered > 0 && self.degraded.swap(false, Relaxed) => {
@@ -492,7 +511,11 @@ impl Decider {
                     if let Err(e) = self.publisher.reply(&mut con, stream, &reply).await {
                         warn!(entry = %entry.id, error = %e, "cannot answer a dead-lettered request");
                     }
-                    metrics::request_answered(&reply.op, reply.status.as_str(), entry.age());
+                    metrics::request_answered(
+                        &reply.op,
+                        reply.status.as_str(),
+                        entry.age(self.clock.now_ms()),
+                    );
                 }
             }
         }
