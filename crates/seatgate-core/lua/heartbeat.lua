@@ -20,7 +20,9 @@
                         a lease needs that lease (else LEASE_MISMATCH)
     SESSION_NOT_ACTIVE  the session holds no seat (never acquired, released,
                         evicted; a lingering seat was released): acquire
-                        again
+                        again; detail = 'license_deleted' when the license
+                        has no record and was deleted within a day (its
+                        tombstone, keys.lua: its seats ended with it)
     SESSION_REVOKED     the session holds no seat because an administrator
                         revoked it (remembered for a bounded time);
                         detail = the revocation record (includes/revoked.lua)
@@ -132,7 +134,11 @@ local function decide(now, default_timeout)
     if revoked then
       return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, {})
     end
-    return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, 0, now, {})
+    -- No record, and the license's tombstone: it was deleted (its seats
+    -- with it), and the holder hears so, not a bare SESSION_NOT_ACTIVE.
+    local deleted = not raw[1] and rcall('EXISTS', K.deleted) == 1
+    return outcome('SESSION_NOT_ACTIVE', rcall('ZCARD', K.holders), total, deleted and 'license_deleted' or 0,
+      now, {})
   end
   -- The oldest holder's heartbeat moves the stale time on: to the earlier
   -- of its new score (now, or a borrow's later end) and the next oldest's.

@@ -20,7 +20,10 @@
                        administrator revoked it (remembered for a bounded
                        time); detail = the revocation record (includes/revoked.lua)
     SESSION_NOT_FOUND  the session neither holds a seat nor waits (a
-                       lingering seat was released already)
+                       lingering seat was released already); detail =
+                       'license_deleted' when the license has no record
+                       and was deleted within a day (its tombstone,
+                       keys.lua: its seats ended with it)
     LEASE_MISMATCH     the seat or place is bound to another lease; nothing changed
     REQUEST_EXPIRED    read after its deadline (includes/request.lua); nothing changed
   or, for a redelivered entry, the outcome it got the first time (includes/dedupe.lua).
@@ -103,7 +106,10 @@ local function decide(now, default_timeout)
   if revoked then
     return outcome('SESSION_REVOKED', rcall('ZCARD', K.holders), total, revoked, now, notes)
   end
-  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, 0, now, notes)
+  -- No record, and the license's tombstone: it was deleted, the seat with it.
+  local deleted = license.refusal == 'LICENSE_NOT_FOUND' and rcall('EXISTS', K.deleted) == 1
+  return outcome('SESSION_NOT_FOUND', rcall('ZCARD', K.holders), total, deleted and 'license_deleted' or 0, now,
+    notes)
 end
 
 use_claim(service().heartbeat_timeout, service().claim_ms)

@@ -7,6 +7,8 @@
 //! Lua writer's types and fields to this description. docs/protocol.md
 //! ("Events") lists every type and field.
 
+use std::collections::BTreeMap;
+
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::status::Status;
@@ -37,6 +39,18 @@ pub enum EventType {
     /// event) or its place in the queue (`held` 0) away; carries `actor`
     /// and `reason`, the audit trail.
     Revoked,
+    /// An administrator created or changed the license record (`license
+    /// put`): carries `actor`, and `before` and `after`, the fields changed
+    /// (JSON objects; `before` `{}` when the license was created).
+    LicensePut,
+    /// An administrator deleted the license (`license delete`): carries
+    /// `actor` and `before`, the record as it was; the `evicted` and
+    /// `denied` events of its holders and waiters follow in the same step.
+    LicenseDeleted,
+    /// An administrator changed the license's group map (`license groups
+    /// set|unset`): carries `actor`, `before` and `after` (user -> group,
+    /// JSON; the user absent on a side where it was in no group).
+    GroupsChanged,
 }
 
 /// What an event does to the seat a session holds: usage reports pair each
@@ -52,6 +66,16 @@ pub enum SeatChange {
 }
 
 impl EventType {
+    /// Whether an administrator's change of the license (its record or its
+    /// group map) made this event, rather than a change of seat state: the
+    /// admin trail (docs/protocol.md, "Events").
+    pub fn is_admin(self) -> bool {
+        matches!(
+            self,
+            EventType::LicensePut | EventType::LicenseDeleted | EventType::GroupsChanged
+        )
+    }
+
     /// Every event type, in declaration order, for tests. Derived: a new
     /// variant is in it without anyone remembering to add it.
     pub const ALL: &'static [EventType] = <EventType as VariantArray>::VARIANTS;
@@ -90,9 +114,13 @@ impl EventType {
         match self {
             EventType::Acquired | EventType::Granted => SeatChange::Taken,
             EventType::Released | EventType::Evicted | EventType::Revoked => SeatChange::Freed,
-            EventType::Queued | EventType::QueueTimeout | EventType::LeftQueue | EventType::Denied => {
-                SeatChange::Unchanged
-            }
+            EventType::Queued
+            | EventType::QueueTimeout
+            | EventType::LeftQueue
+            | EventType::Denied
+            | EventType::LicensePut
+            | EventType::LicenseDeleted
+            | EventType::GroupsChanged => SeatChange::Unchanged,
         }
     }
 }
@@ -143,6 +171,13 @@ pub mod field {
     /// recorded one (lua/includes/denial_sample.lua); on an aggregate (no
     /// session, no reason) the only denials it accounts for.
     pub const FOLDED: &str = "folded";
+    /// The admin events (`license_put`, `license_deleted`, `groups_changed`):
+    /// the fields the change touched as they were, a JSON object of
+    /// strings (`{}`: none, a license created).
+    pub const BEFORE: &str = "before";
+    /// The admin events: the same fields as they are after the change (a
+    /// field absent from it was removed).
+    pub const AFTER: &str = "after";
 }
 
 /// A license's seats after the script that decided, and that script's
@@ -298,6 +333,10 @@ pub struct EventRecord {
     /// `denied`: denials folded into this event's count, not recorded one
     /// by one (0 when absent).
     pub folded: u64,
+    /// The admin events: the changed fields before the change (JSON text, as written).
+    pub before: Option<String>,
+    /// The admin events: the changed fields after the change (JSON text, as written).
+    pub after: Option<String>,
 }
 
 impl EventRecord {
@@ -322,7 +361,39 @@ impl EventRecord {
             actor: get(field::ACTOR).map(str::to_owned),
             held: get(field::HELD).map(|h| h != "0"),
             folded: get(field::FOLDED).and_then(|v| v.parse().ok()).unwrap_or(0),
+            before: get(field::BEFORE).map(str::to_owned),
+            after: get(field::AFTER).map(str::to_owned),
         })
+    }
+
+    /// The license's seat count just before this event: for a `license_put`
+    /// the `seats_total` its `before` names (0 when the put created the
+    /// license; the event's own when the change left the seats alone), for
+    /// any other event the event's own. What a usage report charges
+    /// capacity at up to the event.
+    pub fn seats_total_before(&self) -> i64 {
+        if self.created() {
+            return 0;
+        }
+        admin_fields(self.kind, &self.before)
+            .and_then(|before| before.get(field::SEATS_TOTAL)?.parse().ok())
+            .unwrap_or(self.seats_total)
+    }
+
+    /// Whether this is the `license_put` that created the license: its
+    /// `after` names a `seats_total`, its `before` none (the put's fields
+    /// are the ones it changed, and a record without `seats_total` is no
+    /// license).
+    pub fn created(&self) -> bool {
+        match (
+            admin_fields(self.kind, &self.before),
+            admin_fields(self.kind, &self.after),
+        ) {
+            (Some(before), Some(after)) => {
+                !before.contains_key(field::SEATS_TOTAL) && after.contains_key(field::SEATS_TOTAL)
+            }
+            _ => false,
+        }
     }
 
     /// How many denials this event accounts for: a recorded `denied` its
@@ -357,6 +428,15 @@ impl EventRecord {
     }
 }
 
+/// `before` or `after` of a `license_put` event, decoded (`None` for
+/// another type, or a value that is no JSON object of strings).
+fn admin_fields(kind: Option<EventType>, raw: &Option<String>) -> Option<BTreeMap<String, String>> {
+    if kind != Some(EventType::LicensePut) {
+        return None;
+    }
+    serde_json::from_str(raw.as_deref()?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -376,6 +456,9 @@ mod tests {
             EventType::LeftQueue => "left_queue",
             EventType::Denied => "denied",
             EventType::Revoked => "revoked",
+            EventType::LicensePut => "license_put",
+            EventType::LicenseDeleted => "license_deleted",
+            EventType::GroupsChanged => "groups_changed",
         }
     }
 
@@ -416,6 +499,8 @@ mod tests {
             field::SEQ,
             field::ACTOR,
             field::HELD,
+            field::BEFORE,
+            field::AFTER,
         ] {
             assert!(
                 doc.lines()
@@ -541,6 +626,8 @@ mod tests {
                 actor: None,
                 held: None,
                 folded: 0,
+                before: None,
+                after: None,
             }
         );
         assert_eq!(record.denial(), None);
@@ -596,5 +683,34 @@ mod tests {
             assert_eq!(record.seat_change(), Some(change), "held {held}");
             assert_eq!(record.denial(), None);
         }
+    }
+
+    #[test]
+    fn a_put_tells_the_seats_before_it_and_whether_it_created_the_license() {
+        let put = |before: &str, after: &str| {
+            let map: HashMap<&str, &str> = [
+                ("type", "license_put"),
+                ("license", "acme"),
+                ("seats_used", "0"),
+                ("seats_total", "8"),
+                ("at_ms", "5"),
+                ("before", before),
+                ("after", after),
+            ]
+            .into_iter()
+            .collect();
+            EventRecord::parse(|name| map.get(name).copied()).unwrap()
+        };
+        let created = put("{}", r#"{"seats_total":"8","active":"1"}"#);
+        assert!(created.created());
+        assert_eq!(created.seats_total_before(), 0);
+        let raised = put(r#"{"seats_total":"5"}"#, r#"{"seats_total":"8"}"#);
+        assert!(!raised.created());
+        assert_eq!(raised.seats_total_before(), 5);
+        let expiry = put(r#"{"expires_at_ms":"0"}"#, r#"{"expires_at_ms":"1900000000000"}"#);
+        assert!(!expiry.created());
+        assert_eq!(expiry.seats_total_before(), 8);
+        assert!(EventType::LicensePut.is_admin() && !EventType::Revoked.is_admin());
+        assert_eq!(EventType::GroupsChanged.seat_change(), SeatChange::Unchanged);
     }
 }

@@ -419,7 +419,8 @@ pub struct LicenseInfo {
     pub invalid: Option<InvalidField>,
 }
 
-pub(crate) fn check_id(license: &str) -> Result<(), Error> {
+/// Refuses `license` unless it is a valid license id.
+pub fn check_id(license: &str) -> Result<(), Error> {
     if valid_id(license) {
         Ok(())
     } else {

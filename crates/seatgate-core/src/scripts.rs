@@ -69,6 +69,8 @@ pub enum ScriptName {
     DeleteLicense,
     /// lua/put_license.lua
     PutLicense,
+    /// lua/group_map.lua
+    GroupMap,
     /// lua/relay.lua
     Relay,
     /// lua/read.lua
@@ -97,6 +99,13 @@ impl ScriptName {
         )
     }
 
+    /// Whether the script takes a license's keys and records its events
+    /// (includes/keys.lua, includes/events.lua): the seat scripts, and the
+    /// admin scripts that record the admin trail (put_license, group_map).
+    pub fn takes_license_keys(self) -> bool {
+        self.is_seat() || matches!(self, ScriptName::PutLicense | ScriptName::GroupMap)
+    }
+
     /// The script file, before its includes are resolved.
     fn text(self) -> &'static str {
         match self {
@@ -113,6 +122,7 @@ impl ScriptName {
             ScriptName::DueSettle => include_str!("../lua/due_settle.lua"),
             ScriptName::DeleteLicense => include_str!("../lua/delete_license.lua"),
             ScriptName::PutLicense => include_str!("../lua/put_license.lua"),
+            ScriptName::GroupMap => include_str!("../lua/group_map.lua"),
             ScriptName::Relay => include_str!("../lua/relay.lua"),
             ScriptName::Read => include_str!("../lua/read.lua"),
         }
@@ -519,6 +529,23 @@ pub type ReapCall<'a> = ScriptCall<'a, Reaped>;
 /// A call of delete_license.
 pub type DeleteLicenseCall<'a> = ScriptCall<'a, Deleted>;
 
+/// What lua/put_license.lua is asked to write ([`Scripts::put_license`]).
+#[derive(Debug, Clone)]
+pub struct PutLicense<'a> {
+    /// Who makes the change (the `license_put` event's `actor`).
+    pub actor: &'a str,
+    /// The event's `before`: the changed fields as read, a JSON object.
+    pub before: String,
+    /// The event's `after`: the changed fields as written, a JSON object.
+    pub after: String,
+    /// Every field of the record as read (the compare-and-set's expectation).
+    pub read: &'a [(&'a String, &'a String)],
+    /// The fields to write.
+    pub set: &'a [(&'a String, &'a String)],
+    /// The fields to remove.
+    pub remove: &'a [&'a String],
+}
+
 impl<T> ScriptCall<'_, T> {
     /// The script's name.
     pub fn name(&self) -> &'static str {
@@ -717,10 +744,12 @@ impl Scripts {
     /// lua/delete_license.lua: deletes the license record and ends up to
     /// `limit` of its seats and `limit` of its waits; call again while the
     /// step says `more`.
-    pub fn delete_license(&self, keys: &LicenseKeys, limit: usize) -> DeleteLicenseCall<'_> {
+    /// `actor` is who deletes it, for the `license_deleted` event.
+    pub fn delete_license(&self, keys: &LicenseKeys, limit: usize, actor: &str) -> DeleteLicenseCall<'_> {
         let mut call = license_keys(self, ScriptName::DeleteLicense, keys);
         call.arg(limit); // ARGV[1]
         bind_events(&mut call, &keys.events); // ARGV[2..3]
+        call.arg(actor); // ARGV[4]
         ScriptCall {
             name: ScriptName::DeleteLicense.as_str(),
             invocation: call,
@@ -749,32 +778,53 @@ impl Scripts {
         call.invoke_async::<Value, _>(con).await.map(|_| ())
     }
 
-    /// lua/put_license.lua: writes `set` and removes `remove` in the license
-    /// record `record` only if it still holds exactly `read` (every field,
-    /// as read). Returns whether it wrote.
+    /// lua/put_license.lua: writes `change.set` and removes `change.remove`
+    /// in the license record of `keys` only if it still holds exactly
+    /// `change.read` (every field, as read), and records the change's
+    /// `license_put` event. Returns whether it wrote.
     pub async fn put_license<C: ConnectionLike>(
         &self,
         con: &mut C,
-        record: &str,
-        read: &[(&String, &String)],
-        set: &[(&String, &String)],
-        remove: &[&String],
+        keys: &LicenseKeys,
+        change: &PutLicense<'_>,
     ) -> redis::RedisResult<bool> {
-        let mut call = self.invoke(ScriptName::PutLicense);
-        call.key(record) // KEYS[1]
-            .arg(read.len()); // ARGV[1]
-        for (field, value) in read {
-            call.arg(*field).arg(*value); // ARGV[2 .. 2n+1]
+        let mut call = license_keys(self, ScriptName::PutLicense, keys); // KEYS[1..2]
+        bind_events(&mut call, &keys.events); // ARGV[1..2]
+        call.arg(change.actor) // ARGV[3]
+            .arg(&change.before) // ARGV[4]
+            .arg(&change.after) // ARGV[5]
+            .arg(change.read.len()); // ARGV[6]
+        for (field, value) in change.read {
+            call.arg(*field).arg(*value); // ARGV[7 .. 2n+6]
         }
-        call.arg(set.len()); // ARGV[2n+2]
-        for (field, value) in set {
-            call.arg(*field).arg(*value); // ARGV[2n+3 .. 2n+2m+2]
+        call.arg(change.set.len()); // ARGV[2n+7]
+        for (field, value) in change.set {
+            call.arg(*field).arg(*value); // ARGV[2n+8 .. 2n+2m+7]
         }
-        for field in remove {
-            call.arg(*field); // ARGV[2n+2m+3 ..]
+        for field in change.remove {
+            call.arg(*field); // ARGV[2n+2m+8 ..]
         }
         let wrote: i64 = call.invoke_async(con).await?;
         Ok(wrote == 1)
+    }
+
+    /// lua/group_map.lua: puts `user` in `group` of the license's group map
+    /// (`None`: takes the user out) and records the `groups_changed` event
+    /// by `actor` when that changed the map. Returns the user's group before.
+    pub async fn group_map<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        keys: &LicenseKeys,
+        actor: &str,
+        user: &str,
+        group: Option<&str>,
+    ) -> redis::RedisResult<Option<String>> {
+        let mut call = license_keys(self, ScriptName::GroupMap, keys); // KEYS[1..2]
+        bind_events(&mut call, &keys.events); // ARGV[1..2]
+        call.arg(actor) // ARGV[3]
+            .arg(user) // ARGV[4]
+            .arg(group.unwrap_or("")); // ARGV[5]
+        call.invoke_async(con).await
     }
 
     /// lua/remove_consumer.lua: remove `consumer` from `group` of `stream`
@@ -1030,8 +1080,16 @@ mod tests {
                 prologue[1].starts_with("  if not tonumber then tonumber, "),
                 "{name:?}"
             );
-            assert_eq!(prologue[2] == "  bind_keys()", name.is_seat(), "{name:?}");
-            assert_eq!(prologue[3] == "  bind_events()", name.is_seat(), "{name:?}");
+            assert_eq!(
+                prologue[2] == "  bind_keys()",
+                name.takes_license_keys(),
+                "{name:?}"
+            );
+            assert_eq!(
+                prologue[3] == "  bind_events()",
+                name.takes_license_keys(),
+                "{name:?}"
+            );
         }
         // The name follows the text: another text, another library.
         let hash = redis::Script::new(library).get_hash().to_owned();
@@ -1122,8 +1180,8 @@ mod tests {
         for &script in ScriptName::VARIANTS {
             assert_eq!(
                 source(script).contains("local function bind_keys"),
-                script.is_seat(),
-                "{script:?}: a seat script takes the license keys"
+                script.takes_license_keys(),
+                "{script:?}: a seat or admin script takes the license keys"
             );
         }
     }

@@ -11,7 +11,14 @@
 //!   `expires_at_ms` (0 = never; the key also expires then), `issued_by`,
 //!   `issued_at_ms`, `note`;
 //! - `<prefix>:{tokens}:index` HASH: token id -> its SHA-256 hex, for
-//!   `token list` and `token revoke <id>`.
+//!   `token list` and `token revoke <id>`;
+//! - `<prefix>:{tokens}:trail` STREAM: the tokens' admin trail, an entry
+//!   per issue and revoke, written in the same transaction as the change
+//!   (so none lands without it; in the tokens' slot, as a cluster needs):
+//!   `type` (`token_issued`, `token_revoked`), `token` (its id), `actor`,
+//!   `at_ms`, and `before` and `after`, JSON objects of what the token
+//!   names (`{}` on the side where there was no token). A token belongs to
+//!   no license, so its events are not on a license's events shard.
 //!
 //! A token's id is the first 16 hex digits of its SHA-256: safe to print and
 //! log, useless to authenticate with.
@@ -116,6 +123,54 @@ impl TokenStore {
         format!("{}:{{tokens}}:index", self.prefix)
     }
 
+    /// STREAM: the tokens' admin trail (module docs).
+    pub fn trail_key(&self) -> String {
+        format!("{}:{{tokens}}:trail", self.prefix)
+    }
+
+    /// The trail's entry for a change of token `id` by `actor`, into `pipe`
+    /// (the change's transaction).
+    fn record_trail(
+        &self,
+        pipe: &mut redis::Pipeline,
+        kind: &str,
+        id: &str,
+        actor: &str,
+        before: &str,
+        after: &str,
+    ) {
+        pipe.cmd("XADD")
+            .arg(self.trail_key())
+            .arg("*")
+            .arg("type")
+            .arg(kind)
+            .arg("token")
+            .arg(id)
+            .arg("actor")
+            .arg(actor)
+            .arg("at_ms")
+            .arg(now_ms())
+            .arg("before")
+            .arg(before)
+            .arg("after")
+            .arg(after)
+            .ignore();
+    }
+
+    /// The tokens' admin trail, oldest first: each entry's fields.
+    pub async fn trail<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+    ) -> Result<Vec<HashMap<String, String>>, GatewayError> {
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(self.trail_key())
+            .arg("-")
+            .arg("+")
+            .query_async(con)
+            .await?;
+        Ok(entries.into_iter().map(|(_, fields)| fields).collect())
+    }
+
     /// Issues a token: stores its hash with `new`, and returns the token
     /// (shown once) with its record.
     pub async fn issue<C: ConnectionLike>(
@@ -181,6 +236,14 @@ impl TokenStore {
         if expires_at_ms > 0 {
             pipe.cmd("PEXPIREAT").arg(&key).arg(expires_at_ms).ignore();
         }
+        self.record_trail(
+            &mut pipe,
+            "token_issued",
+            &record.id,
+            &record.issued_by,
+            "{}",
+            &names(&record),
+        );
         pipe.query_async::<()>(con).await?;
         Ok((token, record))
     }
@@ -219,8 +282,14 @@ impl TokenStore {
         Ok(out)
     }
 
-    /// Revokes the token with id `id`; whether there was one.
-    pub async fn revoke<C: ConnectionLike>(&self, con: &mut C, id: &str) -> Result<bool, GatewayError> {
+    /// Revokes the token with id `id`, by `actor` (its `token_revoked`
+    /// entry on the trail, in the same transaction); whether there was one.
+    pub async fn revoke<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        id: &str,
+        actor: &str,
+    ) -> Result<bool, GatewayError> {
         let hash: Option<String> = redis::cmd("HGET")
             .arg(self.index())
             .arg(id)
@@ -229,12 +298,21 @@ impl TokenStore {
         let Some(hash) = hash else {
             return Ok(false);
         };
-        let (deleted, _): (u64, u64) = redis::pipe()
-            .atomic()
-            .del(self.key(&hash))
-            .hdel(self.index(), id)
-            .query_async(con)
-            .await?;
+        // A token's record never changes once issued, only goes (revoked,
+        // expired): what is read here is what the transaction deletes, or
+        // the transaction deletes nothing and says so.
+        let Some(record) = self.lookup(con, &hash).await? else {
+            redis::cmd("HDEL")
+                .arg(self.index())
+                .arg(id)
+                .query_async::<()>(con)
+                .await?;
+            return Ok(false);
+        };
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(self.key(&hash)).hdel(self.index(), id).ignore();
+        self.record_trail(&mut pipe, "token_revoked", id, actor, &names(&record), "{}");
+        let (deleted,): (u64,) = pipe.query_async(con).await?;
         Ok(deleted > 0)
     }
 }
@@ -244,6 +322,20 @@ impl TokenRecord {
     pub fn expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms > 0 && now_ms >= self.expires_at_ms
     }
+}
+
+/// What a token names, for the trail's `before` / `after`: a JSON object
+/// of strings (never the token, nor its hash).
+fn names(r: &TokenRecord) -> String {
+    serde_json::json!({
+        "app": r.app,
+        "user": r.user.clone().unwrap_or_default(),
+        "group": r.group.clone().unwrap_or_default(),
+        "expires_at_ms": r.expires_at_ms.to_string(),
+        "issued_by": r.issued_by,
+        "note": r.note,
+    })
+    .to_string()
 }
 
 fn record_of(map: &HashMap<String, String>) -> Option<TokenRecord> {

@@ -1112,7 +1112,12 @@ async fn admin_task(ctx: Arc<Ctx>, me: usize, mut rng: Rng) -> (History, (usize,
             } else {
                 (
                     AdminKind::Delete,
-                    vec!["license".to_owned(), "delete".to_owned(), l.name.clone()],
+                    vec![
+                        "license".to_owned(),
+                        "delete".to_owned(),
+                        l.name.clone(),
+                        "--yes".to_owned(),
+                    ],
                 )
             };
             let ok = cli(&ctx, args).await.is_ok();

@@ -19,10 +19,18 @@
 --- @include "queue"
 --- @include "owners"
 
+-- How long a deleted license's holders are told so (ms): the tombstone
+-- K.deleted (keys.lua) lives this long. A day: far beyond any heartbeat
+-- timeout, so a holder that comes back after an outage hears why too.
+local DELETED_KEEP_MS = 86400000
+
 -- Ends up to `limit` seats and up to `limit` waits of the license at `now`,
 -- adding a LICENSE_NOT_FOUND note per waiter to `notes`. Returns the
 -- sessions whose seat ended, and 1 when some are left (call again), else 0.
 local function end_deleted(now, notes, limit)
+  -- HSET and PEXPIRE, not SET PX: the commands the admin ACL user has.
+  rcall('HSET', K.deleted, 'at', ms(now))
+  rcall('PEXPIRE', K.deleted, DELETED_KEEP_MS)
   local held = rcall('ZRANGE', K.holders, '0', ms(limit - 1))
   for _, session in ipairs(held) do
     rcall('ZREM', K.holders, session)

@@ -43,6 +43,10 @@
                               (policy.lua); written by provisioning
     seat:{L}:denials    HASH  the license's denial window (denial_sample.lua)
     seat:{L}:event_seq  STRING the license's event counter (events.lua)
+    seat:{L}:deleted    HASH  `at` -> when the license was last deleted (ms;
+                              deleted.lua); expires a day later. A heartbeat
+                              or release of a session of a license without a
+                              record says license_deleted while it is there
   Every seat script (acquire, release, heartbeat, revoke, reap,
   delete_license) takes KEYS[1], the license record, and KEYS[2], where its
   events go (events.lua: on one node the events shard, on a cluster the

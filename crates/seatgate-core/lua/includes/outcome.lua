@@ -19,6 +19,9 @@
                      ACQUIRED: the borrow's end (ms) for a borrowed seat;
                      RELEASED: linger_ms when the seat lingers;
                      SESSION_REVOKED: the revocation record, JSON (revoked.lua);
+                     SESSION_NOT_ACTIVE (heartbeat), SESSION_NOT_FOUND
+                     (release): 'license_deleted' when the license has
+                     no record and was deleted within a day;
                      REVOKED: 1 when the session held a seat, 0 when it waited;
                      otherwise 0
     [5] now_ms       the Redis clock when the script ran

@@ -328,6 +328,15 @@ impl Keys {
         }
     }
 
+    /// HASH `at` -> when `license` was last deleted (ms), expiring a day
+    /// later (lua/includes/deleted.lua): a heartbeat or release of a
+    /// session of a license without a record says `license_deleted` while
+    /// it is there. In the license's slot, not in [`LicenseKeys::all`]: it
+    /// outlives the license.
+    pub fn deleted(&self, license: &str) -> String {
+        format!("{}:{{{license}}}:deleted", self.prefix)
+    }
+
     /// HASH of `license`'s denial window (lua/includes/denial_sample.lua):
     /// which denials go to the events stream one by one and how many were
     /// folded into a count. In the license's slot, for its seat scripts.

@@ -57,6 +57,7 @@ const INCLUDES: &[(&str, &str)] = &[
     ("rate_limit", include_str!("../../lua/includes/rate_limit.lua")),
     ("due", include_str!("../../lua/includes/due.lua")),
     ("request", include_str!("../../lua/includes/request.lua")),
+    ("admin", include_str!("../../lua/includes/admin.lua")),
     ("grant", include_str!("../../lua/includes/grant.lua")),
     ("revoked", include_str!("../../lua/includes/revoked.lua")),
     ("deleted", include_str!("../../lua/includes/deleted.lua")),

@@ -112,6 +112,11 @@ pub enum Decision {
         /// Heartbeats the session has sent.
         heartbeats: i64,
     },
+    /// SESSION_NOT_ACTIVE (a heartbeat) or SESSION_NOT_FOUND (a release)
+    /// of a session of a license that has no record: the license was
+    /// deleted and its seats with it (detail `license_deleted`), so the
+    /// holder is told why it holds none.
+    LicenseDeleted(Status),
     /// Any other status: one that carries nothing of its own (ALREADY_ACTIVE,
     /// SESSION_NOT_FOUND, LICENSE_EXPIRED, …). The decoder never puts a
     /// status of the variants above here.
@@ -152,7 +157,7 @@ impl Decision {
             Decision::Revoked { .. } => Status::Revoked,
             Decision::Released { .. } => Status::Released,
             Decision::HeartbeatUpdated { .. } => Status::HeartbeatUpdated,
-            Decision::Plain(status) => *status,
+            Decision::LicenseDeleted(status) | Decision::Plain(status) => *status,
         }
     }
 }
@@ -561,6 +566,12 @@ fn decision(script: &'static str, status: Status, detail: &Value) -> Result<Deci
             }
             _ => return Err(refuse()),
         },
+        Status::SessionNotActive | Status::SessionNotFound if !matches!(detail, Value::Int(_)) => {
+            match text(detail).as_deref() {
+                Some("license_deleted") => Decision::LicenseDeleted(status),
+                _ => return Err(refuse()),
+            }
+        }
         other => match detail {
             Value::Int(_) => Decision::Plain(other),
             _ => return Err(refuse()),

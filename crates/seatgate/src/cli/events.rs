@@ -122,9 +122,13 @@ pub(super) async fn follow_events(settings: &Settings, args: EventsArgs) -> Resu
                 } else {
                     let get = |k: &str| printable(e.get(k).map(String::as_str).unwrap_or("")).into_owned();
                     let at = get("at_ms").parse::<u64>().map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()).unwrap_or_default();
-                    let reason = match (e.get("actor"), e.get("reason")) {
-                        (Some(actor), Some(r)) => format!(" (by {}: {})", printable(actor), printable(r)),
-                        (None, Some(r)) => format!(" ({})", printable(r)),
+                    let reason = match (e.get("actor"), e.get("reason"), e.get("before"), e.get("after")) {
+                        (Some(actor), Some(r), _, _) => format!(" (by {}: {})", printable(actor), printable(r)),
+                        (None, Some(r), _, _) => format!(" ({})", printable(r)),
+                        // An admin event: who, and what changed.
+                        (Some(actor), None, Some(before), Some(after)) => {
+                            format!(" (by {}: {} -> {})", printable(actor), printable(before), printable(after))
+                        }
                         _ => String::new(),
                     };
                     println!("{at}  {:<13} license={} session={} seats={}/{}{reason}", get("type"), get("license"), get("session"), get("seats_used"), get("seats_total"));

@@ -103,6 +103,17 @@ fn group_count(s: &str) -> Result<(String, u64), String> {
     Ok((group.to_owned(), n))
 }
 
+/// `seatgate license [--actor NAME] …`.
+#[derive(Debug, Args)]
+pub(super) struct LicenseArgs {
+    /// Who makes the change, for the admin trail (each change's event names
+    /// its `actor`): default SEATGATE_ACTOR, else your OS user name.
+    #[arg(long, global = true, value_name = "NAME")]
+    actor: Option<String>,
+    #[command(subcommand)]
+    command: LicenseCommand,
+}
+
 #[derive(Debug, Subcommand)]
 pub(super) enum LicenseCommand {
     /// Create a license, or change the fields given and keep every other
@@ -160,10 +171,19 @@ pub(super) enum LicenseCommand {
         json: bool,
     },
     /// Delete a license: every seat on it ends (an `evicted` event, reason
-    /// `license_deleted`) and every waiter gets LICENSE_NOT_FOUND.
+    /// `license_deleted`; a holder's next heartbeat or release is told the
+    /// license was deleted) and every waiter gets LICENSE_NOT_FOUND. Asks
+    /// first on a terminal; elsewhere needs --yes.
     Delete {
         /// License id.
         license: String,
+        /// Delete without asking.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Print what would be deleted (the record, its holders and
+        /// waiters) and change nothing.
+        #[arg(long, conflicts_with = "yes")]
+        dry_run: bool,
     },
     /// The license's group map (FlexNet's GROUP lines): while it holds
     /// anyone, a request's group is its user's there (none for a user not
@@ -200,10 +220,12 @@ pub(super) enum GroupsCommand {
 }
 
 /// Runs `license <cmd>`.
-pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Result<ExitCode, Error> {
+pub(super) async fn license_cmd(settings: &Settings, args: LicenseArgs) -> Result<ExitCode, Error> {
     let mut con = seatgate::connect(settings).await?;
     let keys = settings.seat_keys();
-    match cmd {
+    let actor = || super::actor(args.actor.clone());
+    let relay = seatgate::runtime::relay::Relay::new(&keys);
+    match args.command {
         LicenseCommand::Put {
             license,
             seats,
@@ -239,7 +261,10 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
                 unset,
             };
             // Checked and written in one step: a refused change writes nothing.
-            let changed = provision::change(&mut con, &keys, &license, &change).await?;
+            let changed = provision::change(&mut con, &keys, &license, &change, &actor()?).await?;
+            if let Some(relay) = &relay {
+                relay.licenses(&con, [license.as_str()]).await;
+            }
             let record = StoredRecord::from_map(&changed.record);
             let spec = record.spec();
             println!(
@@ -269,9 +294,23 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
                 }
             }
         }
-        LicenseCommand::Delete { license } => {
+        LicenseCommand::Delete {
+            license,
+            yes,
+            dry_run,
+        } => {
+            license::check_id(&license)?;
+            let doomed = Doomed::read(&mut con, &keys, &license).await?;
+            if dry_run {
+                print!("{}", doomed.describe(&license));
+                return Ok(ExitCode::from(if doomed.exists() { 0 } else { EXIT_REFUSED }));
+            }
+            if !yes && !confirm(&license, &doomed)? {
+                eprintln!("seatgate: license {license} not deleted");
+                return Ok(ExitCode::from(EXIT_REFUSED));
+            }
             let deleted = seatgate::runtime::reaper::Reaper::new(con.clone(), settings)
-                .delete_license(&license)
+                .delete_license(&license, &actor()?)
                 .await?;
             if deleted.existed || deleted.seats + deleted.waits > 0 {
                 println!(
@@ -285,13 +324,19 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
         }
         LicenseCommand::Groups { license, change } => match change {
             GroupsCommand::Set { user, group } => {
-                provision::set_group(&mut con, &keys, &license, &user, &group).await?;
+                provision::set_group(&mut con, &keys, &license, &user, &group, &actor()?).await?;
+                if let Some(relay) = &relay {
+                    relay.licenses(&con, [license.as_str()]).await;
+                }
                 println!("license {license}: user {user} is in group {group}");
             }
             GroupsCommand::Unset { user } => {
-                if !provision::unset_group(&mut con, &keys, &license, &user).await? {
+                if !provision::unset_group(&mut con, &keys, &license, &user, &actor()?).await? {
                     eprintln!("seatgate: user {user} is not in license {license}'s group map");
                     return Ok(ExitCode::from(EXIT_REFUSED));
+                }
+                if let Some(relay) = &relay {
+                    relay.licenses(&con, [license.as_str()]).await;
                 }
                 println!("license {license}: user {user} is in no group");
             }
@@ -310,6 +355,88 @@ pub(super) async fn license_cmd(settings: &Settings, cmd: LicenseCommand) -> Res
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `license delete` would end: the record, its holders and waiters.
+struct Doomed {
+    record: std::collections::BTreeMap<String, String>,
+    holders: Vec<String>,
+    waiters: Vec<String>,
+}
+
+impl Doomed {
+    async fn read(
+        con: &mut seatgate_core::db::Db,
+        keys: &seatgate_core::keys::Keys,
+        license: &str,
+    ) -> Result<Doomed, Error> {
+        let k = keys.license(license);
+        // One MULTI of the license's slot: the three as of one moment.
+        let (record, holders, waiters) = redis::pipe()
+            .atomic()
+            .hgetall(&k.license)
+            .zrange(&k.holders, 0, -1)
+            .zrange(&k.queue, 0, -1)
+            .query_async(con)
+            .await
+            .map_err(seatgate_core::Error::from)?;
+        Ok(Doomed {
+            record,
+            holders,
+            waiters,
+        })
+    }
+
+    fn exists(&self) -> bool {
+        !self.record.is_empty() || !self.holders.is_empty() || !self.waiters.is_empty()
+    }
+
+    /// The dry run's lines.
+    fn describe(&self, license: &str) -> String {
+        if !self.exists() {
+            return format!("license {license} does not exist: nothing would be deleted\n");
+        }
+        let list = |ids: &[String]| {
+            if ids.is_empty() {
+                "none".to_owned()
+            } else {
+                ids.iter().map(|id| printable(id)).collect::<Vec<_>>().join(" ")
+            }
+        };
+        let record: Vec<String> = self
+            .record
+            .iter()
+            .map(|(f, v)| format!("{}={}", printable(f), printable(v)))
+            .collect();
+        format!(
+            "would delete license {license} ({}), nothing changed (--dry-run)\n  {} holders whose seats would end: {}\n  {} waiters who would get LICENSE_NOT_FOUND: {}\n",
+            record.join(" "),
+            self.holders.len(),
+            list(&self.holders),
+            self.waiters.len(),
+            list(&self.waiters)
+        )
+    }
+}
+
+/// Asks on the terminal whether to delete `license`; without a terminal,
+/// refuses (the caller passes --yes).
+fn confirm(license: &str, doomed: &Doomed) -> Result<bool, Error> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::Usage(format!(
+            "license delete {license} asks for confirmation on a terminal: pass --yes to delete without asking, or --dry-run to see what it would delete"
+        )));
+    }
+    eprint!(
+        "delete license {license}: end {} seats and {} waits? [y/N] ",
+        doomed.holders.len(),
+        doomed.waiters.len()
+    );
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
 fn describe(info: &LicenseInfo) -> String {

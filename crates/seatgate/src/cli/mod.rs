@@ -62,9 +62,9 @@ enum Command {
     /// told SESSION_REVOKED with the reason. Exits 0 when revoked, 1 when the
     /// session neither holds a seat nor waits.
     Revoke(revoke::RevokeArgs),
-    /// Provision licenses.
-    #[command(subcommand)]
-    License(license::LicenseCommand),
+    /// Provision licenses; every change is written with an event naming
+    /// who made it (the admin trail).
+    License(license::LicenseArgs),
     /// Follow the seat events of every shard (acquired, released, evicted, queued, granted, ...).
     Events(events::EventsArgs),
     /// Usage per license over a period, from the events (and daily rollups
@@ -142,6 +142,22 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Gateway(args) => gateway::gateway(settings, args).await,
         Command::Token(cmd) => token::token(&settings, cmd).await,
     }
+}
+
+/// Who an administrator's change is by, for the admin trail: `explicit`
+/// (`--actor`), else `SEATGATE_ACTOR` (a wrapper or a billing system's job
+/// names its person or itself), else the OS user running the command.
+fn actor(explicit: Option<String>) -> Result<String, Error> {
+    explicit
+        .or_else(|| std::env::var("SEATGATE_ACTOR").ok())
+        .filter(|a| !a.trim().is_empty())
+        .or_else(|| whoami::username().ok().filter(|name| !name.is_empty()))
+        .ok_or_else(|| {
+            Error::Usage(
+                "cannot tell your user name for the admin trail; pass --actor NAME or set SEATGATE_ACTOR"
+                    .into(),
+            )
+        })
 }
 
 /// A `--license` given to a view must be a valid license id.

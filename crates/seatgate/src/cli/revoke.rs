@@ -23,7 +23,7 @@ pub(super) struct RevokeArgs {
     /// Why (told to the session and published in the `revoked` event); at most 512 bytes.
     #[arg(long)]
     reason: String,
-    /// Who revokes, for the audit trail (default: your OS user name).
+    /// Who revokes, for the audit trail (default: SEATGATE_ACTOR, else your OS user name).
     #[arg(long)]
     actor: Option<String>,
     /// Refuse the session's acquires this long afterwards, e.g. 10m (default: none).
@@ -43,15 +43,7 @@ pub(super) struct RevokeArgs {
 
 /// `seatgate revoke`: one request on the admin stream, answered like a client call.
 pub(super) async fn revoke(settings: &Settings, args: RevokeArgs) -> Result<ExitCode, Error> {
-    let actor = match args.actor {
-        Some(actor) => actor,
-        None => whoami::username()
-            .ok()
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| {
-                Error::Usage("cannot tell your user name for the audit trail; pass --actor NAME".into())
-            })?,
-    };
+    let actor = super::actor(args.actor)?;
     let revoke = Revoke {
         license: args.license,
         session: args.session,

@@ -29,7 +29,7 @@ pub(crate) enum TokenCommand {
         /// How long it works, e.g. 30d (default: until revoked).
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         expires: Option<Duration>,
-        /// Who issues it (default: your OS user name).
+        /// Who issues it (default: SEATGATE_ACTOR, else your OS user name).
         #[arg(long)]
         actor: Option<String>,
         /// A note shown by `token list`.
@@ -47,6 +47,16 @@ pub(crate) enum TokenCommand {
     Revoke {
         /// The token's id (`token list`).
         id: String,
+        /// Who revokes it, for the trail (default: SEATGATE_ACTOR, else your OS user name).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// The tokens' admin trail: every issue and revoke, oldest first, with
+    /// who did it and what the token names.
+    Trail {
+        /// As JSON, one object per line.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -69,14 +79,7 @@ pub(super) async fn token(settings: &Settings, cmd: TokenCommand) -> Result<Exit
                     apps.join(", ")
                 )));
             }
-            let issued_by = match actor {
-                Some(a) => a,
-                None => whoami::username().map_err(|_| {
-                    Error::Usage(
-                        "cannot tell your user name for the token's record; pass --actor NAME".into(),
-                    )
-                })?,
-            };
+            let issued_by = super::actor(actor)?;
             let new = NewToken {
                 app,
                 user,
@@ -111,8 +114,8 @@ pub(super) async fn token(settings: &Settings, cmd: TokenCommand) -> Result<Exit
             }
             Ok(ExitCode::SUCCESS)
         }
-        TokenCommand::Revoke { id } => {
-            if store.revoke(&mut db, &id).await? {
+        TokenCommand::Revoke { id, actor } => {
+            if store.revoke(&mut db, &id, &super::actor(actor)?).await? {
                 println!("revoked {id}");
                 Ok(ExitCode::SUCCESS)
             } else {
@@ -120,7 +123,37 @@ pub(super) async fn token(settings: &Settings, cmd: TokenCommand) -> Result<Exit
                 Ok(ExitCode::from(super::EXIT_REFUSED))
             }
         }
+        TokenCommand::Trail { json } => {
+            for entry in store.trail(&mut db).await? {
+                if json {
+                    println!("{}", serde_json::to_string(&entry).unwrap_or_default());
+                } else {
+                    println!("{}", trail_line(&entry));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// One trail entry as a line: when, what, which token, by whom, before → after.
+fn trail_line(e: &std::collections::HashMap<String, String>) -> String {
+    let get = |k: &str| seatgate::views::printable(e.get(k).map(String::as_str).unwrap_or(""));
+    let when = e
+        .get("at_ms")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(|ms| {
+            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+        })
+        .unwrap_or_default();
+    format!(
+        "{when} {} {} by {}: {} -> {}",
+        get("type"),
+        get("token"),
+        get("actor"),
+        get("before"),
+        get("after")
+    )
 }
 
 fn describe(r: &TokenRecord) -> String {

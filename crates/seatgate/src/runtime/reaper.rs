@@ -689,15 +689,16 @@ impl Reaper {
     /// `license_deleted`) and delivering its waiters' final LICENSE_NOT_FOUND
     /// replies. Those are in the outbox until delivered: should this
     /// process die first, the reaper delivers them (the license stays in
-    /// the due index while its outbox holds any).
-    pub async fn delete_license(&self, license: &str) -> Result<LicenseDeleted, Error> {
+    /// the due index while its outbox holds any). The first step records
+    /// the `license_deleted` event by `actor` (the admin trail).
+    pub async fn delete_license(&self, license: &str, actor: &str) -> Result<LicenseDeleted, Error> {
         let keys = self.keys.license(license);
         let mut con = self.con.clone();
         let mut report = LicenseDeleted::default();
         loop {
             let started = Instant::now();
             let step = Scripts::get()
-                .delete_license(&keys, self.batch.max(1))
+                .delete_license(&keys, self.batch.max(1), actor)
                 .run(&mut con)
                 .await;
             metrics::script_call(

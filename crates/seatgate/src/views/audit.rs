@@ -88,6 +88,11 @@ pub enum Rule {
     SeqOrder,
     /// An event without `seq` after the license's events carry it.
     SeqMissing,
+    /// An admin event (`license_put`, `license_deleted`, `groups_changed`)
+    /// that does not say who changed what: no `actor`, a `before` or
+    /// `after` that is no JSON object of strings, or a `license_put` whose
+    /// `seats_total` is not the one its `after` sets.
+    AdminEvent,
 }
 
 impl Rule {
@@ -105,6 +110,7 @@ impl Rule {
             Rule::SeqRepeat => "seq_repeat",
             Rule::SeqOrder => "seq_order",
             Rule::SeqMissing => "seq_missing",
+            Rule::AdminEvent => "admin_event",
         }
     }
 }
@@ -177,6 +183,10 @@ struct Ev {
     linger: bool,
     borrowed: bool,
     seq: Option<u64>,
+    /// The admin events' `actor`, `before` and `after`.
+    actor: Option<String>,
+    before: Option<String>,
+    after: Option<String>,
 }
 
 impl Ev {
@@ -198,6 +208,9 @@ impl Ev {
             linger: number(field::LINGER_MS).is_some_and(|l| l > 0),
             borrowed: number(field::BORROWED_UNTIL_MS).is_some(),
             seq: get(SEQ).and_then(|v| v.parse().ok()),
+            actor: r.actor,
+            before: r.before,
+            after: r.after,
         };
         Some((r.license, ev))
     }
@@ -217,8 +230,44 @@ impl Ev {
         }
     }
 
+    /// An event of the license's deletion (its own, or a seat it ended),
+    /// whose seat counts are 0 whatever was held.
     fn license_deleted(&self) -> bool {
-        self.is(EventType::Evicted) && self.reason.as_deref() == Some("license_deleted")
+        self.is(EventType::LicenseDeleted)
+            || (self.is(EventType::Evicted) && self.reason.as_deref() == Some("license_deleted"))
+    }
+
+    fn is_admin(&self) -> bool {
+        self.kind.is_some_and(EventType::is_admin)
+    }
+
+    /// What is wrong with this admin event, if anything.
+    fn admin_fault(&self) -> Option<String> {
+        let object = |what: &str, raw: &Option<String>| -> Result<BTreeMap<String, String>, String> {
+            let raw = raw.as_deref().ok_or_else(|| format!("it has no {what}"))?;
+            serde_json::from_str(raw).map_err(|_| format!("its {what} {raw:?} is no JSON object of strings"))
+        };
+        if self.actor.as_deref().is_none_or(|a| a.trim().is_empty()) {
+            return Some("it names no actor: who made the change is not known".to_owned());
+        }
+        let (before, after) = match (object("before", &self.before), object("after", &self.after)) {
+            (Ok(b), Ok(a)) => (b, a),
+            (Err(e), _) | (_, Err(e)) => return Some(e),
+        };
+        if self.is(EventType::LicensePut) {
+            if let Some(set) = after.get(field::SEATS_TOTAL) {
+                if set.parse::<i64>().ok() != Some(self.seats_total) {
+                    return Some(format!(
+                        "it sets seats_total {set}, but says the license has {} seats",
+                        self.seats_total
+                    ));
+                }
+            }
+            if before == after {
+                return Some("it changes nothing (before and after are the same)".to_owned());
+            }
+        }
+        None
     }
 }
 
@@ -378,6 +427,13 @@ impl<'a> Replay<'a> {
     fn apply(&mut self, i: usize) -> i64 {
         let ev = self.ev;
         let e = &ev[i];
+        if e.is_admin() {
+            // A change of the record or the group map: no session's seat.
+            if let Some(fault) = e.admin_fault() {
+                self.flag(Rule::AdminEvent, i, fault);
+            }
+            return 0;
+        }
         let key = e.session.clone();
         let mut s = self.sessions.remove(&key).unwrap_or_default();
         let waited = s.wait;
@@ -1301,6 +1357,83 @@ mod tests {
         }
         assert!(!run(Some(false), &clean_history()).seq_checked);
         assert!(run(Some(false), &numbered(1, clean_history())).seq_checked);
+    }
+
+    /// The admin trail among seat events: created, raised, a group map
+    /// change, then deleted with a holder (whose `evicted` follows).
+    fn admin(kind: &str, used: i64, total: i64, at: i64, before: &str, after: &str) -> E {
+        e(kind, "", used, total, at)
+            .with("actor", "ada")
+            .with("before", before)
+            .with("after", after)
+    }
+
+    #[test]
+    fn admin_events_are_accepted_and_checked() {
+        let history = numbered(
+            1,
+            vec![
+                admin(
+                    "license_put",
+                    0,
+                    1,
+                    5,
+                    "{}",
+                    r#"{"seats_total":"1","active":"1"}"#,
+                ),
+                e("acquired", "a", 1, 1, 10),
+                admin(
+                    "license_put",
+                    1,
+                    2,
+                    12,
+                    r#"{"seats_total":"1"}"#,
+                    r#"{"seats_total":"2"}"#,
+                ),
+                e("acquired", "b", 2, 2, 13),
+                admin("groups_changed", 2, 2, 14, "{}", r#"{"ada":"eng"}"#),
+                e("released", "b", 1, 2, 15),
+                admin("license_deleted", 0, 0, 20, r#"{"seats_total":"2"}"#, "{}"),
+                e("evicted", "a", 0, 0, 20).with("reason", "license_deleted"),
+            ],
+        );
+        let r = run(Some(false), &history);
+        assert_eq!(rules(&r.violations), [], "{:?}", r.violations);
+        let gone = FinalState {
+            limits: None,
+            ..FinalState::default()
+        };
+        let found = compare("lic", &r, &gone, 0, &HashSet::new(), 1_000);
+        assert_eq!(rules(&found), [], "{found:?}");
+        assert_eq!(r.count, Some(0));
+
+        let bad = numbered(
+            1,
+            vec![
+                e("license_put", "", 0, 3, 5)
+                    .with("before", "{}")
+                    .with("after", r#"{"seats_total":"3"}"#),
+                admin(
+                    "license_put",
+                    0,
+                    4,
+                    6,
+                    r#"{"seats_total":"3"}"#,
+                    r#"{"seats_total":"5"}"#,
+                ),
+                admin("groups_changed", 0, 4, 7, "not json", "{}"),
+            ],
+        );
+        let r = run(Some(false), &bad);
+        let details: Vec<(Rule, &str)> = r.violations.iter().map(|v| (v.rule, v.detail.as_str())).collect();
+        assert_eq!(details.len(), 3, "{details:?}");
+        assert!(
+            details.iter().all(|(rule, _)| *rule == Rule::AdminEvent),
+            "{details:?}"
+        );
+        assert!(details[0].1.contains("no actor"), "{details:?}");
+        assert!(details[1].1.contains("seats_total 5"), "{details:?}");
+        assert!(details[2].1.contains("before"), "{details:?}");
     }
 
     #[test]

@@ -937,11 +937,14 @@ impl Aggregate {
         self.last_ms = Some(self.last_ms.map_or(at, |l| l.max(at)));
         if lic.first_at.is_none() {
             // The license's first event: before it, the seats it shows in
-            // use less its own change, at the capacity it shows.
+            // use less its own change, at the capacity it shows, or, for
+            // an admin change of the record, the one it had before (none
+            // before the put that created it: a license made in the
+            // period is charged capacity from then on only).
             lic.first_at = Some(at);
             lic.level_before = r.seats_before();
             lic.level = lic.level_before;
-            lic.total = r.record.seats_total;
+            lic.total = r.record.seats_total_before();
             lic.last_at = Some(since);
             lic.mark_peak(since, lic.level);
         }
@@ -2005,6 +2008,8 @@ mod tests {
         waited_ms: Option<i64>,
         held: Option<bool>,
         folded: u64,
+        /// An admin event's `before` and `after`.
+        admin: Option<(&'static str, &'static str)>,
     }
 
     fn ev(kind: EventType, session: &'static str, used: i64, total: i64, at: i64) -> Ev {
@@ -2022,6 +2027,7 @@ mod tests {
             linger_ms: None,
             waited_ms: None,
             held: None,
+            admin: None,
             folded: 0,
         }
     }
@@ -2072,6 +2078,12 @@ mod tests {
         fn folded(self, folded: u64) -> Ev {
             Ev { folded, ..self }
         }
+        fn admin(self, before: &'static str, after: &'static str) -> Ev {
+            Ev {
+                admin: Some((before, after)),
+                ..self
+            }
+        }
 
         fn fields(&self) -> Vec<(String, Value)> {
             let mut e = Event::new(
@@ -2097,6 +2109,11 @@ mod tests {
             }
             if self.folded > 0 {
                 fields.push(("folded".to_owned(), self.folded.to_string()));
+            }
+            if let Some((before, after)) = self.admin {
+                fields.push(("actor".to_owned(), "ada".to_owned()));
+                fields.push(("before".to_owned(), before.to_owned()));
+                fields.push(("after".to_owned(), after.to_owned()));
             }
             fields
                 .into_iter()
@@ -2169,6 +2186,32 @@ mod tests {
         assert_eq!(l.seat_ms, 10 * MIN);
         assert_eq!(user_ms(l), [(Some("ann"), 1, 10 * MIN)]);
         consistent(l);
+    }
+
+    #[test]
+    fn capacity_counts_from_the_license_s_creation_and_each_seat_change() {
+        use EventType::*;
+        // Created 30 min into the period with 4 seats, raised to 8 an hour
+        // later; one seat held for 20 min from the creation.
+        let events = [
+            ev(LicensePut, "", 0, 4, T0 + 30 * MIN).admin("{}", r#"{"active":"1","seats_total":"4"}"#),
+            ev(Acquired, "s1", 1, 4, T0 + 30 * MIN).user("ann"),
+            ev(Released, "s1", 0, 4, T0 + 50 * MIN),
+            ev(LicensePut, "", 0, 8, T0 + 90 * MIN).admin(r#"{"seats_total":"4"}"#, r#"{"seats_total":"8"}"#),
+        ];
+        let report = report_of(T0, T0 + 2 * HOUR, &events);
+        let l = &report.licenses[0];
+        assert_eq!(l.capacity_ms, 4 * 60 * MIN + 8 * 30 * MIN, "{l:#?}");
+        assert_eq!(l.seat_ms, 20 * MIN);
+        assert_eq!(l.seats_total, 8);
+        consistent(l);
+        // A license whose first event in the period changes its seats was
+        // there before, with the seats its `before` names.
+        let changed =
+            [ev(LicensePut, "", 0, 6, T0 + 30 * MIN)
+                .admin(r#"{"seats_total":"2"}"#, r#"{"seats_total":"6"}"#)];
+        let report = report_of(T0, T0 + HOUR, &changed);
+        assert_eq!(report.licenses[0].capacity_ms, 2 * 30 * MIN + 6 * 30 * MIN);
     }
 
     #[test]

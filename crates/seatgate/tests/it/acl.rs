@@ -921,7 +921,9 @@ async fn the_admin_user_may_delete_a_license_with_holders_and_waiters() {
         assert!(Instant::now() < deadline, "bob never queued");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let deleted = redis.seatgate(ADMIN, &["license", "delete", "cad"]).await;
+    let deleted = redis
+        .seatgate(ADMIN, &["license", "delete", "cad", "--yes"])
+        .await;
     assert!(deleted.status.success(), "{deleted:?}");
     assert!(
         stdout(&deleted).contains("ended 1 seats and 1 waits"),

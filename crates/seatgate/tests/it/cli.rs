@@ -240,7 +240,7 @@ async fn license_commands_provision_show_list_and_delete() {
         list.contains("a-1  seats 0/4") && list.contains("b-2  seats 0/1  INACTIVE"),
         "{list}"
     );
-    assert!(seatgate(&redis, &["license", "delete", "a-1"])
+    assert!(seatgate(&redis, &["license", "delete", "a-1", "--yes"])
         .await
         .status
         .success());
@@ -674,7 +674,7 @@ async fn status_of_a_missing_license_is_one_line_and_exit_1() {
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(json["licenses"][0]["seats_total"], 2);
 
-    assert!(seatgate(&redis, &["license", "delete", "cad"])
+    assert!(seatgate(&redis, &["license", "delete", "cad", "--yes"])
         .await
         .status
         .success());
@@ -891,7 +891,7 @@ async fn the_group_map_require_user_and_a_user_wide_revoke_from_the_command_line
     assert!(o.status.success(), "{o:?}");
     let o = run(&["license", "groups", "cad", "unset", "eve"]).await;
     assert_eq!(o.status.code(), Some(1), "{o:?}");
-    let o = run(&["license", "delete", "cad"]).await;
+    let o = run(&["license", "delete", "cad", "--yes"]).await;
     assert!(o.status.success(), "{o:?}");
     let o = run(&["license", "groups", "cad", "show"]).await;
     assert!(
@@ -989,6 +989,19 @@ async fn license_put_refuses_a_past_or_seconds_expiry_and_list_tags_expired() {
         help.contains("--unset require_user") && !help.contains("license unset"),
         "{help}"
     );
+    // No help text of `license` names a `license unset` (there is none:
+    // `license put L --unset FIELD` removes a field, with its event).
+    for args in [
+        &["license", "--help"][..],
+        &["license", "delete", "--help"],
+        &["license", "groups", "--help"],
+    ] {
+        let help = String::from_utf8(seatgate(&redis, args).await.stdout).unwrap();
+        assert!(
+            !help.is_empty() && !help.contains("license unset"),
+            "{args:?}: {help}"
+        );
+    }
 }
 
 /// The next line a follower printed, within 15 s.

@@ -51,6 +51,84 @@ async fn the_seat_engine_queue_and_reaper_on_a_cluster() {
     the_invalid_request_budget_on_a_cluster(&cluster).await;
     the_function_library_is_on_every_master_and_loaded_again_when_lost(&cluster).await;
     a_client_built_from_the_nodes_finds_its_streams(&cluster).await;
+    the_admin_trail_on_a_cluster(&cluster).await;
+}
+
+/// The admin events are recorded in the license's slot (its own log, which
+/// the relay moves to the shard, as `seatgate license` does after each
+/// change), and the tokens' trail in the tokens' slot, in the change's
+/// transaction: a cluster refuses neither.
+async fn the_admin_trail_on_a_cluster(cluster: &LocalCluster) {
+    use seatgate_core::license::LicenseChange;
+    use seatgate_core::provision;
+    let s = settings(cluster, "c9");
+    let keys = s.seat_keys();
+    let mut con = db(&s).await;
+    let relay = seatgate::runtime::relay::Relay::new(&keys).expect("a cluster relays");
+    let seats = |n| LicenseChange {
+        seats_total: Some(n),
+        ..LicenseChange::default()
+    };
+    provision::change(&mut con, &keys, "adm", &seats(2), "ada")
+        .await
+        .unwrap();
+    provision::change(&mut con, &keys, "adm", &seats(3), "bob")
+        .await
+        .unwrap();
+    provision::set_group(&mut con, &keys, "adm", "eve", "eng", "carol")
+        .await
+        .unwrap();
+    assert!(
+        events(&s, "adm").await.is_empty(),
+        "in the license's log until relayed"
+    );
+    relay.license(&mut con, "adm").await.unwrap();
+    reaper(&s).await.delete_license("adm", "dave").await.unwrap();
+    let recorded: Vec<String> = events(&s, "adm")
+        .await
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {} {} -> {}",
+                e["seq"], e["type"], e["actor"], e["before"], e["after"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [
+            r#"1 license_put ada {} -> {"active":"1","expires_at_ms":"0","seats_total":"2"}"#,
+            r#"2 license_put bob {"seats_total":"2"} -> {"seats_total":"3"}"#,
+            r#"3 groups_changed carol {} -> {"eve":"eng"}"#,
+            r#"4 license_deleted dave {"active":"1","expires_at_ms":"0","seats_total":"3"} -> {}"#,
+        ]
+    );
+
+    let store = seatgate_gateway::tokens::TokenStore::new(&s.keys.prefix);
+    let new = seatgate_gateway::tokens::NewToken {
+        app: "cad".into(),
+        user: Some("eve".into()),
+        group: None,
+        expires_in: None,
+        issued_by: "ada".into(),
+        note: String::new(),
+    };
+    let (_, record) = store.issue(&mut con, &new).await.unwrap();
+    assert!(store.revoke(&mut con, &record.id, "sec").await.unwrap());
+    let trail: Vec<(String, String)> = store
+        .trail(&mut con)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e["type"].clone(), e["actor"].clone()))
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            ("token_issued".to_owned(), "ada".to_owned()),
+            ("token_revoked".to_owned(), "sec".to_owned())
+        ]
+    );
 }
 
 /// `seatgate run` on the cluster, killed by the fault hook right after its

@@ -8,7 +8,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use seatgate::config::Settings;
-use seatgate::views::usage::{self, Query, When};
 use seatgate_core::status::Status;
 
 use crate::support::{
@@ -129,7 +128,7 @@ async fn deleting_a_license_answers_its_waiters_ends_its_holds_and_refuses_later
     until_queued(&s, "cad", "waiter").await;
 
     let before = redis_ms(&mut con).await;
-    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "cad"])).await;
+    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "cad", "--yes"])).await;
     assert!(deleted.status.success(), "{deleted:?}");
     let after = redis_ms(&mut con).await;
 
@@ -155,12 +154,7 @@ async fn deleting_a_license_answers_its_waiters_ends_its_holds_and_refuses_later
 
     // The usage report ends the hold there: later time is not counted.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let query = Query {
-        license: Some("cad".to_owned()),
-        since: Some(When::Ago(Duration::from_secs(3600))),
-        until: None,
-    };
-    let report = usage::usage(&mut con, &s, &query).await.unwrap();
+    let report = crate::support::usage_last_hour(&mut con, &s, "cad").await;
     let cad = &report.licenses[0];
     assert!(
         cad.seat_ms <= after - before_hold,

@@ -2,6 +2,7 @@
 //! harness (see `support`). One binary, one module per area.
 
 mod acl;
+mod admin;
 mod audit;
 mod bounds;
 mod cli;

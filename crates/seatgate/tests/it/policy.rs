@@ -1407,7 +1407,7 @@ async fn policies_on_a_license_on_each_master_of_a_cluster() {
     for l in by_master.values() {
         provision_policy(&s, l, 3, &policy).await;
         // The group map lives in the license's slot (KEYS[18] of acquire).
-        seatgate_core::provision::set_group(&mut db(&s).await, &keys(&s), l, "olga", "ops")
+        seatgate_core::provision::set_group(&mut db(&s).await, &keys(&s), l, "olga", "ops", "test")
             .await
             .unwrap();
     }

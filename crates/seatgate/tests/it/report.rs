@@ -639,7 +639,11 @@ async fn a_deleted_licenses_holds_end_with_its_deletion() {
         assert_eq!(r.status(), Status::Acquired);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let deleted = output(seatgate_cmd(&redis.url(), &["license", "delete", "gone"])).await;
+    let deleted = output(seatgate_cmd(
+        &redis.url(),
+        &["license", "delete", "gone", "--yes"],
+    ))
+    .await;
     assert!(deleted.status.success(), "{deleted:?}");
     worker.stop().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -649,12 +653,7 @@ async fn a_deleted_licenses_holds_end_with_its_deletion() {
     assert!(ends.iter().all(|e| e["reason"] == "license_deleted"));
     let starts: Vec<i64> = of_type(&ev, "acquired").iter().map(|e| at(e)).collect();
     let end = at(ends[0]);
-    let query = Query {
-        license: Some("gone".to_owned()),
-        since: Some(When::Ago(Duration::from_secs(3600))),
-        until: None,
-    };
-    let report = usage::usage(&mut con, &s, &query).await.unwrap();
+    let report = crate::support::usage_last_hour(&mut con, &s, "gone").await;
     let l = &report.licenses[0];
     assert_eq!(l.seat_ms, (end - starts[0]) + (end - starts[1]), "{l:#?}");
     let mut users: Vec<(Option<&str>, i64)> =

@@ -1452,7 +1452,11 @@ async fn outbox_redelivery_is_bounded_per_step_and_reaches_every_note() {
 
 /// One step of lua/delete_license.lua ending at most one seat and one wait.
 async fn delete_step(con: &mut Db, k: &seatgate_core::keys::LicenseKeys) -> seatgate_core::scripts::Deleted {
-    Scripts::get().delete_license(k, 1).run(con).await.unwrap()
+    Scripts::get()
+        .delete_license(k, 1, "test")
+        .run(con)
+        .await
+        .unwrap()
 }
 
 /// lua/delete_license.lua in steps of one: the record goes with the first,
@@ -1534,14 +1538,24 @@ async fn a_license_change_is_written_only_over_the_record_it_checked() {
     use seatgate_core::provision;
     let TestApp(_redis, s, mut con) = spawn_app().await;
     put_license(&s, "cas", 2).await;
-    let key = license_keys(&s, "cas").license;
+    let lk = license_keys(&s, "cas");
+    let key = lk.license.clone();
     let read: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
     let (f, v) = ("max_per_user".to_owned(), "1".to_owned());
     let _: () = con.hset(&key, "queue_max", "5").await.unwrap();
     let stale: Vec<(&String, &String)> = read.iter().collect();
     let scripts = Scripts::get();
+    let one = [(&f, &v)];
+    let put = |read, set, remove| seatgate_core::scripts::PutLicense {
+        actor: "test",
+        before: "{}".to_owned(),
+        after: "{}".to_owned(),
+        read,
+        set,
+        remove,
+    };
     assert!(!scripts
-        .put_license(&mut con, &key, &stale, &[(&f, &v)], &[])
+        .put_license(&mut con, &lk, &put(&stale, &one, &[]))
         .await
         .unwrap());
     let now: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
@@ -1549,7 +1563,7 @@ async fn a_license_change_is_written_only_over_the_record_it_checked() {
     let fresh: Vec<(&String, &String)> = now.iter().collect();
     let queue_max = "queue_max".to_owned();
     assert!(scripts
-        .put_license(&mut con, &key, &fresh, &[(&f, &v)], &[&queue_max])
+        .put_license(&mut con, &lk, &put(&fresh, &one, &[&queue_max]))
         .await
         .unwrap());
     let now: std::collections::HashMap<String, String> = con.hgetall(&key).await.unwrap();
@@ -1570,8 +1584,8 @@ async fn a_license_change_is_written_only_over_the_record_it_checked() {
         let (mut c1, mut c2) = (db(&s).await, db(&s).await);
         let k = keys(&s);
         let (ra, rb) = tokio::join!(
-            provision::change(&mut c1, &k, &license, &a),
-            provision::change(&mut c2, &k, &license, &b)
+            provision::change(&mut c1, &k, &license, &a, "test"),
+            provision::change(&mut c2, &k, &license, &b, "test")
         );
         assert_eq!(
             [ra.is_ok(), rb.is_ok()].iter().filter(|ok| **ok).count(),
@@ -1629,6 +1643,7 @@ return out
             ("groups", k.groups.clone()),
             ("denials", keys.denials(license)),
             ("event_seq", k.events.seq.clone()),
+            ("deleted", keys.deleted(license)),
             ("license_rate", keys.license_rate(license)),
             ("session_rate", keys.session_rate(license, "sess-1")),
             ("done", keys.dedupe(license, 29_933_565)),

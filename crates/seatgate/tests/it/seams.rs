@@ -785,7 +785,7 @@ async fn the_whole_flow_keeps_every_promise_through_kill_outage_timeout_change_a
     let deleting_at = now_ms();
     let deleted = reaper(&s)
         .await
-        .delete_license(DELETED)
+        .delete_license(DELETED, "test")
         .await
         .expect("delete the license");
     let deleted_at = now_ms();

@@ -747,6 +747,21 @@ pub async fn stream_entries(con: &mut impl ConnectionLike, stream: &str) -> Vec<
         .collect()
 }
 
+/// The usage report of `license` over the last hour, to now.
+pub async fn usage_last_hour(
+    con: &mut Db,
+    s: &Settings,
+    license: &str,
+) -> seatgate::views::usage::UsageReport {
+    use seatgate::views::usage::{usage, Query, When};
+    let query = Query {
+        license: Some(license.to_owned()),
+        since: Some(When::Ago(Duration::from_secs(3600))),
+        until: None,
+    };
+    usage(con, s, &query).await.unwrap()
+}
+
 /// Every seat event of `license` (on its events shard), oldest first.
 pub async fn events(s: &Settings, license: &str) -> Vec<Entry> {
     stream_entries(&mut db(s).await, &s.events_stream_for(license)).await

@@ -642,6 +642,12 @@ fn cut_text(text: &str, max: usize) -> &str {
 }
 
 /// Builds the reply for a decided request.
+/// The `error` of a heartbeat's or release's reply when the license was
+/// deleted under the session: its first word, `license_deleted`, is what
+/// a program matches (docs/protocol.md, "Statuses").
+const LICENSE_DELETED: &str =
+    "license_deleted: the license was deleted, and the seat with it; an acquire gets LICENSE_NOT_FOUND until it is made again";
+
 fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
     let status = outcome.status();
     let mut reply = Reply {
@@ -719,6 +725,7 @@ fn reply_for(req: &Request, outcome: &Outcome, error: Option<String>) -> Reply {
         Decision::LimitReached(limit) => Some(limit.reason(who)),
         Decision::LicenseInvalid(invalid) => Some(invalid.to_string()),
         Decision::SessionRevoked(Some(revocation)) => Some(revocation.describe(outcome.now_ms)),
+        Decision::LicenseDeleted(_) => Some(LICENSE_DELETED.to_owned()),
         _ => None,
     };
     reply.error = error
