@@ -15,7 +15,7 @@ pub enum Error {
     Config(String),
     /// Redis could not be reached or answered with an error. Its `OOM`
     /// refusal says that Redis is out of memory and what to do
-    /// ([`crate::db::is_out_of_memory`]).
+    /// ([`is_out_of_memory`]).
     #[error("redis error: {}", redis_message(.0))]
     Redis(#[from] redis::RedisError),
     /// Redis could not be reached in a way that points at a setting: a plain
@@ -64,11 +64,23 @@ pub enum Error {
 /// What a Redis error says to people: Redis's own words, and for an `OOM`
 /// refusal what it means and what to do first.
 fn redis_message(e: &redis::RedisError) -> String {
-    if crate::db::is_out_of_memory(e) {
+    if is_out_of_memory(e) {
         format!("Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory ({e})")
     } else {
         e.to_string()
     }
+}
+
+/// Whether Redis refused for lack of memory: `OOM` (used memory above
+/// `maxmemory` under `maxmemory-policy noeviction`: every command that may
+/// add data is refused, reads are not), also as the reason a transaction
+/// was aborted (a MULTI under OOM queues no command, reads included).
+pub fn is_out_of_memory(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
+        || (e.code() == Some("EXECABORT")
+            && e.clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "OOM")))
 }
 
 /// Result with the engine's error.
@@ -84,7 +96,7 @@ mod tests {
             "OOM".to_owned(),
             Some("command not allowed when used memory > 'maxmemory'.".to_owned()),
         );
-        assert!(crate::db::is_out_of_memory(&oom));
+        assert!(is_out_of_memory(&oom));
         let line = Error::Redis(oom).to_string();
         assert!(
             line.starts_with("redis error: Redis is out of memory (OOM) and refuses writes: raise its maxmemory or free memory ("),
@@ -95,7 +107,7 @@ mod tests {
             "{line}"
         );
         let other = redis::make_extension_error("WRONGTYPE".to_owned(), None);
-        assert!(!crate::db::is_out_of_memory(&other));
+        assert!(!is_out_of_memory(&other));
         assert!(!Error::Redis(other).to_string().contains("OOM"));
     }
 }

@@ -26,6 +26,7 @@ use secrecy::ExposeSecret;
 mod sentinel;
 mod settings;
 
+pub use crate::error::is_out_of_memory;
 use crate::error::Error;
 pub use sentinel::Failover;
 pub use settings::{RedisSettings, SentinelSettings};
@@ -475,16 +476,4 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
                     | "NOREPLICAS"
             )
         )
-}
-
-/// Whether Redis refused for lack of memory: `OOM` (used memory above
-/// `maxmemory` under `maxmemory-policy noeviction`: every command that may
-/// add data is refused, reads are not), also as the reason a transaction
-/// was aborted (a MULTI under OOM queues no command, reads included).
-pub fn is_out_of_memory(e: &redis::RedisError) -> bool {
-    e.code() == Some("OOM")
-        || (e.code() == Some("EXECABORT")
-            && e.clone()
-                .into_server_errors()
-                .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "OOM")))
 }
