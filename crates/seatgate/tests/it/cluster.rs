@@ -11,8 +11,8 @@ use seatgate_core::status::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, client, db, direct, events, holders, keep_waiting, lease_of, license_keys, provision,
-    put_license, reaper, seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
+    acquire, client, db, direct, events, holders, keep_waiting, lease_of, license_keys, prefixed_settings,
+    provision, put_license, reaper, seats_with_timeout, spawn_worker, watch_holders, LocalCluster,
 };
 
 /// How long a test waits for a reply (a cluster answers slower while failing over).
@@ -20,17 +20,9 @@ const T: Duration = Duration::from_secs(10);
 
 /// Settings for `cluster` under their own key prefix, 4 shards.
 fn settings(cluster: &LocalCluster, prefix: &str) -> Settings {
-    let mut s = Settings::load(None).expect("defaults");
+    let mut s = prefixed_settings(prefix);
     s.redis.cluster_urls = cluster.urls();
-    s.keys.prefix = prefix.into();
-    s.stream.requests = format!("{prefix}:requests");
-    s.stream.dead_letter = format!("{prefix}:requests:dead");
-    s.events.stream = format!("{prefix}:events");
     s.stream.shards = 4;
-    s.stream.block_ms = 100;
-    s.stream.claim_idle_ms = 1_000;
-    s.metrics.listen = String::new();
-    s.limits.session_requests = 0;
     s
 }
 

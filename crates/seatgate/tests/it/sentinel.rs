@@ -12,8 +12,8 @@ use seatgate_testkit::LocalSentinel;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    acquire, db, holders, json, output, put_license, seatgate_cmd, spawn_worker, watch_holders,
-    WorkerProcess, BIN,
+    acquire, db, holders, json, output, prefixed_settings, put_license, seatgate_cmd, spawn_worker,
+    watch_holders, WorkerProcess, BIN,
 };
 
 /// How long one attempt waits for its reply (longer than a failover).
@@ -21,16 +21,8 @@ const T: Duration = Duration::from_secs(5);
 
 /// Settings for `deployment` under key prefix `prefix`.
 fn settings(deployment: &LocalSentinel, prefix: &str) -> Settings {
-    let mut s = Settings::load(None).expect("defaults");
+    let mut s = prefixed_settings(prefix);
     deployment.apply(&mut s.redis);
-    s.keys.prefix = prefix.into();
-    s.stream.requests = format!("{prefix}:requests");
-    s.stream.dead_letter = format!("{prefix}:requests:dead");
-    s.events.stream = format!("{prefix}:events");
-    s.stream.block_ms = 100;
-    s.stream.claim_idle_ms = 1_000;
-    s.metrics.listen = String::new();
-    s.limits.session_requests = 0;
     s
 }
 

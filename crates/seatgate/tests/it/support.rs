@@ -101,6 +101,22 @@ pub async fn spawn_app_with(extra: &[&str]) -> TestApp {
     TestApp(redis, settings, con)
 }
 
+/// The defaults for a shared Redis (a cluster, a Sentinel deployment)
+/// whose `redis` settings the caller fills in: every key under `prefix`,
+/// short blocks and claims, no metrics endpoint, no per-session rate limit.
+pub fn prefixed_settings(prefix: &str) -> Settings {
+    let mut s = Settings::load(None).expect("defaults");
+    s.keys.prefix = prefix.into();
+    s.stream.requests = format!("{prefix}:requests");
+    s.stream.dead_letter = format!("{prefix}:requests:dead");
+    s.events.stream = format!("{prefix}:events");
+    s.stream.block_ms = 100;
+    s.stream.claim_idle_ms = 1_000;
+    s.metrics.listen = String::new();
+    s.limits.session_requests = 0;
+    s
+}
+
 /// A connection as seatgate makes one from `s` (one node or a cluster).
 pub async fn db(s: &Settings) -> Db {
     Db::connect(&s.redis).await.expect("connect to test redis")
