@@ -207,7 +207,7 @@ impl Reaper {
             let gap = now_ms - last;
             warn!(
                 gap_ms = gap,
-                "no reaper pass for longer than two periods (Redis away or restarted, or no reaper):                  every holder gets a whole heartbeat timeout from now before it is evicted"
+                "no reaper pass for longer than two periods (Redis away or restarted, or no reaper): every holder gets a whole heartbeat timeout from now before it is evicted"
             );
             let _: () = redis::cmd("HSET")
                 .arg(&clock)
