@@ -353,14 +353,20 @@ export function licensePut(svc, license, args) {
   return seatgateOk(svc.url, ['license', 'put', license, ...args], svc.env);
 }
 
-/** Every event still on seat:events, fields as objects. */
+/** The admin trail's event types: a license's changes, not a seat's. */
+const ADMIN_EVENTS = new Set(['license_put', 'license_deleted', 'groups_changed']);
+
+/** Every seat event still on seat:events, fields as objects (the admin
+ * trail's events, such as a license's creation, left out). */
 export async function events(svc) {
   const entries = await svc.redis.con.xrange('seat:events', '-', '+');
-  return entries.map(([id, flat]) => {
-    const e = { id };
-    for (let i = 0; i < flat.length; i += 2) e[flat[i]] = flat[i + 1];
-    return e;
-  });
+  return entries
+    .map(([id, flat]) => {
+      const e = { id };
+      for (let i = 0; i < flat.length; i += 2) e[flat[i]] = flat[i + 1];
+      return e;
+    })
+    .filter((e) => !ADMIN_EVENTS.has(e.type));
 }
 
 /** Waits until an event matching `pred` is on the events stream; returns it. */

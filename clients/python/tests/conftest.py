@@ -28,6 +28,9 @@ SEATGATE_BIN = os.environ.get("SEATGATE_BIN") or str(REPO / "target" / "debug" /
 
 T = TypeVar("T")
 
+# The admin trail's event types: a license's changes, not a seat's.
+ADMIN_EVENTS = {"license_put", "license_deleted", "groups_changed"}
+
 
 def run(coro: Any) -> Any:
     """Runs a coroutine to its end on a new event loop."""
@@ -320,8 +323,12 @@ class Service:
         return lic
 
     def events(self, license: Optional[str] = None) -> List[Dict[str, str]]:
+        """The seat events on seat:events (of `license`), the admin trail's
+        (a license's creation, change or deletion) left out."""
         out = []
         for entry_id, fields in self.redis.con.xrange("seat:events", "-", "+"):
+            if fields.get("type") in ADMIN_EVENTS:
+                continue
             if license is None or fields.get("license") == license:
                 out.append({"id": entry_id, **fields})
         return out
