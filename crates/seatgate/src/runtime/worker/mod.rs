@@ -214,35 +214,40 @@ async fn check_shards(con: &mut Db, settings: &Settings) -> Result<(), Error> {
              ({key}, field {EVENTS_SHARDS}): {how} ({guide})"
         )));
     }
-    if recorded == Some(ours) && count(&events) == Some(our_events) {
-        return Ok(());
-    }
-    let mut hset = redis::cmd("HSET");
-    hset.arg(&key).arg(EVENTS_SHARDS).arg(our_events);
-    let growing = recorded.is_some_and(|n| n < ours);
-    if growing {
-        hset.arg("shards").arg(ours);
-    }
-    if let Err(e) = hset.query_async::<i64>(con).await {
-        if is_transient(&e) && !e.is_io_error() {
-            warn!(error = %e, key = %key, "cannot record the shard count yet; clients reading it find none");
-            return Ok(());
+    // Record what is not recorded yet with HSETNX (a worker starting at the
+    // same time may record first: this one is then checked against it),
+    // and a grown count with HSET.
+    let writes = [
+        ("shards", ours, recorded.is_none()),
+        (EVENTS_SHARDS, our_events, count(&events).is_none()),
+    ];
+    let mut raced = false;
+    for (field, value, unrecorded) in writes {
+        let grown = field == "shards" && recorded.is_some_and(|n| n < ours);
+        if !unrecorded && !grown {
+            continue;
         }
-        return Err(e.into());
+        let command = if grown { "HSET" } else { "HSETNX" };
+        let written: redis::RedisResult<bool> = redis::cmd(command)
+            .arg(&key)
+            .arg(field)
+            .arg(value)
+            .query_async(con)
+            .await;
+        match written {
+            Ok(written) => raced |= unrecorded && !written,
+            Err(e) if is_transient(&e) && !e.is_io_error() => {
+                warn!(error = %e, key = %key, "cannot record the shard count yet; clients reading it find none");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if raced {
+        return Box::pin(check_shards(con, settings)).await;
     }
     if recorded.is_none() {
-        let set: bool = redis::cmd("HSETNX")
-            .arg(&key)
-            .arg("shards")
-            .arg(ours)
-            .query_async(con)
-            .await?;
-        if set {
-            info!(shards = ours, key = %key, "recorded the deployment's shard count");
-        } else {
-            // Another worker recorded one first: check again against it.
-            return Box::pin(check_shards(con, settings)).await;
-        }
+        info!(shards = ours, key = %key, "recorded the deployment's shard count");
     }
     Ok(())
 }
