@@ -68,15 +68,9 @@ impl Failover {
         })
     }
 
-    /// A plain connection to the master as the Sentinels name it now, for
-    /// the caller to keep (blocking reads, the doorbell): when it breaks,
-    /// the caller connects again and so finds the new master.
-    pub async fn connect_master(&self) -> RedisResult<MultiplexedConnection> {
-        let mut sentinels = self.inner.sentinels.lock().await;
-        self.connect_with(&mut sentinels).await
-    }
-
-    /// The master's client (its address and login), as the Sentinels name it now.
+    /// The master's client (its address and login), as the Sentinels name
+    /// it now: for a connection the caller keeps (the doorbell's), which it
+    /// makes again when it breaks, and so finds a new master.
     pub async fn master(&self) -> RedisResult<redis::Client> {
         let mut sentinels = self.inner.sentinels.lock().await;
         self.find_master(&mut sentinels).await
@@ -92,13 +86,6 @@ impl Failover {
         }
     }
 
-    async fn connect_with(&self, sentinels: &mut SentinelClient) -> RedisResult<MultiplexedConnection> {
-        self.find_master(sentinels)
-            .await?
-            .get_multiplexed_async_connection_with_config(&self.inner.config)
-            .await
-    }
-
     /// The shared connection, connecting first if there is none.
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         if let Some(current) = self.current() {
@@ -110,7 +97,11 @@ impl Failover {
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let con = self.connect_with(&mut sentinels).await?;
+        let con = self
+            .find_master(&mut sentinels)
+            .await?
+            .get_multiplexed_async_connection_with_config(&self.inner.config)
+            .await?;
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, con.clone()));
         Ok((generation, con))
