@@ -633,6 +633,16 @@ impl Expiry {
     }
 }
 
+/// Puts `item` in its place in the sorted `items`, which keeps only the
+/// first [`EXPIRY_SERIES_LIMIT`].
+fn keep_first<T: Ord>(items: &mut Vec<T>, item: T) {
+    let at = items.partition_point(|e| *e < item);
+    if at < EXPIRY_SERIES_LIMIT {
+        items.insert(at, item);
+        items.truncate(EXPIRY_SERIES_LIMIT);
+    }
+}
+
 /// The expiries of every license of one census, as of the Redis clock when
 /// each was read: counts by window over all of them, and series for at most
 /// [`EXPIRY_SERIES_LIMIT`] expiring within [`EXPIRY_HORIZON_MS`] or expired
@@ -659,11 +669,7 @@ impl ExpiryCensus {
             Expiry::Never => {}
             Expiry::Invalid => {
                 self.invalid_count += 1;
-                let at = self.invalid.partition_point(|l| l.as_str() < license);
-                if at < EXPIRY_SERIES_LIMIT {
-                    self.invalid.insert(at, license.to_owned());
-                    self.invalid.truncate(EXPIRY_SERIES_LIMIT);
-                }
+                keep_first(&mut self.invalid, license.to_owned());
             }
             Expiry::At(ms) => {
                 let left = ms - now_ms;
@@ -678,32 +684,18 @@ impl ExpiryCensus {
                 }
                 // Expiring: how soon; expired: after every one expiring, the latest first.
                 let order = if left > 0 { left } else { EXPIRY_HORIZON_MS - left };
-                let entry = (order, license.to_owned(), ms);
-                let at = self.dated.partition_point(|e| *e < entry);
-                if at < EXPIRY_SERIES_LIMIT {
-                    self.dated.insert(at, entry);
-                    self.dated.truncate(EXPIRY_SERIES_LIMIT);
-                }
+                keep_first(&mut self.dated, (order, license.to_owned(), ms));
             }
         }
     }
 
     /// Adds the counts and series of `other` (another walk's licenses).
     pub fn merge(&mut self, other: &ExpiryCensus) {
-        for (order, license, ms) in &other.dated {
-            let entry = (*order, license.clone(), *ms);
-            let at = self.dated.partition_point(|e| *e < entry);
-            if at < EXPIRY_SERIES_LIMIT {
-                self.dated.insert(at, entry);
-                self.dated.truncate(EXPIRY_SERIES_LIMIT);
-            }
+        for entry in &other.dated {
+            keep_first(&mut self.dated, entry.clone());
         }
         for license in &other.invalid {
-            let at = self.invalid.partition_point(|l| l < license);
-            if at < EXPIRY_SERIES_LIMIT {
-                self.invalid.insert(at, license.clone());
-                self.invalid.truncate(EXPIRY_SERIES_LIMIT);
-            }
+            keep_first(&mut self.invalid, license.clone());
         }
         for (n, m) in self.expiring.iter_mut().zip(other.expiring) {
             *n += m;
