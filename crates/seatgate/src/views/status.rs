@@ -453,31 +453,15 @@ pub fn id_matches(pattern: &str, id: &str) -> bool {
     if !pattern.contains(['*', '?']) {
         return id.contains(pattern);
     }
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), id.chars().collect());
-    // Iterative wildcard match: on a mismatch, the last `*` takes one more character.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        match p.get(pi) {
-            Some('*') => {
-                star = Some((pi, ti));
-                pi += 1;
-            }
-            Some(c) if *c == '?' || *c == t[ti] => {
-                pi += 1;
-                ti += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    pi = sp + 1;
-                    ti = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
+    // An id holds no `[`, so a pattern is only `*`, `?` and literals; a
+    // run of `*` is one (the glob crate reads `**` as a path wildcard).
+    let mut collapsed = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if !(c == '*' && collapsed.ends_with('*')) {
+            collapsed.push(c);
         }
     }
-    p[pi..].iter().all(|c| *c == '*')
+    glob::Pattern::new(&collapsed).is_ok_and(|p| p.matches(id))
 }
 
 /// The sums over the licenses shown: what `seatgate status` prints last
